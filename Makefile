@@ -1,0 +1,66 @@
+# Machine-unlearning pipeline. `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+# Offline switches (STACK_NOTES): nothing phones home.
+export DO_NOT_TRACK := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
+export GIT_PYTHON_REFRESH := quiet
+# A project-local Prefect home: the temporary server's SQLite lives here, not in ~/.prefect.
+export PREFECT_HOME := $(CURDIR)/.prefect
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+PREFECT_PORT ?= 4200
+MLFLOW_PORT ?= 5000
+
+.PHONY: help setup run test test-slow test-all ui server serve bench clean reset
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) ## create .venv and install the project (torch CPU 2.13.0 from local disk)
+
+run: setup ## the main job: prepare digits, train, process every request file in the inbox (dvc repro)
+	$(BIN)/dvc repro
+	$(BIN)/unlearn status
+
+test: setup ## fast unit + flow tests (the default tier)
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+test-slow: setup ## end-to-end tests: dvc repro, real servers, browser
+	$(BIN)/python -m pytest -m "slow and not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+test-all: setup ## every tier except gpu
+	$(BIN)/python -m pytest -m "not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+ui: setup ## MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project's store
+	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}" \
+	  --default-artifact-root "file://$(CURDIR)/mlartifacts" --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1
+
+server: setup ## local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite; set PREFECT_API_DATABASE_CONNECTION_URL for Postgres)
+	$(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
+
+serve: setup ## serve the scheduled + event-triggered deployments and watch the inbox (needs `make server`)
+	PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:$(PREFECT_PORT)/api} $(BIN)/unlearn serve
+
+bench: setup ## benchmarks: print ratios, write JSON under bench/results/
+	$(BIN)/python bench/oracles.py
+	$(BIN)/python bench/leverage.py
+
+reset: ## forget the pipeline state (state/, cache/, MLflow store); keeps data and the trained original
+	rm -rf state .state.* cache mlflow.db mlartifacts
+
+clean: reset ## remove every generated file and the venv
+	rm -rf data/prepared models/original.pt .prefect $(VENV) dvc.lock

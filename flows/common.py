@@ -1,0 +1,52 @@
+"""Shared flow plumbing: params loading, device, tracker, task runner choice."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from unlearning.config import Params, load_params, resolve_device
+
+log = logging.getLogger("unlearning")
+
+
+def tracker_for(params: Params):
+    from tasks.tracking import Tracker
+
+    return Tracker(params.mlflow_tracking_uri(), params.tracking.experiment, params.path("mlflow_artifacts"))
+
+
+def device_of(params: Params) -> str:
+    return resolve_device(params.base.device)
+
+
+def task_runner_for(params: Params):
+    """Threads (default) or Dask (local cluster, or an existing scheduler address) from params.yaml."""
+    v = params.validation
+    if v.task_runner == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if v.dask_address:
+            return DaskTaskRunner(address=v.dask_address)
+        return DaskTaskRunner(cluster_kwargs={"n_workers": v.dask_workers, "processes": True,
+                                              "threads_per_worker": 1, "dashboard_address": None})
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    return ThreadPoolTaskRunner(max_workers=2)
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--params", default="params.yaml", help="path of params.yaml (default: ./params.yaml)")
+    return p
+
+
+def ui_hint(params: Params) -> str:
+    uri = params.mlflow_tracking_uri()
+    return (f"Review it in the MLflow UI: `make ui` (or `mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
+            f"--port 5000`), then open http://127.0.0.1:5000")
+
+
+def params_from(path: str | Path) -> Params:
+    return load_params(path)

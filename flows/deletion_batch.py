@@ -1,0 +1,228 @@
+"""Flow `deletion_batch`: one deletion request file through the whole pipeline (DESIGN §1).
+
+validate -> partition -> diagnose -> select -> unlearn -> validate against oracles -> gate
+-> promote (MLflow alias) -> append to the ledger -> update the manifest.
+All or nothing: the new state is written to a staging folder and swapped in only after the gate passed
+and the model was registered; any failure leaves the previous model, manifest and ledger standing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+from prefect import flow
+
+from flows.common import base_parser, device_of, task_runner_for, tracker_for, ui_hint
+from tasks import plots
+from tasks.batch import partition_retain, unlearn_and_validate
+from tasks.state import load_state, write_state
+from tasks.training import model_spec, recipe, train_ensemble_chunk
+from tasks.validation import raise_if_invalid, validate_request
+from unlearning.batch import batch_rows, retained_train_rows
+from unlearning.config import Params, load_params
+from unlearning.ensembles import chunks
+from unlearning.io import commit_dir, discard_dir, staging_dir
+from unlearning.ledger import appended, hash_sample_id, processed_request_ids
+from unlearning.models import StackedModel, seeds_for
+from unlearning.partition import subset_sizes
+from unlearning.requests import (
+    RequestValidationError, batch_objective, coerce_requests, file_sha256, list_request_files, read_request_file,
+)
+from unlearning.selection import candidate_methods
+
+
+class BatchRejected(RuntimeError):
+    """No candidate passed the gate: the batch is not applied and the previous champion stays."""
+
+
+def _batch_id(request_ids: list[str]) -> str:
+    return "batch-" + hashlib.sha256("\n".join(sorted(request_ids)).encode()).hexdigest()[:12]
+
+
+def _ensemble(params: Params, prepared, rows: np.ndarray, seeds: list[int], device: str, label: str) -> tuple[StackedModel, dict]:
+    """Train (or load from the cache) one ensemble on `rows`, in chunks submitted as Prefect tasks."""
+    X = torch.as_tensor(prepared.X[rows], dtype=torch.float32)
+    y = torch.as_tensor(prepared.label[rows], dtype=torch.long)
+    ids = prepared.manifest["sample_id"].to_numpy()[rows].tolist()
+    futures = [train_ensemble_chunk.submit(model_spec(params, prepared), X, y, ids, recipe(params), chunk,
+                                           str(params.path("cache_dir")), device, label)
+               for chunk in chunks(seeds, params.validation.chunk_size)]
+    parts = [f.result() for f in futures]
+    model = StackedModel.concat([p[0] for p in parts])
+    return model, {"cached_chunks": sum(p[1] for p in parts), "chunks": len(parts),
+                   "seconds": sum(p[2] for p in parts)}
+
+
+def process_request_file(path: Path, params: Params, device: str) -> dict:
+    started = time.perf_counter()
+    state = load_state(params, device)
+    df = read_request_file(path)
+    done = processed_request_ids(state.ledger)
+    if "request_id" in df.columns and len(df) and df["request_id"].isin(done).all():
+        print(f"{path.name}: all {len(df)} request(s) were processed before; nothing to do")
+        return {"file": path.name, "status": "already_processed"}
+    skipped = int(df["request_id"].isin(done).sum()) if "request_id" in df.columns else 0
+    pending = df[~df["request_id"].isin(done)].reset_index(drop=True) if skipped else df
+    request_ids = [str(r) for r in pending.get("request_id", [])]
+    batch_id = _batch_id(request_ids)
+    tracker = tracker_for(params)
+    registered, alias = params.tracking.registered_model, params.tracking.alias
+    parent = tracker.start_run(batch_id, tags={"stage": "deletion_batch", "request_file": path.name,
+                                               "dataset": state.prepared.info["name"]})
+    stage = None
+    try:
+        # 1. validate -------------------------------------------------------------------------
+        stage = tracker.start_run("validate", parent)
+        check = validate_request(str(path), pending, state.manifest)
+        tracker.log_json(stage, check.gx_result, "gx_result.json")
+        tracker.log_json(stage, {"problems": check.problems}, "problems.json")
+        tracker.log_metrics(stage, {"n_requests": len(pending), "n_problems": len(check.problems),
+                                    "n_skipped_already_processed": skipped})
+        tracker.end_run(stage, ok=check.ok)
+        raise_if_invalid(str(path), check)
+        requests = coerce_requests(pending)
+        objective = batch_objective(requests, params.deletion.objective)
+        forget_ids = requests["sample_id"].tolist()
+        tracker.log_params(parent, {"objective": objective, "n_forget": len(forget_ids), "batch_id": batch_id,
+                                    "deletion": params.deletion.model_dump(), "validation": params.validation.model_dump(),
+                                    "train": params.train.model_dump(), "seed": params.base.seed, "device": device})
+
+        # 2. partition ------------------------------------------------------------------------
+        stage = tracker.start_run("partition", parent)
+        table = partition_retain(params, state.prepared, state.manifest, forget_ids, state.model)
+        rows = batch_rows(state.prepared, state.manifest, forget_ids, table)
+        tracker.log_table(stage, table, "partition.csv")
+        tracker.log_metrics(stage, {f"n_{k}": v for k, v in subset_sizes(table).items()})
+        tracker.log_params(stage, {"mode": params.deletion.partition.mode})
+        tracker.end_run(stage)
+
+        # 3. select ---------------------------------------------------------------------------
+        facts = {"objective": objective, "n_forget": len(forget_ids),
+                 "adjacent_fraction": float(rows.adjacent_mask.mean()) if len(rows.adjacent_mask) else 0.0}
+        selection = candidate_methods(params, facts)
+        tracker.log_json(parent, selection, "selection.json")
+        print(f"{path.name}: {len(forget_ids)} sample(s) to forget, objective {objective}; "
+              f"candidates {selection['candidates']}")
+
+        # 4. oracle and shadow ensembles (cached by content) --------------------------------------
+        stage = tracker.start_run("ensembles", parent)
+        seeds = seeds_for(params.base.seed, params.validation.n_oracles, offset=1)
+        oracles, o_info = _ensemble(params, state.prepared, rows.retain, seeds, device, "oracles")
+        shadow_seeds = seeds[: params.validation.n_shadows]
+        shadows, s_info = _ensemble(params, state.prepared, rows.before, shadow_seeds, device, "shadows")
+        tracker.log_metrics(stage, {"oracles_seconds": o_info["seconds"], "shadows_seconds": s_info["seconds"],
+                                    "oracles_cached_chunks": o_info["cached_chunks"],
+                                    "shadows_cached_chunks": s_info["cached_chunks"],
+                                    "n_oracles": oracles.n_models, "n_shadows": shadows.n_models})
+        tracker.end_run(stage)
+
+        # 5. unlearn + validate + gate, walking the candidate list -----------------------------
+        outcome = None
+        for method in selection["candidates"]:
+            stage = tracker.start_run(f"unlearn-{method}", parent, tags={"method": method})
+            out = unlearn_and_validate(method, params.deletion.method_args.get(method, {}), params, state.prepared,
+                                       rows, state.model, shadows, oracles, recipe(params), objective, device)
+            tracker.log_metrics(stage, out.metrics)
+            tracker.log_metrics(stage, {f"cost/{k}": v for k, v in out.cost.items()})
+            tracker.log_json(stage, out.verdict.to_dict(), "gate_verdict.json")
+            tracker.log_table(stage, out.per_sample, "per_sample_klom.csv")
+            fig = plots.accuracy_bars(out.metrics, f"{method}: accuracy per split")
+            tracker.log_figure(stage, fig, "accuracy_per_split.png"); plots.close(fig)
+            fig = plots.histograms({s: g["klom"].dropna().to_numpy() for s, g in out.per_sample.groupby("split")},
+                                   "KLoM", f"{method}: KLoM per sample (shadow-unlearned vs oracles)")
+            tracker.log_figure(stage, fig, "klom_histograms.png"); plots.close(fig)
+            if out.worst.get("names"):
+                fig = plots.margin_distributions(out.worst["unlearned"], out.worst["oracle"], out.worst["names"],
+                                                 f"{method}: margins of the worst forget samples")
+                tracker.log_figure(stage, fig, "worst_forget_margins.png"); plots.close(fig)
+            tracker.set_tags(stage, {"gate": "passed" if out.verdict.passed else "failed"})
+            tracker.end_run(stage)
+            verdict_line = "passed" if out.verdict.passed else "failed: " + "; ".join(out.verdict.failures)
+            print(f"  {method}: gate {verdict_line}")
+            if out.verdict.passed:
+                outcome = out
+                break
+        if outcome is None:
+            raise BatchRejected(f"no candidate passed the gate for {path.name}; the previous champion stays")
+
+        # 6. promote + ledger + manifest, all or nothing --------------------------------------
+        before_version = tracker.alias_version(registered, alias) or state.champion.get("model_version")
+        now = datetime.now(timezone.utc).isoformat()
+        manifest = state.manifest.copy()
+        hit = manifest["sample_id"].isin(forget_ids)
+        manifest.loc[hit, "status"] = "deleted"
+        manifest.loc[hit, "deleted_in_batch"] = batch_id
+        stage_dir = staging_dir(params.path("state_dir"))
+        try:
+            version = tracker.log_model(parent, outcome.model, registered)
+            sha = file_sha256(path)
+            salt = state.prepared.info["name"]
+            entries = [{"request_id": str(r.request_id),
+                        "sample_id": hash_sample_id(r.sample_id, salt) if params.deletion.hash_sample_ids else r.sample_id,
+                        "batch_id": batch_id, "request_file": path.name, "file_sha256": sha, "reason": r.reason,
+                        "objective": objective, "requested_at": r.requested_at.isoformat(), "method": outcome.method,
+                        "verdict": "passed", "model_version_before": before_version, "model_version_after": version,
+                        "processed_at": now} for r in requests.itertuples()]
+            champion = {"model_version": version, "method": outcome.method, "batch_id": batch_id, "promoted_at": now,
+                        "n_retained_train": int(len(rows.retain))}
+            write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion)
+            commit_dir(stage_dir, params.path("state_dir"))
+        except BaseException:
+            discard_dir(stage_dir)
+            raise
+        tracker.set_alias(registered, alias, version)
+        tracker.log_metrics(parent, {**{k: v for k, v in outcome.metrics.items()},
+                                     "wall_seconds": time.perf_counter() - started})
+        tracker.set_tags(parent, {"method": outcome.method, "gate": "passed", "model_version": version})
+        tracker.end_run(parent)
+        print(f"{path.name}: forgot {len(forget_ids)} sample(s) with {outcome.method}; promoted "
+              f"{registered} v{version} as @{alias} (was v{before_version}); ledger +{len(entries)}")
+        return {"file": path.name, "status": "applied", "batch_id": batch_id, "method": outcome.method,
+                "model_version": version, "run_id": parent, "metrics": outcome.metrics}
+    except BaseException as e:
+        if stage is not None:
+            try:
+                tracker.end_run(stage, ok=False)
+            except Exception:
+                pass
+        tracker.log_json(parent, {"error": str(e), "traceback": traceback.format_exc()}, "error.json")
+        tracker.set_tags(parent, {"gate": "rejected" if isinstance(e, BatchRejected) else "error"})
+        tracker.end_run(parent, ok=False)
+        raise
+
+
+@flow(name="deletion_batch", log_prints=True)
+def deletion_batch(request_path: str | None = None, params_path: str = "params.yaml",
+                   overrides: dict | None = None) -> list[dict]:
+    """Process one request file, or (without `request_path`) every file in the inbox, in name order."""
+    params = load_params(params_path, overrides)
+    device = device_of(params)
+    files = [Path(request_path)] if request_path else list_request_files(params.path("inbox"))
+    if not files:
+        print(f"no request files in {params.path('inbox')}")
+        return []
+    results = [process_request_file(f, params, device) for f in files]
+    print(ui_hint(params))
+    return results
+
+
+def run(request_path: str | None = None, params_path: str = "params.yaml", overrides: dict | None = None) -> list[dict]:
+    """Run the flow with the task runner declared in params.yaml."""
+    params = load_params(params_path, overrides)
+    return deletion_batch.with_options(task_runner=task_runner_for(params))(request_path, params_path, overrides)
+
+
+if __name__ == "__main__":
+    parser = base_parser(__doc__)
+    parser.add_argument("request", nargs="?", help="a request file (default: every file in the inbox)")
+    a = parser.parse_args()
+    try:
+        run(a.request, a.params)
+    except RequestValidationError as e:
+        raise SystemExit(str(e)) from None

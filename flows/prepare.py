@@ -1,0 +1,21 @@
+"""Stage `prepare`: load the dataset, give every sample its stable id, write features + manifest."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.common import base_parser, params_from
+from tasks.training import prepare_dataset
+
+
+@flow(name="prepare", log_prints=True)
+def prepare(params_path: str = "params.yaml") -> dict:
+    params = params_from(params_path)
+    info = prepare_dataset(params)
+    print(f"prepared {info['name']}: {info['n_train']} train / {info['n_val']} val samples, "
+          f"{len(info['class_names'])} classes -> {params.path('prepared_dir')}")
+    return info
+
+
+if __name__ == "__main__":
+    prepare(base_parser(__doc__).parse_args().params)

@@ -1,0 +1,38 @@
+"""Stage `train`: train the original production model (DVC output), log it to MLflow and register it
+as the first `champion`."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.common import base_parser, device_of, params_from, tracker_for
+from tasks.state import original_path
+from tasks.training import model_spec, save_checkpoint, train_original
+from unlearning.data import load_prepared
+from unlearning.models import param_count
+
+
+@flow(name="train", log_prints=True)
+def train(params_path: str = "params.yaml") -> dict:
+    params = params_from(params_path)
+    device = device_of(params)
+    prepared = load_prepared(params.path("prepared_dir"))
+    model, metrics = train_original(params, prepared, device)
+    tracker = tracker_for(params)
+    run_id = tracker.start_run("train-original", tags={"stage": "train", "dataset": prepared.info["name"]})
+    tracker.log_params(run_id, {"train": params.train.model_dump(), "dataset": prepared.info["name"],
+                                "seed": params.base.seed, "device": device, "n_params": param_count(model)})
+    tracker.log_metrics(run_id, metrics)
+    version = tracker.log_model(run_id, model.cpu(), params.tracking.registered_model)
+    tracker.set_alias(params.tracking.registered_model, params.tracking.alias, version)
+    tracker.end_run(run_id)
+    save_checkpoint(model.cpu(), original_path(params),
+                    {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics})
+    print(f"trained {params.train.model.arch} ({param_count(model)} params) on {metrics['n_train']} samples: "
+          f"val accuracy {metrics['val_accuracy']:.3f}; registered {params.tracking.registered_model} "
+          f"v{version} as @{params.tracking.alias}")
+    return {**metrics, "model_version": version}
+
+
+if __name__ == "__main__":
+    train(base_parser(__doc__).parse_args().params)

@@ -1,0 +1,112 @@
+"""Deletion-request validation at the task boundary: pandera (structure, from the core) and a Great
+Expectations suite (against the live manifest). Every failure of both is collected into one error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+from prefect import task
+
+from unlearning.requests import REQUIRED_COLUMNS, RequestValidationError, structural_problems
+
+
+@dataclass
+class RequestCheck:
+    problems: list[str]
+    gx_result: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _gx_suite(gx, gxe, manifest: pd.DataFrame, columns: set[str]):
+    deleted = manifest.loc[manifest["status"] == "deleted", "sample_id"].tolist()
+    train = manifest.loc[manifest["split"] == "train", "sample_id"].tolist()
+    suite = gx.ExpectationSuite(name="deletion_request")
+    suite.add_expectation(gxe.ExpectTableRowCountToBeBetween(min_value=1))
+    if "sample_id" in columns:
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column="sample_id"))
+        suite.add_expectation(gxe.ExpectColumnValuesToBeUnique(column="sample_id"))
+        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column="sample_id",
+                                                              value_set=manifest["sample_id"].tolist(),
+                                                              meta={"rule": "must exist in the manifest"}))
+        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column="sample_id", value_set=train,
+                                                              meta={"rule": "must name a training sample (validation rows are never trained on)"}))
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeInSet(column="sample_id",
+                                                                 value_set=deleted or ["\x00none"],
+                                                                 meta={"rule": "must not be deleted already (see the ledger)"}))
+    if "request_id" in columns:
+        suite.add_expectation(gxe.ExpectColumnValuesToBeUnique(column="request_id"))
+    if "requested_at" in columns:
+        suite.add_expectation(gxe.ExpectColumnValuesToBeDateutilParseable(column="requested_at"))
+    return suite
+
+
+MESSAGES = {
+    "expect_table_row_count_to_be_between": "the batch is empty",
+    "expect_column_values_to_not_be_null": "has empty values",
+    "expect_column_values_to_be_unique": "has duplicate values",
+    "expect_column_values_to_be_dateutil_parseable": "has timestamps that do not parse",
+}
+
+
+def _failure_lines(result) -> list[str]:
+    lines = []
+    for vr in result.run_results.values():
+        for r in vr.results:
+            if r.success:
+                continue
+            cfg = r.expectation_config
+            col, rule = cfg.kwargs.get("column"), (cfg.meta or {}).get("rule")
+            what = rule if rule else MESSAGES.get(cfg.type, cfg.type)
+            res = r.result or {}
+            values = list(dict.fromkeys(res.get("partial_unexpected_list") or []))
+            shown = f": {values[:10]}" if values else ""
+            if r.exception_info and r.exception_info.get("raised_exception"):
+                lines.append(f"GX {cfg.type}: could not run ({r.exception_info.get('exception_message')})")
+            elif col:
+                lines.append(f"GX: column '{col}' {what} ({res.get('unexpected_count')} row(s) fail){shown}")
+            else:
+                lines.append(f"GX: {what}")
+    return lines
+
+
+def gx_check(df: pd.DataFrame, manifest: pd.DataFrame) -> tuple[list[str], dict]:
+    """Run the GX suite on the request frame; returns (failure lines, describe_dict result)."""
+    import great_expectations as gx  # 3-5 s import: only inside the task
+    import great_expectations.expectations as gxe
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
+    batch_def = (ctx.data_sources.add_pandas("requests").add_dataframe_asset("request_file")
+                 .add_batch_definition_whole_dataframe("whole_file"))
+    suite = ctx.suites.add(_gx_suite(gx, gxe, manifest, set(df.columns)))
+    vd = ctx.validation_definitions.add(gx.ValidationDefinition(name="deletion_request", data=batch_def, suite=suite))
+    cp = ctx.checkpoints.add(gx.Checkpoint(name="deletion_request", validation_definitions=[vd],
+                                           result_format={"result_format": "SUMMARY"}))
+    result = cp.run(batch_parameters={"dataframe": df.astype(object).where(df.notna(), None)})
+    described = result.describe_dict()
+    return _failure_lines(result), described
+
+
+def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame) -> RequestCheck:
+    problems = [f"schema: {p}" for p in structural_problems(df)]
+    gx_problems, gx_result = gx_check(df, manifest) if len(df.columns) else ([], {})
+    return RequestCheck(problems=problems + gx_problems, gx_result=gx_result)
+
+
+@task(name="validate-request")
+def validate_request(path: str, df: pd.DataFrame, manifest: pd.DataFrame) -> RequestCheck:
+    """pandera + GX; raises RequestValidationError listing every problem (after the caller logged it)."""
+    return check_request_frame(df, manifest)
+
+
+def raise_if_invalid(path: str, check: RequestCheck) -> None:
+    if not check.ok:
+        raise RequestValidationError(path, check.problems)
+
+
+__all__ = ["RequestCheck", "check_request_frame", "validate_request", "raise_if_invalid", "REQUIRED_COLUMNS"]

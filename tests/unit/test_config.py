@@ -1,0 +1,53 @@
+import pytest
+import yaml
+
+from unlearning.config import ConfigError, load_params, parse_params
+from tests.helpers import ROOT
+
+
+def test_repo_params_yaml_is_valid():
+    p = load_params(ROOT / "params.yaml")
+    assert p.prepare.dataset == "digits"
+    assert p.root == ROOT
+    assert p.path("state_dir") == ROOT / "state"
+
+
+def test_unknown_key_names_the_path_and_allowed_keys():
+    with pytest.raises(ConfigError) as e:
+        parse_params({"train": {"epoch": 3}})
+    msg = str(e.value)
+    assert "train.epoch" in msg and "epochs" in msg and "batch_size" in msg
+
+
+def test_bad_value_names_key_value_and_allowed_values():
+    with pytest.raises(ConfigError) as e:
+        parse_params({"prepare": {"dataset": "mnist"}, "base": {"device": "tpu"}})
+    msg = str(e.value)
+    assert "prepare.dataset = 'mnist'" in msg and "'digits'" in msg and "'fashion_mnist'" in msg
+    assert "base.device = 'tpu'" in msg and "'cuda'" in msg
+
+
+def test_range_errors():
+    with pytest.raises(ConfigError, match=r"train.epochs = 0"):
+        parse_params({"train": {"epochs": 0}})
+    with pytest.raises(ConfigError, match=r"hidden"):
+        parse_params({"train": {"model": {"hidden": [0]}}})
+
+
+def test_mlflow_uri_env_override(monkeypatch, tmp_path):
+    p = parse_params({}, root=tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert p.mlflow_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////elsewhere/x.db")
+    assert p.mlflow_tracking_uri() == "sqlite:////elsewhere/x.db"
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_overrides_merge(tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": {"epochs": 5}}))
+    p = load_params(tmp_path / "params.yaml", {"train": {"lr": 0.1}})
+    assert p.train.epochs == 5 and p.train.lr == 0.1

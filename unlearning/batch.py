@@ -1,0 +1,79 @@
+"""Pure pieces of one deletion batch: the row sets, the unlearning context and the validation metrics.
+
+Row sets (positions into the prepared dataset):
+- D (before): training rows still retained before this batch; F: the batch's forget rows;
+- R = D minus F, split by the partition into adjacent and remote; V: validation rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from unlearning.data.store import Prepared
+from unlearning.methods.base import TrainRecipe, UnlearnContext
+from unlearning.models import StackedModel, predict_logits
+
+SPLITS = ("forget", "adjacent", "remote", "validation")
+
+
+@dataclass
+class BatchRows:
+    before: np.ndarray  # D: retained training rows before the batch
+    forget: np.ndarray  # F
+    retain: np.ndarray  # R = D \ F (ordered like the manifest)
+    adjacent_mask: np.ndarray  # [len(retain)] bool
+    validation: np.ndarray  # V
+
+    def eval_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """All rows that are evaluated, and their split label (forget/adjacent/remote/validation)."""
+        rows = np.concatenate([self.forget, self.retain[self.adjacent_mask], self.retain[~self.adjacent_mask],
+                               self.validation])
+        labels = np.repeat(np.array(SPLITS), [len(self.forget), int(self.adjacent_mask.sum()),
+                                              int((~self.adjacent_mask).sum()), len(self.validation)])
+        return rows, labels
+
+
+def retained_train_rows(state_manifest: pd.DataFrame) -> np.ndarray:
+    m = state_manifest
+    return np.flatnonzero(((m["split"] == "train") & (m["status"] == "retained")).to_numpy())
+
+
+def batch_rows(prepared: Prepared, state_manifest: pd.DataFrame, forget_ids, partition: pd.DataFrame) -> BatchRows:
+    before = retained_train_rows(state_manifest)
+    forget = prepared.rows(forget_ids)
+    retain = np.setdiff1d(before, forget)  # sorted, like the manifest
+    subset = partition.set_index("sample_id")["subset"]
+    adjacent = (subset.reindex(prepared.manifest["sample_id"].to_numpy()[retain]) == "adjacent").to_numpy()
+    validation = np.flatnonzero((state_manifest["split"] == "val").to_numpy())
+    return BatchRows(before=before, forget=forget, retain=retain, adjacent_mask=adjacent, validation=validation)
+
+
+def unlearn_context(model: StackedModel, prepared: Prepared, rows: BatchRows, recipe: TrainRecipe, seed: int,
+                    progress: bool = False) -> UnlearnContext:
+    device = next(model.parameters()).device
+    X = torch.as_tensor(prepared.X, dtype=torch.float32)
+    y = torch.as_tensor(prepared.label, dtype=torch.long)
+    return UnlearnContext(
+        model=model, X_forget=X[rows.forget].to(device), y_forget=y[rows.forget].to(device),
+        X_retain=X[rows.retain].to(device), y_retain=y[rows.retain].to(device),
+        adjacent_mask=torch.as_tensor(rows.adjacent_mask, device=device), recipe=recipe, seed=seed,
+        progress=progress)
+
+
+def eval_logits(model: StackedModel, prepared: Prepared, rows: np.ndarray) -> torch.Tensor:
+    """[N, n_rows, C] logits on the given rows."""
+    return predict_logits(model, torch.as_tensor(prepared.X[rows], dtype=torch.float32))
+
+
+def accuracy_by_split(logits: torch.Tensor, labels: np.ndarray, splits: np.ndarray) -> dict[str, float]:
+    """Mean over members of each member's accuracy on each split ([N, n, C] logits)."""
+    correct = (logits.argmax(-1) == torch.as_tensor(labels)).float()  # [N, n]
+    out = {}
+    for s in SPLITS:
+        mask = torch.as_tensor(splits == s)
+        out[s] = float(correct[:, mask].mean()) if mask.any() else float("nan")
+    return out

@@ -1,0 +1,137 @@
+"""Dataset registry: every sample gets a stable id that never changes across dataset versions.
+
+- `digits`: scikit-learn's 8x8 digits (ships with scikit-learn, 1,797 samples), seeded stratified
+  train/val split; ids `digits-<index in load_digits>`.
+- `fashion_mnist`: the IDX .gz files of the Debian package `dataset-fashion-mnist`; train split from the
+  train files, val from the t10k files; ids `fmnist-train-<index>` / `fmnist-test-<index>`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot"]
+# Super-classes of Fashion-MNIST ("Machine Unlearning under Retain-Forget Entanglement" setting).
+FASHION_GROUPS = {"tops": ["T-shirt/top", "Pullover", "Coat", "Shirt"], "bottoms": ["Trouser"],
+                  "dresses": ["Dress"], "footwear": ["Sandal", "Sneaker", "Ankle boot"], "bags": ["Bag"]}
+
+
+@dataclass
+class Dataset:
+    """Features flattened to [n, d] float32 in [0, 1]; `label` is the training target, `fine_label` the
+    original class index; `group` the declared super-class or attribute."""
+
+    name: str
+    X: np.ndarray
+    label: np.ndarray
+    fine_label: np.ndarray
+    sample_id: np.ndarray
+    split: np.ndarray
+    group: np.ndarray
+    class_names: list[str]
+    fine_class_names: list[str]
+    image_shape: tuple[int, int]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names)
+
+
+class DatasetMissing(FileNotFoundError):
+    pass
+
+
+def _subsample(idx: np.ndarray, limit: int | None, rng: np.random.Generator) -> np.ndarray:
+    if limit is None or limit >= len(idx):
+        return idx
+    return np.sort(rng.choice(idx, size=limit, replace=False))
+
+
+def load_digits_dataset(seed: int = 0, val_fraction: float = 0.2, max_train=None, max_val=None,
+                        targets: str = "fine", **_) -> Dataset:
+    from sklearn.datasets import load_digits  # lazy: only this loader needs scikit-learn
+
+    raw = load_digits()
+    X = (raw.data / 16.0).astype(np.float32)
+    y = raw.target.astype(np.int64)
+    rng = np.random.default_rng(seed)
+    split = np.full(len(y), "train", dtype=object)
+    for c in np.unique(y):  # stratified: the same share of every class goes to val
+        members = rng.permutation(np.flatnonzero(y == c))
+        split[members[: int(round(val_fraction * len(members)))]] = "val"
+    keep = np.sort(np.concatenate([_subsample(np.flatnonzero(split == "train"), max_train, rng),
+                                   _subsample(np.flatnonzero(split == "val"), max_val, rng)]))
+    names = [f"digit_{c}" for c in range(10)]
+    return Dataset(
+        name="digits", X=X[keep], label=y[keep], fine_label=y[keep],
+        sample_id=np.array([f"digits-{i:04d}" for i in keep], dtype=object), split=split[keep].astype(str),
+        group=np.array([names[c] for c in y[keep]], dtype=object), class_names=names, fine_class_names=names,
+        image_shape=(8, 8), meta={"source": "sklearn.datasets.load_digits"})
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (optionally gzipped): magic (0, 0, dtype, ndim), big-endian dims, then data."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        zero, dtype_code, ndim = struct.unpack(">HBB", f.read(4))
+        if zero != 0 or dtype_code != 0x08:
+            raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {zero}, type {dtype_code:#x})")
+        dims = struct.unpack(">" + "I" * ndim, f.read(4 * ndim))
+        return np.frombuffer(f.read(), dtype=np.uint8).reshape(dims)
+
+
+def _find_idx(folder: Path, stem: str) -> Path:
+    for name in (f"{stem}.gz", stem):
+        if (folder / name).exists():
+            return folder / name
+    raise DatasetMissing(
+        f"prepare.fashion_mnist_dir = '{folder}': {stem}(.gz) not found. Install the Debian package "
+        f"'dataset-fashion-mnist' (apt-get install -y dataset-fashion-mnist) or point prepare.fashion_mnist_dir "
+        f"at a folder holding the IDX files.")
+
+
+def load_fashion_mnist(fashion_mnist_dir: str = "/usr/share/datasets/fashion-mnist", seed: int = 0,
+                       max_train=None, max_val=None, targets: str = "fine", **_) -> Dataset:
+    folder = Path(fashion_mnist_dir)
+    if not folder.is_dir():
+        raise DatasetMissing(
+            f"prepare.fashion_mnist_dir = '{folder}' does not exist. Install the Debian package "
+            f"'dataset-fashion-mnist' (apt-get install -y dataset-fashion-mnist) or set the folder in params.yaml.")
+    rng = np.random.default_rng(seed)
+    parts = []
+    for split, prefix, id_prefix, limit in (("train", "train", "fmnist-train", max_train),
+                                            ("val", "t10k", "fmnist-test", max_val)):
+        images = read_idx(_find_idx(folder, f"{prefix}-images-idx3-ubyte"))
+        labels = read_idx(_find_idx(folder, f"{prefix}-labels-idx1-ubyte")).astype(np.int64)
+        keep = _subsample(np.arange(len(labels)), limit, rng)
+        parts.append((images[keep].reshape(len(keep), -1).astype(np.float32) / 255.0, labels[keep],
+                      np.array([f"{id_prefix}-{i:05d}" for i in keep], dtype=object), np.full(len(keep), split)))
+    X = np.concatenate([p[0] for p in parts])
+    fine = np.concatenate([p[1] for p in parts])
+    group_names = list(FASHION_GROUPS)
+    class_to_group = {FASHION_CLASSES.index(c): g for g, cs in FASHION_GROUPS.items() for c in cs}
+    group = np.array([class_to_group[c] for c in fine], dtype=object)
+    if targets == "super":
+        label, class_names = np.array([group_names.index(g) for g in group], dtype=np.int64), group_names
+    else:
+        label, class_names = fine, FASHION_CLASSES
+    return Dataset(
+        name="fashion_mnist", X=X, label=label, fine_label=fine, sample_id=np.concatenate([p[2] for p in parts]),
+        split=np.concatenate([p[3] for p in parts]).astype(str), group=group, class_names=list(class_names),
+        fine_class_names=FASHION_CLASSES, image_shape=(28, 28), meta={"source": str(folder), "targets": targets})
+
+
+DATASETS = {"digits": load_digits_dataset, "fashion_mnist": load_fashion_mnist}
+
+
+def load_dataset(name: str, **kwargs) -> Dataset:
+    if name not in DATASETS:
+        raise ValueError(f"prepare.dataset = {name!r} is not known; allowed: {sorted(DATASETS)}")
+    return DATASETS[name](**kwargs)

@@ -1,0 +1,110 @@
+"""The prepared dataset on disk (a DVC output) and the manifest table.
+
+Files in the prepared folder: `features.npz` (X [n, d] float32, label [n]), `manifest.csv`
+(sample_id, split, label, group, class_name) and `dataset.json` (name, class names, image shape).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pandera.pandas as pa
+
+from unlearning.data.registry import Dataset
+from unlearning.io import atomic_save, atomic_write_json
+
+MANIFEST_SCHEMA = pa.DataFrameSchema(
+    {
+        "sample_id": pa.Column(str, unique=True, nullable=False),
+        "split": pa.Column(str, pa.Check.isin(["train", "val"])),
+        "label": pa.Column(int, pa.Check.ge(0)),
+        "group": pa.Column(str, nullable=False),
+        "class_name": pa.Column(str, nullable=False),
+    },
+    strict=True, coerce=True, name="manifest",
+)
+
+# The live manifest in the state folder adds the deletion status of every sample.
+STATE_MANIFEST_SCHEMA = MANIFEST_SCHEMA.add_columns({
+    "status": pa.Column(str, pa.Check.isin(["retained", "deleted"])),
+    "deleted_in_batch": pa.Column(str, nullable=True),
+})
+
+
+def manifest_of(ds: Dataset) -> pd.DataFrame:
+    df = pd.DataFrame({"sample_id": ds.sample_id.astype(str), "split": ds.split, "label": ds.label,
+                       "group": ds.group.astype(str), "class_name": [ds.fine_class_names[c] for c in ds.fine_label]})
+    return MANIFEST_SCHEMA.validate(df)
+
+
+def write_prepared(ds: Dataset, folder: str | Path) -> dict:
+    folder = Path(folder)
+    manifest = manifest_of(ds)
+
+    def save_npz(tmp):
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, X=ds.X, label=ds.label)
+
+    atomic_save(folder / "features.npz", save_npz)
+    atomic_save(folder / "manifest.csv", lambda tmp: manifest.to_csv(tmp, index=False))
+    info = {"name": ds.name, "class_names": ds.class_names, "fine_class_names": ds.fine_class_names,
+            "image_shape": list(ds.image_shape), "n_samples": int(len(ds.label)),
+            "n_train": int((ds.split == "train").sum()), "n_val": int((ds.split == "val").sum()), **ds.meta}
+    atomic_write_json(folder / "dataset.json", info)
+    return info
+
+
+@dataclass
+class Prepared:
+    """The prepared dataset loaded back: rows of X align with the manifest rows."""
+
+    X: np.ndarray
+    label: np.ndarray
+    manifest: pd.DataFrame
+    info: dict
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.info["class_names"])
+
+    def rows(self, sample_ids) -> np.ndarray:
+        """Row positions of the given sample ids (KeyError naming the first unknown id)."""
+        pos = pd.Index(self.manifest["sample_id"]).get_indexer(pd.Index(list(sample_ids)))
+        if (pos < 0).any():
+            raise KeyError(f"sample_id {list(sample_ids)[int(np.flatnonzero(pos < 0)[0])]!r} is not in the manifest")
+        return pos
+
+
+def load_prepared(folder: str | Path) -> Prepared:
+    folder = Path(folder)
+    if not (folder / "features.npz").exists():
+        raise FileNotFoundError(f"{folder}/features.npz not found: run the prepare stage first "
+                                f"(`dvc repro prepare` or `python -m flows.prepare`)")
+    with np.load(folder / "features.npz") as z:
+        X, label = z["X"], z["label"]
+    manifest = MANIFEST_SCHEMA.validate(pd.read_csv(folder / "manifest.csv", dtype={"sample_id": str}))
+    return Prepared(X=X, label=label, manifest=manifest, info=json.loads((folder / "dataset.json").read_text()))
+
+
+def initial_state_manifest(manifest: pd.DataFrame) -> pd.DataFrame:
+    df = manifest.copy()
+    df["status"] = "retained"
+    df["deleted_in_batch"] = None
+    return STATE_MANIFEST_SCHEMA.validate(df)
+
+
+def read_state_manifest(path: str | Path) -> pd.DataFrame:
+    df = pd.read_csv(path, dtype={"sample_id": str, "deleted_in_batch": str}, keep_default_na=False)
+    df["deleted_in_batch"] = df["deleted_in_batch"].replace("", None)
+    return STATE_MANIFEST_SCHEMA.validate(df)
+
+
+def manifest_csv_bytes(df: pd.DataFrame) -> bytes:
+    buf = io.StringIO()
+    df.to_csv(buf, index=False)
+    return buf.getvalue().encode()

@@ -1,0 +1,69 @@
+"""Oracle and shadow ensembles with a content-addressed cache (DESIGN §4.2, §4.5).
+
+An ensemble is identified by what determines it: the ids of its training rows, the model spec, the
+training recipe and the member seeds. The oracles of batch t (trained on the retain set R_t) are then
+found again, by key, as the shadow originals of batch t+1 (trained on D_{t+1} = R_t) and as the
+promoted model when the method is `retrain`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from unlearning.io import atomic_save
+from unlearning.methods.base import TrainRecipe
+from unlearning.models import StackedModel, build_model, load_model, save_model, train_ensemble
+
+
+def ids_digest(sample_ids: Sequence[str]) -> str:
+    """Order-independent digest of a set of sample ids (the dataset version of a training set)."""
+    h = hashlib.sha256()
+    for s in sorted(map(str, sample_ids)):
+        h.update(s.encode() + b"\n")
+    return h.hexdigest()
+
+
+def ensemble_key(ids_hash: str, spec: dict, recipe: TrainRecipe, seeds: Sequence[int]) -> str:
+    payload = json.dumps({"ids": ids_hash, "spec": spec, "recipe": asdict(recipe), "seeds": list(map(int, seeds))},
+                         sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def train_fresh(spec: dict, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe, seeds: Sequence[int],
+                device: str = "cpu", progress: bool | str = False) -> StackedModel:
+    """From-scratch training of one member per seed, in one vectorized pass."""
+    model = build_model(spec, seeds).to(device)
+    train_ensemble(model, X, y, epochs=recipe.epochs, batch_size=recipe.batch_size, lr=recipe.lr,
+                   weight_decay=recipe.weight_decay, progress=progress)
+    return model
+
+
+def cached_ensemble(cache_dir: str | Path | None, spec: dict, X: torch.Tensor, y: torch.Tensor,
+                    sample_ids: Sequence[str], recipe: TrainRecipe, seeds: Sequence[int], device: str = "cpu",
+                    progress: bool | str = False) -> tuple[StackedModel, bool]:
+    """Load the ensemble for (ids, spec, recipe, seeds) from the cache or train and store it.
+    Returns (model, came_from_cache)."""
+    key = ensemble_key(ids_digest(sample_ids), spec, recipe, seeds)
+    path = Path(cache_dir) / "ensembles" / f"{key}.pt" if cache_dir else None
+    if path is not None and path.exists():
+        model, _ = load_model(path, device)
+        return model, True
+    model = train_fresh(spec, X, y, recipe, seeds, device, progress)
+    if path is not None:
+        atomic_save(path, lambda tmp: save_model(model, tmp, {"key": key, "n_rows": int(len(sample_ids))}))
+    return model, False
+
+
+def chunks(seeds: Sequence[int], size: int) -> list[list[int]]:
+    return [list(seeds[i : i + size]) for i in range(0, len(seeds), size)]
+
+
+def as_tensors(X: np.ndarray, y: np.ndarray, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.as_tensor(X, dtype=torch.float32, device=device), torch.as_tensor(y, dtype=torch.long, device=device)

@@ -1,0 +1,88 @@
+"""All-or-nothing file writes: write to a temporary path beside the target, then rename.
+
+A batch touches several files (model, manifest, ledger); `commit_dir` swaps a fully written staging
+folder in place of the state folder, so a failure at any point leaves the previous state standing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def atomic_save(path: str | Path, writer) -> None:
+    """Call `writer(tmp_path)` (e.g. torch.save, df.to_csv) on a temp file, then rename it over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        writer(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def staging_dir(target: str | Path) -> Path:
+    """A fresh staging folder beside `target`, pre-filled with a copy of its current contents."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.staging-"))
+    if target.exists():
+        shutil.copytree(target, stage, dirs_exist_ok=True)
+    return stage
+
+
+def commit_dir(stage: str | Path, target: str | Path) -> None:
+    """Swap `stage` in as `target`. Between the two renames `target` is briefly absent; `recover_dir`
+    restores the previous folder if a crash happened exactly there."""
+    stage, target = Path(stage), Path(target)
+    previous = target.with_name(f".{target.name}.previous")
+    if previous.exists():
+        shutil.rmtree(previous)
+    if target.exists():
+        os.replace(target, previous)
+    os.replace(stage, target)
+    if previous.exists():
+        shutil.rmtree(previous)
+
+
+def recover_dir(target: str | Path) -> None:
+    """Undo a half-finished `commit_dir` and drop abandoned staging folders."""
+    target = Path(target)
+    previous = target.with_name(f".{target.name}.previous")
+    if not target.exists() and previous.exists():
+        os.replace(previous, target)
+    for stale in target.parent.glob(f".{target.name}.staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def discard_dir(stage: str | Path) -> None:
+    shutil.rmtree(stage, ignore_errors=True)

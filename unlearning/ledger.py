@@ -1,0 +1,60 @@
+"""The append-only deletion ledger (DESIGN §3), one JSON object per processed request.
+
+Keyed by `request_id`: a request id appears at most once, earlier lines are never rewritten, and
+re-processing a file whose requests are all in the ledger is a no-op. Sample ids may be stored hashed
+(salted with the dataset name) when `deletion.hash_sample_ids` is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+LEDGER_FIELDS = ("request_id", "sample_id", "batch_id", "request_file", "file_sha256", "reason", "objective",
+                 "requested_at", "method", "verdict", "model_version_before", "model_version_after",
+                 "processed_at")
+
+
+def hash_sample_id(sample_id: str, salt: str) -> str:
+    return "sha256:" + hashlib.sha256(f"{salt}:{sample_id}".encode()).hexdigest()
+
+
+class LedgerError(ValueError):
+    pass
+
+
+def read_ledger(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    entries = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise LedgerError(f"{path}:{n}: corrupt ledger line ({e}); the ledger is append-only, restore it "
+                                  f"from DVC (`dvc checkout state`)") from None
+    return entries
+
+
+def processed_request_ids(entries: list[dict]) -> set[str]:
+    return {e["request_id"] for e in entries}
+
+
+def appended(entries: list[dict], new: list[dict]) -> list[dict]:
+    """The ledger after appending `new`; refuses a request id that is already recorded."""
+    seen = processed_request_ids(entries)
+    for e in new:
+        missing = [f for f in LEDGER_FIELDS if f not in e]
+        if missing:
+            raise LedgerError(f"ledger entry for request {e.get('request_id')!r} lacks fields {missing}")
+        if e["request_id"] in seen:
+            raise LedgerError(f"request_id {e['request_id']!r} is already in the ledger; entries are never rewritten")
+        seen.add(e["request_id"])
+    return [*entries, *new]
+
+
+def ledger_text(entries: list[dict]) -> str:
+    return "".join(json.dumps(e, sort_keys=True, default=str) + "\n" for e in entries)

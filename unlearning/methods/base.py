@@ -1,0 +1,76 @@
+"""Shared types of the unlearner engine (DESIGN §4.3).
+
+A method takes an `UnlearnContext` (the original ensemble, the forget and retain data, the training
+recipe) and returns an `UnlearnResult` (a NEW ensemble plus its compute cost). Methods work member-wise
+on grouped-layer ensembles, so one call unlearns the production model (N = 1) or N shadow originals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from unlearning.models.stacked import StackedModel
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    """How the originals were trained; `retrain` (and the oracles) use the same recipe."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float = 0.0
+
+
+@dataclass
+class UnlearnContext:
+    """Inputs of every unlearner. Tensors are on the model's device.
+
+    X_forget [nF, d], y_forget [nF]; X_retain [nR, d], y_retain [nR]; adjacent_mask [nR] (bool) marks the
+    retain rows entangled with the forget set (DESIGN §4.4). `model` is never mutated."""
+
+    model: StackedModel
+    X_forget: torch.Tensor
+    y_forget: torch.Tensor
+    X_retain: torch.Tensor
+    y_retain: torch.Tensor
+    adjacent_mask: torch.Tensor
+    recipe: TrainRecipe
+    seed: int = 0
+    loss: str = "ce"  # "ce" (classification) or "mse" (squared loss, e.g. ridge regression tests)
+    progress: bool = False
+
+    @property
+    def X_adjacent(self) -> torch.Tensor:
+        return self.X_retain[self.adjacent_mask]
+
+    @property
+    def y_adjacent(self) -> torch.Tensor:
+        return self.y_retain[self.adjacent_mask]
+
+    @property
+    def X_remote(self) -> torch.Tensor:
+        return self.X_retain[~self.adjacent_mask]
+
+    @property
+    def y_remote(self) -> torch.Tensor:
+        return self.y_retain[~self.adjacent_mask]
+
+
+@dataclass
+class MethodCost:
+    """What a method spent: per-sample gradient evaluations summed over members, optimizer steps, seconds."""
+
+    gradient_evals: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class UnlearnResult:
+    model: StackedModel
+    cost: MethodCost
+    info: dict[str, Any] = field(default_factory=dict)
