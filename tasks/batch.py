@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 from prefect import task
 
-from unlearning.batch import SPLITS, BatchRows, eval_logits, unlearn_context
+from unlearning.batch import SPLITS, BatchRows, eval_logits, membership_metrics, unlearn_context
 from unlearning.config import Params
 from unlearning.data.store import Prepared
 from unlearning.gate import Verdict, evaluate_gate
@@ -105,7 +105,7 @@ def unlearn_and_validate(method: str, method_args: dict, params: Params, prepare
     for s in SPLITS:
         if (splits == s).any():
             metrics[f"output_gap/{s}"] = float(gap[splits == s].mean())
-    metrics.update(M.membership_metrics(logits["candidate"].numpy(), logits["shadow_unlearned"].numpy(),
+    metrics.update(membership_metrics(logits["candidate"].numpy(), logits["shadow_unlearned"].numpy(),
                                         logits["oracle_ref"].numpy(), labels, splits))
     metrics["coverage/forget"] = M.oracle_coverage(M.margins(logits["candidate"].numpy(), labels)[0][splits == "forget"],
                                                    M.margins(logits["oracles"].numpy(), labels)[:, splits == "forget"])

@@ -60,7 +60,7 @@ def unlearn_context(model: StackedModel, prepared: Prepared, rows: BatchRows, re
     return UnlearnContext(
         model=model, X_forget=X[rows.forget].to(device), y_forget=y[rows.forget].to(device),
         X_retain=X[rows.retain].to(device), y_retain=y[rows.retain].to(device),
-        adjacent_mask=torch.as_tensor(rows.adjacent_mask, device=device), recipe=recipe, seed=seed,
+        adjacent_mask=torch.as_tensor(rows.adjacent_mask.copy(), device=device), recipe=recipe, seed=seed,
         progress=progress)
 
 
@@ -69,11 +69,36 @@ def eval_logits(model: StackedModel, prepared: Prepared, rows: np.ndarray) -> to
     return predict_logits(model, torch.as_tensor(prepared.X[rows], dtype=torch.float32))
 
 
-def accuracy_by_split(logits: torch.Tensor, labels: np.ndarray, splits: np.ndarray) -> dict[str, float]:
-    """Mean over members of each member's accuracy on each split ([N, n, C] logits)."""
-    correct = (logits.argmax(-1) == torch.as_tensor(labels)).float()  # [N, n]
-    out = {}
-    for s in SPLITS:
-        mask = torch.as_tensor(splits == s)
-        out[s] = float(correct[:, mask].mean()) if mask.any() else float("nan")
+def cross_entropy_losses(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-sample cross-entropy of each member: logits [N, n, C] -> [N, n] (float64)."""
+    z = np.asarray(logits, dtype=np.float64)
+    zmax = z.max(-1, keepdims=True)
+    lse = zmax[..., 0] + np.log(np.exp(z - zmax).sum(-1))
+    return lse - np.take_along_axis(z, np.asarray(labels)[None, :, None], -1)[..., 0]
+
+
+def membership_metrics(candidate_logits: np.ndarray, shadow_logits: np.ndarray, oracle_logits: np.ndarray,
+                       labels: np.ndarray, splits: np.ndarray) -> dict[str, float]:
+    """Membership inference on the forget split.
+
+    - population loss-threshold AUC, forget vs validation, of the candidate and (reference) of an oracle:
+      an unlearned model that is like a retrain scores about the oracle's AUC;
+    - per-example epsilon of the NeurIPS 2023 unlearning challenge between the shadow-unlearned models and
+      the oracles (logit-scaled confidences), its mean and P95, and the challenge's forget-quality score."""
+    from unlearning import metrics as M
+
+    forget, val = splits == "forget", splits == "validation"
+    out: dict[str, float] = {}
+    if forget.any() and val.any():
+        cand = cross_entropy_losses(candidate_logits, labels)[0]
+        orc = cross_entropy_losses(oracle_logits, labels)[0]
+        out["mia_auc/candidate"] = M.loss_threshold_auc(cand[forget], cand[val])
+        out["mia_auc/oracle"] = M.loss_threshold_auc(orc[forget], orc[val])
+    if forget.any():
+        eps = M.per_example_epsilon(M.logit_scaled_confidence(shadow_logits, labels)[:, forget],
+                                    M.logit_scaled_confidence(oracle_logits, labels)[:, forget])
+        out["mia_epsilon_mean/forget"] = float(eps.mean())
+        out["mia_epsilon_p95/forget"] = float(np.percentile(eps, 95))
+        if shadow_logits.shape[0] >= 3:
+            out["forget_quality"] = M.forget_quality_score(eps, shadow_logits.shape[0])
     return out

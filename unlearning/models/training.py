@@ -63,7 +63,7 @@ def train_ensemble(
     steps = 0
     desc = progress if isinstance(progress, str) else f"train x{model.n_models}"
     model.train()
-    for _ in tqdm(range(epochs), desc=desc, disable=not progress, leave=False):
+    for _ in tqdm(range(epochs), desc=desc, disable=not progress, leave=False, mininterval=2.0):
         perms = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)  # [N, n]
         for start_i in range(0, n, batch_size):
             idx = perms[:, start_i : start_i + batch_size]  # [N, b]

@@ -1,0 +1,92 @@
+"""The whole pipeline on digits under the shared Prefect test harness, with a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from tests.helpers import make_project
+from unlearning.config import load_params
+from unlearning.requests import RequestValidationError
+
+pytestmark = pytest.mark.flow
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, prefect_harness):
+    """prepare + train once for the module; each test copies the trained project."""
+    import os
+
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    from flows.prepare import prepare
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("project")
+    params_path = make_project(root)
+    prepare(str(params_path))
+    train(str(params_path))
+    return root
+
+
+def snapshot(root):
+    state = root / "state"
+    return {p.name: p.read_bytes() for p in state.iterdir()} if state.exists() else {}
+
+
+def test_batch_is_applied_then_idempotent(project):
+    from flows.deletion_batch import run
+    from tasks.tracking import Tracker
+
+    params = load_params(project / "params.yaml")
+    results = run(None, str(project / "params.yaml"))
+    assert [r["status"] for r in results] == ["applied"]
+    r = results[0]
+    ledger = [json.loads(l) for l in (project / "state" / "ledger.jsonl").read_text().splitlines()]
+    requests = pd.read_csv(next((project / "requests" / "inbox").iterdir()), dtype=str)
+    assert [e["request_id"] for e in ledger] == requests["request_id"].tolist()
+    assert {e["model_version_after"] for e in ledger} == {r["model_version"]}
+    manifest = pd.read_csv(project / "state" / "manifest.csv", dtype=str)
+    deleted = set(manifest.loc[manifest.status == "deleted", "sample_id"])
+    assert deleted == set(requests["sample_id"])
+    # MLflow: alias moved to the new version, the batch run holds the stage runs and artifacts.
+    tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
+    assert tracker.alias_version(params.tracking.registered_model, "champion") == r["model_version"]
+    assert r["model_version"] != "1"
+    run_ = tracker.client.get_run(r["run_id"])
+    assert run_.info.status == "FINISHED" and run_.data.tags["gate"] == "passed"
+    children = tracker.client.search_runs([tracker.experiment_id],
+                                          filter_string=f"tags.mlflow.parentRunId = '{r['run_id']}'")
+    names = {c.info.run_name for c in children}
+    assert {"validate", "partition", "ensembles"} <= names and any(n.startswith("unlearn-") for n in names)
+    unlearn_run = next(c for c in children if c.info.run_name == f"unlearn-{r['method']}")
+    artifacts = {a.path for a in tracker.client.list_artifacts(unlearn_run.info.run_id)}
+    assert {"accuracy_per_split.png", "gate_verdict.json", "per_sample_klom.csv"} <= artifacts
+    validate_run = next(c for c in children if c.info.run_name == "validate")
+    assert "gx_result.json" in {a.path for a in tracker.client.list_artifacts(validate_run.info.run_id)}
+    for split in ("forget", "adjacent", "remote", "validation"):
+        assert f"acc.{split}" in unlearn_run.data.metrics
+
+    # Re-running the same inbox is a no-op that says so, and changes nothing.
+    before = snapshot(project)
+    again = run(None, str(project / "params.yaml"))
+    assert [x["status"] for x in again] == ["already_processed"]
+    assert snapshot(project) == before
+
+
+def test_bad_file_changes_nothing_and_lists_every_problem(project, tmp_path):
+    from flows.deletion_batch import run
+
+    before = snapshot(project)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("request_id,sample_id,requested_at,reason\n"
+                   "x1,digits-9999,2026-11-30,gdpr\n"      # unknown id
+                   "x1,digits-0003,not-a-date,gdpr\n")     # duplicate request id, bad time, already deleted
+    with pytest.raises(RequestValidationError) as e:
+        run(str(bad), str(project / "params.yaml"))
+    text = str(e.value)
+    assert "digits-9999" in text and "not-a-date" in text and "'x1' appears more than once" in text
+    assert "nothing was changed" in text
+    assert snapshot(project) == before
