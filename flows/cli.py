@@ -108,9 +108,13 @@ def cmd_status(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from flows.serve import main as serve_main
+    from flows.serve import ServerUnavailable, main as serve_main
 
-    return serve_main(args.params)
+    try:
+        return serve_main(args.params)
+    except ServerUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,13 +21,14 @@ from prefect import flow
 from flows.common import base_parser, device_of, task_runner_for, tracker_for, ui_hint
 from tasks import plots
 from tasks.batch import partition_retain, unlearn_and_validate
+from tasks.lineage import commit_lineage
 from tasks.state import load_state, write_state
 from tasks.training import model_spec, recipe, train_ensemble_chunk
 from tasks.validation import raise_if_invalid, validate_request
 from unlearning.batch import batch_rows, retained_train_rows
 from unlearning.config import Params, load_params
 from unlearning.ensembles import chunks
-from unlearning.io import commit_dir, discard_dir, staging_dir
+from unlearning.io import commit_dir, discard_dir, exclusive_lock, staging_dir
 from unlearning.ledger import appended, hash_sample_id, processed_request_ids
 from unlearning.models import StackedModel, seeds_for
 from unlearning.partition import subset_sizes
@@ -199,23 +200,32 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
 
 @flow(name="deletion_batch", log_prints=True)
 def deletion_batch(request_path: str | None = None, params_path: str = "params.yaml",
-                   overrides: dict | None = None) -> list[dict]:
-    """Process one request file, or (without `request_path`) every file in the inbox, in name order."""
+                   overrides: dict | None = None, dvc_commit: bool = False) -> list[dict]:
+    """Process one request file, or (without `request_path`) every file in the inbox, in name order.
+
+    Holds the pipeline's batch lock throughout: one batch per model at a time. Deployment runs pass
+    `dvc_commit=True` to record the new state in the DVC cache (dvc repro does that itself)."""
     params = load_params(params_path, overrides)
     device = device_of(params)
-    files = [Path(request_path)] if request_path else list_request_files(params.path("inbox"))
-    if not files:
-        print(f"no request files in {params.path('inbox')}")
-        return []
-    results = [process_request_file(f, params, device) for f in files]
+    state_dir = params.path("state_dir")
+    with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), params.operations.lock_timeout_seconds):
+        files = [Path(request_path)] if request_path else list_request_files(params.path("inbox"))
+        if not files:
+            print(f"no request files in {params.path('inbox')}")
+            return []
+        results = [process_request_file(f, params, device) for f in files]
+        if dvc_commit and params.operations.dvc_commit and any(r["status"] == "applied" for r in results):
+            print(f"lineage: {commit_lineage(params)}")
     print(ui_hint(params))
     return results
 
 
-def run(request_path: str | None = None, params_path: str = "params.yaml", overrides: dict | None = None) -> list[dict]:
+def run(request_path: str | None = None, params_path: str = "params.yaml", overrides: dict | None = None,
+        dvc_commit: bool = False) -> list[dict]:
     """Run the flow with the task runner declared in params.yaml."""
     params = load_params(params_path, overrides)
-    return deletion_batch.with_options(task_runner=task_runner_for(params))(request_path, params_path, overrides)
+    return deletion_batch.with_options(task_runner=task_runner_for(params))(request_path, params_path, overrides,
+                                                                            dvc_commit)
 
 
 if __name__ == "__main__":

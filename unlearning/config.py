@@ -119,6 +119,16 @@ class Tracking(Strict):
     alias: str = "champion"
 
 
+class Operations(Strict):
+    """Unattended operation: `unlearn serve` deployments, the inbox watcher, the batch lock, DVC lineage."""
+
+    cron: str = "0 2 * * *"
+    timezone: str = "UTC"
+    lock_timeout_seconds: float = Field(3600, gt=0)
+    dvc_commit: bool = Field(True, description="deployment runs commit state to the DVC cache afterwards")
+    dvc_remote: str | None = Field("dvc-remote", description="local folder or DVC remote name for `dvc push`; null = no push")
+
+
 class Params(Strict):
     base: Base = Base()
     prepare: Prepare = Prepare()
@@ -127,6 +137,7 @@ class Params(Strict):
     validation: Validation = Validation()
     gate: Gate = Gate()
     tracking: Tracking = Tracking()
+    operations: Operations = Operations()
 
     # The folder params.yaml was read from; every relative path resolves against it.
     root: Path = Field(default_factory=Path.cwd, exclude=True)

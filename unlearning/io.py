@@ -86,3 +86,44 @@ def recover_dir(target: str | Path) -> None:
 
 def discard_dir(stage: str | Path) -> None:
     shutil.rmtree(stage, ignore_errors=True)
+
+
+class LockTimeout(TimeoutError):
+    pass
+
+
+class exclusive_lock:
+    """A process-wide exclusive lock on a file (fcntl.flock): at most one batch per model at a time.
+
+    Waiters poll every `poll` seconds until `timeout`; the lock dies with its process, so a crashed batch
+    never leaves the pipeline locked."""
+
+    def __init__(self, path: str | Path, timeout: float = 3600.0, poll: float = 0.5):
+        self.path, self.timeout, self.poll = Path(path), timeout, poll
+        self._fd = None
+
+    def __enter__(self):
+        import fcntl
+        import time
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.ftruncate(self._fd, 0)
+                os.write(self._fd, str(os.getpid()).encode())
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self._fd)
+                    raise LockTimeout(f"{self.path} is held by another batch for more than {self.timeout:.0f} s") from None
+                time.sleep(self.poll)
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        return False

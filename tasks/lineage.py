@@ -1,0 +1,48 @@
+"""DVC lineage after a deployment run: commit the new state to the DVC cache, push when a remote is set.
+
+`dvc repro` does this itself; a Prefect deployment run does not, so it ends here: `dvc status` is clean
+afterwards and every model/manifest/ledger version stays recoverable from the cache (and the remote)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from prefect import task
+
+from unlearning.config import Params
+
+
+def _dvc(args: list[str], cwd: Path) -> str:
+    res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"dvc {' '.join(args)} failed: {res.stderr.strip()[-2000:]}")
+    return res.stdout
+
+
+@task(name="dvc-commit", retries=2, retry_delay_seconds=[2, 5])
+def commit_lineage(params: Params) -> dict:
+    root = params.root
+    if not (root / ".dvc").is_dir():
+        return {"committed": False, "reason": f"{root} is not a DVC project"}
+    _dvc(["commit", "-f", "-q", "deletion"], root)
+    pushed = None
+    remote = params.operations.dvc_remote
+    if remote:
+        target = Path(remote) if Path(remote).is_absolute() else root / remote
+        looks_like_path = "/" in remote or not _dvc(["remote", "list"], root).strip()
+        if looks_like_path:
+            target.mkdir(parents=True, exist_ok=True)
+            _dvc(["push", "-q", "--remote", _ensure_remote(root, target)], root)
+        else:
+            _dvc(["push", "-q", "--remote", remote], root)
+        pushed = remote
+    return {"committed": True, "pushed": pushed}
+
+
+def _ensure_remote(root: Path, folder: Path) -> str:
+    """Register a local-folder remote (in .dvc/config.local, never committed) and return its name."""
+    name = "pipeline-local"
+    _dvc(["remote", "add", "--local", "-f", name, str(folder)], root)
+    return name

@@ -1,0 +1,179 @@
+"""Unattended operation on real processes (loopback only, bounded in time, stopped by their PIDs):
+a Prefect server, `unlearn serve` (deployments + inbox watcher), the MLflow UI and headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.test_dvc_repro import copy_project, sh
+from tests.helpers import FAST, ROOT
+
+pytestmark = pytest.mark.slow
+ARTIFACTS = ROOT / "tests" / "artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def http_ok(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=3).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def start(cmd, cwd, env, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def ledger(proj: Path) -> list[dict]:
+    path = proj / "state" / "ledger.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
+
+def drop(proj: Path, name: str, rows: list[tuple[str, str]]) -> None:
+    """Write a request file atomically into the inbox (dot-file, then rename)."""
+    inbox = proj / "requests" / "inbox"
+    tmp = inbox / f".{name}.tmp"
+    tmp.write_text("request_id,sample_id,requested_at,reason\n" +
+                   "".join(f"{r},{s},2026-11-30T10:00:00Z,gdpr_art17_erasure\n" for r, s in rows))
+    tmp.rename(inbox / name)
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ops")
+    proj = base / "proj"
+    copy_project(proj)
+    for f in (proj / "requests" / "inbox").iterdir():
+        f.unlink()  # start with an empty inbox: files arrive during the test
+    params = yaml.safe_load((proj / "params.yaml").read_text())
+    from unlearning.config import deep_merge
+
+    (proj / "params.yaml").write_text(yaml.safe_dump(deep_merge(params, FAST), sort_keys=False))
+    port, ui_port = free_port(), free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(base / "prefect"), "PREFECT_API_URL": api,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    procs = []
+    try:
+        server = start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                       proj, env, base / "server.log")
+        procs.append(server)
+        for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "copy"]):
+            sh(["git", "-c", "user.email=t@localhost", "-c", "user.name=t", *args], proj, env)
+        wait_for(lambda: http_ok(f"{api}/health"), 120, "the Prefect server")
+        sh([sys.executable, "-m", "dvc", "repro", "train"], proj, env)
+        serve = start([sys.executable, "-m", "flows.cli", "--params", str(proj / "params.yaml"), "serve"], proj, env,
+                      base / "serve.log")
+        procs.append(serve)
+        wait_for(lambda: "deployments are being served" in (base / "serve.log").read_text(), 180, "the deployments")
+        yield {"proj": proj, "env": env, "base": base, "ui_port": ui_port, "procs": procs}
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def test_watcher_refuses_without_server(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "serve"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode != 0 and "PREFECT_API_URL is not set" in res.stderr + res.stdout
+
+
+def test_dropped_file_is_processed(ops):
+    proj = ops["proj"]
+    t0 = time.monotonic()
+    drop(proj, "2026-11-30T1000_a.csv", [("ops-1", "digits-0003"), ("ops-2", "digits-0008")])
+    entries = wait_for(lambda: ledger(proj), 300, "the first batch in the ledger", interval=2)
+    latency = time.monotonic() - t0
+    print(f"file drop -> finished batch: {latency:.1f} s")
+    (ARTIFACTS).mkdir(exist_ok=True)
+    (ARTIFACTS / "drop_latency.json").write_text(json.dumps({"seconds": latency}))
+    assert [e["request_id"] for e in entries] == ["ops-1", "ops-2"]
+    # Lineage: the deployment run committed the new state to the DVC cache.
+    wait_for(lambda: "Data and pipelines are up to date" in sh([sys.executable, "-m", "dvc", "status"], proj, ops["env"]),
+             60, "a clean `dvc status`", interval=2)
+
+
+def test_two_files_at_once_in_order_exactly_once(ops):
+    proj = ops["proj"]
+    n0 = len(ledger(proj))
+    inbox = proj / "requests" / "inbox"
+    for name, rows in (("2026-11-30T1100_b.csv", [("ops-3", "digits-0013")]),
+                       ("2026-11-30T1101_c.csv", [("ops-4", "digits-0018")])):
+        (inbox / f".{name}").write_text("request_id,sample_id,requested_at,reason\n" +
+                                        "".join(f"{r},{s},2026-11-30T11:00:00Z,ccpa\n" for r, s in rows))
+    for name in ("2026-11-30T1100_b.csv", "2026-11-30T1101_c.csv"):
+        (inbox / f".{name}").rename(inbox / name)
+    wait_for(lambda: len(ledger(proj)) >= n0 + 2, 400, "both batches in the ledger", interval=2)
+    time.sleep(15)  # any duplicate run would show up now
+    ids = [e["request_id"] for e in ledger(proj)]
+    assert ids[n0:] == ["ops-3", "ops-4"] and len(ids) == len(set(ids))
+
+
+def test_mlflow_ui_shows_the_batch(ops):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
+    proj, env, port = ops["proj"], ops["env"], ops["ui_port"]
+    from tasks.tracking import Tracker
+    from unlearning.config import load_params
+
+    p = load_params(proj / "params.yaml")
+    tracker = Tracker(p.mlflow_tracking_uri(), p.tracking.experiment)
+    run = tracker.client.search_runs([tracker.experiment_id], filter_string="tags.stage = 'deletion_batch'",
+                                     order_by=["attributes.start_time ASC"])[0]
+    ui = start([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", p.mlflow_tracking_uri(),
+                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], proj, env, ops["base"] / "ui.log")
+    ops["procs"].append(ui)
+    wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 120, "the MLflow UI")
+    url = f"http://127.0.0.1:{port}/#/experiments/{tracker.experiment_id}/runs/{run.info.run_id}"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={ops['base'] / 'chrome'}", "--window-size=1400,1000", "--virtual-time-budget=20000"]
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "mlflow_run_page.png"
+    subprocess.run([chromium, *flags, f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    dom = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    assert shot.exists() and shot.stat().st_size > 10_000
+    assert run.info.run_name in dom
+    assert "wall_seconds" in dom
