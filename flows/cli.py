@@ -71,8 +71,10 @@ def cmd_validate(args) -> int:
 def cmd_audit(args) -> int:
     from flows.audit import audit
 
-    report = audit(args.file, args.params)
-    print(json.dumps(report, indent=2, default=str))
+    result = audit(args.file, args.params)
+    print(json.dumps({"run_id": result["run_id"], **{k: result["report"][k] for k in (
+        "solver", "n_forget", "leakage_ratio", "self_leverage_spectral_norm", "self_leverage_trace",
+        "predicted_gap_do_nothing")}}, indent=2))
     return 0
 
 

@@ -21,11 +21,12 @@ from prefect import flow
 from flows.common import base_parser, device_of, task_runner_for, tracker_for, ui_hint
 from tasks import plots
 from tasks.batch import partition_retain, unlearn_and_validate
+from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 from tasks.lineage import commit_lineage
 from tasks.state import load_state, write_state
 from tasks.training import model_spec, recipe, train_ensemble_chunk
 from tasks.validation import raise_if_invalid, validate_request
-from unlearning.batch import batch_rows, retained_train_rows
+from unlearning.batch import batch_rows, eval_logits
 from unlearning.config import Params, load_params
 from unlearning.ensembles import chunks
 from unlearning.io import commit_dir, discard_dir, exclusive_lock, staging_dir
@@ -35,7 +36,7 @@ from unlearning.partition import subset_sizes
 from unlearning.requests import (
     RequestValidationError, batch_objective, coerce_requests, file_sha256, list_request_files, read_request_file,
 )
-from unlearning.selection import candidate_methods
+from unlearning.selection import batch_facts, candidate_methods
 
 
 class BatchRejected(RuntimeError):
@@ -94,22 +95,24 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                                     "deletion": params.deletion.model_dump(), "validation": params.validation.model_dump(),
                                     "train": params.train.model_dump(), "seed": params.base.seed, "device": device})
 
-        # 2. partition ------------------------------------------------------------------------
+        # 2. leverage diagnostics (before any unlearning runs) -----------------------------------
+        report = None
+        if params.diagnostics.enabled or params.deletion.partition.mode == "leverage":
+            stage = tracker.start_run("diagnostics", parent)
+            report, lev_tables = leverage_diagnostics(params, state.prepared, state.manifest, forget_ids, state.model,
+                                                      device)
+            log_diagnostics(tracker, stage, report, lev_tables)
+            tracker.end_run(stage)
+
+        # 3. partition ------------------------------------------------------------------------
         stage = tracker.start_run("partition", parent)
-        table = partition_retain(params, state.prepared, state.manifest, forget_ids, state.model)
+        table = partition_retain(params, state.prepared, state.manifest, forget_ids, state.model,
+                                 report.cross_leverage if report is not None else None)
         rows = batch_rows(state.prepared, state.manifest, forget_ids, table)
         tracker.log_table(stage, table, "partition.csv")
         tracker.log_metrics(stage, {f"n_{k}": v for k, v in subset_sizes(table).items()})
         tracker.log_params(stage, {"mode": params.deletion.partition.mode})
         tracker.end_run(stage)
-
-        # 3. select ---------------------------------------------------------------------------
-        facts = {"objective": objective, "n_forget": len(forget_ids),
-                 "adjacent_fraction": float(rows.adjacent_mask.mean()) if len(rows.adjacent_mask) else 0.0}
-        selection = candidate_methods(params, facts)
-        tracker.log_json(parent, selection, "selection.json")
-        print(f"{path.name}: {len(forget_ids)} sample(s) to forget, objective {objective}; "
-              f"candidates {selection['candidates']}")
 
         # 4. oracle and shadow ensembles (cached by content) --------------------------------------
         stage = tracker.start_run("ensembles", parent)
@@ -123,7 +126,17 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                                     "n_oracles": oracles.n_models, "n_shadows": shadows.n_models})
         tracker.end_run(stage)
 
-        # 5. unlearn + validate + gate, walking the candidate list -----------------------------
+        # 5. select ---------------------------------------------------------------------------
+        facts = batch_facts(params, objective, rows, report,
+                            oracle_forget_logits=eval_logits(oracles, state.prepared, rows.forget), device=device)
+        selection = candidate_methods(params, facts)
+        tracker.log_json(parent, selection, "selection.json")
+        tracker.log_params(parent, {"selection.fired": [f[0] for f in selection["fired"]],
+                                    "selection.candidates": selection["candidates"]})
+        print(f"{path.name}: {len(forget_ids)} sample(s) to forget, objective {objective}; "
+              f"candidates {selection['candidates']}")
+
+        # 6. unlearn + validate + gate, walking the candidate list -----------------------------
         outcome = None
         for method in selection["candidates"]:
             stage = tracker.start_run(f"unlearn-{method}", parent, tags={"method": method})
@@ -152,7 +165,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         if outcome is None:
             raise BatchRejected(f"no candidate passed the gate for {path.name}; the previous champion stays")
 
-        # 6. promote + ledger + manifest, all or nothing --------------------------------------
+        # 7. promote + ledger + manifest, all or nothing --------------------------------------
         before_version = tracker.alias_version(registered, alias) or state.champion.get("model_version")
         now = datetime.now(timezone.utc).isoformat()
         manifest = state.manifest.copy()
@@ -198,6 +211,21 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         raise
 
 
+def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
+    """Every inbox file in name order; for a triggered run, the inbox files up to and including its own.
+
+    Name order is arrival order (name request files with a sortable timestamp prefix). A run triggered by
+    file c that starts before the run for an earlier file b processes b first, and b's own run then finds
+    nothing left to do: batches apply in order, each exactly once, whatever order the runs start in."""
+    pending = list_request_files(inbox)
+    if request_path is None:
+        return pending
+    path = Path(request_path)
+    if path.resolve().parent != inbox.resolve():
+        return [path]
+    return [p for p in pending if p.name <= path.name] or [path]
+
+
 @flow(name="deletion_batch", log_prints=True)
 def deletion_batch(request_path: str | None = None, params_path: str = "params.yaml",
                    overrides: dict | None = None, dvc_commit: bool = False) -> list[dict]:
@@ -209,7 +237,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     device = device_of(params)
     state_dir = params.path("state_dir")
     with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), params.operations.lock_timeout_seconds):
-        files = [Path(request_path)] if request_path else list_request_files(params.path("inbox"))
+        files = files_to_process(request_path, params.path("inbox"))
         if not files:
             print(f"no request files in {params.path('inbox')}")
             return []

@@ -30,13 +30,12 @@ def commit_lineage(params: Params) -> dict:
     pushed = None
     remote = params.operations.dvc_remote
     if remote:
-        target = Path(remote) if Path(remote).is_absolute() else root / remote
-        looks_like_path = "/" in remote or not _dvc(["remote", "list"], root).strip()
-        if looks_like_path:
-            target.mkdir(parents=True, exist_ok=True)
-            _dvc(["push", "-q", "--remote", _ensure_remote(root, target)], root)
-        else:
-            _dvc(["push", "-q", "--remote", remote], root)
+        configured = {line.split()[0] for line in _dvc(["remote", "list"], root).splitlines() if line.strip()}
+        if remote not in configured:  # not a remote name: a folder, relative to the project
+            folder = Path(remote) if Path(remote).is_absolute() else root / remote
+            folder.mkdir(parents=True, exist_ok=True)
+            remote = _ensure_remote(root, folder)
+        _dvc(["push", "-q", "--remote", remote], root)
         pushed = remote
     return {"committed": True, "pushed": pushed}
 

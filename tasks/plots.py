@@ -60,3 +60,25 @@ def margin_distributions(unlearned: np.ndarray, oracle: np.ndarray, sample_names
 
 def close(fig) -> None:
     plt.close(fig)
+
+
+def by_group(df, value: str, title: str):
+    """Box plot of `value` per `group` (e.g. cross-leverage of retain samples by declared group)."""
+    groups = sorted(df["group"].unique())
+    fig, ax = plt.subplots(figsize=(max(4, 0.7 * len(groups) + 2), 3.2))
+    ax.boxplot([df.loc[df["group"] == g, value].to_numpy() for g in groups], showfliers=False)
+    ax.set_xticks(range(1, len(groups) + 1), groups, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel(value)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def spectrum(eigenvalues: np.ndarray, title: str):
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.semilogy(np.arange(1, len(eigenvalues) + 1), np.clip(eigenvalues, 1e-12, None), marker=".")
+    ax.set_xlabel("index")
+    ax.set_ylabel("eigenvalue")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig

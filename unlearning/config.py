@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from unlearning.policy import Rule
+
 PARAMS_FILE = "params.yaml"
 
 
@@ -79,12 +81,23 @@ class Partition(Strict):
 class Deletion(Strict):
     objective: Literal["retrain_equivalence", "suppression"] = "retrain_equivalence"
     method: str = Field("auto", description="a registered method, or 'auto' to walk `rules`")
-    rules: list[dict[str, Any]] = Field(default_factory=list, description="ordered selection rules (policy.py)")
+    rules: list[Rule] = Field(default_factory=list, description="ordered selection rules (unlearning/policy.py)")
     fallback: list[str] = ["retrain"]
     method_args: dict[str, dict[str, Any]] = {}
     budget_gradient_evals: int = Field(2_000_000, gt=0)
     hash_sample_ids: bool = False
     partition: Partition = Partition()
+
+
+class Diagnostics(Strict):
+    """Leverage diagnostics (DESIGN §4.1) computed for every batch before unlearning."""
+
+    enabled: bool = True
+    solver: Literal["auto", "exact", "projected", "cg"] = "auto"
+    lam: float | None = Field(None, gt=0, description="GGN damping; null = n_train * train.weight_decay")
+    min_lam: float = Field(1.0, gt=0, description="lower bound of the derived damping")
+    proj_dim: int = Field(2048, gt=0)
+    check_subset: int = Field(16, ge=0, description="forget samples checked against exact when the solver is not exact")
 
 
 class Validation(Strict):
@@ -134,6 +147,7 @@ class Params(Strict):
     prepare: Prepare = Prepare()
     train: Train = Train()
     deletion: Deletion = Deletion()
+    diagnostics: Diagnostics = Diagnostics()
     validation: Validation = Validation()
     gate: Gate = Gate()
     tracking: Tracking = Tracking()

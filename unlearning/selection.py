@@ -1,22 +1,65 @@
 """Which unlearners a batch tries, in order (DESIGN §4.5).
 
-`deletion.method` names one method, or `auto` to walk the ordered rule list `deletion.rules` over the
-batch's facts (objective, diagnostics, budget). `deletion.fallback` follows; exact `retrain` is always
-the last candidate, so the gate always has something exact to fall back to.
+`deletion.method` names one method, or `auto` to walk the ordered rule list `deletion.rules`
+(unlearning/policy.py) over the batch's facts: objective, partition, leverage diagnostics, oracle noise
+floor and compute budget. `deletion.fallback` follows; exact `retrain` is always the last candidate.
 """
 
 from __future__ import annotations
 
-from unlearning.config import Params
+import numpy as np
+import torch
+
+from unlearning.batch import BatchRows
+from unlearning.config import ConfigError, Params
+
+
+def _mean_kl_to_mean(logits: torch.Tensor) -> float:
+    """Oracle noise floor in output space: mean over members and samples of KL(oracle_k || oracle mean),
+    logits [N, n, C]. A method cannot be told apart from retraining below this."""
+    logp = torch.log_softmax(logits.double(), -1)  # [N, n, C]
+    log_mean = torch.logsumexp(logp, 0) - np.log(logp.shape[0])  # [n, C]
+    return float((logp.exp() * (logp - log_mean)).sum(-1).mean())
+
+
+def batch_facts(params: Params, objective: str, rows: BatchRows, report=None,
+                oracle_forget_logits: torch.Tensor | None = None, device: str = "cpu") -> dict:
+    """The facts the selection rules test (names: unlearning.policy.FACTS). Facts that need the leverage
+    report are absent without it, so the rules that use them are skipped with a reason."""
+    n_forget, n_retain = len(rows.forget), len(rows.retain)
+    retrain_cost = n_retain * params.train.epochs
+    facts = {"objective": objective, "n_forget": n_forget, "n_retain": n_retain,
+             "forget_fraction": n_forget / max(n_forget + n_retain, 1),
+             "adjacent_fraction": float(rows.adjacent_mask.mean()) if n_retain else 0.0,
+             "retrain_cost": retrain_cost, "budget": params.deletion.budget_gradient_evals,
+             "retrain_cost_lt_budget": retrain_cost < params.deletion.budget_gradient_evals,
+             "has_gpu": device == "cuda"}
+    if oracle_forget_logits is not None and oracle_forget_logits.shape[0] >= 2:
+        facts["noise_floor"] = _mean_kl_to_mean(oracle_forget_logits)
+    if report is not None:
+        # The report's gap is the Fisher norm of the predicted output change; KL ~ 0.5 * Fisher norm^2 for
+        # small changes, which puts it in the units of the noise floor above.
+        facts["predicted_gap"] = float(np.mean(0.5 * np.square(report.predicted_gap_forget)))
+        facts["leakage_ratio"] = float(report.leakage_ratio)
+        facts["self_leverage_trace"] = float(report.self_leverage_trace)
+        facts["self_leverage_norm"] = float(report.self_leverage_spectral_norm)
+        if "noise_floor" in facts:
+            facts["predicted_gap_lt_noise_floor"] = facts["predicted_gap"] < facts["noise_floor"]
+    return facts
 
 
 def candidate_methods(params: Params, facts: dict) -> dict:
+    from unlearning.methods import REGISTRY
+
     d = params.deletion
+    for key, name in [("deletion.method", d.method), *[(f"deletion.fallback", m) for m in d.fallback]]:
+        if name != "auto" and name not in REGISTRY:
+            raise ConfigError(f"{key} = {name!r} is not a registered method; allowed: {sorted(REGISTRY)} or 'auto'")
     fired, skipped = [], []
     if d.method == "auto":
         from unlearning.policy import select_methods
 
-        sel = select_methods(d.rules, facts)
+        sel = select_methods(d.rules, facts, known_methods=REGISTRY)
         first, fired, skipped = list(sel.candidates), list(sel.fired), list(sel.skipped)
     else:
         first = [d.method]

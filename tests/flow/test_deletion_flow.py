@@ -90,3 +90,35 @@ def test_bad_file_changes_nothing_and_lists_every_problem(project, tmp_path):
     assert "digits-9999" in text and "not-a-date" in text and "'x1' appears more than once" in text
     assert "nothing was changed" in text
     assert snapshot(project) == before
+
+
+def test_failure_mid_batch_changes_nothing(project):
+    """A fault after validation (bad method args, raised inside the unlearning task) leaves the previous
+    model, manifest and ledger standing, and the MLflow batch run is marked FAILED."""
+    from flows.deletion_batch import run
+    from tasks.tracking import Tracker
+
+    before = snapshot(project)
+    req = project / "one.csv"
+    req.write_text("request_id,sample_id,requested_at,reason\nfail-1,digits-0040,2026-11-30T10:00:00Z,gdpr\n")
+    overrides = {"deletion": {"method": "finetune", "method_args": {"finetune": {"no_such_arg": 1}}}}
+    with pytest.raises(ValueError, match="no_such_arg"):
+        run(str(req), str(project / "params.yaml"), overrides)
+    assert snapshot(project) == before
+    params = load_params(project / "params.yaml")
+    tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
+    runs = tracker.client.search_runs([tracker.experiment_id], filter_string="tags.request_file = 'one.csv'")
+    assert runs and runs[0].info.status == "FAILED" and runs[0].data.tags["gate"] == "error"
+
+
+def test_audit_changes_nothing(project):
+    from flows.audit import audit
+
+    before = snapshot(project)
+    req = project / "proposal.csv"
+    req.write_text("request_id,sample_id,requested_at,reason\na-1,digits-0040,2026-11-30T10:00:00Z,audit\n"
+                   "a-2,digits-0045,2026-11-30T10:00:00Z,audit\n")
+    result = audit(str(req), str(project / "params.yaml"))
+    rep = result["report"]
+    assert rep["n_forget"] == 2 and rep["self_leverage"]["n"] == 2 and rep["leakage_ratio"] >= 0
+    assert snapshot(project) == before
