@@ -13,6 +13,10 @@ for key, value in {"DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "
     os.environ.setdefault(key, value)
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Tiny test models run many times slower with 2 threads on a shared 2-core machine (thread contention).
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,237 @@
+"""The unlearner engine (DESIGN §4.3): one loop, three swappable parts.
+
+Every step of a phase computes, member-wise,
+
+    theta <- theta - eta * P^-1 * Proj( w_R * grad L_R - w_F * grad L_F )
+
+with geometry P (`geometry.py`), weighting w_R, w_F, per-sample weights and loss clipping
+(`weighting.py`) and projection Proj (`projection.py`); eta and any momentum / Adam scaling come from a
+member-wise optimizer (`optim.py`). A method is a list of phases (al_wpgd has two, SCRUB alternates).
+
+Members never interact: the ensemble objective is the sum of the members' objectives, projections
+and Gram solves are per member, optimizer states are per member, and each member draws its batches
+from its own generator (seeded by the run seed and the member's seed). Stop rules are declared:
+epochs or max_steps per phase (at least one finite bound per phase unless a budget is given), a
+per-member budget of gradient evaluations for the whole method, and an optional target forget
+accuracy that freezes a member for the rest of the phase once reached.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult
+from unlearning.methods.geometry import Geometry
+from unlearning.methods.losses import correct, per_sample_loss
+from unlearning.methods.memberwise import Vec, member_generators, member_view
+from unlearning.methods.optim import MemberOptimizer, OptimizerSpec
+from unlearning.methods.projection import Projection
+from unlearning.methods.sampling import PoolStream
+from unlearning.methods.weighting import Weighting
+from unlearning.models.stacked import StackedModel
+from unlearning.models.training import clone_model
+
+POOLS = ("forget", "retain", "adjacent", "remote")
+
+# (model, X [N, b, d], y [N, b], idx [N, b] rows of the source table) -> per-sample losses [N, b]
+TermLoss = Callable[[StackedModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Term:
+    """A loss term of a phase: minibatches of `batch_size` rows (None = the whole pool) from `pool`,
+    scored by `loss` (default: the context's loss, "ce" or "mse", against the true labels)."""
+
+    pool: str
+    batch_size: int | None = 64
+    loss: TermLoss | None = None
+
+    def __post_init__(self):
+        if self.pool not in POOLS:
+            raise ValueError(f"term pool={self.pool!r} is not known; allowed: {list(POOLS)}")
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """Phase stop rule. epochs: passes over the primary term's pool; max_steps: optimizer steps;
+    target_forget_acc: a member stops (freezes) once its accuracy on the whole forget set is <= this,
+    checked before the first step and every `check_every` steps (a forward pass, not counted)."""
+
+    epochs: int | None = 1
+    max_steps: int | None = None
+    target_forget_acc: float | None = None
+    check_every: int = 1
+
+
+@dataclass
+class Phase:
+    name: str
+    retain: Term | None = None
+    forget: Term | None = None
+    primary: str = "retain"  # the term ("retain" or "forget") whose pool defines an epoch
+    weighting: Weighting = field(default_factory=Weighting)
+    projection: Projection = field(default_factory=Projection)
+    geometry: Geometry = field(default_factory=Geometry)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    stop: StopRule = field(default_factory=StopRule)
+    pre_momentum: float = 0.0  # momentum on the raw direction BEFORE projection (al_wpgd stage 2)
+    param_mask: Vec | None = None  # per-member 0/1 masks shaped like the parameters (SalUn)
+
+
+def pool_rows(ctx: UnlearnContext, pool: str) -> torch.Tensor:
+    """Row indices of a pool in its source table (X_forget for "forget", X_retain otherwise)."""
+    if pool == "forget":
+        return torch.arange(ctx.X_forget.shape[0], device=ctx.X_forget.device)
+    n = ctx.X_retain.shape[0]
+    if pool == "retain":
+        return torch.arange(n, device=ctx.X_retain.device)
+    mask = ctx.adjacent_mask.bool().to(ctx.X_retain.device)
+    if mask.shape != (n,):
+        raise ValueError(f"adjacent_mask has shape {tuple(mask.shape)}, expected ({n},)")
+    return torch.nonzero(mask if pool == "adjacent" else ~mask).flatten()
+
+
+def source(ctx: UnlearnContext, pool: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return (ctx.X_forget, ctx.y_forget) if pool == "forget" else (ctx.X_retain, ctx.y_retain)
+
+
+def forget_accuracy(model: StackedModel, ctx: UnlearnContext) -> torch.Tensor:
+    """[N] accuracy of each member on the whole forget set."""
+    if ctx.loss != "ce":
+        raise ValueError("a target forget accuracy needs loss='ce'")
+    if ctx.X_forget.shape[0] == 0:
+        return torch.zeros(model.n_models)
+    with torch.no_grad():
+        return correct(model(ctx.X_forget), ctx.y_forget).float().mean(1).cpu()
+
+
+def default_loss(ctx: UnlearnContext) -> TermLoss:
+    return lambda model, X, y, idx: per_sample_loss(model(X), y, ctx.loss)
+
+
+def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int | None = None,
+               method: str = "") -> UnlearnResult:
+    """Run the phases on a clone of ctx.model. `max_grad_evals` is a PER-MEMBER budget of per-sample
+    gradient evaluations over the whole method (geometry preparation and projections included); a
+    member whose next step would exceed it stops for good. The reported cost sums members."""
+    start = time.perf_counter()
+    model = clone_model(ctx.model)
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    params = list(model.parameters())
+    n = model.n_models
+    evals = torch.zeros(n, dtype=torch.long)  # per member
+    out_of_budget = torch.zeros(n, dtype=torch.bool)
+    optimizers: dict[str, MemberOptimizer] = {}
+    info: dict = {"phases": []}
+    steps = 0
+
+    def remaining() -> int | None:
+        if max_grad_evals is None:
+            return None
+        live = evals[~out_of_budget]
+        return 0 if len(live) == 0 else int(max_grad_evals - live.max())
+
+    for phase in phases:
+        stop = phase.stop
+        if stop.epochs is None and stop.max_steps is None and max_grad_evals is None:
+            raise ValueError(f"phase {phase.name!r} has no finite stop rule (epochs, max_steps or a budget)")
+        terms = {k: t for k, t in (("retain", phase.retain), ("forget", phase.forget)) if t is not None}
+        if phase.primary not in terms:
+            raise ValueError(f"phase {phase.name!r}: primary term {phase.primary!r} is not one of {list(terms)}")
+        p_info = {"name": phase.name, "steps": 0, "stop": ["epochs" if stop.epochs is not None else "max_steps"] * n}
+
+        # Geometry and projection are set up at the phase's starting point (charged to the budget).
+        rem = remaining()
+        if rem is not None and rem <= 0:
+            info["phases"].append({**p_info, "stop": ["budget"] * n})
+            continue
+        prep = phase.geometry.prepare(model, ctx, rem) + phase.projection.start(model, ctx)
+        evals[~out_of_budget] += prep
+
+        streams = {k: PoolStream(pool_rows(ctx, t.pool), t.batch_size,
+                                 member_generators(ctx.seed, model.seeds, method, phase.name, k))
+                   for k, t in terms.items()}
+        losses = {k: (t.loss or default_loss(ctx)) for k, t in terms.items()}
+        key = phase.optimizer.share_key
+        opt = optimizers.get(key) if key else None
+        if opt is None:
+            opt = MemberOptimizer(phase.optimizer, n)
+            if key:
+                optimizers[key] = opt
+        frozen = out_of_budget.clone()
+        buf: Vec | None = None
+
+        def check_target() -> None:
+            if stop.target_forget_acc is None:
+                return
+            hit = (forget_accuracy(model, ctx) <= stop.target_forget_acc) & ~frozen
+            for k in torch.nonzero(hit).flatten().tolist():
+                p_info["stop"][k] = "target"
+            frozen.logical_or_(hit)
+
+        check_target()
+        primary = streams[phase.primary]
+        epoch, done = 0, False
+        while not done and (stop.epochs is None or epoch < stop.epochs) and len(primary) > 0:
+            epoch += 1
+            for idx_primary in primary.epoch():
+                if (stop.max_steps is not None and p_info["steps"] >= stop.max_steps) or bool(frozen.all()):
+                    done = True
+                    break
+                batch = {k: idx_primary if k == phase.primary else streams[k].next()
+                         for k in terms if len(streams[k]) > 0}
+                cost = sum(int(i.shape[1]) for i in batch.values()) + phase.projection.evals_per_step()
+                if max_grad_evals is not None:
+                    over = ~frozen & (evals + cost > max_grad_evals)
+                    for k in torch.nonzero(over).flatten().tolist():
+                        p_info["stop"][k] = "budget"
+                    out_of_budget |= over
+                    frozen |= over
+                    if bool(frozen.all()):
+                        done = True
+                        break
+                active = ~frozen
+
+                reduced = {}
+                for k, idx in batch.items():
+                    X, y = source(ctx, terms[k].pool)
+                    reduced[k] = phase.weighting.reduce(k, losses[k](model, X[idx], y[idx], idx), idx)
+                objective = phase.weighting.objective(reduced)
+                grads = torch.autograd.grad(objective, params, allow_unused=True)
+                direction = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+                if phase.pre_momentum:
+                    if buf is None:
+                        buf = [torch.zeros_like(d) for d in direction]
+                    for b, d in zip(buf, direction):
+                        b.copy_(torch.where(member_view(active.to(b.device), b).bool(), b * phase.pre_momentum + d, b))
+                    direction = [b.clone() for b in buf]
+                direction = phase.projection.project(model, direction)
+                direction = phase.geometry.apply(direction)
+                if phase.param_mask is not None:
+                    direction = [d * m for d, m in zip(direction, phase.param_mask)]
+                update = opt.update(direction, active)
+                if phase.param_mask is not None:  # exact zero outside the mask, whatever the optimizer does
+                    update = [u * m for u, m in zip(update, phase.param_mask)]
+                with torch.no_grad():
+                    for p, u in zip(params, update):
+                        p.sub_(u)
+                evals[active] += cost
+                phase.weighting.after_step({k: v.detach() for k, v in reduced.items()}, active)
+                steps += 1
+                p_info["steps"] += 1
+                if stop.target_forget_acc is not None and p_info["steps"] % stop.check_every == 0:
+                    check_target()
+        if stop.max_steps is not None and p_info["steps"] >= stop.max_steps:
+            p_info["stop"] = ["max_steps" if s in ("epochs", "max_steps") else s for s in p_info["stop"]]
+        info["phases"].append(p_info)
+
+    model.eval()
+    info["gradient_evals_per_member"] = evals.tolist()
+    cost = MethodCost(gradient_evals=int(evals.sum()), steps=steps, seconds=time.perf_counter() - start)
+    return UnlearnResult(model=model, cost=cost, info=info)

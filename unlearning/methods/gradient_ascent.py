@@ -1,0 +1,29 @@
+"""`gradient_ascent`: ascend the forget loss only (DESIGN §4.3 with w_R = 0; §4.1: with P = I its
+error on F is (S_F - eta X_F X_F^T) e_F, so it lands on the oracle only by accident). Geometry can be
+the diagonal Fisher of the retain loss, a cheap stand-in for H_R."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from unlearning.methods.args import AscentArgs, DataSizes, phase_bound
+from unlearning.methods.base import UnlearnContext, UnlearnResult
+from unlearning.methods.engine import Phase, StopRule, Term, run_phases
+from unlearning.methods.registry import register
+from unlearning.methods.weighting import Weighting
+
+
+class GradientAscentArgs(AscentArgs):
+    epochs: int = Field(10, ge=0, description="passes over the forget set")
+
+    def budget(self, sizes: DataSizes, recipe_epochs: int | None = None) -> int:
+        return self.capped(self.geometry_bound(sizes) + phase_bound(sizes.n_forget, self.batch_size, epochs=self.epochs))
+
+
+@register("gradient_ascent", GradientAscentArgs, "ascend the forget loss only (w_R = 0)")
+def run(ctx: UnlearnContext, args: GradientAscentArgs) -> UnlearnResult:
+    phase = Phase("ascent", forget=Term("forget", args.batch_size), primary="forget",
+                  weighting=Weighting(forget_weight=1.0, retain_weight=0.0, forget_cap=args.loss_cap),
+                  geometry=args.make_geometry(), optimizer=args.optimizer_spec(),
+                  stop=StopRule(epochs=args.epochs, target_forget_acc=args.target_forget_acc))
+    return run_phases(ctx, [phase], max_grad_evals=args.max_grad_evals, method="gradient_ascent")

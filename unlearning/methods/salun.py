@@ -1,0 +1,89 @@
+"""`salun` (Fan et al. 2024, "SalUn: Empowering Machine Unlearning via Gradient-based Weight Saliency").
+
+Saliency mask: per member, the top `mask_fraction` of weights by |grad L_F(theta_0)| (the forget-loss
+gradient at the original, whole forget set). Then random relabeling: each forget sample gets a random
+label different from its own (drawn once per member) and the model descends CE on those labels plus
+CE on the retain set, updating only the masked weights. In engine terms the forget term is a DESCENT
+term toward the random labels, so its weight w_F is negative. CE models only."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from pydantic import Field
+
+from unlearning.methods.args import DataSizes, IterativeArgs, phase_bound
+from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult
+from unlearning.methods.engine import Phase, StopRule, Term, run_phases
+from unlearning.methods.losses import per_sample_loss
+from unlearning.methods.memberwise import Vec, flatten, member_generators, unflatten
+from unlearning.methods.registry import register
+from unlearning.methods.weighting import Weighting
+from unlearning.models.stacked import StackedModel
+from unlearning.models.training import clone_model
+
+
+class SalunArgs(IterativeArgs):
+    epochs: int = Field(10, ge=0, description="passes over the forget set")
+    mask_fraction: float = Field(0.5, gt=0, le=1, description="fraction of weights (per member) that may change")
+    forget_weight: float = Field(1.0, ge=0, description="weight of CE toward the random labels")
+    retain_weight: float = Field(1.0, ge=0, description="weight of CE on retain")
+    forget_batch_size: int = Field(32, ge=1)
+
+    def budget(self, sizes: DataSizes, recipe_epochs: int | None = None) -> int:
+        saliency = sizes.n_forget
+        return self.capped(saliency + phase_bound(sizes.n_forget, self.forget_batch_size, epochs=self.epochs,
+                                                  others=((sizes.n_retain, self.batch_size),)))
+
+
+def saliency_mask(model: StackedModel, X: torch.Tensor, y: torch.Tensor, fraction: float) -> Vec:
+    """0/1 masks shaped like the parameters: per member, 1 on the top `fraction` of weights by
+    |d L_F / d theta| (mean CE over the rows X [nF, d], y [nF]). Ties at the threshold are kept."""
+    params = list(model.parameters())
+    loss = per_sample_loss(model(X), y.expand(model.n_models, -1), "ce").mean(1).sum()
+    g = flatten([gi.abs() for gi in torch.autograd.grad(loss, params)])  # [N, p]
+    k = max(1, int(round(fraction * g.shape[1])))
+    thresh = g.topk(k, dim=1).values[:, -1:]  # [N, 1]: member's k-th largest magnitude
+    return unflatten((g >= thresh).to(g.dtype), params)
+
+
+def random_relabels(ctx: UnlearnContext, seeds: list[int], n_classes: int) -> torch.Tensor:
+    """[N, nF] labels, each different from the true label, drawn from the member's own generator."""
+    gens = member_generators(ctx.seed, seeds, "salun_relabel")
+    nF = ctx.y_forget.shape[0]
+    shift = torch.stack([torch.randint(1, n_classes, (nF,), generator=g) for g in gens]).to(ctx.y_forget.device)
+    return (ctx.y_forget.unsqueeze(0) + shift) % n_classes
+
+
+@register("salun", SalunArgs, "SalUn: saliency mask from |grad L_F|, random relabels + retain CE, masked update")
+def run(ctx: UnlearnContext, args: SalunArgs) -> UnlearnResult:
+    if ctx.loss != "ce":
+        raise ValueError(f"salun needs loss='ce' (random relabeling), got loss={ctx.loss!r}")
+    start = time.perf_counter()
+    model = clone_model(ctx.model)  # the saliency gradient is taken on a copy: ctx.model stays untouched
+    n_forget = ctx.X_forget.shape[0]
+    saliency_cost = n_forget  # one gradient per forget row and member
+    if n_forget == 0 or (args.max_grad_evals is not None and args.max_grad_evals < saliency_cost):
+        return UnlearnResult(model, MethodCost(0, 0, time.perf_counter() - start),
+                             {"stop": "budget" if n_forget else "empty forget set"})
+    n_classes = getattr(model, "n_classes", None) or int(model(ctx.X_forget[:1]).shape[-1])
+    if n_classes < 2:
+        raise ValueError("salun needs at least 2 classes")
+    mask = saliency_mask(model, ctx.X_forget, ctx.y_forget, args.mask_fraction)
+    labels = random_relabels(ctx, model.seeds, n_classes)  # [N, nF]
+
+    def relabel_ce(m, X, y, idx):  # CE toward member k's random label of each drawn forget row
+        return per_sample_loss(m(X), torch.gather(labels, 1, idx), "ce")
+
+    phase = Phase("salun", forget=Term("forget", args.forget_batch_size, relabel_ce),
+                  retain=Term("retain", args.batch_size), primary="forget",
+                  weighting=Weighting(forget_weight=-args.forget_weight, retain_weight=args.retain_weight),
+                  optimizer=args.optimizer_spec(), stop=StopRule(epochs=args.epochs), param_mask=mask)
+    budget = None if args.max_grad_evals is None else args.max_grad_evals - saliency_cost
+    result = run_phases(ctx, [phase], max_grad_evals=budget, method="salun")
+    result.cost.gradient_evals += saliency_cost * model.n_models
+    result.cost.seconds = time.perf_counter() - start
+    result.info["gradient_evals_per_member"] = [e + saliency_cost for e in result.info["gradient_evals_per_member"]]
+    result.info["mask_fraction"] = args.mask_fraction
+    return result
