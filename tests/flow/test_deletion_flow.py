@@ -122,3 +122,15 @@ def test_audit_changes_nothing(project):
     rep = result["report"]
     assert rep["n_forget"] == 2 and rep["self_leverage"]["n"] == 2 and rep["leakage_ratio"] >= 0
     assert snapshot(project) == before
+
+
+def test_dask_task_runner_local_cluster(project):
+    """Ensemble chunks run as Prefect tasks on a 2-process local Dask cluster (validation.task_runner)."""
+    from flows.deletion_batch import run
+
+    req = project / "dask.csv"
+    req.write_text("request_id,sample_id,requested_at,reason\ndask-1,digits-0059,2026-11-30T10:00:00Z,gdpr\n")
+    overrides = {"validation": {"task_runner": "dask", "dask_workers": 2}, "diagnostics": {"enabled": False}}
+    results = run(str(req), str(project / "params.yaml"), overrides)
+    assert [r["status"] for r in results] == ["applied"]
+    assert results[0]["metrics"]["n_oracles"] == 4.0

@@ -59,7 +59,8 @@ def train_ensemble(
     X, y = X.to(device), y.to(device)
     n = X.shape[0]
     gens = [order_generator(s) for s in model.seeds]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    # fused: one kernel per parameter tensor instead of ~10 elementwise passes (CPU and CUDA).
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
     steps = 0
     desc = progress if isinstance(progress, str) else f"train x{model.n_models}"
     model.train()
@@ -67,7 +68,9 @@ def train_ensemble(
         perms = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)  # [N, n]
         for start_i in range(0, n, batch_size):
             idx = perms[:, start_i : start_i + batch_size]  # [N, b]
-            loss = per_member_loss(model, X[idx], y[idx]).sum()
+            flat = idx.reshape(-1)
+            xb = X.index_select(0, flat).view(*idx.shape, -1)  # [N, b, d]; faster than X[idx]
+            loss = per_member_loss(model, xb, y.index_select(0, flat).view(idx.shape)).sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

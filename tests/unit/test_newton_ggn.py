@@ -1,0 +1,126 @@
+"""The `newton_ggn` preset: exact on ridge regression, a correct GGN step on a classifier, contract."""
+
+import numpy as np
+import pytest
+import torch
+from torch.autograd.functional import jacobian
+
+import unlearning.methods.newton_ggn  # noqa: F401  (registers the preset)
+from unlearning.leverage import StackedMemberFunction
+from unlearning.methods.base import TrainRecipe, UnlearnContext
+from unlearning.methods.registry import REGISTRY, parse_args, run_method
+from unlearning.models import build_model, flat_params
+
+RECIPE = TrainRecipe(epochs=1, batch_size=8, lr=0.1, weight_decay=0.0)
+
+
+def ridge_problem(n=50, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * np.array([1.0, 3.0, 0.3, 1.5])
+    y = X @ rng.normal(size=d) + 2.0 + 0.3 * rng.normal(size=n)
+    return X, y
+
+
+def ridge_with_bias(X, y, lam):
+    """argmin 0.5 ||[X, 1] theta - y||^2 + 0.5 lam ||theta||^2: the bias is penalised like the weights,
+    matching the preset's objective on StackedMLP(hidden=[], n_classes=1) (flat order: weights, bias)."""
+    Xa = np.c_[X, np.ones(len(X))]
+    return np.linalg.solve(Xa.T @ Xa + lam * np.eye(Xa.shape[1]), Xa.T @ y)
+
+
+def linear_model(d, seeds, theta=None):
+    model = build_model({"arch": "mlp", "in_dim": d, "hidden": [], "n_classes": 1, "image_shape": None}, seeds)
+    model = model.double()
+    if theta is not None:
+        with torch.no_grad():
+            model.out.weight[:] = torch.tensor(theta[:-1]).view(1, d, 1)
+            model.out.bias[:] = float(theta[-1])
+    return model
+
+
+def ctx_for(model, X, y, forget, loss="mse", recipe=RECIPE):
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+    retain = np.setdiff1d(np.arange(len(y)), forget)
+    return UnlearnContext(model=model, X_forget=X[forget], y_forget=y[forget], X_retain=X[retain],
+                          y_retain=y[retain], adjacent_mask=torch.zeros(len(retain), dtype=torch.bool),
+                          recipe=recipe, loss=loss), retain
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg", "auto"])
+def test_lands_on_ridge_retrain(solver):
+    X, y = ridge_problem()
+    lam, forget = 0.7, np.array([0, 3, 9, 20])
+    theta_D = ridge_with_bias(X, y, lam)
+    model = linear_model(4, [1, 2], theta_D)
+    with torch.no_grad():  # member 1 starts somewhere else: one Newton step still lands (quadratic objective)
+        model.out.weight[1] += 0.5
+    before = flat_params(model).clone()
+    ctx, retain = ctx_for(model, X, y, forget)
+    res = run_method("newton_ggn", ctx, {"lam": lam, "solver": solver})
+    theta_R = ridge_with_bias(X[retain], y[retain], lam)
+    assert np.abs(theta_R - theta_D).max() > 1e-2  # removal matters
+    got = flat_params(res.model).numpy()
+    np.testing.assert_allclose(got, np.stack([theta_R, theta_R]), rtol=0, atol=1e-8)
+    assert torch.equal(flat_params(model), before) and res.model is not model
+    assert res.cost.steps == 2 and res.cost.gradient_evals > 0 and res.cost.seconds > 0
+    assert res.info["lam"] == lam and res.info["solver"] in ("exact", "cg")
+
+
+def test_default_lam_follows_the_recipe():
+    X, y = ridge_problem(seed=1)
+    forget = np.array([1, 2])
+    model = linear_model(4, [3])
+    wd = 0.01
+    ctx, retain = ctx_for(model, X, y, forget, recipe=TrainRecipe(1, 8, 0.1, weight_decay=wd))
+    res = run_method("newton_ggn", ctx, {})
+    lam = wd * len(retain)  # mean loss + wd/2 ||theta||^2, times |R|
+    assert res.info["lam"] == pytest.approx(lam)
+    np.testing.assert_allclose(flat_params(res.model)[0].numpy(), ridge_with_bias(X[retain], y[retain], lam),
+                               atol=1e-8)
+
+
+def brute_ggn_step(model, member, X, y, lam, damping):
+    fn = StackedMemberFunction(model, member, dtype=torch.float64, device="cpu")
+    th, X = fn.theta0, X.double()
+    J = jacobian(lambda t: fn.outputs(t, X), th)
+    p = torch.softmax(fn.outputs(th, X), 1)
+    Lam = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+    G = torch.einsum("ncp,ncd,ndq->pq", J, Lam, J) + (lam + damping) * torch.eye(fn.p, dtype=th.dtype)
+    grad = torch.einsum("ncp,nc->p", J, p - torch.nn.functional.one_hot(y, p.shape[1]).double()) + lam * th
+    return th - torch.linalg.solve(G, grad)
+
+
+def test_classifier_step_matches_brute_force_and_descends():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(40, 3, generator=g)
+    y = (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
+    model = build_model({"arch": "mlp", "in_dim": 3, "hidden": [4], "n_classes": 3, "image_shape": None}, [7, 8])
+    forget = np.arange(5)
+    ctx, retain = ctx_for(model, X, y, forget, loss="ce")
+    lam, damping = 0.5, 0.1
+    res = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "solver": "exact", "line_search": False})
+    for k in range(2):
+        ref = brute_ggn_step(model, k, X[retain], y[retain], lam, damping)
+        torch.testing.assert_close(flat_params(res.model)[k].double(), ref.float().double(), rtol=0, atol=1e-6)
+    # full steps overshoot here (objective 41 -> 32 -> 96 -> 544 for member 0); the line search descends
+    full = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "steps": 3, "line_search": False})
+    assert any(m["objective"][-1] > m["objective"][0] for m in full.info["members"])
+    res3 = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "steps": 3})
+    for member in res3.info["members"]:
+        obj = member["objective"]
+        assert len(obj) == 4 and all(b <= a for a, b in zip(obj, obj[1:])) and obj[-1] < obj[0]
+    assert any(min(m["eta"]) < 1 for m in res3.info["members"])  # it did backtrack
+    assert res3.cost.steps == 6
+
+
+def test_registration_and_args():
+    spec = REGISTRY["newton_ggn"]
+    assert spec.args_model.__name__ == "NewtonGGNArgs" and spec.summary
+    args = parse_args("newton_ggn", {"steps": 2, "solver": "cg", "cg_iters": 50, "cg_tol": 1e-8, "max_params": 10})
+    assert args.steps == 2 and args.solver == "cg"
+    with pytest.raises(ValueError, match="allowed keys"):
+        parse_args("newton_ggn", {"stepz": 2})
+    with pytest.raises(ValueError, match="solver"):
+        parse_args("newton_ggn", {"solver": "projected-ish"})
+    with pytest.raises(ValueError, match="steps"):
+        parse_args("newton_ggn", {"steps": 0})
