@@ -31,6 +31,13 @@ def project(tmp_path_factory, prefect_harness):
     return root
 
 
+def fresh_ids(root, k: int, skip: int) -> list[str]:
+    """k retained training ids of the live manifest (skip keeps tests on disjoint samples)."""
+    m = pd.read_csv(root / "state" / "manifest.csv", dtype=str)
+    ids = m.loc[(m.split == "train") & (m.status == "retained"), "sample_id"].tolist()
+    return ids[skip : skip + k]
+
+
 def snapshot(root):
     state = root / "state"
     return {p.name: p.read_bytes() for p in state.iterdir()} if state.exists() else {}
@@ -100,7 +107,8 @@ def test_failure_mid_batch_changes_nothing(project):
 
     before = snapshot(project)
     req = project / "one.csv"
-    req.write_text("request_id,sample_id,requested_at,reason\nfail-1,digits-0040,2026-11-30T10:00:00Z,gdpr\n")
+    (sid,) = fresh_ids(project, 1, skip=100)
+    req.write_text(f"request_id,sample_id,requested_at,reason\nfail-1,{sid},2026-11-30T10:00:00Z,gdpr\n")
     overrides = {"deletion": {"method": "finetune", "method_args": {"finetune": {"no_such_arg": 1}}}}
     with pytest.raises(ValueError, match="no_such_arg"):
         run(str(req), str(project / "params.yaml"), overrides)
@@ -116,8 +124,9 @@ def test_audit_changes_nothing(project):
 
     before = snapshot(project)
     req = project / "proposal.csv"
-    req.write_text("request_id,sample_id,requested_at,reason\na-1,digits-0040,2026-11-30T10:00:00Z,audit\n"
-                   "a-2,digits-0045,2026-11-30T10:00:00Z,audit\n")
+    a, b = fresh_ids(project, 2, skip=200)
+    req.write_text(f"request_id,sample_id,requested_at,reason\na-1,{a},2026-11-30T10:00:00Z,audit\n"
+                   f"a-2,{b},2026-11-30T10:00:00Z,audit\n")
     result = audit(str(req), str(project / "params.yaml"))
     rep = result["report"]
     assert rep["n_forget"] == 2 and rep["self_leverage"]["n"] == 2 and rep["leakage_ratio"] >= 0
@@ -129,7 +138,8 @@ def test_dask_task_runner_local_cluster(project):
     from flows.deletion_batch import run
 
     req = project / "dask.csv"
-    req.write_text("request_id,sample_id,requested_at,reason\ndask-1,digits-0059,2026-11-30T10:00:00Z,gdpr\n")
+    (sid,) = fresh_ids(project, 1, skip=300)
+    req.write_text(f"request_id,sample_id,requested_at,reason\ndask-1,{sid},2026-11-30T10:00:00Z,gdpr\n")
     overrides = {"validation": {"task_runner": "dask", "dask_workers": 2}, "diagnostics": {"enabled": False}}
     results = run(str(req), str(project / "params.yaml"), overrides)
     assert [r["status"] for r in results] == ["applied"]

@@ -246,3 +246,5 @@ def test_generic_output_function_defaults(data):
     torch.testing.assert_close(OutputFunction.weighted_jacobians(fn, fn.theta0, X[:5], left),
                                fn.weighted_jacobians(fn.theta0, X[:5], left), rtol=0, atol=1e-12)
     torch.testing.assert_close(OutputFunction.jvp(fn, fn.theta0, X, V), fn.jvp(fn.theta0, X, V))
+    U = torch.randn(2, X.shape[0], 3, dtype=torch.float64)
+    torch.testing.assert_close(OutputFunction.vjp(fn, fn.theta0, X, U), fn.vjp(fn.theta0, X, U))

@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+import torch
+
+from unlearning.batch import BatchRows
+from unlearning.config import ConfigError, parse_params
+from unlearning.selection import _mean_kl_to_mean, batch_facts, candidate_methods
+
+
+def rows(n_forget=3, n_retain=10, n_adjacent=4):
+    mask = np.zeros(n_retain, bool)
+    mask[:n_adjacent] = True
+    return BatchRows(before=np.arange(n_forget + n_retain), forget=np.arange(n_forget),
+                     retain=np.arange(n_forget, n_forget + n_retain), adjacent_mask=mask, validation=np.arange(2))
+
+
+def test_facts_without_diagnostics_skip_leverage_rules():
+    params = parse_params({"deletion": {"budget_gradient_evals": 10, "method": "auto", "rules": [
+        {"name": "leaky", "method": "newton_ggn", "when": {"leakage_ratio_gt": 1.0}},
+        {"name": "default", "method": "finetune", "when": {"objective": "retrain_equivalence"}}]}})
+    facts = batch_facts(params, "retrain_equivalence", rows())
+    assert facts["adjacent_fraction"] == 0.4 and facts["retrain_cost"] == 10 * params.train.epochs
+    assert facts["retrain_cost_lt_budget"] is False and "leakage_ratio" not in facts
+    sel = candidate_methods(params, facts)
+    assert sel["candidates"] == ["finetune", "retrain"]
+    assert dict(sel["skipped"])["leaky"].startswith("missing fact(s) ['leakage_ratio']")
+
+
+def test_default_rules_from_params_yaml():
+    from unlearning.config import load_params
+    from tests.helpers import ROOT
+
+    params = load_params(ROOT / "params.yaml")
+    facts = batch_facts(params, "suppression", rows(n_retain=1000, n_adjacent=300))
+    assert facts["retrain_cost_lt_budget"] is False  # digits-sized retain set: retrain is over budget
+    sel = candidate_methods(params, facts)
+    assert sel["candidates"] == ["al_wpgd", "descent_ascent", "retrain"]
+    small = candidate_methods(params, batch_facts(params, "suppression", rows()))
+    assert small["candidates"] == ["retrain"]  # cheap retrain wins and cuts the list
+    skipped = dict(sel["skipped"])
+    assert "missing fact" in skipped["high_leakage"] or "objective" in skipped["high_leakage"]
+
+
+def test_unknown_method_is_a_config_error():
+    with pytest.raises(ConfigError, match="allowed"):
+        candidate_methods(parse_params({"deletion": {"method": "magic"}}), {"objective": "suppression"})
+
+
+def test_noise_floor_kl_reference():
+    logits = torch.randn(4, 5, 3, dtype=torch.float64)
+    p = torch.softmax(logits, -1).numpy()
+    mean = p.mean(0)
+    ref = np.mean(np.sum(p * (np.log(p) - np.log(mean)), -1))
+    assert _mean_kl_to_mean(logits) == pytest.approx(ref, rel=1e-10)
+    assert _mean_kl_to_mean(logits[:1].repeat(3, 1, 1)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_files_to_process_orders_by_name(tmp_path):
+    from flows.deletion_batch import files_to_process
+
+    for name in ("b.csv", "a.csv", "c.parquet", ".hidden.csv", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    assert [p.name for p in files_to_process(None, tmp_path)] == ["a.csv", "b.csv", "c.parquet"]
+    # A run triggered for b takes the earlier pending a first; c waits for its own run.
+    assert [p.name for p in files_to_process(str(tmp_path / "b.csv"), tmp_path)] == ["a.csv", "b.csv"]
+    outside = tmp_path.parent / "elsewhere.csv"
+    assert files_to_process(str(outside), tmp_path) == [outside]

@@ -1,0 +1,22 @@
+"""Leverage diagnostics (DESIGN §4.1): per-sample Jacobians, the Lambda-weighted GGN, exact / projected /
+matrix-free solvers, the downdated retrain geometry G_R = G_D - G_F, and the Newton prediction of the
+retrain. CUDA is used when present (device="auto")."""
+
+from unlearning.leverage.curvature import LOSSES, make_targets
+from unlearning.leverage.diagnostics import LeverageReport, compute_diagnostics, diagnose, spearman
+from unlearning.leverage.functions import LinearFunction, OutputFunction, StackedMemberFunction, resolve_device
+from unlearning.leverage.newton import newton_steps
+from unlearning.leverage.projection import RandomProjection
+from unlearning.leverage.ridge import RidgeLeverage, ridge_diagnostics
+from unlearning.leverage.rows import RowSet
+from unlearning.leverage.solvers import (
+    EXACT_MAX_PARAMS, PROJECTED_MAX_PARAMS, SOLVERS, CGSolver, ExactSolver, GGNSolver, ProjectedSolver,
+    choose_solver, make_solver,
+)
+
+__all__ = [
+    "LOSSES", "make_targets", "LeverageReport", "compute_diagnostics", "diagnose", "spearman", "LinearFunction",
+    "OutputFunction", "StackedMemberFunction", "resolve_device", "newton_steps", "RandomProjection",
+    "RidgeLeverage", "ridge_diagnostics", "RowSet", "EXACT_MAX_PARAMS", "PROJECTED_MAX_PARAMS", "SOLVERS",
+    "CGSolver", "ExactSolver", "GGNSolver", "ProjectedSolver", "choose_solver", "make_solver",
+]

@@ -1,0 +1,322 @@
+"""Leverage diagnostics of a forget set, computed before any unlearning runs (DESIGN §4.1,
+"Loss is Not Behavior").
+
+At the original parameters theta_D (D = R u F), with A_i = F_i J_i the Lambda-weighted Jacobian rows
+(F_i^T F_i = Lambda_i, see `curvature`) and the retrain geometry G_R = G_D - sum_{i in F} J_i^T Lambda_i J_i:
+
+- self-leverage S_F = A_F G_R^-1 A_F^T ([|F| r, |F| r]); per forget sample the trace of its diagonal
+  block; the spectral norm and trace of S_F;
+- cross-leverage C_RF = A_R G_R^-1 A_F^T; per retain sample the Frobenius norm of its block row;
+- the Newton / influence prediction of the retrain, theta_R ~= theta_D - delta with
+  delta = G_R^-1 grad L_R(theta_D), L_R = sum_{i in R} loss_i + lam/2 ||theta||^2 (the retain gradient, not
+  the assumption that theta_D is stationary); predicted output gap (original minus retrained) on F, R and
+  a validation set: d_i = J_i delta. Per sample the Fisher norm sqrt(d_i^T Lambda_i d_i) (invariant to a
+  common logit shift; ~ sqrt(2 KL) to first order) and the output vector (centred logits for "ce");
+- leakage ratio ||C_RF g_F|| / ||S_F g_F|| in the same weighting: ||A_R w|| / ||A_F w|| with
+  w = G_R^-1 J_F^T g_F (the movement caused by removing F's own gradient, g = dloss/df);
+- the predicted gap of `do_nothing` (keeping theta_D): the largest mean predicted gap over the splits.
+
+Leverage is reported Lambda-weighted: raw J G^-1 J^T blocks scale like 1/lam along the common logit shift
+that softmax ignores. For ridge regression (Lambda = 1, J = X) every quantity reduces to §4.1's closed
+forms, see `ridge.ridge_diagnostics`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from unlearning.leverage import curvature
+from unlearning.leverage.functions import OutputFunction, StackedMemberFunction
+from unlearning.leverage.rows import RowSet
+from unlearning.leverage.solvers import EXACT_MAX_PARAMS, CGSolver, ExactSolver, GGNSolver, make_solver
+from unlearning.models.stacked import StackedModel
+
+SPLITS = ("forget", "retain", "validation")
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation (average ranks for ties); nan when either side is constant."""
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if a.size != b.size:
+        raise ValueError(f"spearman needs equal lengths, got {a.size} and {b.size}")
+    if a.size < 2:
+        return float("nan")
+
+    def ranks(x):
+        order = np.argsort(x, kind="mergesort")
+        r = np.empty(x.size)
+        r[order] = np.arange(x.size, dtype=np.float64)
+        _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+        sums = np.bincount(inv, weights=r)
+        return (sums / counts)[inv]
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = np.sqrt((ra * ra).sum() * (rb * rb).sum())
+    return float((ra * rb).sum() / den) if den > 0 else float("nan")
+
+
+def _stats(x: np.ndarray) -> dict:
+    if x.size == 0:
+        return {"n": 0}
+    return {"n": int(x.size), "mean": float(x.mean()), "median": float(np.median(x)),
+            "p95": float(np.quantile(x, 0.95)), "max": float(x.max())}
+
+
+@dataclass
+class LeverageReport:
+    """Diagnostics of one member for one forget set. Arrays are numpy, in the order of the inputs.
+
+    r = outputs per sample in the weighted rows (C - 1 for "ce", C for "mse")."""
+
+    solver: str
+    n_params: int
+    n_outputs: int
+    lam: float
+    loss: str
+    device: str
+    self_leverage: np.ndarray                 # [nF]   trace of each forget sample's block of S_F
+    self_leverage_matrix: np.ndarray          # [nF*r, nF*r] S_F (Lambda-weighted)
+    cross_leverage: np.ndarray                # [nR]   Frobenius norm of each retain sample's block row of C_RF
+    self_leverage_spectral_norm: float
+    self_leverage_trace: float
+    predicted_gap_forget: np.ndarray          # [nF]   Fisher norm of the predicted output gap
+    predicted_gap_retain: np.ndarray          # [nR]
+    predicted_gap_validation: np.ndarray      # [nV]
+    predicted_output_gap_forget: np.ndarray   # [nF, C] original minus retrained outputs (centred for "ce")
+    predicted_output_gap_retain: np.ndarray   # [nR, C]
+    predicted_output_gap_validation: np.ndarray  # [nV, C]
+    leakage_ratio: float
+    predicted_gap_do_nothing: float
+    newton_step_norm: float
+    retain_grad_norm: float
+    newton_step: np.ndarray                   # [p] delta = G_R^-1 grad L_R(theta_D); theta_R ~= theta_D - delta
+    solver_info: dict = field(default_factory=dict)
+    approx_error: dict | None = None          # non-exact solvers: error vs a reference on a forget subset
+    timings: dict = field(default_factory=dict)
+    cross_leverage_matrix: np.ndarray | None = None  # [nR*r, nF*r] C_RF when requested
+
+    @property
+    def n_forget(self) -> int:
+        return int(self.self_leverage.size)
+
+    def predicted_gap_means(self) -> dict[str, float]:
+        return {s: float(getattr(self, f"predicted_gap_{s}").mean()) if getattr(self, f"predicted_gap_{s}").size
+                else float("nan") for s in SPLITS}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every per-sample / matrix field (for np.savez)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if isinstance(getattr(self, f.name), np.ndarray)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe summary: scalars, solver info, approximation error and per-array statistics."""
+        out: dict[str, Any] = {
+            "solver": self.solver, "n_params": self.n_params, "n_outputs": self.n_outputs, "lam": self.lam,
+            "loss": self.loss, "device": self.device,
+            "n_forget": self.n_forget, "n_retain": int(self.cross_leverage.size),
+            "n_validation": int(self.predicted_gap_validation.size),
+            "self_leverage_spectral_norm": self.self_leverage_spectral_norm,
+            "self_leverage_trace": self.self_leverage_trace,
+            "leakage_ratio": self.leakage_ratio,
+            "predicted_gap_do_nothing": self.predicted_gap_do_nothing,
+            "predicted_gap_mean": self.predicted_gap_means(),
+            "newton_step_norm": self.newton_step_norm, "retain_grad_norm": self.retain_grad_norm,
+            "self_leverage": _stats(self.self_leverage), "cross_leverage": _stats(self.cross_leverage),
+            **{f"predicted_gap_{s}": _stats(getattr(self, f"predicted_gap_{s}")) for s in SPLITS},
+            "solver_info": self.solver_info, "approx_error": self.approx_error, "timings": self.timings,
+        }
+        return _json_safe(out)
+
+
+def _json_safe(x):
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return v if np.isfinite(v) else None
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, torch.Tensor):
+        return _json_safe(x.tolist())
+    return x
+
+
+def _block_traces(S: torch.Tensor, n: int, r: int) -> torch.Tensor:
+    """Traces of the n diagonal r x r blocks of S [n*r, n*r] -> [n]."""
+    return S.diagonal().reshape(n, r).sum(1)
+
+
+def _spectral_norm_psd(S: torch.Tensor) -> float:
+    if S.numel() == 0:
+        return 0.0
+    if S.shape[0] <= 4000:
+        return float(torch.linalg.eigvalsh(S)[-1].clamp_min(0))
+    v = torch.ones(S.shape[0], dtype=S.dtype, device=S.device) / S.shape[0] ** 0.5
+    for _ in range(300):  # power iteration on a PSD matrix
+        w = S @ v
+        nrm = w.norm()
+        if nrm == 0:
+            return 0.0
+        v = w / nrm
+    return float(v @ (S @ v))
+
+
+def _output_gap(rs: RowSet, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predicted output gap of a set for a parameter step delta: (Fisher norms [n], outputs [n, C])."""
+    if rs.n == 0:
+        return torch.zeros(0, dtype=delta.dtype), torch.zeros(0, rs.C, dtype=delta.dtype)
+    d = rs.jvp(delta.unsqueeze(1))[0]                                   # [n, C]
+    fisher = curvature.fisher_norm(rs.outputs(), d, rs.loss)
+    if rs.loss == "ce":
+        d = d - d.mean(1, keepdim=True)  # softmax ignores the common shift
+    return fisher, d
+
+
+def _reference_solver(p: int, lam: float, exact_max_params: int) -> GGNSolver:
+    if p <= exact_max_params:
+        return ExactSolver(lam)
+    return CGSolver(lam, max_iters=5000, tol=1e-12)
+
+
+def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_retain, t_retain, X_val, t_val,
+             lam: float, loss: str, solver: GGNSolver, *, chunk: int | None = None, check_subset: int = 16,
+             exact_max_params: int = EXACT_MAX_PARAMS, keep_cross_matrix: bool = False) -> LeverageReport:
+    """Leverage diagnostics for an output function at theta (the original parameters theta_D).
+
+    Targets t_* are in `curvature.make_targets` form. `solver` is a fresh GGNSolver: it is fitted here on
+    the downdated geometry G_R = G_D - G_F."""
+    start = time.perf_counter()
+    timings: dict[str, float] = {}
+    loss = curvature.check_loss(loss)
+    if X_forget.shape[0] == 0:
+        raise ValueError("the forget set is empty: nothing to diagnose")
+    if loss == "ce" and fn.n_outputs < 2:
+        raise ValueError(f"loss='ce' needs at least 2 outputs, the model has {fn.n_outputs}")
+    rs_F = RowSet(fn, theta, X_forget, t_forget, loss, chunk=chunk)
+    rs_R = RowSet(fn, theta, X_retain, t_retain, loss, chunk=chunk)
+    rs_V = RowSet(fn, theta, X_val, t_val, loss, chunk=chunk)
+
+    t0 = time.perf_counter()
+    # Forget rows, needed explicitly (|F| is small): outputs and weighted rows A_F [nF, r, p].
+    f_F, A_F3 = rs_F.all_weighted()
+    nF, r, p = A_F3.shape
+    A_F = A_F3.reshape(nF * r, p)
+    g_F = curvature.residual(f_F, rs_F.t, loss)                          # [nF, C]
+    timings["forget_jacobians"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    solver.fit(plus=[rs_R, rs_F], minus=[rs_F])                         # G_R = G_D - G_F (downdate)
+    timings["fit"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    grad_R = rs_R.gradient() + lam * theta                              # grad L_R(theta_D) [p]
+    JtgF = rs_F.vjp_sum(g_F)                                            # J_F^T g_F [p]
+    sol = solver.solve(torch.stack([grad_R, JtgF], 1))                  # [p, 2]
+    delta, w = sol[:, 0], sol[:, 1]
+    handle = solver.leverage_handle(A_F)
+    S_F = solver.cross(A_F, handle)
+    S_F = 0.5 * (S_F + S_F.T)
+    timings["solve"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    cross_norms, cross_rows = [], []
+    for _, _, A_b in rs_R.weighted_chunks():
+        b = A_b.shape[0]
+        C_b = solver.cross(A_b.reshape(b * r, p), handle)              # [b*r, nF*r]
+        cross_norms.append(C_b.reshape(b, -1).norm(dim=1))
+        if keep_cross_matrix:
+            cross_rows.append(C_b)
+    cross = torch.cat(cross_norms) if cross_norms else torch.zeros(0, dtype=theta.dtype)
+    timings["cross"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    gaps = {name: _output_gap(rs, delta) for name, rs in (("forget", rs_F), ("retain", rs_R), ("validation", rs_V))}
+    # leakage: Fisher-weighted movement of R vs F caused by removing F's gradient (ridge: ||C_RF e||/||S_F e||)
+    move_F = curvature.fisher_norm(f_F, rs_F.jvp(w.unsqueeze(1))[0], loss).norm()
+    move_R = (curvature.fisher_norm(rs_R.outputs(), rs_R.jvp(w.unsqueeze(1))[0], loss).norm()
+              if rs_R.n else torch.zeros((), dtype=theta.dtype))
+    leakage = float(move_R / move_F) if float(move_F) > 0 else float("nan")
+    timings["gaps"] = time.perf_counter() - t0
+
+    self_lev = _block_traces(S_F, nF, r)
+    means = [float(g[0].mean()) for g in gaps.values() if g[0].numel()]
+    approx = None
+    if solver.name != "exact" and check_subset > 0:
+        t0 = time.perf_counter()
+        approx = _approx_check(solver, rs_R, rs_F, A_F3, self_lev, delta, grad_R, lam, check_subset,
+                               exact_max_params)
+        timings["approx_check"] = time.perf_counter() - t0
+
+    spectral = _spectral_norm_psd(S_F)
+    np_ = lambda x: x.detach().cpu().numpy()  # noqa: E731
+    timings["total"] = time.perf_counter() - start
+    return LeverageReport(
+        solver=solver.name, n_params=p, n_outputs=fn.n_outputs, lam=float(lam), loss=loss, device=str(fn.device),
+        self_leverage=np_(self_lev), self_leverage_matrix=np_(S_F), cross_leverage=np_(cross),
+        self_leverage_spectral_norm=spectral, self_leverage_trace=float(self_lev.sum()),
+        predicted_gap_forget=np_(gaps["forget"][0]), predicted_gap_retain=np_(gaps["retain"][0]),
+        predicted_gap_validation=np_(gaps["validation"][0]),
+        predicted_output_gap_forget=np_(gaps["forget"][1]), predicted_output_gap_retain=np_(gaps["retain"][1]),
+        predicted_output_gap_validation=np_(gaps["validation"][1]),
+        leakage_ratio=leakage, predicted_gap_do_nothing=max(means) if means else 0.0,
+        newton_step_norm=float(delta.norm()), retain_grad_norm=float(grad_R.norm()), newton_step=np_(delta),
+        solver_info=dict(solver.info), approx_error=approx, timings=timings,
+        cross_leverage_matrix=np_(torch.cat(cross_rows)) if keep_cross_matrix and cross_rows else None,
+    )
+
+
+def _approx_check(solver, rs_R, rs_F, A_F3, self_lev, delta, grad_R, lam, m, exact_max_params) -> dict:
+    """Error of a non-exact solver against a reference (dense float64 when p allows, else tight CG)
+    on up to m forget samples (evenly spaced) and on the Newton step."""
+    nF, r, p = A_F3.shape
+    idx = np.unique(np.linspace(0, nF - 1, min(m, nF)).round().astype(int))
+    ref = _reference_solver(p, solver.lam, exact_max_params)
+    ref.fit(plus=[rs_R, rs_F], minus=[rs_F])
+    A_sub = A_F3[torch.as_tensor(idx, device=A_F3.device)].reshape(-1, p)
+    S_ref = ref.cross(A_sub, ref.leverage_handle(A_sub))
+    ref_lev = _block_traces(S_ref, len(idx), r).cpu().numpy()
+    got = self_lev.detach().cpu().numpy()[idx]
+    d_ref = ref.solve(grad_R)
+    return {
+        "reference": ref.name, "subset_size": int(len(idx)),
+        "self_leverage_rel_err": float(np.linalg.norm(got - ref_lev) / max(np.linalg.norm(ref_lev), 1e-300)),
+        "self_leverage_max_rel_err": float(np.max(np.abs(got - ref_lev) / np.maximum(np.abs(ref_lev), 1e-300))),
+        "self_leverage_spearman": spearman(got, ref_lev) if len(idx) > 1 else None,
+        "newton_step_rel_err": float((delta - d_ref).norm() / d_ref.norm().clamp_min(1e-300)),
+    }
+
+
+def compute_diagnostics(model_member: StackedModel, X_forget: torch.Tensor, y_forget: torch.Tensor,
+                        X_retain: torch.Tensor, y_retain: torch.Tensor, X_val: torch.Tensor | None = None,
+                        y_val: torch.Tensor | None = None, lam: float = 1.0, *, solver: str = "auto",
+                        device: str | torch.device = "auto", loss: str = "ce", member: int = 0,
+                        dtype: torch.dtype = torch.float64, proj_dim: int = 2048, proj_kind: str = "gaussian",
+                        cg_iters: int = 500, cg_tol: float = 1e-10, check_subset: int = 16,
+                        exact_max_params: int = EXACT_MAX_PARAMS, chunk: int | None = None, seed: int = 0,
+                        keep_cross_matrix: bool = False) -> LeverageReport:
+    """Leverage diagnostics (DESIGN §4.1) of member `member` of `model_member` for a forget set.
+
+    The model was trained on D = retain u forget. `lam` is the L2 coefficient of the sum-of-losses
+    objective L = sum_i loss_i + lam/2 ||theta||^2 (for a mean loss with weight decay wd: lam = n * wd).
+    `solver`: "exact" | "projected" | "cg" | "auto" (by parameter count, see `solvers.choose_solver`);
+    non-exact solvers also report `approx_error` against a reference on `check_subset` forget samples.
+    `device`: "auto" uses CUDA when present. The model is never modified."""
+    fn = StackedMemberFunction(model_member, member, dtype=dtype, device=device)
+    C = fn.n_outputs
+    if X_val is None:
+        X_val = X_forget[:0]
+        y_val = y_forget[:0]
+    tg = lambda y: curvature.make_targets(y, C, loss, dtype, fn.device)  # noqa: E731
+    slv = make_solver(solver, lam, p=fn.p, proj_dim=proj_dim, proj_kind=proj_kind, seed=seed, cg_iters=cg_iters,
+                      cg_tol=cg_tol, exact_max_params=exact_max_params)
+    return diagnose(fn, fn.theta0, X_forget, tg(y_forget), X_retain, tg(y_retain), X_val, tg(y_val), lam, loss, slv,
+                    chunk=chunk, check_subset=check_subset, exact_max_params=exact_max_params,
+                    keep_cross_matrix=keep_cross_matrix)

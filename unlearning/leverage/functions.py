@@ -1,0 +1,227 @@
+"""Output functions f(theta, X) -> [b, C] of ONE model, with theta a flat parameter vector [p].
+
+The leverage machinery (DESIGN §4.1) only needs a model as a map from a flat parameter vector to
+outputs, plus its per-sample Jacobians J_i = d f(x_i) / d theta [C, p] and Jacobian-vector products.
+`StackedMemberFunction` wraps one member of a grouped-layer ensemble with `torch.func`;
+`LinearFunction` is the ridge-regression special case f(x) = x . theta (J_i = x_i, closed form).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.func import functional_call, jacrev, jvp, vjp, vmap
+
+from unlearning.models.stacked import StackedMLP, StackedModel
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """"auto" (or None) -> CUDA when present, else CPU; anything else is passed to torch.device."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was requested but CUDA is not available")
+    return dev
+
+
+class OutputFunction:
+    """f(theta [p], X [b, d]) -> outputs [b, C]; derivatives via torch.func unless overridden."""
+
+    p: int
+    n_outputs: int
+    dtype: torch.dtype
+    device: torch.device
+    theta0: torch.Tensor  # [p] the parameters the function was built from
+
+    def outputs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _single(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # x [d] -> f(x) [C]
+        return self.outputs(theta, x.unsqueeze(0))[0]
+
+    def jacobians(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """Per-sample Jacobians [b, C, p]: reverse mode per output, vectorized over samples."""
+        return vmap(jacrev(self._single), in_dims=(None, 0))(theta, X)
+
+    def weighted_jacobians(self, theta: torch.Tensor, X: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
+        """Per-sample left [b, r, C] times J [b, C, p] -> [b, r, p] (the Lambda-weighted rows)."""
+        return torch.bmm(left, self.jacobians(theta, X))
+
+    def jvp(self, theta: torch.Tensor, X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        """J V for all samples: V [p, m] -> [m, b, C] (forward mode, one pass per column, vectorized)."""
+        f = lambda t: self.outputs(t, X)  # noqa: E731
+        return vmap(lambda v: jvp(f, (theta,), (v,))[1])(V.T.contiguous())
+
+    def vjp(self, theta: torch.Tensor, X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+        """J^T U summed over samples: U [m, b, C] -> [m, p]."""
+        _, pull = vjp(lambda t: self.outputs(t, X), theta)
+        return vmap(lambda u: pull(u)[0])(U)
+
+    def cast(self, X: torch.Tensor) -> torch.Tensor:
+        return X.to(device=self.device, dtype=self.dtype)
+
+
+class StackedMemberFunction(OutputFunction):
+    """Member `member` of a grouped-layer ensemble as a function of its own flat parameters.
+
+    A private single-member copy (`model.select(member)`) in `dtype` on `device` is used, so the caller's
+    model is never touched. Flat order = `model.parameters()` order, each parameter without its leading
+    member dimension (the same order as `unlearning.models.flat_params`)."""
+
+    def __init__(self, model: StackedModel, member: int = 0, *, dtype: torch.dtype = torch.float64,
+                 device: str | torch.device | None = None):
+        if not 0 <= member < model.n_models:
+            raise ValueError(f"member={member} is out of range for an ensemble of {model.n_models} models")
+        self.device = resolve_device(device if device is not None else next(model.parameters()).device)
+        self.dtype = dtype
+        self.module = model.select(member).to(device=self.device, dtype=dtype).eval()
+        named = [(n, p) for n, p in self.module.named_parameters()]
+        self.names = [n for n, _ in named]
+        self.shapes = [tuple(p.shape) for _, p in named]  # each [1, ...]
+        self.sizes = [p.numel() for _, p in named]
+        self.p = sum(self.sizes)
+        self.theta0 = torch.cat([p.detach().reshape(-1) for _, p in named]).clone()
+        self.n_outputs = int(self.module(torch.zeros(1, model.in_dim, device=self.device, dtype=dtype)).shape[-1])
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {n: t.view(s) for n, t, s in zip(self.names, torch.split(theta, self.sizes), self.shapes)}
+
+    def outputs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        # The module maps [b, d] -> [1, b, C] (one member); drop the member dimension.
+        return functional_call(self.module, self.unflatten(theta), (X,))[0]
+
+    # --- closed forms for MLPs (plain batched matmuls: no torch.func overhead per call) --------------------
+    def weighted_jacobians(self, theta: torch.Tensor, X: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
+        if type(self.module) is not StackedMLP:
+            return super().weighted_jacobians(theta, X, left)
+        return _mlp_weighted_jacobians(self.unflatten(theta), self.names, self.sizes, X, left)
+
+    def jvp(self, theta: torch.Tensor, X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        if type(self.module) is not StackedMLP:
+            return super().jvp(theta, X, V)
+        return _mlp_jvp(self.unflatten(theta), self._split_columns(V), X)
+
+    def vjp(self, theta: torch.Tensor, X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+        if type(self.module) is not StackedMLP:
+            return super().vjp(theta, X, U)
+        grads = _mlp_vjp(self.unflatten(theta), X, U)
+        return torch.cat([grads[n].reshape(U.shape[0], -1) for n in self.names], 1)
+
+    def _split_columns(self, V: torch.Tensor) -> dict[str, torch.Tensor]:
+        # V [p, m] -> per parameter [m, *shape without the member dimension]
+        m = V.shape[1]
+        return {n: v.T.reshape(m, *s[1:]) for n, v, s in zip(self.names, torch.split(V, self.sizes), self.shapes)}
+
+    def write_into(self, model: StackedModel, member: int, theta: torch.Tensor) -> None:
+        """Copy a flat parameter vector into member `member` of `model` (in the model's dtype/device)."""
+        with torch.no_grad():
+            for p, t in zip(model.parameters(), torch.split(theta, self.sizes)):
+                p[member].copy_(t.view(p.shape[1:]).to(device=p.device, dtype=p.dtype))
+
+
+class LinearFunction(OutputFunction):
+    """f(x) = x . theta, one output (ridge regression): J_i = x_i, so everything is in closed form."""
+
+    def __init__(self, theta: torch.Tensor):
+        self.theta0 = theta.detach().clone()
+        self.p, self.n_outputs = theta.numel(), 1
+        self.dtype, self.device = theta.dtype, theta.device
+
+    def outputs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        return (X @ theta).unsqueeze(1)
+
+    def jacobians(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        return X.unsqueeze(1).clone()
+
+    def jvp(self, theta: torch.Tensor, X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        return (X @ V).T.unsqueeze(2)
+
+    def vjp(self, theta: torch.Tensor, X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+        return U[:, :, 0] @ X
+
+
+def _mlp_layers(params: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, W [in, out], c [out]) of a one-member StackedMLP's layers in order (body..., out)."""
+    n_body = sum(1 for k in params if k.startswith("body.") and k.endswith(".weight"))
+    names = [*(f"body.{l}" for l in range(n_body)), "out"]
+    return [(n, params[f"{n}.weight"][0], params[f"{n}.bias"][0, 0]) for n in names]
+
+
+def _shared_times_batched(a: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """a [r, k] times each B[j] [k, o] -> [m, r, o] as ONE matmul (broadcasting matmul would first copy a
+    m times, which dominates for many columns)."""
+    m, k, o = B.shape
+    return (a @ B.permute(1, 0, 2).reshape(k, m * o)).reshape(a.shape[0], m, o).permute(1, 0, 2)
+
+
+def _mlp_jvp(params: dict[str, torch.Tensor], tangents: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+    """J V for m tangent columns by forward propagation: z = a W + c gives dz = da W + a dW + dc;
+    ReLU passes dz where z > 0. tangents: name -> [m, *shape without the member dimension]; returns
+    [m, b, C]."""
+    a, da = X, None
+    layers = _mlp_layers(params)
+    for i, (name, W, c) in enumerate(layers):
+        dW, dc = tangents[f"{name}.weight"], tangents[f"{name}.bias"]             # [m, in, out], [m, 1, out]
+        dz = _shared_times_batched(a, dW) + dc                                   # [m, b, out]
+        if da is not None:
+            dz = dz + da @ W
+        z = a @ W + c
+        if i == len(layers) - 1:
+            return dz
+        mask = (z > 0).to(z.dtype)
+        a, da = torch.relu(z), dz * mask
+    raise AssertionError("unreachable")
+
+
+def _mlp_vjp(params: dict[str, torch.Tensor], X: torch.Tensor, U: torch.Tensor) -> dict[str, torch.Tensor]:
+    """J^T u summed over samples for m cotangents U [m, b, C] by backpropagation;
+    name -> [m, *shape without the member dimension]."""
+    layers = _mlp_layers(params)
+    acts, masks, a = [X], [], X
+    for name, W, c in layers[:-1]:
+        z = a @ W + c
+        masks.append((z > 0).to(z.dtype))
+        a = torch.relu(z)
+        acts.append(a)
+    grads: dict[str, torch.Tensor] = {}
+    delta = U                                                                     # [m, b, out]
+    for i in range(len(layers) - 1, -1, -1):
+        name, W, _ = layers[i]
+        grads[f"{name}.weight"] = _shared_times_batched(acts[i].T, delta)         # [m, in, out]
+        grads[f"{name}.bias"] = delta.sum(1, keepdim=True)                        # [m, 1, out]
+        if i > 0:
+            delta = (delta @ W.T) * masks[i - 1]
+    return grads
+
+
+def _mlp_weighted_jacobians(params: dict[str, torch.Tensor], names: list[str], sizes: list[int], X: torch.Tensor,
+                            left: torch.Tensor) -> torch.Tensor:
+    """left_i J_i for a one-member StackedMLP, by backpropagating the r rows of left [b, r, C] by hand.
+
+    Layer z = a W + c (W [in, out] flattened row-major, c [out]): d(left z)/dW = delta (x) a with delta the
+    back-propagated rows [b, r, out]; ReLU passes delta where z > 0 (torch's convention at 0)."""
+    b, r, _ = left.shape
+    P = dict(params)
+    n_body = (len(names) - 2) // 2
+    acts, pre = [X], []
+    h = X
+    for l in range(n_body):
+        z = h @ P[f"body.{l}.weight"][0] + P[f"body.{l}.bias"][0, 0]
+        pre.append(z)
+        h = torch.relu(z)
+        acts.append(h)
+    out = torch.empty(b, r, sum(sizes), dtype=X.dtype, device=X.device)
+    offsets = dict(zip(names, torch.cumsum(torch.tensor([0, *sizes]), 0).tolist()))
+    layers = [*(f"body.{l}" for l in range(n_body)), "out"]
+    delta = left  # [b, r, out] of the current layer
+    for l in range(len(layers) - 1, -1, -1):
+        name, a = layers[l], acts[l]                      # a [b, in]
+        wo, bo = offsets[f"{name}.weight"], offsets[f"{name}.bias"]
+        n_in, n_out = a.shape[1], delta.shape[2]
+        # written in place (mul with out=): a temporary plus copy is ~4x slower on CPU
+        torch.mul(a[:, None, :, None], delta[:, :, None, :], out=out[:, :, wo:wo + n_in * n_out].view(b, r, n_in, n_out))
+        out[:, :, bo:bo + n_out] = delta
+        if l > 0:
+            delta = (delta @ P[f"{name}.weight"][0].T) * (pre[l - 1] > 0).to(X.dtype)[:, None, :]
+    return out
