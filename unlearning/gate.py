@@ -40,6 +40,14 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
         _check(checks, failures, "acc/validation", metrics["acc/validation"], ">=", g.min_validation_accuracy)
         if g.max_klom_p95_forget is not None and "klom_p95/forget" in metrics:
             _check(checks, failures, "klom_p95/forget", metrics["klom_p95/forget"], "<=", g.max_klom_p95_forget)
+        if g.max_klom_to_noise_floor is not None:
+            # Indistinguishable from retraining = shadow-unlearned vs oracle margins no further apart than
+            # oracle vs oracle (DESIGN §4.2 noise floor), up to the declared factor.
+            for split in ("forget", "adjacent", "remote", "validation"):
+                floor = metrics.get(f"noise_floor_p95/{split}")
+                if floor is not None and f"klom_p95/{split}" in metrics and not math.isnan(floor):
+                    _check(checks, failures, f"klom_p95/{split}", metrics[f"klom_p95/{split}"], "<=",
+                           round(g.max_klom_to_noise_floor * floor, 6))
     elif objective == "suppression":
         g = gate.suppression
         _check(checks, failures, "acc/forget", metrics["acc/forget"], "<=", g.max_forget_accuracy)

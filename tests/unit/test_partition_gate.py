@@ -59,3 +59,15 @@ def test_nan_never_passes():
 def test_unknown_objective():
     with pytest.raises(ValueError, match="allowed"):
         evaluate_gate("oops", metrics(), Gate())
+
+
+def test_klom_relative_to_noise_floor():
+    m = metrics(**{"klom_p95/forget": 2.9, "noise_floor_p95/forget": 2.0,
+                   "klom_p95/validation": 1.0, "noise_floor_p95/validation": 2.0})
+    v = evaluate_gate("retrain_equivalence", m, Gate())
+    assert v.passed and v.checks["klom_p95/forget"]["limit"] == 3.0  # 1.5 x the noise floor
+    m["klom_p95/forget"] = 3.5
+    v = evaluate_gate("retrain_equivalence", m, Gate())
+    assert v.failures == ["klom_p95/forget = 3.5000 (needs <= 3.0)"]
+    off = Gate(retrain_equivalence={"max_klom_to_noise_floor": None})
+    assert evaluate_gate("retrain_equivalence", m, off).passed
