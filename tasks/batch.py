@@ -69,9 +69,10 @@ def unlearn_and_validate(method: str, method_args: dict, params: Params, prepare
     t0 = time.perf_counter()
     if method == "retrain":
         # The oracles ARE exact retrains on R: promote member 0 and compare half of them with the other half.
+        # The halves are those of the noise floor (metrics.oracle_half_klom), so retrain's KLoM IS the floor.
         candidate = oracles.select(0)
-        half = oracles.n_models // 2
-        shadow_unlearned, oracle_ref = oracles.select(list(range(half))), oracles.select(list(range(half, oracles.n_models)))
+        perm, half = np.random.default_rng(seed).permutation(oracles.n_models), oracles.n_models // 2
+        shadow_unlearned, oracle_ref = oracles.select(perm[:half].tolist()), oracles.select(perm[half:].tolist())
         cost = {"gradient_evals": 0, "steps": 0, "seconds": 0.0, "reused_oracle": True}
     else:
         res = run_method(method, unlearn_context(production.to(device), prepared, rows, recipe, seed), method_args)
