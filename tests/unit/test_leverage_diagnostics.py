@@ -49,7 +49,9 @@ def brute(model, member, X, y, F, R, V, lam):
     wv = torch.linalg.solve(G_R, torch.einsum("ncp,nc->p", J[F], g[F]))
     leak = (W[R] @ wv).norm() / (W[F] @ wv).norm()
     d_out = J @ delta
-    return dict(self_lev=S.diagonal().reshape(len(F), 3).sum(1), S=S, cross=C.reshape(len(R), -1).norm(dim=1),
+    rem = torch.einsum("nc,ncd,nd->n", J @ wv, Lam, J @ wv).sqrt()
+    return dict(rem_F=rem[F], rem_R=rem[R], rem_V=rem[V], self_lev=S.diagonal().reshape(len(F), 3).sum(1), S=S,
+                cross=C.reshape(len(R), -1).norm(dim=1),
                 gap_F=fisher(F), gap_R=fisher(R), gap_V=fisher(V), leak=leak, delta=delta,
                 out_V=d_out[V] - d_out[V].mean(1, keepdim=True), J=J, G_R=G_R, Lam=Lam)
 
@@ -73,6 +75,8 @@ def test_exact_report_matches_brute_force(setup):
     np.testing.assert_allclose(rep.predicted_output_gap_validation, ref["out_V"].numpy(), atol=1e-10)
     np.testing.assert_allclose(rep.newton_step, ref["delta"].numpy(), rtol=1e-9, atol=1e-12)
     assert rep.leakage_ratio == pytest.approx(float(ref["leak"]), rel=1e-9)
+    for split, key in (("forget", "rem_F"), ("retain", "rem_R"), ("validation", "rem_V")):
+        np.testing.assert_allclose(getattr(rep, f"predicted_removal_gap_{split}"), ref[key].numpy(), rtol=1e-8)
     means = rep.predicted_gap_means()
     assert rep.predicted_gap_do_nothing == pytest.approx(max(means.values()))
     assert rep.approx_error is None

@@ -67,6 +67,9 @@ def test_design_identities(problem):
     np.testing.assert_allclose(r.report.cross_leverage, np.linalg.norm(C_RF, axis=1), atol=1e-10)
     assert r.report.self_leverage_trace == pytest.approx(np.trace(S_F), rel=1e-10)
     assert r.report.self_leverage_spectral_norm == pytest.approx(np.linalg.eigvalsh(S_F)[-1], rel=1e-10)
+    # theta_D is stationary for ridge: the removal-only movement is the whole gap
+    np.testing.assert_allclose(r.report.predicted_removal_gap_forget, np.abs(S_F @ e_F), atol=1e-10)
+    np.testing.assert_allclose(r.report.predicted_removal_gap_retain, np.abs(C_RF @ e_F), atol=1e-10)
 
 
 def test_preconditioned_ascent_step(problem):

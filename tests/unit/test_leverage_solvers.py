@@ -162,6 +162,20 @@ def test_cg_matvec_is_the_ggn(fitted):
     torch.testing.assert_close(cg.matvec(f["V"]), f["exact"].G @ f["V"], rtol=0, atol=1e-10)
 
 
+def test_multi_column_products_are_chunked_without_changing_results(fitted):
+    f = fitted
+    rs = f["rs_R"]
+    full = rs.ggn_matvec(f["V"]), rs.jvp(f["V"])
+    assert len(list(rs.slices(3))) == 1
+    rs._tangent_budget = 1  # forces one sample per chunk
+    try:
+        assert len(list(rs.slices(3))) == rs.n
+        torch.testing.assert_close(rs.ggn_matvec(f["V"]), full[0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(rs.jvp(f["V"]), full[1], rtol=0, atol=1e-12)
+    finally:
+        rs._tangent_budget = 256 * 2**20
+
+
 @pytest.mark.parametrize("kind", ["gaussian", "rademacher"])
 def test_projected_full_rank_is_exact(fitted, kind):
     f = fitted

@@ -61,6 +61,10 @@ class OutputFunction:
     def cast(self, X: torch.Tensor) -> torch.Tensor:
         return X.to(device=self.device, dtype=self.dtype)
 
+    def activation_size(self) -> int:
+        """Rough number of intermediate values per sample (sizes the row chunks of multi-column products)."""
+        return int(self.p ** 0.5) + self.n_outputs
+
 
 class StackedMemberFunction(OutputFunction):
     """Member `member` of a grouped-layer ensemble as a function of its own flat parameters.
@@ -82,10 +86,22 @@ class StackedMemberFunction(OutputFunction):
         self.sizes = [p.numel() for _, p in named]
         self.p = sum(self.sizes)
         self.theta0 = torch.cat([p.detach().reshape(-1) for _, p in named]).clone()
-        self.n_outputs = int(self.module(torch.zeros(1, model.in_dim, device=self.device, dtype=dtype)).shape[-1])
+        # one forward pass on a zero sample: output width, and every layer's output size (activation_size)
+        sizes: list[int] = []
+        hooks = [mod.register_forward_hook(lambda _m, _i, o: sizes.append(o.numel()))
+                 for mod in self.module.modules() if not list(mod.children())]
+        try:
+            self.n_outputs = int(self.module(torch.zeros(1, model.in_dim, device=self.device, dtype=dtype)).shape[-1])
+        finally:
+            for h in hooks:
+                h.remove()
+        self._activation_size = max(1, sum(sizes))
 
     def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
         return {n: t.view(s) for n, t, s in zip(self.names, torch.split(theta, self.sizes), self.shapes)}
+
+    def activation_size(self) -> int:
+        return self._activation_size
 
     def outputs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         # The module maps [b, d] -> [1, b, C] (one member); drop the member dimension.
@@ -220,7 +236,8 @@ def _mlp_weighted_jacobians(params: dict[str, torch.Tensor], names: list[str], s
         wo, bo = offsets[f"{name}.weight"], offsets[f"{name}.bias"]
         n_in, n_out = a.shape[1], delta.shape[2]
         # written in place (mul with out=): a temporary plus copy is ~4x slower on CPU
-        torch.mul(a[:, None, :, None], delta[:, :, None, :], out=out[:, :, wo:wo + n_in * n_out].view(b, r, n_in, n_out))
+        block = out[:, :, wo:wo + n_in * n_out].view(b, r, n_in, n_out)
+        torch.mul(a[:, None, :, None], delta[:, :, None, :], out=block)
         out[:, :, bo:bo + n_out] = delta
         if l > 0:
             delta = (delta @ P[f"{name}.weight"][0].T) * (pre[l - 1] > 0).to(X.dtype)[:, None, :]

@@ -80,7 +80,8 @@ def newton_steps(fn: OutputFunction, theta: torch.Tensor, X: torch.Tensor, t: to
         if slv.name in ("exact", "projected"):
             evals += n * C
         else:
-            evals += 2 * n * slv.info.get("matvec_columns", 0) + (n * C if slv.info.get("preconditioner") == "jacobi" else 0)
+            evals += 2 * n * slv.info.get("matvec_columns", 0)
+            evals += n * C if slv.info.get("preconditioner") == "jacobi" else 0
         info["gradient_evals"] += evals
     info["seconds"] = time.perf_counter() - start
     return theta, info

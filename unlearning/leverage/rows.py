@@ -33,13 +33,20 @@ class RowSet:
         self._cache_ok = self.n * self.C * self.p * itemsize <= cache_bytes
         self._cache: list[tuple[slice, torch.Tensor, torch.Tensor]] | None = None  # (slice, f, A)
         self.jacobian_passes = 0  # how often per-sample Jacobians were computed (cost accounting)
+        self._tangent_budget = 256 * 2**20
 
     def __len__(self) -> int:
         return self.n
 
-    def slices(self) -> Iterator[slice]:
-        for a in range(0, self.n, self.chunk):
-            yield slice(a, min(a + self.chunk, self.n))
+    def slices(self, m: int | None = None) -> Iterator[slice]:
+        """Row chunks; with m tangent columns they are cut further so that m per-sample activation
+        tangents ([m, b, activation size]) stay within the chunk memory budget."""
+        chunk = self.chunk
+        if m:
+            itemsize = torch.empty((), dtype=self.fn.dtype).element_size()
+            chunk = min(chunk, max(1, int(self._tangent_budget // (4 * m * self.fn.activation_size() * itemsize))))
+        for a in range(0, self.n, chunk):
+            yield slice(a, min(a + chunk, self.n))
 
     @torch.no_grad()
     def outputs(self) -> torch.Tensor:
@@ -98,7 +105,7 @@ class RowSet:
     def ggn_matvec(self, V: torch.Tensor) -> torch.Tensor:
         """sum_i J_i^T Lambda_i J_i V for V [p, m] -> [p, m], matrix-free (one jvp + one vjp per chunk)."""
         out = torch.zeros_like(V)
-        for s in self.slices():
+        for s in self.slices(V.shape[1]):
             X = self.X[s]
             with torch.no_grad():
                 f = self.fn.outputs(self.theta, X)
@@ -111,4 +118,4 @@ class RowSet:
         """J V for every sample: V [p, m] -> [m, n, C]."""
         if self.n == 0:
             return torch.empty(V.shape[1], 0, self.C, dtype=V.dtype, device=V.device)
-        return torch.cat([self.fn.jvp(self.theta, self.X[s], V).detach() for s in self.slices()], 1)
+        return torch.cat([self.fn.jvp(self.theta, self.X[s], V).detach() for s in self.slices(V.shape[1])], 1)

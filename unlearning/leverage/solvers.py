@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -51,18 +51,30 @@ def choose_solver(p: int, exact_max_params: int = EXACT_MAX_PARAMS,
 
 
 def _sum_rows(p: int, plus: Sequence[RowSet], minus: Sequence[RowSet], project, dtype, device,
-              n_blocks: int) -> torch.Tensor:
-    """sum_plus A^T A - sum_minus A^T A for (optionally projected) rows, lower block-triangle + mirror."""
+              n_blocks: int, keep: dict | None = None, keep_bytes: int = 256 * 2**20) -> torch.Tensor:
+    """sum_plus A^T A - sum_minus A^T A for (optionally projected) rows, lower block-triangle + mirror.
+
+    With `keep` (a dict) the projected rows of each RowSet are kept there, keyed by id(rowset), while
+    they fit `keep_bytes` in total, so a later pass over the same rows needs no Jacobians or projection."""
     G = torch.zeros(p, p, dtype=dtype, device=device)
     edges = [round(i * p / n_blocks) for i in range(n_blocks + 1)]
+    kept = 0
     for sign, sets in ((1.0, plus), (-1.0, minus)):
         for rs in sets:
-            for _, _, A in rs.weighted_chunks():
+            rows = [] if keep is not None and id(rs) not in keep else None
+            for sl, _, A in rs.weighted_chunks():
                 A = A.reshape(-1, A.shape[-1])  # [b*r, p_in]
                 if project is not None:
                     A = project(A)               # [b*r, k]
+                if rows is not None:
+                    kept += A.numel() * A.element_size()
+                    rows = rows if kept <= keep_bytes else None
+                    if rows is not None:
+                        rows.append((sl, A))
                 for a, b in zip(edges[:-1], edges[1:]):
                     G[a:b, :b].addmm_(A[:, a:b].T, A[:, :b], alpha=sign)
+            if rows is not None:
+                keep[id(rs)] = (rs, rows)  # the RowSet is held so that its id stays unique
     # mirror the strictly lower triangle
     return torch.tril(G) + torch.tril(G, -1).T
 
@@ -92,6 +104,11 @@ class GGNSolver(ABC):
     def cross(self, A: torch.Tensor, handle: torch.Tensor) -> torch.Tensor:
         """A G^-1 A_F^T [s, r] for rows A [s, p]."""
         return A @ handle
+
+    def cross_chunks(self, rs: RowSet, handle: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+        """(slice, A_b G^-1 A_F^T [b*r, m]) over the chunks of a RowSet."""
+        for sl, _, A in rs.weighted_chunks():
+            yield sl, self.cross(A.reshape(-1, A.shape[-1]), handle)
 
 
 class _DenseMixin:
@@ -154,7 +171,9 @@ class ProjectedSolver(_DenseMixin, GGNSolver):
         p, dtype, device = ref.p, ref.fn.dtype, ref.fn.device
         self.k = min(self.k_requested, p)
         self.proj = RandomProjection(p, self.k, kind=self.kind, seed=self.seed, dtype=dtype, device=device)
-        Gk = _sum_rows(self.k, plus, minus, self.proj.project, dtype, device, n_blocks=4 if self.k >= 1024 else 1)
+        self._rows: dict = {}  # projected rows kept from this pass (see cross_chunks)
+        Gk = _sum_rows(self.k, plus, minus, self.proj.project, dtype, device,
+                       n_blocks=4 if self.k >= 1024 else 1, keep=self._rows)
         Gk += self.lam * self.proj.gram()
         self.Gk = Gk
         self._factor(Gk)
@@ -172,6 +191,13 @@ class ProjectedSolver(_DenseMixin, GGNSolver):
 
     def cross(self, A, handle):
         return self.proj.project(A) @ handle
+
+    def cross_chunks(self, rs, handle):
+        if id(rs) in self._rows:  # projected during fit: no Jacobians, no projection again
+            for sl, Ak in self._rows[id(rs)][1]:
+                yield sl, Ak @ handle
+        else:
+            yield from super().cross_chunks(rs, handle)
 
 
 class CGSolver(GGNSolver):
