@@ -12,16 +12,6 @@ from unlearning.models import accuracy, build_model, train_ensemble
 RECIPE = TrainRecipe(epochs=30, batch_size=64, lr=1e-2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and on a loaded 2-core machine two threads spin
-    against each other (10x slower); restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @functools.lru_cache(maxsize=None)
 def digits():
     """sklearn digits (train part), a 64-32-10 MLP ensemble of 2 trained 30 epochs, Adam lr 1e-2, batch 64."""

@@ -16,16 +16,6 @@ N = 3
 RECIPE = TrainRecipe(epochs=3, batch_size=16, lr=1e-2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and on a loaded 2-core machine two threads spin
-    against each other (10x slower); restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @functools.lru_cache(maxsize=None)
 def toy() -> UnlearnContext:
     """3 Gaussian classes in 6-D, 66 rows: 12 forget, 54 retain (first 18 retain rows adjacent)."""

@@ -22,16 +22,6 @@ from unlearning.models import build_model, train_ensemble
 SPEC = {"arch": "mlp", "in_dim": 4, "hidden": [5], "n_classes": 3}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and on a loaded 2-core machine two threads spin
-    against each other (10x slower); restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_ctx(seeds=(1, 2), n=30, dtype=torch.float64, seed=0, loss="ce") -> UnlearnContext:
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n, 4, generator=g, dtype=dtype)

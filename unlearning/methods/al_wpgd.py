@@ -23,7 +23,7 @@ from unlearning.methods.optim import OptimizerSpec
 from unlearning.methods.projection import W2Projection
 from unlearning.methods.registry import register
 from unlearning.methods.weighting import Weighting
-from unlearning.models.training import clone_model
+from unlearning.models.training import frozen_copy
 
 
 class AlWpgdArgs(MethodArgs):
@@ -83,9 +83,7 @@ class AugmentedLagrangian(Weighting):
 def run(ctx: UnlearnContext, args: AlWpgdArgs) -> UnlearnResult:
     if ctx.loss != "ce":
         raise ValueError(f"al_wpgd needs loss='ce' (clipped CE), got loss={ctx.loss!r}")
-    original = clone_model(ctx.model).eval()
-    for p in original.parameters():
-        p.requires_grad_(False)
+    original = frozen_copy(ctx.model)
 
     def constraint(model, X, y, idx):  # per-sample l_rem(theta) - l_rem(theta_0) on the same rows: [N, b]
         with torch.no_grad():

@@ -14,7 +14,7 @@ from unlearning.methods.engine import Phase, StopRule, Term, run_phases
 from unlearning.methods.losses import kl_teacher_student, per_sample_loss
 from unlearning.methods.registry import register
 from unlearning.methods.weighting import Weighting
-from unlearning.models.training import clone_model
+from unlearning.models.training import frozen_copy
 
 
 class ScrubArgs(IterativeArgs):
@@ -36,9 +36,7 @@ class ScrubArgs(IterativeArgs):
 def run(ctx: UnlearnContext, args: ScrubArgs) -> UnlearnResult:
     if ctx.loss != "ce":
         raise ValueError(f"scrub needs loss='ce' (a softmax teacher), got loss={ctx.loss!r}")
-    teacher = clone_model(ctx.model).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
+    teacher = frozen_copy(ctx.model)
     T = args.temperature
 
     def kl(model, X, y, idx):  # [N, b]

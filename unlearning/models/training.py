@@ -164,6 +164,14 @@ def clone_model(model: StackedModel) -> StackedModel:
     return model.select(list(range(model.n_models)))
 
 
+def frozen_copy(model: StackedModel) -> StackedModel:
+    """A copy in eval mode with gradients off: a fixed reference (teacher, theta_0) beside the trained model."""
+    out = clone_model(model).eval()
+    for p in out.parameters():
+        p.requires_grad_(False)
+    return out
+
+
 def flat_params(model: StackedModel) -> torch.Tensor:
     """Parameters per member, flattened: [N, p]."""
     return torch.cat([p.detach().reshape(model.n_models, -1) for p in model.parameters()], 1)
@@ -176,5 +184,5 @@ def param_count(model: StackedModel) -> int:
 
 __all__: Sequence[str] = [
     "TrainCost", "train_ensemble", "predict_logits", "accuracy", "seeds_for", "save_model", "load_model",
-    "per_member_loss", "order_generator", "clone_model", "flat_params", "param_count", "members_equal",
+    "per_member_loss", "order_generator", "clone_model", "frozen_copy", "flat_params", "param_count", "members_equal",
 ]
