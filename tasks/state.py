@@ -6,7 +6,6 @@ new state into a staging folder and swaps it in at the end (all or nothing)."""
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +62,3 @@ def write_state(folder: Path, model: StackedModel, manifest: pd.DataFrame, ledge
     atomic_write_bytes(folder / "manifest.csv", manifest_csv_bytes(manifest))
     atomic_write_text(folder / "ledger.jsonl", ledger_text(ledger))
     atomic_write_json(folder / "champion.json", champion)
-
-
-def reset_state(params: Params) -> None:
-    shutil.rmtree(params.path("state_dir"), ignore_errors=True)

@@ -14,7 +14,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from unlearning.io import atomic_save
@@ -63,7 +62,3 @@ def cached_ensemble(cache_dir: str | Path | None, spec: dict, X: torch.Tensor, y
 
 def chunks(seeds: Sequence[int], size: int) -> list[list[int]]:
     return [list(seeds[i : i + size]) for i in range(0, len(seeds), size)]
-
-
-def as_tensors(X: np.ndarray, y: np.ndarray, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.as_tensor(X, dtype=torch.float32, device=device), torch.as_tensor(y, dtype=torch.long, device=device)

@@ -156,10 +156,6 @@ def load_model(path, device: str | torch.device = "cpu") -> tuple[StackedModel, 
     return model, ckpt.get("extra", {})
 
 
-def members_equal(a: StackedModel, b: StackedModel, atol: float = 0.0) -> bool:
-    return all(torch.allclose(p, q, atol=atol, rtol=0) for p, q in zip(a.parameters(), b.parameters()))
-
-
 def clone_model(model: StackedModel) -> StackedModel:
     return model.select(list(range(model.n_models)))
 
@@ -184,5 +180,5 @@ def param_count(model: StackedModel) -> int:
 
 __all__: Sequence[str] = [
     "TrainCost", "train_ensemble", "predict_logits", "accuracy", "seeds_for", "save_model", "load_model",
-    "per_member_loss", "order_generator", "clone_model", "frozen_copy", "flat_params", "param_count", "members_equal",
+    "per_member_loss", "order_generator", "clone_model", "frozen_copy", "flat_params", "param_count",
 ]
