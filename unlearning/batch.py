@@ -70,11 +70,12 @@ def eval_logits(model: StackedModel, prepared: Prepared, rows: np.ndarray) -> to
 
 
 def cross_entropy_losses(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Per-sample cross-entropy of each member: logits [N, n, C] -> [N, n] (float64)."""
-    z = np.asarray(logits, dtype=np.float64)
-    zmax = z.max(-1, keepdims=True)
-    lse = zmax[..., 0] + np.log(np.exp(z - zmax).sum(-1))
-    return lse - np.take_along_axis(z, np.asarray(labels)[None, :, None], -1)[..., 0]
+    """Per-sample cross-entropy of each member, in float64: logits [N, n, C] -> [N, n]."""
+    from unlearning.methods.losses import per_sample_loss
+
+    z = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
+    y = torch.as_tensor(np.asarray(labels), dtype=torch.long).expand(z.shape[0], -1)
+    return per_sample_loss(z, y, "ce").numpy()
 
 
 def membership_metrics(candidate_logits: np.ndarray, shadow_logits: np.ndarray, oracle_logits: np.ndarray,
