@@ -177,3 +177,30 @@ def test_mlflow_ui_shows_the_batch(ops):
     assert shot.exists() and shot.stat().st_size > 10_000
     assert run.info.run_name in dom
     assert "wall_seconds" in dom
+
+
+def test_schedule_survives_a_restart_of_serve(ops):
+    """Stop the serve process (SIGTERM, like an operator would), check on the server that the cron
+    deployment is neither paused nor without its active schedule, then start serve again."""
+    import httpx
+
+    env, proj, base = ops["env"], ops["proj"], ops["base"]
+    serve = next(p for p in ops["procs"] if "flows.cli" in p.args)
+    stop(serve)
+
+    def scheduled_deployment():
+        res = httpx.post(f"{env['PREFECT_API_URL']}/deployments/filter",
+                         json={"deployments": {"name": {"any_": ["scheduled"]}}}, timeout=10)
+        res.raise_for_status()
+        return res.json()
+
+    (dep,) = scheduled_deployment()
+    assert dep["paused"] is False
+    assert [s["active"] for s in dep["schedules"]] == [True]
+    assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+    again = start([sys.executable, "-m", "flows.cli", "--params", str(proj / "params.yaml"), "serve"], proj, env,
+                  base / "serve2.log")
+    ops["procs"].append(again)
+    wait_for(lambda: "deployments are being served" in (base / "serve2.log").read_text(), 180, "serve after restart")
+    (dep,) = scheduled_deployment()
+    assert dep["paused"] is False and [s["active"] for s in dep["schedules"]] == [True]
