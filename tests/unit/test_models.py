@@ -49,3 +49,19 @@ def test_select_concat_and_checkpoint(tmp_path):
     save_model(ens, tmp_path / "m.pt", {"note": 1})
     loaded, extra = load_model(tmp_path / "m.pt")
     assert extra == {"note": 1} and torch.equal(predict_logits(loaded, data(4)[0]), predict_logits(ens, data(4)[0]))
+
+
+def test_cross_entropy_matches_torch_in_float64():
+    from torch.nn import functional as F
+
+    from unlearning.models.training import cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    z = (torch.randn(3, 7, 5, generator=g, dtype=torch.float64) * 30).requires_grad_()
+    y = torch.randint(0, 5, (3, 7), generator=g)
+    ref = F.cross_entropy(z.reshape(21, 5), y.reshape(21), reduction="none").view(3, 7)
+    got = cross_entropy(z, y)
+    assert torch.allclose(got, ref, atol=1e-12)
+    (g1,) = torch.autograd.grad(got.sum(), z)
+    (g2,) = torch.autograd.grad(ref.sum(), z)
+    assert torch.allclose(g1, g2, atol=1e-12)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from unlearning.models.training import cross_entropy
+
 LOSS_KINDS = ("ce", "mse")
 
 
@@ -37,7 +39,7 @@ def per_sample_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "ce") -> 
     _check_kind(kind)
     n, b, c = logits.shape
     if kind == "ce":
-        return F.cross_entropy(logits.reshape(n * b, c), y.reshape(n * b), reduction="none").view(n, b)
+        return cross_entropy(logits, y)
     t = mse_targets(y, c, logits.dtype)
     return 0.5 * (logits - t).pow(2).sum(-1)
 
