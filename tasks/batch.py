@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 from prefect import task
 
-from unlearning.batch import SPLITS, BatchRows, eval_logits, membership_metrics, unlearn_context
+from unlearning.batch import SPLITS, BatchRows, eval_logits, membership_metrics, retain_rows, unlearn_context
 from unlearning.config import Params
 from unlearning.data.store import Prepared
 from unlearning.gate import Verdict, evaluate_gate
@@ -26,11 +26,11 @@ def partition_retain(params: Params, prepared: Prepared, state_manifest: pd.Data
                      model: StackedModel, cross_leverage: np.ndarray | None = None) -> pd.DataFrame:
     cfg = params.deletion.partition
     m = state_manifest
-    retain_mask = ((m["split"] == "train") & (m["status"] == "retained") & ~m["sample_id"].isin(forget_ids)).to_numpy()
-    retain_ids = m["sample_id"].to_numpy()[retain_mask]
+    r_rows = retain_rows(m, forget_ids)
+    retain_ids = m["sample_id"].to_numpy()[r_rows]
     if cfg.mode == "group":
         forget_groups = m.set_index("sample_id").loc[forget_ids, "group"].to_numpy()
-        return partition_by_group(retain_ids, m["group"].to_numpy()[retain_mask], forget_groups)
+        return partition_by_group(retain_ids, m["group"].to_numpy()[r_rows], forget_groups)
     if cfg.mode == "leverage":
         if cross_leverage is None:
             raise ValueError("deletion.partition.mode = 'leverage' needs the leverage diagnostics, which did not run; "
@@ -39,7 +39,7 @@ def partition_retain(params: Params, prepared: Prepared, state_manifest: pd.Data
     X = torch.as_tensor(prepared.X, dtype=torch.float32)
     device = next(model.parameters()).device
     with torch.no_grad():
-        feats_r = model.features(X[np.flatnonzero(retain_mask)].to(device))[0].cpu()
+        feats_r = model.features(X[r_rows].to(device))[0].cpu()
         feats_f = model.features(X[prepared.rows(forget_ids)].to(device))[0].cpu()
     return partition_by_embedding(retain_ids, feats_r, feats_f, cfg.k_neighbors)
 

@@ -8,6 +8,7 @@ import torch
 from prefect import task
 
 from tasks import plots
+from unlearning.batch import retain_rows, validation_rows
 from unlearning.config import Params
 from unlearning.data.store import Prepared
 from unlearning.leverage import LeverageReport, compute_diagnostics
@@ -24,9 +25,7 @@ def leverage_diagnostics(params: Params, prepared: Prepared, state_manifest: pd.
                          model: StackedModel, device: str) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
     """Diagnostics of the production model for this forget set; retain = retained training rows minus F."""
     m = state_manifest
-    retain_mask = ((m["split"] == "train") & (m["status"] == "retained") & ~m["sample_id"].isin(forget_ids)).to_numpy()
-    f_rows, r_rows = prepared.rows(forget_ids), np.flatnonzero(retain_mask)
-    v_rows = np.flatnonzero((m["split"] == "val").to_numpy())
+    f_rows, r_rows, v_rows = prepared.rows(forget_ids), retain_rows(m, forget_ids), validation_rows(m)
     X = torch.as_tensor(prepared.X, dtype=torch.float32)
     y = torch.as_tensor(prepared.label, dtype=torch.long)
     d = params.diagnostics

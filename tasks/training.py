@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from prefect import task
 
+from unlearning.batch import validation_rows
 from unlearning.config import Params
 from unlearning.data import load_dataset, write_prepared
 from unlearning.data.store import Prepared
@@ -42,7 +43,7 @@ def prepare_dataset(params: Params) -> dict:
 def train_original(params: Params, prepared: Prepared, device: str) -> tuple[StackedModel, dict]:
     """The production model: one member, seed = base.seed, trained on every training row."""
     train_rows = np.flatnonzero((prepared.manifest["split"] == "train").to_numpy())
-    val_rows = np.flatnonzero((prepared.manifest["split"] == "val").to_numpy())
+    val_rows = validation_rows(prepared.manifest)
     X = torch.as_tensor(prepared.X, dtype=torch.float32)
     y = torch.as_tensor(prepared.label, dtype=torch.long)
     model = build_model(model_spec(params, prepared), [params.base.seed]).to(device)

@@ -38,17 +38,29 @@ class BatchRows:
 
 
 def retained_train_rows(state_manifest: pd.DataFrame) -> np.ndarray:
+    """D: positions of the training rows not deleted yet (manifest order = prepared-data order)."""
     m = state_manifest
     return np.flatnonzero(((m["split"] == "train") & (m["status"] == "retained")).to_numpy())
+
+
+def retain_rows(state_manifest: pd.DataFrame, forget_ids) -> np.ndarray:
+    """R = D minus the forget set, in manifest order."""
+    before = retained_train_rows(state_manifest)
+    return before[~state_manifest["sample_id"].iloc[before].isin(list(forget_ids)).to_numpy()]
+
+
+def validation_rows(manifest: pd.DataFrame) -> np.ndarray:
+    """V: positions of the held-out rows."""
+    return np.flatnonzero((manifest["split"] == "val").to_numpy())
 
 
 def batch_rows(prepared: Prepared, state_manifest: pd.DataFrame, forget_ids, partition: pd.DataFrame) -> BatchRows:
     before = retained_train_rows(state_manifest)
     forget = prepared.rows(forget_ids)
-    retain = np.setdiff1d(before, forget)  # sorted, like the manifest
+    retain = retain_rows(state_manifest, forget_ids)
     subset = partition.set_index("sample_id")["subset"]
     adjacent = (subset.reindex(prepared.manifest["sample_id"].to_numpy()[retain]) == "adjacent").to_numpy()
-    validation = np.flatnonzero((state_manifest["split"] == "val").to_numpy())
+    validation = validation_rows(state_manifest)
     return BatchRows(before=before, forget=forget, retain=retain, adjacent_mask=adjacent, validation=validation)
 
 

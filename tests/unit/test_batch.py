@@ -29,3 +29,15 @@ def test_eval_rows_order_and_labels():
                      adjacent_mask=np.array([False, True, False]), validation=np.array([9]))
     r, s = rows.eval_rows()
     assert r.tolist() == [0, 2, 1, 3, 9] and s.tolist() == ["forget", "adjacent", "remote", "remote", "validation"]
+
+
+def test_row_sets_of_the_live_manifest():
+    import pandas as pd
+
+    from unlearning.batch import retain_rows, retained_train_rows, validation_rows
+
+    m = pd.DataFrame({"sample_id": ["a", "b", "c", "d", "e"], "split": ["train", "train", "val", "train", "train"],
+                      "status": ["retained", "deleted", "retained", "retained", "retained"]})
+    assert retained_train_rows(m).tolist() == [0, 3, 4]
+    assert retain_rows(m, ["d"]).tolist() == [0, 4]
+    assert validation_rows(m).tolist() == [2]
