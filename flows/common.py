@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
-from unlearning.config import Params, load_params, resolve_device
+from unlearning.config import Params, resolve_device
 
 log = logging.getLogger("unlearning")
 
@@ -46,7 +45,3 @@ def ui_hint(params: Params) -> str:
     uri = params.mlflow_tracking_uri()
     return (f"Review it in the MLflow UI: `make ui` (or `mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
             f"--port 5000`), then open http://127.0.0.1:5000")
-
-
-def params_from(path: str | Path) -> Params:
-    return load_params(path)

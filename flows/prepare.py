@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import base_parser, params_from
+from flows.common import base_parser
+from unlearning.config import load_params
 from tasks.training import prepare_dataset
 
 
 @flow(name="prepare", log_prints=True)
 def prepare(params_path: str = "params.yaml") -> dict:
-    params = params_from(params_path)
+    params = load_params(params_path)
     info = prepare_dataset(params)
     print(f"prepared {info['name']}: {info['n_train']} train / {info['n_val']} val samples, "
           f"{len(info['class_names'])} classes -> {params.path('prepared_dir')}")

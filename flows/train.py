@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import base_parser, device_of, params_from, tracker_for
+from flows.common import base_parser, device_of, tracker_for
+from unlearning.config import load_params
 from tasks.state import original_path
 from tasks.training import model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
@@ -14,7 +15,7 @@ from unlearning.models import param_count
 
 @flow(name="train", log_prints=True)
 def train(params_path: str = "params.yaml") -> dict:
-    params = params_from(params_path)
+    params = load_params(params_path)
     device = device_of(params)
     prepared = load_prepared(params.path("prepared_dir"))
     model, metrics = train_original(params, prepared, device)
