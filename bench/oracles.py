@@ -1,9 +1,12 @@
 """Benchmark: N oracle MLPs on digits trained in one vectorized pass vs a Python loop of the same math.
 
 One run prints and writes (bench/results/oracles.json):
-- the loop/vectorized speed ratio (target >= 4x), the loop single-threaded (the fair baseline on 2 cores);
+- the loop/vectorized speed ratio (target >= 4x), the loop single-threaded (the fair baseline on 2 cores),
+  both with the training kernel the pipeline uses (`kernel="auto"`: the hand-written fused MLP step), and
+  the same ratio with the autograd kernel;
 - the machine's float32 matmul rate, the ensemble's training FLOPs and their FLOP floor (FLOPs / rate),
   and the vectorized time over that floor (target <= 2.5x);
+- where the time of one vectorized step goes (torch.profiler, per op) next to the step's GEMM floor;
 - a check that member k of the ensemble equals the loop's model k.
 Usage: python bench/oracles.py [--n 100] [--epochs 10] [--chunk 100]
 """
@@ -20,6 +23,7 @@ import torch
 
 from unlearning.data import load_dataset
 from unlearning.models import build_model, flat_params, train_ensemble
+from unlearning.models.fused_mlp import FusedMLP
 
 
 def matmul_rate(threads: int, size: int = 1024, repeats: int = 20) -> float:
@@ -42,6 +46,33 @@ def training_flops(n_models: int, n_samples: int, epochs: int, dims: list[int]) 
     return float(per_sample) * n_samples * epochs * n_models
 
 
+def step_profile(spec: dict, n_models: int, X: torch.Tensor, y: torch.Tensor, batch_size: int,
+                 steps: int = 50) -> dict[str, float]:
+    """Microseconds per vectorized training step by op (fused kernel + fused AdamW, 1 thread)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = build_model(spec, list(range(n_models)))
+    kernel = FusedMLP(model)
+    opt = torch.optim.AdamW([kernel.theta], lr=0.01, weight_decay=5e-4, fused=True)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, len(y), (steps, n_models, batch_size), generator=g)
+
+    def step(i):
+        flat = idx[i].reshape(-1)
+        kernel.loss_and_grad(X.index_select(0, flat).view(n_models, batch_size, -1),
+                             y.index_select(0, flat).view(n_models, batch_size))
+        opt.step()
+
+    torch.set_num_threads(1)
+    for i in range(5):
+        step(i)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(steps):
+            step(i)
+    per_op = {e.key: e.self_cpu_time_total / steps for e in prof.key_averages()}
+    return dict(sorted(((k, round(v, 1)) for k, v in per_op.items() if v >= 1.0), key=lambda kv: -kv[1]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=100)
@@ -49,6 +80,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=100, help="models per vectorized pass")
+    ap.add_argument("--kernel", default="auto", choices=["auto", "fused", "autograd"],
+                    help="training kernel of the headline numbers (auto = what the pipeline uses)")
     ap.add_argument("--out", default="bench/results/oracles.json")
     a = ap.parse_args()
 
@@ -57,11 +90,12 @@ def main() -> None:
     X, y = torch.as_tensor(ds.X[train]), torch.as_tensor(ds.label[train])
     spec = {"arch": "mlp", "in_dim": 64, "hidden": [a.hidden], "n_classes": 10}
     seeds = list(range(a.n))
-    kw = dict(epochs=a.epochs, batch_size=a.batch_size, lr=0.01, weight_decay=5e-4)
+    kw = dict(epochs=a.epochs, batch_size=a.batch_size, lr=0.01, weight_decay=5e-4, kernel=a.kernel)
     threads = torch.get_num_threads()
 
     # Warm-up: the first optimizer of a process imports torch._dynamo (~1 s); keep it out of both timings.
-    train_ensemble(build_model(spec, [0]), X[:64], y[:64], epochs=1, batch_size=64, lr=0.01)
+    for kernel in ("fused", "autograd"):
+        train_ensemble(build_model(spec, [0]), X[:64], y[:64], epochs=1, batch_size=64, lr=0.01, kernel=kernel)
     rate2 = matmul_rate(threads)
     rate = matmul_rate(1)  # training runs single-threaded (train_ensemble threads=1): its floor is 1 core
     torch.set_num_threads(threads)
@@ -85,11 +119,26 @@ def main() -> None:
         train_ensemble(m, X, y, **kw, threads=1)  # the single-threaded loop: the fair baseline on 2 cores
         loop_models.append(m)
     loop_s = (time.perf_counter() - t) * a.n / loop_n
+
+    # The same pair with the autograd kernel (the generic path: CNNs, methods), for comparison.
+    auto_kw = {**kw, "kernel": "autograd"}
+    t = time.perf_counter()
+    for i in range(0, a.n, a.chunk):
+        train_ensemble(build_model(spec, seeds[i : i + a.chunk]), X, y, **auto_kw, threads=1)
+    vec_autograd_s = time.perf_counter() - t
+    t = time.perf_counter()
+    for s in seeds[:loop_n]:
+        train_ensemble(build_model(spec, [s]), X, y, **auto_kw, threads=1)
+    loop_autograd_s = (time.perf_counter() - t) * a.n / loop_n
+    profile_us = step_profile(spec, min(a.n, a.chunk), X, y, a.batch_size)
+    torch.set_num_threads(threads)
     ens = parts[0]
     max_diff = max(float((flat_params(ens)[k] - flat_params(loop_models[k])[0]).abs().max())
                    for k in range(min(loop_n, ens.n_models)))
     flops = training_flops(a.n, len(y), a.epochs, [64, a.hidden, 10])
     floor_s = flops / rate
+    steps = a.epochs * -(-len(y) // a.batch_size) * -(-a.n // a.chunk)
+    step_floor_us = floor_s / steps * 1e6
     result = {
         "n_models": a.n, "epochs": a.epochs, "hidden": a.hidden, "batch_size": a.batch_size, "chunk": a.chunk,
         "n_train": int(len(y)), "threads": threads, "vectorized_seconds": vec_s,
@@ -98,10 +147,16 @@ def main() -> None:
         "vectorized_seconds_all_threads": vec_all_threads_s,
         "vectorized_all_threads_over_floor": vec_all_threads_s / (flops / rate2), "matmul_gflops_1_thread": rate / 1e9, "matmul_gflops_all_threads": rate2 / 1e9,
         "training_gflop": flops / 1e9, "flop_floor_seconds": floor_s, "vectorized_over_floor": vec_s / floor_s,
-        "max_param_diff_member_vs_loop": max_diff,
+        "max_param_diff_member_vs_loop": max_diff, "kernel": a.kernel,
+        "autograd": {"vectorized_seconds": vec_autograd_s, "loop_seconds_extrapolated": loop_autograd_s,
+                     "speedup_vectorized_vs_loop": loop_autograd_s / vec_autograd_s,
+                     "vectorized_over_floor": vec_autograd_s / floor_s},
+        "steps": steps, "step_seconds": vec_s / steps, "step_flop_floor_us": step_floor_us,
+        "step_profile_us": profile_us,
         "targets": {"speedup_min": 4.0, "over_floor_max": 2.5},
     }
-    print(f"{a.n} MLPs 64-{a.hidden}-10, {a.epochs} epochs on {len(y)} digits, batch {a.batch_size}, 1 intra-op thread")
+    print(f"{a.n} MLPs 64-{a.hidden}-10, {a.epochs} epochs on {len(y)} digits, batch {a.batch_size}, 1 intra-op thread, "
+          f"kernel {a.kernel}")
     print(f"  vectorized (chunk {a.chunk}): {vec_s:7.2f} s")
     print(f"  python loop (1 thread):   {loop_s:7.2f} s  (timed {loop_n}, extrapolated)")
     print(f"  speed-up:                 {loop_s / vec_s:7.2f} x   (target >= 4)")
@@ -111,6 +166,12 @@ def main() -> None:
     print(f"  vectorized on {threads} threads: {vec_all_threads_s:.2f} s = {vec_all_threads_s / (flops / rate2):.1f} x "
           f"its {threads}-thread floor (faster when the machine is quiet; 1 thread is robust under contention)")
     print(f"  member k vs loop model k: max |diff| = {max_diff:.2e}")
+    print(f"  autograd kernel: vectorized {vec_autograd_s:.2f} s, loop {loop_autograd_s:.2f} s "
+          f"({loop_autograd_s / vec_autograd_s:.1f} x), {vec_autograd_s / floor_s:.1f} x the FLOP floor")
+    print(f"  one vectorized step: {vec_s / steps * 1e6:.0f} us vs a FLOP floor of {step_floor_us:.0f} us; "
+          f"profile (us/step, self time):")
+    for op, us in list(profile_us.items())[:12]:
+        print(f"    {op:32s} {us:8.1f}")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

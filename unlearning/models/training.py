@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from unlearning.models import fused_mlp
 from unlearning.models.stacked import StackedModel
 
 
@@ -88,23 +89,34 @@ def train_ensemble(
     weight_decay: float = 0.0,
     progress: bool | str = False,
     threads: int | None = 1,
+    kernel: str = "auto",
 ) -> TrainCost:
     """Train every member of `model` in place on (X [n, d], y [n]) with Adam (decoupled weight decay).
 
     Member k shuffles with `order_generator(model.seeds[k])`; the ensemble loss is the sum of the members'
-    mean losses, so members never interact. `threads`: intra-op threads while training (None = as set)."""
+    mean losses, so members never interact. `threads`: intra-op threads while training (None = as set).
+    `kernel`: "fused" (hand-written forward/backward, `fused_mlp.py`; MLPs only), "autograd", or "auto"
+    (fused where supported). Both give the same members up to float summation order."""
+    if kernel not in ("auto", "fused", "autograd"):
+        raise ValueError(f"kernel={kernel!r} is not known; allowed: ['auto', 'fused', 'autograd']")
+    fused = kernel == "fused" or (kernel == "auto" and fused_mlp.supports(model))
+    if fused and not fused_mlp.supports(model):
+        raise ValueError(f"kernel='fused' supports MLP ensembles only, got arch={model.arch!r}; use 'autograd'")
     with intra_op_threads(threads if X.device.type == "cpu" else None):
-        return _train(model, X, y, epochs, batch_size, lr, weight_decay, progress)
+        return _train(model, X, y, epochs, batch_size, lr, weight_decay, progress, fused)
 
 
-def _train(model, X, y, epochs, batch_size, lr, weight_decay, progress) -> TrainCost:
+def _train(model, X, y, epochs, batch_size, lr, weight_decay, progress, fused) -> TrainCost:
     start = time.perf_counter()
     device = next(model.parameters()).device
     X, y = X.to(device), y.to(device)
     n = X.shape[0]
     gens = [order_generator(s) for s in model.seeds]
-    # fused: one kernel per parameter tensor instead of ~10 elementwise passes (CPU and CUDA).
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
+    kernel = fused_mlp.FusedMLP(model) if fused else None
+    # fused: one kernel per parameter tensor instead of ~10 elementwise passes (CPU and CUDA); with the
+    # fused MLP kernel all parameters are one flat tensor, so one kernel per step and no optimizer wrapper.
+    opt = (fused_mlp.FlatAdamW(kernel.theta, lr=lr, weight_decay=weight_decay) if fused else
+           torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True))
     steps = 0
     desc = progress if isinstance(progress, str) else f"train x{model.n_models}"
     model.train()
@@ -114,11 +126,17 @@ def _train(model, X, y, epochs, batch_size, lr, weight_decay, progress) -> Train
             idx = perms[:, start_i : start_i + batch_size]  # [N, b]
             flat = idx.reshape(-1)
             xb = X.index_select(0, flat).view(*idx.shape, -1)  # [N, b, d]; faster than X[idx]
-            loss = per_member_loss(model, xb, y.index_select(0, flat).view(idx.shape)).sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            yb = y.index_select(0, flat).view(idx.shape)
+            if kernel is not None:
+                kernel.loss_and_grad(xb, yb)  # overwrites theta.grad
+            else:
+                loss = per_member_loss(model, xb, yb).sum()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
             opt.step()
             steps += 1
+    if kernel is not None:
+        kernel.write_back(model)
     model.eval()
     return TrainCost(epochs=epochs, steps=steps, gradient_evals=epochs * n * model.n_models,
                      seconds=time.perf_counter() - start)

@@ -1,0 +1,112 @@
+"""Hand-written forward/backward of a `StackedMLP`'s minibatch cross-entropy, for ensemble training.
+
+Why: an ensemble step of the default digits recipe (100 members, batch 64, 64-32-10) is ~15 tiny ops, and
+with autograd its cost is dominated by two layout effects measured on this project's CPUs (1 thread):
+a softmax / logsumexp over a last dimension of 10 classes runs ~20x slower than over a contiguous
+dimension of 64 (1.0 ms vs 0.06 ms on [100, 64, 10]), and the weight gradient a^T dz of a 10-wide output
+takes ~1.7 ms as a [32 x 64] @ [64 x 10] batched GEMM. Here every activation is kept CLASS/FEATURE-MAJOR,
+h^T [N, features, B], so the softmax runs over dim 1 with B contiguous and every GEMM has a wide inner
+dimension; no autograd graph is built; parameters, gradients and the Adam state live in one flat buffer,
+so AdamW is one fused kernel per step instead of one per tensor.
+
+The math is the autograd path's exactly (tested against it in float64): for member n with batch
+(x [B, d], y [B]) and loss L = mean_b CE(z_b, y_b),
+    dL/dz^T = (softmax(z^T) - onehot(y)^T) / B                           [C, B]
+    dL/dW_l^T = dz_l^T a_{l-1},  dL/db_l = sum_b dz_l^T                  [out, in], [out, 1]
+    dz_{l-1}^T = (W_l dz_l^T) * 1[a_{l-1} > 0]                            [in, B]  (ReLU)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from unlearning.models.stacked import StackedMLP
+
+
+class FusedMLP:
+    """Transposed copies of a StackedMLP's weights in one flat buffer, with a flat gradient buffer.
+
+    `theta` is a leaf tensor (an optimizer can own it); `loss_and_grad(x, y)` fills `theta.grad`.
+    `write_back(model)` copies the trained weights into the module's [N, in, out] layout."""
+
+    def __init__(self, model: StackedMLP):
+        layers = [*model.body, model.out]
+        n = model.n_models
+        # Per layer: W^T [N, out, in] and b [N, out, 1] (the module stores W [N, in, out], b [N, 1, out]).
+        blocks = []
+        for layer in layers:
+            blocks += [layer.weight.detach().transpose(1, 2), layer.bias.detach().transpose(1, 2)]
+        self.shapes = [tuple(b.shape) for b in blocks]
+        self.theta = torch.cat([b.reshape(-1) for b in blocks]).clone().requires_grad_(True)
+        self.theta.grad = torch.zeros_like(self.theta)
+        self.n_layers, self.n_models = len(layers), n
+        self.weights, self.biases = self._views(self.theta.detach())
+        self.grad_weights, self.grad_biases = self._views(self.theta.grad)
+
+    def _views(self, flat: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        views, i = [], 0
+        for shape in self.shapes:
+            size = int(torch.Size(shape).numel())
+            views.append(flat[i : i + size].view(shape))
+            i += size
+        return views[0::2], views[1::2]
+
+    @torch.no_grad()
+    def loss_and_grad(self, x: torch.Tensor, y: torch.Tensor, with_loss: bool = False) -> torch.Tensor | None:
+        """Fill theta.grad with d(sum_n mean_b CE)/d theta for x [N, B, d], y [N, B]; returns the loss [N]
+        when `with_loss` (a logsumexp more; training does not need it)."""
+        W, b = self.weights, self.biases
+        n, batch = y.shape
+        acts = [x.transpose(1, 2)]  # a_0^T [N, d, B] (a strided view: bmm reads it transposed)
+        for l in range(self.n_layers - 1):
+            acts.append(torch.baddbmm(b[l], W[l], acts[-1]).relu_())  # a_l^T [N, H_l, B]
+        z = torch.baddbmm(b[-1], W[-1], acts[-1])  # z^T [N, C, B]
+        y_row = y.view(n, 1, batch)
+        loss = None
+        if with_loss:
+            loss = (torch.logsumexp(z, 1, keepdim=True) - z.gather(1, y_row)).mean((1, 2))  # [N]
+        dz = torch.softmax(z, 1)
+        dz.scatter_add_(1, y_row, torch.full(y_row.shape, -1.0, dtype=dz.dtype, device=dz.device))
+        dz.mul_(1.0 / batch)  # dL/dz^T [N, C, B]
+        for l in range(self.n_layers - 1, -1, -1):
+            a_prev = acts[l]
+            if l == 0:
+                torch.bmm(dz, x, out=self.grad_weights[0])  # [N, H_1, d]
+            else:
+                torch.bmm(dz, a_prev.transpose(1, 2), out=self.grad_weights[l])  # [N, out, in]
+            torch.sum(dz, 2, keepdim=True, out=self.grad_biases[l])
+            if l > 0:  # back through W_l and the ReLU of layer l-1 (a > 0 exactly where its input was > 0)
+                dz = torch.ops.aten.threshold_backward(torch.bmm(W[l].transpose(1, 2), dz), a_prev, 0.0)
+        return loss
+
+    @torch.no_grad()
+    def write_back(self, model: StackedMLP) -> None:
+        for layer, w, bias in zip([*model.body, model.out], self.weights, self.biases):
+            layer.weight.copy_(w.transpose(1, 2))
+            layer.bias.copy_(bias.transpose(1, 2))
+
+
+def supports(model) -> bool:
+    """The fused step covers StackedMLP (ReLU hidden layers, CE loss)."""
+    return isinstance(model, StackedMLP)
+
+
+class FlatAdamW:
+    """AdamW (decoupled weight decay) on ONE flat parameter tensor with its `.grad`: the same fused kernel
+    `torch.optim.AdamW(fused=True)` calls, without the optimizer's per-step bookkeeping (its step wrapper
+    costs about as much as the kernel on a 2,410-parameter x 100-member ensemble). Same numbers as
+    torch.optim.AdamW(fused=True), tested bit for bit."""
+
+    def __init__(self, theta: torch.Tensor, lr: float, weight_decay: float = 0.0,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.theta, self.lr, self.weight_decay, self.betas, self.eps = theta, lr, weight_decay, betas, eps
+        self.exp_avg = torch.zeros_like(theta)
+        self.exp_avg_sq = torch.zeros_like(theta)
+        self.step_count = torch.zeros((), dtype=torch.float32, device=theta.device)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.step_count.add_(1)
+        torch._fused_adamw_([self.theta], [self.theta.grad], [self.exp_avg], [self.exp_avg_sq], [],
+                            [self.step_count], lr=self.lr, beta1=self.betas[0], beta2=self.betas[1],
+                            weight_decay=self.weight_decay, eps=self.eps, amsgrad=False, maximize=False)
