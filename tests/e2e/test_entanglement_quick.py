@@ -51,6 +51,8 @@ def test_quick_run_writes_every_method(bench, tmp_path):
     assert (tmp_path / "entanglement.md").read_text().count("|") > 20
     assert data["quick"] is True and data["sizes"]["forget"] > 0 and data["sizes"]["adjacent"] > 0
     assert set(data["methods"]) == set(bench.METHODS)
+    joint = data["joint_reference"]["3.0"]["accuracy"]  # the from-scratch frontier reference
+    assert joint["forget"] < data["methods"]["original"]["accuracy"]["forget"]
     for name, row in data["methods"].items():
         acc = row["accuracy"]
         for split in ("forget", "adjacent", "remote", "validation", "val_shirt", "val_nonshirt"):

@@ -102,8 +102,29 @@ def train_ensemble(
     fused = kernel == "fused" or (kernel == "auto" and fused_mlp.supports(model))
     if fused and not fused_mlp.supports(model):
         raise ValueError(f"kernel='fused' supports MLP ensembles only, got arch={model.arch!r}; use 'autograd'")
-    with intra_op_threads(threads if X.device.type == "cpu" else None):
+    with intra_op_threads(threads if X.device.type == "cpu" else None), flush_denormals(X.device.type == "cpu"):
         return _train(model, X, y, epochs, batch_size, lr, weight_decay, progress, fused)
+
+
+class flush_denormals:
+    """Flush float denormals to zero on this thread while training on the CPU (the flag is per thread).
+
+    Adam's second moment of near-zero gradients drifts into the denormal range, where CPU arithmetic is
+    ~100x slower: measured, the AdamW step of a 100-member digits ensemble went from 0.27 ms to 2.2 ms
+    within 600 steps. Values below 1.2e-38 become 0: no visible change to the trained members."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        if self.on:
+            torch.set_flush_denormal(True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.on:
+            torch.set_flush_denormal(False)
+        return False
 
 
 def _train(model, X, y, epochs, batch_size, lr, weight_decay, progress, fused) -> TrainCost:
@@ -125,11 +146,11 @@ def _train(model, X, y, epochs, batch_size, lr, weight_decay, progress, fused) -
         for start_i in range(0, n, batch_size):
             idx = perms[:, start_i : start_i + batch_size]  # [N, b]
             flat = idx.reshape(-1)
-            xb = X.index_select(0, flat).view(*idx.shape, -1)  # [N, b, d]; faster than X[idx]
             yb = y.index_select(0, flat).view(idx.shape)
             if kernel is not None:
-                kernel.loss_and_grad(xb, yb)  # overwrites theta.grad
+                kernel.loss_and_grad(kernel.gather(X, idx), yb)  # overwrites theta.grad
             else:
+                xb = X.index_select(0, flat).view(*idx.shape, -1)  # [N, b, d]; faster than X[idx]
                 loss = per_member_loss(model, xb, yb).sum()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
