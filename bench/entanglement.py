@@ -13,6 +13,9 @@ Setting
   tuned `METHOD_ARGS["al_wpgd"]` below. Accuracy on forget / adjacent / remote / validation (all t10k,
   Shirt, non-Shirt), gradient evaluations and seconds per method.
 - Acceptance (issue): al_wpgd forget accuracy < 5% and adjacent accuracy >= 90% of the original's.
+- Frontier reference (`joint_reference`, not an unlearner): the same architecture and recipe trained from
+  scratch with the suppression objective known in advance, at a few weights w; its (forget, adjacent)
+  points show what the model can reach at all, so an unlearner's row can be read against them.
 - Partition recovery: ROC AUC of "retain sample is adjacent (tops)" for the `leverage` score
   (cross-leverage row norm, `unlearning.leverage.compute_diagnostics`, projected solver, on a seeded
   subsample of forget and retain rows) and the `embedding` score (`unlearning.partition.knn_scores` on the
