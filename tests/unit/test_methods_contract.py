@@ -81,13 +81,25 @@ def test_reports_cost_within_declared_budget(name):
         assert res.cost.gradient_evals <= bound * N
 
 
+# Runs long enough that half their cost still allows some steps (newton_ggn takes one step by default, and
+# without the line search its worst-case step cost is its actual cost).
+TRUNCATION_ARGS = {"newton_ggn": {"steps": 4, "line_search": False}}
+
+
 @pytest.mark.parametrize("name", [n for n in METHODS if "max_grad_evals" in REGISTRY[n].args_model.model_fields])
 def test_budget_stop_rule_truncates_the_run(name):
-    full = result(name)
+    args = TRUNCATION_ARGS.get(name, {})
+    full = run_method(name, toy(), args)
     budget = max(1, full.cost.gradient_evals // N // 2)
-    res = run_method(name, toy(), {"max_grad_evals": budget})
+    res = run_method(name, toy(), {**args, "max_grad_evals": budget})
     assert 0 < res.cost.gradient_evals <= budget * N
     assert res.cost.steps < full.cost.steps
+
+
+def test_newton_budget_below_one_step_leaves_the_model_unchanged():
+    res = run_method("newton_ggn", toy(), {"max_grad_evals": 10})
+    assert res.cost.gradient_evals == 0 and res.cost.steps == 0 and res.info["stop"] == "budget"
+    assert all(torch.equal(a, b) for a, b in zip(res.model.parameters(), toy().model.parameters()))
 
 
 @pytest.mark.parametrize("name", METHODS)

@@ -22,11 +22,13 @@ class DataSizes:
     n_retain: int
     n_adjacent: int
     n_remote: int
+    n_outputs: int = 1  # model outputs C (a per-sample Jacobian costs C gradient evaluations)
 
     @classmethod
     def of(cls, ctx: UnlearnContext) -> "DataSizes":
         n_adj = int(ctx.adjacent_mask.bool().sum())
-        return cls(int(ctx.X_forget.shape[0]), int(ctx.X_retain.shape[0]), n_adj, int(ctx.X_retain.shape[0]) - n_adj)
+        return cls(int(ctx.X_forget.shape[0]), int(ctx.X_retain.shape[0]), n_adj, int(ctx.X_retain.shape[0]) - n_adj,
+                   int(ctx.model.head().out_features))
 
 
 class MethodArgs(BaseModel):

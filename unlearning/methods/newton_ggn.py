@@ -14,7 +14,8 @@ the Hessian, so one step with step_size = 1, damping = 0 lands exactly on the ri
 the bias penalised like the weights: theta_R = ([X_R, 1]^T [X_R, 1] + lam I)^-1 [X_R, 1]^T y_R.
 This is Newton / influence removal: it lands on the oracle iff P = G_R and eta = 1 (DESIGN §4.1).
 A backtracking (Armijo) line search on L_R keeps cross-entropy steps from overshooting; it accepts the full
-step on a quadratic, so the ridge case stays exact. Stops after `steps` steps.
+step on a quadratic, so the ridge case stays exact. Stops after `steps` steps, or earlier when the next step's
+worst-case cost would pass `max_grad_evals` (per member; 0 steps leaves the model as it is).
 """
 
 from __future__ import annotations
@@ -23,20 +24,22 @@ import time
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from unlearning.leverage.curvature import make_targets
 from unlearning.leverage.functions import StackedMemberFunction
 from unlearning.leverage.newton import newton_steps
 from unlearning.leverage.solvers import EXACT_MAX_PARAMS
+from unlearning.methods.args import DataSizes, MethodArgs
 from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult
 from unlearning.methods.registry import register
 from unlearning.models.training import clone_model
 
 
-class NewtonGGNArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+LINE_SEARCH_TRIALS = 21  # newton_steps backtracks at most this many times per step
 
+
+class NewtonGGNArgs(MethodArgs):
     steps: int = Field(1, ge=1, le=100, description="GGN / Newton steps per member")
     lam: float | None = Field(None, ge=0, description="L2 coefficient of the sum-of-losses retain objective; "
                               "None = recipe.weight_decay * |R|")
@@ -48,6 +51,25 @@ class NewtonGGNArgs(BaseModel):
     cg_tol: float = Field(1e-10, gt=0)
     max_params: int = Field(EXACT_MAX_PARAMS, ge=1, description="auto: exact (dense float64) up to this many "
                             "parameters per member, CG beyond")
+    max_grad_evals: int | None = Field(None, ge=0, description="per-member budget of per-sample gradient evals")
+
+    def step_bound(self, n_retain: int, n_outputs: int, solver: str) -> int:
+        """Worst-case per-member gradient evaluations of one step (newton_steps' accounting): the gradient
+        (n), the Jacobians of the exact solver (n C) or CG's jvp + vjp per column (2 n cg_iters, plus n C
+        for the Jacobi preconditioner), and the line search's objective evaluations (n each)."""
+        n = n_retain
+        solve = n * n_outputs if solver == "exact" else 2 * n * self.cg_iters + n * n_outputs
+        return n + solve + (LINE_SEARCH_TRIALS * n if self.line_search else 0)
+
+    def steps_within_budget(self, n_retain: int, n_outputs: int, solver: str) -> int:
+        if self.max_grad_evals is None:
+            return self.steps
+        return min(self.steps, self.max_grad_evals // max(1, self.step_bound(n_retain, n_outputs, solver)))
+
+    def budget(self, sizes: DataSizes, recipe_epochs: int | None = None) -> int:
+        worst = max(self.step_bound(sizes.n_retain, sizes.n_outputs, s) for s in ("exact", "cg"))
+        bound = self.steps * worst
+        return bound if self.max_grad_evals is None else min(bound, self.max_grad_evals)
 
 
 @register("newton_ggn", NewtonGGNArgs,
@@ -65,11 +87,17 @@ def run(ctx: UnlearnContext, args: NewtonGGNArgs) -> UnlearnResult:
         p = sum(prm[0].numel() for prm in model.parameters())
         solver = "exact" if p <= args.max_params else "cg"
     out = clone_model(model)  # never mutate ctx.model
+    n_outputs = int(model.head().out_features)
+    steps = args.steps_within_budget(n_retain, n_outputs, solver)
+    if steps == 0:  # the budget does not cover one step
+        out.eval()
+        return UnlearnResult(model=out, cost=MethodCost(0, 0, time.perf_counter() - start),
+                             info={"lam": lam, "solver": solver, "stop": "budget", "members": []})
     evals, per_member = 0, []
     for k in range(model.n_models):
         fn = StackedMemberFunction(model, k, dtype=torch.float64)
         t = make_targets(ctx.y_retain, fn.n_outputs, ctx.loss, torch.float64, fn.device)
-        theta, info = newton_steps(fn, fn.theta0, ctx.X_retain, t, ctx.loss, lam, steps=args.steps,
+        theta, info = newton_steps(fn, fn.theta0, ctx.X_retain, t, ctx.loss, lam, steps=steps,
                                    damping=args.damping, step_size=args.step_size,
                                    line_search=args.line_search, solver=solver,
                                    cg_iters=args.cg_iters, cg_tol=args.cg_tol)
@@ -78,5 +106,7 @@ def run(ctx: UnlearnContext, args: NewtonGGNArgs) -> UnlearnResult:
         per_member.append({"objective": info["objective"], "eta": info["eta"], "step_norm": info["step_norm"],
                            "grad_norm": info["grad_norm"], "solver": info["solver"]})
     out.eval()
-    cost = MethodCost(gradient_evals=evals, steps=args.steps * model.n_models, seconds=time.perf_counter() - start)
-    return UnlearnResult(model=out, cost=cost, info={"lam": lam, "solver": solver, "members": per_member})
+    # steps: optimizer steps of the ensemble (every member takes `steps`), as the engine's presets count them
+    cost = MethodCost(gradient_evals=evals, steps=steps, seconds=time.perf_counter() - start)
+    stop = "steps" if steps == args.steps else "budget"
+    return UnlearnResult(model=out, cost=cost, info={"lam": lam, "solver": solver, "stop": stop, "members": per_member})
