@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-train", type=int, default=None, help="override the training rows kept")
     ap.add_argument("--max-val", type=int, default=None, help="override the t10k rows kept")
     ap.add_argument("--epochs", type=int, default=None, help="override the training epochs")
+    ap.add_argument("--hidden", type=int, nargs="+", default=None, help="override the MLP hidden widths")
+    ap.add_argument("--al-wpgd-args", type=json.loads, default=None,
+                    help='JSON merged into the al_wpgd args, e.g. \'{"stage2_steps": 6000}\'')
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default=DEFAULT_DIR)
@@ -333,10 +336,14 @@ def main(argv: list[str] | None = None) -> dict:
     start, load_start = time.perf_counter(), _load()
 
     setting = QUICK if a.quick else FULL
-    overrides = {k: v for k, v in (("max_train", a.max_train), ("max_val", a.max_val), ("epochs", a.epochs))
-                 if v is not None}
+    overrides = {k: v for k, v in (("max_train", a.max_train), ("max_val", a.max_val), ("epochs", a.epochs),
+                                   ("hidden", tuple(a.hidden) if a.hidden else None)) if v is not None}
     setting = replace(setting, **overrides)
     method_args = {k: {**v, **(QUICK_ARGS.get(k, {}) if a.quick else {})} for k, v in METHOD_ARGS.items()}
+    if a.al_wpgd_args:
+        for name in ("al_wpgd", "al_wpgd_stage1"):
+            method_args[name].update({k: v for k, v in a.al_wpgd_args.items()
+                                      if not (name == "al_wpgd_stage1" and k == "stage2_steps")})
 
     d = load_setting(setting, a.seed, a.data_dir)
     spec = {"arch": "mlp", "in_dim": d["X_retain"].shape[1], "hidden": list(setting.hidden), "n_classes": 5,
