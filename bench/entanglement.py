@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-val", type=int, default=None, help="override the t10k rows kept")
     ap.add_argument("--epochs", type=int, default=None, help="override the training epochs")
     ap.add_argument("--hidden", type=int, nargs="+", default=None, help="override the MLP hidden widths")
+    ap.add_argument("--joint-weights", type=float, nargs="*", default=None,
+                    help="override the frontier reference's suppression weights (none: skip it)")
     ap.add_argument("--al-wpgd-args", type=json.loads, default=None,
                     help='JSON merged into the al_wpgd args, e.g. \'{"stage2_steps": 6000}\'')
     ap.add_argument("--threads", type=int, default=2)
@@ -337,7 +339,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     setting = QUICK if a.quick else FULL
     overrides = {k: v for k, v in (("max_train", a.max_train), ("max_val", a.max_val), ("epochs", a.epochs),
-                                   ("hidden", tuple(a.hidden) if a.hidden else None)) if v is not None}
+                                   ("hidden", tuple(a.hidden) if a.hidden else None),
+                                   ("joint_weights", None if a.joint_weights is None else tuple(a.joint_weights)))
+                 if v is not None}
     setting = replace(setting, **overrides)
     method_args = {k: {**v, **(QUICK_ARGS.get(k, {}) if a.quick else {})} for k, v in METHOD_ARGS.items()}
     if a.al_wpgd_args:
