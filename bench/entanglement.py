@@ -48,6 +48,7 @@ from unlearning.data.registry import FASHION_CLASSES  # noqa: E402
 from unlearning.leverage import compute_diagnostics  # noqa: E402
 from unlearning.methods import TrainRecipe, UnlearnContext, run_method  # noqa: E402
 from unlearning.metrics import accuracy_by_split  # noqa: E402
+from unlearning.metrics.mia import loss_threshold_auc  # noqa: E402
 from unlearning.models import build_model, param_count, predict_logits, seeds_for, train_ensemble  # noqa: E402
 from unlearning.partition import knn_scores, partition_by_group  # noqa: E402
 
@@ -119,16 +120,10 @@ METHOD_OF = {name: ("al_wpgd" if name.startswith("al_wpgd") else name) for name 
 
 
 def roc_auc(pos, neg) -> float:
-    """ROC AUC = P(score_pos > score_neg) + 0.5 P(equal): the normalized Mann-Whitney U statistic with
-    average ranks for ties (higher score = predicted positive)."""
-    pos, neg = np.asarray(pos, dtype=np.float64).ravel(), np.asarray(neg, dtype=np.float64).ravel()
-    if pos.size == 0 or neg.size == 0:
-        raise ValueError(f"roc_auc needs both classes, got {pos.size} positives and {neg.size} negatives")
-    both = np.concatenate([pos, neg])
-    _, inverse, counts = np.unique(both, return_inverse=True, return_counts=True)
-    avg_rank = np.cumsum(counts) - counts + (counts + 1) / 2.0  # 1-based average rank of each distinct value
-    u_pos = avg_rank[inverse][: pos.size].sum() - pos.size * (pos.size + 1) / 2.0
-    return float(u_pos / (pos.size * neg.size))
+    """ROC AUC = P(score_pos > score_neg) + 0.5 P(equal), higher score = predicted positive: the core's
+    Mann-Whitney AUC (`loss_threshold_auc` scores "lower is positive", hence the negated scores)."""
+    pos, neg = np.asarray(pos, dtype=np.float64), np.asarray(neg, dtype=np.float64)
+    return loss_threshold_auc(-pos, -neg)
 
 
 def top_fraction_precision(score: np.ndarray, truth: np.ndarray) -> float:

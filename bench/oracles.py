@@ -23,8 +23,6 @@ import torch
 
 from unlearning.data import load_dataset
 from unlearning.models import build_model, flat_params, train_ensemble
-from unlearning.models.fused_mlp import FlatAdamW, FusedMLP
-from unlearning.models.training import flush_denormals
 
 
 def matmul_rate(threads: int, size: int = 1024, repeats: int = 20) -> float:
@@ -47,30 +45,15 @@ def training_flops(n_models: int, n_samples: int, epochs: int, dims: list[int]) 
     return float(per_sample) * n_samples * epochs * n_models
 
 
-def step_profile(spec: dict, n_models: int, X: torch.Tensor, y: torch.Tensor, batch_size: int,
-                 steps: int = 50) -> dict[str, float]:
-    """Microseconds per vectorized training step by op (fused kernel + fused AdamW, 1 thread)."""
+def step_profile(spec: dict, n_models: int, X: torch.Tensor, y: torch.Tensor, kw: dict,
+                 epochs: int = 2) -> dict[str, float]:
+    """Microseconds per vectorized training step by op (self time): torch.profiler around the pipeline's own
+    `train_ensemble` on one chunk, divided by its steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    model = build_model(spec, list(range(n_models)))
-    kernel = FusedMLP(model)
-    opt = FlatAdamW(kernel.theta, lr=0.01, weight_decay=5e-4)
-    g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, len(y), (steps, n_models, batch_size), generator=g)
-
-    def step(i):
-        flat = idx[i].reshape(-1)
-        kernel.loss_and_grad(kernel.gather(X, idx[i]), y.index_select(0, flat).view(n_models, batch_size))
-        opt.step()
-
-    torch.set_num_threads(1)
-    with flush_denormals(True):  # as train_ensemble does
-        for i in range(5):
-            step(i)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for i in range(steps):
-                step(i)
-    per_op = {e.key: e.self_cpu_time_total / steps for e in prof.key_averages()}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        cost = train_ensemble(build_model(spec, list(range(n_models))), X, y, **{**kw, "epochs": epochs}, threads=1)
+    per_op = {e.key: e.self_cpu_time_total / cost.steps for e in prof.key_averages()}
     return dict(sorted(((k, round(v, 1)) for k, v in per_op.items() if v >= 1.0), key=lambda kv: -kv[1]))
 
 
@@ -131,7 +114,7 @@ def main() -> None:
     for s in seeds[:loop_n]:
         train_ensemble(build_model(spec, [s]), X, y, **auto_kw, threads=1)
     loop_autograd_s = (time.perf_counter() - t) * a.n / loop_n
-    profile_us = step_profile(spec, min(a.n, a.chunk), X, y, a.batch_size)
+    profile_us = step_profile(spec, min(a.n, a.chunk), X, y, kw)
     torch.set_num_threads(threads)
     ens = parts[0]
     max_diff = max(float((flat_params(ens)[k] - flat_params(loop_models[k])[0]).abs().max())

@@ -23,6 +23,9 @@ from unlearning.leverage.rows import RowSet
 from unlearning.leverage.solvers import make_solver
 
 
+LINE_SEARCH_TRIALS = 21  # backtracking halvings tried per step before the step is rejected (eta = 0)
+
+
 def newton_steps(fn: OutputFunction, theta: torch.Tensor, X: torch.Tensor, t: torch.Tensor, loss: str, lam: float,
                  *, steps: int = 1, damping: float = 0.0, step_size: float = 1.0, line_search: bool = False,
                  solver: str = "auto",
@@ -59,7 +62,7 @@ def newton_steps(fn: OutputFunction, theta: torch.Tensor, X: torch.Tensor, t: to
         eta, evals = step_size, 0
         if line_search:
             slope = float(grad @ delta)  # > 0: delta is a descent direction for a PSD geometry
-            for _ in range(21):
+            for _ in range(LINE_SEARCH_TRIALS):
                 trial = objective(theta - eta * delta)
                 evals += n
                 if trial <= current - 1e-4 * eta * slope:

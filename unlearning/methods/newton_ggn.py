@@ -28,15 +28,12 @@ from pydantic import Field
 
 from unlearning.leverage.curvature import make_targets
 from unlearning.leverage.functions import StackedMemberFunction
-from unlearning.leverage.newton import newton_steps
+from unlearning.leverage.newton import LINE_SEARCH_TRIALS, newton_steps
 from unlearning.leverage.solvers import EXACT_MAX_PARAMS
 from unlearning.methods.args import DataSizes, MethodArgs
 from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult
 from unlearning.methods.registry import register
-from unlearning.models.training import clone_model
-
-
-LINE_SEARCH_TRIALS = 21  # newton_steps backtracks at most this many times per step
+from unlearning.models.training import clone_model, param_count
 
 
 class NewtonGGNArgs(MethodArgs):
@@ -84,8 +81,7 @@ def run(ctx: UnlearnContext, args: NewtonGGNArgs) -> UnlearnResult:
     solver = args.solver
     if solver == "auto":
         # choose here so that `max_params` decides between the two allowed solvers
-        p = sum(prm[0].numel() for prm in model.parameters())
-        solver = "exact" if p <= args.max_params else "cg"
+        solver = "exact" if param_count(model) <= args.max_params else "cg"
     out = clone_model(model)  # never mutate ctx.model
     n_outputs = int(model.head().out_features)
     steps = args.steps_within_budget(n_retain, n_outputs, solver)

@@ -31,7 +31,6 @@ class FusedMLP:
 
     def __init__(self, model: StackedMLP):
         layers = [*model.body, model.out]
-        n = model.n_models
         # Per layer: W^T [N, out, in] and b [N, out, 1] (the module stores W [N, in, out], b [N, 1, out]).
         blocks = []
         for layer in layers:
@@ -39,7 +38,7 @@ class FusedMLP:
         self.shapes = [tuple(b.shape) for b in blocks]
         self.theta = torch.cat([b.reshape(-1) for b in blocks]).clone().requires_grad_(True)
         self.theta.grad = torch.zeros_like(self.theta)
-        self.n_layers, self.n_models = len(layers), n
+        self.n_layers = len(layers)
         self.weights, self.biases = self._views(self.theta.detach())
         self.grad_weights, self.grad_biases = self._views(self.theta.grad)
         self._buffers: dict[str, torch.Tensor] = {}
@@ -64,12 +63,11 @@ class FusedMLP:
         return buf[:size].view(shape)
 
     @torch.no_grad()
-    def gather(self, X: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """X[rows] for rows [N, B] -> [N, B, d], into a kept buffer (see `_workspace`)."""
-        n, batch = rows.shape
-        out = self._workspace("x", (n * batch, X.shape[1]), X)
-        torch.index_select(X, 0, rows.reshape(-1), out=out)
-        return out.view(n, batch, X.shape[1])
+    def gather(self, X: torch.Tensor, rows: torch.Tensor, n_models: int) -> torch.Tensor:
+        """X[rows] for flat member-major rows [N * B] -> [N, B, d], into a kept buffer (see `_workspace`)."""
+        out = self._workspace("x", (rows.numel(), X.shape[1]), X)
+        torch.index_select(X, 0, rows, out=out)
+        return out.view(n_models, -1, X.shape[1])
 
     @torch.no_grad()
     def loss_and_grad(self, x: torch.Tensor, y: torch.Tensor, with_loss: bool = False) -> torch.Tensor | None:
@@ -87,7 +85,9 @@ class FusedMLP:
         y_row = y.view(n, 1, batch)
         loss = None
         if with_loss:
-            loss = (torch.logsumexp(z, 1, keepdim=True) - z.gather(1, y_row)).mean((1, 2))  # [N]
+            from unlearning.models.training import cross_entropy  # training imports this module
+
+            loss = cross_entropy(z.transpose(1, 2), y).mean(1)  # [N]
         dz = self._workspace("dz", z.shape, x)
         torch.ops.aten._softmax.out(z, 1, False, out=dz)
         dz.scatter_add_(1, y_row, self._workspace("minus_one", y_row.shape, x).fill_(-1.0))

@@ -148,7 +148,7 @@ def _train(model, X, y, epochs, batch_size, lr, weight_decay, progress, fused) -
             flat = idx.reshape(-1)
             yb = y.index_select(0, flat).view(idx.shape)
             if kernel is not None:
-                kernel.loss_and_grad(kernel.gather(X, idx), yb)  # overwrites theta.grad
+                kernel.loss_and_grad(kernel.gather(X, flat, model.n_models), yb)  # overwrites theta.grad
             else:
                 xb = X.index_select(0, flat).view(*idx.shape, -1)  # [N, b, d]; faster than X[idx]
                 loss = per_member_loss(model, xb, yb).sum()
