@@ -59,8 +59,8 @@ bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/oracles.py
 	$(BIN)/python bench/leverage.py
 
-reset: ## forget the pipeline state (state/, cache/, MLflow store); keeps data and the trained original
-	rm -rf state .state.* cache mlflow.db mlartifacts
+reset: setup ## start over: `unlearn reset` archives state/ and cache/ (ledger kept, asks first)
+	$(BIN)/unlearn reset
 
-clean: reset ## remove every generated file and the venv
-	rm -rf data/prepared models/original.pt .prefect $(VENV) dvc.lock
+clean: ## remove every generated file, the MLflow store, the archive and the venv (no undo)
+	rm -rf state .state.* cache mlflow.db mlartifacts archive data/prepared models/original.pt .prefect $(VENV) dvc.lock

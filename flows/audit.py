@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.common import base_parser, device_of, tracker_for
+from flows.common import base_parser, device_of, tracker_for, use_project_path
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 from tasks.state import load_state
 from tasks.validation import raise_if_invalid, validate_request
@@ -21,6 +21,7 @@ from unlearning.requests import coerce_requests, read_request_file
 @flow(name="audit", log_prints=True)
 def audit(request_path: str, params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
+    use_project_path(params)
     device = device_of(params)
     state = load_state(params, device)
     path = Path(request_path)

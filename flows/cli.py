@@ -19,13 +19,55 @@ EPILOG = """examples:
   unlearn methods                      list the unlearning methods, their arguments and defaults
   unlearn status                       champion model, deleted samples, ledger
   unlearn serve                        schedule + inbox-triggered deployments (needs a Prefect server)
+  unlearn reset                        start over: archive state/ and cache/ (ledger kept), after a prompt
+  unlearn init myproj --dataset table --path data.csv --id-column id --label-column y
+                                       scaffold a project folder for your own table (or image folder)
+"""
+
+RESET_DESCRIPTION = """Start over from the current params.yaml.
+
+Moves the state folder (production model, live manifest, ledger of applied erasures, champion) and the
+ensemble cache to base.paths.archive_dir/<UTC time>/ beside them. Nothing is deleted: the archived ledger
+keeps every applied erasure, and reset says how many and where. The request files stay in the inbox, so
+the next `unlearn run` (or `dvc repro`) applies them again to the fresh state. The MLflow registry alias
+(tracking.alias, @champion) is moved back to the trained original when models/original.pt matches the
+current params, else removed (--keep-alias leaves it).
+
+Use it when `unlearn run` stops with "was built from other params or data" (a changed dataset, model or
+recipe), or to start over on purpose. Asks for confirmation; --yes skips the prompt (required without a
+terminal)."""
+
+RESET_EPILOG = """examples:
+  unlearn reset                        show what would move, ask, then archive and start over
+  unlearn reset --yes && dvc repro     non-interactive (CI, scripts), then rebuild for the current params
+  unlearn --params other/params.yaml reset --yes --keep-alias
+"""
+
+INIT_DESCRIPTION = """Scaffold a project folder for your own data.
+
+Writes DIR/params.yaml (this pipeline's defaults, with `prepare` set for your data; validated before
+anything is written), DIR/dvc.yaml (stages prepare -> train -> deletion running the installed package's
+flows), an empty DIR/requests/inbox/ and a DIR/.gitignore, then runs `git init` (when DIR is in no git
+repository) and `dvc init`. The data path is stored relative to DIR when the data lies inside DIR, else
+absolute. Refuses to overwrite an existing params.yaml."""
+
+INIT_EPILOG = """examples:
+  unlearn init churn --dataset table --path churn/customers.csv --id-column customer_id \\
+      --label-column churned --group-column household --feature-columns age,tenure,spend
+  unlearn init photos --dataset image_folder --path /data/photos      (one sub-folder per class)
+  unlearn init mymodel --dataset table --path t.parquet --id-column id --label-column y \\
+      --arch custom --factory my_model:build    (my_model.py in the project folder)
+then: cd DIR && dvc repro && unlearn status
 """
 
 
 def _params(args):
+    from flows.common import use_project_path
     from unlearning.config import load_params
 
-    return load_params(args.params)
+    params = load_params(args.params)
+    use_project_path(params)  # a custom model factory module beside params.yaml imports from any folder
+    return params
 
 
 def cmd_run(args) -> int:
@@ -119,6 +161,124 @@ def cmd_serve(args) -> int:
         return 2
 
 
+def _confirm(question: str) -> bool | None:
+    """True/False from the terminal; None when there is no terminal to ask."""
+    if not sys.stdin.isatty():
+        return None
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _inbox_coverage(params, request_ids: set[str]) -> tuple[int, int]:
+    """(request files in the inbox, how many of `request_ids` they hold)."""
+    from unlearning.requests import list_request_files, read_request_file
+
+    files, found = list_request_files(params.path("inbox")), set()
+    for f in files:
+        try:
+            df = read_request_file(f)
+        except Exception:  # an unreadable file: the next run reports it
+            continue
+        if "request_id" in df.columns:
+            found |= set(df["request_id"].astype(str))
+    return len(files), len(request_ids & found)
+
+
+def cmd_reset(args) -> int:
+    import os
+
+    from unlearning.ledger import read_ledger
+
+    params = _params(args)
+    state_dir, cache_dir, archive_dir = params.path("state_dir"), params.path("cache_dir"), params.path("archive_dir")
+    present = [p for p in (state_dir, cache_dir) if p.exists()]
+    if not present:
+        print(f"nothing to reset: neither {state_dir} nor {cache_dir} exists")
+        return 0
+    n_ledger = len(read_ledger(state_dir / "ledger.jsonl"))
+    print(f"reset moves {' and '.join(str(p) for p in present)} to {archive_dir}/<UTC time>/; the ledger's "
+          f"{n_ledger} applied erasure(s) are kept there")
+    if not args.yes:
+        answer = _confirm("Archive the state and start over from the current params?")
+        if answer is None:
+            print("error: unlearn reset needs confirmation and stdin is not a terminal; pass --yes to reset "
+                  "without the prompt (nothing changed)", file=sys.stderr)
+            return 2
+        if not answer:
+            print("reset cancelled; nothing changed")
+            return 1
+
+    from tasks.state import archive_state, original_path, original_version_if_current
+    from unlearning.io import LockTimeout
+
+    try:
+        result = archive_state(params)
+    except LockTimeout as e:
+        print(f"error: a deletion batch is running ({e}); nothing changed, try again when it ends", file=sys.stderr)
+        return 2
+    for src, dest in result["moved"].values():
+        print(f"archived {src} -> {dest}")
+    ledger = result["ledger"]
+    if result["ledger_path"] is not None:
+        batches = len({e.get("batch_id") for e in ledger})
+        print(f"ledger: {len(ledger)} applied erasure(s) in {batches} batch(es) kept in {result['ledger_path']}; "
+              f"the new state starts with an empty ledger")
+    if ledger:
+        n_files, covered = _inbox_coverage(params, {str(e["request_id"]) for e in ledger})
+        line = (f"erasures: the fresh state holds none of them; the next `unlearn run` (or `dvc repro`) processes "
+                f"the {n_files} request file(s) in {params.path('inbox')} again, which hold {covered} of the "
+                f"{len(ledger)} archived request(s)")
+        if covered < len(ledger):
+            line += f"; re-submit the other {len(ledger) - covered} from {result['ledger_path']}"
+        print(line)
+    original_version = original_version_if_current(params)
+    rc = 0
+    name, alias = params.tracking.registered_model, params.tracking.alias
+    if args.keep_alias:
+        print(f"MLflow: {name}@{alias} left as is (--keep-alias); it is not rolled back automatically")
+    elif not os.environ.get("MLFLOW_TRACKING_URI") and not params.path("mlflow_db").exists():
+        print(f"MLflow: no store at {params.path('mlflow_db')}; no @{alias} alias to change")
+    else:
+        from tasks.tracking import reset_alias
+
+        try:
+            before, after = reset_alias(params.mlflow_tracking_uri(), name, alias, original_version)
+        except Exception as e:  # the store is unreachable: the archive is done, say what is left
+            print(f"MLflow: could not change {name}@{alias} ({e}); move or remove it by hand")
+            rc = 1
+        else:
+            was = f"was v{before}" if before else "was unset"
+            if after:
+                print(f"MLflow: {name}@{alias} now points to v{after}, the trained original ({was})")
+            elif before:
+                print(f"MLflow: removed {name}@{alias} ({was}); the next promoted batch or `unlearn train` sets it")
+            else:
+                print(f"MLflow: {name} has no @{alias}; nothing to change")
+    if original_version is None:
+        print(f"next: `dvc repro` (or `unlearn prepare`, `unlearn train`, `unlearn run`): {original_path(params)} is "
+              f"missing or was trained from other params")
+    else:
+        print(f"next: `unlearn run` (or `dvc repro`) builds a new state from {original_path(params)} and the "
+              f"current params")
+    return rc
+
+
+def _column_list(value: str) -> list[str]:
+    cols = [c.strip() for c in value.split(",") if c.strip()]
+    if not cols:
+        raise argparse.ArgumentTypeError("expected column names separated by commas, e.g. age,income")
+    return cols
+
+
+def cmd_init(args) -> int:
+    from flows.scaffold import scaffold
+
+    for line in scaffold(args.dir, args.dataset, args.path, id_column=args.id_column, label_column=args.label_column,
+                         group_column=args.group_column, feature_columns=args.feature_columns,
+                         split_column=args.split_column, arch=args.arch, factory=args.factory, vcs=not args.no_vcs):
+        print(line)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="unlearn", description="MLOps pipeline for machine unlearning: validate deletion "
                                 "batches, diagnose leverage, unlearn, validate against oracle retrains, gate, log.",
@@ -139,17 +299,46 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("methods", help="list unlearning methods with their arguments").set_defaults(fn=cmd_methods)
     sub.add_parser("status", help="show the champion, the deletions and the ledger").set_defaults(fn=cmd_status)
     sub.add_parser("serve", help="serve scheduled and inbox-triggered deployments").set_defaults(fn=cmd_serve)
+    raw = argparse.RawDescriptionHelpFormatter
+    s = sub.add_parser("reset", help="start over: archive state/ and cache/ (the ledger is kept), after a prompt",
+                       description=RESET_DESCRIPTION, epilog=RESET_EPILOG, formatter_class=raw)
+    s.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed without a terminal)")
+    s.add_argument("--keep-alias", action="store_true",
+                   help="leave the MLflow registry alias (tracking.alias) where it is")
+    s.set_defaults(fn=cmd_reset)
+    s = sub.add_parser("init", help="scaffold a project folder for your own data (table or image folder)",
+                       description=INIT_DESCRIPTION, epilog=INIT_EPILOG, formatter_class=raw)
+    s.add_argument("dir", metavar="DIR", help="project folder to create (may exist; must not hold a params.yaml)")
+    s.add_argument("--dataset", required=True, choices=["table", "image_folder"],
+                   help="table: one row per sample (CSV or Parquet); image_folder: one sub-folder per class")
+    s.add_argument("--path", required=True, metavar="FILE|DIR", help="the table file (CSV or Parquet), or the image folder; relative to the current folder")
+    s.add_argument("--id-column", metavar="C", help="table: the stable sample id column (required for a table)")
+    s.add_argument("--label-column", metavar="C", help="table: the class label column (required for a table)")
+    s.add_argument("--group-column", metavar="C",
+                   help="table: a column grouping entangled samples (e.g. one person's rows); default: none")
+    s.add_argument("--feature-columns", metavar="A,B", type=_column_list,
+                   help="table: the feature columns, comma-separated; default: every other column")
+    s.add_argument("--split-column", metavar="C",
+                   help="table: a train/val column; default: a seeded split by prepare.val_fraction")
+    s.add_argument("--arch", choices=["mlp", "custom"], default="mlp",
+                   help="model: the built-in MLP (default), or your own factory (--factory)")
+    s.add_argument("--factory", metavar="MODULE:FUNCTION",
+                   help="--arch custom: the function that builds the model, e.g. my_model:build")
+    s.add_argument("--no-vcs", action="store_true", help="skip `git init` and `dvc init`")
+    s.set_defaults(fn=cmd_init)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from flows.scaffold import ScaffoldError
     from unlearning.config import ConfigError
+    from unlearning.fingerprint import StateMismatch
     from unlearning.requests import RequestValidationError
 
     try:
         return args.fn(args)
-    except (ConfigError, RequestValidationError, FileNotFoundError) as e:
+    except (ConfigError, RequestValidationError, FileNotFoundError, StateMismatch, ScaffoldError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import sys
 
 from unlearning.config import Params, resolve_device
 
 log = logging.getLogger("unlearning")
+
+
+def use_project_path(params: Params) -> None:
+    """Put the project folder (the one holding params.yaml) first on sys.path, once, so a custom model
+    factory module there (`train.model.factory: mymodels:build`) imports whatever the working directory.
+    Every flow calls it right after load_params (and `unlearn` for the commands that load models)."""
+    root = str(params.root)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+        importlib.invalidate_caches()
 
 
 def tracker_for(params: Params):

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from prefect import flow
 
-from flows.common import base_parser, device_of, task_runner_for, tracker_for, ui_hint
+from flows.common import base_parser, device_of, task_runner_for, tracker_for, ui_hint, use_project_path
 from tasks import plots
 from tasks.batch import partition_retain, unlearn_and_validate
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
@@ -31,7 +31,7 @@ from unlearning.config import Params, load_params
 from unlearning.ensembles import chunks
 from unlearning.io import commit_dir, discard_dir, exclusive_lock, staging_dir
 from unlearning.ledger import appended, hash_sample_id, processed_request_ids
-from unlearning.models import StackedModel, seeds_for
+from unlearning.models import Ensemble, seeds_for
 from unlearning.partition import subset_sizes
 from unlearning.requests import (
     RequestValidationError, batch_objective, coerce_requests, file_sha256, list_request_files, read_request_file,
@@ -47,16 +47,16 @@ def _batch_id(request_ids: list[str]) -> str:
     return "batch-" + hashlib.sha256("\n".join(sorted(request_ids)).encode()).hexdigest()[:12]
 
 
-def _ensemble(params: Params, prepared, rows: np.ndarray, seeds: list[int], device: str, label: str) -> tuple[StackedModel, dict]:
+def _ensemble(params: Params, prepared, rows: np.ndarray, seeds: list[int], device: str, label: str) -> tuple[Ensemble, dict]:
     """Train (or load from the cache) one ensemble on `rows`, in chunks submitted as Prefect tasks."""
     X = torch.as_tensor(prepared.X[rows], dtype=torch.float32)
     y = torch.as_tensor(prepared.label[rows], dtype=torch.long)
     ids = prepared.manifest["sample_id"].to_numpy()[rows].tolist()
     futures = [train_ensemble_chunk.submit(model_spec(params, prepared), X, y, ids, recipe(params), chunk,
-                                           str(params.path("cache_dir")), device, label)
+                                           str(params.path("cache_dir")), device, label, [str(params.root)])
                for chunk in chunks(seeds, params.validation.chunk_size)]
     parts = [f.result() for f in futures]
-    model = StackedModel.concat([p[0] for p in parts])
+    model = Ensemble.concat([p[0] for p in parts])
     return model, {"cached_chunks": sum(p[1] for p in parts), "chunks": len(parts),
                    "seconds": sum(p[2] for p in parts)}
 
@@ -175,6 +175,8 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         stage_dir = staging_dir(params.path("state_dir"))
         try:
             version = tracker.log_model(parent, outcome.model, registered)
+            tracker.set_version_tags(registered, version, {"fingerprint": state.fingerprint["digest"],
+                                                           "batch_id": batch_id, "method": outcome.method})
             sha = file_sha256(path)
             salt = state.prepared.info["name"]
             entries = [{"request_id": str(r.request_id),
@@ -182,10 +184,12 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                         "batch_id": batch_id, "request_file": path.name, "file_sha256": sha, "reason": r.reason,
                         "objective": objective, "requested_at": r.requested_at.isoformat(), "method": outcome.method,
                         "verdict": "passed", "model_version_before": before_version, "model_version_after": version,
-                        "processed_at": now} for r in requests.itertuples()]
+                        "processed_at": now, "fingerprint": state.fingerprint["digest"]}
+                       for r in requests.itertuples()]
             champion = {"model_version": version, "method": outcome.method, "batch_id": batch_id, "promoted_at": now,
                         "n_retained_train": int(len(rows.retain))}
-            write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion)
+            write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion,
+                        state.fingerprint)
             commit_dir(stage_dir, params.path("state_dir"))
         except BaseException:
             discard_dir(stage_dir)
@@ -234,6 +238,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     Holds the pipeline's batch lock throughout: one batch per model at a time. Deployment runs pass
     `dvc_commit=True` to record the new state in the DVC cache (dvc repro does that itself)."""
     params = load_params(params_path, overrides)
+    use_project_path(params)
     device = device_of(params)
     state_dir = params.path("state_dir")
     with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), params.operations.lock_timeout_seconds):

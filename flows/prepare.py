@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import base_parser
+from flows.common import base_parser, use_project_path
 from unlearning.config import load_params
 from tasks.training import prepare_dataset
 
@@ -12,6 +12,7 @@ from tasks.training import prepare_dataset
 @flow(name="prepare", log_prints=True)
 def prepare(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
+    use_project_path(params)
     info = prepare_dataset(params)
     print(f"prepared {info['name']}: {info['n_train']} train / {info['n_val']} val samples, "
           f"{len(info['class_names'])} classes -> {params.path('prepared_dir')}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import base_parser, device_of, tracker_for
+from flows.common import base_parser, device_of, tracker_for, use_project_path
 from unlearning.config import load_params
-from tasks.state import original_path
+from tasks.state import current_fingerprint, original_path
 from tasks.training import model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
 from unlearning.models import param_count
@@ -16,9 +16,11 @@ from unlearning.models import param_count
 @flow(name="train", log_prints=True)
 def train(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
+    use_project_path(params)
     device = device_of(params)
     prepared = load_prepared(params.path("prepared_dir"))
     model, metrics = train_original(params, prepared, device)
+    fingerprint = current_fingerprint(params, prepared)  # what the original is built from (load_state checks it)
     tracker = tracker_for(params)
     run_id = tracker.start_run("train-original", tags={"stage": "train", "dataset": prepared.info["name"]})
     tracker.log_params(run_id, {"train": params.train.model_dump(), "dataset": prepared.info["name"],
@@ -26,9 +28,11 @@ def train(params_path: str = "params.yaml") -> dict:
     tracker.log_metrics(run_id, metrics)
     version = tracker.log_model(run_id, model.cpu(), params.tracking.registered_model)
     tracker.set_alias(params.tracking.registered_model, params.tracking.alias, version)
+    tracker.set_version_tags(params.tracking.registered_model, version, {"fingerprint": fingerprint["digest"]})
     tracker.end_run(run_id)
     save_checkpoint(model.cpu(), original_path(params),
-                    {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics})
+                    {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics,
+                     "fingerprint": fingerprint})
     print(f"trained {params.train.model.arch} ({param_count(model)} params) on {metrics['n_train']} samples: "
           f"val accuracy {metrics['val_accuracy']:.3f}; registered {params.tracking.registered_model} "
           f"v{version} as @{params.tracking.alias}")

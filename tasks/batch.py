@@ -16,14 +16,14 @@ from unlearning.data.store import Prepared
 from unlearning.gate import Verdict, evaluate_gate
 from unlearning.methods import run_method
 from unlearning.methods.base import TrainRecipe
-from unlearning.models import StackedModel
+from unlearning.models import Ensemble
 from unlearning.partition import partition_by_embedding, partition_by_group, partition_by_score
 from unlearning import metrics as M
 
 
 @task(name="partition-retain-set")
 def partition_retain(params: Params, prepared: Prepared, state_manifest: pd.DataFrame, forget_ids: list[str],
-                     model: StackedModel, cross_leverage: np.ndarray | None = None) -> pd.DataFrame:
+                     model: Ensemble, cross_leverage: np.ndarray | None = None) -> pd.DataFrame:
     cfg = params.deletion.partition
     m = state_manifest
     r_rows = retain_rows(m, forget_ids)
@@ -36,7 +36,7 @@ def partition_retain(params: Params, prepared: Prepared, state_manifest: pd.Data
             raise ValueError("deletion.partition.mode = 'leverage' needs the leverage diagnostics, which did not run; "
                              "use mode 'group' or 'embedding'")
         return partition_by_score(retain_ids, cross_leverage, cfg.top_fraction)
-    X = torch.as_tensor(prepared.X, dtype=torch.float32)
+    X = prepared.tensor()
     device = next(model.parameters()).device
     with torch.no_grad():
         feats_r = model.features(X[r_rows].to(device))[0].cpu()
@@ -47,7 +47,7 @@ def partition_retain(params: Params, prepared: Prepared, state_manifest: pd.Data
 @dataclass
 class CandidateOutcome:
     method: str
-    model: StackedModel  # the unlearned production model (one member)
+    model: Ensemble  # the unlearned production model (one member)
     metrics: dict[str, float]
     verdict: Verdict
     cost: dict
@@ -61,7 +61,7 @@ def _split_arrays(values: np.ndarray, splits: np.ndarray) -> dict[str, np.ndarra
 
 @task(name="unlearn-and-validate")
 def unlearn_and_validate(method: str, method_args: dict, params: Params, prepared: Prepared, rows: BatchRows,
-                         production: StackedModel, shadows: StackedModel, oracles: StackedModel,
+                         production: Ensemble, shadows: Ensemble, oracles: Ensemble,
                          recipe: TrainRecipe, objective: str, device: str) -> CandidateOutcome:
     """Run `method` on the production model and on the N shadow originals, then compare with the oracles:
     per-split accuracy, KLoM (shadow-unlearned vs oracle margins), output gap, MIA; then the gate."""

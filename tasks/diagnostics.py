@@ -12,7 +12,7 @@ from unlearning.batch import retain_rows, validation_rows
 from unlearning.config import Params
 from unlearning.data.store import Prepared
 from unlearning.leverage import LeverageReport, compute_diagnostics
-from unlearning.models import StackedModel
+from unlearning.models import Ensemble
 
 
 def damping(params: Params, n_train: int) -> float:
@@ -22,11 +22,11 @@ def damping(params: Params, n_train: int) -> float:
 
 @task(name="leverage-diagnostics")
 def leverage_diagnostics(params: Params, prepared: Prepared, state_manifest: pd.DataFrame, forget_ids: list[str],
-                         model: StackedModel, device: str) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
+                         model: Ensemble, device: str) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
     """Diagnostics of the production model for this forget set; retain = retained training rows minus F."""
     m = state_manifest
     f_rows, r_rows, v_rows = prepared.rows(forget_ids), retain_rows(m, forget_ids), validation_rows(m)
-    X = torch.as_tensor(prepared.X, dtype=torch.float32)
+    X = prepared.tensor()
     y = torch.as_tensor(prepared.label, dtype=torch.long)
     d = params.diagnostics
     report = compute_diagnostics(model.cpu(), X[f_rows], y[f_rows], X[r_rows], y[r_rows], X[v_rows], y[v_rows],

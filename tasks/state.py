@@ -1,13 +1,18 @@
 """The pipeline's live state (a DVC output): production model, live manifest, ledger, champion info.
 
 state/model.pt, state/manifest.csv, state/ledger.jsonl, state/champion.json. A batch writes a complete
-new state into a staging folder and swaps it in at the end (all or nothing)."""
+new state into a staging folder and swaps it in at the end (all or nothing).
+
+The state is bound to what it was built from (unlearning/fingerprint.py): champion.json records the
+fingerprint of (dataset, model spec, recipe), and `load_state` refuses (`StateMismatch`) to continue a
+state, or to start one from `models/original.pt`, that was built from other params or data."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from prefect import task
@@ -15,9 +20,15 @@ from prefect import task
 from unlearning.config import Params
 from unlearning.data import initial_state_manifest, load_prepared, read_state_manifest
 from unlearning.data.store import Prepared, manifest_csv_bytes
+from unlearning.fingerprint import (
+    RESET_HINT, RETRAIN_HINT, StateMismatch, dataset_identity, matches, mismatch_error, params_fingerprint,
+)
 from unlearning.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, recover_dir
 from unlearning.ledger import ledger_text, read_ledger
-from unlearning.models import StackedModel, load_model, save_model
+from unlearning.models import load_model, save_model
+
+if TYPE_CHECKING:
+    from unlearning.models import Ensemble
 
 ORIGINAL = "original.pt"
 
@@ -25,40 +36,213 @@ ORIGINAL = "original.pt"
 @dataclass
 class State:
     prepared: Prepared
-    model: StackedModel
+    model: Ensemble
     manifest: pd.DataFrame
     ledger: list[dict]
     champion: dict
+    fingerprint: dict  # of the current params + prepared folder (equal to the recorded one, once checked)
 
 
 def original_path(params: Params) -> Path:
     return params.path("models_dir") / ORIGINAL
 
 
-@task(name="load-state", retries=2, retry_delay_seconds=[1, 3])
+def current_fingerprint(params: Params, prepared: Prepared) -> dict:
+    """The fingerprint of the current params and the prepared dataset (see unlearning/fingerprint.py)."""
+    m = prepared.manifest
+    dataset = dataset_identity(prepared.info, m["sample_id"].tolist(), m["split"].tolist(), m["label"].tolist())
+    return params_fingerprint(params, dataset)
+
+
+def _checkpoint(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _spec_differences(saved: dict | None, params: Params, prepared: Prepared) -> list[str]:
+    """For checkpoints written before fingerprints: differences between the saved architecture spec and the
+    one the current params build, on the keys both have. Empty when nothing can be told."""
+    if not isinstance(saved, dict):
+        return []
+    try:
+        from tasks.training import model_spec
+
+        now = model_spec(params, prepared)
+        try:  # compare canonical forms (legacy flat specs included) where the models package offers them
+            from unlearning.models import normalize_spec
+
+            now, saved = normalize_spec(now), normalize_spec(saved)
+        except Exception:
+            pass
+        now, saved = json.loads(json.dumps(now, default=str)), json.loads(json.dumps(saved, default=str))
+    except Exception:  # the spec cannot be computed or compared: cannot tell
+        return []
+    # The input shape is left out: its encoding changed over versions (in_dim vs in_shape) and the dataset
+    # check covers the data; the architecture choice is what can be told here.
+    keys = (set(saved) & set(now)) - {"in_shape", "in_dim", "image_shape", "feature_layer"}
+    return [f"model: {k} was {json.dumps(saved[k])}, now {json.dumps(now[k])}" for k in sorted(keys)
+            if saved[k] != now[k]]
+
+
+def check_original(params: Params, prepared: Prepared, current: dict, extra: dict | None = None) -> None:
+    """Raise StateMismatch when models/original.pt was trained from other params or data than the current
+    ones (params changed but the train stage not re-run)."""
+    path = original_path(params)
+    if extra is None:
+        extra = _checkpoint(path).get("extra", {})
+    recorded = extra.get("fingerprint")
+    if recorded is not None:
+        if not matches(recorded, current):
+            raise mismatch_error(str(path), recorded, current, RETRAIN_HINT)
+        return
+    # A checkpoint from before fingerprints: only its architecture spec can be compared.
+    lines = _spec_differences(extra.get("spec"), params, prepared)
+    if lines:
+        raise mismatch_error(str(path), None, current, RETRAIN_HINT, lines)
+
+
+def _original_hint(params: Params, prepared: Prepared, current: dict) -> str:
+    """An addition to the reset hint when models/original.pt does not match the current params either."""
+    path = original_path(params)
+    if not path.exists():
+        return f"; then run the train stage (`dvc repro` or `unlearn train`): {path} is missing"
+    try:
+        check_original(params, prepared, current)
+    except StateMismatch:
+        return (f"; {path} does not match the current params either: after the reset, re-run the train stage "
+                f"(`dvc repro` or `unlearn train`)")
+    return ""
+
+
+def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_saved: dict | None,
+                manifest: pd.DataFrame, current: dict) -> None:
+    """Raise StateMismatch when the state folder was built from other params or data than the current ones."""
+    state_dir = params.path("state_dir")
+    recorded = champion.get("fingerprint")
+    if recorded is not None:
+        if not matches(recorded, current):
+            raise mismatch_error(str(state_dir), recorded, current,
+                                 RESET_HINT + _original_hint(params, prepared, current))
+        return
+    # A state written before fingerprints. It is a mismatch only where that can be told: its manifest holds
+    # other samples than the prepared dataset, or its model has another architecture than the params
+    # build. The recipe cannot be told; such a state is accepted, and the next state write records the
+    # current fingerprint (write_state).
+    lines = []
+    state_ids, prepared_ids = set(manifest["sample_id"]), set(prepared.manifest["sample_id"])
+    if state_ids != prepared_ids:
+        lines.append(f"dataset: the state's manifest has {len(state_ids - prepared_ids)} sample(s) not in "
+                     f"{params.path('prepared_dir')} and lacks {len(prepared_ids - state_ids)} of its samples")
+    lines += _spec_differences(model_spec_saved, params, prepared)
+    if lines:
+        raise mismatch_error(str(state_dir), None, current, RESET_HINT + _original_hint(params, prepared, current),
+                             lines)
+
+
+def _retry_unless_mismatch(task, task_run, state) -> bool:
+    """Retry transient read errors, not a StateMismatch (retrying cannot fix the params)."""
+    try:
+        return not isinstance(state.result(raise_on_failure=False), StateMismatch)
+    except Exception:
+        return True
+
+
+@task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=_retry_unless_mismatch)
 def load_state(params: Params, device: str) -> State:
-    """Read the state folder; on the first batch, start from the trained original and the prepared manifest."""
+    """Read the state folder; on the first batch, start from the trained original and the prepared manifest.
+
+    Raises StateMismatch when the state (or, on the first batch, the original) was built from other params
+    or data than the current ones."""
     state_dir = params.path("state_dir")
     recover_dir(state_dir)
     prepared = load_prepared(params.path("prepared_dir"))
+    current = current_fingerprint(params, prepared)
+    # Checked before a model is built: a changed architecture fails with what changed, not a load error.
     if (state_dir / "model.pt").exists():
-        model, _ = load_model(state_dir / "model.pt", device)
         manifest = read_state_manifest(state_dir / "manifest.csv")
         champion = json.loads((state_dir / "champion.json").read_text())
+        saved_spec = None if "fingerprint" in champion else _checkpoint(state_dir / "model.pt").get("spec")
+        check_state(params, prepared, champion, saved_spec, manifest, current)
+        model, _ = load_model(state_dir / "model.pt", device)
     else:
         if not original_path(params).exists():
             raise FileNotFoundError(f"{original_path(params)} not found: run the train stage first "
                                     f"(`dvc repro train` or `python -m flows.train`)")
+        ckpt = _checkpoint(original_path(params))
+        check_original(params, prepared, current, {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
         model, extra = load_model(original_path(params), device)
         manifest = initial_state_manifest(prepared.manifest)
         champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None}
     return State(prepared=prepared, model=model, manifest=manifest, ledger=read_ledger(state_dir / "ledger.jsonl"),
-                 champion=champion)
+                 champion=champion, fingerprint=current)
 
 
-def write_state(folder: Path, model: StackedModel, manifest: pd.DataFrame, ledger: list[dict], champion: dict) -> None:
+def write_state(folder: Path, model: Ensemble, manifest: pd.DataFrame, ledger: list[dict], champion: dict,
+                fingerprint: dict | None = None) -> None:
+    """Write a complete state; champion.json (and model.pt's extra) record the fingerprint it was built from
+    (`fingerprint`, or champion["fingerprint"]): a state without one could not be checked later."""
+    fingerprint = fingerprint or champion.get("fingerprint")
+    if not fingerprint:
+        raise ValueError("write_state needs the fingerprint the state was built from (State.fingerprint)")
+    champion = {**champion, "fingerprint": fingerprint}
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_save(folder / "model.pt", lambda tmp: save_model(model, tmp, {"model_version": champion.get("model_version")}))
+    atomic_save(folder / "model.pt", lambda tmp: save_model(model, tmp, {"model_version": champion.get("model_version"),
+                                                                          "fingerprint": fingerprint}))
     atomic_write_bytes(folder / "manifest.csv", manifest_csv_bytes(manifest))
     atomic_write_text(folder / "ledger.jsonl", ledger_text(ledger))
     atomic_write_json(folder / "champion.json", champion)
+
+
+def original_version_if_current(params: Params) -> str | None:
+    """The registry version of models/original.pt when it matches the current params and prepared data
+    (the model a fresh state starts from), else None."""
+    path = original_path(params)
+    try:
+        prepared = load_prepared(params.path("prepared_dir"))
+        extra = _checkpoint(path).get("extra", {})
+        check_original(params, prepared, current_fingerprint(params, prepared), extra)
+    except (FileNotFoundError, StateMismatch):
+        return None
+    version = extra.get("model_version")
+    return str(version) if version is not None else None
+
+
+def _unique_dir(parent: Path, name: str) -> Path:
+    out, n = parent / name, 1
+    while out.exists():
+        n += 1
+        out = parent / f"{name}-{n}"
+    return out
+
+
+def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
+    """`unlearn reset`: move the state folder and the ensemble cache to archive/<UTC time>/ (under the batch
+    lock, so never under a running batch). Nothing is deleted: the ledger of applied erasures stays in the
+    archive. Returns what was moved and the archived ledger's size."""
+    import shutil
+    from datetime import datetime, timezone
+
+    from unlearning.io import exclusive_lock
+
+    now = now or datetime.now(timezone.utc)
+    state_dir, cache_dir = params.path("state_dir"), params.path("cache_dir")
+    with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), lock_timeout):
+        recover_dir(state_dir)
+        sources = [(n, p) for n, p in (("state", state_dir), ("cache", cache_dir)) if p.exists()]
+        ledger = read_ledger(state_dir / "ledger.jsonl")
+        champion_file = state_dir / "champion.json"
+        champion = json.loads(champion_file.read_text()) if champion_file.exists() else None
+        if not sources:
+            return {"archive": None, "moved": {}, "ledger": ledger, "ledger_path": None, "champion": None}
+        dest = _unique_dir(params.path("archive_dir"), now.strftime("%Y%m%dT%H%M%SZ"))
+        dest.mkdir(parents=True)
+        moved = {}
+        for name, src in sources:
+            shutil.move(str(src), str(dest / src.name))
+            moved[name] = (src, dest / src.name)
+        atomic_write_json(dest / "reset.json", {
+            "archived_at": now.isoformat(), "moved": {n: str(d) for n, (_, d) in moved.items()},
+            "ledger_entries": len(ledger), "champion": champion})
+    ledger_path = dest / state_dir.name / "ledger.jsonl" if "state" in moved else None
+    return {"archive": dest, "moved": moved, "ledger": ledger, "ledger_path": ledger_path, "champion": champion}

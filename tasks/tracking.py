@@ -97,6 +97,10 @@ class Tracker:
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self.client.set_registered_model_alias(name, alias, version)
 
+    def set_version_tags(self, name: str, version: str, tags: dict) -> None:
+        for k, v in tags.items():
+            self.client.set_model_version_tag(name, version, k, str(v))
+
     def alias_version(self, name: str, alias: str) -> str | None:
         try:
             return str(self.client.get_model_version_by_alias(name, alias).version)
@@ -105,6 +109,22 @@ class Tracker:
 
     def run_url_hint(self, run_id: str) -> str:
         return f"#/experiments/{self.experiment_id}/runs/{run_id}"
+
+
+def reset_alias(tracking_uri: str, name: str, alias: str, version: str | None = None) -> tuple[str | None, str | None]:
+    """Point `name@alias` at `version`, or remove the alias when `version` is None (`unlearn reset`).
+    Returns (version before, version after); creates no experiment and no registered model."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        before = str(client.get_model_version_by_alias(name, alias).version)
+    except Exception:  # no such model or alias
+        before = None
+    if version is not None:
+        client.set_registered_model_alias(name, alias, str(version))
+        return before, str(version)
+    if before is not None:
+        client.delete_registered_model_alias(name, alias)
+    return before, None
 
 
 def load_registered_model(tracking_uri: str, name: str, alias: str):

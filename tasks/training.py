@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -14,58 +15,92 @@ from unlearning.data import load_dataset, write_prepared
 from unlearning.data.store import Prepared
 from unlearning.ensembles import cached_ensemble
 from unlearning.io import atomic_save
-from unlearning.methods.base import TrainRecipe
-from unlearning.models import StackedModel, accuracy, build_model, save_model, train_ensemble
+from unlearning.models import Ensemble, TrainRecipe, accuracy, build_model, fit, load_module_state, save_model
+from unlearning.models.zoo import arch_kwargs
+
+
+def in_shape_of(prepared: Prepared) -> list[int]:
+    """The shape of one input sample as the prepared data declares it (flat [d] when it declares none)."""
+    info = prepared.info
+    if info.get("in_shape"):
+        return [int(s) for s in info["in_shape"]]
+    if info.get("image_shape"):
+        return [1, *map(int, info["image_shape"])]
+    return [int(prepared.X.shape[1])]
 
 
 def model_spec(params: Params, prepared: Prepared) -> dict:
+    """The architecture for this data: train.model plus the data's in_shape and class count."""
     m = params.train.model
-    common = {"arch": m.arch, "in_dim": int(prepared.X.shape[1]), "n_classes": prepared.n_classes,
-              "image_shape": prepared.info["image_shape"]}
-    return {**common, "hidden": list(m.hidden)} if m.arch == "mlp" else {**common, "channels": list(m.channels)}
+    return {"arch": m.arch, "in_shape": in_shape_of(prepared), "n_classes": prepared.n_classes,
+            "kwargs": arch_kwargs(m.model_dump()), "factory": m.factory, "feature_layer": m.feature_layer}
 
 
 def recipe(params: Params) -> TrainRecipe:
     t = params.train
-    return TrainRecipe(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay)
+    return TrainRecipe(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
+                       optimizer=t.optimizer, momentum=t.momentum, schedule=t.schedule,
+                       label_smoothing=t.label_smoothing)
 
 
-@task(name="prepare-dataset", retries=1)
+def build(params: Params, prepared: Prepared, seeds: list[int]) -> Ensemble:
+    """A fresh ensemble of the declared architecture (a custom factory is imported from the project folder)."""
+    return build_model(model_spec(params, prepared), seeds, search_paths=[params.root])
+
+
+@task(name="prepare-dataset", retries=0)  # deterministic: a missing or malformed dataset fails the same way again
 def prepare_dataset(params: Params) -> dict:
     p = params.prepare
+    section = {"table": p.table, "image_folder": p.image_folder}.get(p.dataset)
+    source = {"path": str(p.source_path(params.root)), **section.model_dump()} if section is not None else {}
     ds = load_dataset(p.dataset, seed=params.base.seed, val_fraction=p.val_fraction,
                       fashion_mnist_dir=p.fashion_mnist_dir, max_train=p.max_train, max_val=p.max_val,
-                      targets=p.targets)
+                      targets=p.targets, **source)
+    if section is not None:  # record the path as params.yaml writes it: the output must not depend on the checkout
+        ds.meta["source"]["path"] = p.source
     return write_prepared(ds, params.path("prepared_dir"))
 
 
 @task(name="train-original")
-def train_original(params: Params, prepared: Prepared, device: str) -> tuple[StackedModel, dict]:
-    """The production model: one member, seed = base.seed, trained on every training row."""
+def train_original(params: Params, prepared: Prepared, device: str) -> tuple[Ensemble, dict]:
+    """The production model: one member, seed = base.seed, trained on every training row with the recipe,
+    or (with `train.init_checkpoint`) the team's own trained module, loaded as it is."""
     train_rows = np.flatnonzero((prepared.manifest["split"] == "train").to_numpy())
     val_rows = validation_rows(prepared.manifest)
-    X = torch.as_tensor(prepared.X, dtype=torch.float32)
-    y = torch.as_tensor(prepared.label, dtype=torch.long)
-    model = build_model(model_spec(params, prepared), [params.base.seed]).to(device)
-    r = recipe(params)
-    cost = train_ensemble(model, X[train_rows], y[train_rows], epochs=r.epochs, batch_size=r.batch_size, lr=r.lr,
-                          weight_decay=r.weight_decay, progress="train original" if params.base.progress else False)
-    metrics = {"train_accuracy": float(accuracy(model, X[train_rows], y[train_rows])[0]),
-               "val_accuracy": float(accuracy(model, X[val_rows], y[val_rows])[0]),
-               "train_seconds": cost.seconds, "n_train": int(len(train_rows)), "n_val": int(len(val_rows))}
+    X_train = torch.as_tensor(np.asarray(prepared.X[train_rows]), dtype=torch.float32)
+    y_train = torch.as_tensor(np.asarray(prepared.label[train_rows]), dtype=torch.long)
+    model = build(params, prepared, [params.base.seed]).to(device)
+    seconds, source = 0.0, "trained"
+    if params.train.init_checkpoint:
+        path = Path(params.train.init_checkpoint)
+        path = path if path.is_absolute() else params.root / path
+        if not path.exists():
+            raise FileNotFoundError(f"train.init_checkpoint = {params.train.init_checkpoint}: {path} not found")
+        model, source = load_module_state(model, path, device), f"init_checkpoint {path.name}"
+    else:
+        cost = fit(model, X_train, y_train, recipe(params), progress="train original" if params.base.progress else False)
+        seconds = cost.seconds
+    X_val = torch.as_tensor(np.asarray(prepared.X[val_rows]), dtype=torch.float32)
+    y_val = torch.as_tensor(np.asarray(prepared.label[val_rows]), dtype=torch.long)
+    metrics = {"train_accuracy": float(accuracy(model, X_train, y_train)[0]),
+               "val_accuracy": float(accuracy(model, X_val, y_val)[0]),
+               "train_seconds": seconds, "n_train": int(len(train_rows)), "n_val": int(len(val_rows))}
+    model.origin = source  # "trained" or "init_checkpoint <file>": the train flow reports it
     return model, metrics
 
 
 @task(name="save-checkpoint", retries=2, retry_delay_seconds=[1, 3])
-def save_checkpoint(model: StackedModel, path, extra: dict) -> None:
+def save_checkpoint(model: Ensemble, path, extra: dict) -> None:
     atomic_save(path, lambda tmp: save_model(model, tmp, extra))
 
 
 @task(name="train-ensemble-chunk")
 def train_ensemble_chunk(spec: dict, X: torch.Tensor, y: torch.Tensor, sample_ids: list[str], recipe: TrainRecipe,
-                         seeds: list[int], cache_dir: str | None, device: str, label: str) -> tuple[StackedModel, bool, float]:
-    """One chunk of an oracle/shadow ensemble; content-hash cached so re-runs and later batches reuse it."""
+                         seeds: list[int], cache_dir: str | None, device: str, label: str,
+                         search_paths: list[str] | None = None) -> tuple[Ensemble, bool, float]:
+    """One chunk of an oracle/shadow ensemble; content-hash cached so re-runs and later batches reuse it.
+    `search_paths`: the project folder, so a custom model factory imports in a Dask worker process too."""
     start = time.perf_counter()
     model, cached = cached_ensemble(cache_dir, spec, X, y, sample_ids, recipe, seeds, device,
-                                    progress=f"{label} x{len(seeds)}")
+                                    progress=f"{label} x{len(seeds)}", search_paths=search_paths or ())
     return model.cpu(), cached, time.perf_counter() - start

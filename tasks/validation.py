@@ -92,10 +92,23 @@ def gx_check(df: pd.DataFrame, manifest: pd.DataFrame) -> tuple[list[str], dict]
     return _failure_lines(result), described
 
 
+def foreign_ids_hint(df: pd.DataFrame, manifest: pd.DataFrame) -> list[str]:
+    """When NO requested id is in the manifest, the file most likely belongs to another dataset (e.g. a sample
+    request left in the inbox after switching datasets): say so, with what this dataset's ids look like."""
+    if "sample_id" not in df.columns or not len(df) or not len(manifest):
+        return []
+    requested = df["sample_id"].dropna().astype(str)
+    if not len(requested) or requested.isin(manifest["sample_id"]).any():
+        return []
+    return [f"hint: none of the {len(requested)} sample id(s) (e.g. {requested.iloc[0]!r}) is in this dataset's "
+            f"manifest, whose ids look like {manifest['sample_id'].iloc[:2].tolist()}; the file is probably for "
+            f"another dataset: move it out of the inbox"]
+
+
 def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame) -> RequestCheck:
     problems = [f"schema: {p}" for p in structural_problems(df)]
     gx_problems, gx_result = gx_check(df, manifest) if len(df.columns) else ([], {})
-    return RequestCheck(problems=problems + gx_problems, gx_result=gx_result)
+    return RequestCheck(problems=problems + gx_problems + foreign_ids_hint(df, manifest), gx_result=gx_result)
 
 
 @task(name="validate-request")

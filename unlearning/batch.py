@@ -15,7 +15,7 @@ import torch
 
 from unlearning.data.store import Prepared
 from unlearning.methods.base import TrainRecipe, UnlearnContext
-from unlearning.models import StackedModel, predict_logits
+from unlearning.models import Ensemble, predict_logits
 
 SPLITS = ("forget", "adjacent", "remote", "validation")
 
@@ -64,10 +64,10 @@ def batch_rows(prepared: Prepared, state_manifest: pd.DataFrame, forget_ids, par
     return BatchRows(before=before, forget=forget, retain=retain, adjacent_mask=adjacent, validation=validation)
 
 
-def unlearn_context(model: StackedModel, prepared: Prepared, rows: BatchRows, recipe: TrainRecipe, seed: int,
+def unlearn_context(model: Ensemble, prepared: Prepared, rows: BatchRows, recipe: TrainRecipe, seed: int,
                     progress: bool = False) -> UnlearnContext:
     device = next(model.parameters()).device
-    X = torch.as_tensor(prepared.X, dtype=torch.float32)
+    X = prepared.tensor()
     y = torch.as_tensor(prepared.label, dtype=torch.long)
     return UnlearnContext(
         model=model, X_forget=X[rows.forget].to(device), y_forget=y[rows.forget].to(device),
@@ -76,7 +76,7 @@ def unlearn_context(model: StackedModel, prepared: Prepared, rows: BatchRows, re
         progress=progress)
 
 
-def eval_logits(model: StackedModel, prepared: Prepared, rows: np.ndarray) -> torch.Tensor:
+def eval_logits(model: Ensemble, prepared: Prepared, rows: np.ndarray) -> torch.Tensor:
     """[N, n_rows, C] logits on the given rows."""
     return predict_logits(model, torch.as_tensor(prepared.X[rows], dtype=torch.float32))
 

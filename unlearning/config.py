@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from unlearning.policy import Rule
 
@@ -33,6 +33,7 @@ class Paths(Strict):
     reports_dir: str = "reports"
     mlflow_db: str = "mlflow.db"
     mlflow_artifacts: str = "mlartifacts"
+    archive_dir: str = "archive"  # `unlearn reset` moves the state and the cache here (archive/<UTC time>/)
 
 
 class Base(Strict):
@@ -42,34 +43,132 @@ class Base(Strict):
     paths: Paths = Paths()
 
 
+def _path_is_source(section: str):
+    """The input path lives in one key, prepare.source (dvc.yaml lists it as a dependency of prepare)."""
+
+    def check(cls, data):
+        if isinstance(data, dict) and "path" in data:
+            raise ValueError(f"prepare.{section}.path = {data['path']!r}: the input path is prepare.source (one key "
+                             f"for table and image_folder, which dvc.yaml tracks as a dependency of prepare); "
+                             f"move the value to prepare.source")
+        return data
+
+    return model_validator(mode="before")(classmethod(check))
+
+
+class TableSource(Strict):
+    """prepare.dataset: table -- the columns of the CSV/Parquet file at prepare.source."""
+
+    id_column: str = Field(description="unique, non-empty sample ids (read as text)")
+    label_column: str = Field(description="the class of each row (any dtype; classes = sorted unique values)")
+    group_column: str | None = Field(None, description="super-class/attribute of each row; null = the class")
+    feature_columns: list[str] | None = Field(None, description="null = every other column")
+    split_column: str | None = Field(None, description="values exactly train/val; null = stratified val_fraction")
+    missing: Literal["error", "drop"] = Field("error", description="rows with missing values: stop, or drop them")
+
+    _no_path = _path_is_source("table")
+
+
+class ImageFolderSource(Strict):
+    """prepare.dataset: image_folder -- <source>/<class>/<image> or <source>/train|val/<class>/<image>."""
+
+    image_size: tuple[int, int] = Field((28, 28), description="[height, width] (or one int) after resizing")
+    grayscale: bool = Field(True, description="true: 1 channel (L); false: 3 channels (RGB)")
+    groups: dict[str, str] | None = Field(None, description="class folder -> group; null = group is the class")
+
+    _no_path = _path_is_source("image_folder")
+
+    @field_validator("image_size", mode="before")
+    @classmethod
+    def _size(cls, v):
+        v = (v, v) if isinstance(v, int) else v
+        if isinstance(v, (list, tuple)) and any(isinstance(s, int) and s <= 0 for s in v):
+            raise ValueError(f"sizes must be positive, got {list(v)}")
+        return v
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _text_keys(cls, v):  # folder names like 0, 1 arrive from YAML as ints
+        return {str(k): str(g) for k, g in v.items()} if isinstance(v, dict) else v
+
+
 class Prepare(Strict):
-    dataset: Literal["digits", "fashion_mnist"] = "digits"
-    val_fraction: float = Field(0.2, gt=0, lt=1, description="digits only: held-out share")
+    dataset: Literal["digits", "fashion_mnist", "table", "image_folder"] = "digits"
+    source: str = Field("data/raw", description="table: the .csv/.parquet file; image_folder: the folder. A DVC "
+                                                "dependency of prepare, relative to the params folder")
+    table: TableSource | None = None
+    image_folder: ImageFolderSource | None = Field(None, description="null = the defaults")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share when the data has no split of its own")
     fashion_mnist_dir: str = "/usr/share/datasets/fashion-mnist"
     max_train: int | None = Field(None, gt=0, description="deterministic subsample of the training split")
     max_val: int | None = Field(None, gt=0)
-    targets: Literal["fine", "super"] = "fine"
+    targets: Literal["fine", "super"] = Field("fine", description="super: train on the groups instead of the classes")
+
+    @model_validator(mode="after")
+    def _section_for_dataset(self) -> "Prepare":
+        if self.dataset == "table" and self.table is None:
+            raise ValueError("prepare.dataset = 'table' needs a prepare.table section naming the columns of the file "
+                             "at prepare.source, e.g. table: {id_column: id, label_column: label}")
+        if self.dataset == "image_folder" and self.image_folder is None:
+            self.image_folder = ImageFolderSource()
+        return self
+
+    def source_path(self, root: Path) -> Path:
+        """prepare.source resolved against the params folder."""
+        p = Path(self.source)
+        return p if p.is_absolute() else Path(root) / p
 
 
 class ModelCfg(Strict):
-    arch: Literal["mlp", "cnn"] = "mlp"
-    hidden: list[int] = [32]
-    channels: list[int] = [8, 16]
+    """The architecture. Every arch is a plain nn.Module mapping [B, *in_shape] -> [B, n_classes]; the
+    ensemble adapter (unlearning/models/ensemble.py) vectorizes it over members."""
 
-    @field_validator("hidden", "channels")
+    arch: Literal["mlp", "cnn", "resnet", "custom"] = "mlp"
+    hidden: list[int] = Field([32], description="mlp: hidden layer widths")
+    channels: list[int] = Field([8, 16], description="cnn: channels per conv3x3 + maxpool stage")
+    widths: list[int] = Field([16, 32, 64], description="resnet: width per stage (stride 2 after the first)")
+    blocks: int = Field(1, gt=0, description="resnet: basic blocks per stage")
+    factory: str | None = Field(None, description="custom: 'module.path:callable' (project folder or a package)")
+    kwargs: dict[str, Any] = Field({}, description="custom: keyword arguments passed to the factory")
+    feature_layer: str | None = Field(None, description="layer whose INPUT is the penultimate feature "
+                                                        "(embedding partition); null = the last nn.Linear")
+
+    @field_validator("hidden", "channels", "widths")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
         if any(h <= 0 for h in v):
             raise ValueError(f"layer sizes must be positive, got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _factory_iff_custom(self) -> "ModelCfg":
+        if self.arch == "custom" and not self.factory:
+            raise ValueError("arch 'custom' needs train.model.factory: 'module.path:callable' (a function of "
+                             "in_shape, n_classes and train.model.kwargs returning an nn.Module)")
+        if self.arch != "custom" and (self.factory or self.kwargs):
+            raise ValueError(f"train.model.factory / kwargs are for arch 'custom', but arch is {self.arch!r}; "
+                             f"set arch: custom or remove them")
+        if not self.widths:
+            raise ValueError("train.model.widths must name at least one stage")
+        return self
+
+
 
 class Train(Strict):
+    """The training recipe of the original; oracles and shadows retrain with exactly this recipe."""
+
     model: ModelCfg = ModelCfg()
     epochs: int = Field(30, gt=0)
     batch_size: int = Field(64, gt=0)
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="adamw (decoupled decay) | sgd (momentum)")
     lr: float = Field(0.01, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1, description="sgd only")
+    schedule: Literal["constant", "cosine"] = "constant"
     weight_decay: float = Field(5e-4, ge=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    init_checkpoint: str | None = Field(
+        None, description="a state_dict of the module (torch.save(module.state_dict(), path)) used as the original "
+                          "instead of training it; relative to the params folder")
 
 
 class Partition(Strict):
@@ -175,6 +274,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     for part in loc[:-1]:
         field = model.model_fields.get(str(part))
         ann = getattr(field, "annotation", None)
+        ann = next((a for a in get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), ann)  # X | None
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return []
         model = ann
@@ -187,6 +287,10 @@ def _format(err: ValidationError, source: str) -> str:
         key = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown key '{key}'; allowed keys here: {_allowed_keys(Params, e['loc'])}")
+        elif e["type"] == "missing":
+            lines.append(f"{source}: {key}: required key missing")
+        elif e["type"] == "value_error" and isinstance(e.get("input"), dict):  # a section-level check
+            lines.append(f"{source}: {key}: {e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"{source}: {key} = {e.get('input')!r}: {e['msg']}")
     return "\n".join(lines)

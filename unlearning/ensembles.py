@@ -17,8 +17,7 @@ from typing import Sequence
 import torch
 
 from unlearning.io import atomic_save
-from unlearning.methods.base import TrainRecipe
-from unlearning.models import StackedModel, build_model, load_model, save_model, train_ensemble
+from unlearning.models import Ensemble, TrainRecipe, build_model, fit, load_model, save_model
 
 
 def ids_digest(sample_ids: Sequence[str]) -> str:
@@ -36,25 +35,25 @@ def ensemble_key(ids_hash: str, spec: dict, recipe: TrainRecipe, seeds: Sequence
 
 
 def train_fresh(spec: dict, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe, seeds: Sequence[int],
-                device: str = "cpu", progress: bool | str = False) -> StackedModel:
-    """From-scratch training of one member per seed, in one vectorized pass."""
-    model = build_model(spec, seeds).to(device)
-    train_ensemble(model, X, y, epochs=recipe.epochs, batch_size=recipe.batch_size, lr=recipe.lr,
-                   weight_decay=recipe.weight_decay, progress=progress)
+                device: str = "cpu", progress: bool | str = False, search_paths: Sequence[str] = ()) -> Ensemble:
+    """From-scratch training of one member per seed, in one vectorized pass (`search_paths`: where a
+    custom factory's module lives, for worker processes that did not import it yet)."""
+    model = build_model(spec, seeds, search_paths=search_paths).to(device)
+    fit(model, X, y, recipe, progress=progress)
     return model
 
 
 def cached_ensemble(cache_dir: str | Path | None, spec: dict, X: torch.Tensor, y: torch.Tensor,
                     sample_ids: Sequence[str], recipe: TrainRecipe, seeds: Sequence[int], device: str = "cpu",
-                    progress: bool | str = False) -> tuple[StackedModel, bool]:
+                    progress: bool | str = False, search_paths: Sequence[str] = ()) -> tuple[Ensemble, bool]:
     """Load the ensemble for (ids, spec, recipe, seeds) from the cache or train and store it.
     Returns (model, came_from_cache)."""
     key = ensemble_key(ids_digest(sample_ids), spec, recipe, seeds)
     path = Path(cache_dir) / "ensembles" / f"{key}.pt" if cache_dir else None
     if path is not None and path.exists():
-        model, _ = load_model(path, device)
+        model, _ = load_model(path, device, search_paths=search_paths)
         return model, True
-    model = train_fresh(spec, X, y, recipe, seeds, device, progress)
+    model = train_fresh(spec, X, y, recipe, seeds, device, progress, search_paths)
     if path is not None:
         atomic_save(path, lambda tmp: save_model(model, tmp, {"key": key, "n_rows": int(len(sample_ids))}))
     return model, False

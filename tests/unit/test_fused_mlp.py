@@ -20,15 +20,17 @@ def test_gradients_equal_autograd_in_float64():
     ref = per_member_loss(model, x, y)
     ref.sum().backward()
     assert torch.allclose(loss, ref.detach(), atol=1e-14)
-    for layer, gw, gb in zip([*model.body, model.out], kernel.grad_weights, kernel.grad_biases):
-        assert torch.allclose(gw.transpose(1, 2), layer.weight.grad, atol=1e-14)
-        assert torch.allclose(gb.transpose(1, 2), layer.bias.grad, atol=1e-14)
+    params = dict(model.named_parameters())
+    for name, gw, gb in zip(kernel.layer_names, kernel.grad_weights, kernel.grad_biases):
+        key = name.replace(".", "__")
+        assert torch.allclose(gw, params[f"{key}__weight"].grad, atol=1e-14)
+        assert torch.allclose(gb.squeeze(2), params[f"{key}__bias"].grad, atol=1e-14)
 
 
 def test_dead_relu_units_get_no_gradient():
     model = build_model({"arch": "mlp", "in_dim": 2, "hidden": [3], "n_classes": 2}, [0]).double()
     with torch.no_grad():
-        model.body[0].bias[0, 0, 1] = -100.0  # hidden unit 1 is off for every input below
+        model.body__0__bias[0, 1] = -100.0  # hidden unit 1 is off for every input below
     kernel = FusedMLP(model)
     kernel.loss_and_grad(torch.rand(1, 4, 2, dtype=torch.float64), torch.tensor([[0, 1, 0, 1]]))
     assert torch.all(kernel.grad_weights[0][0, 1] == 0) and kernel.grad_biases[0][0, 1, 0] == 0
@@ -68,3 +70,28 @@ def test_flat_adamw_equals_torch_adamw_bit_for_bit():
         flat.step()
         ref.step()
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("recipe", [
+    {"label_smoothing": 0.1},
+    {"schedule": "cosine"},
+    {"optimizer": "sgd", "momentum": 0.9, "schedule": "cosine", "label_smoothing": 0.05},
+])
+def test_fused_equals_autograd_for_every_recipe_option(recipe):
+    g = torch.Generator().manual_seed(4)
+    X = torch.randn(70, 7, generator=g)
+    y = (X[:, 0] > 0).long() + (X[:, 2] > 0.3).long()
+    fused, auto = build_model(SPEC, [6, 7]), build_model(SPEC, [6, 7])
+    kw = {"epochs": 3, "batch_size": 16, "lr": 1e-2, "weight_decay": 1e-3, **recipe}
+    train_ensemble(fused, X, y, kernel="fused", **kw)
+    train_ensemble(auto, X, y, kernel="autograd", **kw)
+    assert torch.allclose(flat_params(fused), flat_params(auto), atol=1e-5)
+
+
+def test_label_smoothed_cross_entropy_matches_torch():
+    from unlearning.models.training import cross_entropy
+
+    g = torch.Generator().manual_seed(5)
+    z, t = torch.randn(9, 4, generator=g, dtype=torch.float64), torch.randint(0, 4, (9,), generator=g)
+    ref = torch.nn.functional.cross_entropy(z, t, reduction="none", label_smoothing=0.2)
+    assert torch.allclose(cross_entropy(z, t, 0.2), ref, atol=1e-14)

@@ -68,8 +68,9 @@ def blobs(n_per: int = 40, d: int = 6):
 
 
 def test_al_wpgd_suppresses_a_class_and_keeps_adjacent_accuracy():
+    # Accuracies are means over 4 members: single inits vary (measured remote drops 0.0-0.025 over 6 seeds).
     X, y = blobs()
-    model = build_model({"arch": "mlp", "in_dim": 6, "hidden": [16], "n_classes": 5}, [1, 2])
+    model = build_model({"arch": "mlp", "in_dim": 6, "hidden": [16], "n_classes": 5}, [1, 2, 3, 4])
     train_ensemble(model, X, y, epochs=30, batch_size=32, lr=1e-2)
     f = y == 0
     adj = y[~f] == 1
@@ -80,7 +81,7 @@ def test_al_wpgd_suppresses_a_class_and_keeps_adjacent_accuracy():
     assert acc(res.model, ctx.X_forget, ctx.y_forget) <= 0.1
     assert acc(res.model, Xa, ya) >= acc(model, Xa, ya) - 0.02
     assert acc(res.model, ctx.X_remote, ctx.y_remote) >= acc(model, ctx.X_remote, ctx.y_remote) - 0.02
-    assert res.info["phases"][1]["steps"] > 0 and len(res.info["lambda"]) == 2
+    assert res.info["phases"][1]["steps"] > 0 and len(res.info["lambda"]) == 4
 
 
 def test_al_wpgd_stage2_repairs_adjacent_classes_on_digits():

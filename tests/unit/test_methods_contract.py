@@ -1,8 +1,11 @@
-"""Contract of EVERY registered unlearning method (DESIGN §4.3), parametrized over REGISTRY:
-deterministic under a seed, never mutates its input, stops within its declared budget, reports its
-cost, runs on CPU, and member k of an N=3 ensemble equals the method run on member k alone."""
+"""Contract of EVERY registered unlearning method (DESIGN §4.3), parametrized over REGISTRY and over the
+model layer's two paths (the project's MLP, which trains on the fused kernel, and a team's own module with
+BatchNorm through the generic torch.func adapter): deterministic under a seed, never mutates its input,
+stops within its declared budget, reports its cost, runs on CPU, and member k of an N=3 ensemble equals the
+method run on member k alone (BatchNorm running statistics included)."""
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,16 +17,28 @@ from unlearning.models import build_model, train_ensemble
 METHODS = sorted(REGISTRY)
 N = 3
 RECIPE = TrainRecipe(epochs=3, batch_size=16, lr=1e-2)
+HERE = Path(__file__).resolve().parent
+SPECS = {
+    "mlp": {"arch": "mlp", "in_dim": 6, "hidden": [8], "n_classes": 3},
+    # generic adapter: stacked BatchNorm buffers; factory in tests/unit/custom_modules.py
+    "bn": {"arch": "custom", "factory": "custom_modules:bn_mlp", "in_shape": [6], "n_classes": 3},
+    "bn_dropout": {"arch": "custom", "factory": "custom_modules:bn_dropout_mlp", "in_shape": [6], "n_classes": 3},
+}
+
+
+@pytest.fixture(params=sorted(SPECS))
+def kind(request) -> str:
+    return request.param
 
 
 @functools.lru_cache(maxsize=None)
-def toy() -> UnlearnContext:
+def toy(kind: str = "mlp") -> UnlearnContext:
     """3 Gaussian classes in 6-D, 66 rows: 12 forget, 54 retain (first 18 retain rows adjacent)."""
     g = torch.Generator().manual_seed(0)
     centers = torch.randn(3, 6, generator=g) * 2
     y = torch.arange(66) % 3
     X = centers[y] + torch.randn(66, 6, generator=g)
-    model = build_model({"arch": "mlp", "in_dim": 6, "hidden": [8], "n_classes": 3}, [11, 12, 13])
+    model = build_model(SPECS[kind], [11, 12, 13], search_paths=[HERE])
     train_ensemble(model, X, y, epochs=5, batch_size=16, lr=1e-2)
     adj = torch.zeros(54, dtype=torch.bool)
     adj[:18] = True
@@ -36,40 +51,42 @@ def with_model(ctx: UnlearnContext, model, seed: int) -> UnlearnContext:
 
 
 @functools.lru_cache(maxsize=None)
-def result(name: str, member: int | None = None, seed: int = 7, run: int = 0):
-    """Cached runs; `run` distinguishes repeated runs of the same call (determinism)."""
-    ctx = toy()
+def result(name: str, kind: str = "mlp", member: int | None = None, seed: int = 7, run: int = 0, args=()):
+    """Cached runs; `run` distinguishes repeated runs of the same call (determinism); args: sorted items."""
+    ctx = toy(kind)
     ctx = with_model(ctx, ctx.model if member is None else ctx.model.select(member), seed=seed)
-    return run_method(name, ctx, {})
+    return run_method(name, ctx, dict(args))
 
 
-def params(model):
-    return [p.detach().clone() for p in model.parameters()]
+def state(model):
+    """Parameters and buffers (BatchNorm running statistics), detached copies."""
+    return [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_never_mutates_input_model_and_returns_a_new_one(name):
-    ctx = toy()
-    before = params(ctx.model)
+def test_never_mutates_input_model_and_returns_a_new_one(name, kind):
+    ctx = toy(kind)
+    before = state(ctx.model)
     res = run_method(name, ctx, {})
-    assert all(torch.equal(a, b) for a, b in zip(before, params(ctx.model)))
+    assert all(torch.equal(a, b) for a, b in zip(before, state(ctx.model)))  # buffers too
     assert res.model is not ctx.model
-    in_ptrs = {p.data_ptr() for p in ctx.model.parameters()}
-    assert not in_ptrs & {p.data_ptr() for p in res.model.parameters()}
+    in_ptrs = {t.data_ptr() for t in [*ctx.model.parameters(), *ctx.model.buffers()]}
+    assert not in_ptrs & {t.data_ptr() for t in [*res.model.parameters(), *res.model.buffers()]}
     assert res.model.seeds == ctx.model.seeds and res.model.n_models == N
     assert all(p.device.type == "cpu" and torch.isfinite(p).all() for p in res.model.parameters())
+    assert not res.model.training  # returned ready for evaluation (BatchNorm uses its running stats)
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_deterministic_under_seed(name):
-    a, b = result(name, run=0), result(name, run=1)
-    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+def test_deterministic_under_seed(name, kind):
+    a, b = result(name, kind, run=0), result(name, kind, run=1)
+    assert all(torch.equal(p, q) for p, q in zip(state(a.model), state(b.model)))
     assert (a.cost.gradient_evals, a.cost.steps) == (b.cost.gradient_evals, b.cost.steps)
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_reports_cost_within_declared_budget(name):
-    res = result(name)
+def test_reports_cost_within_declared_budget(name, kind):
+    res = result(name, kind)
     assert res.cost.seconds >= 0 and res.cost.steps >= 0
     if name == "do_nothing":
         assert res.cost.gradient_evals == 0
@@ -77,7 +94,7 @@ def test_reports_cost_within_declared_budget(name):
         assert res.cost.gradient_evals > 0 and res.cost.steps > 0
     args = parse_args(name, {})
     if hasattr(args, "budget"):
-        bound = args.budget(DataSizes.of(toy()), RECIPE.epochs)
+        bound = args.budget(DataSizes.of(toy(kind)), RECIPE.epochs)
         assert res.cost.gradient_evals <= bound * N
 
 
@@ -87,31 +104,57 @@ TRUNCATION_ARGS = {"newton_ggn": {"steps": 4, "line_search": False}}
 
 
 @pytest.mark.parametrize("name", [n for n in METHODS if "max_grad_evals" in REGISTRY[n].args_model.model_fields])
-def test_budget_stop_rule_truncates_the_run(name):
+def test_budget_stop_rule_truncates_the_run(name, kind):
     args = TRUNCATION_ARGS.get(name, {})
-    full = run_method(name, toy(), args)
+    full = run_method(name, toy(kind), args)
     budget = max(1, full.cost.gradient_evals // N // 2)
-    res = run_method(name, toy(), {**args, "max_grad_evals": budget})
+    res = run_method(name, toy(kind), {**args, "max_grad_evals": budget})
     assert 0 < res.cost.gradient_evals <= budget * N
     assert res.cost.steps < full.cost.steps
 
 
-def test_newton_budget_below_one_step_leaves_the_model_unchanged():
-    res = run_method("newton_ggn", toy(), {"max_grad_evals": 10})
+def test_newton_budget_below_one_step_leaves_the_model_unchanged(kind):
+    res = run_method("newton_ggn", toy(kind), {"max_grad_evals": 10})
     assert res.cost.gradient_evals == 0 and res.cost.steps == 0 and res.info["stop"] == "budget"
-    assert all(torch.equal(a, b) for a, b in zip(res.model.parameters(), toy().model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(state(res.model), state(toy(kind).model)))
+
+
+def assert_members_equal_lone_runs(name: str, kind: str, args=()):
+    ens = result(name, kind, args=args)
+    for k in range(N):
+        lone = result(name, kind, member=k, args=args)
+        assert lone.model.n_models == 1
+        for t_ens, t_one in zip(state(ens.model), state(lone.model)):  # parameters, then buffers
+            torch.testing.assert_close(t_ens[k : k + 1], t_one, atol=1e-5, rtol=0)
+    if name != "do_nothing":
+        assert sum(result(name, kind, member=k, args=args).cost.gradient_evals for k in range(N)) \
+            == ens.cost.gradient_evals
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_ensemble_member_equals_lone_member(name):
-    ens = result(name)
-    for k in range(N):
-        lone = result(name, member=k)
-        assert lone.model.n_models == 1
-        for p_ens, p_one in zip(ens.model.parameters(), lone.model.parameters()):
-            torch.testing.assert_close(p_ens[k : k + 1], p_one, atol=1e-5, rtol=0)
-    if name != "do_nothing":
-        assert sum(result(name, member=k).cost.gradient_evals for k in range(N)) == ens.cost.gradient_evals
+def test_ensemble_member_equals_lone_member(name, kind):
+    assert_members_equal_lone_runs(name, kind)
+
+
+# Options whose code paths the defaults above do not reach: per-sample gradients (the diagonal Fisher, vmapped
+# over one-sample batches), a per-member stop (target forget accuracy: here members 0 and 1 stop before the
+# first step and member 2 runs on; a stopped member's BatchNorm statistics must stay as they were) and an epoch
+# whose last batch has one row (54 retain rows, batch 53: with BatchNorm it joins the batch before).
+OPTION_RUNS = {
+    "gradient_ascent": {"geometry": "diag_fisher", "fisher_samples": 20},
+    "descent_ascent": {"geometry": "diag_fisher", "fisher_samples": 20, "target_forget_acc": 0.8},
+    "finetune": {"batch_size": 53, "epochs": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTION_RUNS))
+def test_member_equals_lone_member_with_options(name, kind):
+    args = tuple(sorted(OPTION_RUNS[name].items()))
+    assert_members_equal_lone_runs(name, kind, args)
+    res = result(name, kind, args=args)
+    assert res.cost.steps > 0
+    if "target_forget_acc" in OPTION_RUNS[name]:
+        assert {"target", "epochs"} <= set(res.info["phases"][0]["stop"])  # members stopped at different steps
 
 
 def test_args_are_validated_with_clear_errors():

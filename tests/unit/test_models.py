@@ -22,14 +22,15 @@ def test_member_k_equals_single_run_with_seed_k():
 
 
 def test_ensemble_matches_plain_torch_reference():
-    """Grouped layers compute exactly what an nn.Sequential with the same weights computes."""
+    """Member k is the plain module built under torch.manual_seed(seed_k): same weights, same outputs."""
     X, _ = data(10)
     ens = build_model(SPEC, [0, 1])
-    ref = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3)).double()
-    with torch.no_grad():
-        ref[0].weight.copy_(ens.body[0].weight[1].T); ref[0].bias.copy_(ens.body[0].bias[1, 0])
-        ref[2].weight.copy_(ens.out.weight[1].T); ref[2].bias.copy_(ens.out.bias[1, 0])
-    assert torch.allclose(ens(X)[1].double(), ref(X.double()), atol=1e-6)
+    torch.manual_seed(1)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    params = dict(ens.named_parameters())
+    assert torch.equal(params["body__0__weight"][1], ref[0].weight) and torch.equal(params["out__bias"][1], ref[2].bias)
+    assert torch.allclose(ens(X)[1], ref(X), atol=1e-6)
+    assert torch.allclose(ens.module_of(1)(X), ref(X), atol=1e-6)
 
 
 def test_cnn_members_are_independent():

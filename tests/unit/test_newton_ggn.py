@@ -23,7 +23,7 @@ def ridge_problem(n=50, d=4, seed=0):
 
 def ridge_with_bias(X, y, lam):
     """argmin 0.5 ||[X, 1] theta - y||^2 + 0.5 lam ||theta||^2: the bias is penalised like the weights,
-    matching the preset's objective on StackedMLP(hidden=[], n_classes=1) (flat order: weights, bias)."""
+    matching the preset's objective on an MLP with hidden=[] and n_classes=1 (flat order: weights, bias)."""
     Xa = np.c_[X, np.ones(len(X))]
     return np.linalg.solve(Xa.T @ Xa + lam * np.eye(Xa.shape[1]), Xa.T @ y)
 
@@ -33,8 +33,8 @@ def linear_model(d, seeds, theta=None):
     model = model.double()
     if theta is not None:
         with torch.no_grad():
-            model.out.weight[:] = torch.tensor(theta[:-1]).view(1, d, 1)
-            model.out.bias[:] = float(theta[-1])
+            model.out__weight[:] = torch.tensor(theta[:-1]).view(1, 1, d)  # nn.Linear weight [1, d] per member
+            model.out__bias[:] = float(theta[-1])
     return model
 
 
@@ -53,7 +53,7 @@ def test_lands_on_ridge_retrain(solver):
     theta_D = ridge_with_bias(X, y, lam)
     model = linear_model(4, [1, 2], theta_D)
     with torch.no_grad():  # member 1 starts somewhere else: one Newton step still lands (quadratic objective)
-        model.out.weight[1] += 0.5
+        model.out__weight[1] += 0.5
     before = flat_params(model).clone()
     ctx, retain = ctx_for(model, X, y, forget)
     res = run_method("newton_ggn", ctx, {"lam": lam, "solver": solver})
@@ -102,9 +102,10 @@ def test_classifier_step_matches_brute_force_and_descends():
     for k in range(2):
         ref = brute_ggn_step(model, k, X[retain], y[retain], lam, damping)
         torch.testing.assert_close(flat_params(res.model)[k].double(), ref.float().double(), rtol=0, atol=1e-6)
-    # full steps overshoot here (objective 41 -> 32 -> 96 -> 544 for member 0); the line search descends
+    # full steps overshoot here (objective 46.3 -> 52.8 for member 0, 39.2 -> 41.1 -> 45.7 for member 1);
+    # the line search descends
     full = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "steps": 3, "line_search": False})
-    assert any(m["objective"][-1] > m["objective"][0] for m in full.info["members"])
+    assert any(any(b > a for a, b in zip(m["objective"], m["objective"][1:])) for m in full.info["members"])
     res3 = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "steps": 3})
     for member in res3.info["members"]:
         obj = member["objective"]

@@ -4,6 +4,8 @@
   train/val split; ids `digits-<index in load_digits>`.
 - `fashion_mnist`: the IDX .gz files of the Debian package `dataset-fashion-mnist`; train split from the
   train files, val from the t10k files; ids `fmnist-train-<index>` / `fmnist-test-<index>`.
+- `table` and `image_folder`: your own data (unlearning/data/sources.py); ids come from the data itself
+  (the id column, the image's relative path), never from row positions.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ FASHION_GROUPS = {"tops": ["T-shirt/top", "Pullover", "Coat", "Shirt"], "bottoms
 
 @dataclass
 class Dataset:
-    """Features flattened to [n, d] float32 in [0, 1]; `label` is the training target, `fine_label` the
-    original class index; `group` the declared super-class or attribute."""
+    """Features flattened to [n, d] float32 (images in [0, 1], tables standardized); `label` is the training
+    target, `fine_label` the original class index; `group` the declared super-class or attribute.
+    `in_shape` is the shape of one sample before flattening ([C, H, W] for images, [d] for tables);
+    `image_shape` ([H, W], None for tables) is kept for older readers."""
 
     name: str
     X: np.ndarray
@@ -36,8 +40,16 @@ class Dataset:
     group: np.ndarray
     class_names: list[str]
     fine_class_names: list[str]
-    image_shape: tuple[int, int]
+    image_shape: tuple[int, int] | None
     meta: dict = field(default_factory=dict)
+    in_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.in_shape is None:
+            self.in_shape = (1, *self.image_shape) if self.image_shape else (int(self.X.shape[1]),)
+        self.in_shape = tuple(int(s) for s in self.in_shape)
+        if int(np.prod(self.in_shape)) != self.X.shape[1]:
+            raise ValueError(f"{self.name}: in_shape {list(self.in_shape)} does not match {self.X.shape[1]} features")
 
     @property
     def n_classes(self) -> int:
@@ -54,6 +66,26 @@ def _subsample(idx: np.ndarray, limit: int | None, rng: np.random.Generator) -> 
     return np.sort(rng.choice(idx, size=limit, replace=False))
 
 
+def stratified_split(y: np.ndarray, val_fraction: float, rng: np.random.Generator,
+                     ids: np.ndarray | None = None) -> np.ndarray:
+    """'train'/'val' per row: the same share of every class goes to val. With `ids`, each class's members
+    are ordered by id before the seeded shuffle, so the split does not depend on the row order of the source."""
+    split = np.full(len(y), "train", dtype=object)
+    for c in np.unique(y):
+        members = np.flatnonzero(y == c)
+        if ids is not None:
+            members = members[np.argsort(ids[members], kind="stable")]
+        members = rng.permutation(members)
+        split[members[: int(round(val_fraction * len(members)))]] = "val"
+    return split
+
+
+def subsample_splits(split: np.ndarray, max_train, max_val, rng: np.random.Generator) -> np.ndarray:
+    """Sorted row positions kept after the deterministic `max_train` / `max_val` subsample."""
+    return np.sort(np.concatenate([_subsample(np.flatnonzero(split == "train"), max_train, rng),
+                                   _subsample(np.flatnonzero(split == "val"), max_val, rng)]))
+
+
 def load_digits_dataset(seed: int = 0, val_fraction: float = 0.2, max_train=None, max_val=None,
                         targets: str = "fine", **_) -> Dataset:
     from sklearn.datasets import load_digits  # lazy: only this loader needs scikit-learn
@@ -62,18 +94,15 @@ def load_digits_dataset(seed: int = 0, val_fraction: float = 0.2, max_train=None
     X = (raw.data / 16.0).astype(np.float32)
     y = raw.target.astype(np.int64)
     rng = np.random.default_rng(seed)
-    split = np.full(len(y), "train", dtype=object)
-    for c in np.unique(y):  # stratified: the same share of every class goes to val
-        members = rng.permutation(np.flatnonzero(y == c))
-        split[members[: int(round(val_fraction * len(members)))]] = "val"
-    keep = np.sort(np.concatenate([_subsample(np.flatnonzero(split == "train"), max_train, rng),
-                                   _subsample(np.flatnonzero(split == "val"), max_val, rng)]))
+    split = stratified_split(y, val_fraction, rng)
+    keep = subsample_splits(split, max_train, max_val, rng)
     names = [f"digit_{c}" for c in range(10)]
     return Dataset(
         name="digits", X=X[keep], label=y[keep], fine_label=y[keep],
         sample_id=np.array([f"digits-{i:04d}" for i in keep], dtype=object), split=split[keep].astype(str),
         group=np.array([names[c] for c in y[keep]], dtype=object), class_names=names, fine_class_names=names,
-        image_shape=(8, 8), meta={"source": "sklearn.datasets.load_digits"})
+        image_shape=(8, 8), in_shape=(1, 8, 8),
+        meta={"source": {"type": "digits", "loader": "sklearn.datasets.load_digits"}})
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -125,10 +154,24 @@ def load_fashion_mnist(fashion_mnist_dir: str = "/usr/share/datasets/fashion-mni
     return Dataset(
         name="fashion_mnist", X=X, label=label, fine_label=fine, sample_id=np.concatenate([p[2] for p in parts]),
         split=np.concatenate([p[3] for p in parts]).astype(str), group=group, class_names=list(class_names),
-        fine_class_names=FASHION_CLASSES, image_shape=(28, 28), meta={"source": str(folder), "targets": targets})
+        fine_class_names=FASHION_CLASSES, image_shape=(28, 28), in_shape=(1, 28, 28),
+        meta={"source": {"type": "fashion_mnist", "path": str(folder)}, "targets": targets})
 
 
-DATASETS = {"digits": load_digits_dataset, "fashion_mnist": load_fashion_mnist}
+def load_table(**kwargs) -> Dataset:
+    from unlearning.data.sources import load_table as load  # lazy: pandas/pyarrow only when used
+
+    return load(**kwargs)
+
+
+def load_image_folder(**kwargs) -> Dataset:
+    from unlearning.data.sources import load_image_folder as load  # lazy: Pillow only when used
+
+    return load(**kwargs)
+
+
+DATASETS = {"digits": load_digits_dataset, "fashion_mnist": load_fashion_mnist, "table": load_table,
+            "image_folder": load_image_folder}
 
 
 def load_dataset(name: str, **kwargs) -> Dataset:

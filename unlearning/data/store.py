@@ -1,7 +1,9 @@
 """The prepared dataset on disk (a DVC output) and the manifest table.
 
-Files in the prepared folder: `features.npz` (X [n, d] float32, label [n]), `manifest.csv`
-(sample_id, split, label, group, class_name) and `dataset.json` (name, class names, image shape).
+Files in the prepared folder: `features.npy` (X [n, d] float32, C-contiguous, opened memory-mapped and
+read-only), `labels.npy` (label [n] int64), `manifest.csv` (sample_id, split, label, group, class_name) and
+`dataset.json` (name, class names, `in_shape`, `n_features`, `image_shape`, `source`, and for tables the fitted
+`preprocessing`). Folders written before the .npy format (`features.npz`) are still read.
 """
 
 from __future__ import annotations
@@ -42,18 +44,24 @@ def manifest_of(ds: Dataset) -> pd.DataFrame:
     return MANIFEST_SCHEMA.validate(df)
 
 
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    def write(tmp):  # a file object: np.save would append ".npy" to the temporary name
+        with open(tmp, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+
+    atomic_save(path, write)
+
+
 def write_prepared(ds: Dataset, folder: str | Path) -> dict:
     folder = Path(folder)
     manifest = manifest_of(ds)
-
-    def save_npz(tmp):
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, X=ds.X, label=ds.label)
-
-    atomic_save(folder / "features.npz", save_npz)
+    _save_npy(folder / "features.npy", np.ascontiguousarray(ds.X, dtype=np.float32))
+    _save_npy(folder / "labels.npy", np.ascontiguousarray(ds.label, dtype=np.int64))
+    (folder / "features.npz").unlink(missing_ok=True)  # the old format, never read beside the new one
     atomic_save(folder / "manifest.csv", lambda tmp: manifest.to_csv(tmp, index=False))
     info = {"name": ds.name, "class_names": ds.class_names, "fine_class_names": ds.fine_class_names,
-            "image_shape": list(ds.image_shape), "n_samples": int(len(ds.label)),
+            "image_shape": list(ds.image_shape) if ds.image_shape else None, "in_shape": list(ds.in_shape),
+            "n_features": int(ds.X.shape[1]), "n_samples": int(len(ds.label)),
             "n_train": int((ds.split == "train").sum()), "n_val": int((ds.split == "val").sum()), **ds.meta}
     atomic_write_json(folder / "dataset.json", info)
     return info
@@ -72,6 +80,22 @@ class Prepared:
     def n_classes(self) -> int:
         return len(self.info["class_names"])
 
+    @property
+    def in_shape(self) -> list[int]:
+        """Shape of one sample before flattening; folders from before `in_shape` derive it."""
+        if self.info.get("in_shape"):
+            return list(self.info["in_shape"])
+        shape = self.info.get("image_shape")
+        return [1, *shape] if shape else [int(self.X.shape[1])]
+
+    def tensor(self, rows=None):
+        """X (or X[rows]) as a float32 torch tensor in memory: a writable copy of the read-only memory map
+        (torch.as_tensor on the map itself would warn about a non-writable array)."""
+        import torch
+
+        X = np.array(self.X, dtype=np.float32) if rows is None else np.asarray(self.X[rows], dtype=np.float32)
+        return torch.from_numpy(X if X.flags.writeable else X.copy())
+
     def rows(self, sample_ids) -> np.ndarray:
         """Row positions of the given sample ids (KeyError naming the first unknown id)."""
         pos = pd.Index(self.manifest["sample_id"]).get_indexer(pd.Index(list(sample_ids)))
@@ -81,12 +105,17 @@ class Prepared:
 
 
 def load_prepared(folder: str | Path) -> Prepared:
+    """X is memory-mapped read-only (opening does not read the features); use `Prepared.tensor` for torch."""
     folder = Path(folder)
-    if not (folder / "features.npz").exists():
-        raise FileNotFoundError(f"{folder}/features.npz not found: run the prepare stage first "
+    if (folder / "features.npy").exists():
+        X = np.load(folder / "features.npy", mmap_mode="r", allow_pickle=False)
+        label = np.load(folder / "labels.npy", allow_pickle=False)
+    elif (folder / "features.npz").exists():  # written before the memory-mapped format
+        with np.load(folder / "features.npz") as z:
+            X, label = z["X"], z["label"]
+    else:
+        raise FileNotFoundError(f"{folder}/features.npy not found: run the prepare stage first "
                                 f"(`dvc repro prepare` or `python -m flows.prepare`)")
-    with np.load(folder / "features.npz") as z:
-        X, label = z["X"], z["label"]
     manifest = MANIFEST_SCHEMA.validate(pd.read_csv(folder / "manifest.csv", dtype={"sample_id": str}))
     return Prepared(X=X, label=label, manifest=manifest, info=json.loads((folder / "dataset.json").read_text()))
 

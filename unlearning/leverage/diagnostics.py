@@ -36,7 +36,7 @@ from unlearning.leverage import curvature
 from unlearning.leverage.functions import OutputFunction, StackedMemberFunction
 from unlearning.leverage.rows import RowSet
 from unlearning.leverage.solvers import EXACT_MAX_PARAMS, CGSolver, ExactSolver, GGNSolver, make_solver
-from unlearning.models.stacked import StackedModel
+from unlearning.models import Ensemble
 
 SPLITS = ("forget", "retain", "validation")
 
@@ -307,7 +307,7 @@ def _approx_check(solver, rs_R, rs_F, A_F3, self_lev, delta, grad_R, lam, m, exa
     }
 
 
-def compute_diagnostics(model_member: StackedModel, X_forget: torch.Tensor, y_forget: torch.Tensor,
+def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget: torch.Tensor,
                         X_retain: torch.Tensor, y_retain: torch.Tensor, X_val: torch.Tensor | None = None,
                         y_val: torch.Tensor | None = None, lam: float = 1.0, *, solver: str = "auto",
                         device: str | torch.device = "auto", loss: str = "ce", member: int = 0,

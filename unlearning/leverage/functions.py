@@ -2,7 +2,7 @@
 
 The leverage machinery (DESIGN §4.1) only needs a model as a map from a flat parameter vector to
 outputs, plus its per-sample Jacobians J_i = d f(x_i) / d theta [C, p] and Jacobian-vector products.
-`StackedMemberFunction` wraps one member of a grouped-layer ensemble with `torch.func`;
+`StackedMemberFunction` wraps one member of any ensemble (`unlearning.models.Ensemble`) with `torch.func`;
 `LinearFunction` is the ridge-regression special case f(x) = x . theta (J_i = x_i, closed form).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.func import functional_call, jacrev, jvp, vjp, vmap
 
-from unlearning.models.stacked import StackedMLP, StackedModel
+from unlearning.models import Ensemble
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -67,31 +67,37 @@ class OutputFunction:
 
 
 class StackedMemberFunction(OutputFunction):
-    """Member `member` of a grouped-layer ensemble as a function of its own flat parameters.
+    """Member `member` of an ensemble as a function of its own flat parameters (any module).
 
-    A private single-member copy (`model.select(member)`) in `dtype` on `device` is used, so the caller's
-    model is never touched. Flat order = `model.parameters()` order, each parameter without its leading
-    member dimension (the same order as `unlearning.models.flat_params`)."""
+    A private single-member copy (`model.select(member)`) in `dtype` on `device`, in eval mode (BatchNorm
+    uses its running statistics, dropout is off), is used, so the caller's model is never touched. Flat
+    order = `model.parameters()` order, each parameter without its leading member dimension (the same order
+    as `unlearning.models.flat_params`). For ReLU MLPs (`Ensemble.linear_chain()`) the Jacobian products
+    have closed forms (plain batched matmuls, no torch.func overhead per call)."""
 
-    def __init__(self, model: StackedModel, member: int = 0, *, dtype: torch.dtype = torch.float64,
+    def __init__(self, model: Ensemble, member: int = 0, *, dtype: torch.dtype = torch.float64,
                  device: str | torch.device | None = None):
         if not 0 <= member < model.n_models:
             raise ValueError(f"member={member} is out of range for an ensemble of {model.n_models} models")
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
         self.dtype = dtype
         self.module = model.select(member).to(device=self.device, dtype=dtype).eval()
-        named = [(n, p) for n, p in self.module.named_parameters()]
-        self.names = [n for n, _ in named]
-        self.shapes = [tuple(p.shape) for _, p in named]  # each [1, ...]
-        self.sizes = [p.numel() for _, p in named]
+        params, buffers = self.module.member_state(0)
+        self.names = list(params)
+        self.shapes = [tuple(p.shape) for p in params.values()]  # without the member dimension
+        self.sizes = [p.numel() for p in params.values()]
+        self.buffers = {n: b.detach() for n, b in buffers.items()}
         self.p = sum(self.sizes)
-        self.theta0 = torch.cat([p.detach().reshape(-1) for _, p in named]).clone()
+        self.theta0 = torch.cat([p.detach().reshape(-1) for p in params.values()]).clone()
+        self.chain = self.module.linear_chain()
         # one forward pass on a zero sample: output width, and every layer's output size (activation_size)
         sizes: list[int] = []
         hooks = [mod.register_forward_hook(lambda _m, _i, o: sizes.append(o.numel()))
-                 for mod in self.module.modules() if not list(mod.children())]
+                 for mod in self.module._base.modules() if not list(mod.children())]
         try:
-            self.n_outputs = int(self.module(torch.zeros(1, model.in_dim, device=self.device, dtype=dtype)).shape[-1])
+            with torch.no_grad():
+                out = self.outputs(self.theta0, torch.zeros(1, model.in_dim, device=self.device, dtype=dtype))
+            self.n_outputs = int(out.shape[-1])
         finally:
             for h in hooks:
                 h.remove()
@@ -104,32 +110,36 @@ class StackedMemberFunction(OutputFunction):
         return self._activation_size
 
     def outputs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        # The module maps [b, d] -> [1, b, C] (one member); drop the member dimension.
-        return functional_call(self.module, self.unflatten(theta), (X,))[0]
+        return self.module.call_member(self.unflatten(theta), self.buffers, X)  # [b, C]
 
-    # --- closed forms for MLPs (plain batched matmuls: no torch.func overhead per call) --------------------
+    # --- closed forms for ReLU MLPs -------------------------------------------------------------------
+    def _layers(self, theta: torch.Tensor) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """(name, W [in, out], c [out]) per Linear of the chain (nn.Linear stores W^T [out, in])."""
+        P = self.unflatten(theta)
+        return [(n, P[f"{n}.weight"].T, P[f"{n}.bias"]) for n in self.chain]
+
     def weighted_jacobians(self, theta: torch.Tensor, X: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
-        if type(self.module) is not StackedMLP:
+        if self.chain is None:
             return super().weighted_jacobians(theta, X, left)
-        return _mlp_weighted_jacobians(self.unflatten(theta), self.names, self.sizes, X, left)
+        return _mlp_weighted_jacobians(self._layers(theta), self.names, self.sizes, X, left)
 
     def jvp(self, theta: torch.Tensor, X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-        if type(self.module) is not StackedMLP:
+        if self.chain is None:
             return super().jvp(theta, X, V)
-        return _mlp_jvp(self.unflatten(theta), self._split_columns(V), X)
+        return _mlp_jvp(self._layers(theta), self._split_columns(V), X)
 
     def vjp(self, theta: torch.Tensor, X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-        if type(self.module) is not StackedMLP:
+        if self.chain is None:
             return super().vjp(theta, X, U)
-        grads = _mlp_vjp(self.unflatten(theta), X, U)
+        grads = _mlp_vjp(self._layers(theta), X, U)
         return torch.cat([grads[n].reshape(U.shape[0], -1) for n in self.names], 1)
 
     def _split_columns(self, V: torch.Tensor) -> dict[str, torch.Tensor]:
-        # V [p, m] -> per parameter [m, *shape without the member dimension]
+        # V [p, m] -> per parameter [m, *shape]
         m = V.shape[1]
-        return {n: v.T.reshape(m, *s[1:]) for n, v, s in zip(self.names, torch.split(V, self.sizes), self.shapes)}
+        return {n: v.T.reshape(m, *s) for n, v, s in zip(self.names, torch.split(V, self.sizes), self.shapes)}
 
-    def write_into(self, model: StackedModel, member: int, theta: torch.Tensor) -> None:
+    def write_into(self, model: Ensemble, member: int, theta: torch.Tensor) -> None:
         """Copy a flat parameter vector into member `member` of `model` (in the model's dtype/device)."""
         with torch.no_grad():
             for p, t in zip(model.parameters(), torch.split(theta, self.sizes)):
@@ -157,13 +167,6 @@ class LinearFunction(OutputFunction):
         return U[:, :, 0] @ X
 
 
-def _mlp_layers(params: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """(name, W [in, out], c [out]) of a one-member StackedMLP's layers in order (body..., out)."""
-    n_body = sum(1 for k in params if k.startswith("body.") and k.endswith(".weight"))
-    names = [*(f"body.{l}" for l in range(n_body)), "out"]
-    return [(n, params[f"{n}.weight"][0], params[f"{n}.bias"][0, 0]) for n in names]
-
-
 def _shared_times_batched(a: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """a [r, k] times each B[j] [k, o] -> [m, r, o] as ONE matmul (broadcasting matmul would first copy a
     m times, which dominates for many columns)."""
@@ -171,14 +174,17 @@ def _shared_times_batched(a: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return (a @ B.permute(1, 0, 2).reshape(k, m * o)).reshape(a.shape[0], m, o).permute(1, 0, 2)
 
 
-def _mlp_jvp(params: dict[str, torch.Tensor], tangents: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+Layers = list[tuple[str, torch.Tensor, torch.Tensor]]  # (name, W [in, out], c [out]) per Linear, in order
+
+
+def _mlp_jvp(layers: Layers, tangents: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
     """J V for m tangent columns by forward propagation: z = a W + c gives dz = da W + a dW + dc;
-    ReLU passes dz where z > 0. tangents: name -> [m, *shape without the member dimension]; returns
-    [m, b, C]."""
+    ReLU passes dz where z > 0. tangents: name -> [m, *parameter shape] (nn.Linear: weight [out, in]);
+    returns [m, b, C]."""
     a, da = X, None
-    layers = _mlp_layers(params)
     for i, (name, W, c) in enumerate(layers):
-        dW, dc = tangents[f"{name}.weight"], tangents[f"{name}.bias"]             # [m, in, out], [m, 1, out]
+        dW = tangents[f"{name}.weight"].transpose(1, 2)                            # [m, in, out]
+        dc = tangents[f"{name}.bias"].unsqueeze(1)                                 # [m, 1, out]
         dz = _shared_times_batched(a, dW) + dc                                   # [m, b, out]
         if da is not None:
             dz = dz + da @ W
@@ -190,10 +196,9 @@ def _mlp_jvp(params: dict[str, torch.Tensor], tangents: dict[str, torch.Tensor],
     raise AssertionError("unreachable")
 
 
-def _mlp_vjp(params: dict[str, torch.Tensor], X: torch.Tensor, U: torch.Tensor) -> dict[str, torch.Tensor]:
+def _mlp_vjp(layers: Layers, X: torch.Tensor, U: torch.Tensor) -> dict[str, torch.Tensor]:
     """J^T u summed over samples for m cotangents U [m, b, C] by backpropagation;
-    name -> [m, *shape without the member dimension]."""
-    layers = _mlp_layers(params)
+    name -> [m, *parameter shape] (nn.Linear: weight [out, in], bias [out])."""
     acts, masks, a = [X], [], X
     for name, W, c in layers[:-1]:
         z = a @ W + c
@@ -204,41 +209,40 @@ def _mlp_vjp(params: dict[str, torch.Tensor], X: torch.Tensor, U: torch.Tensor) 
     delta = U                                                                     # [m, b, out]
     for i in range(len(layers) - 1, -1, -1):
         name, W, _ = layers[i]
-        grads[f"{name}.weight"] = _shared_times_batched(acts[i].T, delta)         # [m, in, out]
-        grads[f"{name}.bias"] = delta.sum(1, keepdim=True)                        # [m, 1, out]
+        grads[f"{name}.weight"] = _shared_times_batched(acts[i].T, delta).transpose(1, 2)  # [m, out, in]
+        grads[f"{name}.bias"] = delta.sum(1)                                      # [m, out]
         if i > 0:
             delta = (delta @ W.T) * masks[i - 1]
     return grads
 
 
-def _mlp_weighted_jacobians(params: dict[str, torch.Tensor], names: list[str], sizes: list[int], X: torch.Tensor,
+def _mlp_weighted_jacobians(layers: Layers, names: list[str], sizes: list[int], X: torch.Tensor,
                             left: torch.Tensor) -> torch.Tensor:
-    """left_i J_i for a one-member StackedMLP, by backpropagating the r rows of left [b, r, C] by hand.
+    """left_i J_i for one ReLU MLP member, by backpropagating the r rows of left [b, r, C] by hand.
 
-    Layer z = a W + c (W [in, out] flattened row-major, c [out]): d(left z)/dW = delta (x) a with delta the
-    back-propagated rows [b, r, out]; ReLU passes delta where z > 0 (torch's convention at 0)."""
+    Layer z = a W + c, stored as nn.Linear's weight W^T [out, in] (row-major) and bias c [out]:
+    d(left z)/dW^T = delta (x) a with delta the back-propagated rows [b, r, out]; ReLU passes delta
+    where z > 0 (torch's convention at 0)."""
     b, r, _ = left.shape
-    P = dict(params)
-    n_body = (len(names) - 2) // 2
     acts, pre = [X], []
     h = X
-    for l in range(n_body):
-        z = h @ P[f"body.{l}.weight"][0] + P[f"body.{l}.bias"][0, 0]
+    for _, W, c in layers[:-1]:
+        z = h @ W + c
         pre.append(z)
         h = torch.relu(z)
         acts.append(h)
     out = torch.empty(b, r, sum(sizes), dtype=X.dtype, device=X.device)
     offsets = dict(zip(names, torch.cumsum(torch.tensor([0, *sizes]), 0).tolist()))
-    layers = [*(f"body.{l}" for l in range(n_body)), "out"]
     delta = left  # [b, r, out] of the current layer
     for l in range(len(layers) - 1, -1, -1):
-        name, a = layers[l], acts[l]                      # a [b, in]
+        name, W, _ = layers[l]
+        a = acts[l]                                       # a [b, in]
         wo, bo = offsets[f"{name}.weight"], offsets[f"{name}.bias"]
         n_in, n_out = a.shape[1], delta.shape[2]
         # written in place (mul with out=): a temporary plus copy is ~4x slower on CPU
-        block = out[:, :, wo:wo + n_in * n_out].view(b, r, n_in, n_out)
-        torch.mul(a[:, None, :, None], delta[:, :, None, :], out=block)
+        block = out[:, :, wo:wo + n_out * n_in].view(b, r, n_out, n_in)
+        torch.mul(delta[:, :, :, None], a[:, None, None, :], out=block)
         out[:, :, bo:bo + n_out] = delta
         if l > 0:
-            delta = (delta @ P[f"{name}.weight"][0].T) * (pre[l - 1] > 0).to(X.dtype)[:, None, :]
+            delta = (delta @ W.T) * (pre[l - 1] > 0).to(X.dtype)[:, None, :]
     return out

@@ -28,7 +28,7 @@ class DataSizes:
     def of(cls, ctx: UnlearnContext) -> "DataSizes":
         n_adj = int(ctx.adjacent_mask.bool().sum())
         return cls(int(ctx.X_forget.shape[0]), int(ctx.X_retain.shape[0]), n_adj, int(ctx.X_retain.shape[0]) - n_adj,
-                   int(ctx.model.head().out_features))
+                   int(ctx.model.n_classes))
 
 
 class MethodArgs(BaseModel):

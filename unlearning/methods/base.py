@@ -2,7 +2,7 @@
 
 A method takes an `UnlearnContext` (the original ensemble, the forget and retain data, the training
 recipe) and returns an `UnlearnResult` (a NEW ensemble plus its compute cost). Methods work member-wise
-on grouped-layer ensembles, so one call unlearns the production model (N = 1) or N shadow originals.
+on ensembles, so one call unlearns the production model (N = 1) or N shadow originals.
 """
 
 from __future__ import annotations
@@ -12,17 +12,7 @@ from typing import Any
 
 import torch
 
-from unlearning.models.stacked import StackedModel
-
-
-@dataclass(frozen=True)
-class TrainRecipe:
-    """How the originals were trained; `retrain` (and the oracles) use the same recipe."""
-
-    epochs: int
-    batch_size: int
-    lr: float
-    weight_decay: float = 0.0
+from unlearning.models import Ensemble, TrainRecipe
 
 
 @dataclass
@@ -32,7 +22,7 @@ class UnlearnContext:
     X_forget [nF, d], y_forget [nF]; X_retain [nR, d], y_retain [nR]; adjacent_mask [nR] (bool) marks the
     retain rows entangled with the forget set (DESIGN §4.4). `model` is never mutated."""
 
-    model: StackedModel
+    model: Ensemble
     X_forget: torch.Tensor
     y_forget: torch.Tensor
     X_retain: torch.Tensor
@@ -71,6 +61,6 @@ class MethodCost:
 
 @dataclass
 class UnlearnResult:
-    model: StackedModel
+    model: Ensemble
     cost: MethodCost
     info: dict[str, Any] = field(default_factory=dict)

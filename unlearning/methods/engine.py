@@ -32,13 +32,13 @@ from unlearning.methods.optim import MemberOptimizer, OptimizerSpec
 from unlearning.methods.projection import Projection
 from unlearning.methods.sampling import PoolStream
 from unlearning.methods.weighting import Weighting
-from unlearning.models.stacked import StackedModel
-from unlearning.models.training import clone_model
+from unlearning.models import Ensemble
+from unlearning.models.training import clone_model, has_batchnorm
 
 POOLS = ("forget", "retain", "adjacent", "remote")
 
 # (model, X [N, b, d], y [N, b], idx [N, b] rows of the source table) -> per-sample losses [N, b]
-TermLoss = Callable[[StackedModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+TermLoss = Callable[[Ensemble, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -99,14 +99,37 @@ def source(ctx: UnlearnContext, pool: str) -> tuple[torch.Tensor, torch.Tensor]:
     return (ctx.X_forget, ctx.y_forget) if pool == "forget" else (ctx.X_retain, ctx.y_retain)
 
 
-def forget_accuracy(model: StackedModel, ctx: UnlearnContext) -> torch.Tensor:
-    """[N] accuracy of each member on the whole forget set."""
+def forget_accuracy(model: Ensemble, ctx: UnlearnContext) -> torch.Tensor:
+    """[N] accuracy of each member on the whole forget set, in eval mode (BatchNorm running statistics, no
+    dropout): a check that neither moves the running statistics nor draws from the dropout streams."""
     if ctx.loss != "ce":
         raise ValueError("a target forget accuracy needs loss='ce'")
     if ctx.X_forget.shape[0] == 0:
         return torch.zeros(model.n_models)
-    with torch.no_grad():
-        return correct(model(ctx.X_forget), ctx.y_forget).float().mean(1).cpu()
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            return correct(model.eval()(ctx.X_forget), ctx.y_forget).float().mean(1).cpu()
+    finally:
+        model.train(was_training)
+
+
+class FrozenBuffers:
+    """Keeps the buffers (BatchNorm running statistics) of stopped members as they were: a train-mode forward
+    pass updates every member's buffers, but a stopped member must end as a lone run that stopped there."""
+
+    def __init__(self, model: Ensemble):
+        self.buffers = list(model.buffers())  # stacked: [N, ...] each
+
+    def snapshot(self) -> list[torch.Tensor] | None:
+        return [b.clone() for b in self.buffers] if self.buffers else None
+
+    def restore(self, saved: list[torch.Tensor] | None, stopped: torch.Tensor) -> None:
+        if saved is None or not bool(stopped.any()):
+            return
+        with torch.no_grad():
+            for b, old in zip(self.buffers, saved):
+                b.copy_(torch.where(member_view(stopped.to(b.device), b).bool(), old, b))
 
 
 def default_loss(ctx: UnlearnContext) -> TermLoss:
@@ -128,6 +151,8 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
     evals = torch.zeros(n, dtype=torch.long)  # per member
     out_of_budget = torch.zeros(n, dtype=torch.bool)
     optimizers: dict[str, MemberOptimizer] = {}
+    kept = FrozenBuffers(model)
+    batchnorm = has_batchnorm(model)  # no one-row train-mode batches (a last short batch joins the one before)
     info: dict = {"phases": []}
     steps = 0
 
@@ -151,11 +176,13 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
         if rem is not None and rem <= 0:
             info["phases"].append({**p_info, "stop": ["budget"] * n})
             continue
+        saved = kept.snapshot()
         prep = phase.geometry.prepare(model, ctx, rem) + phase.projection.start(model, ctx)
+        kept.restore(saved, out_of_budget)
         evals[~out_of_budget] += prep
 
         streams = {k: PoolStream(pool_rows(ctx, t.pool), t.batch_size,
-                                 member_generators(ctx.seed, model.seeds, method, phase.name, k))
+                                 member_generators(ctx.seed, model.seeds, method, phase.name, k), batchnorm)
                    for k, t in terms.items()}
         losses = {k: (t.loss or default_loss(ctx)) for k, t in terms.items()}
         key = phase.optimizer.share_key
@@ -197,6 +224,7 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
                         done = True
                         break
                 active = ~frozen
+                saved = kept.snapshot()
 
                 reduced = {}
                 for k, idx in batch.items():
@@ -221,6 +249,7 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
                 with torch.no_grad():
                     for p, u in zip(params, update):
                         p.sub_(u)
+                kept.restore(saved, ~active)
                 evals[active] += cost
                 phase.weighting.after_step({k: v.detach() for k, v in reduced.items()}, active)
                 steps += 1

@@ -17,7 +17,7 @@ from torch.func import functional_call, grad, vmap
 from unlearning.methods.base import UnlearnContext
 from unlearning.methods.losses import per_sample_loss
 from unlearning.methods.memberwise import Vec, flatten, member_generators, member_view
-from unlearning.models.stacked import StackedModel
+from unlearning.models import Ensemble
 
 
 class Geometry:
@@ -25,7 +25,7 @@ class Geometry:
 
     name = "identity"
 
-    def prepare(self, model: StackedModel, ctx: UnlearnContext, max_evals: int | None) -> int:
+    def prepare(self, model: Ensemble, ctx: UnlearnContext, max_evals: int | None) -> int:
         """Build P at the model's current parameters. Returns the per-member per-sample gradient
         evaluations spent (at most `max_evals` when given)."""
         return 0
@@ -49,7 +49,7 @@ class DiagFisher(Geometry):
         self.samples, self.damping, self.chunk = samples, damping, chunk
         self.diag: Vec | None = None
 
-    def prepare(self, model: StackedModel, ctx: UnlearnContext, max_evals: int | None) -> int:
+    def prepare(self, model: Ensemble, ctx: UnlearnContext, max_evals: int | None) -> int:
         n_rows = ctx.X_retain.shape[0]
         m = min(self.samples, n_rows, max_evals if max_evals is not None else n_rows)
         if m <= 0:
@@ -66,13 +66,24 @@ class DiagFisher(Geometry):
         return [d / (f + member_view(self.damping * mean, f)) for d, f in zip(direction, self.diag)]
 
 
-def per_sample_grad_sq_mean(model: StackedModel, X: torch.Tensor, y: torch.Tensor, loss: str, chunk: int = 64
+def per_sample_grad_sq_mean(model: Ensemble, X: torch.Tensor, y: torch.Tensor, loss: str, chunk: int = 64
                             ) -> Vec:
     """(1/m) sum_i g_i^2 elementwise, per member: X [N, m, d] (member k's rows), y [N, m] -> tensors
     shaped like the parameters. Per-sample gradients come from torch.func.vmap over the sample axis;
-    the summed member losses make each member's gradient its own."""
+    the summed member losses make each member's gradient its own. They are taken in eval mode: in train
+    mode a one-sample batch has no BatchNorm statistics (and the running-stat update is an in-place write
+    the transform rejects), and dropout would draw random masks inside vmap."""
     params = {k: v.detach() for k, v in model.named_parameters()}
+    was_training = model.training
+    model.eval()
+    try:
+        return _per_sample_grad_sq_mean(model, params, X, y, loss, chunk)
+    finally:
+        model.train(was_training)
 
+
+def _per_sample_grad_sq_mean(model: Ensemble, params: dict, X: torch.Tensor, y: torch.Tensor, loss: str,
+                             chunk: int) -> Vec:
     def loss_one(p, x, t):  # x [N, d], t [N]: one sample per member
         logits = functional_call(model, p, (x.unsqueeze(1),))  # [N, 1, C]
         return per_sample_loss(logits, t.unsqueeze(1), loss).sum()

@@ -9,7 +9,7 @@ Per member k of the ensemble, in float64 on the model's device:
 The sum-of-losses scale matters: a mean loss with (coupled) weight decay wd, mean_R loss + wd/2 ||theta||^2,
 is the same objective divided by |R|, so the default lam = recipe.weight_decay * |R|. (The recipe trains with
 AdamW's decoupled decay, which is not exactly an L2 penalty: set `lam` explicitly to match another objective.)
-For a model linear in theta with squared loss ("mse", e.g. StackedMLP(hidden=[], n_classes=1)) the GGN is
+For a model linear in theta with squared loss ("mse", e.g. an MLP with hidden=[] and n_classes=1) the GGN is
 the Hessian, so one step with step_size = 1, damping = 0 lands exactly on the ridge solution on [X, 1] with
 the bias penalised like the weights: theta_R = ([X_R, 1]^T [X_R, 1] + lam I)^-1 [X_R, 1]^T y_R.
 This is Newton / influence removal: it lands on the oracle iff P = G_R and eta = 1 (DESIGN §4.1).
@@ -83,7 +83,7 @@ def run(ctx: UnlearnContext, args: NewtonGGNArgs) -> UnlearnResult:
         # choose here so that `max_params` decides between the two allowed solvers
         solver = "exact" if param_count(model) <= args.max_params else "cg"
     out = clone_model(model)  # never mutate ctx.model
-    n_outputs = int(model.head().out_features)
+    n_outputs = int(model.n_classes)
     steps = args.steps_within_budget(n_retain, n_outputs, solver)
     if steps == 0:  # the budget does not cover one step
         out.eval()

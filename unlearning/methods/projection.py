@@ -15,7 +15,7 @@ from unlearning.methods.base import UnlearnContext
 from unlearning.methods.losses import clip_loss, per_sample_loss
 from unlearning.methods.memberwise import Vec, flatten, member_generators, unflatten
 from unlearning.methods.sampling import PoolStream
-from unlearning.models.stacked import StackedModel
+from unlearning.models import Ensemble
 
 
 def project_off_span(direction: torch.Tensor, protected: torch.Tensor) -> torch.Tensor:
@@ -41,7 +41,7 @@ def w2_squared(losses: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     return (losses.sort(1).values - reference.sort(1).values).pow(2).mean(1)
 
 
-ProtectedLosses = Callable[[StackedModel], tuple[list[torch.Tensor], int]]
+ProtectedLosses = Callable[[Ensemble], tuple[list[torch.Tensor], int]]
 
 
 class Projection:
@@ -49,7 +49,7 @@ class Projection:
 
     name = "none"
 
-    def start(self, model: StackedModel, ctx: UnlearnContext) -> int:
+    def start(self, model: Ensemble, ctx: UnlearnContext) -> int:
         """Called at the phase start with the phase's starting model; returns evaluations spent."""
         return 0
 
@@ -57,7 +57,7 @@ class Projection:
         """Per-member per-sample gradient evaluations one `project` call spends."""
         return 0
 
-    def project(self, model: StackedModel, direction: Vec) -> Vec:
+    def project(self, model: Ensemble, direction: Vec) -> Vec:
         return direction
 
 
@@ -75,7 +75,7 @@ class SpanProjection(Projection):
     def evals_per_step(self) -> int:
         return self._evals
 
-    def protected_gradients(self, model: StackedModel) -> torch.Tensor:
+    def protected_gradients(self, model: Ensemble) -> torch.Tensor:
         """[N, k, p]: the flattened gradients of the k protected losses, per member."""
         params = list(model.parameters())
         losses, _ = self.protected(model)
@@ -85,7 +85,7 @@ class SpanProjection(Projection):
             grads.append(flatten([torch.zeros_like(p) if gi is None else gi for gi, p in zip(g, params)]))
         return torch.stack(grads, 1)
 
-    def project(self, model: StackedModel, direction: Vec) -> Vec:
+    def project(self, model: Ensemble, direction: Vec) -> Vec:
         v = self.protected_gradients(model)
         return unflatten(project_off_span(flatten(direction), v), direction)
 
@@ -109,12 +109,12 @@ class W2Projection(SpanProjection):
         self.remote: PoolStream | None = None
         super().__init__(self._losses, 0)
 
-    def _forget_losses(self, model: StackedModel) -> torch.Tensor:
+    def _forget_losses(self, model: Ensemble) -> torch.Tensor:
         ctx = self.ctx
         return clip_loss(per_sample_loss(model(ctx.X_forget), ctx.y_forget.expand(model.n_models, -1), ctx.loss),
                          self.cap)  # [N, nF]
 
-    def start(self, model: StackedModel, ctx: UnlearnContext) -> int:
+    def start(self, model: Ensemble, ctx: UnlearnContext) -> int:
         self.ctx = ctx
         with torch.no_grad():
             self.reference = self._forget_losses(model).detach()
@@ -125,7 +125,7 @@ class W2Projection(SpanProjection):
         self._evals = ctx.X_forget.shape[0] + n_rem
         return 0  # a forward pass only
 
-    def _losses(self, model: StackedModel) -> tuple[list[torch.Tensor], int]:
+    def _losses(self, model: Ensemble) -> tuple[list[torch.Tensor], int]:
         ctx = self.ctx
         lf = self._forget_losses(model)  # [N, nF]
         first = (1 - self.alpha) * lf.mean(1) + self.alpha * w2_squared(lf, self.reference)

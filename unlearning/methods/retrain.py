@@ -16,8 +16,8 @@ from unlearning.methods.args import DataSizes, MethodArgs
 from unlearning.methods.base import MethodCost, TrainRecipe, UnlearnContext, UnlearnResult
 from unlearning.methods.losses import per_sample_loss
 from unlearning.methods.registry import register
-from unlearning.models.stacked import StackedModel, build_model
-from unlearning.models.training import order_generator, train_ensemble
+from unlearning.models import Ensemble, fit
+from unlearning.models.training import batch_bounds, has_batchnorm, make_optimizer, order_generator
 
 
 class RetrainArgs(MethodArgs):
@@ -30,18 +30,18 @@ class RetrainArgs(MethodArgs):
         return epochs * sizes.n_retain
 
 
-def train_mse(model: StackedModel, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe, epochs: int) -> int:
+def train_mse(model: Ensemble, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe, epochs: int) -> int:
     """`train_ensemble`'s loop with the squared loss (0.5 ||z - t||^2 per sample, mean per member).
     Returns the optimizer steps taken."""
     n = X.shape[0]
     gens = [order_generator(s) for s in model.seeds]
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    opt = make_optimizer(model.parameters(), recipe, fused_ok=False)
     steps = 0
     model.train()
     for _ in range(epochs):
         perms = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(X.device)  # [N, n]
-        for i in range(0, n, recipe.batch_size):
-            idx = perms[:, i : i + recipe.batch_size]
+        for lo, hi in batch_bounds(n, recipe.batch_size, merge_single=has_batchnorm(model)):
+            idx = perms[:, lo:hi]
             loss = per_sample_loss(model(X[idx]), y[idx], "mse").mean(1).sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -55,12 +55,9 @@ def train_mse(model: StackedModel, X: torch.Tensor, y: torch.Tensor, recipe: Tra
 def run(ctx: UnlearnContext, args: RetrainArgs) -> UnlearnResult:
     start = time.perf_counter()
     epochs = ctx.recipe.epochs if args.epochs is None else args.epochs
-    device = next(ctx.model.parameters()).device
-    model = build_model(ctx.model.spec(), ctx.model.seeds).to(device=device, dtype=next(ctx.model.parameters()).dtype)
+    model = ctx.model.fresh()  # same architecture and member seeds, newly initialised
     if ctx.loss == "ce":
-        tc = train_ensemble(model, ctx.X_retain, ctx.y_retain, epochs=epochs, batch_size=ctx.recipe.batch_size,
-                            lr=ctx.recipe.lr, weight_decay=ctx.recipe.weight_decay, progress=ctx.progress)
-        steps = tc.steps
+        steps = fit(model, ctx.X_retain, ctx.y_retain, ctx.recipe, epochs=epochs, progress=ctx.progress).steps
     elif ctx.loss == "mse":
         steps = train_mse(model, ctx.X_retain, ctx.y_retain, ctx.recipe, epochs)
     else:

@@ -20,7 +20,7 @@ from unlearning.methods.losses import per_sample_loss
 from unlearning.methods.memberwise import Vec, flatten, member_generators, unflatten
 from unlearning.methods.registry import register
 from unlearning.methods.weighting import Weighting
-from unlearning.models.stacked import StackedModel
+from unlearning.models import Ensemble
 from unlearning.models.training import clone_model
 
 
@@ -37,7 +37,7 @@ class SalunArgs(IterativeArgs):
                                                   others=((sizes.n_retain, self.batch_size),)))
 
 
-def saliency_mask(model: StackedModel, X: torch.Tensor, y: torch.Tensor, fraction: float) -> Vec:
+def saliency_mask(model: Ensemble, X: torch.Tensor, y: torch.Tensor, fraction: float) -> Vec:
     """0/1 masks shaped like the parameters: per member, 1 on the top `fraction` of weights by
     |d L_F / d theta| (mean CE over the rows X [nF, d], y [nF]). Ties at the threshold are kept."""
     params = list(model.parameters())
@@ -67,7 +67,7 @@ def run(ctx: UnlearnContext, args: SalunArgs) -> UnlearnResult:
     if n_forget == 0 or (args.max_grad_evals is not None and args.max_grad_evals < saliency_cost):
         return UnlearnResult(model, MethodCost(0, 0, time.perf_counter() - start),
                              {"stop": "budget" if n_forget else "empty forget set"})
-    n_classes = getattr(model, "n_classes", None) or int(model(ctx.X_forget[:1]).shape[-1])
+    n_classes = model.n_classes
     if n_classes < 2:
         raise ValueError("salun needs at least 2 classes")
     mask = saliency_mask(model, ctx.X_forget, ctx.y_forget, args.mask_fraction)

@@ -6,10 +6,11 @@ member k of an ensemble sees the batches a lone model with that member seed woul
 
 from __future__ import annotations
 
-import math
 from typing import Iterator
 
 import torch
+
+from unlearning.models.training import batch_bounds
 
 
 class PoolStream:
@@ -17,10 +18,13 @@ class PoolStream:
 
     `epoch()` yields one pass in a fresh per-member permutation (the last batch may be short);
     `next()` cycles forever, drawing a new permutation whenever the current one runs out.
-    `batch_size=None` means the whole pool every time (in pool order, identical for all members)."""
+    `batch_size=None` means the whole pool every time (in pool order, identical for all members).
+    `merge_single` folds a last epoch batch of one row into the previous batch (BatchNorm cannot normalise
+    one row in train mode; as `batch_bounds` in training)."""
 
-    def __init__(self, rows: torch.Tensor, batch_size: int | None, gens: list[torch.Generator]):
-        self.rows, self.gens = rows, gens
+    def __init__(self, rows: torch.Tensor, batch_size: int | None, gens: list[torch.Generator],
+                 merge_single: bool = False):
+        self.rows, self.gens, self.merge_single = rows, gens, merge_single
         self.batch_size = len(rows) if batch_size is None else int(batch_size)
         self.full = batch_size is None or batch_size >= len(rows)
         self._perm: torch.Tensor | None = None
@@ -30,7 +34,11 @@ class PoolStream:
         return len(self.rows)
 
     def steps_per_epoch(self) -> int:
-        return 0 if len(self.rows) == 0 else math.ceil(len(self.rows) / self.batch_size)
+        return len(self._bounds())
+
+    def _bounds(self) -> list[tuple[int, int]]:
+        n = len(self.rows)
+        return [] if n == 0 else batch_bounds(n, self.batch_size, self.merge_single)
 
     def _permutation(self) -> torch.Tensor:
         """[N, n_pool] positions into rows: one permutation per member."""
@@ -49,8 +57,8 @@ class PoolStream:
             yield self._whole()
             return
         perm = self._permutation()
-        for start in range(0, len(self.rows), self.batch_size):
-            yield self._take(perm, start, self.batch_size)
+        for start, stop in self._bounds():
+            yield self._take(perm, start, stop - start)
 
     def next(self) -> torch.Tensor:
         if len(self.rows) == 0:

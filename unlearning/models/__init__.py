@@ -1,13 +1,16 @@
-"""Model registry (MLP, small CNN) as grouped-layer ensembles, and their deterministic training."""
+"""Models: the architectures (`zoo`), ONE ensemble adapter over any nn.Module (`ensemble`), the fused MLP
+fast path, and deterministic training with the declared recipe. Nothing outside this package names a
+concrete architecture."""
 
-from unlearning.models.stacked import ARCHITECTURES, StackedCNN, StackedMLP, StackedModel, build_model
+from unlearning.models.ensemble import Ensemble, build_model, from_modules, normalize_spec
 from unlearning.models.training import (
-    TrainCost, accuracy, clone_model, flat_params, load_model, param_count, per_member_loss, predict_logits,
-    save_model, seeds_for, train_ensemble,
+    TrainCost, TrainRecipe, accuracy, clone_model, fit, flat_params, load_model, load_module_state, param_count,
+    per_member_loss, predict_logits, save_model, seeds_for, train_ensemble,
 )
+from unlearning.models.zoo import ARCHITECTURES, import_factory
 
 __all__ = [
-    "ARCHITECTURES", "StackedCNN", "StackedMLP", "StackedModel", "build_model", "TrainCost", "accuracy",
-    "clone_model", "flat_params", "load_model", "param_count", "per_member_loss", "predict_logits",
-    "save_model", "seeds_for", "train_ensemble",
+    "ARCHITECTURES", "Ensemble", "build_model", "from_modules", "import_factory", "normalize_spec", "TrainCost",
+    "TrainRecipe", "accuracy", "clone_model", "fit", "flat_params", "load_model", "load_module_state",
+    "param_count", "per_member_loss", "predict_logits", "save_model", "seeds_for", "train_ensemble",
 ]

@@ -1,0 +1,355 @@
+"""`unlearn init`, `unlearn reset` and the state/params binding of `load_state` (fast: no Prefect server, no
+training; models are stubbed where a checkpoint would be read)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from flows.cli import main
+from tests.helpers import ROOT, make_project
+from unlearning.config import Prepare, load_params
+from unlearning.fingerprint import StateMismatch
+
+HAS_TABLE = "table" in Prepare.model_fields
+HAS_IMAGE_FOLDER = "image_folder" in Prepare.model_fields
+
+
+def write_csv(path, n=12):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"customer": [f"c{i:03d}" for i in range(n)], "churned": rng.integers(0, 2, n),
+                  "household": [f"h{i // 2}" for i in range(n)], "age": rng.integers(18, 90, n),
+                  "spend": rng.random(n).round(3), "note": ["x"] * n}).to_csv(path, index=False)
+    return path
+
+
+def init_args(target, csv, *extra):
+    return ["init", str(target), "--dataset", "table", "--path", str(csv), "--id-column", "customer",
+            "--label-column", "churned", "--group-column", "household", "--feature-columns", "age,spend", *extra]
+
+
+# --- unlearn init ------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_TABLE, reason="prepare.table (TableSource) is not in unlearning/config.py yet")
+def test_init_scaffolds_a_table_project(tmp_path, capsys):
+    target = tmp_path / "churn"
+    csv = write_csv(target / "data" / "customers.csv")
+    assert main(init_args(target, csv)) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and "dvc init" in out and "git init" in out
+
+    params = load_params(target / "params.yaml")  # parses and validates
+    assert params.root == target.resolve()
+    assert params.prepare.dataset == "table"
+    table = params.prepare.table
+    assert params.prepare.source == "data/customers.csv"  # relative to the project folder
+    assert (table.id_column, table.label_column, table.group_column) == ("customer", "churned", "household")
+    assert list(table.feature_columns) == ["age", "spend"] and table.split_column is None
+    assert table.missing == "error"
+    assert params.train == load_params(ROOT / "params.yaml").train
+
+    stages = yaml.safe_load((target / "dvc.yaml").read_text())["stages"]
+    assert list(stages) == ["prepare", "train", "deletion"]
+    assert [s["cmd"] for s in stages.values()] == ["python -m flows.prepare", "python -m flows.train",
+                                                   "python -m flows.deletion_batch"]
+    assert stages["prepare"]["deps"] == ["data/customers.csv"]
+    deps = [d for s in stages.values() for d in s["deps"]]
+    assert not any(d.startswith(("flows", "tasks", "unlearning")) for d in deps)  # no repo sources in DIR
+    assert "train" in stages["train"]["params"] and "prepare" in stages["prepare"]["params"]
+
+    assert (target / "requests" / "inbox" / ".gitkeep").exists()
+    ignored = (target / ".gitignore").read_text().splitlines()
+    for entry in ("/state", "/cache/", "/mlflow.db", "/mlartifacts/", "/archive/", "/.prefect/", "/data/prepared",
+                  "/models/*.pt"):
+        assert entry in ignored
+    assert (target / ".git").is_dir() and (target / ".dvc").is_dir()
+
+    # never overwrites
+    before = (target / "params.yaml").read_text()
+    assert main(init_args(target, csv)) == 2
+    assert "refusing to overwrite" in capsys.readouterr().err
+    assert (target / "params.yaml").read_text() == before
+
+
+def test_init_refuses_an_existing_params_yaml(tmp_path, capsys):
+    (tmp_path / "params.yaml").write_text("base: {}\n")
+    csv = write_csv(tmp_path / "t.csv")
+    assert main(init_args(tmp_path, csv, "--no-vcs")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "refusing to overwrite" in err
+    assert (tmp_path / "params.yaml").read_text() == "base: {}\n"
+
+
+def test_init_writes_nothing_when_the_params_would_not_validate(tmp_path, monkeypatch, capsys):
+    import flows.scaffold as scaffold
+
+    monkeypatch.setattr(scaffold, "base_params_text", lambda: "train:\n  epochz: 3\n")
+    csv = write_csv(tmp_path / "src" / "t.csv")
+    target = tmp_path / "proj"
+    assert main(init_args(target, csv, "--no-vcs")) == 2
+    err = capsys.readouterr().err
+    assert "nothing written" in err and "epochz" in err
+    assert not target.exists()
+
+
+def test_init_checks_columns_and_required_args(tmp_path, capsys):
+    csv = write_csv(tmp_path / "t.csv")
+    target = tmp_path / "p"
+    args = ["init", str(target), "--dataset", "table", "--path", str(csv), "--id-column", "nope",
+            "--label-column", "churned", "--no-vcs"]
+    assert main(args) == 2
+    assert "no column(s) ['nope']" in capsys.readouterr().err
+    assert main(["init", str(target), "--dataset", "table", "--path", str(csv), "--no-vcs"]) == 2
+    assert "--id-column and --label-column" in capsys.readouterr().err
+    assert main(init_args(target, csv, "--arch", "custom", "--no-vcs")) == 2
+    assert "--factory module:function" in capsys.readouterr().err
+    assert not target.exists()
+
+
+@pytest.mark.skipif(not HAS_TABLE, reason="prepare.table (TableSource) is not in unlearning/config.py yet")
+def test_init_outside_data_path_is_absolute(tmp_path):
+    from flows.scaffold import scaffold
+
+    csv = write_csv(tmp_path / "elsewhere" / "t.csv")
+    scaffold(tmp_path / "p", "table", csv, id_column="customer", label_column="churned", vcs=False)
+    params = load_params(tmp_path / "p" / "params.yaml")
+    assert params.prepare.source == str(csv.resolve())
+    assert yaml.safe_load((tmp_path / "p" / "dvc.yaml").read_text())["stages"]["prepare"]["deps"] == [str(csv.resolve())]
+
+
+@pytest.mark.skipif(not HAS_IMAGE_FOLDER, reason="prepare.image_folder is not in unlearning/config.py yet")
+def test_init_image_folder(tmp_path):
+    from flows.scaffold import scaffold
+
+    images = tmp_path / "proj" / "images"
+    (images / "cat").mkdir(parents=True)
+    scaffold(tmp_path / "proj", "image_folder", images, vcs=False)
+    params = load_params(tmp_path / "proj" / "params.yaml")
+    assert params.prepare.dataset == "image_folder" and params.prepare.source == "images"
+    assert params.prepare.image_folder is not None and params.prepare.table is None
+
+
+def test_help_texts_have_examples(capsys):
+    for cmd in ("init", "reset"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        out = capsys.readouterr().out
+        assert "examples:" in out and f"unlearn {cmd}" in out
+
+
+# --- a hand-built project: prepared folder, state folder ---------------------------------------------
+
+
+def build_prepared(root, n=10):
+    folder = root / "data" / "prepared"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    X, label = rng.random((n, 4), dtype=np.float32), np.arange(n) % 2
+    np.save(folder / "features.npy", X)
+    np.save(folder / "labels.npy", label.astype(np.int64))
+    pd.DataFrame({"sample_id": [f"s{i:02d}" for i in range(n)], "split": ["train"] * (n - 2) + ["val"] * 2,
+                  "label": label, "group": [f"g{i}" for i in range(n)],
+                  "class_name": [["a", "b"][c] for c in label]}).to_csv(folder / "manifest.csv", index=False)
+    (folder / "dataset.json").write_text(json.dumps({
+        "name": "toy", "class_names": ["a", "b"], "fine_class_names": ["a", "b"], "image_shape": [2, 2],
+        "n_samples": n, "n_train": n - 2, "n_val": 2, "source": "test"}))
+    return folder
+
+
+def stub_models(monkeypatch, extra=None):
+    """load_state reads checkpoints through these; the models package is not under test here."""
+    import tasks.state as st
+
+    extra = extra or {}
+    monkeypatch.setattr(st, "load_model", lambda path, device="cpu": (object(), dict(extra)))
+    monkeypatch.setattr(st, "_checkpoint", lambda path: {"extra": dict(extra)})
+    monkeypatch.setattr(st, "save_model", lambda model, path, extra=None: open(path, "wb").write(b"stub"))
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """params.yaml (repo defaults + fast), the sample inbox, a prepared folder, a state with a 3-entry ledger
+    recorded under the current params."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params_path = make_project(tmp_path)
+    build_prepared(tmp_path)
+    stub_models(monkeypatch)
+    from tasks.state import current_fingerprint, write_state
+    from unlearning.data import initial_state_manifest, load_prepared
+
+    params = load_params(params_path)
+    prepared = load_prepared(params.path("prepared_dir"))
+    ledger = [{"request_id": f"req-000{i}", "sample_id": f"s0{i}", "batch_id": "batch-a"} for i in (1, 2, 3)]
+    write_state(params.path("state_dir"), object(), initial_state_manifest(prepared.manifest), ledger,
+                {"model_version": "3", "method": "finetune", "batch_id": "batch-a"},
+                current_fingerprint(params, prepared))
+    (params.path("cache_dir") / "chunk-1").mkdir(parents=True)
+    (params.path("cache_dir") / "chunk-1" / "model.pt").write_bytes(b"x")
+    return params_path
+
+
+def change_params(params_path, **train):
+    data = yaml.safe_load(params_path.read_text())
+    data["train"].update(train)
+    params_path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def test_write_state_records_the_fingerprint(project):
+    champion = json.loads((project.parent / "state" / "champion.json").read_text())
+    assert len(champion["fingerprint"]["digest"]) == 16
+    from tasks.state import write_state
+
+    with pytest.raises(ValueError, match="fingerprint"):
+        write_state(project.parent / "elsewhere", object(), None, [], {"model_version": "1"})
+
+
+def test_load_state_accepts_a_matching_state(project):
+    from tasks.state import load_state
+
+    state = load_state.fn(load_params(project), "cpu")
+    recorded = json.loads((project.parent / "state" / "champion.json").read_text())["fingerprint"]
+    assert state.fingerprint["digest"] == recorded["digest"] and len(state.ledger) == 3
+
+
+def test_load_state_raises_after_a_params_change(project, capsys):
+    from tasks.state import load_state
+
+    change_params(project, epochs=5)
+    with pytest.raises(StateMismatch) as e:
+        load_state.fn(load_params(project), "cpu")
+    msg = str(e.value)
+    assert "recipe: epochs was 12, now 5" in msg and "unlearn reset" in msg and "restore the previous params" in msg
+
+    # the CLI maps it to exit code 2 with one error line
+    req = next((project.parent / "requests" / "inbox").iterdir())
+    assert main(["--params", str(project), "validate", str(req)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "epochs was 12, now 5" in err[0]
+
+
+def test_load_state_raises_when_the_dataset_changed(project):
+    from tasks.state import load_state
+
+    info = project.parent / "data" / "prepared" / "dataset.json"
+    info.write_text(json.dumps({**json.loads(info.read_text()), "source": "other"}))
+    with pytest.raises(StateMismatch, match="dataset: source was \"test\", now \"other\""):
+        load_state.fn(load_params(project), "cpu")
+
+
+def test_old_state_without_fingerprint(project):
+    """Accepted when nothing can be told; refused when its manifest holds other samples."""
+    from tasks.state import load_state
+
+    champion_file = project.parent / "state" / "champion.json"
+    champion = json.loads(champion_file.read_text())
+    champion.pop("fingerprint")
+    champion_file.write_text(json.dumps(champion))
+    assert load_state.fn(load_params(project), "cpu").fingerprint["digest"]
+    manifest = project.parent / "state" / "manifest.csv"
+    m = pd.read_csv(manifest, dtype=str, keep_default_na=False)
+    m.loc[0, "sample_id"] = "someone-else"
+    m.to_csv(manifest, index=False)
+    with pytest.raises(StateMismatch, match="1 sample\\(s\\) not in"):
+        load_state.fn(load_params(project), "cpu")
+
+
+def test_old_state_with_another_architecture(project, monkeypatch):
+    import tasks.state as st
+
+    champion_file = project.parent / "state" / "champion.json"
+    champion = json.loads(champion_file.read_text())
+    champion.pop("fingerprint")
+    champion_file.write_text(json.dumps(champion))
+    legacy = {"arch": "mlp", "in_dim": 4, "hidden": [16], "n_classes": 2, "image_shape": [2, 2]}  # as params build
+    monkeypatch.setattr(st, "_checkpoint", lambda path: {"spec": legacy})
+    st.load_state.fn(load_params(project), "cpu")
+    monkeypatch.setattr(st, "_checkpoint", lambda path: {"spec": {**legacy, "hidden": [99]}})
+    with pytest.raises(StateMismatch, match="99"):
+        st.load_state.fn(load_params(project), "cpu")
+
+
+def test_first_batch_checks_the_original(tmp_path, monkeypatch):
+    """params changed but train not re-run: the original does not match -> retrain hint."""
+    from tasks.state import current_fingerprint, load_state
+    from unlearning.data import load_prepared
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params_path = make_project(tmp_path, inbox_files=False)
+    build_prepared(tmp_path)
+    params = load_params(params_path)
+    recorded = current_fingerprint(params, load_prepared(params.path("prepared_dir")))
+    stub_models(monkeypatch, {"model_version": "1", "fingerprint": recorded})
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "original.pt").write_bytes(b"stub")
+    assert load_state.fn(params, "cpu").champion["model_version"] == "1"
+    change_params(params_path, model={"hidden": [8]})
+    with pytest.raises(StateMismatch) as e:
+        load_state.fn(load_params(params_path), "cpu")
+    assert "original.pt" in str(e.value) and "model: hidden was [16], now [8]" in str(e.value)
+    assert "dvc repro" in str(e.value) and "unlearn train" in str(e.value)
+
+
+# --- unlearn reset -----------------------------------------------------------------------------------
+
+
+def test_reset_with_yes_archives_state_and_cache(project, capsys):
+    root = project.parent
+    assert main(["--params", str(project), "reset", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert not (root / "state").exists() and not (root / "cache").exists()
+    [archive] = list((root / "archive").iterdir())
+    ledger = archive / "state" / "ledger.jsonl"
+    assert len(ledger.read_text().splitlines()) == 3
+    assert (archive / "cache" / "chunk-1" / "model.pt").exists()
+    assert json.loads((archive / "reset.json").read_text())["ledger_entries"] == 3
+    assert f"3 applied erasure(s) in 1 batch(es) kept in {ledger}" in out
+    assert f"archived {root / 'state'} -> {archive / 'state'}" in out
+    assert "hold 3 of the 3 archived request(s)" in out  # the sample inbox file holds req-0001..3
+    assert "MLflow: no store at" in out and "next: `dvc repro`" in out
+    # a second reset finds nothing; a third after a new state gets its own archive folder
+    assert main(["--params", str(project), "reset", "--yes"]) == 0
+    assert "nothing to reset" in capsys.readouterr().out
+
+
+def test_reset_without_yes_and_no_tty_refuses(project, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main(["--params", str(project), "reset"]) == 2
+    captured = capsys.readouterr()
+    assert "--yes" in captured.err and "nothing changed" in captured.err
+    assert "3 applied erasure(s)" in captured.out
+    assert (project.parent / "state" / "ledger.jsonl").exists() and not (project.parent / "archive").exists()
+
+
+def test_reset_prompt_no_keeps_everything(project, monkeypatch, capsys):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty("n\n"))
+    assert main(["--params", str(project), "reset"]) == 1
+    assert "cancelled" in capsys.readouterr().out
+    assert (project.parent / "state").exists()
+
+
+def test_reset_then_load_state_starts_over(project, monkeypatch):
+    """After a params change, reset clears the way: the first batch starts from a matching original."""
+    from tasks.state import current_fingerprint, load_state
+    from unlearning.data import load_prepared
+
+    change_params(project, epochs=5)
+    assert main(["--params", str(project), "reset", "--yes"]) == 0
+    params = load_params(project)
+    stub_models(monkeypatch, {"model_version": "7",
+                              "fingerprint": current_fingerprint(params, load_prepared(params.path("prepared_dir")))})
+    (project.parent / "models").mkdir()
+    (project.parent / "models" / "original.pt").write_bytes(b"stub")
+    state = load_state.fn(params, "cpu")
+    assert state.ledger == [] and state.champion["model_version"] == "7"

@@ -1,0 +1,294 @@
+"""One ensemble adapter over any `nn.Module`: N independent members evaluated in one pass (torch.func).
+
+The members' parameters AND buffers are stacked with a leading member dimension N
+(`torch.func.stack_module_state`); the forward pass is `vmap(functional_call(base, ...))` over that
+dimension, so any module mapping [B, *in_shape] -> [B, C] becomes an ensemble [N, B, C] with no rewrite.
+A single model is the case N = 1.
+
+Contract (tested): member k is the module built with `torch.manual_seed(seed_k)` and trained alone,
+whatever N is. Members never mix: the ensemble loss is the sum of the members' losses, so each member's
+gradient and optimizer state is its own; BatchNorm running statistics are stacked buffers, so each member
+keeps its own; `select` / `concat` carry parameters and buffers. Modules with dropout train member by
+member in train mode, each drawing from its own generator (seeded from its seed), so member k draws
+exactly what the lone run draws; in eval mode (and for modules without dropout) one vmapped call serves
+all members.
+
+Inputs are flat features [B, d] (shared by all members) or [N, B, d] (one batch per member); they are
+reshaped to in_shape before the module sees them. Outputs are logits [N, B, C].
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from unlearning.models import zoo
+
+_SPEC_KEYS = ("arch", "in_shape", "n_classes", "kwargs", "factory", "feature_layer")
+
+
+def normalize_spec(spec: dict) -> dict:
+    """The canonical spec: {arch, in_shape, n_classes, kwargs, factory, feature_layer}.
+
+    Also accepts the flat legacy form {"arch", "in_dim", "image_shape", "n_classes", <arch kwargs>}:
+    in_dim d gives in_shape [d]; image_shape [H, W] gives [1, H, W]."""
+    spec = dict(spec)
+    out = {"arch": spec.pop("arch", "mlp"), "n_classes": int(spec.pop("n_classes")),
+           "factory": spec.pop("factory", None), "feature_layer": spec.pop("feature_layer", None)}
+    in_shape, in_dim, image_shape = spec.pop("in_shape", None), spec.pop("in_dim", None), spec.pop("image_shape", None)
+    if in_shape is None:
+        if image_shape and (in_dim is None or int(in_dim) == int(image_shape[0]) * int(image_shape[1])) \
+                and out["arch"] != "mlp":
+            in_shape = [1, *image_shape]
+        elif in_dim is not None:
+            in_shape = [int(in_dim)]
+        else:
+            raise ValueError("model spec needs in_shape (the shape of one input sample)")
+    out["in_shape"] = [int(s) for s in in_shape]
+    kwargs = dict(spec.pop("kwargs", None) or {})
+    kwargs.update(spec)  # legacy flat arch kwargs (hidden, channels, ...)
+    out["kwargs"] = kwargs
+    return {k: out[k] for k in _SPEC_KEYS}
+
+
+def _key(name: str) -> str:
+    # parameter names of the wrapped module ("body.0.weight") as attribute names of the ensemble
+    return name.replace(".", "__")
+
+
+def _is_stochastic(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules())
+
+
+def _rng_seed(seed: int) -> int:
+    """The dropout stream of a member: independent of its initialisation and data-order streams."""
+    return (int(seed) * 2_654_435_761 + 91) % (2**63)
+
+
+class Ensemble(nn.Module):
+    """N members of one architecture. `parameters()` / `buffers()` are the stacked tensors [N, ...]."""
+
+    def __init__(self, spec: dict, seeds: Sequence[int], *, builder: Callable[..., nn.Module] | None = None,
+                 search_paths: Sequence[str | Path] = (), modules: Sequence[nn.Module] | None = None):
+        super().__init__()
+        self._spec = normalize_spec(spec)
+        self.seeds = [int(s) for s in seeds]
+        s = self._spec
+        self._builder = builder or zoo.builder_for(s["arch"], s["factory"], search_paths)
+        if modules is None:
+            modules = [self._build_member(seed) for seed in self.seeds]
+        elif len(modules) != len(self.seeds):
+            raise ValueError(f"{len(modules)} modules for {len(self.seeds)} seeds")
+        zoo.check_output_shape(modules[0], s["in_shape"], s["n_classes"])
+        params, buffers = stack_module_state(list(modules))
+        self._param_names = list(params)
+        self._buffer_names = list(buffers)
+        for name in self._param_names:
+            self.register_parameter(_key(name), nn.Parameter(params[name].detach().clone()))
+        for name in self._buffer_names:
+            self.register_buffer(_key(name), buffers[name].detach().clone())
+        # The template the members are called through: no storage of its own (meta device), never registered
+        # as a submodule, so it adds nothing to parameters() / state_dict().
+        object.__setattr__(self, "_base", copy.deepcopy(modules[0]).to("meta"))
+        self.feature_layer = s["feature_layer"] or zoo.last_linear(self._base)
+        if self.feature_layer not in dict(self._base.named_modules()):
+            raise ValueError(f"train.model.feature_layer = {self.feature_layer!r} is not a layer of "
+                             f"{type(self._base).__name__}; layers: {[n for n, _ in self._base.named_modules() if n]}")
+        self.stochastic = _is_stochastic(self._base)
+        self._rng_states: list[torch.Tensor] | None = None
+        self.eval()
+
+    # --- identity ------------------------------------------------------------------------------------
+    def _build_member(self, seed: int) -> nn.Module:
+        s = self._spec
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            return zoo.checked_module(self._builder, s["in_shape"], s["n_classes"], s["kwargs"])
+
+    @property
+    def arch(self) -> str:
+        return self._spec["arch"]
+
+    @property
+    def n_models(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def n_classes(self) -> int:
+        return self._spec["n_classes"]
+
+    @property
+    def in_shape(self) -> list[int]:
+        return list(self._spec["in_shape"])
+
+    @property
+    def in_dim(self) -> int:
+        """Flat feature width d of an input row."""
+        n = 1
+        for s in self._spec["in_shape"]:
+            n *= s
+        return n
+
+    @property
+    def module_class(self) -> str:
+        return type(self._base).__name__
+
+    def spec(self) -> dict:
+        """Everything needed to rebuild the architecture (not the seeds, not the weights)."""
+        return copy.deepcopy(self._spec)
+
+    def linear_chain(self) -> list[str] | None:
+        """The Linear layers of a ReLU MLP in order (fast paths), else None."""
+        return zoo.linear_chain(self._base)
+
+    # --- train / eval reach the template, which functional_call runs --------------------------------
+    def train(self, mode: bool = True) -> "Ensemble":
+        super().train(mode)
+        self._base.train(mode)
+        return self
+
+    def _stacked(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        params = {n: getattr(self, _key(n)) for n in self._param_names}
+        buffers = {n: getattr(self, _key(n)) for n in self._buffer_names}
+        return params, buffers
+
+    def member_state(self, k: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Member k's parameters and buffers (views, no member dimension), keyed by the module's names."""
+        params, buffers = self._stacked()
+        return {n: t[k] for n, t in params.items()}, {n: t[k] for n, t in buffers.items()}
+
+    def call_member(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                    x: torch.Tensor) -> torch.Tensor:
+        """The wrapped module on one member's state: flat x [B, d] -> [B, C]."""
+        return functional_call(self._base, (params, buffers), (x.reshape(x.shape[0], *self.in_shape),))
+
+    def module_of(self, k: int) -> nn.Module:
+        """A plain, standalone copy of member k (the team's own module class, with its weights)."""
+        p = next(self.parameters())
+        module = copy.deepcopy(self._base).to_empty(device=p.device).to(p.dtype)
+        params, buffers = self.member_state(k)
+        module.load_state_dict({**{n: t.detach().clone() for n, t in params.items()},
+                                **{n: t.detach().clone() for n, t in buffers.items()}}, strict=False)
+        return module.train(self.training)
+
+    # --- forward -------------------------------------------------------------------------------------
+    def _per_member(self, x: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+        if x.dim() == 2:
+            return x.reshape(x.shape[0], *self.in_shape), None
+        if x.dim() != 3:
+            raise ValueError(f"ensemble input must be [B, d] or [N, B, d], got shape {list(x.shape)}")
+        if x.shape[0] != self.n_models:
+            raise ValueError(f"input has {x.shape[0]} member batches but the ensemble has {self.n_models} models")
+        return x.reshape(x.shape[0], x.shape[1], *self.in_shape), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xs, x_dim = self._per_member(x)
+        params, buffers = self._stacked()
+        if self.training and self.stochastic:
+            return self._forward_each(params, buffers, xs, x_dim)
+
+        def call(p, b, xx):
+            return functional_call(self._base, (p, b), (xx,))
+
+        return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
+
+    def _forward_each(self, params, buffers, xs, x_dim) -> torch.Tensor:
+        """Member by member, each with its own dropout generator (exact per-member randomness)."""
+        device = xs.device
+        if self._rng_states is None:
+            self._rng_states = [torch.Generator(device=device).manual_seed(_rng_seed(s)).get_state()
+                                for s in self.seeds]
+        outs = []
+        devices = [device] if device.type == "cuda" else []
+        for k in range(self.n_models):
+            with torch.random.fork_rng(devices=devices, device_type=device.type):
+                _set_rng_state(device, self._rng_states[k])
+                outs.append(functional_call(self._base, ({n: t[k] for n, t in params.items()},
+                                                         {n: t[k] for n, t in buffers.items()}),
+                                            (xs if x_dim is None else xs[k],)))
+                self._rng_states[k] = _get_rng_state(device)
+        return torch.stack(outs)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Penultimate features [N, B, H]: the input of `feature_layer` (a forward hook), flattened."""
+        xs, x_dim = self._per_member(x)
+        params, buffers = self._stacked()
+        layer = dict(self._base.named_modules())[self.feature_layer]
+
+        def call(p, b, xx):
+            store = []
+            handle = layer.register_forward_hook(lambda _m, inputs, _o: store.append(inputs[0]))
+            try:
+                functional_call(self._base, (p, b), (xx,))
+            finally:
+                handle.remove()
+            return store[-1].flatten(1)
+
+        return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
+
+    # --- membership ---------------------------------------------------------------------------------
+    def _like(self, seeds: Sequence[int], params: dict, buffers: dict) -> "Ensemble":
+        out = copy.copy(self)  # shallow: share builder and spec; fresh module state below
+        nn.Module.__init__(out)
+        out._spec, out.seeds, out._builder = copy.deepcopy(self._spec), [int(s) for s in seeds], self._builder
+        out._param_names, out._buffer_names = list(self._param_names), list(self._buffer_names)
+        out.feature_layer, out.stochastic, out._rng_states = self.feature_layer, self.stochastic, None
+        object.__setattr__(out, "_base", copy.deepcopy(self._base))
+        for n in out._param_names:
+            out.register_parameter(_key(n), nn.Parameter(params[n], requires_grad=getattr(self, _key(n)).requires_grad))
+        for n in out._buffer_names:
+            out.register_buffer(_key(n), buffers[n])
+        return out.train(self.training)
+
+    def select(self, members: Sequence[int] | int) -> "Ensemble":
+        """A new ensemble holding copies of the given members (parameters and buffers; an int gives one)."""
+        idx = [members] if isinstance(members, int) else list(members)
+        params, buffers = self._stacked()
+        index = torch.tensor(idx, dtype=torch.long, device=next(self.parameters()).device)
+        with torch.no_grad():
+            return self._like([self.seeds[i] for i in idx],
+                              {n: t.detach().index_select(0, index.to(t.device)).clone() for n, t in params.items()},
+                              {n: t.detach().index_select(0, index.to(t.device)).clone() for n, t in buffers.items()})
+
+    @staticmethod
+    def concat(models: Sequence["Ensemble"]) -> "Ensemble":
+        """Join ensembles of one architecture into a larger ensemble (parameters and buffers)."""
+        first = models[0]
+        states = [m._stacked() for m in models]
+        with torch.no_grad():
+            params = {n: torch.cat([s[0][n].detach() for s in states]) for n in first._param_names}
+            buffers = {n: torch.cat([s[1][n].detach() for s in states]) for n in first._buffer_names}
+        return first._like([s for m in models for s in m.seeds], params, buffers)
+
+    def fresh(self, seeds: Sequence[int] | None = None) -> "Ensemble":
+        """Newly initialised members of the same architecture (the retrain / oracle starting point)."""
+        out = Ensemble(self._spec, self.seeds if seeds is None else seeds, builder=self._builder)
+        p = next(self.parameters())
+        return out.to(device=p.device, dtype=p.dtype)
+
+
+def _get_rng_state(device: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+def build_model(spec: dict, seeds: Sequence[int], search_paths: Sequence[str | Path] = ()) -> Ensemble:
+    """An ensemble of the architecture in `spec` with one member per seed (see `normalize_spec`)."""
+    return Ensemble(spec, seeds, search_paths=search_paths)
+
+
+def from_modules(spec: dict, modules: Sequence[nn.Module], seeds: Sequence[int],
+                 search_paths: Sequence[str | Path] = (), builder: Callable[..., nn.Module] | None = None) -> Ensemble:
+    """Wrap existing modules (e.g. a team's own trained checkpoint) as an ensemble, one per seed."""
+    return Ensemble(spec, seeds, modules=modules, search_paths=search_paths, builder=builder)
