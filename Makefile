@@ -58,6 +58,7 @@ serve: setup ## serve the scheduled + event-triggered deployments and watch the 
 bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/oracles.py
 	$(BIN)/python bench/leverage.py
+	$(BIN)/python bench/ensembles.py
 
 reset: setup ## start over: `unlearn reset` archives state/ and cache/ (ledger kept, asks first)
 	$(BIN)/unlearn reset

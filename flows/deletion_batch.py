@@ -23,7 +23,7 @@ from tasks import plots
 from tasks.batch import partition_retain, unlearn_and_validate
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 from tasks.lineage import commit_lineage
-from tasks.state import load_state, write_state
+from tasks.state import ensure_state, load_state, write_state
 from tasks.training import model_spec, recipe, train_ensemble_chunk
 from tasks.validation import raise_if_invalid, validate_request
 from unlearning.batch import batch_rows, eval_logits
@@ -244,7 +244,9 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), params.operations.lock_timeout_seconds):
         files = files_to_process(request_path, params.path("inbox"))
         if not files:
-            print(f"no request files in {params.path('inbox')}")
+            created = ensure_state(params, device)
+            print(f"no request files in {params.path('inbox')}"
+                  + ("; state initialised from the trained original" if created else ""))
             return []
         results = [process_request_file(f, params, device) for f in files]
         if dvc_commit and params.operations.dvc_commit and any(r["status"] == "applied" for r in results):

@@ -167,6 +167,12 @@ def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | 
         prepare = {"dataset": "image_folder", "source": stored,
                    "image_folder": ImageFolderSource().model_dump(mode="json"), **prepare}
     data["prepare"] = prepare
+    # The absolute validation-accuracy floors in the repo's params are digits numbers; for a new dataset
+    # nobody knows them yet, so they start off (null) and the gate judges the candidate against the oracle
+    # retrains only. A team sets its own floor once it knows what its model reaches.
+    gate = data.setdefault("gate", {})
+    for objective in ("retrain_equivalence", "suppression"):
+        gate.setdefault(objective, {})["min_validation_accuracy"] = None
     model = None
     if arch == "custom":
         model = {"arch": "custom", "factory": factory}
@@ -174,6 +180,8 @@ def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | 
     params = parse_params(data, root=target, source=str(target / PARAMS_FILE))
     try:
         out = _replace_block(text, ("prepare",), prepare)
+        for objective in ("retrain_equivalence", "suppression"):
+            out = _replace_block(out, ("gate", objective), gate[objective])
         if model is not None:
             out = _replace_block(out, ("train", "model"), model)
         if yaml.safe_load(out) != data:

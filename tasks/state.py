@@ -194,6 +194,27 @@ def write_state(folder: Path, model: Ensemble, manifest: pd.DataFrame, ledger: l
     atomic_write_json(folder / "champion.json", champion)
 
 
+def ensure_state(params: Params, device: str) -> bool:
+    """Create the state folder from the trained original when it does not exist yet (an empty inbox on the
+    first run): the state is the deletion stage's DVC output, and `unlearn status` reads it. Returns True
+    when it wrote one. All or nothing, like a batch (staging folder, then swap)."""
+    from unlearning.io import commit_dir, discard_dir, staging_dir
+
+    state_dir = params.path("state_dir")
+    recover_dir(state_dir)
+    if (state_dir / "model.pt").exists():
+        return False
+    state = load_state.fn(params, device)
+    stage = staging_dir(state_dir)
+    try:
+        write_state(stage, state.model, state.manifest, state.ledger, state.champion, state.fingerprint)
+        commit_dir(stage, state_dir)
+    except BaseException:
+        discard_dir(stage)
+        raise
+    return True
+
+
 def original_version_if_current(params: Params) -> str | None:
     """The registry version of models/original.pt when it matches the current params and prepared data
     (the model a fresh state starts from), else None."""

@@ -210,7 +210,9 @@ class Validation(Strict):
 
 class RetrainEquivalenceGate(Strict):
     max_accuracy_gap: float = Field(0.05, ge=0, le=1, description="|acc(candidate) - mean acc(oracles)| per split")
-    min_validation_accuracy: float = Field(0.8, ge=0, le=1)
+    min_validation_accuracy: float | None = Field(
+        0.8, ge=0, le=1, description="absolute floor for the candidate's validation accuracy (dataset-specific; "
+                                     "null = off)")
     max_klom_p95_forget: float | None = Field(None, ge=0, description="absolute bound on the forget split's KLoM P95")
     max_klom_to_noise_floor: float | None = Field(
         1.5, gt=0, description="KLoM P95 of each split <= this x the oracle noise floor's P95 (null = off)")
@@ -219,7 +221,7 @@ class RetrainEquivalenceGate(Strict):
 class SuppressionGate(Strict):
     max_forget_accuracy: float = Field(0.05, ge=0, le=1)
     min_adjacent_retention: float = Field(0.9, ge=0, le=1, description="adjacent acc / original adjacent acc")
-    min_validation_accuracy: float = Field(0.5, ge=0, le=1)
+    min_validation_accuracy: float | None = Field(0.5, ge=0, le=1, description="absolute floor (null = off)")
 
 
 class Gate(Strict):

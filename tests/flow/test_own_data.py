@@ -87,6 +87,8 @@ def run_pipeline(root) -> list[dict]:
     params = str(root / "params.yaml")
     prepare(params)
     train(params)
+    assert run(None, params) == []  # an empty inbox: the state (the deletion stage's DVC output) starts as the original
+    assert (root / "state" / "model.pt").exists() and (root / "state" / "ledger.jsonl").read_text() == ""
     request_file(root, train_ids(root, 6))
     return run(None, params)
 

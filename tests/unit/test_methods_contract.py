@@ -1,8 +1,9 @@
-"""Contract of EVERY registered unlearning method (DESIGN §4.3), parametrized over REGISTRY and over the
-model layer's two paths (the project's MLP, which trains on the fused kernel, and a team's own module with
-BatchNorm through the generic torch.func adapter): deterministic under a seed, never mutates its input,
-stops within its declared budget, reports its cost, runs on CPU, and member k of an N=3 ensemble equals the
-method run on member k alone (BatchNorm running statistics included)."""
+"""Contract of EVERY registered unlearning method (DESIGN §4.3), parametrized over REGISTRY and over three
+models: the project's MLP (trained on the fused kernel), and a team's own module through the generic torch.func
+adapter, with BatchNorm (stacked running statistics, one vmapped call) and with BatchNorm + Dropout (members run
+one by one on their own dropout streams). Deterministic under a seed, never mutates its input, stops within its
+declared budget, reports its cost, runs on CPU, and member k of an N=3 ensemble equals the method run on member
+k alone (BatchNorm running statistics included)."""
 
 import functools
 from pathlib import Path
@@ -20,7 +21,7 @@ RECIPE = TrainRecipe(epochs=3, batch_size=16, lr=1e-2)
 HERE = Path(__file__).resolve().parent
 SPECS = {
     "mlp": {"arch": "mlp", "in_dim": 6, "hidden": [8], "n_classes": 3},
-    # generic adapter: stacked BatchNorm buffers; factory in tests/unit/custom_modules.py
+    # the generic adapter; factories in tests/unit/custom_modules.py
     "bn": {"arch": "custom", "factory": "custom_modules:bn_mlp", "in_shape": [6], "n_classes": 3},
     "bn_dropout": {"arch": "custom", "factory": "custom_modules:bn_dropout_mlp", "in_shape": [6], "n_classes": 3},
 }

@@ -302,7 +302,11 @@ def load_module_state(model: Ensemble, path, device: str | torch.device = "cpu")
                          f"(torch.save(module.state_dict(), path)), got a {type(state).__name__}"
                          + (" pipeline checkpoint" if isinstance(state, dict) else ""))
     module = model._build_member(model.seeds[0])
-    missing, unexpected = module.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = module.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        raise ValueError(f"train.init_checkpoint = {path} does not fit {type(module).__name__} built from "
+                         f"train.model: {str(e).splitlines()[-1].strip()}") from None
     if missing or unexpected:
         raise ValueError(f"train.init_checkpoint = {path} does not fit {type(module).__name__} built from "
                          f"train.model: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
