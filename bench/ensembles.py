@@ -21,14 +21,13 @@ Usage: python bench/ensembles.py [--members 100] [--epochs 3] [--loop-members 25
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from results_io import write_json  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 from unlearning.models import build_model, flat_params, train_ensemble
 
@@ -164,10 +163,7 @@ def main() -> None:
               "threads": 1, "repeats": a.repeats, "torch": torch.__version__, "machine": platform.machine(),
               "cpu_count": os.cpu_count(), "load_average_1_5_15": os.getloadavg(), "rows": rows,
               "profiles": profiles}
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_json(a.out, result)
 
 
 if __name__ == "__main__":

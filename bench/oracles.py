@@ -14,12 +14,11 @@ Usage: python bench/oracles.py [--n 100] [--epochs 10] [--chunk 100]
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from results_io import write_json  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 from unlearning.data import load_dataset
 from unlearning.models import build_model, flat_params, train_ensemble
@@ -159,10 +158,7 @@ def main() -> None:
         print(f"    {op:32s} {us:8.1f}")
     print(f"  the batched GEMMs alone: {gemm_us:.0f} us/step = {gemm_us / step_floor_us:.1f} x the FLOP floor "
           f"(small per-member matrices, e.g. [32 x 64] @ [64 x 64], run well below the 1024^3 matmul rate)")
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_json(a.out, result)
 
 
 if __name__ == "__main__":

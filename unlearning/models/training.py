@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from unlearning.models import fused_mlp
 from unlearning.models.ensemble import Ensemble
+from unlearning.progress import Progress
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -217,23 +217,25 @@ def _train(model: Ensemble, X, y, recipe: TrainRecipe, progress, fused) -> Train
     total_steps, steps = recipe.epochs * len(bounds), 0
     desc = progress if isinstance(progress, str) else f"train x{model.n_models}"
     model.train()
-    for _ in tqdm(range(recipe.epochs), desc=desc, disable=not progress, leave=False, mininterval=2.0):
-        perms = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)  # [N, n]
-        for lo, hi in bounds:
-            if recipe.schedule != "constant":
-                _set_lr(opt, recipe.lr_at(steps, total_steps))
-            idx = perms[:, lo:hi]  # [N, b]
-            flat = idx.reshape(-1)
-            yb = y.index_select(0, flat).view(idx.shape)
-            if kernel is not None:
-                kernel.loss_and_grad(kernel.gather(X, flat, model.n_models), yb)  # overwrites theta.grad
-            else:
-                xb = X.index_select(0, flat).view(*idx.shape, -1)  # [N, b, d]; faster than X[idx]
-                loss = per_member_loss(model, xb, yb, recipe.label_smoothing).sum()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-            opt.step()
-            steps += 1
+    with Progress(total_steps, desc, unit="steps", enabled=bool(progress)) as bar:
+        for _ in range(recipe.epochs):
+            perms = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)  # [N, n]
+            for lo, hi in bounds:
+                if recipe.schedule != "constant":
+                    _set_lr(opt, recipe.lr_at(steps, total_steps))
+                idx = perms[:, lo:hi]  # [N, b]
+                flat = idx.reshape(-1)
+                yb = y.index_select(0, flat).view(idx.shape)
+                if kernel is not None:
+                    kernel.loss_and_grad(kernel.gather(X, flat, model.n_models), yb)  # overwrites theta.grad
+                else:
+                    xb = X.index_select(0, flat).view(*idx.shape, -1)  # [N, b, d]; faster than X[idx]
+                    loss = per_member_loss(model, xb, yb, recipe.label_smoothing).sum()
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                opt.step()
+                steps += 1
+                bar.update()
     if kernel is not None:
         kernel.write_back(model)
     model.eval()
