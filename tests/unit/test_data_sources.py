@@ -225,3 +225,21 @@ def test_prepare_task_resolves_source_against_params_folder(tmp_path):
     info = prepare_dataset.fn(params)
     assert info["source"]["path"] == "data/p.csv" and info["n_val"] == 10
     assert load_prepared(tmp_path / "data" / "prepared").manifest["sample_id"].iloc[0] == "p000"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda df: df.assign(y=5), r"needs at least two classes"),
+    (lambda df: df.assign(y=np.linspace(0.1, 9.9, len(df))), r"non-integer numbers.*bin the target"),
+    (lambda df: df.assign(name=[f"person {i}" for i in range(len(df))]), r"'name' has 60 distinct values.*feature_columns"),
+    (lambda df: df.assign(seen=pd.date_range("2020-01-01", periods=len(df))), r"'seen' holds dates/times"),
+])
+def test_table_columns_that_would_be_silently_wrong_are_refused(tmp_path, change, message):
+    """A single class, a continuous target, free text and dates would all 'work' and train nonsense."""
+    with pytest.raises(ValueError, match=message):
+        table(tmp_path, change(people(60)), name="t.parquet")
+
+
+def test_table_with_an_empty_validation_split_is_refused(tmp_path):
+    df = people(12).assign(y=[f"c{i}" for i in range(6)] * 2)  # 6 classes of 2 rows: round(0.2 * 2) = 0 val rows each
+    with pytest.raises(ValueError, match=r"validation split is empty.*val_fraction"):
+        table(tmp_path, df)

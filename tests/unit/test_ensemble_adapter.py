@@ -298,3 +298,37 @@ def test_only_the_project_mlp_is_auto_fused(monkeypatch):
         with pytest.raises(ValueError, match="kernel='fused' supports MLP ensembles only"):
             train_ensemble(other, X, y, epochs=1, batch_size=16, lr=0.05, kernel="fused")
     assert calls == [1]
+
+
+class DataDependent(torch.nn.Module):
+    """Python control flow on a tensor value: vmap cannot run it (`.item()` on a batched tensor)."""
+
+    def __init__(self, d, c):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, c)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h * 2 if h.abs().max().item() > 1e9 else h
+
+
+def data_dependent(in_shape, n_classes):
+    return DataDependent(in_shape[0], n_classes)
+
+
+def test_a_module_vmap_cannot_run_trains_member_by_member_with_the_same_numbers(caplog):
+    import sys
+
+    from unlearning.models import flat_params
+
+    spec = {"arch": "custom", "factory": f"{__name__}:data_dependent", "in_shape": [4], "n_classes": 3}
+    sys.modules.setdefault(__name__, sys.modules[__name__])
+    ens = build_model(spec, [1, 2, 3])
+    assert not ens.vectorized and "vmap" in caplog.text and ens.vmap_error
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(30, 4, generator=g), torch.randint(0, 3, (30,), generator=g)
+    train_ensemble(ens, X, y, epochs=2, batch_size=8, lr=1e-2)
+    single = build_model(spec, [2])
+    train_ensemble(single, X, y, epochs=2, batch_size=8, lr=1e-2)
+    assert torch.allclose(flat_params(ens)[1], flat_params(single)[0], atol=1e-6)
+    assert ens.features(X[:5]).shape == (3, 5, 4) and ens.select([2, 0]).vectorized is False

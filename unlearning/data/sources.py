@@ -27,6 +27,7 @@ TABLE_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SPLITS = ("train", "val")
 SHOW = 5  # rows / values named in an error message
+MAX_CATEGORIES = 100  # distinct values of a text feature column above which one-hot encoding is refused
 
 
 def _first(items: Sequence, n: int = SHOW) -> str:
@@ -188,6 +189,7 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
                          f"{_first([f'{i} (x{n})' for i, n in counts.items()])}; ids must be unique")
     for col in features:
         s = df[col]
+        _check_feature_column(path, col, s, len(df))
         if not is_categorical(s) and not np.isfinite(s.to_numpy(dtype=np.float64)).all():
             rows = ~np.isfinite(s.to_numpy(dtype=np.float64))
             raise ValueError(f"{path.name}: column {col!r} has infinite values in rows {_describe_rows(ids, rows)}; "
@@ -202,6 +204,7 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
     fine_names = [str(v) for v in ordered]
     if len(set(fine_names)) < len(fine_names):
         raise ValueError(f"prepare.table.label_column = {label_column!r}: labels {fine_names} collide as text")
+    _check_labels(label_column, raw_labels, fine_names)
     index = {n: i for i, n in enumerate(fine_names)}
     fine = raw_labels.map(str).map(index).to_numpy(dtype=np.int64)
     group = (_integral(df[group_column]).map(str).to_numpy(dtype=object) if group_column
@@ -220,6 +223,10 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
             raise ValueError(f"prepare.table.split_column = {split_column!r}: no row is 'train'")
     else:
         split = stratified_split(fine, val_fraction, rng, ids=ids_arr)
+    if not (split == "val").any():
+        raise ValueError(f"{path.name}: the validation split is empty ({len(df)} rows, {len(fine_names)} classes, "
+                         f"val_fraction {val_fraction}); the gate needs validation rows: raise prepare.val_fraction "
+                         f"or give a prepare.table.split_column with some 'val' rows")
     keep = subsample_splits(split, max_train, max_val, rng)
     train_rows = np.zeros(len(df), dtype=bool)
     train_rows[keep[split[keep] == "train"]] = True
@@ -235,6 +242,35 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
         group=group[keep], class_names=class_names, fine_class_names=fine_names, image_shape=None,
         in_shape=(X.shape[1],),
         meta={"source": source, "targets": targets, "n_dropped_missing": int(bad.sum()), "preprocessing": prep})
+
+
+def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> None:
+    """Refuse feature columns that one-hot encoding would silently turn into noise: dates and free text."""
+    if pd.api.types.is_datetime64_any_dtype(s) or pd.api.types.is_timedelta64_dtype(s):
+        raise ValueError(f"{path.name}: feature column {col!r} holds dates/times ({s.dtype}); convert it to numbers "
+                         f"(e.g. days since a reference date) or leave it out of prepare.table.feature_columns")
+    if is_categorical(s) and not pd.api.types.is_bool_dtype(s):
+        distinct = int(s.map(str).nunique())
+        if distinct > MAX_CATEGORIES or (distinct > 10 and distinct > 0.5 * n_rows):
+            raise ValueError(f"{path.name}: text feature column {col!r} has {distinct} distinct values in {n_rows} "
+                             f"rows (e.g. {_first(s.map(str).unique()[:3].tolist(), 3)}); one-hot encoding it would "
+                             f"add {distinct} features that identify rows rather than describe them. Leave it out "
+                             f"of prepare.table.feature_columns (or encode it as numbers yourself); at most "
+                             f"{MAX_CATEGORIES} categories are one-hot encoded")
+
+
+def _check_labels(label_column: str, raw: pd.Series, names: list[str]) -> None:
+    """A classifier needs at least two classes, and labels that are classes rather than measurements."""
+    if len(names) < 2:
+        raise ValueError(f"prepare.table.label_column = {label_column!r}: every row has the label {names[0]!r}; a "
+                         f"classifier needs at least two classes")
+    if pd.api.types.is_float_dtype(raw) and not (raw % 1 == 0).all():
+        raise ValueError(f"prepare.table.label_column = {label_column!r} holds non-integer numbers (e.g. "
+                         f"{_first(raw.unique()[:3].tolist(), 3)}): this pipeline trains classifiers; bin the "
+                         f"target into classes first")
+    if len(names) > MAX_CATEGORIES and len(names) > 0.5 * len(raw):
+        raise ValueError(f"prepare.table.label_column = {label_column!r} has {len(names)} distinct values in "
+                         f"{len(raw)} rows: that is an id or a measurement, not a class label")
 
 
 # ----------------------------------------------------------------------------------------------- images

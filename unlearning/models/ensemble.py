@@ -20,6 +20,7 @@ reshaped to in_shape before the module sees them. Outputs are logits [N, B, C].
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -28,6 +29,8 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from unlearning.models import zoo
+
+log = logging.getLogger(__name__)
 
 _SPEC_KEYS = ("arch", "in_shape", "n_classes", "kwargs", "factory", "feature_layer")
 
@@ -101,7 +104,36 @@ class Ensemble(nn.Module):
                              f"{type(self._base).__name__}; layers: {[n for n, _ in self._base.named_modules() if n]}")
         self.stochastic = _is_stochastic(self._base)
         self._rng_states: list[torch.Tensor] | None = None
+        self.vectorized, self.vmap_error = self._probe_vmap()
         self.eval()
+
+    def _probe_vmap(self) -> tuple[bool, str | None]:
+        """Does the module run under vmap, forward and backward, in train and eval mode? Some modules do not
+        (an op without a batching rule, `.item()` or data-dependent Python control flow in forward); their
+        ensembles then run member by member: slower, same numbers. Probed on copies: no state changes."""
+        params, buffers = self._stacked()
+        k = min(2, self.n_models)
+        p = {n: t[:k].detach().clone().requires_grad_(t.is_floating_point()) for n, t in params.items()}
+        b = {n: t[:k].detach().clone() for n, t in buffers.items()}
+        x = torch.zeros(2, *self.in_shape, dtype=next(iter(p.values())).dtype) if p else torch.zeros(2, *self.in_shape)
+
+        def call(pp, bb, xx):
+            return functional_call(self._base, (pp, bb), (xx,))
+
+        was_training = self._base.training
+        try:
+            for mode in (True, False):
+                self._base.train(mode)
+                out = vmap(call, in_dims=(0, 0, None), randomness="different")(p, b, x)
+                if mode and any(t.requires_grad for t in p.values()):
+                    out.sum().backward()
+        except Exception as e:  # noqa: BLE001 - any failure under vmap means: run member by member
+            log.warning("%s does not run under torch.func.vmap (%s: %s); its ensembles run member by member "
+                        "(slower, same numbers)", type(self._base).__name__, type(e).__name__, str(e)[:200])
+            return False, f"{type(e).__name__}: {e}"
+        finally:
+            self._base.train(was_training)
+        return True, None
 
     # --- identity ------------------------------------------------------------------------------------
     def _build_member(self, seed: int) -> nn.Module:
@@ -189,7 +221,7 @@ class Ensemble(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xs, x_dim = self._per_member(x)
         params, buffers = self._stacked()
-        if self.training and self.stochastic:
+        if (self.training and self.stochastic) or not self.vectorized:
             return self._forward_each(params, buffers, xs, x_dim)
 
         def call(p, b, xx):
@@ -229,6 +261,9 @@ class Ensemble(nn.Module):
                 handle.remove()
             return store[-1].flatten(1)
 
+        if not self.vectorized:
+            return torch.stack([call({n: t[k] for n, t in params.items()}, {n: t[k] for n, t in buffers.items()},
+                                     xs if x_dim is None else xs[k]) for k in range(self.n_models)])
         return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
 
     # --- membership ---------------------------------------------------------------------------------
@@ -238,6 +273,7 @@ class Ensemble(nn.Module):
         out._spec, out.seeds, out._builder = copy.deepcopy(self._spec), [int(s) for s in seeds], self._builder
         out._param_names, out._buffer_names = list(self._param_names), list(self._buffer_names)
         out.feature_layer, out.stochastic, out._rng_states = self.feature_layer, self.stochastic, None
+        out.vectorized, out.vmap_error = self.vectorized, self.vmap_error
         object.__setattr__(out, "_base", copy.deepcopy(self._base))
         for n in out._param_names:
             out.register_parameter(_key(n), nn.Parameter(params[n], requires_grad=getattr(self, _key(n)).requires_grad))
