@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) ## create .venv and install the project (torch CPU 2.13.0 from local disk)
 
 run: setup ## the main job: prepare digits, train, process every request file in the inbox (dvc repro)
-	$(BIN)/dvc repro
+	$(BIN)/python -m flows.session $(BIN)/dvc repro   # one temporary Prefect server for all stages; times them
 	$(BIN)/unlearn status
 
 test: setup ## fast unit + flow tests (the default tier)
@@ -59,6 +59,7 @@ bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/oracles.py
 	$(BIN)/python bench/leverage.py
 	$(BIN)/python bench/ensembles.py
+	$(BIN)/python bench/calibration.py
 
 reset: setup ## start over: `unlearn reset` archives state/ and cache/ (ledger kept, asks first)
 	$(BIN)/unlearn reset

@@ -28,10 +28,10 @@ class Progress:
     `enabled=False` prints nothing. `stream` defaults to stderr; `tty` overrides the terminal detection."""
 
     def __init__(self, total: int, desc: str, *, unit: str = "it", enabled: bool = True, stream: IO | None = None,
-                 every_s: float = 10.0, tty: bool | None = None, clock=time.perf_counter):
+                 every_s: float = 10.0, min_gap_s: float = 2.0, tty: bool | None = None, clock=time.perf_counter):
         self.total, self.desc, self.unit, self.enabled = max(int(total), 0), desc, unit, enabled
         self.stream = stream if stream is not None else sys.stderr
-        self.every_s, self.clock = every_s, clock
+        self.every_s, self.min_gap_s, self.clock = every_s, min_gap_s, clock
         self.tty = bool(tty) if tty is not None else bool(getattr(self.stream, "isatty", lambda: False)())
         self.done = 0
         self._bar = None
@@ -60,7 +60,8 @@ class Progress:
             return
         now = self.clock()
         decile = int(10 * self.done / self.total) if self.total else 10
-        if now - self._last >= self.every_s or decile > self._last_decile:
+        since = now - self._last
+        if since >= self.every_s or (decile > self._last_decile and since >= self.min_gap_s):
             self._line(now)
 
     def __exit__(self, *exc) -> bool:

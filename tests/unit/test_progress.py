@@ -19,12 +19,19 @@ def test_plain_lines_at_each_tenth_and_every_ten_seconds_with_an_eta():
     out, clock = io.StringIO(), Clock()
     with Progress(200, "oracles x80", unit="steps", stream=out, tty=False, clock=clock) as bar:
         for _ in range(200):
-            clock.t += 0.01  # 2 s in all: only the 10 % marks print
+            clock.t += 0.25  # 50 s in all: the 10 % marks print (each 5 s after the last)
             bar.update()
     lines = out.getvalue().splitlines()
     assert lines[0] == "oracles x80: 0/200 steps (0%), 0.0 s elapsed"
-    assert len(lines) == 11 and lines[-1].startswith("oracles x80: 200/200 steps (100%), 2.0 s elapsed")
-    assert "ETA 1.0 s" in lines[5] and "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+    assert len(lines) == 11 and lines[-1].startswith("oracles x80: 200/200 steps (100%), 50.0 s elapsed")
+    assert "ETA 25.0 s" in lines[5] and "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+    out, clock = io.StringIO(), Clock()
+    with Progress(200, "quick", stream=out, tty=False, clock=clock) as bar:
+        for _ in range(200):
+            clock.t += 0.005  # a 1 s loop: its start and its end only
+            bar.update()
+    assert len(out.getvalue().splitlines()) == 2
 
     out, clock = io.StringIO(), Clock()
     with Progress(1000, "slow", stream=out, tty=False, clock=clock) as bar:
