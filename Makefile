@@ -32,8 +32,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## create .venv and install the project (torch CPU 2.13.0 from local disk)
 
-run: setup ## the main job: prepare digits, train, process every request file in the inbox (dvc repro)
+run: setup ## the main job: prepare digits, train, process every request file in the inbox (dvc repro), erase
 	$(BIN)/python -m flows.session $(BIN)/dvc repro   # one temporary Prefect server for all stages; times them
+	$(BIN)/unlearn erase    # the part of the erasure a running `dvc repro` cannot do: rewrite its outputs, dvc gc
 	$(BIN)/unlearn status
 
 test: setup ## fast unit + flow tests (the default tier)

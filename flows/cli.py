@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,8 @@ EPILOG = """examples:
   unlearn audit FILE                   leverage diagnostics for a proposed forget set, change nothing
   unlearn methods                      list the unlearning methods, their arguments and defaults
   unlearn status                       champion model, deleted samples, ledger
+  unlearn verify-erasure [BATCH]       re-check every store for forgotten rows; exit 1 if any remain
+  unlearn erase                        finish erasures left pending by `dvc repro` or a crash
   unlearn serve                        schedule + inbox-triggered deployments (needs a Prefect server)
   unlearn reset                        start over: archive state/ and cache/ (ledger kept), after a prompt
   unlearn init myproj --dataset table --path data.csv --id-column id --label-column y
@@ -28,8 +31,9 @@ RESET_DESCRIPTION = """Start over from the current params.yaml.
 
 Moves the state folder (production model, live manifest, ledger of applied erasures, champion) and the
 ensemble cache to base.paths.archive_dir/<UTC time>/ beside them. Nothing is deleted: the archived ledger
-keeps every applied erasure, and reset says how many and where. The request files stay in the inbox, so
-the next `unlearn run` (or `dvc repro`) applies them again to the fresh state. The MLflow registry alias
+keeps every applied erasure, and reset says how many and where. Request files still in the inbox are
+applied again to the fresh state by the next `unlearn run` (or `dvc repro`); erased rows stay erased
+(base.paths.tombstones is kept: prepare leaves them out). The MLflow registry alias
 (tracking.alias, @champion) is moved back to the trained original when models/original.pt matches the
 current params, else removed (--keep-alias leaves it).
 
@@ -70,12 +74,34 @@ def _params(args):
     return params
 
 
+def _preflight_tracking(args) -> None:
+    """Before the heavy imports: an unreachable tracking server fails in seconds, with the fix."""
+    import urllib.request
+
+    from unlearning.config import load_params
+
+    uri = load_params(args.params).mlflow_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+        except Exception as e:
+            raise ConnectionError(f"MLflow tracking server {uri} is unreachable ({getattr(e, 'reason', e)}); start it "
+                                  f"(`make ui`, or `mlflow server --host 127.0.0.1 --port 5000 ...`) or unset "
+                                  f"MLFLOW_TRACKING_URI to use the project's SQLite store; nothing was changed") from None
+
+
 def cmd_run(args) -> int:
+    _preflight_tracking(args)
     from flows.deletion_batch import run
 
     results = run(args.request, args.params)
     for r in results:
         print(json.dumps({k: v for k, v in r.items() if k != "metrics"}))
+    rejected = [r["file"] for r in results if r["status"] == "rejected"]
+    if rejected:
+        print(f"error: {len(rejected)} file(s) rejected and moved to requests/rejected/ with an error report: "
+              f"{rejected}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -94,20 +120,55 @@ def cmd_train(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    """The same validation path as `unlearn run` (flows.deletion_batch.check_file); changes nothing."""
+    from flows.deletion_batch import check_file
     from tasks.state import load_state
-    from tasks.validation import check_request_frame
-    from unlearning.requests import read_request_file
 
     params = _params(args)
     state = load_state.fn(params, "cpu")
-    check = check_request_frame(read_request_file(args.file), state.manifest)
-    if check.ok:
-        print(f"{args.file}: valid ({len(read_request_file(args.file))} request(s))")
-        return 0
-    print(f"{args.file}: {len(check.problems)} problem(s):")
-    for p in check.problems:
-        print(f"  - {p}")
-    return 1
+    fc = check_file(Path(args.file), params, state)
+    print(fc.summary(), file=sys.stdout if fc.status != "invalid" else sys.stderr)
+    return 0 if fc.status != "invalid" else 1
+
+
+def cmd_verify_erasure(args) -> int:
+    from flows.common import tracker_for
+    from tasks.erasure import verify_erasure
+
+    params = _params(args)
+    tracker = None
+    if os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
+        from tasks.tracking import preflight
+
+        preflight(params.mlflow_tracking_uri())
+        tracker = tracker_for(params)
+    problems, checks = verify_erasure(params, args.batch, tracker)
+    for c in checks:
+        print(json.dumps(c))
+    if problems:
+        for p in problems:
+            print(f"NOT ERASED: {p}", file=sys.stderr)
+        return 1
+    print(f"erasure verified{' for ' + args.batch if args.batch else ''}: {len(checks)} store(s) checked, no "
+          f"forgotten raw row or id left")
+    return 0
+
+
+def cmd_erase(args) -> int:
+    """Finish pending erasures (after `dvc repro`, or a crash), under the batch lock."""
+    from flows.common import tracker_for
+    from flows.deletion_batch import reconcile
+    from tasks.tracking import preflight
+    from unlearning.io import exclusive_lock
+
+    params = _params(args)
+    preflight(params.mlflow_tracking_uri())
+    state_dir = params.path("state_dir")
+    with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), 10):
+        notes = reconcile(params, tracker_for(params)) if (state_dir / "champion.json").exists() else []
+    for n in notes or ["nothing pending"]:
+        print(n)
+    return 0
 
 
 def cmd_audit(args) -> int:
@@ -140,13 +201,25 @@ def cmd_status(args) -> int:
         print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
         return 0
     champion = json.loads((state_dir / "champion.json").read_text())
+    if os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
+        from flows.common import tracker_for
+        from tasks.tracking import preflight
+
+        preflight(params.mlflow_tracking_uri())  # state/ decides: the alias follows champion.json
+        before, changed = tracker_for(params).reconcile_alias(params.tracking.registered_model, params.tracking.alias,
+                                                              champion.get("model_version"))
+        if changed:
+            print(f"reconciled @{params.tracking.alias}: v{before} -> v{champion.get('model_version')}")
     manifest = read_state_manifest(state_dir / "manifest.csv")
     ledger = read_ledger(state_dir / "ledger.jsonl")
     deleted = int((manifest["status"] == "deleted").sum())
     print(f"champion: {params.tracking.registered_model} v{champion['model_version']} (@{params.tracking.alias}), "
           f"method {champion['method']}, batch {champion['batch_id']}")
+    from unlearning.erasure import read_tombstones
+
     print(f"manifest: {len(manifest)} samples, {deleted} deleted; ledger: {len(ledger)} request(s) in "
-          f"{len({e['batch_id'] for e in ledger})} batch(es)")
+          f"{len({e['batch_id'] for e in ledger})} batch(es); erased (tombstoned): "
+          f"{len(read_tombstones(params.path('tombstones')))}")
     print(f"MLflow store: {params.mlflow_tracking_uri()}; UI: `make ui` then open http://127.0.0.1:5000")
     return 0
 
@@ -298,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_audit)
     sub.add_parser("methods", help="list unlearning methods with their arguments").set_defaults(fn=cmd_methods)
     sub.add_parser("status", help="show the champion, the deletions and the ledger").set_defaults(fn=cmd_status)
+    s = sub.add_parser("verify-erasure", help="re-check every store for forgotten raw rows and ids (exit 1 if any)")
+    s.add_argument("batch", nargs="?", metavar="BATCH", help="one batch id (default: every batch in the ledger)")
+    s.set_defaults(fn=cmd_verify_erasure)
+    sub.add_parser("erase", help="finish pending erasures (after `dvc repro`, or a crash)").set_defaults(fn=cmd_erase)
     sub.add_parser("serve", help="serve scheduled and inbox-triggered deployments").set_defaults(fn=cmd_serve)
     raw = argparse.RawDescriptionHelpFormatter
     s = sub.add_parser("reset", help="start over: archive state/ and cache/ (the ledger is kept), after a prompt",
@@ -338,9 +415,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.fn(args)
-    except (ConfigError, RequestValidationError, FileNotFoundError, StateMismatch, ScaffoldError) as e:
+    except (ConfigError, RequestValidationError, FileNotFoundError, StateMismatch, ScaffoldError, PermissionError,
+            ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # fail fast, one line: an unreachable store, or a failure after the commit
+        if type(e).__name__ in ("TrackingUnavailable", "AfterCommitError", "LockTimeout"):
+            print(f"error: {e}", file=sys.stderr)
+            return 3 if type(e).__name__ == "AfterCommitError" else 2
+        raise
 
 
 if __name__ == "__main__":

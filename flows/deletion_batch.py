@@ -29,18 +29,23 @@ from tasks.validation import raise_if_invalid, validate_request
 from unlearning.batch import batch_rows, eval_logits
 from unlearning.config import Params, load_params
 from unlearning.ensembles import chunks
-from unlearning.io import commit_dir, discard_dir, exclusive_lock, staging_dir
+from unlearning.io import atomic_write_json, commit_dir, discard_dir, exclusive_lock, fault, move_unique, staging_dir
 from unlearning.ledger import appended, hash_sample_id, processed_request_ids
-from unlearning.models import Ensemble, seeds_for
+from unlearning.models import Ensemble
 from unlearning.partition import subset_sizes
 from unlearning.requests import (
-    RequestValidationError, batch_objective, coerce_requests, file_sha256, list_request_files, read_request_file,
+    RequestValidationError, batch_objective, coerce_requests, file_sha256, read_request_file, scan_inbox,
 )
+from unlearning.seeds import role_seeds
 from unlearning.selection import batch_facts, candidate_methods
 
 
 class BatchRejected(RuntimeError):
     """No candidate passed the gate: the batch is not applied and the previous champion stays."""
+
+
+class AfterCommitError(RuntimeError):
+    """A failure after the batch was committed to state/: the batch IS applied; the message says what is not."""
 
 
 def _batch_id(request_ids: list[str]) -> str:
@@ -61,35 +66,49 @@ def _ensemble(params: Params, prepared, rows: np.ndarray, seeds: list[int], devi
                    "seconds": sum(p[2] for p in parts)}
 
 
+def check_file(path: Path, params: Params, state) -> "FileCheck":
+    """The one validation path (`unlearn validate` calls it too): ledger, structure, manifest, objective, time."""
+    from tasks.validation import check_request_file
+    from unlearning.erasure import read_tombstones
+
+    return check_request_file(path, state.manifest, state.ledger, hash_ids=params.deletion.hash_sample_ids,
+                              salt=state.prepared.info["name"],
+                              max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,
+                              tombstoned=read_tombstones(params.path("tombstones")))
+
+
 def process_request_file(path: Path, params: Params, device: str) -> dict:
     started = time.perf_counter()
     state = load_state(params, device)
-    df = read_request_file(path)
-    done = processed_request_ids(state.ledger)
-    if "request_id" in df.columns and len(df) and df["request_id"].isin(done).all():
-        print(f"{path.name}: all {len(df)} request(s) were processed before; nothing to do")
+    fc = check_file(path, params, state)
+    if fc.status == "already_processed":
+        print(fc.summary())
         return {"file": path.name, "status": "already_processed"}
-    skipped = int(df["request_id"].isin(done).sum()) if "request_id" in df.columns else 0
-    pending = df[~df["request_id"].isin(done)].reset_index(drop=True) if skipped else df
+    skipped = fc.skipped
+    pending = fc.pending if fc.pending is not None else read_request_file(path)
     request_ids = [str(r) for r in pending.get("request_id", [])]
     batch_id = _batch_id(request_ids)
     tracker = tracker_for(params)
+    if params.deletion.hash_sample_ids:  # MLflow artifacts, params and tags carry hashed ids only
+        salt = state.prepared.info["name"]
+        tracker.redaction = {s: hash_sample_id(s, salt) for s in state.manifest["sample_id"].astype(str)}
     registered, alias = params.tracking.registered_model, params.tracking.alias
     parent = tracker.start_run(batch_id, tags={"stage": "deletion_batch", "request_file": path.name,
                                                "dataset": state.prepared.info["name"]})
     stage = None
+    committed = False
     try:
         # 1. validate -------------------------------------------------------------------------
         stage = tracker.start_run("validate", parent)
-        check = validate_request(str(path), pending, state.manifest)
-        tracker.log_json(stage, check.gx_result, "gx_result.json")
-        tracker.log_json(stage, {"problems": check.problems}, "problems.json")
-        tracker.log_metrics(stage, {"n_requests": len(pending), "n_problems": len(check.problems),
+        tracker.log_json(stage, fc.gx_result, "gx_result.json")
+        tracker.log_json(stage, {"problems": fc.problems}, "problems.json")
+        tracker.log_metrics(stage, {"n_requests": len(pending), "n_problems": len(fc.problems),
                                     "n_skipped_already_processed": skipped})
-        tracker.end_run(stage, ok=check.ok)
-        raise_if_invalid(str(path), check)
+        tracker.end_run(stage, ok=fc.status == "ok")
+        if fc.status != "ok":
+            raise fc.error()
         requests = coerce_requests(pending)
-        objective = batch_objective(requests, params.deletion.objective)
+        objective = batch_objective(requests, params.deletion.objective, path)
         forget_ids = requests["sample_id"].tolist()
         tracker.log_params(parent, {"objective": objective, "n_forget": len(forget_ids), "batch_id": batch_id,
                                     "deletion": params.deletion.model_dump(), "validation": params.validation.model_dump(),
@@ -116,9 +135,11 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
 
         # 4. oracle and shadow ensembles (cached by content) --------------------------------------
         stage = tracker.start_run("ensembles", parent)
-        seeds = seeds_for(params.base.seed, params.validation.n_oracles, offset=1)
+        # One independent seed stream per role (unlearning/seeds.py): no shadow or oracle shares a seed with
+        # another role or with the original (base.seed).
+        seeds = role_seeds(params.base.seed, "oracles", params.validation.n_oracles)
         oracles, o_info = _ensemble(params, state.prepared, rows.retain, seeds, device, "oracles")
-        shadow_seeds = seeds[: params.validation.n_shadows]
+        shadow_seeds = role_seeds(params.base.seed, "shadows", params.validation.n_shadows)
         shadows, s_info = _ensemble(params, state.prepared, rows.before, shadow_seeds, device, "shadows")
         tracker.log_metrics(stage, {"oracles_seconds": o_info["seconds"], "shadows_seconds": s_info["seconds"],
                                     "oracles_cached_chunks": o_info["cached_chunks"],
@@ -158,7 +179,10 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
             tracker.set_tags(stage, {"gate": "passed" if out.verdict.passed else "failed"})
             tracker.end_run(stage)
             verdict_line = "passed" if out.verdict.passed else "failed: " + "; ".join(out.verdict.failures)
-            print(f"  {method}: gate {verdict_line}")
+            pvals = ", ".join(f"{s} {out.metrics[f'klom_pvalue/{s}']:.3f}" for s in
+                              ("forget", "adjacent", "remote", "validation") if f"klom_pvalue/{s}" in out.metrics)
+            print(f"  {method}: gate {verdict_line} (KLoM permutation p-values: {pvals}; "
+                  f"alpha {params.gate.retrain_equivalence.alpha})")
             if out.verdict.passed:
                 outcome = out
                 break
@@ -174,9 +198,12 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         manifest.loc[hit, "deleted_in_batch"] = batch_id
         stage_dir = staging_dir(params.path("state_dir"))
         try:
+            fault("before_register")
             version = tracker.log_model(parent, outcome.model, registered)
             tracker.set_version_tags(registered, version, {"fingerprint": state.fingerprint["digest"],
-                                                           "batch_id": batch_id, "method": outcome.method})
+                                                           "batch_id": batch_id, "method": outcome.method,
+                                                           "promoted": "false"})
+            fault("after_register")
             sha = file_sha256(path)
             salt = state.prepared.info["name"]
             entries = [{"request_id": str(r.request_id),
@@ -190,17 +217,32 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                         "n_retained_train": int(len(rows.retain))}
             write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion,
                         state.fingerprint)
+            fault("before_commit")
             commit_dir(stage_dir, params.path("state_dir"))
+            committed = True
         except BaseException:
             discard_dir(stage_dir)
             raise
-        tracker.set_alias(registered, alias, version)
+        fault("after_commit")
+        # state/ decides from here on: the alias follows it (and is reconciled again on every run).
+        tracker.reconcile_alias(registered, alias, version)
+        fault("after_alias")
+        erasure = None
+        if params.erasure.enabled:
+            from tasks.erasure import erase
+
+            erasure = erase(params, batch_id, forget_ids, state.prepared.info["name"], version, tracker, parent)
+            fault("after_erasure")
         tracker.log_metrics(parent, {**{k: v for k, v in outcome.metrics.items()},
                                      "wall_seconds": time.perf_counter() - started})
         tracker.set_tags(parent, {"method": outcome.method, "gate": "passed", "model_version": version})
         tracker.end_run(parent)
         print(f"{path.name}: forgot {len(forget_ids)} sample(s) with {outcome.method}; promoted "
               f"{registered} v{version} as @{alias} (was v{before_version}); ledger +{len(entries)}")
+        if erasure is not None:
+            purged = sum(s.get("purged_rows", 0) for s in erasure["stores"])
+            print(f"{path.name}: erasure: {purged} row(s) purged from {len(erasure['stores'])} store(s) checked"
+                  + (f"; pending: {'; '.join(erasure['pending'])}" if erasure["pending"] else ""))
         return {"file": path.name, "status": "applied", "batch_id": batch_id, "method": outcome.method,
                 "model_version": version, "run_id": parent, "metrics": outcome.metrics}
     except BaseException as e:
@@ -209,9 +251,16 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                 tracker.end_run(stage, ok=False)
             except Exception:
                 pass
-        tracker.log_json(parent, {"error": str(e), "traceback": traceback.format_exc()}, "error.json")
-        tracker.set_tags(parent, {"gate": "rejected" if isinstance(e, BatchRejected) else "error"})
-        tracker.end_run(parent, ok=False)
+        try:
+            tracker.log_json(parent, {"error": str(e), "traceback": traceback.format_exc()}, "error.json")
+            tracker.set_tags(parent, {"gate": "rejected" if isinstance(e, BatchRejected) else "error"})
+            tracker.end_run(parent, ok=False)
+        except Exception:
+            pass
+        if committed:  # say what was applied and what was not
+            raise AfterCommitError(f"{path.name}: batch {batch_id} WAS applied (state/ holds the new model, manifest "
+                                   f"and ledger); what failed afterwards is not: {type(e).__name__}: {e}. The next "
+                                   f"run reconciles the registry alias and finishes the erasure") from e
         raise
 
 
@@ -221,13 +270,95 @@ def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
     Name order is arrival order (name request files with a sortable timestamp prefix). A run triggered by
     file c that starts before the run for an earlier file b processes b first, and b's own run then finds
     nothing left to do: batches apply in order, each exactly once, whatever order the runs start in."""
-    pending = list_request_files(inbox)
+    pending = scan_inbox(inbox)[0]
     if request_path is None:
         return pending
     path = Path(request_path)
     if path.resolve().parent != inbox.resolve():
         return [path]
-    return [p for p in pending if p.name <= path.name] or [path]
+    # (a file already moved to processed/ or rejected/ by an earlier run, or an entry scan_inbox refused, is
+    # not processed again)
+    return [p for p in pending if p.name <= path.name]
+
+
+def _in_inbox(path: Path, inbox: Path) -> bool:
+    return path.absolute().parent == inbox.absolute() or path.resolve().parent == inbox.resolve()
+
+
+def reject(path: Path, params: Params, error: BaseException | str) -> Path:
+    """Move an inbox entry to requests/rejected/ beside <name>.error.json (what was wrong, one line each)."""
+    problems = getattr(error, "problems", None) or [str(error)]
+    dest = move_unique(path, params.path("rejected"))
+    atomic_write_json(dest.with_name(dest.name + ".error.json"), {
+        "file": path.name, "rejected_at": datetime.now(timezone.utc).isoformat(),
+        "error": type(error).__name__ if isinstance(error, BaseException) else "not a request file",
+        "problems": problems, "nothing_changed": True})
+    return dest
+
+
+def processed(path: Path, params: Params) -> Path:
+    """Move an applied (or already applied) inbox file to requests/processed/."""
+    dest_dir = params.path("processed")
+    same = dest_dir / path.name
+    if same.is_file() and not path.is_symlink() and file_sha256(same) == file_sha256(path):
+        path.unlink()  # the same file was processed before: keep one copy
+        return same
+    return move_unique(path, dest_dir)
+
+
+def reconcile(params: Params, tracker) -> list[str]:
+    """state/ decides: point the registry alias at state/champion.json's version, mark runs of killed batches
+    FAILED, tag never-promoted versions, finish pending erasures. Idempotent; returns what it changed."""
+    import json as _json
+
+    notes = []
+    champion_file = params.path("state_dir") / "champion.json"
+    version = _json.loads(champion_file.read_text()).get("model_version") if champion_file.exists() else None
+    name, alias = params.tracking.registered_model, params.tracking.alias
+    if version is not None:
+        before, changed = tracker.reconcile_alias(name, alias, str(version))
+        if changed:
+            notes.append(f"reconciled {name}@{alias}: v{before} -> v{version} (state/champion.json decides)")
+    failed = tracker.fail_stale_runs()
+    if failed:
+        notes.append(f"marked {len(failed)} run(s) of killed batches FAILED")
+    tagged = tracker.tag_unpromoted(name, version)
+    if tagged:
+        notes.append(f"tagged never-promoted version(s) {tagged} promoted=false")
+    if params.erasure.enabled:
+        from tasks.erasure import erase_pending
+
+        done = erase_pending(params, tracker, version)
+        if done:
+            notes.append(f"finished {len(done)} pending erasure(s)")
+    return notes
+
+
+def preflight(params: Params) -> None:
+    """Before any state changes: the tracking store, the DVC cache (and a remote folder) must be usable."""
+    import os
+
+    from tasks.tracking import preflight as tracking_preflight
+
+    tracking_preflight(params.mlflow_tracking_uri())
+    api = os.environ.get("PREFECT_API_URL")
+    if api:  # a deployment's Prefect server: fail in seconds, not after the client's retries
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(api.rstrip("/") + "/health", timeout=5).close()
+        except Exception as e:
+            raise ConnectionError(f"Prefect API {api} is unreachable ({getattr(e, 'reason', e)}); start it "
+                                  f"(`prefect server start`) or unset PREFECT_API_URL; nothing was changed") from None
+    root = params.root
+    if (root / ".dvc").is_dir():
+        cache = root / ".dvc" / "cache"
+        remote = params.operations.dvc_remote
+        remote_dir = (Path(remote) if Path(remote).is_absolute() else root / remote) if remote else None
+        for what, folder in (("DVC cache", cache if cache.exists() else root / ".dvc"),
+                             ("DVC remote folder", remote_dir)):
+            if folder is not None and folder.exists() and not os.access(folder, os.W_OK):
+                raise PermissionError(f"{what} {folder} is not writable: fix its permissions (nothing was changed)")
 
 
 @flow(name="deletion_batch", log_prints=True)
@@ -236,29 +367,65 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     """Process one request file, or (without `request_path`) every file in the inbox, in name order.
 
     Holds the pipeline's batch lock throughout: one batch per model at a time. Deployment runs pass
-    `dvc_commit=True` to record the new state in the DVC cache (dvc repro does that itself)."""
+    `dvc_commit=True` to record the new state in the DVC cache (dvc repro does that itself).
+    Inbox files: applied ones move to requests/processed/, rejected ones (validation or gate) to
+    requests/rejected/ with <name>.error.json, and the later files proceed. A file outside the inbox is never
+    moved; its rejection raises."""
     params = load_params(params_path, overrides)
     use_project_path(params)
     device = device_of(params)
+    preflight(params)
     state_dir = params.path("state_dir")
+    inbox = params.path("inbox")
     with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), params.operations.lock_timeout_seconds):
-        files = files_to_process(request_path, params.path("inbox"))
+        import os
+
+        if ((state_dir / "champion.json").exists() or params.path("mlflow_db").exists()
+                or os.environ.get("MLFLOW_TRACKING_URI")):
+            for note in reconcile(params, tracker_for(params)):
+                print(note)
+        if request_path is None or _in_inbox(Path(request_path), inbox):
+            for entry, why in scan_inbox(inbox)[1]:
+                dest = reject(entry, params, why)
+                print(f"{entry.name}: {why}; moved to {dest}")
+        files = files_to_process(request_path, inbox)
         if not files:
             created = ensure_state(params, device)
-            print(f"no request files in {params.path('inbox')}"
+            print(f"no request files in {inbox}; nothing to do"
                   + ("; state initialised from the trained original" if created else ""))
             return []
-        results = [process_request_file(f, params, device) for f in files]
+        results = []
+        for f in files:
+            in_inbox = _in_inbox(f, inbox)
+            try:
+                r = process_request_file(f, params, device)
+            except (RequestValidationError, BatchRejected) as e:
+                if not in_inbox:
+                    raise
+                dest = reject(f, params, e)
+                print(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); later files proceed")
+                results.append({"file": f.name, "status": "rejected", "error": str(e), "moved_to": str(dest)})
+                continue
+            if in_inbox:
+                r["moved_to"] = str(processed(f, params))
+            results.append(r)
         if dvc_commit and params.operations.dvc_commit and any(r["status"] == "applied" for r in results):
-            print(f"lineage: {commit_lineage(params)}")
+            try:
+                print(f"lineage: {commit_lineage(params)}")
+            except Exception as e:  # say what was applied and what was not
+                applied = [r["file"] for r in results if r["status"] == "applied"]
+                raise AfterCommitError(f"batch(es) {applied} WERE applied (state/ holds them); NOT done: the DVC "
+                                       f"commit/push of state/ ({e}); fix it and run `dvc commit -f deletion`") from e
     print(ui_hint(params))
     return results
 
 
 def run(request_path: str | None = None, params_path: str = "params.yaml", overrides: dict | None = None,
         dvc_commit: bool = False) -> list[dict]:
-    """Run the flow with the task runner declared in params.yaml."""
+    """Run the flow with the task runner declared in params.yaml (preflight first: an unreachable store fails in
+    seconds, before the flow starts a Prefect server or changes anything)."""
     params = load_params(params_path, overrides)
+    preflight(params)
     return deletion_batch.with_options(task_runner=task_runner_for(params))(request_path, params_path, overrides,
                                                                             dvc_commit)
 
@@ -267,7 +434,9 @@ if __name__ == "__main__":
     parser = base_parser(__doc__)
     parser.add_argument("request", nargs="?", help="a request file (default: every file in the inbox)")
     a = parser.parse_args()
+    from tasks.tracking import TrackingUnavailable
+
     try:
         run(a.request, a.params)
-    except RequestValidationError as e:
-        raise SystemExit(str(e)) from None
+    except (RequestValidationError, TrackingUnavailable, AfterCommitError, PermissionError, ConnectionError) as e:
+        raise SystemExit(f"error: {e}") from None

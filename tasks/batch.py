@@ -10,6 +10,8 @@ import pandas as pd
 import torch
 from prefect import task
 
+from unlearning.certificate import retrain_equivalence_metrics
+from unlearning.seeds import method_seed
 from unlearning.batch import SPLITS, BatchRows, eval_logits, membership_metrics, retain_rows, unlearn_context
 from unlearning.config import Params
 from unlearning.data.store import Prepared
@@ -66,18 +68,28 @@ def unlearn_and_validate(method: str, method_args: dict, params: Params, prepare
     """Run `method` on the production model and on the N shadow originals, then compare with the oracles:
     per-split accuracy, KLoM (shadow-unlearned vs oracle margins), output gap, MIA; then the gate."""
     seed = params.base.seed
+    m_seed = method_seed(seed)  # the "method" role's stream (unlearning/seeds.py)
     t0 = time.perf_counter()
+    accuracy_ref = oracles
     if method == "retrain":
-        # The oracles ARE exact retrains on R: promote member 0 and compare half of them with the other half.
-        # The halves are those of the noise floor (metrics.oracle_half_klom), so retrain's KLoM IS the floor.
+        # The oracles ARE exact retrains on R: promote member 0 and judge it only against oracles it was not
+        # drawn from: its accuracy against the spread of members 1..N-1, KLoM as a permutation test of one half
+        # of members 1..N-1 against the other (retrain vs retrain: the p-value is uniform, a rejection is a
+        # false reject of the gate, and the gate's verdict says so).
         candidate = oracles.select(0)
-        perm, half = np.random.default_rng(seed).permutation(oracles.n_models), oracles.n_models // 2
-        shadow_unlearned, oracle_ref = oracles.select(perm[:half].tolist()), oracles.select(perm[half:].tolist())
+        others = np.random.default_rng(seed).permutation(np.arange(1, oracles.n_models)).tolist()
+        if len(others) >= 2:
+            half = len(others) // 2
+            shadow_unlearned, oracle_ref = oracles.select(others[:half]), oracles.select(others[half:])
+            accuracy_ref = oracles.select(others)
+        else:  # 2 oracles: nothing independent left to judge against
+            shadow_unlearned, oracle_ref = oracles.select(0), oracles.select(1)
         cost = {"gradient_evals": 0, "steps": 0, "seconds": 0.0, "reused_oracle": True}
     else:
-        res = run_method(method, unlearn_context(production.to(device), prepared, rows, recipe, seed), method_args)
+        res = run_method(method, unlearn_context(production.to(device), prepared, rows, recipe, m_seed), method_args)
         candidate = res.model
-        shadow_res = run_method(method, unlearn_context(shadows.to(device), prepared, rows, recipe, seed), method_args)
+        shadow_res = run_method(method, unlearn_context(shadows.to(device), prepared, rows, recipe, m_seed),
+                                method_args)
         shadow_unlearned, oracle_ref = shadow_res.model, oracles
         cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
                 "shadow_gradient_evals": shadow_res.cost.gradient_evals, "shadow_seconds": shadow_res.cost.seconds}
@@ -85,23 +97,17 @@ def unlearn_and_validate(method: str, method_args: dict, params: Params, prepare
     labels = prepared.label[eval_rows]
     logits = {name: eval_logits(m, prepared, eval_rows) for name, m in
               (("candidate", candidate), ("original", production), ("oracles", oracles),
-               ("shadow_unlearned", shadow_unlearned), ("oracle_ref", oracle_ref))}
+               ("shadow_unlearned", shadow_unlearned), ("oracle_ref", oracle_ref), ("accuracy_ref", accuracy_ref))}
     metrics: dict[str, float] = {}
-    for prefix, key in (("acc", "candidate"), ("original_acc", "original"), ("oracle_acc", "oracles"),
-                        ("shadow_acc", "shadow_unlearned")):
-        for s, v in M.accuracy_by_split(logits[key], labels, splits).items():
-            metrics[f"{prefix}/{s}"] = v
-    oracle_member_acc = (logits["oracles"].argmax(-1) == torch.as_tensor(labels)).float().numpy()  # [N, n]
-    for s in SPLITS:
-        if (splits == s).any():
-            metrics[f"oracle_acc_std/{s}"] = float(oracle_member_acc[:, splits == s].mean(1).std())
-    m_unl = M.margins(logits["shadow_unlearned"].numpy(), labels)
-    m_orc = M.margins(logits["oracle_ref"].numpy(), labels)
-    klom_values = M.klom(m_unl, m_orc)
-    for s, summ in M.klom_summary(klom_values, splits).items():
-        metrics[f"klom_p95/{s}"], metrics[f"klom_mean/{s}"] = summ["p95"], summ["mean"]
-    for s, summ in M.noise_floor(M.margins(logits["oracles"].numpy(), labels), splits, seed=seed).items():
-        metrics[f"noise_floor_p95/{s}"], metrics[f"noise_floor_mean/{s}"] = summ["p95"], summ["mean"]
+    for s, v in M.accuracy_by_split(logits["original"], labels, splits).items():
+        metrics[f"original_acc/{s}"] = v
+    # Accuracy spread of the reference oracles, KLoM and its permutation test (p-value, same-size floor).
+    cert, extra = retrain_equivalence_metrics(
+        logits["candidate"], logits["shadow_unlearned"], logits["oracle_ref"], logits["accuracy_ref"], labels, splits,
+        n_permutations=params.gate.retrain_equivalence.n_permutations, seed=seed)
+    metrics.update(cert)
+    metrics["candidate_is_retrain"] = float(method == "retrain")
+    m_unl, m_orc, klom_values = extra["m_unl"], extra["m_orc"], extra["klom"]
     gap = M.output_gap(logits["candidate"].numpy(), logits["oracles"].numpy())
     for s in SPLITS:
         if (splits == s).any():

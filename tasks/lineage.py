@@ -11,6 +11,8 @@ from pathlib import Path
 
 from prefect import task
 
+from tasks.retry import transient_io_or_dvc_lock
+
 from unlearning.config import Params
 
 
@@ -21,7 +23,7 @@ def _dvc(args: list[str], cwd: Path) -> str:
     return res.stdout
 
 
-@task(name="dvc-commit", retries=2, retry_delay_seconds=[2, 5])
+@task(name="dvc-commit", retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=transient_io_or_dvc_lock)
 def commit_lineage(params: Params) -> dict:
     root = params.root
     if not (root / ".dvc").is_dir():

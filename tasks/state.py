@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from prefect import task
 
+from tasks.retry import transient_io_only
+
 from unlearning.config import Params
 from unlearning.data import initial_state_manifest, load_prepared, read_state_manifest
 from unlearning.data.store import Prepared, manifest_csv_bytes
@@ -140,15 +142,8 @@ def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_s
                              lines)
 
 
-def _retry_unless_mismatch(task, task_run, state) -> bool:
-    """Retry transient read errors, not a StateMismatch (retrying cannot fix the params)."""
-    try:
-        return not isinstance(state.result(raise_on_failure=False), StateMismatch)
-    except Exception:
-        return True
-
-
-@task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=_retry_unless_mismatch)
+# Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once.
+@task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
 def load_state(params: Params, device: str) -> State:
     """Read the state folder; on the first batch, start from the trained original and the prepared manifest.
 

@@ -32,9 +32,47 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+class TrackingUnavailable(RuntimeError):
+    """The tracking store cannot be reached or written: found before any state changes."""
+
+
+def preflight(tracking_uri: str, timeout: float = 5.0) -> None:
+    """Fail fast (well within 10 s, no retries) when the tracking store is unreachable, with the fix."""
+    if tracking_uri.startswith(("http://", "https://")):
+        import urllib.request
+
+        url = tracking_uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                if r.status >= 400:
+                    raise OSError(f"HTTP {r.status}")
+        except Exception as e:
+            raise TrackingUnavailable(
+                f"MLflow tracking server {tracking_uri} is unreachable ({getattr(e, 'reason', e)}); start it "
+                f"(`make ui`, or `mlflow server --host 127.0.0.1 --port 5000 ...`) or unset MLFLOW_TRACKING_URI to "
+                f"use the project's SQLite store; nothing was changed") from None
+    elif tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        folder = db.parent if db.parent.exists() else None
+        if folder is None or not os.access(folder, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+            raise TrackingUnavailable(f"MLflow store {tracking_uri} is not writable (folder {db.parent}); fix the "
+                                      f"permissions or set MLFLOW_TRACKING_URI; nothing was changed")
+
+
+def _redact(value, mapping: dict):
+    if isinstance(value, str):
+        return mapping.get(value, value)
+    if isinstance(value, dict):
+        return {k: _redact(v, mapping) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact(v, mapping) for v in value]
+    return value
+
+
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: str | Path | None = None):
         self.tracking_uri = tracking_uri
+        self.redaction: dict | None = None  # plain id -> hashed id (deletion.hash_sample_ids): nothing plain is logged
         mlflow.set_tracking_uri(tracking_uri)
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
@@ -56,11 +94,15 @@ class Tracker:
 
     def set_tags(self, run_id: str, tags: dict) -> None:
         for k, v in tags.items():
-            self.client.set_tag(run_id, k, str(v))
+            self.client.set_tag(run_id, k, str(self._r(v)))
+
+    def _r(self, value):
+        return _redact(value, self.redaction) if self.redaction else value
 
     # values -----------------------------------------------------------------------------------
     def log_params(self, run_id: str, params: dict) -> None:
         for k, v in _flatten(params).items():
+            v = self._r(v)
             self.client.log_param(run_id, k, json.dumps(v) if isinstance(v, (list, tuple)) else str(v)[:6000])
 
     def log_metrics(self, run_id: str, metrics: dict, step: int | None = None) -> None:
@@ -70,9 +112,15 @@ class Tracker:
 
     # artifacts --------------------------------------------------------------------------------
     def log_json(self, run_id: str, obj, artifact_file: str) -> None:
+        obj = self._r(json.loads(json.dumps(obj, default=str))) if self.redaction else obj
         self.client.log_text(run_id, json.dumps(obj, indent=2, sort_keys=True, default=str), artifact_file)
 
     def log_table(self, run_id: str, df, artifact_file: str) -> None:
+        if self.redaction:
+            df = df.copy()
+            for col in df.columns:
+                if getattr(df[col].dtype, "kind", "O") not in "biufcmM":  # text of any dtype (object, string)
+                    df[col] = df[col].map(lambda v: self.redaction.get(v, v) if isinstance(v, str) else v)
         buf = io.StringIO()
         df.to_csv(buf, index=False)
         self.client.log_text(run_id, buf.getvalue(), artifact_file)
@@ -106,6 +154,90 @@ class Tracker:
             return str(self.client.get_model_version_by_alias(name, alias).version)
         except Exception:  # no such model or alias yet
             return None
+
+    # reconciliation and erasure ------------------------------------------------------------------
+    def reconcile_alias(self, name: str, alias: str, version: str | None) -> tuple[str | None, bool]:
+        """Point name@alias at `version` (what state/champion.json says) unless it already does; tag the
+        champion `promoted=true`. Idempotent. Returns (alias before, changed)."""
+        if version is None:
+            return self.alias_version(name, alias), False
+        before = self.alias_version(name, alias)
+        changed = before != str(version)
+        if changed:
+            self.client.set_registered_model_alias(name, alias, str(version))
+        try:
+            self.client.set_model_version_tag(name, str(version), "promoted", "true")
+        except Exception:  # the version is gone from the registry (another store): nothing to tag
+            pass
+        return before, changed
+
+    def fail_stale_runs(self, stage: str = "deletion_batch") -> list[str]:
+        """Mark RUNNING runs of `stage` (and their child runs) FAILED with tag killed=true: called under the
+        batch lock, so no live process owns them (a killed batch)."""
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.stage = '{stage}' and "
+                                       f"attributes.status = 'RUNNING'", max_results=1000)
+        failed = []
+        for r in runs:
+            children = self.client.search_runs([self.experiment_id], filter_string=
+                                               f"tags.mlflow.parentRunId = '{r.info.run_id}' and "
+                                               f"attributes.status = 'RUNNING'", max_results=1000)
+            for c in [*children, r]:
+                self.client.set_tag(c.info.run_id, "killed", "true")
+                self.end_run(c.info.run_id, ok=False)
+                failed.append(c.info.run_id)
+        return failed
+
+    def tag_unpromoted(self, name: str, champion: str | None) -> list[str]:
+        """Tag registered versions of batches that never became champion `promoted=false`."""
+        tagged = []
+        try:
+            versions = self.client.search_model_versions(f"name = '{name}'")
+        except Exception:
+            return tagged
+        for v in versions:
+            if str(v.version) != str(champion) and "promoted" not in (v.tags or {}) and "batch_id" in (v.tags or {}):
+                self.client.set_model_version_tag(name, v.version, "promoted", "false")
+                tagged.append(str(v.version))
+        return tagged
+
+    def versions(self, name: str) -> list[str]:
+        try:
+            return sorted((str(v.version) for v in self.client.search_model_versions(f"name = '{name}'")), key=int)
+        except Exception:
+            return []
+
+    def _local_path(self, uri: str) -> Path | None:
+        from urllib.parse import unquote, urlparse
+
+        if uri.startswith("file:"):
+            return Path(unquote(urlparse(uri).path))
+        if "://" not in uri and uri:
+            return Path(uri)
+        return None
+
+    def purge_versions(self, name: str, keep: set[str]) -> list[dict]:
+        """Delete every registered version of `name` not in `keep`, with its model artifacts (local stores)."""
+        purged = []
+        for version in self.versions(name):
+            if version in keep:
+                continue
+            removed = None
+            try:
+                uri = self.client.get_model_version_download_uri(name, version)
+                local = self._local_path(uri)
+                if local is not None and local.exists():
+                    import shutil
+
+                    shutil.rmtree(local, ignore_errors=True)
+                    removed = str(local)
+            except Exception:
+                pass
+            self.client.delete_model_version(name, version)
+            purged.append({"version": version, "artifacts_removed": removed})
+        return purged
+
+    def artifact_root(self) -> Path | None:
+        return self._local_path(self.client.get_experiment(self.experiment_id).artifact_location)
 
     def run_url_hint(self, run_id: str) -> str:
         return f"#/experiments/{self.experiment_id}/runs/{run_id}"

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from prefect import task
 
+from tasks.retry import transient_io_only
+
 from unlearning.batch import validation_rows
 from unlearning.config import Params
 from unlearning.data import load_dataset, write_prepared
@@ -58,7 +60,12 @@ def prepare_dataset(params: Params) -> dict:
                       targets=p.targets, **source)
     if section is not None:  # record the path as params.yaml writes it: the output must not depend on the checkout
         ds.meta["source"]["path"] = p.source
-    return write_prepared(ds, params.path("prepared_dir"))
+    # Erased rows stay out: the tombstone list lies outside every DVC out (DESIGN §3, "Erasure vs the DVC DAG").
+    from unlearning.erasure import is_erased, read_tombstones
+
+    tombstones = read_tombstones(params.path("tombstones"))
+    erased = is_erased(tombstones, params.deletion.hash_sample_ids, ds.name) if tombstones else None
+    return write_prepared(ds, params.path("prepared_dir"), erased=erased)
 
 
 @task(name="train-original")
@@ -89,7 +96,7 @@ def train_original(params: Params, prepared: Prepared, device: str) -> tuple[Ens
     return model, metrics
 
 
-@task(name="save-checkpoint", retries=2, retry_delay_seconds=[1, 3])
+@task(name="save-checkpoint", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
 def save_checkpoint(model: Ensemble, path, extra: dict) -> None:
     atomic_save(path, lambda tmp: save_model(model, tmp, extra))
 

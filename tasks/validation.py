@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 import pandas as pd
 from prefect import task
 
-from unlearning.requests import REQUIRED_COLUMNS, RequestValidationError, structural_problems
+from unlearning.ledger import hash_sample_id
+from unlearning.requests import (
+    REQUIRED_COLUMNS, RequestValidationError, future_problems, ledger_matches, objective_problems, read_request_file,
+    structural_problems,
+)
 
 
 @dataclass
@@ -122,4 +126,71 @@ def raise_if_invalid(path: str, check: RequestCheck) -> None:
         raise RequestValidationError(path, check.problems)
 
 
-__all__ = ["RequestCheck", "check_request_frame", "validate_request", "raise_if_invalid", "REQUIRED_COLUMNS"]
+class RequestConflict(RequestValidationError):
+    """A request_id already in the ledger arrives with other content: never skipped, never applied."""
+
+
+@dataclass
+class FileCheck:
+    """The one validation of a request file, shared by `unlearn validate` and the deletion flow.
+
+    status: "ok" (pending rows to apply), "already_processed" (every request is in the ledger with the same
+    content: nothing to do) or "invalid" (problems, one line each)."""
+
+    path: str
+    status: str
+    problems: list[str]
+    pending: pd.DataFrame | None = None
+    skipped: int = 0
+    n_rows: int = 0
+    gx_result: dict = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)
+
+    def error(self) -> RequestValidationError:
+        cls = RequestConflict if self.conflicts else RequestValidationError
+        return cls(self.path, self.problems)
+
+    def summary(self) -> str:
+        if self.status == "already_processed":
+            return (f"{self.path}: all {self.n_rows} request(s) were processed before with the same content; "
+                    f"nothing to do")
+        if self.status == "ok":
+            extra = f" ({self.skipped} already processed with the same content)" if self.skipped else ""
+            return f"{self.path}: valid ({len(self.pending)} request(s) to apply{extra})"
+        return str(self.error())
+
+
+def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash_ids: bool = False,
+                       salt: str = "", max_clock_skew_seconds: float = 300.0, now=None,
+                       tombstoned: set[str] | None = None) -> FileCheck:
+    """Read and validate one request file against the ledger and the live manifest; every problem is
+    collected (structure and types, ledger conflicts, manifest via GX, mixed objectives, future times)."""
+    path = str(path)
+    try:
+        df = read_request_file(path)
+    except RequestValidationError as e:
+        return FileCheck(path, "invalid", e.problems)
+    key = (lambda s: hash_sample_id(s, salt)) if hash_ids else (lambda s: s)
+    same, conflicts = ledger_matches(df, ledger, key)
+    n = len(df)
+    if n and len(same) == n and not conflicts:
+        return FileCheck(path, "already_processed", [], df.iloc[0:0], skipped=n, n_rows=n)
+    keep = [i for i in range(n) if i not in set(same)]
+    pending = df.iloc[keep].reset_index(drop=True)
+    pending.attrs = dict(df.attrs)
+    check = check_request_frame(pending, manifest) if len(pending) or not n else RequestCheck([])
+    problems = [*conflicts, *check.problems]
+    problems += [f"schema: {p}" for p in objective_problems(pending)]
+    problems += [f"schema: {p}" for p in future_problems(pending, max_clock_skew_seconds, now)]
+    if tombstoned and "sample_id" in pending.columns:
+        erased = [s for s in pending["sample_id"].dropna().astype(str) if key(s) in tombstoned]
+        if erased:
+            problems.append(f"sample id(s) {erased[:10]} were erased by an earlier batch (see the ledger); "
+                            f"nothing is left to forget")
+    problems = list(dict.fromkeys(problems))
+    return FileCheck(path, "invalid" if problems else "ok", problems, pending, skipped=len(same), n_rows=n,
+                     gx_result=check.gx_result, conflicts=conflicts)
+
+
+__all__ = ["RequestCheck", "FileCheck", "RequestConflict", "check_request_file", "check_request_frame",
+           "validate_request", "raise_if_invalid", "REQUIRED_COLUMNS"]

@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from unlearning.policy import Rule
+from unlearning.policy import DEFAULT_RULES, Rule
 
 PARAMS_FILE = "params.yaml"
 
@@ -34,6 +34,9 @@ class Paths(Strict):
     mlflow_db: str = "mlflow.db"
     mlflow_artifacts: str = "mlartifacts"
     archive_dir: str = "archive"  # `unlearn reset` moves the state and the cache here (archive/<UTC time>/)
+    processed: str = "requests/processed"  # applied (or already applied) request files move here
+    rejected: str = "requests/rejected"    # files rejected by validation or the gate, with <name>.error.json
+    tombstones: str = "data/tombstones.txt"  # erased ids (hashed with deletion.hash_sample_ids), outside every DVC out
 
 
 class Base(Strict):
@@ -180,11 +183,13 @@ class Partition(Strict):
 class Deletion(Strict):
     objective: Literal["retrain_equivalence", "suppression"] = "retrain_equivalence"
     method: str = Field("auto", description="a registered method, or 'auto' to walk `rules`")
-    rules: list[Rule] = Field(default_factory=list, description="ordered selection rules (unlearning/policy.py)")
-    fallback: list[str] = ["retrain"]
+    rules: list[Rule] = Field(default_factory=lambda: [Rule(**r) for r in DEFAULT_RULES],
+                              description="ordered selection rules (unlearning/policy.py)")
+    fallback: list[str] = Field([], description="tried after the rule candidates (retrain is always last)")
     method_args: dict[str, dict[str, Any]] = {}
-    budget_gradient_evals: int = Field(2_000_000, gt=0)
+    budget_gradient_evals: int = Field(20_000, gt=0)
     hash_sample_ids: bool = False
+    max_clock_skew_seconds: float = Field(300, ge=0, description="a requested_at later than now + this is rejected")
     partition: Partition = Partition()
 
 
@@ -200,8 +205,8 @@ class Diagnostics(Strict):
 
 
 class Validation(Strict):
-    n_oracles: int = Field(8, ge=2)
-    n_shadows: int = Field(8, ge=1)
+    n_oracles: int = Field(80, ge=2)
+    n_shadows: int = Field(80, ge=1)
     chunk_size: int = Field(32, gt=0)
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None
@@ -209,13 +214,21 @@ class Validation(Strict):
 
 
 class RetrainEquivalenceGate(Strict):
-    max_accuracy_gap: float = Field(0.05, ge=0, le=1, description="|acc(candidate) - mean acc(oracles)| per split")
+    alpha: float = Field(0.01, gt=0, lt=1, description="a split passes when its KLoM permutation p-value >= alpha "
+                                                       "(per split; unlearning/metrics/permutation.py)")
+    n_permutations: int = Field(200, ge=19, le=100_000, description="relabelings of the permutation test "
+                                                                    "(p-value resolution 1 / (1 + n))")
+    accuracy_z: float = Field(2.0, ge=0, description="candidate accuracy per split must lie in [min, max] of the "
+                                                     "oracle accuracies widened by this many binomial std errors")
+    max_accuracy_gap: float | None = Field(
+        None, ge=0, le=1, description="optional extra bound |acc(candidate) - mean acc(oracles)| per split (null = off)")
     min_validation_accuracy: float | None = Field(
         0.8, ge=0, le=1, description="absolute floor for the candidate's validation accuracy (dataset-specific; "
                                      "null = off)")
     max_klom_p95_forget: float | None = Field(None, ge=0, description="absolute bound on the forget split's KLoM P95")
     max_klom_to_noise_floor: float | None = Field(
-        1.5, gt=0, description="KLoM P95 of each split <= this x the oracle noise floor's P95 (null = off)")
+        None, gt=0, description="optional extra bound: KLoM P95 of each split <= this x the same-size noise floor "
+                                "(median of the permutation null) P95 (null = off)")
 
 
 class SuppressionGate(Strict):
@@ -245,6 +258,16 @@ class Operations(Strict):
     dvc_remote: str | None = Field("dvc-remote", description="local folder or DVC remote name for `dvc push`; null = no push")
 
 
+class Erasure(Strict):
+    """Erasure after each promoted batch (DESIGN §3): forgotten rows leave every store, not just the model."""
+
+    enabled: bool = Field(True, description="erase the forgotten rows from every store after a promoted batch")
+    keep_versions: int = Field(0, ge=0, description="registered versions trained on forgotten rows kept besides the "
+                                                    "champion (newest first); 0 = purge all of them")
+    dvc_gc: bool = Field(True, description="re-commit the rewritten DVC outputs and `dvc gc -w` the cache (and "
+                                           "`-c` the remote) when the project is a DVC repo")
+
+
 class Params(Strict):
     base: Base = Base()
     prepare: Prepare = Prepare()
@@ -255,6 +278,7 @@ class Params(Strict):
     gate: Gate = Gate()
     tracking: Tracking = Tracking()
     operations: Operations = Operations()
+    erasure: Erasure = Erasure()
 
     # The folder params.yaml was read from; every relative path resolves against it.
     root: Path = Field(default_factory=Path.cwd, exclude=True)

@@ -1,9 +1,10 @@
 """Oracle and shadow ensembles with a content-addressed cache (DESIGN §4.2, §4.5).
 
 An ensemble is identified by what determines it: the ids of its training rows, the model spec, the
-training recipe and the member seeds. The oracles of batch t (trained on the retain set R_t) are then
-found again, by key, as the shadow originals of batch t+1 (trained on D_{t+1} = R_t) and as the
-promoted model when the method is `retrain`.
+training recipe and the member seeds. The oracles are found again, by key, when the method is `retrain`
+(member 0 is promoted) and when the same batch is processed again. Shadows and oracles draw their seeds from
+separate role streams (unlearning/seeds.py), so batch t's oracles are no longer batch t+1's shadow
+originals (that reuse made the two roles share seeds).
 """
 
 from __future__ import annotations
@@ -26,6 +27,20 @@ def ids_digest(sample_ids: Sequence[str]) -> str:
     for s in sorted(map(str, sample_ids)):
         h.update(s.encode() + b"\n")
     return h.hexdigest()
+
+
+def id_hashes(sample_ids: Sequence[str]) -> list[str]:
+    """Short unsalted hashes of training ids, stored beside each cache file (`<key>.ids.json`): the cache key
+    does not reveal which rows an ensemble saw, the erasure needs to (tasks/erasure.py)."""
+    return sorted(hashlib.sha256(str(s).encode()).hexdigest()[:16] for s in sample_ids)
+
+
+def trained_on(cache_file: str | Path) -> set[str] | None:
+    """The id hashes an ensemble cache file was trained on; None when not recorded (an older cache file)."""
+    side = Path(cache_file).with_suffix(".ids.json")
+    if not side.exists():
+        return None
+    return set(json.loads(side.read_text())["id_hashes"])
 
 
 def ensemble_key(ids_hash: str, spec: dict, recipe: TrainRecipe, seeds: Sequence[int]) -> str:
@@ -55,6 +70,10 @@ def cached_ensemble(cache_dir: str | Path | None, spec: dict, X: torch.Tensor, y
         return model, True
     model = train_fresh(spec, X, y, recipe, seeds, device, progress, search_paths)
     if path is not None:
+        from unlearning.io import atomic_write_json
+
+        atomic_write_json(path.with_suffix(".ids.json"), {"ids_digest": ids_digest(sample_ids),
+                                                          "id_hashes": id_hashes(sample_ids)})
         atomic_save(path, lambda tmp: save_model(model, tmp, {"key": key, "n_rows": int(len(sample_ids))}))
     return model, False
 

@@ -66,7 +66,11 @@ def _without_volatile(d: dict) -> dict:
 
 def dataset_identity(info: dict, sample_ids: Iterable, splits: Iterable | None = None,
                      labels: Iterable | None = None) -> dict:
-    """The `dataset` component's value from `dataset.json`'s content and the manifest columns."""
+    """The `dataset` component's value from `dataset.json`'s content and the manifest columns. A store with
+    erased rows records the identity it had before the erasure (`erasure.identity`): erasing rows does not
+    make the state "built from other data"."""
+    if isinstance(info.get("erasure"), dict) and info["erasure"].get("identity"):
+        return info["erasure"]["identity"]
     value = _without_volatile(info)
     value["manifest_digest"] = manifest_digest(sample_ids, splits, labels)
     return value

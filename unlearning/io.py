@@ -127,3 +127,25 @@ class exclusive_lock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         return False
+
+
+FAULT_ENV = "UNLEARN_FAULT"
+
+
+def fault(point: str) -> None:
+    """Fault injection for tests: with UNLEARN_FAULT=<point> the process dies here (like kill -9), so a test
+    can check that the next run converges. Never set outside tests."""
+    if os.environ.get(FAULT_ENV) == point:
+        os._exit(137)
+
+
+def move_unique(src: str | Path, folder: str | Path) -> Path:
+    """Move `src` (file, folder or link) into `folder`, never overwriting: name, name.2, name.3 ..."""
+    src, folder = Path(src), Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dest, n = folder / src.name, 1
+    while dest.exists() or dest.is_symlink():
+        n += 1
+        dest = folder / f"{src.name}.{n}"
+    os.replace(src, dest)
+    return dest

@@ -28,7 +28,10 @@ FACTS: dict[str, tuple[str, str]] = {
     "predicted_gap": ("num", "leverage-predicted output gap of the original vs the oracle"),
     "noise_floor": ("num", "oracle-vs-oracle noise floor of the validation metric"),
     "predicted_gap_lt_noise_floor": ("bool", "predicted_gap < noise_floor"),
-    "leakage_ratio": ("num", "||C_RF g_F|| / ||S_F g_F|| (DESIGN §4.1)"),
+    "predicted_gap_to_noise": ("num", "predicted_gap / noise_floor (the forget gap in units of its own noise)"),
+    "retain_gap_to_noise": ("num", "predicted retain-set gap / noise_floor (leakage, regularized by the noise)"),
+    "leakage_ratio": ("num", "||C_RF g_F|| / ||S_F g_F|| (DESIGN §4.1; raw: fires on vanishing norms, prefer "
+                             "retain_gap_to_noise)"),
     "self_leverage_trace": ("num", "trace of S_F"),
     "self_leverage_norm": ("num", "spectral norm of S_F"),
     "retrain_cost": ("num", "predicted gradient evaluations of an exact retrain"),
@@ -177,15 +180,17 @@ def select_methods(rules: SelectionPolicy | Sequence[Rule | dict], facts: dict[s
     return Selection(candidates=candidates, fired=fired, skipped=skipped)
 
 
-# DESIGN §4.5's example list; params.yaml may declare its own.
+# DESIGN §4.5's example list as calibrated by bench/calibration.py (params.yaml declares the same; it may declare
+# its own). Dropped after the bench (issue 12): `high_leakage -> newton_ggn` (the raw leakage ratio fires on
+# vanishing norms, and newton_ggn was farther from the oracles than do_nothing there) and `privacy_default ->
+# finetune` (failed the calibrated gate on the bench's sets at a cost above a retrain, which the gate's oracles
+# already are: promoting one costs nothing more).
 DEFAULT_RULES: list[dict] = [
     {"name": "gap_below_noise_floor", "method": "do_nothing",
-     "when": {"objective": "retrain_equivalence", "predicted_gap_lt_noise_floor": True}},
+     "when": {"objective": "retrain_equivalence", "predicted_gap_to_noise_lt": 0.5}},
     {"name": "retrain_within_budget", "method": "retrain", "when": {"retrain_cost_lt_budget": True}},
-    {"name": "high_leakage", "method": "newton_ggn",
-     "when": {"objective": "retrain_equivalence", "leakage_ratio_gt": 1.0}},
+    {"name": "oracles_are_retrains", "method": "retrain", "when": {"objective": "retrain_equivalence"}},
     {"name": "suppression_with_adjacency", "method": "al_wpgd",
      "when": {"objective": "suppression", "adjacent_fraction_gt": 0.0}},
     {"name": "suppression", "method": "descent_ascent", "when": {"objective": "suppression"}},
-    {"name": "privacy_default", "method": "finetune", "when": {"objective": "retrain_equivalence"}},
 ]

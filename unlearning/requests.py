@@ -51,19 +51,48 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def is_request_file_name(name: str) -> bool:
+    """A request file by its suffix, case-insensitively (`X.CSV` is a CSV file)."""
+    return Path(name).suffix.lower() in REQUEST_SUFFIXES
+
+
+def _parquet_type_problems(raw: pd.DataFrame) -> list[str]:
+    """Columns whose Parquet type is not text: ids written as integers lose leading zeros and formatting,
+    bytes are not text at all. Reported like any other problem (the values are still read as text)."""
+    problems = []
+    for col in raw.columns:
+        dtype = raw[col].dtype
+        values = [v for v in raw[col].tolist() if v is not None and v == v]
+        if any(isinstance(v, (bytes, bytearray, memoryview)) for v in values):
+            problems.append(f"column '{col}': Parquet type is bytes (binary); write it as a UTF-8 string column")
+        elif col in ("request_id", "sample_id", "reason", "objective") and (
+                pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype)):
+            problems.append(f"column '{col}': Parquet type is {dtype} (not text); ids and reasons must be strings "
+                            f"(write them as a string column, e.g. df['{col}'].astype(str))")
+    return problems
+
+
 def read_request_file(path: str | Path) -> pd.DataFrame:
-    """Read a request file with every column as text (ids stay strings; types are checked later)."""
+    """Read a request file with every column as text (ids stay strings; types are checked later). Parquet
+    columns that are not text are noted in `df.attrs["type_problems"]` (reported by `structural_problems`)."""
     path = Path(path)
-    if path.suffix not in REQUEST_SUFFIXES:
+    suffix = path.suffix.lower()
+    if suffix not in REQUEST_SUFFIXES:
         raise RequestValidationError(path, [f"file type '{path.suffix}' is not supported; use .csv or .parquet"])
+    type_problems: list[str] = []
     try:
-        if path.suffix == ".csv":
+        if suffix == ".csv":
             df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
         else:
-            df = pd.read_parquet(path).astype("string").astype(object)
+            raw = pd.read_parquet(path)
+            type_problems = _parquet_type_problems(raw)
+            df = raw.map(lambda v: v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v)
+            df = df.astype("string").astype(object)
     except Exception as e:  # unreadable file: report it like any other problem
-        raise RequestValidationError(path, [f"cannot read file: {e}"]) from None
-    return df.where(df.notna(), None)
+        raise RequestValidationError(path, [f"cannot read file: {str(e).splitlines()[0] if str(e) else type(e).__name__}"]) from None
+    df = df.where(df.notna(), None)
+    df.attrs["type_problems"] = type_problems
+    return df
 
 
 def _row_hint(index) -> str:
@@ -73,7 +102,7 @@ def _row_hint(index) -> str:
 
 def structural_problems(df: pd.DataFrame) -> list[str]:
     """Every schema failure of a request frame, one readable line each."""
-    problems = []
+    problems = list(df.attrs.get("type_problems", []))
     if len(df) == 0:
         problems.append("the batch is empty: a request file needs at least one row")
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
@@ -114,20 +143,104 @@ def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def batch_objective(df: pd.DataFrame, default: str) -> str:
+def objective_problems(df: pd.DataFrame) -> list[str]:
+    """One batch has one objective: a file whose `objective` column mixes values is a problem."""
+    if "objective" not in df.columns:
+        return []
+    values = sorted({v for v in df["objective"] if v})
+    return [f"column 'objective' mixes {values}; one batch has one objective (split the file)"] if len(values) > 1 else []
+
+
+def future_problems(df: pd.DataFrame, max_skew_seconds: float, now: pd.Timestamp | None = None) -> list[str]:
+    """`requested_at` values later than now + the declared clock-skew tolerance."""
+    if "requested_at" not in df.columns or not len(df):
+        return []
+    now = now if now is not None else pd.Timestamp.now(tz="UTC")
+    limit = now + pd.Timedelta(seconds=max_skew_seconds)
+    ts = parse_timestamps(df["requested_at"])
+    return [f"column 'requested_at' {_row_hint(i)}: value {df['requested_at'].iloc[n]!r} is in the future (later "
+            f"than now + deletion.max_clock_skew_seconds = {max_skew_seconds:g} s)"
+            for n, (i, t) in enumerate(ts.items()) if t is not pd.NaT and t == t and t > limit]
+
+
+def batch_objective(df: pd.DataFrame, default: str, path: str | Path = "<batch>") -> str:
     """The batch's objective: the file's `objective` column (one value for the whole file) or the default."""
     if "objective" not in df.columns:
         return default
+    problems = objective_problems(df)
+    if problems:
+        raise RequestValidationError(path, problems)
     values = sorted({v for v in df["objective"] if v})
-    if len(values) > 1:
-        raise RequestValidationError("<batch>", [f"column 'objective' mixes {values}; one batch has one objective"])
     return values[0] if values else default
 
 
-def list_request_files(inbox: str | Path) -> list[Path]:
-    """Request files in the inbox, in processing order (by file name: use sortable, timestamped names)."""
+def ledger_matches(df: pd.DataFrame, ledger: list[dict], sample_key=lambda s: s) -> tuple[list[int], list[str]]:
+    """Rows of `df` whose request_id is already in the ledger: (positions of rows with the same content,
+    conflict lines for rows with different content). Content = sample id (through `sample_key`, e.g. the
+    salted hash when the ledger stores hashed ids), requested_at (as a time) and reason."""
+    if "request_id" not in df.columns or not ledger:
+        return [], []
+    by_id = {str(e["request_id"]): e for e in ledger}
+    same, conflicts = [], []
+    ts = parse_timestamps(df["requested_at"]) if "requested_at" in df.columns else None
+    for pos, row in enumerate(df.to_dict("records")):
+        entry = by_id.get(str(row.get("request_id")))
+        if entry is None:
+            continue
+        diffs = []
+        sid = row.get("sample_id")
+        if sid is None or sample_key(str(sid)) != str(entry.get("sample_id")):
+            diffs.append(f"sample_id {sid!r} (ledger: {entry.get('sample_id')!r})")
+        if ts is not None:
+            t_ledger = parse_timestamps(pd.Series([entry.get("requested_at")])).iloc[0]
+            if not (ts.iloc[pos] == t_ledger):
+                diffs.append(f"requested_at {row.get('requested_at')!r} (ledger: {entry.get('requested_at')!r})")
+        if "reason" in row and row.get("reason") != entry.get("reason"):
+            diffs.append(f"reason {row.get('reason')!r} (ledger: {entry.get('reason')!r})")
+        if diffs:
+            conflicts.append(f"request_id {row['request_id']!r} row {pos + 1} conflicts with the ledger entry of batch "
+                             f"{entry.get('batch_id')} (file {entry.get('request_file')}, processed "
+                             f"{entry.get('processed_at')}): {'; '.join(diffs)}. A request id names one request "
+                             f"forever: give a new request a new request_id")
+        else:
+            same.append(pos)
+    return same, conflicts
+
+
+def scan_inbox(inbox: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(request files in processing order, [(entry, why it is not a request file)]).
+
+    Request files: regular files named *.csv / *.parquet (any case), in name order (use sortable, timestamped
+    names), or symlinks to such files INSIDE the inbox. Reported, never silently skipped: other suffixes,
+    directories, dangling symlinks and symlinks that leave the inbox. Dot-files (temporary names of atomic
+    writes, .gitkeep) are ignored."""
     inbox = Path(inbox)
     if not inbox.is_dir():
-        return []
-    return sorted(p for p in inbox.iterdir() if p.is_file() and p.suffix in REQUEST_SUFFIXES
-                  and not p.name.startswith("."))
+        return [], []
+    root = inbox.resolve()
+    files, odd = [], []
+    for p in sorted(inbox.iterdir()):
+        if p.name.startswith("."):
+            continue
+        if p.is_symlink():
+            target = p.resolve()
+            if not target.exists():
+                odd.append((p, "a dangling symlink"))
+                continue
+            if target.parent != root:
+                odd.append((p, f"a symlink leaving the inbox (to {target}); refused: copy the file into the inbox"))
+                continue
+        if p.is_dir():
+            odd.append((p, "a directory, not a request file; put request files directly in the inbox"))
+        elif not is_request_file_name(p.name):
+            odd.append((p, f"suffix '{p.suffix}' is not a request file type; use .csv or .parquet"))
+        elif not p.is_file():
+            odd.append((p, "not a regular file"))
+        else:
+            files.append(p)
+    return files, odd
+
+
+def list_request_files(inbox: str | Path) -> list[Path]:
+    """Request files in the inbox, in processing order (see `scan_inbox`)."""
+    return scan_inbox(inbox)[0]

@@ -43,8 +43,15 @@ def batch_facts(params: Params, objective: str, rows: BatchRows, report=None,
         facts["leakage_ratio"] = float(report.leakage_ratio)
         facts["self_leverage_trace"] = float(report.self_leverage_trace)
         facts["self_leverage_norm"] = float(report.self_leverage_spectral_norm)
+        retain_gap = float(np.mean(0.5 * np.square(report.predicted_gap_retain))) if report.predicted_gap_retain.size else 0.0
         if "noise_floor" in facts:
             facts["predicted_gap_lt_noise_floor"] = facts["predicted_gap"] < facts["noise_floor"]
+            # Gaps relative to their own noise (issue 12): the raw leakage ratio ||C_RF g_F|| / ||S_F g_F|| is a
+            # ratio of two norms that both vanish on low-leverage sets (66 there, where newton_ggn was worst);
+            # these read each predicted gap in units of the oracle noise floor, so they cannot fire on noise.
+            noise = max(facts["noise_floor"], 1e-12)
+            facts["predicted_gap_to_noise"] = facts["predicted_gap"] / noise
+            facts["retain_gap_to_noise"] = retain_gap / noise
     return facts
 
 

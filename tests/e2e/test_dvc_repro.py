@@ -72,3 +72,14 @@ def test_dvc_repro_end_to_end(tmp_path):
     out = sh([sys.executable, "-m", "dvc", "repro", "-f", "-s", "deletion"], proj, env)
     assert "nothing to do" in out
     assert len((proj / "state" / "ledger.jsonl").read_text().splitlines()) == 12
+
+    # Inside `dvc repro` the erasure of other stages' outputs and of the DVC cache is left pending;
+    # `unlearn erase` finishes it (rewrite, dvc commit, dvc gc), and `dvc repro` stays a no-op afterwards.
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "verify-erasure"], cwd=proj, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1 and "pending" in res.stderr
+    sh([sys.executable, "-m", "flows.cli", "erase"], proj, env)
+    out = sh([sys.executable, "-m", "flows.cli", "verify-erasure"], proj, env)
+    assert "erasure verified" in out
+    out = sh([sys.executable, "-m", "dvc", "repro"], proj, env)
+    assert "didn't change" in out or "up to date" in out

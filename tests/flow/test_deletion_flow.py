@@ -40,7 +40,7 @@ def fresh_ids(root, k: int, skip: int) -> list[str]:
 
 def snapshot(root):
     state = root / "state"
-    return {p.name: p.read_bytes() for p in state.iterdir()} if state.exists() else {}
+    return {str(p.relative_to(state)): p.read_bytes() for p in state.rglob("*") if p.is_file()} if state.exists() else {}
 
 
 def test_batch_is_applied_then_idempotent(project):
@@ -48,16 +48,23 @@ def test_batch_is_applied_then_idempotent(project):
     from tasks.tracking import Tracker
 
     params = load_params(project / "params.yaml")
+    request_file = next((project / "requests" / "inbox").iterdir())
+    requests = pd.read_csv(request_file, dtype=str)
     results = run(None, str(project / "params.yaml"))
     assert [r["status"] for r in results] == ["applied"]
     r = results[0]
+    # The applied file left the inbox for requests/processed/.
+    assert not request_file.exists() and (project / "requests" / "processed" / request_file.name).exists()
     ledger = [json.loads(l) for l in (project / "state" / "ledger.jsonl").read_text().splitlines()]
-    requests = pd.read_csv(next((project / "requests" / "inbox").iterdir()), dtype=str)
     assert [e["request_id"] for e in ledger] == requests["request_id"].tolist()
     assert {e["model_version_after"] for e in ledger} == {r["model_version"]}
+    # Erased: the forgotten rows left the prepared store and the live manifest; the ledger and the tombstones
+    # keep the record.
     manifest = pd.read_csv(project / "state" / "manifest.csv", dtype=str)
-    deleted = set(manifest.loc[manifest.status == "deleted", "sample_id"])
-    assert deleted == set(requests["sample_id"])
+    assert not set(manifest["sample_id"]) & set(requests["sample_id"])
+    prepared = pd.read_csv(project / "data" / "prepared" / "manifest.csv", dtype=str)
+    assert not set(prepared["sample_id"]) & set(requests["sample_id"])
+    assert set(requests["sample_id"]) <= set((project / "data" / "tombstones.txt").read_text().split())
     # MLflow: alias moved to the new version, the batch run holds the stage runs and artifacts.
     tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
     assert tracker.alias_version(params.tracking.registered_model, "champion") == r["model_version"]
@@ -76,11 +83,13 @@ def test_batch_is_applied_then_idempotent(project):
     for split in ("forget", "adjacent", "remote", "validation"):
         assert f"acc.{split}" in unlearn_run.data.metrics
 
-    # Re-running the same inbox is a no-op that says so, and changes nothing.
+    # The same file dropped in the inbox again is a no-op that says so, and changes nothing.
     before = snapshot(project)
+    shutil.copy(project / "requests" / "processed" / request_file.name, request_file)
     again = run(None, str(project / "params.yaml"))
     assert [x["status"] for x in again] == ["already_processed"]
     assert snapshot(project) == before
+    assert not request_file.exists()
 
 
 def test_bad_file_changes_nothing_and_lists_every_problem(project, tmp_path):
@@ -144,3 +153,32 @@ def test_dask_task_runner_local_cluster(project):
     results = run(str(req), str(project / "params.yaml"), overrides)
     assert [r["status"] for r in results] == ["applied"]
     assert results[0]["metrics"]["n_oracles"] == 4.0
+
+
+def test_inbox_rejects_bad_files_and_later_files_proceed(project):
+    """No head-of-line blocking: a file rejected by validation, one rejected by the gate, an unknown suffix
+    and a directory all leave the inbox for requests/rejected/ (with an error report); the good file after
+    them is applied and moves to requests/processed/."""
+    from flows.deletion_batch import run
+
+    inbox, rejected = project / "requests" / "inbox", project / "requests" / "rejected"
+    a, b = fresh_ids(project, 2, skip=400)
+    (inbox / "a_bad.csv").write_text("request_id,sample_id,requested_at,reason\nbad-1,digits-9999,2026-11-30,gdpr\n")
+    (inbox / "b_notes.txt").write_text("hello")
+    (inbox / "c_dir.csv").mkdir()
+    (inbox / "d_good.CSV").write_text(f"request_id,sample_id,requested_at,reason\ngood-1,{a},2026-11-30T10:00:00Z,gdpr\n")
+    results = run(None, str(project / "params.yaml"), {"diagnostics": {"enabled": False}})
+    assert [(r["file"], r["status"]) for r in results] == [("a_bad.csv", "rejected"), ("d_good.CSV", "applied")]
+    for name in ("a_bad.csv", "b_notes.txt", "c_dir.csv"):
+        assert (rejected / name).exists() and (rejected / f"{name}.error.json").exists()
+    assert "digits-9999" in (rejected / "a_bad.csv.error.json").read_text()
+    assert (project / "requests" / "processed" / "d_good.CSV").exists() and not list(inbox.iterdir())
+
+    # A batch the gate rejects (an unreachable accuracy floor) is moved aside too, and nothing changes.
+    before = snapshot(project)
+    (inbox / "e_gate.csv").write_text(f"request_id,sample_id,requested_at,reason\ngate-1,{b},2026-11-30T10:00:00Z,gdpr\n")
+    strict = {"diagnostics": {"enabled": False}, "deletion": {"method": "retrain"},
+              "gate": {"retrain_equivalence": {"min_validation_accuracy": 1.0}}}
+    results = run(None, str(project / "params.yaml"), strict)
+    assert [r["status"] for r in results] == ["rejected"]
+    assert (rejected / "e_gate.csv.error.json").exists() and snapshot(project) == before

@@ -130,8 +130,9 @@ def test_weighting_reduce_clips_and_weights_per_sample():
 
 
 def test_augmented_lagrangian_gradient_and_multiplier_update():
-    """grad(w_R c - L_F) with w_R = lam + mu c equals grad(-L_F + lam c + mu/2 c^2); lam += mu c."""
-    theta = torch.tensor([0.3, -0.7], dtype=torch.float64, requires_grad=True)
+    """grad(w_R c - L_F) with w_R = lam + mu c equals grad(-L_F + lam c + mu/2 c^2); lam += mu c (where
+    lam + mu c > 0; the inequality-constraint clamp is tested below)."""
+    theta = torch.tensor([0.3, 0.7], dtype=torch.float64, requires_grad=True)
     lf = theta[:1] ** 2 + 1  # [1]: one member's forget loss
     c = theta[1:] * 2 - 0.1  # [1]
     al = AugmentedLagrangian(mu=3.0, lam0=0.5, cap=10.0)
@@ -143,6 +144,20 @@ def test_augmented_lagrangian_gradient_and_multiplier_update():
     assert al.lam.item() == pytest.approx(0.5 + 3.0 * c.item())
     al.after_step({"retain": c.detach()}, torch.tensor([False]))  # inactive member keeps its lam
     assert al.lam.item() == pytest.approx(0.5 + 3.0 * c.item())
+
+
+def test_augmented_lagrangian_multiplier_clamped_at_zero():
+    """Inequality constraint L_rem <= L_rem(theta_0): a satisfied constraint (c << 0) gets weight 0 and lam
+    stays >= 0 (issue 12: it went to -4.24, rewarding a higher remote loss)."""
+    theta = torch.tensor([0.3, -0.7], dtype=torch.float64, requires_grad=True)
+    lf = theta[:1] ** 2 + 1
+    c = theta[1:] * 2 - 0.1  # -1.5: lam + mu c = 0.5 - 4.5 < 0
+    al = AugmentedLagrangian(mu=3.0, lam0=0.5, cap=10.0)
+    g_engine = torch.autograd.grad(al.objective({"forget": lf, "retain": c}), theta, retain_graph=True)[0]
+    g_ref = torch.autograd.grad((-lf).sum(), theta)[0]
+    torch.testing.assert_close(g_engine, g_ref)
+    al.after_step({"forget": lf.detach(), "retain": c.detach()}, torch.tensor([True]))
+    assert al.lam.item() == 0.0
 
 
 def test_engine_full_batch_sgd_matches_manual_update():

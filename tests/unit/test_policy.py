@@ -98,9 +98,11 @@ def test_default_rules_are_valid_and_follow_design_examples():
     policy = SelectionPolicy(rules=DEFAULT_RULES)
     known = set(REGISTRY) | {"newton_ggn"}  # newton_ggn registers itself from the leverage helper's module
     base = {"n_forget": 10, "n_retain": 100, "retrain_cost_lt_budget": False}
-    sel = select_methods(policy, {**base, "objective": "retrain_equivalence", "predicted_gap_lt_noise_floor": True,
-                                  "leakage_ratio": 2.0}, known_methods=known)
-    assert sel.candidates == ["do_nothing", "newton_ggn", "finetune", "retrain"]
+    sel = select_methods(policy, {**base, "objective": "retrain_equivalence", "predicted_gap_to_noise": 0.3,
+                                  "leakage_ratio": 66.0}, known_methods=known)
+    assert sel.candidates == ["do_nothing", "retrain"]  # a huge raw leakage ratio no longer picks newton_ggn
+    sel = select_methods(policy, {**base, "objective": "retrain_equivalence", "predicted_gap_to_noise": 5.0})
+    assert sel.candidates == ["retrain"] and sel.fired[0][0] == "oracles_are_retrains"
     sel = select_methods(policy, {**base, "objective": "suppression", "adjacent_fraction": 0.3}, known_methods=known)
     assert sel.candidates[:2] == ["al_wpgd", "descent_ascent"] and sel.candidates[-1] == "retrain"
     sel = select_methods(policy, {**base, "objective": "suppression", "retrain_cost_lt_budget": True})

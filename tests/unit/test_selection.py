@@ -38,7 +38,7 @@ def test_default_rules_from_params_yaml():
     small = candidate_methods(params, batch_facts(params, "suppression", rows()))
     assert small["candidates"] == ["retrain"]  # cheap retrain wins and cuts the list
     skipped = dict(sel["skipped"])
-    assert "missing fact" in skipped["high_leakage"] or "objective" in skipped["high_leakage"]
+    assert "missing fact" in skipped["gap_below_noise_floor"] or "objective" in skipped["gap_below_noise_floor"]
 
 
 def test_unknown_method_is_a_config_error():
@@ -65,3 +65,20 @@ def test_files_to_process_orders_by_name(tmp_path):
     assert [p.name for p in files_to_process(str(tmp_path / "b.csv"), tmp_path)] == ["a.csv", "b.csv"]
     outside = tmp_path.parent / "elsewhere.csv"
     assert files_to_process(str(outside), tmp_path) == [outside]
+
+
+def test_gap_facts_relative_to_noise():
+    """Issue 12: the rules read each predicted gap in units of the oracle noise floor (never a raw ratio of
+    two vanishing norms)."""
+    from types import SimpleNamespace
+
+    params = parse_params({})
+    report = SimpleNamespace(predicted_gap_forget=np.array([0.2, 0.4]), predicted_gap_retain=np.array([1e-9, 0.0]),
+                             leakage_ratio=66.0, self_leverage_trace=0.1, self_leverage_spectral_norm=0.05)
+    logits = torch.randn(4, 3, 5, dtype=torch.float64)
+    facts = batch_facts(params, "retrain_equivalence", rows(), report, oracle_forget_logits=logits)
+    floor = _mean_kl_to_mean(logits)
+    assert facts["predicted_gap_to_noise"] == pytest.approx(0.5 * (0.04 + 0.16) / 2 / floor)
+    assert facts["retain_gap_to_noise"] < 1e-6  # vanishing retain gap stays vanishing
+    sel = candidate_methods(params, facts)
+    assert "newton_ggn" not in sel["candidates"] and sel["candidates"][-1] == "retrain"

@@ -52,19 +52,65 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
     atomic_save(path, write)
 
 
-def write_prepared(ds: Dataset, folder: str | Path) -> dict:
-    folder = Path(folder)
-    manifest = manifest_of(ds)
-    _save_npy(folder / "features.npy", np.ascontiguousarray(ds.X, dtype=np.float32))
-    _save_npy(folder / "labels.npy", np.ascontiguousarray(ds.label, dtype=np.int64))
-    (folder / "features.npz").unlink(missing_ok=True)  # the old format, never read beside the new one
-    atomic_save(folder / "manifest.csv", lambda tmp: manifest.to_csv(tmp, index=False))
-    info = {"name": ds.name, "class_names": ds.class_names, "fine_class_names": ds.fine_class_names,
+def _info(ds: Dataset) -> dict:
+    return {"name": ds.name, "class_names": ds.class_names, "fine_class_names": ds.fine_class_names,
             "image_shape": list(ds.image_shape) if ds.image_shape else None, "in_shape": list(ds.in_shape),
             "n_features": int(ds.X.shape[1]), "n_samples": int(len(ds.label)),
             "n_train": int((ds.split == "train").sum()), "n_val": int((ds.split == "val").sum()), **ds.meta}
+
+
+def _write_arrays(folder: Path, X: np.ndarray, label: np.ndarray, manifest: pd.DataFrame, info: dict) -> None:
+    _save_npy(folder / "features.npy", np.ascontiguousarray(X, dtype=np.float32))
+    _save_npy(folder / "labels.npy", np.ascontiguousarray(label, dtype=np.int64))
+    (folder / "features.npz").unlink(missing_ok=True)  # the old format, never read beside the new one
+    atomic_save(folder / "manifest.csv", lambda tmp: manifest.to_csv(tmp, index=False))
     atomic_write_json(folder / "dataset.json", info)
+
+
+def erased_info(info: dict, manifest: pd.DataFrame, keep: np.ndarray) -> dict:
+    """dataset.json after dropping rows: counts of what is left, and under `erasure` the dataset identity of
+    the store before any erasure (so the state fingerprint survives an erasure, see fingerprint.py)."""
+    from unlearning.fingerprint import dataset_identity
+
+    identity = dataset_identity(info, manifest["sample_id"].tolist(), manifest["split"].tolist(),
+                                manifest["label"].tolist())
+    kept = manifest[keep]
+    before = int(info.get("erasure", {}).get("n_erased", 0))
+    out = {k: v for k, v in info.items() if k != "erasure"}
+    out.update(n_samples=int(len(kept)), n_train=int((kept["split"] == "train").sum()),
+               n_val=int((kept["split"] == "val").sum()))
+    out["erasure"] = {"identity": identity, "n_erased": before + int((~keep).sum())}
+    return out
+
+
+def write_prepared(ds: Dataset, folder: str | Path, erased=None) -> dict:
+    """Write the prepared store. `erased`: a predicate on sample ids (the tombstones): those rows are left
+    out, so a re-run of prepare never brings erased rows back (DESIGN §3, "Erasure vs the DVC DAG")."""
+    folder = Path(folder)
+    manifest = manifest_of(ds)
+    info = _info(ds)
+    X, label = ds.X, ds.label
+    if erased is not None:
+        keep = ~manifest["sample_id"].map(erased).to_numpy(dtype=bool)
+        if not keep.all():
+            info = erased_info(info, manifest, keep)
+            X, label = ds.X[keep], ds.label[keep]
+            manifest = manifest[keep].reset_index(drop=True)
+    _write_arrays(folder, X, label, manifest, info)
     return info
+
+
+def rewrite_without(folder: str | Path, dest: str | Path, erased) -> int:
+    """Copy the prepared store at `folder` into `dest` without the rows whose id satisfies `erased`;
+    returns how many rows were dropped (0: nothing written)."""
+    p = load_prepared(folder)
+    keep = ~p.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
+    if keep.all():
+        return 0
+    info = erased_info(p.info, p.manifest, keep)
+    _write_arrays(Path(dest), np.asarray(p.X)[keep], np.asarray(p.label)[keep],
+                  p.manifest[keep].reset_index(drop=True), info)
+    return int((~keep).sum())
 
 
 @dataclass

@@ -3,7 +3,10 @@
 
 Stage 1 (Adam) minimizes  -L_F + lam * c + mu/2 * c^2,  c = L_rem(theta) - L_rem(theta_0),
 with L_F the clipped CE (cap 10) on forget batches, L_rem the loss on remote-retain batches (c on the
-same batch at theta and theta_0), and lam <- lam + mu * c after each step (per member).
+same batch at theta and theta_0), and lam <- max(0, lam + mu * c) after each step (per member). The
+constraint is an INEQUALITY, L_rem <= L_rem(theta_0) (issue 12: an unclamped multiplier went to -4.24, which
+rewards a higher remote loss), so this is the Powell-Hestenes-Rockafellar form: the constraint's gradient
+weight is max(0, lam + mu * c) and lam never goes below 0.
 Stage 2 takes heavy-ball momentum (0.9) on the adjacent-retain gradient and projects it off
 span{grad[(1-a) L_F + a W2^2], grad L_rem} with a 2 x 2 float64 Gram solve per member (a = 0.5; W2^2 =
 mean squared difference of the sorted per-sample forget losses now vs at the end of stage 1), so it
@@ -30,7 +33,7 @@ class AlWpgdArgs(MethodArgs):
     stage1_steps: int = Field(100, ge=0, description="stage 1 (augmented-Lagrangian ascent) steps")
     stage1_lr: float = Field(1e-3, gt=0, description="Adam learning rate of stage 1")
     mu: float = Field(10.0, gt=0, description="penalty weight; lam += mu * c after each step")
-    lam0: float = Field(0.0, description="initial multiplier")
+    lam0: float = Field(0.0, ge=0, description="initial multiplier (>= 0: inequality constraint)")
     cap: float = Field(10.0, gt=0, description="per-sample forget CE clipped at this value")
     forget_batch_size: int = Field(64, ge=1)
     remote_batch_size: int = Field(64, ge=1, description="remote batch of the constraint c")
@@ -70,13 +73,13 @@ class AugmentedLagrangian(Weighting):
     def weights(self, terms):
         w_r, w_f = super().weights(terms)
         if "retain" in terms:
-            w_r = self._lam(terms["retain"]) + self.mu * terms["retain"]
+            w_r = torch.clamp(self._lam(terms["retain"]) + self.mu * terms["retain"], min=0.0)
         return w_r, w_f
 
     def after_step(self, terms, active):
         if "retain" in terms:
             lam = self._lam(terms["retain"])
-            self.lam = torch.where(active.to(lam.device), lam + self.mu * terms["retain"], lam)
+            self.lam = torch.where(active.to(lam.device), torch.clamp(lam + self.mu * terms["retain"], min=0.0), lam)
 
 
 @register("al_wpgd", AlWpgdArgs, "suppression: augmented-Lagrangian ascent, then W2-projected adjacent descent")

@@ -15,6 +15,12 @@ from unlearning.methods.weighting import Weighting
 
 class GradientAscentArgs(AscentArgs):
     epochs: int = Field(10, ge=0, description="passes over the forget set")
+    # Defaults that cannot collapse the model (issue 12: uncapped GA turned Fashion-MNIST into a constant
+    # predictor): per-sample forget loss clipped at 10 (as al_wpgd stage 1), and a member stops once its forget
+    # accuracy reaches the suppression gate's 0.05 (classifiers only: loss 'ce').
+    loss_cap: float | None = Field(10.0, gt=0, description="clip per-sample forget loss at this value (null = off)")
+    target_forget_acc: float | None = Field(0.05, ge=0, le=1, description="stop a member at this forget accuracy "
+                                                                          "(null = off)")
 
     def budget(self, sizes: DataSizes, recipe_epochs: int | None = None) -> int:
         return self.capped(self.geometry_bound(sizes) + phase_bound(sizes.n_forget, self.batch_size, epochs=self.epochs))
@@ -25,5 +31,7 @@ def run(ctx: UnlearnContext, args: GradientAscentArgs) -> UnlearnResult:
     phase = Phase("ascent", forget=Term("forget", args.batch_size), primary="forget",
                   weighting=Weighting(forget_weight=1.0, retain_weight=0.0, forget_cap=args.loss_cap),
                   geometry=args.make_geometry(), optimizer=args.optimizer_spec(),
-                  stop=StopRule(epochs=args.epochs, target_forget_acc=args.target_forget_acc))
+                  # accuracy is defined for classifiers only: the target rule is skipped for other losses
+                  stop=StopRule(epochs=args.epochs,
+                                target_forget_acc=args.target_forget_acc if ctx.loss == "ce" else None))
     return run_phases(ctx, [phase], max_grad_evals=args.max_grad_evals, method="gradient_ascent")

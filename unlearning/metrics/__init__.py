@@ -1,4 +1,5 @@
-"""Metrics of the pure core: margins, KLoM and its noise floor (DESIGN §4.2), accuracy and output gap per
+"""Metrics of the pure core: margins, KLoM, its permutation test and same-size noise floor (DESIGN §4.2;
+permutation.py documents the gate's statistic), accuracy and output gap per
 split, membership inference (loss-threshold AUC, NeurIPS 2023 challenge epsilon), oracle coverage.
 
 All functions take numpy arrays or torch tensors and return float64 numpy arrays or Python floats/dicts.
@@ -12,6 +13,7 @@ from .klom import klom, klom_summary, noise_floor, oracle_half_klom
 from .margins import logit_scaled_confidence, margins
 from .mia import DELTA, EPSILON_CAP, forget_quality_score, loss_threshold_auc, per_example_epsilon
 from .output_gap import output_gap, output_gap_summary
+from .permutation import klom_permutation_test
 from .summary import SPLITS, split_summary
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "accuracy_by_split_per_member",
     "forget_quality_score",
     "klom",
+    "klom_permutation_test",
     "klom_summary",
     "logit_scaled_confidence",
     "loss_threshold_auc",

@@ -1,0 +1,334 @@
+"""Erasure after a promoted batch, and its verification (DESIGN §3, issue 11).
+
+Deleting a row from a model without deleting it from the data is not erasure. After a batch is promoted:
+
+1. its ids join the tombstone list (`base.paths.tombstones`, outside every DVC out; prepare leaves them out);
+2. the prepared store is rewritten without those rows (staging folder, then swap), and the live manifest
+   drops them too (rows of state/manifest.csv stay aligned with the prepared store; the ledger keeps the record);
+3. cached ensembles trained on them are deleted (`<key>.ids.json` beside each cache file says which ids);
+4. `models/original.pt` is replaced by the champion (which the gate certified as unlearned): the
+   pipeline keeps a starting model, and no checkpoint trained on forgotten rows remains;
+5. registered versions other than the champion (and the `erasure.keep_versions` newest others) are
+   deleted from the registry with their model artifacts;
+6. in a DVC repo, the rewritten outputs are re-committed (`dvc commit -f prepare train deletion`) and the
+   cache (and the remote) garbage-collected (`dvc gc -w`), so no cache object holds the rows.
+
+Inside `dvc repro` (env DVC_STAGE) steps 2, 4 and 6 cannot run (the other stages' outputs and the DVC lock
+belong to the running repro): they are recorded as pending and run first thing by the next `unlearn run`
+or `unlearn erase` (which `unlearn verify-erasure` reminds of). A per-batch report (`state/erasure/<batch>.json`
+and the MLflow batch run's `erasure_report.json`) lists every store checked and what was purged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from unlearning.config import Params
+from unlearning.data import load_prepared, read_state_manifest
+from unlearning.data.store import manifest_csv_bytes, rewrite_without
+from unlearning.ensembles import id_hashes, trained_on
+from unlearning.erasure import (
+    add_tombstones, id_key, is_erased, npy_rows_found, read_tombstones, row_digests,
+)
+from unlearning.io import atomic_save, atomic_write_bytes, atomic_write_json, commit_dir, discard_dir, staging_dir
+
+
+def in_dvc_stage() -> bool:
+    return bool(os.environ.get("DVC_STAGE"))
+
+
+def is_dvc_repo(params: Params) -> bool:
+    return (params.root / ".dvc").is_dir()
+
+
+def tombstones_digest(keys: set[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
+
+
+def reports_dir(params: Params) -> Path:
+    return params.path("state_dir") / "erasure"
+
+
+def _dvc(args: list[str], root: Path) -> str:
+    res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"dvc {' '.join(args)} failed: {res.stderr.strip()[-1500:]}")
+    return res.stdout
+
+
+def _remote_folder(params: Params) -> Path | None:
+    remote = params.operations.dvc_remote
+    if not remote:
+        return None
+    folder = Path(remote) if Path(remote).is_absolute() else params.root / remote
+    return folder if folder.is_dir() else None
+
+
+def _dvc_cache_dir(params: Params) -> Path:
+    return params.root / ".dvc" / "cache"
+
+
+def _drop_from_prepared(params: Params, erased) -> int:
+    folder = params.path("prepared_dir")
+    stage = staging_dir(folder)
+    try:
+        n = rewrite_without(folder, stage, erased)
+        if n:
+            commit_dir(stage, folder)
+        else:
+            discard_dir(stage)
+    except BaseException:
+        discard_dir(stage)
+        raise
+    return n
+
+
+def _drop_from_state_manifest(params: Params, erased) -> int:
+    path = params.path("state_dir") / "manifest.csv"
+    if not path.exists():
+        return 0
+    m = read_state_manifest(path)
+    hit = m["sample_id"].map(erased).to_numpy(dtype=bool)
+    if hit.any():
+        atomic_write_bytes(path, manifest_csv_bytes(m[~hit].reset_index(drop=True)))
+    return int(hit.sum())
+
+
+def _purge_ensembles(params: Params, cache_hashes: set[str]) -> list[str]:
+    removed = []
+    folder = params.path("cache_dir") / "ensembles"
+    for f in sorted(folder.glob("*.pt")) if folder.is_dir() else []:
+        ids = trained_on(f)
+        if ids is None or ids & cache_hashes:  # unknown training rows cannot be proven clean: removed
+            f.unlink(missing_ok=True)
+            f.with_suffix(".ids.json").unlink(missing_ok=True)
+            removed.append(f.name)
+    return removed
+
+
+def _replace_original(params: Params, digest: str) -> str | None:
+    """models/original.pt := the champion (state/model.pt), marked with the tombstones it is clean of."""
+    import torch
+
+    from tasks.state import original_path
+
+    path, champion = original_path(params), params.path("state_dir") / "model.pt"
+    if not champion.exists():
+        return None
+    if path.exists():
+        extra = torch.load(path, map_location="cpu", weights_only=False).get("extra", {})
+        if extra.get("erased_through") == digest:
+            return None
+    ckpt = torch.load(champion, map_location="cpu", weights_only=False)
+    ckpt["extra"] = {**ckpt.get("extra", {}), "erased_through": digest, "origin": "champion after erasure"}
+    atomic_save(path, lambda tmp: torch.save(ckpt, tmp))
+    return str(path)
+
+
+def _dvc_gc(params: Params) -> dict:
+    root = params.root
+    _dvc(["commit", "-f", "-q", "prepare", "train", "deletion"], root)
+    _dvc(["gc", "-w", "-f", "-q"], root)
+    out = {"committed": ["prepare", "train", "deletion"], "gc": "workspace"}
+    remotes = {line.split()[0] for line in _dvc(["remote", "list"], root).splitlines() if line.strip()}
+    if remotes:
+        from tasks.lineage import _ensure_remote
+
+        name = params.operations.dvc_remote
+        if name not in remotes:
+            folder = _remote_folder(params)
+            name = _ensure_remote(root, folder) if folder is not None else None
+        if name:
+            _dvc(["push", "-q", "--remote", name], root)
+            _dvc(["gc", "-w", "-c", "-f", "-q", "--remote", name], root)
+            out["remote"] = name
+    return out
+
+
+def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str, champion_version: str | None,
+          tracker=None, run_id: str | None = None, keys: list[str] | None = None) -> dict:
+    """Erase every tombstoned row (plus `forget_ids`, added first) from every store; idempotent. Returns the
+    report, also written to state/erasure/<batch_id>.json and logged to the MLflow run `run_id`."""
+    hash_ids = params.deletion.hash_sample_ids
+    key = id_key(hash_ids, salt)
+    if forget_ids or keys:
+        add_tombstones(params.path("tombstones"), [key(s) for s in forget_ids or []] + list(keys or []))
+    tombstones = read_tombstones(params.path("tombstones"))
+    erased = is_erased(tombstones, hash_ids, salt)
+    stores, pending = [], []
+    # Fingerprints of the rows, taken while the rows are still in the prepared store.
+    prepared = load_prepared(params.path("prepared_dir"))
+    hit = prepared.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
+    digests = sorted(row_digests(np.asarray(prepared.X)[hit])) if hit.any() else []
+    cache_hashes = set(id_hashes(forget_ids or []))
+    cache_hashes |= set(id_hashes(prepared.manifest["sample_id"][hit].tolist()))
+    path = reports_dir(params) / f"{batch_id}.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    digests = sorted(set(digests) | set(old.get("row_digests", [])))
+    cache_hashes |= set(old.get("cache_id_hashes", []))
+
+    dvc_locked = in_dvc_stage()
+    if dvc_locked:
+        pending.append("prepared store, models/original.pt and the DVC cache: inside `dvc repro`; run `unlearn erase`")
+        stores.append({"store": "prepared", "path": str(params.path("prepared_dir")), "purged_rows": 0,
+                       "pending": True})
+    else:
+        n = _drop_from_prepared(params, erased)
+        m = _drop_from_state_manifest(params, erased)
+        stores.append({"store": "prepared", "path": str(params.path("prepared_dir")), "purged_rows": n})
+        stores.append({"store": "state manifest", "path": str(params.path("state_dir") / "manifest.csv"),
+                       "purged_rows": m})
+    stores.append({"store": "tombstones", "path": str(params.path("tombstones")), "entries": len(tombstones)})
+    stores.append({"store": "ensemble cache", "path": str(params.path("cache_dir") / "ensembles"),
+                   "purged_files": _purge_ensembles(params, cache_hashes)})
+    if not dvc_locked:
+        stores.append({"store": "models", "path": str(params.path("models_dir")),
+                       "replaced": _replace_original(params, tombstones_digest(tombstones))})
+    if tracker is not None:
+        name = params.tracking.registered_model
+        others = [v for v in tracker.versions(name) if v != str(champion_version)]
+        keep = {str(champion_version), *others[len(others) - params.erasure.keep_versions:]} \
+            if params.erasure.keep_versions else {str(champion_version)}
+        stores.append({"store": "MLflow registry", "uri": tracker.tracking_uri,
+                       "purged_versions": tracker.purge_versions(name, keep), "kept": sorted(keep)})
+    if is_dvc_repo(params) and params.erasure.dvc_gc:
+        if dvc_locked:
+            stores.append({"store": "DVC cache", "path": str(_dvc_cache_dir(params)), "pending": True})
+        else:
+            stores.append({"store": "DVC cache", "path": str(_dvc_cache_dir(params)), **_dvc_gc(params)})
+    report = {"batch_id": batch_id, "erased_at": datetime.now(timezone.utc).isoformat(),
+              "n_ids": len(forget_ids or []) or old.get("n_ids", 0), "n_tombstones": len(tombstones),
+              "hashed_ids": hash_ids, "stores": stores, "pending": pending, "row_digests": digests,
+              "cache_id_hashes": sorted(cache_hashes)}
+    atomic_write_json(path, report)
+    if tracker is not None and run_id is not None:
+        tracker.log_json(run_id, {k: v for k, v in report.items() if k not in ("row_digests", "cache_id_hashes")},
+                         "erasure_report.json")
+    return report
+
+
+def erase_pending(params: Params, tracker=None, champion_version: str | None = None) -> list[dict]:
+    """Finish erasures left pending (by `dvc repro`, or a kill between the commit and the erasure): ledger
+    ids not yet tombstoned, tombstoned rows still in the prepared store, reports marked pending."""
+    from unlearning.ledger import read_ledger
+
+    if in_dvc_stage():
+        return []
+    ledger = read_ledger(params.path("state_dir") / "ledger.jsonl")
+    missing = sorted({str(e["sample_id"]) for e in ledger} - read_tombstones(params.path("tombstones")))
+    out = []
+    try:
+        salt = load_prepared(params.path("prepared_dir")).info["name"]
+    except FileNotFoundError:
+        return out
+    if missing:  # killed after the commit, before the erasure
+        batches = sorted({e["batch_id"] for e in ledger if str(e["sample_id"]) in set(missing)})
+        out.append(erase(params, batches[-1], None, salt, champion_version, tracker, keys=missing))
+    for path in sorted(reports_dir(params).glob("*.json")):
+        rep = json.loads(path.read_text())
+        if rep.get("pending"):
+            out.append(erase(params, rep["batch_id"], None, salt, champion_version, tracker))
+    if not out and _prepared_holds_tombstoned(params):
+        out.append(erase(params, "recovered", None, salt, champion_version, tracker))
+    return out
+
+
+def _prepared_holds_tombstoned(params: Params) -> bool:
+    try:
+        prepared = load_prepared(params.path("prepared_dir"))
+    except FileNotFoundError:
+        return False
+    erased = is_erased(read_tombstones(params.path("tombstones")), params.deletion.hash_sample_ids,
+                       prepared.info["name"])
+    return bool(prepared.manifest["sample_id"].map(erased).any())
+
+
+def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tuple[list[str], list[dict]]:
+    """Re-check every store; returns (problems, checks). A problem: a forgotten raw row (by its digest) or a
+    forgotten id left in a store other than the ledger and the tombstones."""
+    from unlearning.ledger import read_ledger
+
+    state_dir = params.path("state_dir")
+    ledger = [e for e in read_ledger(state_dir / "ledger.jsonl") if batch is None or e["batch_id"] == batch]
+    if batch is not None and not ledger:
+        return [f"batch {batch} is not in the ledger ({state_dir / 'ledger.jsonl'})"], []
+    forgotten = {str(e["sample_id"]) for e in ledger}
+    reports = [json.loads(p.read_text()) for p in sorted(reports_dir(params).glob("*.json"))]
+    digests = set().union(*[set(r.get("row_digests", [])) for r in reports]) if reports else set()
+    cache_hashes = set().union(*[set(r.get("cache_id_hashes", [])) for r in reports]) if reports else set()
+    problems, checks = [], []
+    try:
+        prepared = load_prepared(params.path("prepared_dir"))
+    except FileNotFoundError:
+        prepared = None
+    salt = prepared.info["name"] if prepared is not None else ""
+    key = id_key(params.deletion.hash_sample_ids, salt)
+    n_features = int(prepared.X.shape[1]) if prepared is not None else -1
+    if forgotten and not reports:
+        problems.append("no erasure report in state/erasure/: the erasure never ran (run `unlearn erase`)")
+    for r in reports:
+        for p in r.get("pending", []):
+            problems.append(f"batch {r['batch_id']}: erasure pending ({p})")
+
+    def check(store, path, ids=0, rows=0, note=""):
+        checks.append({"store": store, "path": str(path), "forgotten_ids": ids, "forgotten_rows": rows})
+        if ids:
+            problems.append(f"{store} ({path}): {ids} forgotten id(s) remain{note}")
+        if rows:
+            problems.append(f"{store} ({path}): {rows} forgotten raw row(s) remain{note}")
+
+    tomb = read_tombstones(params.path("tombstones"))
+    check("tombstones", params.path("tombstones"), ids=0)
+    missing = forgotten - tomb
+    if missing:
+        problems.append(f"tombstones ({params.path('tombstones')}): {len(missing)} forgotten id(s) are not "
+                        f"tombstoned: a re-prepare would bring them back")
+    if prepared is not None:
+        ids = int(prepared.manifest["sample_id"].map(lambda s: key(s) in forgotten).sum())
+        check("prepared store", params.path("prepared_dir"), ids,
+              npy_rows_found(params.path("prepared_dir") / "features.npy", digests, n_features))
+    sm = state_dir / "manifest.csv"
+    if sm.exists():
+        m = read_state_manifest(sm)
+        check("state manifest", sm, int(m["sample_id"].map(lambda s: key(s) in forgotten).sum()))
+    folder = params.path("cache_dir") / "ensembles"
+    bad = [f.name for f in (sorted(folder.glob("*.pt")) if folder.is_dir() else [])
+           if (trained_on(f) is None) or (trained_on(f) & cache_hashes)]
+    checks.append({"store": "ensemble cache", "path": str(folder), "trained_on_forgotten": len(bad)})
+    if bad:
+        problems.append(f"ensemble cache ({folder}): {len(bad)} file(s) trained on forgotten rows (or on unknown "
+                        f"rows): {bad[:5]}")
+    models = params.path("models_dir")
+    if forgotten:
+        import torch
+
+        for f in sorted(models.glob("*.pt")) if models.is_dir() else []:
+            extra = torch.load(f, map_location="cpu", weights_only=False).get("extra", {})
+            clean = extra.get("erased_through") == tombstones_digest(tomb)
+            checks.append({"store": "models", "path": str(f), "trained_on_forgotten": not clean})
+            if not clean:
+                problems.append(f"models ({f}): a checkpoint trained before the last erasure remains")
+    for store, root in (("DVC cache", _dvc_cache_dir(params)), ("DVC remote", _remote_folder(params)),
+                        ("MLflow artifacts", params.path("mlflow_artifacts"))):
+        if root is None or not root.is_dir():
+            continue
+        rows = sum(npy_rows_found(f, digests, n_features) for f in root.rglob("*") if f.is_file())
+        check(store, root, 0, rows)
+    if tracker is not None and forgotten:
+        champion = json.loads((state_dir / "champion.json").read_text()).get("model_version")
+        versions = tracker.versions(params.tracking.registered_model)
+        extra = [v for v in versions if v != str(champion)]
+        checks.append({"store": "MLflow registry", "uri": tracker.tracking_uri, "versions": versions})
+        if len(extra) > params.erasure.keep_versions:
+            problems.append(f"MLflow registry: {len(extra)} version(s) besides the champion v{champion} remain "
+                            f"(erasure.keep_versions = {params.erasure.keep_versions}): {extra[:10]}")
+    return problems, checks

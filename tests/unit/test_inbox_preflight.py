@@ -1,0 +1,85 @@
+"""Inbox scanning (nothing skipped silently, symlinks leaving the inbox refused), the tombstone list, the
+prepared-store rewrite that keeps the state fingerprint, and the fail-fast preflight."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from unlearning.erasure import add_tombstones, is_erased, npy_rows_found, read_tombstones, row_digests
+from unlearning.requests import scan_inbox
+
+
+def test_scan_inbox_reports_everything_that_is_not_a_request_file(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for name in ("b.csv", "A.CSV", "c.Parquet", "notes.txt", ".tmp.csv", ".gitkeep"):
+        (inbox / name).write_text("x")
+    (inbox / "dir.csv").mkdir()
+    (tmp_path / "outside.csv").write_text("x")
+    os.symlink(tmp_path / "outside.csv", inbox / "leave.csv")
+    os.symlink(inbox / "b.csv", inbox / "inside.csv")
+    os.symlink(tmp_path / "missing.csv", inbox / "dangling.csv")
+    files, odd = scan_inbox(inbox)
+    assert [p.name for p in files] == ["A.CSV", "b.csv", "c.Parquet", "inside.csv"]
+    why = {p.name: w for p, w in odd}
+    assert set(why) == {"notes.txt", "dir.csv", "leave.csv", "dangling.csv"}
+    assert "leaving the inbox" in why["leave.csv"] and "dangling" in why["dangling.csv"]
+    assert "directory" in why["dir.csv"] and "'.txt'" in why["notes.txt"]
+
+
+def test_tombstones_are_idempotent_and_hashed(tmp_path):
+    path = tmp_path / "t.txt"
+    assert add_tombstones(path, ["a", "b"]) == 2 and add_tombstones(path, ["b"]) == 0
+    assert read_tombstones(path) == {"a", "b"}
+    from unlearning.ledger import hash_sample_id
+
+    hashed = {hash_sample_id("a", "ds")}
+    assert is_erased(hashed, True, "ds")("a") and not is_erased(hashed, True, "ds")("b")
+
+
+def test_rewrite_without_keeps_the_dataset_identity(tmp_path):
+    from unlearning.data import load_dataset, load_prepared, write_prepared
+    from unlearning.data.store import rewrite_without
+    from unlearning.fingerprint import read_dataset_identity
+
+    ds = load_dataset("digits", max_train=40, max_val=10)
+    write_prepared(ds, tmp_path / "p")
+    before = load_prepared(tmp_path / "p")
+    identity = read_dataset_identity(tmp_path / "p")
+    gone = before.manifest.loc[before.manifest.split == "train", "sample_id"].tolist()[:3]
+    digests = row_digests(np.asarray(before.X)[before.rows(gone)])
+    assert npy_rows_found(tmp_path / "p" / "features.npy", digests, before.X.shape[1]) == 3
+    assert rewrite_without(tmp_path / "p", tmp_path / "q", lambda s: s in gone) == 3
+    after = load_prepared(tmp_path / "q")
+    assert len(after.manifest) == len(before.manifest) - 3 and not after.manifest.sample_id.isin(gone).any()
+    assert npy_rows_found(tmp_path / "q" / "features.npy", digests, before.X.shape[1]) == 0
+    assert read_dataset_identity(tmp_path / "q") == identity  # the state fingerprint survives the erasure
+    # prepare with the same tombstones writes the same store
+    write_prepared(ds, tmp_path / "r", erased=lambda s: s in gone)
+    assert (tmp_path / "r" / "features.npy").read_bytes() == (tmp_path / "q" / "features.npy").read_bytes()
+    assert read_dataset_identity(tmp_path / "r") == identity
+
+
+def test_unreachable_tracking_server_fails_fast_with_one_line(tmp_path, monkeypatch, capsys):
+    from flows.cli import main
+    from tests.helpers import make_project
+
+    params = make_project(tmp_path, inbox_files=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    start = time.perf_counter()
+    assert main(["--params", str(params), "run"]) == 2
+    assert time.perf_counter() - start < 10
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "http://127.0.0.1:9" in err and "MLFLOW_TRACKING_URI" in err
+    assert not (tmp_path / "state").exists()
+
+
+def test_tracking_preflight_sqlite_not_writable(tmp_path):
+    from tasks.tracking import TrackingUnavailable, preflight
+
+    with pytest.raises(TrackingUnavailable, match="not writable"):
+        preflight(f"sqlite:///{tmp_path}/missing-folder/mlflow.db")

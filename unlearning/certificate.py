@@ -1,0 +1,46 @@
+"""The retrain-equivalence certificate's metrics, from logits (pure core; used by tasks/batch.py and
+bench/calibration.py so the bench measures exactly what the gate sees).
+
+* accuracy per split of the candidate, and the spread of the reference oracles' per-member accuracies
+  (`oracle_acc`, `oracle_acc_min`, `oracle_acc_max`, `oracle_acc_std`, split size `n`): unlearning/gate.py
+  checks the candidate lies in that spread, widened by a binomial term;
+* KLoM of the shadow-unlearned vs the oracle margins (DESIGN §4.2) per split: `klom_p95`, `klom_mean`, and
+  the permutation test of metrics/permutation.py: `klom_pvalue`, `noise_floor_p95` (median of the null, the
+  same-size N_u-vs-N_o floor) and `noise_floor_null_p95`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from unlearning import metrics as M
+from unlearning.metrics.permutation import klom_permutation_test
+
+
+def retrain_equivalence_metrics(candidate_logits: Any, shadow_unlearned_logits: Any, oracle_logits: Any,
+                                accuracy_ref_logits: Any, labels: Any, splits: np.ndarray, *,
+                                n_permutations: int = 200, seed: int = 0) -> tuple[dict[str, float], dict]:
+    """-> (metrics, extra) where extra holds per-sample `klom` [n] and the margins `m_unl`, `m_orc`.
+
+    candidate_logits [n, C] or [1, n, C]; shadow_unlearned_logits [N_u, n, C] and oracle_logits [N_o, n, C]
+    (the KLoM comparison); accuracy_ref_logits [N_a, n, C]: oracles the candidate was NOT drawn from."""
+    out: dict[str, float] = {}
+    for s, v in M.accuracy_by_split(candidate_logits, labels, splits).items():
+        out[f"acc/{s}"] = v
+    for s, v in M.accuracy_by_split(shadow_unlearned_logits, labels, splits).items():
+        out[f"shadow_acc/{s}"] = v
+    for s, a in M.accuracy_by_split_per_member(accuracy_ref_logits, labels, splits).items():
+        out[f"oracle_acc/{s}"], out[f"oracle_acc_std/{s}"] = float(a.mean()), float(a.std())
+        out[f"oracle_acc_min/{s}"], out[f"oracle_acc_max/{s}"] = float(a.min()), float(a.max())
+        out[f"n/{s}"] = float(np.count_nonzero(splits == s))
+    m_unl = M.margins(np.asarray(shadow_unlearned_logits), labels)
+    m_orc = M.margins(np.asarray(oracle_logits), labels)
+    kl = M.klom(m_unl, m_orc)
+    for s, summ in M.klom_summary(kl, splits).items():
+        out[f"klom_p95/{s}"], out[f"klom_mean/{s}"] = summ["p95"], summ["mean"]
+    for s, r in klom_permutation_test(m_unl, m_orc, splits, n_permutations=n_permutations, seed=seed).items():
+        out[f"klom_pvalue/{s}"] = r["pvalue"]
+        out[f"noise_floor_p95/{s}"], out[f"noise_floor_null_p95/{s}"] = r["null_median"], r["null_p95"]
+    return out, {"klom": kl, "m_unl": m_unl, "m_orc": m_orc}

@@ -1,0 +1,85 @@
+"""Erasure bookkeeping (DESIGN §3): the tombstone list and fingerprints of forgotten rows.
+
+The tombstone list (`base.paths.tombstones`, one id a line, salted-hashed with `deletion.hash_sample_ids`)
+lies outside every DVC stage's outs: the deletion flow appends to it, prepare reads it and leaves those
+rows out, so neither `dvc repro` nor a forced re-prepare brings an erased row back.
+
+Forgotten rows are recognised later by `row_digest` (sha256 of the row's float32 bytes): the erasure
+report keeps digests, never the rows, so `unlearn verify-erasure` can search every store for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from unlearning.io import atomic_write_text
+from unlearning.ledger import hash_sample_id
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def id_key(hash_ids: bool, salt: str) -> Callable[[str], str]:
+    """How an id is written to the ledger and the tombstones: itself, or salted-hashed."""
+    return (lambda s: hash_sample_id(str(s), salt)) if hash_ids else (lambda s: str(s))
+
+
+def read_tombstones(path: str | Path) -> set[str]:
+    path = Path(path)
+    if not path.exists():
+        return set()
+    return {line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")}
+
+
+def add_tombstones(path: str | Path, keys: Iterable[str]) -> int:
+    """Add keys to the tombstone list (idempotent, atomic); returns how many were new."""
+    have = read_tombstones(path)
+    new = sorted(set(map(str, keys)) - have)
+    if new:
+        header = ("# erased sample ids (hashed when deletion.hash_sample_ids): prepare leaves these rows out. "
+                  "Append-only; never edit by hand.\n")
+        atomic_write_text(path, header + "".join(f"{k}\n" for k in sorted(have | set(new))))
+    return len(new)
+
+
+def is_erased(tombstones: set[str], hash_ids: bool, salt: str) -> Callable[[str], bool]:
+    key = id_key(hash_ids, salt)
+    return lambda s: key(s) in tombstones
+
+
+def row_digest(row: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(row, dtype=np.float32).tobytes()).hexdigest()
+
+
+def row_digests(X: np.ndarray) -> set[str]:
+    X = np.ascontiguousarray(np.asarray(X), dtype=np.float32)
+    return {hashlib.sha256(r.tobytes()).hexdigest() for r in X.reshape(len(X), -1)}
+
+
+def npy_rows_found(path: str | Path, digests: set[str], n_features: int) -> int:
+    """How many rows of the .npy file at `path` (any name: DVC cache objects have none) are forgotten rows.
+    Files that are not 2-D float arrays with `n_features` columns count 0."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            if f.read(6) != NPY_MAGIC:
+                return 0
+        X = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception:
+        return 0
+    if X.ndim != 2 or X.shape[1] != n_features or not np.issubdtype(X.dtype, np.floating):
+        return 0
+    return len(row_digests(X) & digests)
+
+
+def bytes_found(path: str | Path, needles: Iterable[bytes], limit: int = 64 * 2**20) -> list[bytes]:
+    """Which of `needles` occur in the file (its first `limit` bytes)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit)
+    except OSError:
+        return []
+    return [n for n in needles if n and n in data]
