@@ -10,9 +10,13 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 
-EPILOG = """examples:
+EPILOG = """exit codes: 0 done (or nothing to do), 2 bad input (params, request file, unreachable store),
+            3 the gate rejected every candidate, 1 any other failure
+
+examples:
   unlearn run                          process every request file in the inbox (params.yaml)
   unlearn run requests/inbox/x.csv     process one request file
   unlearn validate FILE                check a request file (pandera + Great Expectations), change nothing
@@ -93,29 +97,35 @@ def _preflight_tracking(args) -> None:
 def cmd_run(args) -> int:
     _preflight_tracking(args)
     from flows.deletion_batch import run
+    from flows.common import prefect_api
 
-    results = run(args.request, args.params)
+    with prefect_api():
+        results = run(args.request, args.params)
     for r in results:
         print(json.dumps({k: v for k, v in r.items() if k != "metrics"}))
-    rejected = [r["file"] for r in results if r["status"] == "rejected"]
+    rejected = [r for r in results if r["status"] == "rejected"]
     if rejected:
         print(f"error: {len(rejected)} file(s) rejected and moved to requests/rejected/ with an error report: "
-              f"{rejected}", file=sys.stderr)
-        return 2
+              f"{[r['file'] for r in rejected]}", file=sys.stderr)
+        return EXIT_BAD_INPUT if any(r.get("reason") == "validation" for r in rejected) else EXIT_GATE_REJECTED
     return 0
 
 
 def cmd_prepare(args) -> int:
     from flows.prepare import prepare
+    from flows.common import prefect_api
 
-    prepare(args.params)
+    with prefect_api():
+        prepare(args.params)
     return 0
 
 
 def cmd_train(args) -> int:
     from flows.train import train
+    from flows.common import prefect_api
 
-    train(args.params)
+    with prefect_api():
+        train(args.params)
     return 0
 
 
@@ -127,7 +137,12 @@ def cmd_validate(args) -> int:
     params = _params(args)
     state = load_state.fn(params, "cpu")
     fc = check_file(Path(args.file), params, state)
-    print(fc.summary(), file=sys.stdout if fc.status != "invalid" else sys.stderr)
+    if args.json:
+        print(json.dumps({"file": fc.path, "status": fc.status, "problems": fc.problems, "conflicts": fc.conflicts,
+                          "n_rows": fc.n_rows, "to_apply": 0 if fc.pending is None else len(fc.pending),
+                          "already_processed": fc.skipped}, indent=2))
+    else:
+        print(fc.summary(), file=sys.stdout if fc.status != "invalid" else sys.stderr)
     return 0 if fc.status != "invalid" else 1
 
 
@@ -173,12 +188,41 @@ def cmd_erase(args) -> int:
 
 def cmd_audit(args) -> int:
     from flows.audit import audit
+    from flows.common import prefect_api
 
-    result = audit(args.file, args.params)
-    print(json.dumps({"run_id": result["run_id"], **{k: result["report"][k] for k in (
-        "solver", "n_forget", "leakage_ratio", "self_leverage_spectral_norm", "self_leverage_trace",
-        "predicted_gap_do_nothing")}}, indent=2))
+    with prefect_api():
+        result = audit(args.file, args.params)
+    report = result["report"]
+    shown = {k: report[k] for k in AUDIT_READING if k in report}
+    if args.json:
+        print(json.dumps({"run_id": result["run_id"], **shown}, indent=2, default=float))
+        return 0
+    print(f"leverage diagnostics of the champion for {args.file} (MLflow run {result['run_id']}):")
+    for key, value in shown.items():
+        print(f"  {key} = {value if isinstance(value, str) else f'{value:.4g}'}")
+        print(textwrap.fill(AUDIT_READING[key], width=100, initial_indent="      ", subsequent_indent="      "))
     return 0
+
+
+# What each number of `unlearn audit` means, its typical range, and what the pipeline does with it (DESIGN 4.1).
+AUDIT_READING = {
+    "solver": "How G_R^-1 was applied: exact (a float64 solve, small models), projected (random projection of "
+              "per-sample gradients: keeps the ranking, underestimates magnitudes) or cg (matrix-free).",
+    "n_forget": "Samples in the proposed forget set.",
+    "self_leverage_trace": "trace(S_F): how strongly the forget samples determine their own outputs. Near 0 for "
+                           "typical rows the rest of the data explains; grows with the forget set's size and with "
+                           "atypical or memorized rows (tracks the original-vs-retrain gap at Spearman 0.88-0.98 on "
+                           "the calibration bench's sets).",
+    "self_leverage_spectral_norm": "Largest eigenvalue of S_F: near or above 1 means some direction of the forget "
+                                   "set is carried almost only by the forget set itself (a whole class, duplicates).",
+    "predicted_gap_do_nothing": "Predicted mean output move of the forget samples from the original to a retrain "
+                                "without them: what `do_nothing` would leave behind. The policy keeps the model "
+                                "(do_nothing) only when this gap is below half the oracles' own spread (measured in "
+                                "a batch, not here); otherwise it retrains.",
+    "leakage_ratio": "||C_RF g_F|| / ||S_F g_F||: how much of that move lands on retain samples rather than on the "
+                     "forget set (0 = none; typical 0.5-3). Both norms vanish for low-leverage sets, so the ratio is "
+                     "unstable there; the policy does not use it.",
+}
 
 
 def cmd_methods(args) -> int:
@@ -193,14 +237,19 @@ def cmd_methods(args) -> int:
 
 def cmd_status(args) -> int:
     from unlearning.data import read_state_manifest
+    from unlearning.erasure import read_tombstones
     from unlearning.ledger import read_ledger
 
     params = _params(args)
     state_dir = params.path("state_dir")
     if not (state_dir / "champion.json").exists():
-        print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
+        if args.json:
+            print(json.dumps({"champion": None, "state_dir": str(state_dir)}))
+        else:
+            print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
         return 0
     champion = json.loads((state_dir / "champion.json").read_text())
+    notes = []
     if os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
         from flows.common import tracker_for
         from tasks.tracking import preflight
@@ -209,18 +258,25 @@ def cmd_status(args) -> int:
         before, changed = tracker_for(params).reconcile_alias(params.tracking.registered_model, params.tracking.alias,
                                                               champion.get("model_version"))
         if changed:
-            print(f"reconciled @{params.tracking.alias}: v{before} -> v{champion.get('model_version')}")
+            notes.append(f"reconciled @{params.tracking.alias}: v{before} -> v{champion.get('model_version')}")
     manifest = read_state_manifest(state_dir / "manifest.csv")
     ledger = read_ledger(state_dir / "ledger.jsonl")
-    deleted = int((manifest["status"] == "deleted").sum())
-    print(f"champion: {params.tracking.registered_model} v{champion['model_version']} (@{params.tracking.alias}), "
+    status = {"champion": champion, "registered_model": params.tracking.registered_model,
+              "alias": params.tracking.alias, "n_samples": len(manifest),
+              "n_deleted": int((manifest["status"] == "deleted").sum()), "n_requests": len(ledger),
+              "n_batches": len({e["batch_id"] for e in ledger}),
+              "n_erased": len(read_tombstones(params.path("tombstones"))),
+              "mlflow_tracking_uri": params.mlflow_tracking_uri(), "notes": notes}
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+        return 0
+    for note in notes:
+        print(note)
+    print(f"champion: {status['registered_model']} v{champion['model_version']} (@{status['alias']}), "
           f"method {champion['method']}, batch {champion['batch_id']}")
-    from unlearning.erasure import read_tombstones
-
-    print(f"manifest: {len(manifest)} samples, {deleted} deleted; ledger: {len(ledger)} request(s) in "
-          f"{len({e['batch_id'] for e in ledger})} batch(es); erased (tombstoned): "
-          f"{len(read_tombstones(params.path('tombstones')))}")
-    print(f"MLflow store: {params.mlflow_tracking_uri()}; UI: `make ui` then open http://127.0.0.1:5000")
+    print(f"manifest: {status['n_samples']} samples, {status['n_deleted']} deleted; ledger: {status['n_requests']} "
+          f"request(s) in {status['n_batches']} batch(es); erased (tombstoned): {status['n_erased']}")
+    print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: `make ui` then open http://127.0.0.1:5000")
     return 0
 
 
@@ -352,39 +408,93 @@ def cmd_init(args) -> int:
     return 0
 
 
+# Subcommands without options of their own: (help, description, examples).
+SIMPLE = {
+    "prepare": ("prepare the dataset (stage prepare)",
+                "Load the dataset named by prepare.dataset, give every sample its stable id, and write the prepared "
+                "store (memory-mapped features, manifest, dataset.json) to base.paths.prepared_dir.",
+                ["unlearn prepare", "unlearn prepare --params myproj/params.yaml"]),
+    "train": ("train and register the original model (stage train)",
+              "Train the original with the declared recipe (or load train.init_checkpoint), log it to MLflow and "
+              "register it as the first @champion.", ["unlearn train"]),
+    "methods": ("list unlearning methods with their arguments",
+                "Every registered unlearning method, its one-line summary and its arguments with their defaults "
+                "(set them under deletion.method_args.<method>).", ["unlearn methods"]),
+    "erase": ("finish pending erasures (after `dvc repro`, or a crash)",
+              "Rewrite the stores a running `dvc repro` could not rewrite (prepared data, the original), "
+              "re-commit the DVC stages and garbage-collect the DVC cache, under the batch lock.",
+              ["unlearn erase", "dvc repro && unlearn erase && unlearn verify-erasure"]),
+    "serve": ("serve scheduled and inbox-triggered deployments",
+              "Serve the `scheduled` (operations.cron) and `on-request-file` deployments and watch the inbox. Needs "
+              "a reachable PREFECT_API_URL (`make server`).", ["PREFECT_API_URL=http://127.0.0.1:4200/api unlearn serve"]),
+}
+
+
+def _examples(lines: list[str]) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog="unlearn", description="MLOps pipeline for machine unlearning: validate deletion "
                                 "batches, diagnose leverage, unlearn, validate against oracle retrains, gate, log.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=EPILOG, formatter_class=raw)
     p.add_argument("--params", default="params.yaml", help="params.yaml to use (default: ./params.yaml)")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    # The same global options after the subcommand too (`unlearn status --params X`): SUPPRESS keeps the value
+    # given before the subcommand unless one is given after it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--params", default=argparse.SUPPRESS, help="params.yaml to use (default: ./params.yaml)")
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    s = sub.add_parser("run", help="process deletion request files (all in the inbox, or one)")
-    s.add_argument("request", nargs="?", help="one request file (CSV or Parquet)")
+
+    def add(name, help_, description, examples, **kw):
+        return sub.add_parser(name, help=help_, description=textwrap.fill(description, 100),
+                              epilog=_examples(examples),
+                              formatter_class=raw, parents=[common], **kw)
+
+    s = add("run", "process deletion request files (all in the inbox, or one)",
+            "Process every request file in the inbox in name order (or one file): validate, diagnose, partition, "
+            "unlearn, certify against oracle retrains, promote, erase. Applied files move to requests/processed/, "
+            "rejected ones to requests/rejected/ with an error report.",
+            ["unlearn run", "unlearn run requests/inbox/2026-12-01T0900_erasure.csv"])
+    s.add_argument("request", nargs="?", help="one request file (CSV or Parquet); default: every file in the inbox")
     s.set_defaults(fn=cmd_run)
-    sub.add_parser("prepare", help="prepare the dataset (stage prepare)").set_defaults(fn=cmd_prepare)
-    sub.add_parser("train", help="train and register the original model (stage train)").set_defaults(fn=cmd_train)
-    s = sub.add_parser("validate", help="validate a request file without changing anything")
-    s.add_argument("file")
+    for name, (help_, description, examples) in SIMPLE.items():
+        add(name, help_, description, examples).set_defaults(fn=globals()[f"cmd_{name}"])
+    s = add("validate", "validate a request file without changing anything",
+            "Check a request file exactly as `unlearn run` would (schema, ids in the manifest, training rows, not "
+            "deleted, ledger conflicts, timestamps); print one line per problem. An already processed file is "
+            "'nothing to do'. Changes nothing.", ["unlearn validate requests/inbox/x.csv", "unlearn validate x.csv --json"])
+    s.add_argument("file", help="the request file (CSV or Parquet) to check")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(fn=cmd_validate)
-    s = sub.add_parser("audit", help="leverage diagnostics for a proposed forget set, without changing anything")
+    s = add("audit", "leverage diagnostics for a proposed forget set, without changing anything",
+            "Compute the leverage diagnostics (self-leverage, cross-leverage, predicted output gap) of the current "
+            "champion for the samples a request file names, log them to MLflow, and explain each number. No model "
+            "changes.", ["unlearn audit requests/inbox/x.csv", "unlearn audit x.csv --json"])
     s.add_argument("file", help="a request file naming the proposed forget set")
+    s.add_argument("--json", action="store_true", help="print the diagnostics as JSON")
     s.set_defaults(fn=cmd_audit)
-    sub.add_parser("methods", help="list unlearning methods with their arguments").set_defaults(fn=cmd_methods)
-    sub.add_parser("status", help="show the champion, the deletions and the ledger").set_defaults(fn=cmd_status)
-    s = sub.add_parser("verify-erasure", help="re-check every store for forgotten raw rows and ids (exit 1 if any)")
+    s = add("status", "show the champion, the deletions and the ledger",
+            "The champion model (and its registry alias, reconciled with state/champion.json), the manifest's "
+            "deleted and erased samples, and the ledger.", ["unlearn status", "unlearn status --json"])
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
+    s.set_defaults(fn=cmd_status)
+    s = add("verify-erasure", "re-check every store for forgotten raw rows and ids (exit 1 if any)",
+            "Search every store (prepared data, models, state, ensemble cache, MLflow artifacts, DVC cache) for the "
+            "raw rows and ids of forgotten samples; exit 1 if any remains.",
+            ["unlearn verify-erasure", "unlearn verify-erasure batch-5fac2b38cf2d"])
     s.add_argument("batch", nargs="?", metavar="BATCH", help="one batch id (default: every batch in the ledger)")
     s.set_defaults(fn=cmd_verify_erasure)
-    sub.add_parser("erase", help="finish pending erasures (after `dvc repro`, or a crash)").set_defaults(fn=cmd_erase)
-    sub.add_parser("serve", help="serve scheduled and inbox-triggered deployments").set_defaults(fn=cmd_serve)
-    raw = argparse.RawDescriptionHelpFormatter
     s = sub.add_parser("reset", help="start over: archive state/ and cache/ (the ledger is kept), after a prompt",
-                       description=RESET_DESCRIPTION, epilog=RESET_EPILOG, formatter_class=raw)
+                       description=RESET_DESCRIPTION, epilog=RESET_EPILOG, formatter_class=raw, parents=[common])
     s.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed without a terminal)")
     s.add_argument("--keep-alias", action="store_true",
                    help="leave the MLflow registry alias (tracking.alias) where it is")
     s.set_defaults(fn=cmd_reset)
     s = sub.add_parser("init", help="scaffold a project folder for your own data (table or image folder)",
-                       description=INIT_DESCRIPTION, epilog=INIT_EPILOG, formatter_class=raw)
+                       description=INIT_DESCRIPTION, epilog=INIT_EPILOG, formatter_class=raw, parents=[common])
     s.add_argument("dir", metavar="DIR", help="project folder to create (may exist; must not hold a params.yaml)")
     s.add_argument("--dataset", required=True, choices=["table", "image_folder"],
                    help="table: one row per sample (CSV or Parquet); image_folder: one sub-folder per class")
@@ -406,24 +516,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_GATE_REJECTED = 1, 2, 3  # documented in EPILOG and the README
+
+
+# Errors that end a command with one line: bad input -> 2; by class name (their modules import heavy packages).
+BY_NAME = {"TrackingUnavailable": EXIT_BAD_INPUT, "LockTimeout": EXIT_BAD_INPUT, "BatchRejected": EXIT_GATE_REJECTED,
+           "AfterCommitError": EXIT_FAILURE}
+
+
+def exit_code(e: BaseException) -> int | None:
+    """The documented exit code of an error reported in one line, or None for an unexpected one (traceback)."""
     from flows.scaffold import ScaffoldError
     from unlearning.config import ConfigError
     from unlearning.fingerprint import StateMismatch
     from unlearning.requests import RequestValidationError
 
+    if isinstance(e, (ConfigError, RequestValidationError, StateMismatch, ScaffoldError, FileNotFoundError,
+                      PermissionError, ConnectionError)):
+        return EXIT_BAD_INPUT
+    return BY_NAME.get(type(e).__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, RequestValidationError, FileNotFoundError, StateMismatch, ScaffoldError, PermissionError,
-            ConnectionError) as e:
+    except Exception as e:
+        code = exit_code(e)
+        if code is None or args.debug:
+            raise
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # fail fast, one line: an unreachable store, or a failure after the commit
-        if type(e).__name__ in ("TrackingUnavailable", "AfterCommitError", "LockTimeout"):
-            print(f"error: {e}", file=sys.stderr)
-            return 3 if type(e).__name__ == "AfterCommitError" else 2
-        raise
+        return code
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import logging
 import sys
+from contextlib import contextmanager
 
 from unlearning.config import Params, resolve_device
 
@@ -20,6 +21,27 @@ def use_project_path(params: Params) -> None:
     if root not in sys.path:
         sys.path.insert(0, root)
         importlib.invalidate_caches()
+
+
+@contextmanager
+def prefect_api():
+    """The Prefect API for the flows of this process: `PREFECT_API_URL` when one is set (a real server, or
+    `make run`'s shared one); otherwise a temporary server that dies with this process. Prefect's own
+    temporary server outlives a `kill -9` of the process that started it; this one gets the parent-death
+    signal (flows/session.py), so a killed batch leaves no server behind."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield PREFECT_API_URL.value()
+        return
+    from flows.session import start_temporary_server
+
+    server = start_temporary_server()
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+    finally:
+        server.stop()
 
 
 def tracker_for(params: Params):

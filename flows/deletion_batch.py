@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from prefect import flow
 
-from flows.common import base_parser, device_of, task_runner_for, tracker_for, ui_hint, use_project_path
+from flows.common import base_parser, device_of, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path
 from tasks import plots
 from tasks.batch import partition_retain, unlearn_and_validate
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
@@ -404,7 +404,8 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
                     raise
                 dest = reject(f, params, e)
                 print(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); later files proceed")
-                results.append({"file": f.name, "status": "rejected", "error": str(e), "moved_to": str(dest)})
+                results.append({"file": f.name, "status": "rejected", "error": str(e), "moved_to": str(dest),
+                                "reason": "gate" if isinstance(e, BatchRejected) else "validation"})
                 continue
             if in_inbox:
                 r["moved_to"] = str(processed(f, params))
@@ -437,6 +438,7 @@ if __name__ == "__main__":
     from tasks.tracking import TrackingUnavailable
 
     try:
-        run(a.request, a.params)
+        with prefect_api():
+            run(a.request, a.params)
     except (RequestValidationError, TrackingUnavailable, AfterCommitError, PermissionError, ConnectionError) as e:
         raise SystemExit(f"error: {e}") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import base_parser, use_project_path
+from flows.common import base_parser, prefect_api, use_project_path
 from unlearning.config import load_params
 from tasks.training import prepare_dataset
 
@@ -20,4 +20,5 @@ def prepare(params_path: str = "params.yaml") -> dict:
 
 
 if __name__ == "__main__":
-    prepare(base_parser(__doc__).parse_args().params)
+    with prefect_api():
+        prepare(base_parser(__doc__).parse_args().params)

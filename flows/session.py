@@ -28,7 +28,7 @@ SKIPPED_LINE = re.compile(r"^Stage '([^']+)' (?:didn't change, skipping|is cache
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: ask the kernel to SIGTERM it when this wrapper dies (even by SIGKILL)."""
+    """In the child, before exec: ask the kernel to SIGTERM it when its parent dies (even by SIGKILL)."""
     os.setpgrp()  # its own process group: the stages it starts are stopped with it (os.killpg)
     try:
         import ctypes
@@ -38,7 +38,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def _start_server():
+def start_temporary_server():
+    """A temporary Prefect server (Prefect's own SubprocessASGIServer) that dies with this process."""
     from prefect.server.api import server as prefect_server
 
     class Server(prefect_server.SubprocessASGIServer):
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     server, server_s = None, 0.0
     if not env.get("PREFECT_API_URL"):
-        server = _start_server()
+        server = start_temporary_server()
         server_s = time.perf_counter() - started
         env["PREFECT_API_URL"] = server.api_url
         print(f"one temporary Prefect server for every stage: {server.api_url} (up in {server_s:.1f} s)", flush=True)

@@ -83,3 +83,18 @@ def test_tracking_preflight_sqlite_not_writable(tmp_path):
 
     with pytest.raises(TrackingUnavailable, match="not writable"):
         preflight(f"sqlite:///{tmp_path}/missing-folder/mlflow.db")
+
+
+def test_prefect_api_preflight_fails_in_seconds_with_the_fix(tmp_path, monkeypatch):
+    import time
+
+    from flows.deletion_batch import preflight
+    from tests.helpers import make_project
+    from unlearning.config import load_params
+
+    params = load_params(make_project(tmp_path, inbox_files=False))
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # nothing listens on port 9
+    start = time.perf_counter()
+    with pytest.raises(ConnectionError, match=r"Prefect API http://127.0.0.1:9/api is unreachable.*prefect server start"):
+        preflight(params)
+    assert time.perf_counter() - start < 10

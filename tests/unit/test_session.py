@@ -18,6 +18,6 @@ def test_stage_lines_are_timed_and_output_passes_through(capsys):
 
 def test_an_existing_server_is_used_and_the_exit_code_kept(monkeypatch, capsys):
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
-    monkeypatch.setattr(session, "_start_server", lambda: (_ for _ in ()).throw(AssertionError("no server")))
+    monkeypatch.setattr(session, "start_temporary_server", lambda: (_ for _ in ()).throw(AssertionError("no server")))
     assert session.main([sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
     assert "wall time per stage" in capsys.readouterr().out

@@ -1,0 +1,47 @@
+"""The `unlearn` CLI: global options anywhere, help with examples, --json, one-line errors, exit codes."""
+
+import json
+
+import pytest
+
+from flows.cli import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_GATE_REJECTED, build_parser, exit_code, main
+from tests.helpers import make_project
+
+
+def test_global_options_work_before_and_after_the_subcommand(tmp_path, capsys):
+    params = make_project(tmp_path, inbox_files=False)
+    assert main(["--params", str(params), "status", "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert main(["status", "--params", str(params), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == before and before["champion"] is None
+
+
+def test_every_subcommand_has_a_description_and_examples():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, sub in subparsers.choices.items():
+        text = sub.format_help()
+        assert sub.description and "examples:" in text, name
+        for action in sub._actions:
+            if action.dest not in ("help",):
+                assert action.help, f"{name} {action.dest} has no help"
+
+
+def test_bad_input_is_one_line_with_exit_code_2_and_debug_shows_the_traceback(tmp_path, capsys):
+    missing = str(tmp_path / "nope" / "params.yaml")
+    assert main(["status", "--params", missing]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
+    with pytest.raises(Exception, match="file not found"):
+        main(["status", "--params", missing, "--debug"])
+
+
+def test_exit_codes_are_the_documented_ones():
+    from flows.deletion_batch import AfterCommitError, BatchRejected
+    from unlearning.config import ConfigError
+
+    assert exit_code(ConfigError("x")) == EXIT_BAD_INPUT == 2
+    assert exit_code(BatchRejected("no candidate passed")) == EXIT_GATE_REJECTED == 3
+    assert exit_code(AfterCommitError("applied, then")) == EXIT_FAILURE == 1
+    assert exit_code(RuntimeError("unexpected")) is None  # a real bug keeps its traceback
+    assert "3 the gate rejected" in build_parser().epilog
