@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.common import base_parser, device_of, prefect_api, tracker_for, use_project_path
+from flows.common import base_parser, device_of, params_or_exit, prefect_api, tracker_for, use_project_path
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 from tasks.state import load_state
 from tasks.validation import raise_if_invalid, validate_request
@@ -52,5 +52,6 @@ if __name__ == "__main__":
     parser = base_parser(__doc__)
     parser.add_argument("request", help="request file naming the proposed forget set")
     a = parser.parse_args()
+    params_or_exit(a.params)
     with prefect_api():
         audit(a.request, a.params)

@@ -537,9 +537,18 @@ def exit_code(e: BaseException) -> int | None:
     return BY_NAME.get(type(e).__name__)
 
 
+# Commands that do not read params.yaml; every other one checks it first, before any heavy import or server,
+# so a config error answers in about a second.
+NO_PARAMS = {"init", "methods"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command not in NO_PARAMS:
+            from unlearning.config import load_params
+
+            load_params(args.params)
         return args.fn(args)
     except Exception as e:
         code = exit_code(e)

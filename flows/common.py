@@ -23,6 +23,19 @@ def use_project_path(params: Params) -> None:
         importlib.invalidate_caches()
 
 
+def params_or_exit(params_path: str) -> str:
+    """Stage entry points (`python -m flows.<stage>`, as `dvc repro` runs them) check params.yaml before a
+    Prefect server starts: a config error ends the stage at once with one `error:` line and exit code 2."""
+    from unlearning.config import ConfigError, load_params
+
+    try:
+        load_params(params_path)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return params_path
+
+
 @contextmanager
 def prefect_api():
     """The Prefect API for the flows of this process: `PREFECT_API_URL` when one is set (a real server, or

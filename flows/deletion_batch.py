@@ -18,7 +18,9 @@ import numpy as np
 import torch
 from prefect import flow
 
-from flows.common import base_parser, device_of, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path
+from flows.common import (
+    base_parser, device_of, params_or_exit, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path,
+)
 from tasks import plots
 from tasks.batch import partition_retain, unlearn_and_validate
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
@@ -435,6 +437,7 @@ if __name__ == "__main__":
     parser = base_parser(__doc__)
     parser.add_argument("request", nargs="?", help="a request file (default: every file in the inbox)")
     a = parser.parse_args()
+    params_or_exit(a.params)
     from tasks.tracking import TrackingUnavailable
 
     try:

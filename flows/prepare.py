@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import base_parser, prefect_api, use_project_path
+from flows.common import base_parser, params_or_exit, prefect_api, use_project_path
 from unlearning.config import load_params
 from tasks.training import prepare_dataset
 
@@ -20,5 +20,6 @@ def prepare(params_path: str = "params.yaml") -> dict:
 
 
 if __name__ == "__main__":
+    params_path = params_or_exit(base_parser(__doc__).parse_args().params)
     with prefect_api():
-        prepare(base_parser(__doc__).parse_args().params)
+        prepare(params_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import base_parser, device_of, prefect_api, tracker_for, use_project_path
+from flows.common import base_parser, device_of, params_or_exit, prefect_api, tracker_for, use_project_path
 from unlearning.config import load_params
 from tasks.state import current_fingerprint, original_path
 from tasks.training import model_spec, save_checkpoint, train_original
@@ -40,5 +40,6 @@ def train(params_path: str = "params.yaml") -> dict:
 
 
 if __name__ == "__main__":
+    params_path = params_or_exit(base_parser(__doc__).parse_args().params)
     with prefect_api():
-        train(base_parser(__doc__).parse_args().params)
+        train(params_path)
