@@ -49,12 +49,12 @@ def prefect_api():
         return
     from flows.session import start_temporary_server
 
+    # Not stopped when the block ends: at interpreter exit Prefect's log and event services first drain to
+    # this server (threading's exit hooks), then the atexit hook Prefect registered stops it. Stopping it here
+    # would leave those services retrying against a closed port.
     server = start_temporary_server()
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-            yield server.api_url
-    finally:
-        server.stop()
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        yield server.api_url
 
 
 def tracker_for(params: Params):
