@@ -34,6 +34,7 @@ def retrain_equivalence_metrics(candidate_logits: Any, shadow_unlearned_logits: 
     for s, a in M.accuracy_by_split_per_member(accuracy_ref_logits, labels, splits).items():
         out[f"oracle_acc/{s}"], out[f"oracle_acc_std/{s}"] = float(a.mean()), float(a.std())
         out[f"oracle_acc_min/{s}"], out[f"oracle_acc_max/{s}"] = float(a.min()), float(a.max())
+        out[f"oracle_n/{s}"] = float(len(a))
         out[f"n/{s}"] = float(np.count_nonzero(splits == s))
     m_unl = M.margins(np.asarray(shadow_unlearned_logits), labels)
     m_orc = M.margins(np.asarray(oracle_logits), labels)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass, field
 
 from unlearning.config import Gate
@@ -30,12 +31,51 @@ RETRAIN_DEFECT = ("gate defect: the candidate is an exact retrain (an oracle mem
                   "not drawn from), so this rejection is a false reject of the gate, not an unlearning failure")
 
 
-def accuracy_interval(oracle_min: float, oracle_max: float, oracle_mean: float, n: int, z: float) -> tuple[float, float]:
-    """[min, max] of the N oracle accuracies on a split, widened by z binomial standard errors of an n-sample
-    accuracy: se = sqrt((pbar (1 - pbar) + 1 / (4 n)) / n) (the 1/(4n) term keeps the width > 0 at pbar = 0 or 1,
-    where one flipped sample of a tiny split is still within the noise: n = 3 gives se = 0.17)."""
+def accuracy_interval(oracle_min: float, oracle_max: float, oracle_mean: float, n: int, z: float,
+                      oracle_std: float | None = None, n_oracles: int | None = None) -> tuple[float, float]:
+    """Where the accuracy of one more exact retrain falls, from N oracle accuracies on an n-sample split.
+
+    The larger of two intervals, then widened by z binomial standard errors of an n-sample accuracy,
+    se = sqrt((pbar (1 - pbar) + 1 / (4 n)) / n) (the 1/(4n) term keeps the width > 0 at pbar = 0 or 1):
+    - [min, max] of the N oracles: a new retrain falls outside it with probability 2 / (N + 1), which is
+      small at N = 80 but 0.4 at N = 4;
+    - the normal-theory prediction interval mean +- t_{N-1} s sqrt(1 + 1/N) (s: the oracles' standard
+      deviation, ddof 1; t at the two-sided level of z), which is right at small N.
+    With `oracle_std`/`n_oracles` absent only the first is used."""
+    lo, hi = oracle_min, oracle_max
+    if oracle_std is not None and n_oracles is not None and n_oracles >= 2:
+        s = oracle_std * math.sqrt(n_oracles / (n_oracles - 1))  # the population std given -> ddof 1
+        half = student_t_quantile(_normal_cdf(z), n_oracles - 1) * s * math.sqrt(1 + 1 / n_oracles)
+        lo, hi = min(lo, oracle_mean - half), max(hi, oracle_mean + half)
     se = math.sqrt((oracle_mean * (1 - oracle_mean) + 1 / (4 * n)) / n)
-    return max(0.0, oracle_min - z * se), min(1.0, oracle_max + z * se)
+    return max(0.0, lo - z * se), min(1.0, hi + z * se)
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1 + math.erf(z / math.sqrt(2)))
+
+
+@lru_cache(maxsize=256)
+def student_t_quantile(p: float, df: int) -> float:
+    """The p-quantile (p >= 0.5) of Student's t with `df` degrees of freedom: bisection on the CDF, which is
+    0.5 + the integral of the density from 0 (Simpson's rule on the substitution x = tan u, which keeps the
+    heavy tails of df = 1, 2 finite). Accurate to ~1e-6; the core has no scipy."""
+    if not 0.5 <= p < 1:
+        raise ValueError(f"p = {p} must be in [0.5, 1)")
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(t: float) -> float:
+        top, m = math.atan(t), 400  # integrate pdf(tan u) / cos(u)^2 over u in [0, atan t]
+        f = lambda u: c * (1 + math.tan(u) ** 2 / df) ** (-(df + 1) / 2) / math.cos(u) ** 2  # noqa: E731
+        h = top / m
+        total = f(0) + f(top) + sum((4 if k % 2 else 2) * f(k * h) for k in range(1, m))
+        return 0.5 + total * h / 3
+
+    lo, hi = 0.0, 1e4
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
 
 
 def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verdict:
@@ -59,7 +99,9 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
                 continue
             if f"oracle_acc_min/{split}" in metrics and f"n/{split}" in metrics:
                 lo, hi = accuracy_interval(metrics[f"oracle_acc_min/{split}"], metrics[f"oracle_acc_max/{split}"],
-                                           metrics[f"oracle_acc/{split}"], int(metrics[f"n/{split}"]), g.accuracy_z)
+                                           metrics[f"oracle_acc/{split}"], int(metrics[f"n/{split}"]), g.accuracy_z,
+                                           metrics.get(f"oracle_acc_std/{split}"),
+                                           int(metrics[f"oracle_n/{split}"]) if f"oracle_n/{split}" in metrics else None)
                 ok = lo <= acc <= hi
                 checks[f"acc/{split}"] = {"value": acc, "op": "in", "limit": [round(lo, 6), round(hi, 6)], "passed": ok}
                 if not ok:
