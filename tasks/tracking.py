@@ -136,6 +136,8 @@ class Tracker:
         """Log the torch module to the run, register it, return the new registry version."""
         import mlflow.pytorch
 
+        quiet_pickle_advice()
+
         with mlflow.start_run(run_id=run_id, nested=True):
             info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle",
                                             pip_requirements=PIP_REQUIREMENTS, registered_model_name=registered_name)
@@ -241,6 +243,25 @@ class Tracker:
 
     def run_url_hint(self, run_id: str) -> str:
         return f"#/experiments/{self.experiment_id}/runs/{run_id}"
+
+
+class _DropMessage(logging.Filter):
+    """Drops one third-party log message (by its start), leaving every other record of that logger alone."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.prefix)
+
+
+def quiet_pickle_advice() -> None:
+    """MLflow warns on every pickled model that pickle can run code when loaded. The checkpoint is this
+    project's own ensemble, written and read by the project: the advice is noise on every run here."""
+    logger = logging.getLogger("mlflow.pytorch")
+    if not any(isinstance(f, _DropMessage) for f in logger.filters):
+        logger.addFilter(_DropMessage("Saving pytorch model by Pickle or CloudPickle format"))
 
 
 def reset_alias(tracking_uri: str, name: str, alias: str, version: str | None = None) -> tuple[str | None, str | None]:

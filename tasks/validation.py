@@ -3,6 +3,8 @@ Expectations suite (against the live manifest). Every failure of both is collect
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -83,6 +85,8 @@ def gx_check(df: pd.DataFrame, manifest: pd.DataFrame) -> tuple[list[str], dict]
     import great_expectations.expectations as gxe
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    # An ephemeral context logs "Created temporary directory ... for ephemeral docs site" at INFO on every call.
+    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.WARNING)
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     batch_def = (ctx.data_sources.add_pandas("requests").add_dataframe_asset("request_file")
