@@ -240,6 +240,9 @@ class SuppressionGate(Strict):
 class Gate(Strict):
     retrain_equivalence: RetrainEquivalenceGate = RetrainEquivalenceGate()
     suppression: SuppressionGate = SuppressionGate()
+    exact_retrain_overrides: bool = Field(
+        True, description="promote an exact retrain the gate rejected (a false reject of the gate: the retrain IS "
+                          "an oracle), logged as such; false = reject the batch")
 
 
 class Tracking(Strict):

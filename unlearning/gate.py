@@ -78,6 +78,17 @@ def student_t_quantile(p: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+# The checks that compare a candidate with the oracles statistically: an exact retrain fails them only by
+# chance (at the measured false-reject rate). The absolute bounds (floors, gaps, KLoM caps) are business rules.
+STATISTICAL_CHECKS = ("klom_pvalue/", "acc/forget", "acc/adjacent", "acc/remote", "acc/validation")
+
+
+def only_statistical_failures(verdict: "Verdict") -> bool:
+    """True when the verdict failed, and only on statistical checks (see STATISTICAL_CHECKS)."""
+    failed = [name for name, c in verdict.checks.items() if not c["passed"]]
+    return bool(failed) and all(name.startswith("klom_pvalue/") or name in STATISTICAL_CHECKS for name in failed)
+
+
 def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verdict:
     """`metrics` holds candidate accuracies `acc/<split>`, oracle mean accuracies `oracle_acc/<split>` and
     the original model's `original_acc/<split>`.

@@ -27,3 +27,18 @@ def test_a_further_retrain_is_rejected_rarely_at_any_n(n_oracles):
         lo, hi = accuracy_interval(oracles.min(), oracles.max(), oracles.mean(), n, 2.0, oracles.std(), n_oracles)
         rejected += not lo <= candidate <= hi
     assert rejected / trials <= 0.06
+
+
+def test_only_statistical_failures_let_an_exact_retrain_through():
+    from unlearning.gate import Verdict, only_statistical_failures
+
+    def verdict(**failed):
+        checks = {"klom_pvalue/forget": True, "acc/remote": True, "acc/validation_min": True, **failed}
+        return Verdict(passed=all(checks.values()), objective="retrain_equivalence",
+                       checks={k: {"passed": v} for k, v in checks.items()})
+
+    assert only_statistical_failures(verdict(**{"klom_pvalue/remote": False}))
+    assert only_statistical_failures(verdict(**{"acc/adjacent": False}))
+    assert not only_statistical_failures(verdict(**{"acc/validation_min": False}))  # a business floor
+    assert not only_statistical_failures(verdict(**{"klom_pvalue/remote": False, "acc/validation_min": False}))
+    assert not only_statistical_failures(verdict())  # nothing failed: nothing to override
