@@ -143,7 +143,7 @@ def cmd_validate(args) -> int:
                           "already_processed": fc.skipped}, indent=2))
     else:
         print(fc.summary(), file=sys.stdout if fc.status != "invalid" else sys.stderr)
-    return 0 if fc.status != "invalid" else 1
+    return 0 if fc.status != "invalid" else EXIT_BAD_INPUT
 
 
 def cmd_verify_erasure(args) -> int:
