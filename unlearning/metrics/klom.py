@@ -117,20 +117,7 @@ def klom(
 
     p_counts = _bin_counts(p_m, edges).astype(np.float64)  # [n, 20]
     q_counts = _bin_counts(q_m, edges).astype(np.float64)
-    p_total = p_counts.sum(axis=1, keepdims=True)  # [n, 1]
-    q_total = q_counts.sum(axis=1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = np.where(p_total > 0, p_counts / np.where(p_total > 0, p_total, 1.0), 0.0)
-        q = np.where(q_total > 0, q_counts / np.where(q_total > 0, q_total, 1.0), 0.0)
-    support = p > 0
-    q = np.where(support, np.maximum(q, Q_FLOOR), q)
-    if normalize_q:
-        q = q / q.sum(axis=1, keepdims=True)  # sum > 0 wherever p has support
-    # Terms only where p > 0; elsewhere 0 (the log argument is replaced so no warning is raised).
-    terms = np.where(support, p * np.log(np.where(support, p, 1.0) / np.where(support, q, 1.0)), 0.0)
-    kl = terms.sum(axis=1)
-    kl[p_total[:, 0] == 0] = np.nan
-    return kl
+    return kl_from_counts(p_counts, q_counts, normalize_q=normalize_q)
 
 
 def klom_summary(klom_values: Any, split_labels: Any) -> dict[str, dict[str, float]]:
