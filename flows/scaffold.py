@@ -156,16 +156,18 @@ def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | 
     stored = _project_path(data_path, target)
     prepare = {k: v for k, v in (data.get("prepare") or {}).items()
                if k in ("val_fraction", "max_train", "max_val")}
-    # The input path is prepare.source (one key for both kinds; dvc.yaml lists it as prepare's dependency).
-    if dataset == "table":
-        prepare = {"dataset": "table", "source": stored, "table": {
-            "id_column": id_column, "label_column": label_column, "group_column": group_column,
-            "feature_columns": feature_columns, "split_column": split_column, "missing": "error"}, **prepare}
-    else:
-        from unlearning.config import ImageFolderSource
+    # The data path lives in its section (prepare.table.path / prepare.image_folder.path); the scaffolded
+    # dvc.yaml depends on it through ${...}, so it is written once.
+    from unlearning.config import ImageFolderSource, TableSource
 
-        prepare = {"dataset": "image_folder", "source": stored,
+    if dataset == "table":
+        table = {"path": stored, "id_column": id_column, "label_column": label_column, "group_column": group_column,
+                 "feature_columns": feature_columns, "split_column": split_column, "missing": "error"}
+        prepare = {"dataset": "table", "table": table,
                    "image_folder": ImageFolderSource().model_dump(mode="json"), **prepare}
+    else:
+        prepare = {"dataset": "image_folder", "table": TableSource().model_dump(mode="json"),
+                   "image_folder": {**ImageFolderSource().model_dump(mode="json"), "path": stored}, **prepare}
     data["prepare"] = prepare
     # The absolute validation-accuracy floors in the repo's params are digits numbers; for a new dataset
     # nobody knows them yet, so they start off (null) and the gate judges the candidate against the oracle
@@ -311,7 +313,8 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
     target.mkdir(parents=True, exist_ok=True)
     (target / PARAMS_FILE).write_text(text)
     done.append(f"wrote {target / PARAMS_FILE} (prepare.dataset: {dataset}, data {_project_path(data_path, target)})")
-    (target / "dvc.yaml").write_text(dvc_yaml_for(params, _project_path(data_path, target), extra_deps))
+    data_dep = "${prepare.table.path}" if dataset == "table" else "${prepare.image_folder.path}"
+    (target / "dvc.yaml").write_text(dvc_yaml_for(params, data_dep, extra_deps))
     done.append(f"wrote {target / 'dvc.yaml'} (stages prepare -> train -> deletion)")
     inbox = params.path("inbox")
     inbox.mkdir(parents=True, exist_ok=True)

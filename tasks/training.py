@@ -53,13 +53,13 @@ def build(params: Params, prepared: Prepared, seeds: list[int]) -> Ensemble:
 @task(name="prepare-dataset", retries=0)  # deterministic: a missing or malformed dataset fails the same way again
 def prepare_dataset(params: Params) -> dict:
     p = params.prepare
-    section = {"table": p.table, "image_folder": p.image_folder}.get(p.dataset)
-    source = {"path": str(p.source_path(params.root)), **section.model_dump()} if section is not None else {}
+    section = p.section()
+    source = {**section.model_dump(), "path": str(p.source_path(params.root))} if section is not None else {}
     ds = load_dataset(p.dataset, seed=params.base.seed, val_fraction=p.val_fraction,
                       fashion_mnist_dir=p.fashion_mnist_dir, max_train=p.max_train, max_val=p.max_val,
                       targets=p.targets, **source)
     if section is not None:  # record the path as params.yaml writes it: the output must not depend on the checkout
-        ds.meta["source"]["path"] = p.source
+        ds.meta["source"]["path"] = section.path
     # Erased rows stay out: the tombstone list lies outside every DVC out (DESIGN §3, "Erasure vs the DVC DAG").
     from unlearning.erasure import is_erased, read_tombstones
 

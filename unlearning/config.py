@@ -46,40 +46,32 @@ class Base(Strict):
     paths: Paths = Paths()
 
 
-def _path_is_source(section: str):
-    """The input path lives in one key, prepare.source (dvc.yaml lists it as a dependency of prepare)."""
-
-    def check(cls, data):
-        if isinstance(data, dict) and "path" in data:
-            raise ValueError(f"prepare.{section}.path = {data['path']!r}: the input path is prepare.source (one key "
-                             f"for table and image_folder, which dvc.yaml tracks as a dependency of prepare); "
-                             f"move the value to prepare.source")
-        return data
-
-    return model_validator(mode="before")(classmethod(check))
+# The placeholder path of the data section not in use: a folder kept in git (data/raw/.gitkeep), because
+# dvc.yaml lists both sections' paths as dependencies of prepare and DVC 3.67 fails on a null or missing one.
+UNUSED_PATH = "data/raw"
 
 
 class TableSource(Strict):
-    """prepare.dataset: table -- the columns of the CSV/Parquet file at prepare.source."""
+    """prepare.dataset: table -- the CSV/Parquet file and its columns."""
 
-    id_column: str = Field(description="unique, non-empty sample ids (read as text)")
-    label_column: str = Field(description="the class of each row (any dtype; classes = sorted unique values)")
+    path: str = Field(UNUSED_PATH, description="the .csv/.parquet file, relative to the params folder; a DVC "
+                                               "dependency of prepare")
+    id_column: str | None = Field(None, description="unique, non-empty sample ids (read as text)")
+    label_column: str | None = Field(None, description="the class of each row (any dtype; classes = sorted unique)")
     group_column: str | None = Field(None, description="super-class/attribute of each row; null = the class")
     feature_columns: list[str] | None = Field(None, description="null = every other column")
     split_column: str | None = Field(None, description="values exactly train/val; null = stratified val_fraction")
     missing: Literal["error", "drop"] = Field("error", description="rows with missing values: stop, or drop them")
 
-    _no_path = _path_is_source("table")
-
 
 class ImageFolderSource(Strict):
-    """prepare.dataset: image_folder -- <source>/<class>/<image> or <source>/train|val/<class>/<image>."""
+    """prepare.dataset: image_folder -- <path>/<class>/<image> or <path>/train|val/<class>/<image>."""
 
+    path: str = Field(UNUSED_PATH, description="the image folder, relative to the params folder; a DVC dependency "
+                                               "of prepare")
     image_size: tuple[int, int] = Field((28, 28), description="[height, width] (or one int) after resizing")
     grayscale: bool = Field(True, description="true: 1 channel (L); false: 3 channels (RGB)")
     groups: dict[str, str] | None = Field(None, description="class folder -> group; null = group is the class")
-
-    _no_path = _path_is_source("image_folder")
 
     @field_validator("image_size", mode="before")
     @classmethod
@@ -97,10 +89,8 @@ class ImageFolderSource(Strict):
 
 class Prepare(Strict):
     dataset: Literal["digits", "fashion_mnist", "table", "image_folder"] = "digits"
-    source: str = Field("data/raw", description="table: the .csv/.parquet file; image_folder: the folder. A DVC "
-                                                "dependency of prepare, relative to the params folder")
-    table: TableSource | None = None
-    image_folder: ImageFolderSource | None = Field(None, description="null = the defaults")
+    table: TableSource = TableSource()
+    image_folder: ImageFolderSource = ImageFolderSource()
     val_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share when the data has no split of its own")
     fashion_mnist_dir: str = "/usr/share/datasets/fashion-mnist"
     max_train: int | None = Field(None, gt=0, description="deterministic subsample of the training split")
@@ -109,16 +99,25 @@ class Prepare(Strict):
 
     @model_validator(mode="after")
     def _section_for_dataset(self) -> "Prepare":
-        if self.dataset == "table" and self.table is None:
-            raise ValueError("prepare.dataset = 'table' needs a prepare.table section naming the columns of the file "
-                             "at prepare.source, e.g. table: {id_column: id, label_column: label}")
-        if self.dataset == "image_folder" and self.image_folder is None:
-            self.image_folder = ImageFolderSource()
+        if self.dataset == "table":
+            missing = [k for k in ("id_column", "label_column") if getattr(self.table, k) is None]
+            if missing or self.table.path == UNUSED_PATH:
+                raise ValueError("prepare.dataset = 'table' needs prepare.table.path (your .csv/.parquet file), "
+                                 "prepare.table.id_column and prepare.table.label_column, e.g. table: {path: "
+                                 "data/people.csv, id_column: id, label_column: label}"
+                                 + (f"; missing: {['prepare.table.' + k for k in missing]}" if missing else ""))
+        if self.dataset == "image_folder" and self.image_folder.path == UNUSED_PATH:
+            raise ValueError("prepare.dataset = 'image_folder' needs prepare.image_folder.path: the folder holding "
+                             "<class>/<image> (or train|val/<class>/<image>)")
         return self
 
+    def section(self) -> TableSource | ImageFolderSource | None:
+        """The data section of the dataset in use (None for the built-in datasets)."""
+        return {"table": self.table, "image_folder": self.image_folder}.get(self.dataset)
+
     def source_path(self, root: Path) -> Path:
-        """prepare.source resolved against the params folder."""
-        p = Path(self.source)
+        """prepare.table.path or prepare.image_folder.path, resolved against the params folder."""
+        p = Path(self.section().path)
         return p if p.is_absolute() else Path(root) / p
 
 

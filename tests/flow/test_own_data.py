@@ -107,9 +107,9 @@ def test_csv_table_with_a_custom_batchnorm_module(tmp_path, prefect_harness):
     (root / "data").mkdir(parents=True)
     table().to_csv(root / "data" / "trees.csv", index=False)
     (root / "my_models.py").write_text(BN_MODEL)
-    make_project(root, {**SMALL, "prepare": {"dataset": "table", "source": "data/trees.csv",
-                                             "table": {"id_column": "tree_id", "label_column": "species",
-                                                       "group_column": "family"}},
+    make_project(root, {**SMALL, "prepare": {"dataset": "table",
+                                             "table": {"path": "data/trees.csv", "id_column": "tree_id",
+                                                       "label_column": "species", "group_column": "family"}},
                         "train": {**SMALL["train"], "model": {"arch": "custom", "factory": "my_models:build",
                                                               "kwargs": {"width": 12}}},
                         "deletion": {**SMALL["deletion"], "partition": {"mode": "embedding", "k_neighbors": 3}}},
@@ -134,8 +134,8 @@ def test_parquet_table_with_missing_values_errors_then_drops(tmp_path, prefect_h
     df.loc[7, "girth"] = np.nan
     df.loc[11, "soil"] = None
     df.to_parquet(root / "data" / "trees.parquet", index=False)
-    prepare_cfg = {"dataset": "table", "source": "data/trees.parquet",
-                   "table": {"id_column": "tree_id", "label_column": "species"}}
+    prepare_cfg = {"dataset": "table",
+                   "table": {"path": "data/trees.parquet", "id_column": "tree_id", "label_column": "species"}}
     make_project(root, {**SMALL, "prepare": prepare_cfg}, inbox_files=False)
     with pytest.raises(ValueError, match=r"tree-0007[\s\S]*girth|girth[\s\S]*tree-0007"):
         prepare(str(root / "params.yaml"))
@@ -160,8 +160,8 @@ def test_image_folder_of_pngs_with_the_cnn(tmp_path, prefect_harness):
             img = rng.integers(0, 60, (14, 14)).astype(np.uint8)
             img[r0:r0 + 4, c0:c0 + 10 if cls != "blob_left" else c0 + 4] = 255
             Image.fromarray(img).save(folder / f"img_{i:03d}.png")
-    make_project(root, {**SMALL, "prepare": {"dataset": "image_folder", "source": "data/images",
-                                             "image_folder": {"image_size": 12}},
+    make_project(root, {**SMALL, "prepare": {"dataset": "image_folder",
+                                             "image_folder": {"path": "data/images", "image_size": 12}},
                         "train": {**SMALL["train"], "model": {"arch": "cnn", "channels": [4]}}}, inbox_files=False)
     results = run_pipeline(root)
     assert_applied(root, results)

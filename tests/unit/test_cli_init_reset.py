@@ -50,7 +50,7 @@ def test_init_scaffolds_a_table_project(tmp_path, capsys):
     assert params.root == target.resolve()
     assert params.prepare.dataset == "table"
     table = params.prepare.table
-    assert params.prepare.source == "data/customers.csv"  # relative to the project folder
+    assert params.prepare.table.path == "data/customers.csv"  # relative to the project folder
     assert (table.id_column, table.label_column, table.group_column) == ("customer", "churned", "household")
     assert list(table.feature_columns) == ["age", "spend"] and table.split_column is None
     assert table.missing == "error"
@@ -60,7 +60,7 @@ def test_init_scaffolds_a_table_project(tmp_path, capsys):
     assert list(stages) == ["prepare", "train", "deletion"]
     assert [s["cmd"] for s in stages.values()] == ["python -m flows.prepare", "python -m flows.train",
                                                    "python -m flows.deletion_batch"]
-    assert stages["prepare"]["deps"] == ["data/customers.csv"]
+    assert stages["prepare"]["deps"] == ["${prepare.table.path}"]  # the path is written once, in params.yaml
     deps = [d for s in stages.values() for d in s["deps"]]
     assert not any(d.startswith(("flows", "tasks", "unlearning")) for d in deps)  # no repo sources in DIR
     assert "train" in stages["train"]["params"] and "prepare" in stages["prepare"]["params"]
@@ -121,8 +121,9 @@ def test_init_outside_data_path_is_absolute(tmp_path):
     csv = write_csv(tmp_path / "elsewhere" / "t.csv")
     scaffold(tmp_path / "p", "table", csv, id_column="customer", label_column="churned", vcs=False)
     params = load_params(tmp_path / "p" / "params.yaml")
-    assert params.prepare.source == str(csv.resolve())
-    assert yaml.safe_load((tmp_path / "p" / "dvc.yaml").read_text())["stages"]["prepare"]["deps"] == [str(csv.resolve())]
+    assert params.prepare.table.path == str(csv.resolve())
+    assert yaml.safe_load((tmp_path / "p" / "dvc.yaml").read_text())["stages"]["prepare"]["deps"] == [
+        "${prepare.table.path}"]
 
 
 @pytest.mark.skipif(not HAS_IMAGE_FOLDER, reason="prepare.image_folder is not in unlearning/config.py yet")
@@ -133,8 +134,8 @@ def test_init_image_folder(tmp_path):
     (images / "cat").mkdir(parents=True)
     scaffold(tmp_path / "proj", "image_folder", images, vcs=False)
     params = load_params(tmp_path / "proj" / "params.yaml")
-    assert params.prepare.dataset == "image_folder" and params.prepare.source == "images"
-    assert params.prepare.image_folder is not None and params.prepare.table is None
+    assert params.prepare.dataset == "image_folder" and params.prepare.image_folder.path == "images"
+    assert params.prepare.section() is params.prepare.image_folder
 
 
 def test_help_texts_have_examples(capsys):

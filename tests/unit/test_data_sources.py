@@ -203,15 +203,16 @@ def test_params_of_own_data():
     with pytest.raises(ConfigError) as e:
         parse_params({"prepare": {"dataset": "table", "table": {"id_column": "i", "label_column": "y", "colour": 1}}})
     assert "prepare.table.colour" in str(e.value) and "'split_column'" in str(e.value)
-    with pytest.raises(ConfigError, match=r"prepare.dataset = 'table' needs a prepare.table section"):
+    with pytest.raises(ConfigError, match=r"prepare.dataset = 'table' needs prepare.table.path"):
         parse_params({"prepare": {"dataset": "table"}})
-    with pytest.raises(ConfigError, match=r"prepare.table.id_column: required"):
-        parse_params({"prepare": {"dataset": "table", "table": {"label_column": "y"}}})
-    with pytest.raises(ConfigError, match=r"prepare.table.path.*prepare.source"):
-        parse_params({"prepare": {"table": {"path": "x.csv", "id_column": "i", "label_column": "y"}}})
-    p = parse_params({"prepare": {"dataset": "image_folder", "image_folder": {"image_size": 32}}})
-    assert p.prepare.image_folder.image_size == (32, 32)
-    assert parse_params({"prepare": {"dataset": "image_folder"}}).prepare.image_folder.grayscale is True
+    with pytest.raises(ConfigError, match=r"missing: \['prepare.table.id_column'\]"):
+        parse_params({"prepare": {"dataset": "table", "table": {"path": "x.csv", "label_column": "y"}}})
+    with pytest.raises(ConfigError, match=r"unknown key 'prepare.source'"):
+        parse_params({"prepare": {"source": "x.csv"}})
+    with pytest.raises(ConfigError, match=r"needs prepare.image_folder.path"):
+        parse_params({"prepare": {"dataset": "image_folder"}})
+    p = parse_params({"prepare": {"dataset": "image_folder", "image_folder": {"path": "imgs", "image_size": 32}}})
+    assert p.prepare.image_folder.image_size == (32, 32) and p.prepare.image_folder.grayscale is True
 
 
 def test_prepare_task_resolves_source_against_params_folder(tmp_path):
@@ -219,8 +220,8 @@ def test_prepare_task_resolves_source_against_params_folder(tmp_path):
 
     (tmp_path / "data").mkdir()
     people().to_csv(tmp_path / "data" / "p.csv", index=False)
-    params = parse_params({"prepare": {"dataset": "table", "source": "data/p.csv",
-                                       "table": {"id_column": "pid", "label_column": "y", "split_column": "fold"}}},
+    params = parse_params({"prepare": {"dataset": "table", "table": {"path": "data/p.csv", "id_column": "pid",
+                                                                     "label_column": "y", "split_column": "fold"}}},
                           root=tmp_path)
     info = prepare_dataset.fn(params)
     assert info["source"]["path"] == "data/p.csv" and info["n_val"] == 10

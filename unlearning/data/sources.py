@@ -51,12 +51,12 @@ def read_table(path: str | Path, id_column: str | None = None) -> pd.DataFrame:
     path = Path(path)
     fmt = TABLE_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise ValueError(f"prepare.source = '{path}': prepare.dataset 'table' reads {sorted(TABLE_FORMATS)} files "
-                         f"(by suffix), not '{path.suffix or path.name}'; convert the table or point prepare.source "
+        raise ValueError(f"prepare.table.path = '{path}': prepare.dataset 'table' reads {sorted(TABLE_FORMATS)} files "
+                         f"(by suffix), not '{path.suffix or path.name}'; convert the table or point prepare.table.path "
                          f"at a .csv or .parquet file")
     if not path.is_file():
-        raise DatasetMissing(f"prepare.source = '{path}': no such file (relative paths start at the folder of "
-                             f"params.yaml); point prepare.source at your .csv or .parquet table")
+        raise DatasetMissing(f"prepare.table.path = '{path}': no such file (relative paths start at the folder of "
+                             f"params.yaml); point prepare.table.path at your .csv or .parquet table")
     try:
         if fmt == "csv":
             return pd.read_csv(path, dtype={id_column: str} if id_column else None)
@@ -64,7 +64,7 @@ def read_table(path: str | Path, id_column: str | None = None) -> pd.DataFrame:
     except ImportError as e:
         raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow ({e})") from e
     except (ValueError, OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise ValueError(f"prepare.source = '{path}': not a readable {fmt} table: {e}") from e
+        raise ValueError(f"prepare.table.path = '{path}': not a readable {fmt} table: {e}") from e
 
 
 def _integral(s: pd.Series) -> pd.Series:
@@ -283,19 +283,19 @@ def scan_image_folder(root: str | Path) -> tuple[str, list[tuple[Path, str | Non
     image in the expected layout (hidden files and folders, starting with '.', are ignored)."""
     root = Path(root)
     if not root.is_dir():
-        raise DatasetMissing(f"prepare.source = '{root}': no such folder (relative paths start at the folder of "
-                             f"params.yaml); prepare.dataset 'image_folder' reads <source>/<class>/<image> or "
-                             f"<source>/train|val/<class>/<image>")
+        raise DatasetMissing(f"prepare.image_folder.path = '{root}': no such folder (relative paths start at the folder of "
+                             f"params.yaml); prepare.dataset 'image_folder' reads <path>/<class>/<image> or "
+                             f"<path>/train|val/<class>/<image>")
     top = _visible(root)
     names = {p.name for p in top if p.is_dir()}
     if names and names <= set(SPLITS):
         if "train" not in names:
-            raise ValueError(f"prepare.source = '{root}': has val/ but no train/ folder")
+            raise ValueError(f"prepare.image_folder.path = '{root}': has val/ but no train/ folder")
         layout, bases = "split_folders", [(p.name, p) for p in top if p.is_dir()]
     elif names & set(SPLITS):
-        raise ValueError(f"prepare.source = '{root}': mixes split folders {sorted(names & set(SPLITS))} with class "
-                         f"folders {sorted(names - set(SPLITS))}; use <source>/<class>/<image> or "
-                         f"<source>/train|val/<class>/<image>")
+        raise ValueError(f"prepare.image_folder.path = '{root}': mixes split folders {sorted(names & set(SPLITS))} with class "
+                         f"folders {sorted(names - set(SPLITS))}; use <path>/<class>/<image> or "
+                         f"<path>/train|val/<class>/<image>")
     else:
         layout, bases = "class_folders", [(None, root)]
     problems, entries = [], []
@@ -315,12 +315,12 @@ def scan_image_folder(root: str | Path) -> tuple[str, list[tuple[Path, str | Non
                 else:
                     entries.append((f, split, cdir.name))
     if problems:
-        raise ValueError(f"prepare.source = '{root}': {len(problems)} entries are not images in the layout "
+        raise ValueError(f"prepare.image_folder.path = '{root}': {len(problems)} entries are not images in the layout "
                          f"<class>/<image> ({', '.join(IMAGE_SUFFIXES)}, any case): {_first(problems, 10)}; move or "
                          f"delete them (hidden files starting with '.' are ignored)")
     if not entries:
-        raise ValueError(f"prepare.source = '{root}': no images found; expected <source>/<class>/<image> or "
-                         f"<source>/train|val/<class>/<image>")
+        raise ValueError(f"prepare.image_folder.path = '{root}': no images found; expected <path>/<class>/<image> or "
+                         f"<path>/train|val/<class>/<image>")
     return layout, entries
 
 
@@ -365,7 +365,7 @@ def load_image_folder(path: str | Path, image_size=28, grayscale: bool = True, g
     if (counts > 1).any():
         shared = set(uniq[counts > 1].tolist())
         dups = [f.relative_to(root).as_posix() for f, i in zip(files, ids) if i in shared]
-        raise ValueError(f"prepare.source = '{root}': files {_first(dups)} share an id (the path without its "
+        raise ValueError(f"prepare.image_folder.path = '{root}': files {_first(dups)} share an id (the path without its "
                          f"suffix); rename one of each pair")
     fine_names = sorted({c for _, _, c in entries})
     if groups is not None:
