@@ -33,7 +33,8 @@ def train(params_path: str = "params.yaml") -> dict:
     save_checkpoint(model.cpu(), original_path(params),
                     {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics,
                      "fingerprint": fingerprint})
-    print(f"trained {params.train.model.arch} ({param_count(model)} params) on {metrics['n_train']} samples: "
+    how = "trained" if model.origin == "trained" else f"loaded ({model.origin}, not retrained)"
+    print(f"{how} {params.train.model.arch} ({param_count(model)} params) on {metrics['n_train']} samples: "
           f"val accuracy {metrics['val_accuracy']:.3f}; registered {params.tracking.registered_model} "
           f"v{version} as @{params.tracking.alias}")
     return {**metrics, "model_version": version}

@@ -20,6 +20,7 @@ reshaped to in_shape before the module sees them. Outputs are logits [N, B, C].
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from pathlib import Path
 from typing import Callable, Sequence
@@ -31,6 +32,10 @@ from torch.func import functional_call, stack_module_state, vmap
 from unlearning.models import zoo
 
 log = logging.getLogger(__name__)
+
+# (builder, spec) -> (vectorized, vmap error): whether an architecture runs under vmap does not depend on
+# the members' seeds or weights.
+_VMAP_PROBES: dict[tuple, tuple[bool, str | None]] = {}
 
 _SPEC_KEYS = ("arch", "in_shape", "n_classes", "kwargs", "factory", "feature_layer")
 
@@ -104,7 +109,10 @@ class Ensemble(nn.Module):
                              f"{type(self._base).__name__}; layers: {[n for n, _ in self._base.named_modules() if n]}")
         self.stochastic = _is_stochastic(self._base)
         self._rng_states: list[torch.Tensor] | None = None
-        self.vectorized, self.vmap_error = self._probe_vmap()
+        key = (self._builder, json.dumps(s, sort_keys=True, default=str))
+        if key not in _VMAP_PROBES:  # one probe per architecture and process: every cached ensemble loads again
+            _VMAP_PROBES[key] = self._probe_vmap()
+        self.vectorized, self.vmap_error = _VMAP_PROBES[key]
         self.eval()
 
     def _probe_vmap(self) -> tuple[bool, str | None]:
@@ -191,8 +199,7 @@ class Ensemble(nn.Module):
 
     def member_state(self, k: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Member k's parameters and buffers (views, no member dimension), keyed by the module's names."""
-        params, buffers = self._stacked()
-        return {n: t[k] for n, t in params.items()}, {n: t[k] for n, t in buffers.items()}
+        return _member(*self._stacked(), k)
 
     def call_member(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                     x: torch.Tensor) -> torch.Tensor:
@@ -240,8 +247,7 @@ class Ensemble(nn.Module):
         for k in range(self.n_models):
             with torch.random.fork_rng(devices=devices, device_type=device.type):
                 _set_rng_state(device, self._rng_states[k])
-                outs.append(functional_call(self._base, ({n: t[k] for n, t in params.items()},
-                                                         {n: t[k] for n, t in buffers.items()}),
+                outs.append(functional_call(self._base, _member(params, buffers, k),
                                             (xs if x_dim is None else xs[k],)))
                 self._rng_states[k] = _get_rng_state(device)
         return torch.stack(outs)
@@ -262,8 +268,8 @@ class Ensemble(nn.Module):
             return store[-1].flatten(1)
 
         if not self.vectorized:
-            return torch.stack([call({n: t[k] for n, t in params.items()}, {n: t[k] for n, t in buffers.items()},
-                                     xs if x_dim is None else xs[k]) for k in range(self.n_models)])
+            return torch.stack([call(*_member(params, buffers, k), xs if x_dim is None else xs[k])
+                                for k in range(self.n_models)])
         return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
 
     # --- membership ---------------------------------------------------------------------------------
@@ -306,6 +312,11 @@ class Ensemble(nn.Module):
         out = Ensemble(self._spec, self.seeds if seeds is None else seeds, builder=self._builder)
         p = next(self.parameters())
         return out.to(device=p.device, dtype=p.dtype)
+
+
+def _member(params: dict, buffers: dict, k: int) -> tuple[dict, dict]:
+    """Member k's slices (views) of stacked parameters and buffers."""
+    return {n: t[k] for n, t in params.items()}, {n: t[k] for n, t in buffers.items()}
 
 
 def _get_rng_state(device: torch.device) -> torch.Tensor:
