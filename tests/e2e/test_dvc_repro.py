@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import FAST, ROOT
+from tests.helpers import FAST, ROOT, sample_requests
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +29,9 @@ def copy_project(dest: Path) -> None:
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
+    (dest / "requests" / "inbox").mkdir(parents=True, exist_ok=True)
+    for f in sample_requests():  # also after `make run` moved the tracked sample out of the inbox
+        shutil.copy2(f, dest / "requests" / "inbox" / f.name)
 
 
 def sh(cmd, cwd, env, timeout=900):
