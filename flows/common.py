@@ -88,7 +88,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def ui_hint(params: Params) -> str:
+def ui_hint(params: Params, page: str = "") -> str:
+    """How to open the MLflow UI on this project's store; `page`: a `#/...` route to open there."""
     uri = params.mlflow_tracking_uri()
     return (f"Review it in the MLflow UI: `make ui` (or `mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
-            f"--port 5000`), then open http://127.0.0.1:5000")
+            f"--port 5000`), then open http://127.0.0.1:5000/{page}")

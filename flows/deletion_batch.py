@@ -39,6 +39,8 @@ from unlearning.partition import subset_sizes
 from unlearning.requests import (
     RequestValidationError, batch_objective, coerce_requests, file_sha256, read_request_file, scan_inbox,
 )
+from unlearning.batch_summary import CandidateLine, summary_markdown
+from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
 from unlearning.seeds import role_seeds
 from unlearning.selection import batch_facts, candidate_methods
 
@@ -69,6 +71,20 @@ def _ensemble(params: Params, prepared, rows: np.ndarray, seeds: list[int], devi
                    "seconds": sum(p[2] for p in parts)}
 
 
+def run_name(path: Path, when: datetime | None = None) -> str:
+    """A name a person can read in the MLflow runs table: the request file and the date (the hash is a tag)."""
+    when = when or datetime.now(timezone.utc)
+    return f"{path.stem} @ {when.strftime('%Y-%m-%d %H:%M')} UTC"
+
+
+def n_original_train(manifest, ledger: list[dict]) -> int:
+    """The size of the original training set: the retained training rows of the live manifest plus every
+    sample the ledger records as forgotten (erasure drops forgotten rows from the stores, so they are
+    counted from the ledger, not the manifest)."""
+    retained = (manifest["split"] == "train") & (manifest["status"] == "retained")
+    return int(retained.sum()) + len(ledger)
+
+
 def check_file(path: Path, params: Params, state) -> "FileCheck":
     """The one validation path (`unlearn validate` calls it too): ledger, structure, manifest, objective, time."""
     from tasks.validation import check_request_file
@@ -96,10 +112,14 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         salt = state.prepared.info["name"]
         tracker.redaction = {s: hash_sample_id(s, salt) for s in state.manifest["sample_id"].astype(str)}
     registered, alias = params.tracking.registered_model, params.tracking.alias
-    parent = tracker.start_run(batch_id, tags={"stage": "deletion_batch", "request_file": path.name,
-                                               "dataset": state.prepared.info["name"]})
+    parent = tracker.start_run(run_name(path), tags={"stage": "deletion_batch", "request_file": path.name,
+                                                     "batch_id": batch_id, "dataset": state.prepared.info["name"]})
     stage = None
     committed = False
+    # What the batch summary (run description + Prefect artifact) reports, filled in as the batch goes.
+    summary = {"request_file": path.name, "batch_id": batch_id, "n_forgotten": len(pending),
+               "objective": params.deletion.objective, "candidates": [], "selection": {}, "chosen": None,
+               "version_before": state.champion.get("model_version"), "version_after": None, "debt": None}
     try:
         # 1. validate -------------------------------------------------------------------------
         stage = tracker.start_run("validate", parent)
@@ -113,6 +133,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         requests = coerce_requests(pending)
         objective = batch_objective(requests, params.deletion.objective, path)
         forget_ids = requests["sample_id"].tolist()
+        summary.update(objective=objective, n_forgotten=len(forget_ids))
         tracker.log_params(parent, {"objective": objective, "n_forget": len(forget_ids), "batch_id": batch_id,
                                     "deletion": params.deletion.model_dump(), "validation": params.validation.model_dump(),
                                     "train": params.train.model_dump(), "seed": params.base.seed, "device": device})
@@ -154,6 +175,15 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         facts = batch_facts(params, objective, rows, report,
                             oracle_forget_logits=eval_logits(oracles, state.prepared, rows.forget), device=device)
         selection = candidate_methods(params, facts)
+        n_train = n_original_train(state.manifest, state.ledger)
+        debt = retraining_debt(state.ledger, n_train)
+        forced = debt_reasons(debt, len(forget_ids), params.deletion.debt.max_forgotten_fraction,
+                              params.deletion.debt.max_batches_since_retrain)
+        if forced:  # the retraining debt is due: exact retrain alone (the oracles already are retrains)
+            selection = force_retrain(selection, forced)
+            print(f"{path.name}: retraining debt: {'; '.join(forced)}: exact retrain alone")
+        summary.update(selection=selection, debt=debt)
+        tracker.log_metrics(parent, {f"debt/{k}": v for k, v in debt.items()})
         tracker.log_json(parent, selection, "selection.json")
         tracker.log_params(parent, {"selection.fired": [f[0] for f in selection["fired"]],
                                     "selection.candidates": selection["candidates"]})
@@ -170,17 +200,16 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
             tracker.log_metrics(stage, {f"cost/{k}": v for k, v in out.cost.items()})
             tracker.log_json(stage, out.verdict.to_dict(), "gate_verdict.json")
             tracker.log_table(stage, out.per_sample, "per_sample_klom.csv")
-            fig = plots.accuracy_bars(out.metrics, f"{method}: accuracy per split")
-            tracker.log_figure(stage, fig, "accuracy_per_split.png"); plots.close(fig)
-            fig = plots.histograms({s: g["klom"].dropna().to_numpy() for s, g in out.per_sample.groupby("split")},
-                                   "KLoM", f"{method}: KLoM per sample (shadow-unlearned vs oracles)")
-            tracker.log_figure(stage, fig, "klom_histograms.png"); plots.close(fig)
+            log_candidate_figures(tracker, stage, out, params)
             if out.worst.get("names"):
                 fig = plots.margin_distributions(out.worst["unlearned"], out.worst["oracle"], out.worst["names"],
                                                  f"{method}: margins of the worst forget samples")
                 tracker.log_figure(stage, fig, "worst_forget_margins.png"); plots.close(fig)
             tracker.set_tags(stage, {"gate": "passed" if out.verdict.passed else "failed"})
             tracker.end_run(stage)
+            line = CandidateLine(method, out.verdict.passed, float(out.cost.get("wall_seconds", 0.0)),
+                                 out.verdict.checks)
+            summary["candidates"].append(line)
             verdict_line = "passed" if out.verdict.passed else "failed: " + "; ".join(out.verdict.failures)
             pvals = ", ".join(f"{s} {out.metrics[f'klom_pvalue/{s}']:.3f}" for s in
                               ("forget", "adjacent", "remote", "validation") if f"klom_pvalue/{s}" in out.metrics)
@@ -196,6 +225,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                 print(f"  retrain: promoted although the gate rejected it: a false reject of the gate, not an "
                       f"unlearning failure (gate.exact_retrain_overrides)")
                 tracker.set_tags(parent, {"gate_false_reject": "retrain"})
+                line.promoted_as_false_reject = True
                 outcome = out
                 break
         if outcome is None:
@@ -225,8 +255,13 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                         "verdict": "passed", "model_version_before": before_version, "model_version_after": version,
                         "processed_at": now, "fingerprint": state.fingerprint["digest"]}
                        for r in requests.itertuples()]
+            history = [*state.champion.get("history", []), history_point(
+                state.champion.get("history", []), batch_id=batch_id, request_file=path.name, method=outcome.method,
+                n_forgotten=len(forget_ids), n_train=n_train,
+                validation_accuracy=outcome.metrics.get("acc/validation", float("nan")),
+                output_gap=float(outcome.per_sample["output_gap"].mean()), model_version=version, processed_at=now)]
             champion = {"model_version": version, "method": outcome.method, "batch_id": batch_id, "promoted_at": now,
-                        "n_retained_train": int(len(rows.retain))}
+                        "n_retained_train": int(len(rows.retain)), "history": history}
             write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion,
                         state.fingerprint)
             fault("before_commit")
@@ -245,9 +280,15 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
 
             erasure = erase(params, batch_id, forget_ids, state.prepared.info["name"], version, tracker, parent)
             fault("after_erasure")
-        tracker.log_metrics(parent, {**{k: v for k, v in outcome.metrics.items()},
-                                     "wall_seconds": time.perf_counter() - started})
+        wall = time.perf_counter() - started
+        tracker.log_metrics(parent, {**{k: v for k, v in outcome.metrics.items()}, "wall_seconds": wall,
+                                     "n_forgotten": len(forget_ids)})
+        tracker.log_series(parent, history, HISTORY_METRICS)
+        fig = plots.history(history, f"champion across {len(history)} batch(es)")
+        tracker.log_figure(parent, fig, "champion_history.png"); plots.close(fig)
         tracker.set_tags(parent, {"method": outcome.method, "gate": "passed", "model_version": version})
+        summary.update(chosen=outcome.method, version_after=version)
+        publish_summary(tracker, parent, summary, status="applied", wall_seconds=wall, erasure=erasure)
         tracker.end_run(parent)
         print(f"{path.name}: forgot {len(forget_ids)} sample(s) with {outcome.method}; promoted "
               f"{registered} v{version} as @{alias} (was v{before_version}); ledger +{len(entries)}")
@@ -266,6 +307,9 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         try:
             tracker.log_json(parent, {"error": str(e), "traceback": traceback.format_exc()}, "error.json")
             tracker.set_tags(parent, {"gate": "rejected" if isinstance(e, BatchRejected) else "error"})
+            publish_summary(tracker, parent, summary, status="rejected" if isinstance(e, BatchRejected) else "error",
+                            wall_seconds=time.perf_counter() - started,
+                            error=None if isinstance(e, BatchRejected) else f"{type(e).__name__}: {e}")
             tracker.end_run(parent, ok=False)
         except Exception:
             pass
@@ -274,6 +318,34 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                                    f"and ledger); what failed afterwards is not: {type(e).__name__}: {e}. The next "
                                    f"run reconciles the registry alias and finishes the erasure") from e
         raise
+
+
+def log_candidate_figures(tracker, run_id: str, out, params: Params) -> None:
+    """The candidate's figures, each titled with the gate's verdict: accuracy per split against the oracles'
+    spread and the gate interval; KLoM per split against two sets of retrains, with P95 and critical value."""
+    method, passed = out.method, out.verdict.passed
+    fig = plots.accuracy_bars(out.metrics, f"{method}: accuracy per split", out.verdict.checks, passed)
+    tracker.log_figure(run_id, fig, "accuracy_per_split.png"); plots.close(fig)
+    ps = out.per_sample
+    splits = ps["split"].to_numpy()
+    present = [s for s in ("forget", "adjacent", "remote", "validation") if f"klom_p95/{s}" in out.metrics]
+    fig = plots.klom_against_null(ps["klom"].to_numpy(), ps["klom_null_example"].to_numpy(), splits,
+                                  out.klom_null_p95, {s: out.metrics[f"klom_p95/{s}"] for s in present},
+                                  {s: out.metrics[f"klom_pvalue/{s}"] for s in present if f"klom_pvalue/{s}" in out.metrics},
+                                  params.gate.retrain_equivalence.alpha,
+                                  f"{method}: KLoM per sample vs retrains", passed)
+    tracker.log_figure(run_id, fig, "klom_per_split.png"); plots.close(fig)
+
+
+def publish_summary(tracker, run_id: str, summary: dict, *, status: str, wall_seconds: float,
+                    erasure: dict | None = None, error: str | None = None) -> str:
+    """The batch summary as the batch run's description and as a markdown artifact of the Prefect flow run."""
+    from tasks.reporting import markdown_artifact
+
+    md = summary_markdown(**summary, status=status, wall_seconds=wall_seconds, erasure=erasure, error=error)
+    tracker.set_description(run_id, md)
+    markdown_artifact(md, key=summary["batch_id"], description=f"deletion batch {summary['request_file']}: {status}")
+    return md
 
 
 def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
@@ -430,7 +502,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
                 applied = [r["file"] for r in results if r["status"] == "applied"]
                 raise AfterCommitError(f"batch(es) {applied} WERE applied (state/ holds them); NOT done: the DVC "
                                        f"commit/push of state/ ({e}); fix it and run `dvc commit -f deletion`") from e
-    print(ui_hint(params))
+    print(ui_hint(params, tracker_for(params).batches_url_hint() if results else ""))
     return results
 
 

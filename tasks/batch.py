@@ -55,6 +55,7 @@ class CandidateOutcome:
     cost: dict
     per_sample: pd.DataFrame  # per evaluated sample: split, KLoM, margins summary
     worst: dict = field(default_factory=dict)  # margins of the worst forget samples, for plots
+    klom_null_p95: dict = field(default_factory=dict)  # {split: [P]} permutation null of the KLoM P95, for plots
 
 
 def _split_arrays(values: np.ndarray, splits: np.ndarray) -> dict[str, np.ndarray]:
@@ -121,11 +122,12 @@ def unlearn_and_validate(method: str, method_args: dict, params: Params, prepare
     verdict = evaluate_gate(objective, metrics, params.gate)
     cost["wall_seconds"] = time.perf_counter() - t0
     per_sample = pd.DataFrame({"sample_id": prepared.manifest["sample_id"].to_numpy()[eval_rows], "split": splits,
-                               "klom": klom_values, "output_gap": gap,
+                               "klom": klom_values, "klom_null_example": extra["klom_null_example"],
+                               "output_gap": gap,
                                "margin_unlearned_mean": m_unl.mean(0), "margin_oracle_mean": m_orc.mean(0)})
     forget_idx = np.flatnonzero(splits == "forget")
     worst = forget_idx[np.argsort(-np.nan_to_num(klom_values[forget_idx], nan=np.inf))[:4]]
     return CandidateOutcome(method=method, model=candidate.cpu(), metrics=metrics, verdict=verdict, cost=cost,
-                            per_sample=per_sample,
+                            per_sample=per_sample, klom_null_p95=extra["klom_null_p95"],
                             worst={"unlearned": m_unl[:, worst], "oracle": m_orc[:, worst],
                                    "names": list(per_sample["sample_id"].to_numpy()[worst])})

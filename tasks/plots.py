@@ -11,19 +11,92 @@ import numpy as np  # noqa: E402
 SPLITS = ("forget", "adjacent", "remote", "validation")
 
 
-def accuracy_bars(metrics: dict, title: str):
-    """Per-split accuracy: original, candidate, and the oracle mean with its spread."""
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+def _verdict_word(passed: bool | None) -> str:
+    return "" if passed is None else (": gate passed" if passed else ": gate FAILED")
+
+
+def accuracy_bars(metrics: dict, title: str, checks: dict | None = None, passed: bool | None = None):
+    """Per-split accuracy: original, candidate, and the oracle mean with the oracles' spread (min..max of
+    the member accuracies) as error bars; the gate's accepted interval (checks["acc/<split>"]["limit"]) is
+    drawn as a bracket, and a candidate bar is red where its split failed."""
+    checks = checks or {}
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
     x = np.arange(len(SPLITS))
-    for i, (key, label) in enumerate((("original_acc", "original"), ("acc", "candidate"), ("oracle_acc", "oracles"))):
-        vals = [metrics.get(f"{key}/{s}", np.nan) for s in SPLITS]
-        err = [metrics.get(f"oracle_acc_std/{s}", 0.0) for s in SPLITS] if key == "oracle_acc" else None
-        ax.bar(x + (i - 1) * 0.27, vals, 0.27, label=label, yerr=err, capsize=3)
+    w = 0.27
+    ax.bar(x - w, [metrics.get(f"original_acc/{s}", np.nan) for s in SPLITS], w, label="original", color="tab:gray")
+    cand = [metrics.get(f"acc/{s}", np.nan) for s in SPLITS]
+    colors = ["tab:red" if not checks.get(f"acc/{s}", {}).get("passed", True) else "tab:blue" for s in SPLITS]
+    ax.bar(x, cand, w, label="candidate (red: outside the gate interval)", color=colors)
+    mean = np.array([metrics.get(f"oracle_acc/{s}", np.nan) for s in SPLITS])
+    lo = np.array([metrics.get(f"oracle_acc_min/{s}", m) for s, m in zip(SPLITS, mean)])
+    hi = np.array([metrics.get(f"oracle_acc_max/{s}", m) for s, m in zip(SPLITS, mean)])
+    ax.bar(x + w, mean, w, label="oracles (min..max)", color="tab:green",
+           yerr=np.vstack([np.clip(mean - lo, 0, None), np.clip(hi - mean, 0, None)]), capsize=3)
+    for i, s in enumerate(SPLITS):
+        limit = checks.get(f"acc/{s}", {}).get("limit")
+        if isinstance(limit, (list, tuple)) and len(limit) == 2:
+            ax.plot([x[i] - w / 2, x[i] + w / 2], [limit[0]] * 2, color="k", lw=1)
+            ax.plot([x[i] - w / 2, x[i] + w / 2], [limit[1]] * 2, color="k", lw=1,
+                    label="gate interval" if i == 0 else None)
     ax.set_xticks(x, SPLITS)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.08)
     ax.set_ylabel("accuracy")
-    ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title + _verdict_word(passed))
+    ax.legend(loc="lower right", fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def klom_against_null(klom: np.ndarray, null_example: np.ndarray, splits: np.ndarray, null_p95: dict,
+                      observed_p95: dict, pvalues: dict, alpha: float, title: str, passed: bool | None = None):
+    """KLoM per sample per split (candidate: shadow-unlearned vs oracles) over the same picture for two sets
+    of retrains of the same sizes (one relabeling of the pooled models), with the candidate's KLoM P95 (solid)
+    and the gate's critical value (dashed: the 1 - alpha quantile of the permutation null of the P95)."""
+    present = [s for s in SPLITS if np.any(splits == s)]
+    fig, axes = plt.subplots(1, max(len(present), 1), figsize=(3.4 * max(len(present), 1), 3.2), squeeze=False)
+    for ax, s in zip(axes[0], present):
+        a = np.asarray(klom, float)[splits == s]
+        b = np.asarray(null_example, float)[splits == s]
+        a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+        both = np.concatenate([a, b]) if len(a) + len(b) else np.zeros(1)
+        bins = np.linspace(0, max(float(both.max()), 1e-6) * 1.05, 30)
+        for v, color, label in ((b, "tab:green", "retrains vs retrains"), (a, "tab:blue", "candidate vs oracles")):
+            if len(v):  # as fractions of the split's samples (a split may have one sample, or none finite)
+                ax.hist(v, bins=bins, alpha=0.5, color=color, weights=np.full(len(v), 1.0 / len(v)), label=label)
+        if s in observed_p95 and np.isfinite(observed_p95[s]):
+            ax.axvline(observed_p95[s], color="tab:blue", lw=1.5, label="candidate P95")
+        if s in null_p95 and len(null_p95[s]):
+            ax.axvline(float(np.quantile(null_p95[s], 1 - alpha)), color="k", ls="--", lw=1,
+                       label=f"critical P95 (alpha {alpha:g})")
+        p = pvalues.get(s)
+        ok = p is not None and p >= alpha
+        ax.set_title(f"{s}: p = {p:.3f} {'passed' if ok else 'FAILED'}" if p is not None else s, fontsize=9,
+                     color="black" if ok or p is None else "tab:red")
+        ax.set_xlabel("KLoM")
+    axes[0][0].set_ylabel("fraction of samples")
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(title + _verdict_word(passed))
+    fig.tight_layout()
+    return fig
+
+
+def history(points: list[dict], title: str = "champion across batches"):
+    """The champion's history (unlearning/history.py): cumulative forgotten fraction, validation accuracy and
+    output gap to the oracles per batch; exact retrains are marked (they clear the retraining debt)."""
+    steps = [p["step"] for p in points]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for ax, key, label in zip(axes, ("forgotten_fraction", "champion_validation_accuracy", "champion_output_gap"),
+                              ("cumulative forgotten fraction", "champion validation accuracy",
+                               "champion output gap to oracles")):
+        ax.plot(steps, [p[key] for p in points], marker="o", color="tab:blue")
+        retrains = [p for p in points if p["method"] == "retrain"]
+        ax.scatter([p["step"] for p in retrains], [p[key] for p in retrains], marker="s", s=60,
+                   facecolors="none", edgecolors="tab:red", label="exact retrain", zorder=3)
+        ax.set_xlabel("batch")
+        ax.set_title(label, fontsize=9)
+        ax.set_xticks(steps)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
     fig.tight_layout()
     return fig
 

@@ -20,6 +20,23 @@ from mlflow.tracking import MlflowClient
 
 PIP_REQUIREMENTS = ["torch==2.13.0"]  # given explicitly: inferring them costs ~10 s per model
 
+# MLflow 3 opens an experiment without a kind on its GenAI overview (traces, tokens); these runs are model
+# training and validation, so the UI should open on the runs table.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+EXPERIMENT_DESCRIPTION = (
+    "Machine-unlearning pipeline. One run per deletion batch (`stage = deletion_batch`, named after the request "
+    "file and date), with a child run per step and per unlearning candidate. The batch run's description holds "
+    "its summary; its charts hold the champion's history across batches (`history/*`). Useful columns: tags "
+    "`method`, `gate`, `model_version`; metrics `n_forgotten`, `wall_seconds`: the shared view `batches` shows "
+    "them (`unlearn status` prints its link).")
+# A shared view of the runs table (MLflow stores shared views as experiment tags; the UI opens one from
+# `?viewStateShareKey=`): the batch runs, newest first, with the columns a reviewer needs.
+BATCHES_VIEW = "batches"
+BATCHES_VIEW_STATE = {"searchFilter": "tags.stage = 'deletion_batch'", "orderByKey": "attributes.start_time",
+                      "orderByAsc": False,
+                      "selectedColumns": ["tags.`method`", "tags.`gate`", "metrics.`n_forgotten`", "tags.`model_version`",
+                                          "metrics.`wall_seconds`", "tags.`request_file`"]}
+
 
 def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
@@ -81,6 +98,14 @@ class Tracker:
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         else:
             self.experiment_id = exp.experiment_id
+        tags = exp.tags if exp is not None else {}
+        if tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
+            self.client.set_experiment_tag(self.experiment_id, *EXPERIMENT_KIND)
+        if "mlflow.note.content" not in tags:
+            self.client.set_experiment_tag(self.experiment_id, "mlflow.note.content", EXPERIMENT_DESCRIPTION)
+        view = json.dumps(BATCHES_VIEW_STATE)
+        if tags.get(f"mlflow.sharedViewState.{BATCHES_VIEW}") != view:
+            self.client.set_experiment_tag(self.experiment_id, f"mlflow.sharedViewState.{BATCHES_VIEW}", view)
 
     # runs -------------------------------------------------------------------------------------
     def start_run(self, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
@@ -96,6 +121,10 @@ class Tracker:
         for k, v in tags.items():
             self.client.set_tag(run_id, k, str(self._r(v)))
 
+    def set_description(self, run_id: str, markdown: str) -> None:
+        """The run's description in the MLflow UI (markdown, the `mlflow.note.content` tag)."""
+        self.client.set_tag(run_id, "mlflow.note.content", str(self._r(markdown)))
+
     def _r(self, value):
         return _redact(value, self.redaction) if self.redaction else value
 
@@ -109,6 +138,19 @@ class Tracker:
         for k, v in _flatten(metrics).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
                 self.client.log_metric(run_id, k.replace("/", "."), float(v), step=step or 0)
+
+    def log_series(self, run_id: str, points: list[dict], names: dict[str, str], step_key: str = "step") -> None:
+        """Step-indexed metrics in one call: for each point, metric names[k] = point[k] at step point[step_key]."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(key=name.replace("/", "."), value=float(p[k]), timestamp=now, step=int(p[step_key]))
+                 for p in points for k, name in names.items()
+                 if isinstance(p.get(k), (int, float)) and math.isfinite(float(p[k]))]
+        for i in range(0, len(batch), 1000):  # the REST API's limit per call
+            self.client.log_batch(run_id, metrics=batch[i:i + 1000])
 
     # artifacts --------------------------------------------------------------------------------
     def log_json(self, run_id: str, obj, artifact_file: str) -> None:
@@ -243,6 +285,14 @@ class Tracker:
 
     def run_url_hint(self, run_id: str) -> str:
         return f"#/experiments/{self.experiment_id}/runs/{run_id}"
+
+    def batches_url_hint(self) -> str:
+        """The runs table of the batch runs with the reviewer's columns, in the model-training workflow."""
+        return batches_url_hint(self.experiment_id)
+
+
+def batches_url_hint(experiment_id: str) -> str:
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={BATCHES_VIEW}&workflowType=machine_learning"
 
 
 class _DropMessage(logging.Filter):

@@ -22,7 +22,9 @@ from unlearning.metrics.permutation import klom_permutation_test
 def retrain_equivalence_metrics(candidate_logits: Any, shadow_unlearned_logits: Any, oracle_logits: Any,
                                 accuracy_ref_logits: Any, labels: Any, splits: np.ndarray, *,
                                 n_permutations: int = 200, seed: int = 0) -> tuple[dict[str, float], dict]:
-    """-> (metrics, extra) where extra holds per-sample `klom` [n] and the margins `m_unl`, `m_orc`.
+    """-> (metrics, extra) where extra holds per-sample `klom` [n], the margins `m_unl`, `m_orc`, the permutation
+    null of the KLoM P95 per split `klom_null_p95` {split: [P]} and `klom_null_example` [n] (per-sample KLoM
+    of one relabeling of the pooled models).
 
     candidate_logits [n, C] or [1, n, C]; shadow_unlearned_logits [N_u, n, C] and oracle_logits [N_o, n, C]
     (the KLoM comparison); accuracy_ref_logits [N_a, n, C]: oracles the candidate was NOT drawn from."""
@@ -41,7 +43,16 @@ def retrain_equivalence_metrics(candidate_logits: Any, shadow_unlearned_logits: 
     kl = M.klom(m_unl, m_orc)
     for s, summ in M.klom_summary(kl, splits).items():
         out[f"klom_p95/{s}"], out[f"klom_mean/{s}"] = summ["p95"], summ["mean"]
-    for s, r in klom_permutation_test(m_unl, m_orc, splits, n_permutations=n_permutations, seed=seed).items():
+    null_p95 = {}
+    for s, r in klom_permutation_test(m_unl, m_orc, splits, n_permutations=n_permutations, seed=seed,
+                                      return_null=True).items():
         out[f"klom_pvalue/{s}"] = r["pvalue"]
         out[f"noise_floor_p95/{s}"], out[f"noise_floor_null_p95/{s}"] = r["null_median"], r["null_p95"]
-    return out, {"klom": kl, "m_unl": m_unl, "m_orc": m_orc}
+        null_p95[s] = r["null"]
+    # Per-sample KLoM under one relabeling of the pooled models: what two sets of retrains of these same sizes
+    # look like sample by sample (the oracle-vs-oracle picture the reviewer compares the candidate's with).
+    pooled = np.concatenate([m_unl, m_orc], axis=0)
+    order = np.random.default_rng(seed).permutation(len(pooled))
+    null_example = M.klom(pooled[order[:len(m_unl)]], pooled[order[len(m_unl):]])
+    return out, {"klom": kl, "m_unl": m_unl, "m_orc": m_orc, "klom_null_p95": null_p95,
+                 "klom_null_example": null_example}

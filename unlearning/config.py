@@ -179,6 +179,19 @@ class Partition(Strict):
     k_neighbors: int = Field(10, gt=0, description="embedding mode: neighbours per forget sample")
 
 
+class Debt(Strict):
+    """Retraining debt (issue 16): approximate deletions accumulate; past either bound the batch's candidate list
+    is exact retrain alone (the oracles trained for validation are exact retrains, so it costs no extra training).
+    Counted since the last exact retrain (or the original), from the ledger; null = that bound is off."""
+
+    max_forgotten_fraction: float | None = Field(
+        0.1, gt=0, le=1, description="samples forgotten approximately since the last exact retrain, including this "
+                                     "batch, as a fraction of the original training set; above it: retrain")
+    max_batches_since_retrain: int | None = Field(
+        10, ge=0, description="batches applied approximately since the last exact retrain; a batch that would be "
+                              "one more than this is retrained")
+
+
 class Deletion(Strict):
     objective: Literal["retrain_equivalence", "suppression"] = "retrain_equivalence"
     method: str = Field("auto", description="a registered method, or 'auto' to walk `rules`")
@@ -190,6 +203,7 @@ class Deletion(Strict):
     hash_sample_ids: bool = False
     max_clock_skew_seconds: float = Field(300, ge=0, description="a requested_at later than now + this is rejected")
     partition: Partition = Partition()
+    debt: Debt = Debt()
 
 
 class Diagnostics(Strict):

@@ -45,7 +45,9 @@ def accuracy_interval(oracle_min: float, oracle_max: float, oracle_mean: float, 
     lo, hi = oracle_min, oracle_max
     if oracle_std is not None and n_oracles is not None and n_oracles >= 2:
         s = oracle_std * math.sqrt(n_oracles / (n_oracles - 1))  # the population std given -> ddof 1
-        half = student_t_quantile(_normal_cdf(z), n_oracles - 1) * s * math.sqrt(1 + 1 / n_oracles)
+        # (for z beyond ~8 the normal CDF rounds to 1.0 in float64: such a z asks for the whole range)
+        level = min(_normal_cdf(z), 1 - 1e-12)
+        half = student_t_quantile(level, n_oracles - 1) * s * math.sqrt(1 + 1 / n_oracles)
         lo, hi = min(lo, oracle_mean - half), max(hi, oracle_mean + half)
     se = math.sqrt((oracle_mean * (1 - oracle_mean) + 1 / (4 * n)) / n)
     return max(0.0, lo - z * se), min(1.0, hi + z * se)

@@ -73,4 +73,5 @@ def candidate_methods(params: Params, facts: dict) -> dict:
         fired = [("explicit", f"deletion.method = {d.method!r}")]
     ordered = list(dict.fromkeys([*first, *d.fallback]))
     ordered = [m for m in ordered if m != "retrain"] + ["retrain"]
-    return {"candidates": ordered, "fired": fired, "skipped": skipped, "facts": facts}
+    return {"candidates": ordered, "fired": fired, "skipped": skipped, "facts": facts,
+            "rule_methods": {r.name: r.method for r in d.rules}}

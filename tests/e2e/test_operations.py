@@ -166,17 +166,31 @@ def test_mlflow_ui_shows_the_batch(ops):
                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], proj, env, ops["base"] / "ui.log")
     ops["procs"].append(ui)
     wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 120, "the MLflow UI")
-    url = f"http://127.0.0.1:{port}/#/experiments/{tracker.experiment_id}/runs/{run.info.run_id}"
+    base = f"http://127.0.0.1:{port}/"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={ops['base'] / 'chrome'}", "--window-size=1400,1000", "--virtual-time-budget=20000"]
+             f"--user-data-dir={ops['base'] / 'chrome'}", "--window-size=1400,1400", "--virtual-time-budget=20000"]
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "mlflow_run_page.png"
-    subprocess.run([chromium, *flags, f"--screenshot={shot}", url], capture_output=True, timeout=120)
-    dom = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-    assert shot.exists() and shot.stat().st_size > 10_000
-    assert run.info.run_name in dom
-    assert "wall_seconds" in dom
+
+    def page(route: str, shot_name: str) -> str:
+        """Screenshot (kept under tests/artifacts/) and the rendered DOM of one UI route."""
+        shot = ARTIFACTS / shot_name
+        subprocess.run([chromium, *flags, f"--screenshot={shot}", base + route], capture_output=True, timeout=120)
+        assert shot.exists() and shot.stat().st_size > 10_000, shot
+        return subprocess.run([chromium, *flags, "--dump-dom", base + route], capture_output=True, text=True,
+                              timeout=120).stdout
+
+    # The batch run page: a readable name and the batch summary as its description.
+    dom = page(tracker.run_url_hint(run.info.run_id), "mlflow_run_page.png")
+    assert run.info.run_name in dom and " @ " in run.info.run_name
+    assert "Deletion batch" in dom and run.data.tags["request_file"] in dom and "Forgotten:" in dom
+    # A figure of the batch, rendered as an image in the artifact viewer.
+    dom = page(tracker.run_url_hint(run.info.run_id) + "/artifacts/champion_history.png", "mlflow_history_figure.png")
+    assert '<img alt="champion_history.png"' in dom
+    # The shared view of the runs table: batch runs with the reviewer's columns.
+    dom = page(tracker.batches_url_hint(), "mlflow_batches_view.png")
+    for column in ("wall_seconds", "n_forgotten", "method"):
+        assert column in dom, column
 
 
 def test_schedule_survives_a_restart_of_serve(ops):

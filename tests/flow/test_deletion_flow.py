@@ -82,6 +82,26 @@ def test_batch_is_applied_then_idempotent(project):
     assert "gx_result.json" in {a.path for a in tracker.client.list_artifacts(validate_run.info.run_id)}
     for split in ("forget", "adjacent", "remote", "validation"):
         assert f"acc.{split}" in unlearn_run.data.metrics
+    assert "klom_per_split.png" in artifacts
+    # Review in the MLflow UI (issue 16): a readable name, the hash as a tag, the summary as the description,
+    # the champion's history as step-indexed metrics and a figure; the experiment opens on the runs table.
+    assert run_.info.run_name.startswith(request_file.stem + " @ ") and run_.data.tags["batch_id"] == r["batch_id"]
+    note = run_.data.tags["mlflow.note.content"]
+    assert f"`{request_file.name}`: applied" in note and f"`{r['method']}` | passed" in note
+    assert f"-> v{r['model_version']}" in note and "Erasure:" in note
+    assert "champion_history.png" in {a.path for a in tracker.client.list_artifacts(r["run_id"])}
+    assert [m.step for m in tracker.client.get_metric_history(r["run_id"], "history.forgotten_fraction")] == [1]
+    assert tracker.client.get_experiment(tracker.experiment_id).tags["mlflow.experimentKind"] == \
+        "custom_model_development"
+    champion = json.loads((project / "state" / "champion.json").read_text())
+    assert [p["step"] for p in champion["history"]] == [1]
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from tasks.reporting import artifact_key
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(r["batch_id"])])))
+    assert arts and arts[0].type == "markdown" and f"`{request_file.name}`: applied" in arts[0].data
 
     # The same file dropped in the inbox again is a no-op that says so, and changes nothing.
     before = snapshot(project)

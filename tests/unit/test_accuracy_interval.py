@@ -42,3 +42,10 @@ def test_only_statistical_failures_let_an_exact_retrain_through():
     assert not only_statistical_failures(verdict(**{"acc/validation_min": False}))  # a business floor
     assert not only_statistical_failures(verdict(**{"klom_pvalue/remote": False, "acc/validation_min": False}))
     assert not only_statistical_failures(verdict())  # nothing failed: nothing to override
+
+
+def test_a_huge_z_asks_for_the_whole_range_not_an_error():
+    # z = 50: the normal CDF is 1.0 in float64; the interval is then everything, not a ValueError.
+    from unlearning.gate import accuracy_interval
+
+    assert accuracy_interval(0.9, 0.95, 0.92, 50, 50.0, oracle_std=0.02, n_oracles=4) == (0.0, 1.0)

@@ -66,8 +66,9 @@ def _p95_by_split(kl: np.ndarray, labels: np.ndarray, splits: list[str]) -> dict
 
 def klom_permutation_test(unlearned_margins: Any, oracle_margins: Any, split_labels: Any, *,
                           n_permutations: int = 200, seed: int = 0, normalize_q: bool = False,
-                          chunk: int = 50) -> dict[str, dict[str, float]]:
-    """Per split present: {"p95", "pvalue", "null_median", "null_p95", "n"}.
+                          chunk: int = 50, return_null: bool = False) -> dict[str, dict[str, float]]:
+    """Per split present: {"p95", "pvalue", "null_median", "null_p95", "n"} (and "null", the [P] permutation
+    distribution of the statistic, with `return_null`: for plots).
 
     `p95`: observed KLoM P95 (nan samples as the sentinel, see module docstring); `pvalue`: the permutation
     p-value; `null_median` / `null_p95`: median / 95th percentile of the permutation distribution of the
@@ -113,4 +114,6 @@ def klom_permutation_test(unlearned_margins: Any, oracle_margins: Any, split_lab
         result[s] = {"p95": obs, "pvalue": float((1 + np.count_nonzero(t >= obs)) / (1 + n_permutations)),
                      "null_median": float(np.median(t)), "null_p95": float(np.percentile(t, 95.0)),
                      "n": int(np.count_nonzero(labels == s))}
+        if return_null:
+            result[s]["null"] = t
     return result

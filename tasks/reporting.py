@@ -1,0 +1,21 @@
+"""Prefect artifacts: what a reviewer sees on the flow run's page in the Prefect UI."""
+
+from __future__ import annotations
+
+import re
+
+
+def artifact_key(text: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-") or "artifact"
+
+
+def markdown_artifact(markdown: str, key: str, description: str) -> str | None:
+    """Publish `markdown` on the current flow (or task) run; outside a run (a direct call) it does nothing and
+    returns None. Returns the artifact id."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return None
+    return str(create_markdown_artifact(markdown=markdown, key=artifact_key(key), description=description))

@@ -1,0 +1,108 @@
+"""The batch summary a reviewer reads first (issue 16): markdown for the MLflow run description
+(`mlflow.note.content`) and the Prefect flow run's artifact. Pure: built from the batch's facts.
+
+It holds the request file, the number of samples forgotten and the objective, each candidate tried (verdict,
+the failing checks in words, seconds), the chosen method and the rule that chose it, the champion version
+before and after, and the erasure report once it exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CandidateLine:
+    method: str
+    passed: bool
+    seconds: float
+    checks: dict[str, dict] = field(default_factory=dict)  # Verdict.checks
+    promoted_as_false_reject: bool = False  # exact retrain promoted although only statistical checks failed
+
+
+def check_in_words(name: str, check: dict) -> str:
+    """One gate check as a sentence: what was measured, what it needed (unlearning/gate.py's check names)."""
+    kind, _, split = name.partition("/")
+    value, limit, op = check.get("value"), check.get("limit"), check.get("op")
+    v = f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
+    if kind == "klom_pvalue":
+        return (f"{split}: the KLoM of the unlearned models to the oracles is unusual for two sets of retrains "
+                f"(permutation p = {v} < alpha = {limit})")
+    if kind == "acc" and op == "in":
+        lo, hi = limit
+        return f"{split}: accuracy {v} lies outside the range of exact retrains [{lo:.3f}, {hi:.3f}]"
+    if kind == "acc" and split == "validation_min":
+        return f"validation accuracy {v} is below the floor gate.retrain_equivalence.min_validation_accuracy = {limit}"
+    if kind == "accuracy_gap":
+        return f"{split}: accuracy differs from the oracles' mean by {v}, more than {limit}"
+    if kind == "klom_p95":
+        return f"{split}: KLoM P95 {v} is above the bound {limit}"
+    if kind == "adjacent_retention":
+        return f"adjacent accuracy kept {v} of the original's, below {limit}"
+    if kind == "acc":
+        return f"{split}: accuracy {v} (needs {op} {limit})"
+    return f"{name} = {v} (needs {op} {limit})"
+
+
+def failing_checks_in_words(checks: dict[str, dict]) -> list[str]:
+    return [check_in_words(n, c) for n, c in checks.items() if not c.get("passed", True)]
+
+
+def chosen_rule(selection: dict, method: str) -> str:
+    """The rule that put `method` on the candidate list, in words (selection: unlearning.selection's dict)."""
+    rule_methods = selection.get("rule_methods", {})
+    for name, why in selection.get("fired", []):
+        if name == "retraining_debt" or (name == "explicit" and why.endswith(repr(method))):
+            return f"{name}: {why}"
+        if rule_methods.get(name) == method:
+            return f"rule `{name}` ({why})"
+    if method == "retrain":
+        return "exact retrain is always the last candidate"
+    return "it is listed in deletion.fallback"
+
+
+def _fmt_version(v) -> str:
+    return f"v{v}" if v not in (None, "") else "none"
+
+
+def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, objective: str,
+                     candidates: list[CandidateLine], selection: dict, chosen: str | None,
+                     version_before: Any, version_after: Any, wall_seconds: float | None,
+                     erasure: dict | None = None, debt: dict | None = None, status: str = "applied",
+                     error: str | None = None) -> str:
+    """The batch summary (markdown). `chosen` None: no candidate passed (status "rejected") or an error."""
+    head = {"applied": "applied", "rejected": "REJECTED: no candidate passed the gate; the previous champion stays",
+            "error": "FAILED: nothing was applied"}.get(status, status)
+    lines = [f"### Deletion batch `{request_file}`: {head}", "",
+             f"- **Forgotten:** {n_forgotten} sample(s), objective `{objective}`",
+             f"- **Batch id:** `{batch_id}`"]
+    if wall_seconds is not None:
+        lines.append(f"- **Wall time:** {wall_seconds:.1f} s")
+    if chosen is not None:
+        lines.append(f"- **Chosen method:** `{chosen}`, because {chosen_rule(selection, chosen)}")
+    if debt:
+        lines.append(f"- **Retraining debt before this batch:** {debt['batches_since_retrain']} approximate "
+                     f"batch(es), {debt['forgotten_since_retrain']} sample(s) "
+                     f"({debt['forgotten_fraction_since_retrain']:.1%} of the training set) since the last exact "
+                     f"retrain")
+    for reason in selection.get("debt_reasons", []):
+        lines.append(f"- **Retrain forced by the retraining debt:** {reason} (the rules would have tried "
+                     f"{', '.join(selection.get('rules_would_have_tried', []))})")
+    lines.append(f"- **Champion:** {_fmt_version(version_before)} -> "
+                 f"{_fmt_version(version_after) if version_after is not None else _fmt_version(version_before) + ' (unchanged)'}")
+    if error:
+        lines.append(f"- **Error:** {error}")
+    lines += ["", "| candidate | verdict | seconds | failing checks |", "|---|---|---|---|"]
+    for c in candidates:
+        failing = failing_checks_in_words(c.checks)
+        verdict = "passed" if c.passed else ("promoted (false reject of the gate)" if c.promoted_as_false_reject
+                                            else "failed")
+        lines.append(f"| `{c.method}` | {verdict} | {c.seconds:.1f} | {'; '.join(failing) or '-'} |")
+    if not candidates:
+        lines.append("| - | not reached | - | - |")
+    if erasure is not None:
+        purged = sum(s.get("purged_rows", 0) for s in erasure.get("stores", []))
+        lines += ["", f"**Erasure:** {purged} row(s) purged from {len(erasure.get('stores', []))} store(s) checked"
+                  + (f"; pending: {'; '.join(erasure['pending'])}" if erasure.get("pending") else "; nothing pending")]
+    return "\n".join(lines) + "\n"

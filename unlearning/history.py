@@ -1,0 +1,91 @@
+"""The champion's history across batches, and the retraining-debt rule (issue 16).
+
+Approximate unlearners (do_nothing, finetune, newton_ggn, ...) each leave a small, certified-to-noise
+difference from an exact retrain; batch after batch those differences add up while the gate judges every
+batch alone. The debt rule bounds the accumulation: counted from the ledger since the last exact retrain
+(or the original), a batch that would take either
+
+* the fraction of the original training set forgotten approximately above `deletion.debt.max_forgotten_fraction`,
+* or the number of approximate batches above `deletion.debt.max_batches_since_retrain`,
+
+is exact retrain alone. (The oracles the gate trains are exact retrains on the retain set, so the forced
+retrain costs no training beyond the validation the batch runs anyway.)
+
+The history is one point per promoted batch, kept in state/champion.json (written with the batch, all or
+nothing): step, cumulative forgotten fraction, the champion's validation accuracy and its measured gap to
+the oracles (mean output gap, DESIGN §4.3), the method.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+EXACT_METHODS = frozenset({"retrain"})  # methods whose result IS a retrain on the retain set: they clear the debt
+
+
+def batches_from_ledger(ledger: Iterable[dict]) -> list[dict]:
+    """One record per applied batch, in ledger order: batch_id, method, n_forgotten, request_file."""
+    out: dict[str, dict] = {}
+    for e in ledger:
+        b = out.setdefault(str(e.get("batch_id")), {"batch_id": str(e.get("batch_id")), "method": e.get("method"),
+                                                     "request_file": e.get("request_file"), "n_forgotten": 0})
+        b["n_forgotten"] += 1
+    return list(out.values())
+
+
+def retraining_debt(ledger: Iterable[dict], n_train: int) -> dict[str, Any]:
+    """Approximate deletions since the last exact retrain (or the original), from the ledger."""
+    batches = batches_from_ledger(ledger)
+    since = 0
+    forgotten = 0
+    for b in reversed(batches):
+        if b["method"] in EXACT_METHODS:
+            break
+        since += 1
+        forgotten += b["n_forgotten"]
+    return {"batches_since_retrain": since, "forgotten_since_retrain": forgotten,
+            "forgotten_fraction_since_retrain": forgotten / max(n_train, 1), "n_batches": len(batches),
+            "forgotten_total": sum(b["n_forgotten"] for b in batches), "n_train": int(n_train)}
+
+
+def debt_reasons(debt: dict[str, Any], n_new: int, max_forgotten_fraction: float | None,
+                 max_batches_since_retrain: int | None) -> list[str]:
+    """Why this batch must be an exact retrain (empty: it need not). Counts include this batch (n_new samples)."""
+    reasons = []
+    n_train = max(debt["n_train"], 1)
+    would_forget = debt["forgotten_since_retrain"] + n_new
+    if max_forgotten_fraction is not None and would_forget / n_train > max_forgotten_fraction:
+        reasons.append(f"{would_forget} sample(s) ({would_forget / n_train:.1%} of the {n_train} original training "
+                       f"rows, this batch's {n_new} included) would be forgotten approximately since the last exact "
+                       f"retrain, above deletion.debt.max_forgotten_fraction = {max_forgotten_fraction}")
+    would_batches = debt["batches_since_retrain"] + 1
+    if max_batches_since_retrain is not None and would_batches > max_batches_since_retrain:
+        reasons.append(f"this would be approximate batch {would_batches} since the last exact retrain, above "
+                       f"deletion.debt.max_batches_since_retrain = {max_batches_since_retrain}")
+    return reasons
+
+
+def force_retrain(selection: dict, reasons: list[str]) -> dict:
+    """The selection with exact retrain as the only candidate, saying why (the rules' own result is kept)."""
+    return {**selection, "candidates": ["retrain"], "fired": [("retraining_debt", "; ".join(reasons))],
+            "rules_would_have_tried": list(selection["candidates"]), "debt_reasons": list(reasons)}
+
+
+def history_point(history: list[dict], *, batch_id: str, request_file: str, method: str, n_forgotten: int,
+                  n_train: int, validation_accuracy: float, output_gap: float, model_version: str | None,
+                  processed_at: str) -> dict[str, Any]:
+    """The next point of the champion's history (step = 1 for the first batch)."""
+    last = history[-1] if history else {"step": 0, "cumulative_forgotten": 0, "batches_since_retrain": 0}
+    cumulative = int(last["cumulative_forgotten"]) + int(n_forgotten)
+    since = 0 if method in EXACT_METHODS else int(last["batches_since_retrain"]) + 1
+    return {"step": int(last["step"]) + 1, "batch_id": batch_id, "request_file": request_file, "method": method,
+            "n_forgotten": int(n_forgotten), "cumulative_forgotten": cumulative,
+            "forgotten_fraction": cumulative / max(n_train, 1), "champion_validation_accuracy": float(validation_accuracy),
+            "champion_output_gap": float(output_gap), "batches_since_retrain": since,
+            "model_version": model_version, "processed_at": processed_at}
+
+
+HISTORY_METRICS = {"forgotten_fraction": "history/forgotten_fraction",
+                   "champion_validation_accuracy": "history/champion_validation_accuracy",
+                   "champion_output_gap": "history/champion_output_gap",
+                   "batches_since_retrain": "history/batches_since_retrain"}
