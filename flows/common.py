@@ -16,7 +16,12 @@ log = logging.getLogger("unlearning")
 def use_project_path(params: Params) -> None:
     """Put the project folder (the one holding params.yaml) first on sys.path, once, so a custom model
     factory module there (`train.model.factory: mymodels:build`) imports whatever the working directory.
-    Every flow calls it right after load_params (and `unlearn` for the commands that load models)."""
+    Every flow calls it right after load_params (and `unlearn` for the commands that load models), so it also
+    applies the process-wide progress switch: `base.progress` turns the bars of the unlearning candidates
+    (contexts built with progress=None) on or off."""
+    from unlearning.progress import set_default
+
+    set_default(params.base.progress)
     root = str(params.root)
     if root not in sys.path:
         sys.path.insert(0, root)

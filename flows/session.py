@@ -16,6 +16,7 @@ CMD runs against that server and only the timing is added.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -38,9 +39,31 @@ def _die_with_parent() -> None:
         pass
 
 
+class NoServerDocsHint(logging.Filter):
+    """Prefect logs "Starting temporary server on URL\nSee https://www.prefect.io/docs/... for more information
+    on running a dedicated Prefect server." at INFO on every start of a temporary server (each `unlearn run`,
+    each `python -m flows.<stage>`). Keeps the first line; the docs hint goes (the README says how to run a
+    dedicated server: `make server`). Every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        if isinstance(msg, str) and msg.startswith("Starting temporary server") and "\nSee " in msg:
+            record.msg = msg.split("\n", 1)[0]
+        return True
+
+
+def quiet_server_hint() -> None:
+    """Install `NoServerDocsHint` on the logger Prefect's temporary server logs with ("prefect"), once."""
+    logger = logging.getLogger("prefect")
+    if not any(isinstance(f, NoServerDocsHint) for f in logger.filters):
+        logger.addFilter(NoServerDocsHint())
+
+
 def start_temporary_server():
     """A temporary Prefect server (Prefect's own SubprocessASGIServer) that dies with this process."""
     from prefect.server.api import server as prefect_server
+
+    quiet_server_hint()
 
     class Server(prefect_server.SubprocessASGIServer):
         def _run_uvicorn_command(self):
@@ -57,6 +80,39 @@ def start_temporary_server():
     return server
 
 
+GIT_HINT = ["\n", "To track the changes with git, run:\n", "\n", None, "\n", "To enable auto staging, run:\n", "\n",
+            "\tdvc config core.autostage true\n"]  # None: the "\tgit add <files>" line
+
+
+class DvcGitHint:
+    """DVC ends `dvc repro` with an 8-line block, "To track the changes with git, run: git add dvc.lock" and
+    "To enable auto staging, run: dvc config core.autostage true". This project's policy (README, "dvc.lock"):
+    the repository ships without dvc.lock, you commit it with your data version when you want to keep a run,
+    and auto staging stays off (it would stage files in your git index on every run). The block becomes one
+    line saying that; any output that does not match the block exactly passes through unchanged."""
+
+    def __init__(self):
+        self.held: list[str] = []
+
+    def feed(self, line: str) -> list[str]:
+        """The lines to print now for one line of DVC output."""
+        expected = GIT_HINT[len(self.held)]
+        if (line == expected) or (expected is None and line.startswith("\tgit add ")):
+            self.held.append(line)
+            if len(self.held) < len(GIT_HINT):
+                return []
+            files = self.held[3].strip()[len("git add "):]
+            self.held = []
+            return [f"DVC updated {files}: it records what this run was built from; commit it with your data "
+                    f"version when you want to keep this run (`git add {files}`; README, \"dvc.lock\")\n"]
+        out, self.held = self.held, []
+        return out + (self.feed(line) if out else [line])
+
+    def flush(self) -> list[str]:
+        out, self.held = self.held, []
+        return out
+
+
 def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -68,10 +124,12 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
                             preexec_fn=_die_with_parent)
     stages: list[tuple[str, float]] = []
     current, since = None, time.perf_counter()
+    hint = DvcGitHint()
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
-            sys.stdout.write(line)
+            for shown in hint.feed(line):
+                sys.stdout.write(shown)
             sys.stdout.flush()
             m = STAGE_LINE.match(line)
             if m:
@@ -88,6 +146,8 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
             pass
         proc.wait(timeout=30)
         raise
+    for shown in hint.flush():
+        sys.stdout.write(shown)
     rc = proc.wait()
     if current is not None:
         stages.append((current, time.perf_counter() - since))

@@ -87,10 +87,13 @@ def unlearn_and_validate(method: str, method_args: dict, params: Params, prepare
             shadow_unlearned, oracle_ref = oracles.select(0), oracles.select(1)
         cost = {"gradient_evals": 0, "steps": 0, "seconds": 0.0, "reused_oracle": True}
     else:
-        res = run_method(method, unlearn_context(production.to(device), prepared, rows, recipe, m_seed), method_args)
+        on = params.base.progress  # passed explicitly: Dask workers do not share the flow's process default
+        res = run_method(method, unlearn_context(production.to(device), prepared, rows, recipe, m_seed,
+                                                 progress=f"{method} (production)" if on else False), method_args)
         candidate = res.model
-        shadow_res = run_method(method, unlearn_context(shadows.to(device), prepared, rows, recipe, m_seed),
-                                method_args)
+        shadow_res = run_method(method, unlearn_context(shadows.to(device), prepared, rows, recipe, m_seed,
+                                                        progress=f"{method} (x{shadows.n_models} shadows)" if on
+                                                        else False), method_args)
         shadow_unlearned, oracle_ref = shadow_res.model, oracles
         cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
                 "shadow_gradient_evals": shadow_res.cost.gradient_evals, "shadow_seconds": shadow_res.cost.seconds}

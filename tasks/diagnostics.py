@@ -31,7 +31,8 @@ def leverage_diagnostics(params: Params, prepared: Prepared, state_manifest: pd.
     d = params.diagnostics
     report = compute_diagnostics(model.cpu(), X[f_rows], y[f_rows], X[r_rows], y[r_rows], X[v_rows], y[v_rows],
                                  lam=damping(params, len(f_rows) + len(r_rows)), solver=d.solver, device=device,
-                                 proj_dim=d.proj_dim, check_subset=d.check_subset, seed=params.base.seed)
+                                 proj_dim=d.proj_dim, check_subset=d.check_subset, seed=params.base.seed,
+                                 progress="leverage diagnostics" if params.base.progress else False)
     ids = m["sample_id"].to_numpy()
     tables = {
         "forget": pd.DataFrame({"sample_id": ids[f_rows], "group": m["group"].to_numpy()[f_rows],

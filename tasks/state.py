@@ -23,7 +23,7 @@ from unlearning.config import Params
 from unlearning.data import initial_state_manifest, load_prepared, read_state_manifest
 from unlearning.data.store import Prepared, manifest_csv_bytes
 from unlearning.fingerprint import (
-    RESET_HINT, RETRAIN_HINT, StateMismatch, dataset_identity, matches, mismatch_error, params_fingerprint,
+    RESET_HINT, RETRAIN_HINT, StateMismatch, matches, mismatch_error, prepared_fingerprint,
 )
 from unlearning.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, recover_dir
 from unlearning.ledger import ledger_text, read_ledger
@@ -51,9 +51,7 @@ def original_path(params: Params) -> Path:
 
 def current_fingerprint(params: Params, prepared: Prepared) -> dict:
     """The fingerprint of the current params and the prepared dataset (see unlearning/fingerprint.py)."""
-    m = prepared.manifest
-    dataset = dataset_identity(prepared.info, m["sample_id"].tolist(), m["split"].tolist(), m["label"].tolist())
-    return params_fingerprint(params, dataset)
+    return prepared_fingerprint(params, prepared.info, prepared.manifest)
 
 
 def _checkpoint(path: Path) -> dict:

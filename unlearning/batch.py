@@ -65,7 +65,8 @@ def batch_rows(prepared: Prepared, state_manifest: pd.DataFrame, forget_ids, par
 
 
 def unlearn_context(model: Ensemble, prepared: Prepared, rows: BatchRows, recipe: TrainRecipe, seed: int,
-                    progress: bool = False) -> UnlearnContext:
+                    progress: bool | str | None = None) -> UnlearnContext:
+    """The method's inputs for a batch; `progress` None = the process default (base.progress, set by the flows)."""
     device = next(model.parameters()).device
     X = prepared.tensor()
     y = torch.as_tensor(prepared.label, dtype=torch.long)

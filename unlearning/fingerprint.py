@@ -138,6 +138,14 @@ def params_fingerprint(params, dataset: dict) -> dict:
     return fingerprint(dataset, model, recipe)
 
 
+def prepared_fingerprint(params, info: dict, manifest) -> dict:
+    """The fingerprint of the current params and a prepared dataset (its dataset.json content and its
+    manifest frame, with sample_id, split and label columns)."""
+    dataset = dataset_identity(info, manifest["sample_id"].tolist(), manifest["split"].tolist(),
+                               manifest["label"].tolist())
+    return params_fingerprint(params, dataset)
+
+
 def matches(recorded: dict | None, current: dict) -> bool:
     return bool(recorded) and recorded.get("digest") == current.get("digest")
 

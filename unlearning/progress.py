@@ -6,13 +6,44 @@ one plain line when the loop starts, then at least every `every_s` seconds and a
 end, each with the elapsed time and an ETA:
 
     oracles x80: 120/300 steps (40%), 3.1 s elapsed, ETA 4.6 s
+
+A loop whose single steps are long (a solver fit over every retain row, a conjugate-gradient solve) keeps
+the 10 s rule through `tick()`: inner loops call it, and the innermost bar of the thread prints a line
+(with its current `stage`) when `every_s` passed. `set_default(False)` (from `base.progress`) turns off
+every bar built with `enabled=None`.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import IO
+
+_local = threading.local()  # per thread: the stack of active bars (Prefect tasks run in threads)
+_default = {"enabled": True}
+
+
+def set_default(enabled: bool) -> None:
+    """The process-wide switch for bars built with `enabled=None` (the flows set it from base.progress)."""
+    _default["enabled"] = bool(enabled)
+
+
+def default_enabled() -> bool:
+    return _default["enabled"]
+
+
+def resolve(progress) -> bool:
+    """A `progress` argument (True/False, a label, or None = the process default) as on/off."""
+    return default_enabled() if progress is None else bool(progress)
+
+
+def tick() -> None:
+    """Called by inner loops (row chunks, solver iterations): the thread's innermost active bar prints a
+    plain line if `every_s` passed since its last one. Costs a clock read."""
+    stack = getattr(_local, "stack", None)
+    if stack:
+        stack[-1].poke()
 
 
 def _fmt(seconds: float) -> str:
@@ -25,11 +56,16 @@ def _fmt(seconds: float) -> str:
 class Progress:
     """`with Progress(total, "train x80", unit="steps") as bar: ... bar.update()`.
 
-    `enabled=False` prints nothing. `stream` defaults to stderr; `tty` overrides the terminal detection."""
+    `enabled=False` prints nothing, `None` follows `set_default`. `stream` defaults to stderr; `tty` overrides
+    the terminal detection. `stage(name)` names the part of the loop that runs now; `stop(reason)` says why a
+    loop ends before its total (the last line shows it instead of an ETA)."""
 
-    def __init__(self, total: int, desc: str, *, unit: str = "it", enabled: bool = True, stream: IO | None = None,
-                 every_s: float = 10.0, min_gap_s: float = 2.0, tty: bool | None = None, clock=time.perf_counter):
-        self.total, self.desc, self.unit, self.enabled = max(int(total), 0), desc, unit, enabled
+    def __init__(self, total: int, desc: str, *, unit: str = "it", enabled: bool | None = True,
+                 stream: IO | None = None, every_s: float = 10.0, min_gap_s: float = 2.0, tty: bool | None = None,
+                 clock=time.perf_counter):
+        self.total, self.desc, self.unit, self.enabled = max(int(total), 0), desc, unit, resolve(enabled)
+        self.stage_name: str | None = None
+        self.stopped: str | None = None
         self.stream = stream if stream is not None else sys.stderr
         self.every_s, self.min_gap_s, self.clock = every_s, min_gap_s, clock
         self.tty = bool(tty) if tty is not None else bool(getattr(self.stream, "isatty", lambda: False)())
@@ -42,6 +78,9 @@ class Progress:
         self._start = self._last = self.clock()
         if not self.enabled:
             return self
+        if not hasattr(_local, "stack"):
+            _local.stack = []
+        _local.stack.append(self)
         if self.tty:
             from tqdm import tqdm
 
@@ -64,11 +103,37 @@ class Progress:
         if since >= self.every_s or (decile > self._last_decile and since >= self.min_gap_s):
             self._line(now)
 
+    def stage(self, name: str) -> None:
+        """Name the part of the loop that runs now (shown in the lines and on the bar)."""
+        self.stage_name = name
+        if self._bar is not None:
+            self._bar.set_description(f"{self.desc} [{name}]", refresh=False)
+
+    def stop(self, reason: str) -> None:
+        """The loop ends before its total, for `reason` (e.g. "target", "budget")."""
+        self.stopped = reason
+
+    def poke(self) -> None:
+        """A line (or a bar refresh) when `every_s` passed without one: long single steps stay visible."""
+        if not self.enabled:
+            return
+        now = self.clock()
+        if now - self._last < self.every_s:
+            return
+        if self._bar is not None:
+            self._bar.refresh()
+            self._last = now
+        else:
+            self._line(now)
+
     def __exit__(self, *exc) -> bool:
         if self.enabled:
+            stack = getattr(_local, "stack", [])
+            if stack and stack[-1] is self:
+                stack.pop()
             if self._bar is not None:
                 self._bar.close()
-            elif self._last_decile < 10 or self.done == 0:
+            elif self._last_decile < 10 or self.done == 0 or self.stopped:
                 self._line()
         return False
 
@@ -77,8 +142,12 @@ class Progress:
         elapsed = now - self._start
         pct = 100.0 * self.done / self.total if self.total else 100.0
         eta = elapsed / self.done * (self.total - self.done) if self.done else None
-        tail = f", ETA {_fmt(eta)}" if eta is not None and self.done < self.total else ""
-        print(f"{self.desc}: {self.done}/{self.total} {self.unit} ({pct:.0f}%), {_fmt(elapsed)} elapsed{tail}",
+        if self.stopped:
+            tail = f", stopped early ({self.stopped})"
+        else:
+            tail = f", ETA {_fmt(eta)}" if eta is not None and self.done < self.total else ""
+        stage = f" [{self.stage_name}]" if self.stage_name else ""
+        print(f"{self.desc}{stage}: {self.done}/{self.total} {self.unit} ({pct:.0f}%), {_fmt(elapsed)} elapsed{tail}",
               file=self.stream, flush=True)
         self._last = now
         self._last_decile = int(10 * self.done / self.total) if self.total else 10

@@ -1,9 +1,10 @@
 """Deletion requests: reading CSV/Parquet files and the structural pandera schema (DESIGN §3).
 
 A request file has `request_id, sample_id, requested_at, reason` and optionally `objective`. The
-structural checks live here (pure core); the checks against the manifest (ids exist, not already
-deleted) run as a Great Expectations suite at the task boundary. Problems are collected, never
-raised one at a time, so a bad file is reported in full.
+structural checks live here (pure core, about a second with the imports); the checks against the manifest
+(ids exist, name training rows, not already deleted) run as a Great Expectations suite at the task
+boundary, only once the structure is valid (tasks/request_check.py). Problems are collected, never raised
+one at a time, so each stage reports every problem it finds, one line each.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def parse_timestamps(values: pd.Series) -> pd.Series:
 class RequestValidationError(ValueError):
     """A deletion request file failed validation; `problems` lists every failure."""
 
-    def __init__(self, path: str | Path, problems: list[str]):
-        self.path, self.problems = str(path), list(problems)
-        body = "\n".join(f"  - {p}" for p in self.problems)
+    def __init__(self, path: str | Path, problems: list[str], note: str | None = None):
+        self.path, self.problems, self.note = str(path), list(problems), note
+        body = "\n".join(f"  - {p}" for p in self.problems) + (f"\n  note: {note}" if note else "")
         super().__init__(f"deletion request {self.path} rejected ({len(self.problems)} problem(s); nothing was "
                          f"changed):\n{body}")
 

@@ -123,8 +123,10 @@ def test_bad_file_changes_nothing_and_lists_every_problem(project, tmp_path):
     with pytest.raises(RequestValidationError) as e:
         run(str(bad), str(project / "params.yaml"))
     text = str(e.value)
-    assert "digits-9999" in text and "not-a-date" in text and "'x1' appears more than once" in text
-    assert "nothing was changed" in text
+    # every problem of the cheap checks; the manifest rules (digits-9999 unknown) run once those pass, and the
+    # note says so (tasks/request_check.py: Great Expectations only for a file that passed pandera)
+    assert "not-a-date" in text and "'x1' appears more than once" in text
+    assert "not yet checked against the manifest" in text and "nothing was changed" in text
     assert snapshot(project) == before
 
 

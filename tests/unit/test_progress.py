@@ -56,3 +56,80 @@ def test_disabled_prints_nothing_and_training_reports_steps():
         train_ensemble(model, torch.randn(20, 3), torch.randint(0, 2, (20,)), epochs=2, batch_size=8, lr=0.01,
                        progress="train original")
     assert err.getvalue().splitlines()[-1].startswith("train original: 6/6 steps (100%)")
+
+
+def _toy_context(progress):
+    from unlearning.methods import TrainRecipe, UnlearnContext
+    from unlearning.models import build_model, train_ensemble
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(60) % 3
+    X = torch.randn(3, 6, generator=g)[y] * 2 + torch.randn(60, 6, generator=g)
+    model = build_model({"arch": "mlp", "in_dim": 6, "hidden": [8], "n_classes": 3}, [1, 2])
+    train_ensemble(model, X, y, epochs=2, batch_size=16, lr=1e-2)
+    adj = torch.zeros(50, dtype=torch.bool)
+    adj[:15] = True
+    return UnlearnContext(model, X[:10], y[:10], X[10:], y[10:], adj, TrainRecipe(epochs=2, batch_size=16, lr=1e-2),
+                          seed=3, progress=progress)
+
+
+def test_a_method_off_a_terminal_prints_plain_progress_lines():
+    """Each unlearning candidate's loop reports like training does: plain lines (no \\r, no escape codes)
+    with the method, the members, steps done of the phase's bound, and the elapsed time; quiet when off."""
+    import contextlib
+
+    from unlearning.methods import run_method
+
+    for name, args, label in (("finetune", {"epochs": 3}, "finetune x2"),
+                              ("newton_ggn", {"steps": 2}, "newton_ggn x2"),
+                              ("scrub", {}, "scrub x2")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            run_method(name, _toy_context(True), args)
+        text = err.getvalue()
+        lines = text.splitlines()
+        assert lines and all(line.startswith(label) for line in lines), (name, text)
+        assert "\r" not in text and "\x1b" not in text
+        assert lines[0].split(": ", 1)[1].startswith("0/") and "elapsed" in lines[-1], (name, text)
+        assert "(100%)" in lines[-1] or "stopped early" in lines[-1], (name, text)
+        if name == "newton_ggn":  # one unit per member and step, the member named as the stage
+            assert lines[-1].startswith("newton_ggn x2 [member 2/2, exact]: 4/4 steps (100%)"), text
+        if name == "scrub":  # one bar over every phase (not two lines per short phase), the phase as its stage
+            assert len(lines) == 2 and lines[-1].startswith("scrub x2 [min"), text
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        run_method("finetune", _toy_context(False), {"epochs": 1})
+    assert err.getvalue() == ""
+
+
+def test_long_single_steps_keep_the_ten_second_lines_through_tick():
+    """A loop whose one step takes long (a solver pass over every row): tick() from the inner loop prints
+    the innermost bar's line, with its stage, once every_s passed; nothing without an active bar."""
+    from unlearning.progress import tick
+
+    out, clock = io.StringIO(), Clock()
+    tick()  # no active bar: nothing happens
+    with Progress(3, "leverage diagnostics", unit="stages", stream=out, tty=False, clock=clock) as bar:
+        bar.stage("fit cg")
+        for _ in range(35):  # 35 s inside one stage, ticked every second
+            clock.t += 1.0
+            tick()
+        bar.update(3)
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "leverage diagnostics [fit cg]: 0/3 stages (0%), 10.0 s elapsed" and len(lines) == 5
+
+
+def test_leverage_diagnostics_report_their_stages():
+    import contextlib
+
+    from unlearning.leverage import compute_diagnostics
+
+    ctx = _toy_context(False)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        compute_diagnostics(ctx.model.select(0), ctx.X_forget, ctx.y_forget, ctx.X_retain, ctx.y_retain,
+                            lam=1.0, solver="cg", progress=True)
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "leverage diagnostics: 0/7 stages (0%), 0.0 s elapsed"
+    assert lines[-1].startswith("leverage diagnostics [spectral norm]: 7/7 stages (100%)")

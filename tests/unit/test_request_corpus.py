@@ -1,6 +1,7 @@
 """A corpus of malformed (and a few valid) request files through the ONE validation path that
-`unlearn validate` and `unlearn run` share (tasks.validation.check_request_file): every bad file gets a
-clear error naming the file, every problem on one line, and nothing is changed.
+`unlearn validate` and `unlearn run` share (tasks.request_check.check_request_file): every bad file gets a
+clear error naming the file, every problem on one line, no defect twice, and nothing is changed. The suite
+against the manifest runs only for a file that passed the cheap checks (pandera, ledger, objective, times).
 
 The Great Expectations suite costs ~1 s per file; the corpus swaps it for the same manifest rules in pandas
 (`fast_gx`), and `test_real_gx_agrees` runs real GX on the manifest cases."""
@@ -13,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 import pandas as pd
 import pytest
 
-import tasks.validation as validation
-from tasks.validation import check_request_file
+import tasks.request_check as validation
+from tasks.request_check import MANIFEST_NOT_CHECKED, check_request_file
 from unlearning.ledger import hash_sample_id
 
 H = "request_id,sample_id,requested_at,reason"
@@ -40,7 +41,7 @@ def fast_gx(df: pd.DataFrame, m: pd.DataFrame):
     if "sample_id" in df.columns and len(df):
         s = df["sample_id"].dropna()
         for rule, bad in (("must exist in the manifest", ~s.isin(m["sample_id"])),
-                          ("must name a training sample", ~s.isin(m.loc[m.split == "train", "sample_id"])),
+                          ("must name a training sample", s.isin(m.loc[m.split != "train", "sample_id"])),
                           ("must not be deleted already", s.isin(m.loc[m.status == "deleted", "sample_id"]))):
             if bad.any():
                 lines.append(f"GX: column 'sample_id' {rule} ({int(bad.sum())} row(s) fail): {s[bad].tolist()}")
@@ -84,7 +85,7 @@ CASES = [
                                      "r2,digits-0002,2026-11-30,gdpr,retrain_equivalence\n"), "invalid", ["mixes"], None),
     ("mixed-objective-and-unknown", "a.csv", csv(H + ",objective\nr1,digits-9999,2026-11-30,gdpr,suppression\n"
                                                  "r2,digits-0002,2026-11-30,gdpr,retrain_equivalence\n"), "invalid",
-     ["mixes", "must exist in the manifest"], None),
+     ["mixes", "not yet checked against the manifest"], None),
     ("unknown-id", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\n"), "invalid", ["must exist in the manifest"], None),
     ("validation-row", "a.csv", csv(H + "\nr1,digits-0009,2026-11-30,gdpr\n"), "invalid", ["must name a training sample"], None),
     ("already-deleted", "a.csv", csv(H + "\nr1,digits-0007,2026-11-30,gdpr\n"), "invalid", ["must not be deleted already"], None),
@@ -108,7 +109,10 @@ CASES = [
     ("capitalised-columns", "a.csv", csv("Request_ID,Sample_ID,Requested_At,Reason\nr1,digits-0001,2026-11-30,gdpr\n"),
      "invalid", ["missing column", "unexpected column 'Request_ID'"], None),
     ("many-problems", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\nr1,digits-0002,never,gdpr\n"), "invalid",
-     ["digits-9999", "'never'", "'r1' appears more than once"], None),
+     ["'never'", "'r1' appears more than once", "not yet checked against the manifest"], None),
+    ("unknown-and-validation-ids", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\nr2,digits-0009,2026-11-30,gdpr\n"),
+     "invalid", ["must exist in the manifest (1 row(s) fail): ['digits-9999']",
+                 "must name a training sample (1 row(s) fail): ['digits-0009']"], None),
     ("parquet-int-sample-id", "a.parquet", parquet(request_id=["p1"], sample_id=[12], requested_at=["2026-11-30"],
                                                    reason=["gdpr"]), "invalid", ["sample_id", "Parquet type is int64"], None),
     ("parquet-int-request-id", "a.parquet", parquet(request_id=[1], sample_id=["digits-0001"], requested_at=["2026-11-30"],
@@ -194,3 +198,23 @@ def test_real_gx_agrees(tmp_path):
     assert fc.status == "invalid"
     for s in ("must exist in the manifest", "must name a training sample", "must not be deleted already"):
         assert s in text, text
+    # one line per defect: the unknown id fails "exists" only, each known id its own rule only
+    assert len(fc.problems) == 3 and text.count("digits-9999") == 1, text
+    assert fc.manifest_checked and MANIFEST_NOT_CHECKED not in text
+
+
+def test_a_structural_defect_is_reported_once_without_great_expectations(tmp_path, monkeypatch):
+    """Missing column + duplicate request_id: two lines (pandera's), no GX run (its import alone costs 3-5 s),
+    and a note that the manifest rules run once these are fixed."""
+    def no_gx(df, m):
+        raise AssertionError("GX must not run for a file that failed the cheap checks")
+
+    monkeypatch.setattr(validation, "gx_check", no_gx)
+    path = tmp_path / "bad.csv"
+    path.write_text("request_id,sample_id,requested_at\nr1,digits-0001,2026-11-30\nr1,digits-0002,2026-11-30\n")
+    fc = check_request_file(path, manifest(), [])
+    assert fc.status == "invalid" and not fc.manifest_checked
+    assert len(fc.problems) == 2, fc.problems
+    assert "missing column(s) ['reason']" in fc.problems[0] and "'r1' appears more than once" in fc.problems[1]
+    text = fc.summary()
+    assert text.count("\n  - ") == 2 and text.endswith(f"note: {MANIFEST_NOT_CHECKED}")

@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from unlearning.progress import tick
+
 
 def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], B: torch.Tensor, *,
                        precond_diag: torch.Tensor | None = None, tol: float = 1e-10,
@@ -44,6 +46,7 @@ def conjugate_gradient(matvec: Callable[[torch.Tensor], torch.Tensor], B: torch.
         rz[idx] = rz_new
         iters += 1
         active[idx] = R[:, idx].norm(dim=0) / bnorm[idx] > tol
+        tick()
     # The recursive residual drifts from the true one in finite precision: report the true residual.
     true_rel = ((B - matvec(X)).norm(dim=0) / bnorm) if B.shape[1] else torch.zeros(0)
     return X, {"iterations": iters, "matvec_columns": cols + B.shape[1],

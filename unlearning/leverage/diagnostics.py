@@ -37,6 +37,7 @@ from unlearning.leverage.functions import OutputFunction, StackedMemberFunction
 from unlearning.leverage.rows import RowSet
 from unlearning.leverage.solvers import EXACT_MAX_PARAMS, CGSolver, ExactSolver, GGNSolver, make_solver
 from unlearning.models import Ensemble
+from unlearning.progress import Progress
 
 SPLITS = ("forget", "retain", "validation")
 
@@ -197,11 +198,24 @@ def _reference_solver(p: int, lam: float, exact_max_params: int) -> GGNSolver:
 
 def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_retain, t_retain, X_val, t_val,
              lam: float, loss: str, solver: GGNSolver, *, chunk: int | None = None, check_subset: int = 16,
-             exact_max_params: int = EXACT_MAX_PARAMS, keep_cross_matrix: bool = False) -> LeverageReport:
+             exact_max_params: int = EXACT_MAX_PARAMS, keep_cross_matrix: bool = False,
+             progress: bool | str | None = False) -> LeverageReport:
     """Leverage diagnostics for an output function at theta (the original parameters theta_D).
 
     Targets t_* are in `curvature.make_targets` form. `solver` is a fresh GGNSolver: it is fitted here on
-    the downdated geometry G_R = G_D - G_F."""
+    the downdated geometry G_R = G_D - G_F. `progress` (True, a label, or None = the process default): one
+    unit per stage (forget Jacobians, fit, solve, cross-leverage, gaps, approximation check, spectral norm),
+    and a line at least every 10 s from the solver's row and CG loops in between."""
+    n_stages = 6 + (solver.name != "exact" and check_subset > 0)
+    desc = progress if isinstance(progress, str) else "leverage diagnostics"
+    with Progress(n_stages, desc, unit="stages", enabled=None if progress is None else bool(progress)) as bar:
+        return _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver, bar,
+                         chunk=chunk, check_subset=check_subset, exact_max_params=exact_max_params,
+                         keep_cross_matrix=keep_cross_matrix)
+
+
+def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver, bar: Progress, *,
+              chunk, check_subset, exact_max_params, keep_cross_matrix) -> LeverageReport:
     start = time.perf_counter()
     timings: dict[str, float] = {}
     loss = curvature.check_loss(loss)
@@ -214,18 +228,23 @@ def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_reta
     rs_V = RowSet(fn, theta, X_val, t_val, loss, chunk=chunk)
 
     t0 = time.perf_counter()
+    bar.stage("forget Jacobians")
     # Forget rows, needed explicitly (|F| is small): outputs and weighted rows A_F [nF, r, p].
     f_F, A_F3 = rs_F.all_weighted()
     nF, r, p = A_F3.shape
     A_F = A_F3.reshape(nF * r, p)
     g_F = curvature.residual(f_F, rs_F.t, loss)                          # [nF, C]
     timings["forget_jacobians"] = time.perf_counter() - t0
+    bar.update()
 
     t0 = time.perf_counter()
+    bar.stage(f"fit {solver.name}")
     solver.fit(plus=[rs_R, rs_F], minus=[rs_F])                         # G_R = G_D - G_F (downdate)
     timings["fit"] = time.perf_counter() - t0
+    bar.update()
 
     t0 = time.perf_counter()
+    bar.stage("solve")
     grad_R = rs_R.gradient() + lam * theta                              # grad L_R(theta_D) [p]
     JtgF = rs_F.vjp_sum(g_F)                                            # J_F^T g_F [p]
     sol = solver.solve(torch.stack([grad_R, JtgF], 1))                  # [p, 2]
@@ -234,8 +253,10 @@ def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_reta
     S_F = solver.cross(A_F, handle)
     S_F = 0.5 * (S_F + S_F.T)
     timings["solve"] = time.perf_counter() - t0
+    bar.update()
 
     t0 = time.perf_counter()
+    bar.stage("cross-leverage")
     cross_norms, cross_rows = [], []
     for sl, C_b in solver.cross_chunks(rs_R, handle):                  # C_b [b*r, nF*r]
         b = sl.stop - sl.start
@@ -244,8 +265,10 @@ def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_reta
             cross_rows.append(C_b)
     cross = torch.cat(cross_norms) if cross_norms else torch.zeros(0, dtype=theta.dtype)
     timings["cross"] = time.perf_counter() - t0
+    bar.update()
 
     t0 = time.perf_counter()
+    bar.stage("predicted gaps")
     sets = (("forget", rs_F), ("retain", rs_R), ("validation", rs_V))
     # columns: delta (predicted retrain gap) and w (removal-only movement J w: what removing F's own
     # gradient does, without the drift of a non-converged theta_D)
@@ -255,17 +278,22 @@ def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_reta
     move_F, move_R = removal["forget"].norm(), removal["retain"].norm()
     leakage = float(move_R / move_F) if float(move_F) > 0 else float("nan")
     timings["gaps"] = time.perf_counter() - t0
+    bar.update()
 
     self_lev = _block_traces(S_F, nF, r)
     means = [float(g[0][0].mean()) for g in gaps.values() if g[0].shape[1]]
     approx = None
     if solver.name != "exact" and check_subset > 0:
         t0 = time.perf_counter()
+        bar.stage("approximation check")
         approx = _approx_check(solver, rs_R, rs_F, A_F3, self_lev, delta, grad_R, lam, check_subset,
                                exact_max_params)
         timings["approx_check"] = time.perf_counter() - t0
+        bar.update()
 
+    bar.stage("spectral norm")
     spectral = _spectral_norm_psd(S_F)
+    bar.update()
     np_ = lambda x: x.detach().cpu().numpy()  # noqa: E731
     timings["total"] = time.perf_counter() - start
     return LeverageReport(
@@ -314,14 +342,14 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
                         dtype: torch.dtype = torch.float64, proj_dim: int = 2048, proj_kind: str = "gaussian",
                         cg_iters: int = 500, cg_tol: float = 1e-10, check_subset: int = 16,
                         exact_max_params: int = EXACT_MAX_PARAMS, chunk: int | None = None, seed: int = 0,
-                        keep_cross_matrix: bool = False) -> LeverageReport:
+                        keep_cross_matrix: bool = False, progress: bool | str | None = False) -> LeverageReport:
     """Leverage diagnostics (DESIGN §4.1) of member `member` of `model_member` for a forget set.
 
     The model was trained on D = retain u forget. `lam` is the L2 coefficient of the sum-of-losses
     objective L = sum_i loss_i + lam/2 ||theta||^2 (for a mean loss with weight decay wd: lam = n * wd).
     `solver`: "exact" | "projected" | "cg" | "auto" (by parameter count, see `solvers.choose_solver`);
     non-exact solvers also report `approx_error` against a reference on `check_subset` forget samples.
-    `device`: "auto" uses CUDA when present. The model is never modified."""
+    `device`: "auto" uses CUDA when present. `progress`: see `diagnose`. The model is never modified."""
     fn = StackedMemberFunction(model_member, member, dtype=dtype, device=device)
     C = fn.n_outputs
     if X_val is None:
@@ -332,4 +360,4 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
                       cg_tol=cg_tol, exact_max_params=exact_max_params)
     return diagnose(fn, fn.theta0, X_forget, tg(y_forget), X_retain, tg(y_retain), X_val, tg(y_val), lam, loss, slv,
                     chunk=chunk, check_subset=check_subset, exact_max_params=exact_max_params,
-                    keep_cross_matrix=keep_cross_matrix)
+                    keep_cross_matrix=keep_cross_matrix, progress=progress)

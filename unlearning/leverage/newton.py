@@ -30,13 +30,14 @@ def newton_steps(fn: OutputFunction, theta: torch.Tensor, X: torch.Tensor, t: to
                  *, steps: int = 1, damping: float = 0.0, step_size: float = 1.0, line_search: bool = False,
                  solver: str = "auto",
                  cg_iters: int = 500, cg_tol: float = 1e-10, exact_max_params: int | None = None,
-                 chunk: int | None = None) -> tuple[torch.Tensor, dict]:
+                 chunk: int | None = None, on_step=None) -> tuple[torch.Tensor, dict]:
     """Run `steps` GGN steps from theta [p] on the rows (X, t); returns (theta, info).
 
     info: per-step gradient and step norms, accepted step sizes, the objective after each step (first entry:
     before), the solver's info, and `gradient_evals` (per-sample gradient-equivalents: 1 per sample for the
     gradient, C per sample for the Jacobians of exact/projected, 2 per sample and CG column for jvp + vjp,
-    C per sample for the Jacobi preconditioner, 1 per sample per line-search objective evaluation)."""
+    C per sample for the Jacobi preconditioner, 1 per sample per line-search objective evaluation).
+    `on_step()` is called after each step (a progress bar's update)."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if lam < 0 or damping < 0:
@@ -86,5 +87,7 @@ def newton_steps(fn: OutputFunction, theta: torch.Tensor, X: torch.Tensor, t: to
             evals += 2 * n * slv.info.get("matvec_columns", 0)
             evals += n * C if slv.info.get("preconditioner") == "jacobi" else 0
         info["gradient_evals"] += evals
+        if on_step is not None:
+            on_step()
     info["seconds"] = time.perf_counter() - start
     return theta, info

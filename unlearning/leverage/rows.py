@@ -15,6 +15,7 @@ import torch
 
 from unlearning.leverage import curvature
 from unlearning.leverage.functions import OutputFunction
+from unlearning.progress import tick
 
 
 def auto_chunk(p: int, n_outputs: int, itemsize: int = 8, budget_bytes: int = 192 * 2**20) -> int:
@@ -69,6 +70,7 @@ class RowSet:
             A = self.fn.weighted_jacobians(self.theta, X, curvature.curvature_factor(f, self.loss)).detach()
             if keep is not None:
                 keep.append((s, f, A))
+            tick()  # a long pass over the rows keeps the active progress bar's 10 s lines coming
             yield s, f, A
         if keep is not None:
             self._cache = keep
@@ -91,6 +93,7 @@ class RowSet:
         total = torch.zeros(self.p, dtype=self.fn.dtype, device=self.fn.device)
         for s in self.slices():
             total += self.fn.vjp(self.theta, self.X[s], U[s].unsqueeze(0))[0].detach()
+            tick()
         return total
 
     def gradient(self) -> torch.Tensor:
@@ -112,6 +115,7 @@ class RowSet:
             JV = self.fn.jvp(self.theta, X, V).detach()                 # [m, b, C]
             LJV = curvature.apply_curvature(f, JV, self.loss)           # [m, b, C]
             out += self.fn.vjp(self.theta, X, LJV).detach().T           # [p, m]
+            tick()
         return out
 
     def jvp(self, V: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,9 @@ class UnlearnContext:
     recipe: TrainRecipe
     seed: int = 0
     loss: str = "ce"  # "ce" (classification) or "mse" (squared loss, e.g. ridge regression tests)
-    progress: bool = False
+    # Progress of the method's loop (unlearning/progress.py): False (default), True, a label for the bar, or
+    # None = the process default (base.progress; what the deletion flow's contexts use).
+    progress: bool | str | None = False
 
     @property
     def X_adjacent(self) -> torch.Tensor:
@@ -64,3 +66,14 @@ class UnlearnResult:
     model: Ensemble
     cost: MethodCost
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def method_progress(ctx: UnlearnContext, label: str, total: int, unit: str = "steps"):
+    """The progress bar of a method's loop: "finetune x32: 120/300 steps (40%), ..." (x = members), or
+    `ctx.progress` as the label when it is one; off unless ctx.progress (or the process default) says on.
+    Multi-phase methods name the running phase as the bar's stage ("scrub x32 [min2]: ...")."""
+    from unlearning.progress import Progress
+
+    p = ctx.progress
+    desc = p if isinstance(p, str) else f"{label} x{ctx.model.n_models}"
+    return Progress(total, desc, unit=unit, enabled=None if p is None else bool(p))

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult
+from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult, method_progress
 from unlearning.methods.geometry import Geometry
 from unlearning.methods.losses import correct, per_sample_loss
 from unlearning.methods.memberwise import Vec, member_generators, member_view
@@ -33,7 +33,7 @@ from unlearning.methods.projection import Projection
 from unlearning.methods.sampling import PoolStream
 from unlearning.methods.weighting import Weighting
 from unlearning.models import Ensemble
-from unlearning.models.training import clone_model, has_batchnorm
+from unlearning.models.training import batch_bounds, clone_model, has_batchnorm
 
 POOLS = ("forget", "retain", "adjacent", "remote")
 
@@ -136,6 +136,29 @@ def default_loss(ctx: UnlearnContext) -> TermLoss:
     return lambda model, X, y, idx: per_sample_loss(model(X), y, ctx.loss)
 
 
+def _phase_bound(ctx: UnlearnContext, phase: Phase, batchnorm: bool, max_grad_evals: int | None) -> int:
+    """The most optimizer steps a phase can take (the progress total): the lesser of epochs x steps per epoch
+    and max_steps; a budget-only phase, the budget over its per-step cost. A target accuracy or the budget
+    may end it sooner (the bar then says so)."""
+    terms = {k: t for k, t in (("retain", phase.retain), ("forget", phase.forget)) if t is not None}
+    if phase.primary not in terms:
+        return 0
+    sizes = {k: len(pool_rows(ctx, t.pool)) for k, t in terms.items()}
+    n = sizes[phase.primary]
+    if n == 0:
+        return 0
+    bs = terms[phase.primary].batch_size
+    bounds = []
+    if phase.stop.epochs is not None:
+        bounds.append(phase.stop.epochs * len(batch_bounds(n, min(bs or n, n), batchnorm)))
+    if phase.stop.max_steps is not None:
+        bounds.append(phase.stop.max_steps)
+    if not bounds and max_grad_evals is not None:
+        per_step = sum(min(terms[k].batch_size or m, m) for k, m in sizes.items()) + phase.projection.evals_per_step()
+        bounds.append(max_grad_evals // max(per_step, 1))
+    return max(min(bounds), 0) if bounds else 0
+
+
 def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int | None = None,
                method: str = "") -> UnlearnResult:
     """Run the phases on a clone of ctx.model. `max_grad_evals` is a PER-MEMBER budget of per-sample
@@ -162,103 +185,112 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
         live = evals[~out_of_budget]
         return 0 if len(live) == 0 else int(max_grad_evals - live.max())
 
-    for phase in phases:
-        stop = phase.stop
-        if stop.epochs is None and stop.max_steps is None and max_grad_evals is None:
-            raise ValueError(f"phase {phase.name!r} has no finite stop rule (epochs, max_steps or a budget)")
-        terms = {k: t for k, t in (("retain", phase.retain), ("forget", phase.forget)) if t is not None}
-        if phase.primary not in terms:
-            raise ValueError(f"phase {phase.name!r}: primary term {phase.primary!r} is not one of {list(terms)}")
-        p_info = {"name": phase.name, "steps": 0, "stop": ["epochs" if stop.epochs is not None else "max_steps"] * n}
+    total = sum(_phase_bound(ctx, ph, batchnorm, max_grad_evals) for ph in phases)
+    with method_progress(ctx, method or "unlearn", total) as bar:
+        for phase in phases:
+            stop = phase.stop
+            if stop.epochs is None and stop.max_steps is None and max_grad_evals is None:
+                raise ValueError(f"phase {phase.name!r} has no finite stop rule (epochs, max_steps or a budget)")
+            terms = {k: t for k, t in (("retain", phase.retain), ("forget", phase.forget)) if t is not None}
+            if phase.primary not in terms:
+                raise ValueError(f"phase {phase.name!r}: primary term {phase.primary!r} is not one of {list(terms)}")
+            p_info = {"name": phase.name, "steps": 0, "stop": ["epochs" if stop.epochs is not None else "max_steps"] * n}
 
-        # Geometry and projection are set up at the phase's starting point (charged to the budget).
-        rem = remaining()
-        if rem is not None and rem <= 0:
-            info["phases"].append({**p_info, "stop": ["budget"] * n})
-            continue
-        saved = kept.snapshot()
-        prep = phase.geometry.prepare(model, ctx, rem) + phase.projection.start(model, ctx)
-        kept.restore(saved, out_of_budget)
-        evals[~out_of_budget] += prep
+            # Geometry and projection are set up at the phase's starting point (charged to the budget).
+            rem = remaining()
+            if rem is not None and rem <= 0:
+                info["phases"].append({**p_info, "stop": ["budget"] * n})
+                continue
+            saved = kept.snapshot()
+            prep = phase.geometry.prepare(model, ctx, rem) + phase.projection.start(model, ctx)
+            kept.restore(saved, out_of_budget)
+            evals[~out_of_budget] += prep
 
-        streams = {k: PoolStream(pool_rows(ctx, t.pool), t.batch_size,
-                                 member_generators(ctx.seed, model.seeds, method, phase.name, k), batchnorm)
-                   for k, t in terms.items()}
-        losses = {k: (t.loss or default_loss(ctx)) for k, t in terms.items()}
-        key = phase.optimizer.share_key
-        opt = optimizers.get(key) if key else None
-        if opt is None:
-            opt = MemberOptimizer(phase.optimizer, n)
-            if key:
-                optimizers[key] = opt
-        frozen = out_of_budget.clone()
-        buf: Vec | None = None
+            streams = {k: PoolStream(pool_rows(ctx, t.pool), t.batch_size,
+                                     member_generators(ctx.seed, model.seeds, method, phase.name, k), batchnorm)
+                       for k, t in terms.items()}
+            losses = {k: (t.loss or default_loss(ctx)) for k, t in terms.items()}
+            key = phase.optimizer.share_key
+            opt = optimizers.get(key) if key else None
+            if opt is None:
+                opt = MemberOptimizer(phase.optimizer, n)
+                if key:
+                    optimizers[key] = opt
+            frozen = out_of_budget.clone()
+            buf: Vec | None = None
 
-        def check_target() -> None:
-            if stop.target_forget_acc is None:
-                return
-            hit = (forget_accuracy(model, ctx) <= stop.target_forget_acc) & ~frozen
-            for k in torch.nonzero(hit).flatten().tolist():
-                p_info["stop"][k] = "target"
-            frozen.logical_or_(hit)
+            def check_target() -> None:
+                if stop.target_forget_acc is None:
+                    return
+                hit = (forget_accuracy(model, ctx) <= stop.target_forget_acc) & ~frozen
+                for k in torch.nonzero(hit).flatten().tolist():
+                    p_info["stop"][k] = "target"
+                frozen.logical_or_(hit)
 
-        check_target()
-        primary = streams[phase.primary]
-        epoch, done = 0, False
-        while not done and (stop.epochs is None or epoch < stop.epochs) and len(primary) > 0:
-            epoch += 1
-            for idx_primary in primary.epoch():
-                if (stop.max_steps is not None and p_info["steps"] >= stop.max_steps) or bool(frozen.all()):
-                    done = True
-                    break
-                batch = {k: idx_primary if k == phase.primary else streams[k].next()
-                         for k in terms if len(streams[k]) > 0}
-                cost = sum(int(i.shape[1]) for i in batch.values()) + phase.projection.evals_per_step()
-                if max_grad_evals is not None:
-                    over = ~frozen & (evals + cost > max_grad_evals)
-                    for k in torch.nonzero(over).flatten().tolist():
-                        p_info["stop"][k] = "budget"
-                    out_of_budget |= over
-                    frozen |= over
-                    if bool(frozen.all()):
+            check_target()
+            primary = streams[phase.primary]
+            if len(phases) > 1:
+                bar.stage(phase.name)
+            epoch, done = 0, False
+            while not done and (stop.epochs is None or epoch < stop.epochs) and len(primary) > 0:
+                epoch += 1
+                for idx_primary in primary.epoch():
+                    if (stop.max_steps is not None and p_info["steps"] >= stop.max_steps) or bool(frozen.all()):
                         done = True
                         break
-                active = ~frozen
-                saved = kept.snapshot()
+                    batch = {k: idx_primary if k == phase.primary else streams[k].next()
+                             for k in terms if len(streams[k]) > 0}
+                    cost = sum(int(i.shape[1]) for i in batch.values()) + phase.projection.evals_per_step()
+                    if max_grad_evals is not None:
+                        over = ~frozen & (evals + cost > max_grad_evals)
+                        for k in torch.nonzero(over).flatten().tolist():
+                            p_info["stop"][k] = "budget"
+                        out_of_budget |= over
+                        frozen |= over
+                        if bool(frozen.all()):
+                            done = True
+                            break
+                    active = ~frozen
+                    saved = kept.snapshot()
 
-                reduced = {}
-                for k, idx in batch.items():
-                    X, y = source(ctx, terms[k].pool)
-                    reduced[k] = phase.weighting.reduce(k, losses[k](model, X[idx], y[idx], idx), idx)
-                objective = phase.weighting.objective(reduced)
-                grads = torch.autograd.grad(objective, params, allow_unused=True)
-                direction = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
-                if phase.pre_momentum:
-                    if buf is None:
-                        buf = [torch.zeros_like(d) for d in direction]
-                    for b, d in zip(buf, direction):
-                        b.copy_(torch.where(member_view(active.to(b.device), b).bool(), b * phase.pre_momentum + d, b))
-                    direction = [b.clone() for b in buf]
-                direction = phase.projection.project(model, direction)
-                direction = phase.geometry.apply(direction)
-                if phase.param_mask is not None:
-                    direction = [d * m for d, m in zip(direction, phase.param_mask)]
-                update = opt.update(direction, active)
-                if phase.param_mask is not None:  # exact zero outside the mask, whatever the optimizer does
-                    update = [u * m for u, m in zip(update, phase.param_mask)]
-                with torch.no_grad():
-                    for p, u in zip(params, update):
-                        p.sub_(u)
-                kept.restore(saved, ~active)
-                evals[active] += cost
-                phase.weighting.after_step({k: v.detach() for k, v in reduced.items()}, active)
-                steps += 1
-                p_info["steps"] += 1
-                if stop.target_forget_acc is not None and p_info["steps"] % stop.check_every == 0:
-                    check_target()
-        if stop.max_steps is not None and p_info["steps"] >= stop.max_steps:
-            p_info["stop"] = ["max_steps" if s in ("epochs", "max_steps") else s for s in p_info["stop"]]
-        info["phases"].append(p_info)
+                    reduced = {}
+                    for k, idx in batch.items():
+                        X, y = source(ctx, terms[k].pool)
+                        reduced[k] = phase.weighting.reduce(k, losses[k](model, X[idx], y[idx], idx), idx)
+                    objective = phase.weighting.objective(reduced)
+                    grads = torch.autograd.grad(objective, params, allow_unused=True)
+                    direction = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+                    if phase.pre_momentum:
+                        if buf is None:
+                            buf = [torch.zeros_like(d) for d in direction]
+                        for b, d in zip(buf, direction):
+                            b.copy_(torch.where(member_view(active.to(b.device), b).bool(), b * phase.pre_momentum + d, b))
+                        direction = [b.clone() for b in buf]
+                    direction = phase.projection.project(model, direction)
+                    direction = phase.geometry.apply(direction)
+                    if phase.param_mask is not None:
+                        direction = [d * m for d, m in zip(direction, phase.param_mask)]
+                    update = opt.update(direction, active)
+                    if phase.param_mask is not None:  # exact zero outside the mask, whatever the optimizer does
+                        update = [u * m for u, m in zip(update, phase.param_mask)]
+                    with torch.no_grad():
+                        for p, u in zip(params, update):
+                            p.sub_(u)
+                    kept.restore(saved, ~active)
+                    evals[active] += cost
+                    phase.weighting.after_step({k: v.detach() for k, v in reduced.items()}, active)
+                    steps += 1
+                    p_info["steps"] += 1
+                    bar.update()
+                    if stop.target_forget_acc is not None and p_info["steps"] % stop.check_every == 0:
+                        check_target()
+            if stop.max_steps is not None and p_info["steps"] >= stop.max_steps:
+                p_info["stop"] = ["max_steps" if s in ("epochs", "max_steps") else s for s in p_info["stop"]]
+            info["phases"].append(p_info)
+        if steps < total:  # the bar says why the method ended before its bound
+            reasons = [r for ph in info["phases"] for r in ph["stop"] if r in ("target", "budget")]
+            if reasons:
+                bar.stop(max(sorted(set(reasons)), key=reasons.count))
 
     model.eval()
     info["gradient_evals_per_member"] = evals.tolist()

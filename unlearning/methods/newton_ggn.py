@@ -31,7 +31,7 @@ from unlearning.leverage.functions import StackedMemberFunction
 from unlearning.leverage.newton import LINE_SEARCH_TRIALS, newton_steps
 from unlearning.leverage.solvers import EXACT_MAX_PARAMS
 from unlearning.methods.args import DataSizes, MethodArgs
-from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult
+from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult, method_progress
 from unlearning.methods.registry import register
 from unlearning.models.training import clone_model, param_count
 
@@ -90,17 +90,20 @@ def run(ctx: UnlearnContext, args: NewtonGGNArgs) -> UnlearnResult:
         return UnlearnResult(model=out, cost=MethodCost(0, 0, time.perf_counter() - start),
                              info={"lam": lam, "solver": solver, "stop": "budget", "members": []})
     evals, per_member = 0, []
-    for k in range(model.n_models):
-        fn = StackedMemberFunction(model, k, dtype=torch.float64)
-        t = make_targets(ctx.y_retain, fn.n_outputs, ctx.loss, torch.float64, fn.device)
-        theta, info = newton_steps(fn, fn.theta0, ctx.X_retain, t, ctx.loss, lam, steps=steps,
-                                   damping=args.damping, step_size=args.step_size,
-                                   line_search=args.line_search, solver=solver,
-                                   cg_iters=args.cg_iters, cg_tol=args.cg_tol)
-        fn.write_into(out, k, theta)
-        evals += int(info["gradient_evals"])
-        per_member.append({"objective": info["objective"], "eta": info["eta"], "step_norm": info["step_norm"],
-                           "grad_norm": info["grad_norm"], "solver": info["solver"]})
+    # progress: one unit per member and step; the solver's row and CG loops tick in between (10 s rule)
+    with method_progress(ctx, "newton_ggn", model.n_models * steps) as bar:
+        for k in range(model.n_models):
+            bar.stage(f"member {k + 1}/{model.n_models}, {solver}")
+            fn = StackedMemberFunction(model, k, dtype=torch.float64)
+            t = make_targets(ctx.y_retain, fn.n_outputs, ctx.loss, torch.float64, fn.device)
+            theta, info = newton_steps(fn, fn.theta0, ctx.X_retain, t, ctx.loss, lam, steps=steps,
+                                       damping=args.damping, step_size=args.step_size,
+                                       line_search=args.line_search, solver=solver,
+                                       cg_iters=args.cg_iters, cg_tol=args.cg_tol, on_step=bar.update)
+            fn.write_into(out, k, theta)
+            evals += int(info["gradient_evals"])
+            per_member.append({"objective": info["objective"], "eta": info["eta"], "step_norm": info["step_norm"],
+                               "grad_norm": info["grad_norm"], "solver": info["solver"]})
     out.eval()
     # steps: optimizer steps of the ensemble (every member takes `steps`), as the engine's presets count them
     cost = MethodCost(gradient_evals=evals, steps=steps, seconds=time.perf_counter() - start)

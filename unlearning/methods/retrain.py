@@ -18,6 +18,7 @@ from unlearning.methods.losses import per_sample_loss
 from unlearning.methods.registry import register
 from unlearning.models import Ensemble, fit
 from unlearning.models.training import batch_bounds, has_batchnorm, make_optimizer, order_generator
+from unlearning.progress import resolve
 
 
 class RetrainArgs(MethodArgs):
@@ -57,7 +58,9 @@ def run(ctx: UnlearnContext, args: RetrainArgs) -> UnlearnResult:
     epochs = ctx.recipe.epochs if args.epochs is None else args.epochs
     model = ctx.model.fresh()  # same architecture and member seeds, newly initialised
     if ctx.loss == "ce":
-        steps = fit(model, ctx.X_retain, ctx.y_retain, ctx.recipe, epochs=epochs, progress=ctx.progress).steps
+        label = ctx.progress if isinstance(ctx.progress, str) else f"retrain x{model.n_models}"
+        steps = fit(model, ctx.X_retain, ctx.y_retain, ctx.recipe, epochs=epochs,
+                    progress=label if resolve(ctx.progress) else False).steps
     elif ctx.loss == "mse":
         steps = train_mse(model, ctx.X_retain, ctx.y_retain, ctx.recipe, epochs)
     else:
