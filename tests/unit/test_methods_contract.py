@@ -101,7 +101,7 @@ def test_reports_cost_within_declared_budget(name, kind):
 
 # Runs long enough that half their cost still allows some steps (newton_ggn takes one step by default, and
 # without the line search its worst-case step cost is its actual cost).
-TRUNCATION_ARGS = {"newton_ggn": {"steps": 4, "line_search": False}}
+TRUNCATION_ARGS = {"newton_ggn": {"steps": 4, "line_search": False, "gradient": "retain"}}
 
 
 @pytest.mark.parametrize("name", [n for n in METHODS if "max_grad_evals" in REGISTRY[n].args_model.model_fields])

@@ -56,7 +56,7 @@ def test_lands_on_ridge_retrain(solver):
         model.out__weight[1] += 0.5
     before = flat_params(model).clone()
     ctx, retain = ctx_for(model, X, y, forget)
-    res = run_method("newton_ggn", ctx, {"lam": lam, "solver": solver})
+    res = run_method("newton_ggn", ctx, {"lam": lam, "solver": solver, "gradient": "retain"})
     theta_R = ridge_with_bias(X[retain], y[retain], lam)
     assert np.abs(theta_R - theta_D).max() > 1e-2  # removal matters
     got = flat_params(res.model).numpy()
@@ -72,7 +72,7 @@ def test_default_lam_follows_the_recipe():
     model = linear_model(4, [3])
     wd = 0.01
     ctx, retain = ctx_for(model, X, y, forget, recipe=TrainRecipe(1, 8, 0.1, weight_decay=wd))
-    res = run_method("newton_ggn", ctx, {})
+    res = run_method("newton_ggn", ctx, {"gradient": "retain"})
     lam = wd * len(retain)  # mean loss + wd/2 ||theta||^2, times |R|
     assert res.info["lam"] == pytest.approx(lam)
     np.testing.assert_allclose(flat_params(res.model)[0].numpy(), ridge_with_bias(X[retain], y[retain], lam),
@@ -98,15 +98,15 @@ def test_classifier_step_matches_brute_force_and_descends():
     forget = np.arange(5)
     ctx, retain = ctx_for(model, X, y, forget, loss="ce")
     lam, damping = 0.5, 0.1
-    res = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "solver": "exact", "line_search": False})
+    res = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "solver": "exact", "line_search": False, "gradient": "retain"})
     for k in range(2):
         ref = brute_ggn_step(model, k, X[retain], y[retain], lam, damping)
         torch.testing.assert_close(flat_params(res.model)[k].double(), ref.float().double(), rtol=0, atol=1e-6)
     # full steps overshoot here (objective 46.3 -> 52.8 for member 0, 39.2 -> 41.1 -> 45.7 for member 1);
     # the line search descends
-    full = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "steps": 3, "line_search": False})
+    full = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "steps": 3, "line_search": False, "gradient": "retain"})
     assert any(any(b > a for a, b in zip(m["objective"], m["objective"][1:])) for m in full.info["members"])
-    res3 = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "steps": 3})
+    res3 = run_method("newton_ggn", ctx, {"lam": lam, "damping": damping, "steps": 3, "gradient": "retain"})
     for member in res3.info["members"]:
         obj = member["objective"]
         assert len(obj) == 4 and all(b <= a for a, b in zip(obj, obj[1:])) and obj[-1] < obj[0]
@@ -117,11 +117,48 @@ def test_classifier_step_matches_brute_force_and_descends():
 def test_registration_and_args():
     spec = REGISTRY["newton_ggn"]
     assert spec.args_model.__name__ == "NewtonGGNArgs" and spec.summary
-    args = parse_args("newton_ggn", {"steps": 2, "solver": "cg", "cg_iters": 50, "cg_tol": 1e-8, "max_params": 10})
+    args = parse_args("newton_ggn", {"gradient": "retain", "steps": 2, "solver": "cg", "cg_iters": 50, "cg_tol": 1e-8, "max_params": 10})
     assert args.steps == 2 and args.solver == "cg"
     with pytest.raises(ValueError, match="allowed keys"):
         parse_args("newton_ggn", {"stepz": 2})
     with pytest.raises(ValueError, match="solver"):
         parse_args("newton_ggn", {"solver": "projected-ish"})
     with pytest.raises(ValueError, match="steps"):
-        parse_args("newton_ggn", {"steps": 0})
+        parse_args("newton_ggn", {"steps": 0, "gradient": "retain"})
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg"])
+def test_influence_removal_lands_on_ridge_retrain_from_the_full_minimiser(solver):
+    # At theta_D (the full-data ridge minimiser) grad of the retain objective = -grad L_F: the influence-removal
+    # step (gradient = forget) is the Newton step, exact on ridge (float64 reference).
+    X, y = ridge_problem()
+    lam, forget = 0.7, np.array([0, 3, 9, 20])
+    model = linear_model(4, [1], ridge_with_bias(X, y, lam))
+    ctx, retain = ctx_for(model, X, y, forget)
+    res = run_method("newton_ggn", ctx, {"lam": lam, "solver": solver, "gradient": "forget"})
+    np.testing.assert_allclose(flat_params(res.model)[0].numpy(), ridge_with_bias(X[retain], y[retain], lam),
+                               rtol=1e-7, atol=1e-8)
+
+
+def test_influence_removal_moves_only_by_the_forget_samples_away_from_a_minimiser():
+    # From a point that is not the full minimiser the retain step also undoes the residual of the unfinished
+    # training (it lands on theta_R whatever the start); the influence step moves by the forget part only:
+    # theta0 + H_R^-1 grad L_F(theta0), checked against the closed form.
+    X, y = ridge_problem()
+    lam, forget = 0.7, np.array([0, 3, 9, 20])
+    theta0 = ridge_with_bias(X, y, lam) + 0.3
+    ctx, retain = ctx_for(linear_model(4, [1], theta0), X, y, forget)
+    res_f = run_method("newton_ggn", ctx, {"lam": lam, "solver": "exact", "gradient": "forget"})
+    res_r = run_method("newton_ggn", ctx, {"lam": lam, "solver": "exact", "gradient": "retain"})
+    Xa = np.c_[X, np.ones(len(X))]
+    H_R = Xa[retain].T @ Xa[retain] + lam * np.eye(5)
+    g_F = Xa[forget].T @ (Xa[forget] @ theta0 - y[forget])  # gradient of 0.5 sum_F (f - y)^2
+    np.testing.assert_allclose(flat_params(res_f.model)[0].numpy(), theta0 + np.linalg.solve(H_R, g_F),
+                               rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(flat_params(res_r.model)[0].numpy(), ridge_with_bias(X[retain], y[retain], lam),
+                               rtol=1e-7, atol=1e-8)
+
+
+def test_influence_removal_is_one_step():
+    with pytest.raises(ValueError, match="one influence-removal step"):
+        parse_args("newton_ggn", {"gradient": "forget", "steps": 2})

@@ -81,7 +81,7 @@ def test_a_method_off_a_terminal_prints_plain_progress_lines():
     from unlearning.methods import run_method
 
     for name, args, label in (("finetune", {"epochs": 3}, "finetune x2"),
-                              ("newton_ggn", {"steps": 2}, "newton_ggn x2"),
+                              ("newton_ggn", {"steps": 2, "gradient": "retain"}, "newton_ggn x2"),
                               ("scrub", {}, "scrub x2")):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):

@@ -91,3 +91,37 @@ def newton_steps(fn: OutputFunction, theta: torch.Tensor, X: torch.Tensor, t: to
             on_step()
     info["seconds"] = time.perf_counter() - start
     return theta, info
+
+
+def influence_removal_step(fn: OutputFunction, theta: torch.Tensor, X_retain: torch.Tensor, t_retain: torch.Tensor,
+                           X_forget: torch.Tensor, t_forget: torch.Tensor, loss: str, lam: float, *,
+                           damping: float = 0.0, step_size: float = 1.0, solver: str = "auto",
+                           cg_iters: int = 500, cg_tol: float = 1e-10, exact_max_params: int | None = None,
+                           chunk: int | None = None) -> tuple[torch.Tensor, dict]:
+    """One influence-removal step (Koh & Liang 2017, §2; DESIGN §4.1):
+
+        theta <- theta + eta (G_R(theta) + (lam + damping) I)^-1 grad sum_{i in F} loss_i(theta).
+
+    At the minimiser theta_D of L_D = L_R + L_F + lam/2 ||theta||^2, grad (L_R + lam/2 ||.||^2)(theta_D) =
+    -grad L_F(theta_D), so this is the same step as a Newton step on the retain objective, and exact on ridge.
+    Away from a minimiser (a recipe stopped early, decoupled weight decay) the two differ: the retain gradient
+    also carries the residual of the unfinished training, which moves the model toward the retain optimum,
+    where the oracles (trained by the same recipe) are not; the forget gradient moves only by the removed
+    samples' contribution. No line search: there is no objective the step must decrease."""
+    if lam < 0 or damping < 0:
+        raise ValueError(f"lam and damping must be >= 0, got lam={lam}, damping={damping}")
+    start = time.perf_counter()
+    kw = {} if exact_max_params is None else {"exact_max_params": exact_max_params}
+    theta = theta.detach().clone()
+    n, C = X_retain.shape[0], fn.n_outputs
+    g_forget = RowSet(fn, theta, X_forget, t_forget, loss, chunk=chunk).gradient()
+    slv = make_solver(solver, lam + damping, p=fn.p, cg_iters=cg_iters, cg_tol=cg_tol, **kw)
+    slv.fit(plus=[RowSet(fn, theta, X_retain, t_retain, loss, chunk=chunk)])
+    delta = slv.solve(g_forget)
+    theta = theta + step_size * delta
+    evals = X_forget.shape[0] + (n * C if slv.name in ("exact", "projected")
+                                 else 2 * n * slv.info.get("matvec_columns", 0)
+                                 + (n * C if slv.info.get("preconditioner") == "jacobi" else 0))
+    return theta, {"grad_norm": [float(g_forget.norm())], "step_norm": [float(step_size * delta.norm())],
+                   "eta": [step_size], "objective": [], "solver": dict(slv.info), "gradient_evals": evals,
+                   "seconds": time.perf_counter() - start}
