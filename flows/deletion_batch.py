@@ -242,9 +242,12 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         try:
             fault("before_register")
             version = tracker.log_model(parent, outcome.model, registered)
+            # Registry lineage: which batch, method and verdict produced this version, and from which run.
+            verdict = "passed" if outcome.verdict.passed else "promoted_as_gate_false_reject"
             tracker.set_version_tags(registered, version, {"fingerprint": state.fingerprint["digest"],
                                                            "batch_id": batch_id, "method": outcome.method,
-                                                           "promoted": "false"})
+                                                           "verdict": verdict, "parent_run_id": parent,
+                                                           "n_forgotten": len(forget_ids), "promoted": "false"})
             fault("after_register")
             sha = file_sha256(path)
             salt = state.prepared.info["name"]

@@ -130,14 +130,27 @@ class Tracker:
 
     # values -----------------------------------------------------------------------------------
     def log_params(self, run_id: str, params: dict) -> None:
+        """All params in batched calls (one round trip per 100, MLflow's limit), not one call per key."""
+        from mlflow.entities import Param
+
+        items = []
         for k, v in _flatten(params).items():
             v = self._r(v)
-            self.client.log_param(run_id, k, json.dumps(v) if isinstance(v, (list, tuple)) else str(v)[:6000])
+            items.append(Param(k, json.dumps(v) if isinstance(v, (list, tuple)) else str(v)[:6000]))
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run_id, params=items[i:i + 100])
 
     def log_metrics(self, run_id: str, metrics: dict, step: int | None = None) -> None:
-        for k, v in _flatten(metrics).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
-                self.client.log_metric(run_id, k.replace("/", "."), float(v), step=step or 0)
+        """Finite numbers only, in batched calls (MLflow's limit: 1000 metrics per call)."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k.replace("/", "."), float(v), now, step or 0) for k, v in _flatten(metrics).items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[i:i + 1000])
 
     def log_series(self, run_id: str, points: list[dict], names: dict[str, str], step_key: str = "step") -> None:
         """Step-indexed metrics in one call: for each point, metric names[k] = point[k] at step point[step_key]."""

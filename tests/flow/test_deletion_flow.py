@@ -93,6 +93,10 @@ def test_batch_is_applied_then_idempotent(project):
     assert [m.step for m in tracker.client.get_metric_history(r["run_id"], "history.forgotten_fraction")] == [1]
     assert tracker.client.get_experiment(tracker.experiment_id).tags["mlflow.experimentKind"] == \
         "custom_model_development"
+    mv_tags = tracker.client.get_model_version(params.tracking.registered_model, r["model_version"]).tags
+    assert mv_tags["batch_id"] == r["batch_id"] and mv_tags["method"] == r["method"]
+    assert mv_tags["parent_run_id"] == r["run_id"] and mv_tags["n_forgotten"] == str(len(requests))
+    assert mv_tags["verdict"] in ("passed", "promoted_as_gate_false_reject")
     champion = json.loads((project / "state" / "champion.json").read_text())
     assert [p["step"] for p in champion["history"]] == [1]
     from prefect.client.orchestration import get_client
