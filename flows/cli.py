@@ -301,7 +301,12 @@ def cmd_status(args) -> int:
             notes.append(f"reconciled @{params.tracking.alias}: v{before} -> v{champion.get('model_version')}")
     manifest = read_state_manifest(state_dir / "manifest.csv")
     ledger = read_ledger(state_dir / "ledger.jsonl")
-    status = {"champion": champion, "registered_model": params.tracking.registered_model,
+    from unlearning.history import retraining_debt
+
+    retained_train = int(((manifest["split"] == "train") & (manifest["status"] == "retained")).sum())
+    debt = retraining_debt(ledger, retained_train + len(ledger))
+    status = {"champion": champion, "retraining_debt": debt,
+              "debt_bounds": params.deletion.debt.model_dump(), "registered_model": params.tracking.registered_model,
               "alias": params.tracking.alias, "n_samples": len(manifest),
               "n_deleted": int((manifest["status"] == "deleted").sum()), "n_requests": len(ledger),
               "n_batches": len({e["batch_id"] for e in ledger}),
@@ -316,7 +321,18 @@ def cmd_status(args) -> int:
           f"method {champion['method']}, batch {champion['batch_id']}")
     print(f"manifest: {status['n_samples']} samples, {status['n_deleted']} deleted; ledger: {status['n_requests']} "
           f"request(s) in {status['n_batches']} batch(es); erased (tombstoned): {status['n_erased']}")
-    print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: `make ui` then open http://127.0.0.1:5000")
+    bounds = params.deletion.debt
+    print(f"retraining debt: {debt['batches_since_retrain']} approximate batch(es) and "
+          f"{debt['forgotten_since_retrain']} sample(s) ({debt['forgotten_fraction_since_retrain']:.2%} of the "
+          f"{debt['n_train']} original training rows) since the last exact retrain; bounds: "
+          f"max_batches_since_retrain {bounds.max_batches_since_retrain}, "
+          f"max_forgotten_fraction {bounds.max_forgotten_fraction} (deletion.debt)")
+    for p in champion.get("history", [])[-5:]:
+        print(f"  batch {p['step']}: {p['request_file']} -> {p['method']} v{p['model_version']}, forgotten "
+              f"{p['forgotten_fraction']:.2%} in all, validation accuracy {p['champion_validation_accuracy']:.3f}, "
+              f"output gap to oracles {p['champion_output_gap']:.4f}")
+    print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: `make ui` then open http://127.0.0.1:5000"
+          f"/#/experiments (the batch runs: the link each batch prints at its end)")
     return 0
 
 

@@ -21,7 +21,7 @@ OVERRIDES = {"deletion": {"method": "do_nothing", "debt": {"max_forgotten_fracti
              "gate": {"retrain_equivalence": {"alpha": 1e-6, "accuracy_z": 50.0, "min_validation_accuracy": None}}}
 
 
-def test_debt_forces_retrain_at_the_declared_threshold(tmp_path, prefect_harness):
+def test_debt_forces_retrain_at_the_declared_threshold(tmp_path, prefect_harness, capsys):
     import os
 
     os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -68,3 +68,12 @@ def test_debt_forces_retrain_at_the_declared_threshold(tmp_path, prefect_harness
     last = results[2]["run_id"]
     assert [x.step for x in tracker.client.get_metric_history(last, "history.forgotten_fraction")] == [1, 2, 3]
     assert "champion_history.png" in {a.path for a in tracker.client.list_artifacts(last)}
+
+    # `unlearn status` reads the debt and the history back.
+    from flows.cli import main
+
+    capsys.readouterr()
+    assert main(["--params", str(params_path), "status"]) == 0
+    out = capsys.readouterr().out
+    assert "retraining debt: 1 approximate batch(es) and 2 sample(s)" in out
+    assert "batch 2: 2026-12-01T1010_b1.csv -> retrain" in out
