@@ -24,6 +24,7 @@ from flows.common import (
 from tasks import plots
 from tasks.batch import partition_retain, unlearn_and_validate
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
+from tasks.dvc_metrics import write_deletion_metrics
 from tasks.lineage import commit_lineage
 from tasks.state import ensure_state, load_state, write_state
 from tasks.training import model_spec, recipe, train_ensemble_chunk
@@ -480,6 +481,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
             created = ensure_state(params, device)
             print(f"no request files in {inbox}; nothing to do"
                   + ("; state initialised from the trained original" if created else ""))
+            write_deletion_metrics(params)
             return []
         results = []
         for f in files:
@@ -498,6 +500,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
                 r["moved_to"] = str(processed(f, params))
             results.append(r)
         ensure_state(params, device)  # every file rejected on a first run: the state (a DVC output) still exists
+        write_deletion_metrics(params)
         if dvc_commit and params.operations.dvc_commit and any(r["status"] == "applied" for r in results):
             try:
                 print(f"lineage: {commit_lineage(params)}")

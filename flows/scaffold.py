@@ -46,9 +46,14 @@ stages:
 {train_deps}
     params:
       - base.seed
+      - base.device
+      - base.paths
       - train
     outs:
       - {original}
+    metrics:
+      - {train_metrics}:
+          cache: false
   deletion:
     # Every request file in the inbox, in name order; the state (model, live manifest, append-only ledger)
     # persists across runs, and re-running is a no-op for requests already in the ledger.
@@ -56,14 +61,32 @@ stages:
     deps:
 {deletion_deps}
     params:
+      - base.seed
+      - base.device
+      - base.paths
+      - train
       - deletion
       - diagnostics
       - validation
       - gate
       - tracking
+      - erasure
+      - operations
     outs:
       - {state_dir}:
           persist: true
+    metrics:
+      - {deletion_metrics}:
+          cache: false
+    plots:
+      - {history}:
+          cache: false
+
+plots:
+  - champion across batches:
+      x: step
+      y:
+        {history}: [forgotten_fraction, champion_validation_accuracy, champion_output_gap]
 """
 
 GITIGNORE = """\
@@ -78,6 +101,7 @@ GITIGNORE = """\
 /.prefect/
 /{prepared_dir}
 /{models_dir}/*.pt
+/{metrics_dir}/
 /dvc-remote/
 __pycache__/
 """
@@ -198,8 +222,11 @@ def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | 
 def dvc_yaml_for(params: Params, data_dep: str, extra_train_deps: list[str] = ()) -> str:
     p = params.base.paths
     original = f"{p.models_dir.rstrip('/')}/original.pt"
+    metrics = p.metrics_dir.rstrip("/")
     return DVC_TEMPLATE.format(
         inbox=p.inbox, prepared_dir=_q(p.prepared_dir), original=_q(original), state_dir=_q(p.state_dir),
+        train_metrics=_q(f"{metrics}/train.json"), deletion_metrics=_q(f"{metrics}/deletion.json"),
+        history=_q(f"{metrics}/history.json"),
         prepare_deps=_deps([data_dep]), train_deps=_deps([p.prepared_dir, *extra_train_deps]),
         deletion_deps=_deps([original, p.prepared_dir, p.inbox]))
 
@@ -324,7 +351,8 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
     ignore = GITIGNORE.format(state_dir=p.state_dir.rstrip("/"), state_name=Path(p.state_dir).name,
                               cache_dir=p.cache_dir.rstrip("/"), archive_dir=p.archive_dir.rstrip("/"),
                               mlflow_db=p.mlflow_db, mlflow_artifacts=p.mlflow_artifacts.rstrip("/"),
-                              prepared_dir=p.prepared_dir.rstrip("/"), models_dir=p.models_dir.rstrip("/"))
+                              prepared_dir=p.prepared_dir.rstrip("/"), models_dir=p.models_dir.rstrip("/"),
+                              metrics_dir=p.metrics_dir.rstrip("/"))
     gi = target / ".gitignore"
     if gi.exists():
         have = set(gi.read_text().splitlines())

@@ -30,6 +30,9 @@ def train(params_path: str = "params.yaml") -> dict:
     tracker.set_alias(params.tracking.registered_model, params.tracking.alias, version)
     tracker.set_version_tags(params.tracking.registered_model, version, {"fingerprint": fingerprint["digest"]})
     tracker.end_run(run_id)
+    from tasks.dvc_metrics import write_train_metrics
+
+    write_train_metrics(params, metrics)
     save_checkpoint(model.cpu(), original_path(params),
                     {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics,
                      "fingerprint": fingerprint})

@@ -31,6 +31,7 @@ class Paths(Strict):
     inbox: str = "requests/inbox"
     cache_dir: str = "cache"
     reports_dir: str = "reports"
+    metrics_dir: str = "metrics"  # DVC metrics and plot data (train.json, deletion.json, history.json)
     mlflow_db: str = "mlflow.db"
     mlflow_artifacts: str = "mlartifacts"
     archive_dir: str = "archive"  # `unlearn reset` moves the state and the cache here (archive/<UTC time>/)

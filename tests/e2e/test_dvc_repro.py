@@ -40,6 +40,12 @@ def sh(cmd, cwd, env, timeout=900):
     return res.stdout + res.stderr
 
 
+def sh_json(cmd, cwd, env):
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"{cmd} failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+    return json.loads(res.stdout)
+
+
 def test_dvc_repro_end_to_end(tmp_path):
     from unlearning.config import deep_merge
 
@@ -58,6 +64,13 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert "promoted" in out
     ledger = [json.loads(l) for l in (proj / "state" / "ledger.jsonl").read_text().splitlines()]
     assert len(ledger) == 12 and {e["verdict"] for e in ledger} == {"passed"}
+    # DVC sees the stages' metrics and the champion's history plot.
+    shown = sh_json([sys.executable, "-m", "dvc", "metrics", "show", "--json"], proj, env)
+    files = {f: d["data"] for rev in shown.values() for f, d in rev["data"].items()}
+    assert files["metrics/train.json"]["val_accuracy"] > 0.5
+    assert files["metrics/deletion.json"]["n_batches"] == 1 and files["metrics/deletion.json"]["n_forgotten"] == 12
+    plots = sh_json([sys.executable, "-m", "dvc", "plots", "show", "--json"], proj, env)
+    assert "champion across batches" in plots["data"] and not plots.get("errors")
 
     # The MLflow store holds the batch run, and the registry's champion alias points at its model.
     from tasks.tracking import Tracker
