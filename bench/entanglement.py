@@ -23,7 +23,11 @@ Setting
   top-q cut with q = the true adjacent fraction.
 
 Writes <out-dir>/entanglement.json and entanglement.md and prints the markdown tables.
-Usage: python bench/entanglement.py [--quick] [--threads 2] [--max-train N] [--out-dir bench/results]
+With `--targets fine` the model is trained on the ten original labels (the forget set is the whole class
+Shirt), al_wpgd runs at its defaults (FINE_ARGS), the acceptance is forget <= 5% and remote >= the original's
+- 0.02 (issue 12 item 7), and the files are entanglement_fine.json / .md.
+Usage: python bench/entanglement.py [--quick] [--targets super|fine] [--threads 2] [--max-train N]
+       [--out-dir bench/results]
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ METHODS = ["original", "retrain", "finetune", "gradient_ascent", "descent_ascent
            "al_wpgd"]
 ACCEPT_FORGET_MAX = 0.05      # al_wpgd forget accuracy must be below this
 ACCEPT_ADJACENT_RATIO = 0.90  # ... while adjacent accuracy stays >= this times the original's
+ACCEPT_REMOTE_DROP = 0.02     # --targets fine (issue 12 item 7): forget <= 5% and remote >= original's - 0.02
 
 
 @dataclass(frozen=True)
@@ -92,9 +97,12 @@ QUICK = Setting(max_train=3000, max_val=1000, hidden=(64,), epochs=4, batch_size
 #   accuracy back to ~0.99 within 60 steps; lr 5e-3 with momentum 0.5 is stable; a larger adjacent batch
 #   (256) gives a less noisy direction; 2,400 steps end just below 5% forget accuracy (forget accuracy
 #   creeps up with the steps, adjacent accuracy with it).
+# - the stage-2 batch sizes are the method's defaults (issue 12: adjacent 256, remote projection 1024). On
+#   seed 0, 1 thread, the full data: remote projection 128 -> 1024 took forget 0.056 -> 0.030, remote
+#   0.922 -> 0.955, adjacent 0.672 -> 0.639 (bench/al_wpgd_fine.py --targets super; neither meets the
+#   adjacent >= 90% acceptance on that run).
 AL_WPGD_ARGS = {"target_forget_acc": 0.0, "stage1_lr": 1e-4, "stage1_steps": 1000, "cap": 10.0, "mu": 10.0,
-                "stage2_lr": 5e-3, "stage2_momentum": 0.5, "stage2_steps": 2400, "adjacent_batch_size": 256,
-                "alpha": 0.5}
+                "stage2_lr": 5e-3, "stage2_momentum": 0.5, "stage2_steps": 2400, "alpha": 0.5}
 METHOD_ARGS: dict[str, dict] = {
     "retrain": {},
     "finetune": {},
@@ -115,6 +123,11 @@ QUICK_ARGS: dict[str, dict] = {
     "salun": {"epochs": 3},
     "al_wpgd": {"stage2_steps": 300},
 }
+# --targets fine (issue 12 item 7): al_wpgd at the method's own defaults, which were chosen on this setting
+# (bench/al_wpgd_fine.py: forget <= 5% with remote accuracy within 2 points of the original's). The super
+# targets keep the tuned args above: there stage 1 takes adjacent accuracy to ~0, and 100 stage-2 steps at
+# lr 3e-3 gave none of it back (adjacent 0.0004, seed 0), so stage 2 needs thousands of steps.
+FINE_ARGS: dict[str, dict] = {"al_wpgd": {}, "al_wpgd_stage1": {"stage2_steps": 0}}
 # row name -> registered method
 METHOD_OF = {name: ("al_wpgd" if name.startswith("al_wpgd") else name) for name in METHOD_ARGS}
 
@@ -133,8 +146,10 @@ def top_fraction_precision(score: np.ndarray, truth: np.ndarray) -> float:
     return float(truth[top].mean()) if k else float("nan")
 
 
-def load_setting(setting: Setting, seed: int, data_dir: str) -> dict:
-    ds = load_dataset("fashion_mnist", fashion_mnist_dir=data_dir, targets="super", seed=seed,
+def load_setting(setting: Setting, seed: int, data_dir: str, targets: str = "super") -> dict:
+    """`targets`: "super" (the five super-classes; forget rows are labelled "tops") or "fine" (the ten
+    original labels; the forget set is the whole class Shirt). Adjacent / remote are the same rows either way."""
+    ds = load_dataset("fashion_mnist", fashion_mnist_dir=data_dir, targets=targets, seed=seed,
                       max_train=setting.max_train, max_val=setting.max_val)
     tr, va = ds.split == "train", ds.split == "val"
     shirt = FASHION_CLASSES.index(FORGET_CLASS)
@@ -271,10 +286,13 @@ def _resolved_args(name: str, args: dict) -> dict:
 
 def markdown(results: dict) -> str:
     s = results["setting"]
-    lines = [f"### Entangled setting: Fashion-MNIST super-classes, forget = every training {FORGET_CLASS}",
+    targets = results.get("targets", "super")
+    lines = [f"### Entangled setting: Fashion-MNIST {'super-classes' if targets == 'super' else 'fine labels'}, "
+             f"forget = every training {FORGET_CLASS}",
              "", f"{results['sizes']['forget']} forget, {results['sizes']['adjacent']} adjacent, "
              f"{results['sizes']['remote']} remote, {results['sizes']['validation']} validation rows; MLP "
-             f"784-{'-'.join(map(str, s['hidden']))}-5 ({results['n_params']} params), {s['epochs']} epochs; "
+             f"784-{'-'.join(map(str, s['hidden']))}-{results.get('n_classes', 5)} "
+             f"({results['n_params']} params), {s['epochs']} epochs; "
              f"{results['threads']} torch threads.", "",
              "| method | forget | adjacent | remote | val | val Shirt | val non-Shirt | grad evals | seconds |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -293,9 +311,15 @@ def markdown(results: dict) -> str:
             lines.append(f"| {r['weight']:g} | {a['forget']:.4f} | {a['adjacent']:.4f} | {a['remote']:.4f} | "
                          f"{a['validation']:.4f} | {r['seconds']:.1f} |")
     acc = results["acceptance"]
-    lines += ["", f"Acceptance (al_wpgd): forget {acc['forget']:.4f} < {ACCEPT_FORGET_MAX} and adjacent "
-              f"{acc['adjacent']:.4f} >= {ACCEPT_ADJACENT_RATIO} x {acc['original_adjacent']:.4f} = "
-              f"{acc['adjacent_needed']:.4f}: **{'PASS' if acc['passed'] else 'FAIL'}**", "",
+    if "remote_needed" in acc:
+        verdict = (f"Acceptance (al_wpgd, fine labels): forget {acc['forget']:.4f} <= {ACCEPT_FORGET_MAX} and remote "
+                   f"{acc['remote']:.4f} >= {acc['original_remote']:.4f} - {ACCEPT_REMOTE_DROP} = "
+                   f"{acc['remote_needed']:.4f}: **{'PASS' if acc['passed'] else 'FAIL'}**")
+    else:
+        verdict = (f"Acceptance (al_wpgd): forget {acc['forget']:.4f} < {ACCEPT_FORGET_MAX} and adjacent "
+                   f"{acc['adjacent']:.4f} >= {ACCEPT_ADJACENT_RATIO} x {acc['original_adjacent']:.4f} = "
+                   f"{acc['adjacent_needed']:.4f}: **{'PASS' if acc['passed'] else 'FAIL'}**")
+    lines += ["", verdict, "",
               "| partition mode | ROC AUC (adjacent vs remote) | top-q precision | rows scored |",
               "|---|---|---|---|"]
     p = results["partition"]
@@ -324,6 +348,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="override the frontier reference's suppression weights (none: skip it)")
     ap.add_argument("--al-wpgd-args", type=json.loads, default=None,
                     help='JSON merged into the al_wpgd args, e.g. \'{"stage2_steps": 6000}\'')
+    ap.add_argument("--targets", choices=("super", "fine"), default="super",
+                    help="training targets: the five super-classes (default) or the ten fine labels")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default=DEFAULT_DIR)
@@ -338,14 +364,16 @@ def main(argv: list[str] | None = None) -> dict:
                                    ("joint_weights", None if a.joint_weights is None else tuple(a.joint_weights)))
                  if v is not None}
     setting = replace(setting, **overrides)
-    method_args = {k: {**v, **(QUICK_ARGS.get(k, {}) if a.quick else {})} for k, v in METHOD_ARGS.items()}
+    base_args = {**METHOD_ARGS, **(FINE_ARGS if a.targets == "fine" else {})}
+    method_args = {k: {**v, **(QUICK_ARGS.get(k, {}) if a.quick else {})} for k, v in base_args.items()}
     if a.al_wpgd_args:
         for name in ("al_wpgd", "al_wpgd_stage1"):
             method_args[name].update({k: v for k, v in a.al_wpgd_args.items()
                                       if not (name == "al_wpgd_stage1" and k == "stage2_steps")})
 
-    d = load_setting(setting, a.seed, a.data_dir)
-    spec = {"arch": "mlp", "in_dim": d["X_retain"].shape[1], "hidden": list(setting.hidden), "n_classes": 5,
+    d = load_setting(setting, a.seed, a.data_dir, a.targets)
+    n_classes = d["ds"].n_classes
+    spec = {"arch": "mlp", "in_dim": d["X_retain"].shape[1], "hidden": list(setting.hidden), "n_classes": n_classes,
             "image_shape": [28, 28]}
     model = build_model(spec, seeds_for(a.seed, 1))
     X_train = torch.cat([d["X_retain"], d["X_forget"]])
@@ -356,7 +384,7 @@ def main(argv: list[str] | None = None) -> dict:
                           lr=recipe.lr, weight_decay=recipe.weight_decay)
     results: dict = {
         "setting": {**asdict(setting), "hidden": list(setting.hidden), "joint_weights": list(setting.joint_weights)},
-        "quick": a.quick, "seed": a.seed,
+        "quick": a.quick, "seed": a.seed, "targets": a.targets, "n_classes": n_classes,
         "threads": a.threads, "torch": torch.__version__, "python": platform.python_version(),
         "n_params": param_count(model),
         "sizes": {"forget": len(d["X_forget"]), "retain": len(d["X_retain"]), "adjacent": int(d["adjacent"].sum()),
@@ -392,6 +420,12 @@ def main(argv: list[str] | None = None) -> dict:
         "forget": al["forget"], "adjacent": al["adjacent"], "original_adjacent": orig["adjacent"],
         "adjacent_needed": needed, "forget_max": ACCEPT_FORGET_MAX,
         "passed": bool(al["forget"] < ACCEPT_FORGET_MAX and al["adjacent"] >= needed)}
+    if a.targets == "fine":  # issue 12 item 7: the remote classes must keep their accuracy
+        remote_needed = orig["remote"] - ACCEPT_REMOTE_DROP
+        results["acceptance"].update({
+            "criterion": "fine: forget <= 0.05 and remote >= original's - 0.02", "remote": al["remote"],
+            "original_remote": orig["remote"], "remote_needed": remote_needed,
+            "passed": bool(al["forget"] <= ACCEPT_FORGET_MAX and al["remote"] >= remote_needed)})
 
     results["partition"] = partition_recovery(model, d, setting, a.seed)
     results["wall_seconds"] = time.perf_counter() - start
@@ -400,8 +434,9 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(results)
-    (out / "entanglement.json").write_text(json.dumps(results, indent=2, default=float))
-    (out / "entanglement.md").write_text(md)
+    stem = "entanglement" if a.targets == "super" else "entanglement_fine"
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2, default=float))
+    (out / f"{stem}.md").write_text(md)
     print(md)
     return results
 
