@@ -30,17 +30,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from digits_problem import digits_problem, train_members  # (bench/ is on sys.path when run as a script)
 from unlearning.batch import BatchRows
 from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.config import load_params
-from unlearning.data import load_dataset
 from unlearning.gate import evaluate_gate
 from unlearning.leverage import compute_diagnostics
 from unlearning.methods import run_method
-from unlearning.methods.base import TrainRecipe, UnlearnContext
+from unlearning.methods.base import UnlearnContext
 from unlearning.metrics import klom, klom_summary, margins
-from unlearning.models import build_model, fit, predict_logits
-from unlearning.models.zoo import arch_kwargs
+from unlearning.models import predict_logits
 from unlearning.seeds import method_seed, original_seed, role_seeds
 from unlearning.selection import batch_facts, candidate_methods
 
@@ -49,10 +48,7 @@ SPLITS = ("forget", "adjacent", "remote", "validation")
 METHODS = ("do_nothing", "gradient_ascent", "descent_ascent")
 
 
-def _train(spec, seeds, X, y, recipe):
-    model = build_model(spec, seeds)
-    fit(model, X, y, recipe)
-    return model
+_train = train_members
 
 
 def forget_sets(rng, train_rows, y, n_random, self_lev_rank) -> list[tuple[str, np.ndarray]]:
@@ -84,19 +80,9 @@ def main() -> None:
     gate.retrain_equivalence.n_permutations = a.n_permutations
     t_start = time.perf_counter()
 
-    ds = load_dataset("digits", seed=params.base.seed, val_fraction=params.prepare.val_fraction)
-    X_all = torch.as_tensor(np.asarray(ds.X), dtype=torch.float32)
-    y_np = np.asarray(ds.label).astype(np.int64)
-    y_all = torch.as_tensor(y_np)
-    train_rows = np.flatnonzero(np.asarray(ds.split) == "train")
-    val_rows = np.flatnonzero(np.asarray(ds.split) == "val")
-    m = params.train.model
-    spec = {"arch": m.arch, "in_shape": [int(s) for s in ds.in_shape], "n_classes": int(ds.n_classes),
-            "kwargs": arch_kwargs(m.model_dump()), "factory": m.factory, "feature_layer": m.feature_layer}
-    t = params.train
-    recipe = TrainRecipe(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
-                         optimizer=t.optimizer, momentum=t.momentum, schedule=t.schedule,
-                         label_smoothing=t.label_smoothing)
+    prob = digits_problem(params)
+    X_all, y_all, y_np, spec, recipe = prob.X, prob.y, prob.y_np, prob.spec, prob.recipe
+    train_rows, val_rows = prob.train_rows, prob.val_rows
     XD, yD = X_all[train_rows], y_all[train_rows]
     t0 = time.perf_counter()
     original = _train(spec, [original_seed(a.seed)], XD, yD, recipe)

@@ -30,24 +30,21 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from digits_problem import digits_problem, train_members  # noqa: E402  (bench/ is on sys.path as a script)
 from unlearning.config import load_params  # noqa: E402
-from unlearning.data import load_dataset  # noqa: E402
 from unlearning.methods import run_method  # noqa: E402
-from unlearning.methods.base import TrainRecipe, UnlearnContext  # noqa: E402
+from unlearning.methods.base import UnlearnContext  # noqa: E402
 from unlearning.metrics import margins  # noqa: E402
-from unlearning.models import build_model, fit, predict_logits  # noqa: E402
-from unlearning.models.zoo import arch_kwargs  # noqa: E402
+from unlearning.models import predict_logits  # noqa: E402
 from unlearning.seeds import method_seed, role_seeds  # noqa: E402
 
 CANDIDATES = {"do_nothing": ("do_nothing", {}), "newton_retain": ("newton_ggn", {"gradient": "retain"}),
               "newton_forget": ("newton_ggn", {"gradient": "forget"})}
 
 
-def _train(spec, seeds, X, y, recipe):
-    model = build_model(spec, seeds)
-    fit(model, X, y, recipe)
-    return model
+_train = train_members
 
 
 def main() -> None:
@@ -62,18 +59,9 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     t_start = time.perf_counter()
-    ds = load_dataset("digits", seed=params.base.seed, val_fraction=params.prepare.val_fraction)
-    X = torch.as_tensor(np.asarray(ds.X), dtype=torch.float32)
-    y_np = np.asarray(ds.label).astype(np.int64)
-    y = torch.as_tensor(y_np)
-    train_rows = np.flatnonzero(np.asarray(ds.split) == "train")
-    val_rows = np.flatnonzero(np.asarray(ds.split) == "val")
-    m, t = params.train.model, params.train
-    spec = {"arch": m.arch, "in_shape": [int(s) for s in ds.in_shape], "n_classes": int(ds.n_classes),
-            "kwargs": arch_kwargs(m.model_dump()), "factory": m.factory, "feature_layer": m.feature_layer}
-    recipe = TrainRecipe(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
-                         optimizer=t.optimizer, momentum=t.momentum, schedule=t.schedule,
-                         label_smoothing=t.label_smoothing)
+    prob = digits_problem(params)
+    X, y, y_np, spec, recipe = prob.X, prob.y, prob.y_np, prob.spec, prob.recipe
+    train_rows, val_rows = prob.train_rows, prob.val_rows
     originals = _train(spec, role_seeds(a.seed, "bench", a.members), X[train_rows], y[train_rows], recipe)
     with torch.no_grad():
         loss = torch.nn.functional.cross_entropy(predict_logits(originals, X[train_rows])[0], y[train_rows],
