@@ -69,6 +69,7 @@ bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/leverage.py
 	$(BIN)/python bench/ensembles.py
 	$(BIN)/python bench/calibration.py
+	$(BIN)/python bench/newton_removal.py
 
 reset: setup ## start over: `unlearn reset` archives state/ and cache/ (ledger kept, asks first)
 	$(BIN)/unlearn reset
