@@ -44,7 +44,7 @@ from unlearning.seeds import method_seed, original_seed, role_seeds
 from unlearning.selection import batch_facts, candidate_methods
 
 ROOT = Path(__file__).resolve().parents[1]
-SPLITS = ("forget", "adjacent", "remote", "validation")
+from unlearning.batch import SPLITS  # noqa: E402
 METHODS = ("do_nothing", "gradient_ascent", "descent_ascent")
 
 

@@ -29,7 +29,7 @@ from tasks.lineage import commit_lineage
 from tasks.state import ensure_state, load_state, write_state
 from tasks.training import model_spec, recipe, train_ensemble_chunk
 from tasks.validation import raise_if_invalid, validate_request
-from unlearning.batch import batch_rows, eval_logits
+from unlearning.batch import SPLITS, batch_rows, eval_logits
 from unlearning.config import Params, load_params
 from unlearning.gate import only_statistical_failures
 from unlearning.ensembles import chunks
@@ -213,7 +213,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
             summary["candidates"].append(line)
             verdict_line = "passed" if out.verdict.passed else "failed: " + "; ".join(out.verdict.failures)
             pvals = ", ".join(f"{s} {out.metrics[f'klom_pvalue/{s}']:.3f}" for s in
-                              ("forget", "adjacent", "remote", "validation") if f"klom_pvalue/{s}" in out.metrics)
+                              SPLITS if f"klom_pvalue/{s}" in out.metrics)
             print(f"  {method}: gate {verdict_line} (KLoM permutation p-values: {pvals}; "
                   f"alpha {params.gate.retrain_equivalence.alpha})")
             if out.verdict.passed:
@@ -332,7 +332,7 @@ def log_candidate_figures(tracker, run_id: str, out, params: Params) -> None:
     tracker.log_figure(run_id, fig, "accuracy_per_split.png"); plots.close(fig)
     ps = out.per_sample
     splits = ps["split"].to_numpy()
-    present = [s for s in ("forget", "adjacent", "remote", "validation") if f"klom_p95/{s}" in out.metrics]
+    present = [s for s in SPLITS if f"klom_p95/{s}" in out.metrics]
     fig = plots.klom_against_null(ps["klom"].to_numpy(), ps["klom_null_example"].to_numpy(), splits,
                                   out.klom_null_p95, {s: out.metrics[f"klom_p95/{s}"] for s in present},
                                   {s: out.metrics[f"klom_pvalue/{s}"] for s in present if f"klom_pvalue/{s}" in out.metrics},

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-SPLITS = ("forget", "adjacent", "remote", "validation")
+from unlearning.batch import SPLITS  # noqa: E402
 
 
 def _verdict_word(passed: bool | None) -> str:

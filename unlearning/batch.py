@@ -17,7 +17,7 @@ from unlearning.data.store import Prepared
 from unlearning.methods.base import TrainRecipe, UnlearnContext
 from unlearning.models import Ensemble, predict_logits
 
-SPLITS = ("forget", "adjacent", "remote", "validation")
+from unlearning.metrics.summary import SPLITS  # noqa: E402,F401  (the evaluated splits, defined once)
 
 
 @dataclass

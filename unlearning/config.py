@@ -368,10 +368,10 @@ def deep_merge(a: dict, b: dict) -> dict:
 
 
 def resolve_device(device: str) -> str:
-    import torch
+    """base.device as a device name (unlearning/devices.py decides); no CUDA for 'cuda' is a ConfigError."""
+    from unlearning.devices import DeviceUnavailable, resolve_device as resolve
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("base.device = 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
-    return device
+    try:
+        return resolve(device, "base.device").type
+    except DeviceUnavailable as e:
+        raise ConfigError(str(e)) from None

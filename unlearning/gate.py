@@ -7,6 +7,7 @@ from functools import lru_cache
 from dataclasses import dataclass, field
 
 from unlearning.config import Gate
+from unlearning.metrics.summary import SPLITS
 
 
 @dataclass
@@ -106,7 +107,7 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
     failures: list[str] = []
     if objective == "retrain_equivalence":
         g = gate.retrain_equivalence
-        for split in ("forget", "adjacent", "remote", "validation"):
+        for split in SPLITS:
             acc = metrics.get(f"acc/{split}")
             if acc is None or math.isnan(acc):
                 continue
@@ -131,7 +132,7 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
             _check(checks, failures, "klom_p95/forget", metrics["klom_p95/forget"], "<=", g.max_klom_p95_forget)
         if g.max_klom_to_noise_floor is not None:
             # Optional extra bound over the same-size floor (median of the permutation null).
-            for split in ("forget", "adjacent", "remote", "validation"):
+            for split in SPLITS:
                 floor = metrics.get(f"noise_floor_p95/{split}")
                 if floor is not None and f"klom_p95/{split}" in metrics and not math.isnan(floor):
                     _check(checks, failures, f"klom_p95/{split}", metrics[f"klom_p95/{split}"], "<=",

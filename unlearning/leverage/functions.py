@@ -14,14 +14,7 @@ from torch.func import functional_call, jacrev, jvp, vjp, vmap
 from unlearning.models import Ensemble
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """"auto" (or None) -> CUDA when present, else CPU; anything else is passed to torch.device."""
-    if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was requested but CUDA is not available")
-    return dev
+from unlearning.devices import resolve_device  # noqa: E402,F401  (re-exported: unlearning.leverage.resolve_device)
 
 
 class OutputFunction:
