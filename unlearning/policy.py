@@ -18,6 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 FALLBACK = "retrain"
 
+
+def retrain_last(methods: Iterable[str]) -> list[str]:
+    """The candidate order's one invariant, defined once: each method once, exact retrain last (always there)."""
+    ordered = list(dict.fromkeys(methods))
+    return [m for m in ordered if m != FALLBACK] + [FALLBACK]
+
 # The facts a rule may test: name -> (kind, meaning). kind is "num", "bool" or "str".
 FACTS: dict[str, tuple[str, str]] = {
     "objective": ("str", "declared objective: retrain_equivalence | suppression"),
@@ -175,9 +181,7 @@ def select_methods(rules: SelectionPolicy | Sequence[Rule | dict], facts: dict[s
         elif rule.method not in candidates:
             candidates.append(rule.method)
         fired.append((rule.name, why))
-    if FALLBACK not in candidates:
-        candidates.append(FALLBACK)
-    return Selection(candidates=candidates, fired=fired, skipped=skipped)
+    return Selection(candidates=retrain_last(candidates), fired=fired, skipped=skipped)
 
 
 # DESIGN §4.5's example list as calibrated by bench/calibration.py (params.yaml declares the same; it may declare

@@ -71,7 +71,8 @@ def candidate_methods(params: Params, facts: dict) -> dict:
     else:
         first = [d.method]
         fired = [("explicit", f"deletion.method = {d.method!r}")]
-    ordered = list(dict.fromkeys([*first, *d.fallback]))
-    ordered = [m for m in ordered if m != "retrain"] + ["retrain"]
+    from unlearning.policy import retrain_last
+
+    ordered = retrain_last([*first, *d.fallback])
     return {"candidates": ordered, "fired": fired, "skipped": skipped, "facts": facts,
             "rule_methods": {r.name: r.method for r in d.rules}}
