@@ -60,3 +60,17 @@ def write_deletion_metrics(params: Params) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(folder / "deletion.json", _numbers(summary))
     atomic_write_json(folder / "history.json", [{k: p[k] for k in HISTORY_FIELDS if k in p} for p in history])
+
+
+def ensure_metrics(params: Params) -> None:
+    """Before a `dvc commit` of the train and deletion stages: every declared metrics output exists. The
+    deletion files are (re)written from the state; a missing train.json (an original trained before metrics
+    were declared) is written from the metrics its checkpoint recorded."""
+    train_file = params.path("metrics_dir") / "train.json"
+    original = params.path("models_dir") / "original.pt"
+    if not train_file.exists() and original.exists():
+        import torch
+
+        extra = torch.load(original, map_location="cpu", weights_only=False).get("extra", {})
+        write_train_metrics(params, extra.get("metrics", {}))
+    write_deletion_metrics(params)

@@ -61,7 +61,7 @@ def reports_dir(params: Params) -> Path:
 def _dvc(args: list[str], root: Path) -> str:
     res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args)} failed: {res.stderr.strip()[-1500:]}")
+        raise RuntimeError(f"dvc {' '.join(args)} failed: {(res.stderr.strip() or res.stdout.strip())[-1500:]}")
     return res.stdout
 
 
@@ -136,6 +136,9 @@ def _replace_original(params: Params, digest: str) -> str | None:
 
 def _dvc_gc(params: Params) -> dict:
     root = params.root
+    from tasks.dvc_metrics import ensure_metrics
+
+    ensure_metrics(params)  # the stages' declared metrics outputs must exist for `dvc commit`
     _dvc(["commit", "-f", "-q", "prepare", "train", "deletion"], root)
     _dvc(["gc", "-w", "-f", "-q"], root)
     out = {"committed": ["prepare", "train", "deletion"], "gc": "workspace"}

@@ -19,7 +19,7 @@ from unlearning.config import Params
 def _dvc(args: list[str], cwd: Path) -> str:
     res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args)} failed: {res.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"dvc {' '.join(args)} failed: {(res.stderr.strip() or res.stdout.strip())[-2000:]}")
     return res.stdout
 
 
@@ -28,6 +28,9 @@ def commit_lineage(params: Params) -> dict:
     root = params.root
     if not (root / ".dvc").is_dir():
         return {"committed": False, "reason": f"{root} is not a DVC project"}
+    from tasks.dvc_metrics import ensure_metrics
+
+    ensure_metrics(params)  # the stage's declared metrics outputs must exist for `dvc commit`
     _dvc(["commit", "-f", "-q", "deletion"], root)
     pushed = None
     remote = params.operations.dvc_remote
