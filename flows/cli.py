@@ -158,7 +158,9 @@ def _precheck_request(args) -> None:
 
     params = _params(args)
     path, inbox = Path(args.request), params.path("inbox")
-    if path.absolute().parent == inbox.absolute() or path.resolve().parent == inbox.resolve():
+    from unlearning.requests import in_inbox
+
+    if in_inbox(path, inbox):
         return
     try:
         live = live_state(params)
@@ -301,10 +303,9 @@ def cmd_status(args) -> int:
             notes.append(f"reconciled @{params.tracking.alias}: v{before} -> v{champion.get('model_version')}")
     manifest = read_state_manifest(state_dir / "manifest.csv")
     ledger = read_ledger(state_dir / "ledger.jsonl")
-    from unlearning.history import retraining_debt
+    from unlearning.history import n_original_train, retraining_debt
 
-    retained_train = int(((manifest["split"] == "train") & (manifest["status"] == "retained")).sum())
-    debt = retraining_debt(ledger, retained_train + len(ledger))
+    debt = retraining_debt(ledger, n_original_train(manifest, ledger))
     status = {"champion": champion, "retraining_debt": debt,
               "debt_bounds": params.deletion.debt.model_dump(), "registered_model": params.tracking.registered_model,
               "alias": params.tracking.alias, "n_samples": len(manifest),

@@ -38,10 +38,12 @@ from unlearning.ledger import appended, hash_sample_id, processed_request_ids
 from unlearning.models import Ensemble
 from unlearning.partition import subset_sizes
 from unlearning.requests import (
-    RequestValidationError, batch_objective, coerce_requests, file_sha256, read_request_file, scan_inbox,
+    RequestValidationError, batch_objective, coerce_requests, file_sha256, in_inbox, read_request_file, scan_inbox,
 )
 from unlearning.batch_summary import CandidateLine, summary_markdown
-from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
+from unlearning.history import (
+    HISTORY_METRICS, debt_reasons, force_retrain, history_point, n_original_train, retraining_debt,
+)
 from unlearning.seeds import role_seeds
 from unlearning.selection import batch_facts, candidate_methods
 
@@ -76,14 +78,6 @@ def run_name(path: Path, when: datetime | None = None) -> str:
     """A name a person can read in the MLflow runs table: the request file and the date (the hash is a tag)."""
     when = when or datetime.now(timezone.utc)
     return f"{path.stem} @ {when.strftime('%Y-%m-%d %H:%M')} UTC"
-
-
-def n_original_train(manifest, ledger: list[dict]) -> int:
-    """The size of the original training set: the retained training rows of the live manifest plus every
-    sample the ledger records as forgotten (erasure drops forgotten rows from the stores, so they are
-    counted from the ledger, not the manifest)."""
-    retained = (manifest["split"] == "train") & (manifest["status"] == "retained")
-    return int(retained.sum()) + len(ledger)
 
 
 def check_file(path: Path, params: Params, state) -> "FileCheck":
@@ -369,10 +363,6 @@ def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
     return [p for p in pending if p.name <= path.name]
 
 
-def _in_inbox(path: Path, inbox: Path) -> bool:
-    return path.absolute().parent == inbox.absolute() or path.resolve().parent == inbox.resolve()
-
-
 def reject(path: Path, params: Params, error: BaseException | str) -> Path:
     """Move an inbox entry to requests/rejected/ beside <name>.error.json (what was wrong, one line each)."""
     problems = getattr(error, "problems", None) or [str(error)]
@@ -472,7 +462,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
                 or os.environ.get("MLFLOW_TRACKING_URI")):
             for note in reconcile(params, tracker_for(params)):
                 print(note)
-        if request_path is None or _in_inbox(Path(request_path), inbox):
+        if request_path is None or in_inbox(Path(request_path), inbox):
             for entry, why in scan_inbox(inbox)[1]:
                 dest = reject(entry, params, why)
                 print(f"{entry.name}: {why}; moved to {dest}")
@@ -485,18 +475,18 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
             return []
         results = []
         for f in files:
-            in_inbox = _in_inbox(f, inbox)
+            from_inbox = in_inbox(f, inbox)
             try:
                 r = process_request_file(f, params, device)
             except (RequestValidationError, BatchRejected) as e:
-                if not in_inbox:
+                if not from_inbox:
                     raise
                 dest = reject(f, params, e)
                 print(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); later files proceed")
                 results.append({"file": f.name, "status": "rejected", "error": str(e), "moved_to": str(dest),
                                 "reason": "gate" if isinstance(e, BatchRejected) else "validation"})
                 continue
-            if in_inbox:
+            if from_inbox:
                 r["moved_to"] = str(processed(f, params))
             results.append(r)
         ensure_state(params, device)  # every file rejected on a first run: the state (a DVC output) still exists

@@ -33,7 +33,7 @@ def write_deletion_metrics(params: Params) -> None:
     """From the state folder (champion.json with its history, the ledger): always written, also when the
     inbox was empty, so the stage's declared outputs exist after every run."""
     from unlearning.data import read_state_manifest
-    from unlearning.history import retraining_debt
+    from unlearning.history import n_original_train, retraining_debt
     from unlearning.ledger import read_ledger
 
     state_dir = params.path("state_dir")
@@ -42,11 +42,8 @@ def write_deletion_metrics(params: Params) -> None:
     ledger = read_ledger(state_dir / "ledger.jsonl")
     history = champion.get("history", [])
     manifest_file = state_dir / "manifest.csv"
-    retained = 0
-    if manifest_file.exists():
-        m = read_state_manifest(manifest_file)
-        retained = int(((m["split"] == "train") & (m["status"] == "retained")).sum())
-    debt = retraining_debt(ledger, retained + len(ledger))
+    n_train = n_original_train(read_state_manifest(manifest_file), ledger) if manifest_file.exists() else len(ledger)
+    debt = retraining_debt(ledger, n_train)
     last = history[-1] if history else {}
     summary = {"n_batches": debt["n_batches"], "n_forgotten": debt["forgotten_total"],
                "forgotten_fraction": debt["forgotten_total"] / max(debt["n_train"], 1),

@@ -23,6 +23,14 @@ from typing import Any, Iterable
 EXACT_METHODS = frozenset({"retrain"})  # methods whose result IS a retrain on the retain set: they clear the debt
 
 
+def n_original_train(manifest, ledger: list[dict]) -> int:
+    """The size of the original training set: the retained training rows of the live manifest plus every
+    sample the ledger records as forgotten (erasure drops forgotten rows from the stores, so they are
+    counted from the ledger, not the manifest)."""
+    retained = (manifest["split"] == "train") & (manifest["status"] == "retained")
+    return int(retained.sum()) + len(ledger)
+
+
 def batches_from_ledger(ledger: Iterable[dict]) -> list[dict]:
     """One record per applied batch, in ledger order: batch_id, method, n_forgotten, request_file."""
     out: dict[str, dict] = {}

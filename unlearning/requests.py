@@ -208,6 +208,11 @@ def ledger_matches(df: pd.DataFrame, ledger: list[dict], sample_key=lambda s: s)
     return same, conflicts
 
 
+def in_inbox(path: Path, inbox: Path) -> bool:
+    """Whether `path` is an entry of the inbox folder (as given, or after resolving symlinks)."""
+    return path.absolute().parent == inbox.absolute() or path.resolve().parent == inbox.resolve()
+
+
 def scan_inbox(inbox: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """(request files in processing order, [(entry, why it is not a request file)]).
 

@@ -91,3 +91,14 @@ def test_summary_holds_what_a_reviewer_needs():
                                 candidates=cands[:1], selection=sel, chosen=None, version_before="2",
                                 version_after=None, wall_seconds=1.0, status="rejected")
     assert "REJECTED" in rejected and "v2 -> v2 (unchanged)" in rejected
+
+
+def test_original_training_size_counts_erased_rows_from_the_ledger():
+    import pandas as pd
+
+    from unlearning.history import n_original_train
+
+    manifest = pd.DataFrame({"split": ["train", "train", "train", "val"],
+                             "status": ["retained", "retained", "deleted", "retained"]})
+    # 2 retained training rows + 3 ledger entries (1 still in the manifest as deleted, 2 erased from it)
+    assert n_original_train(manifest, [{}, {}, {}]) == 5
