@@ -12,7 +12,9 @@ def test_stage_lines_are_timed_and_output_passes_through(capsys):
               "print(\"Running stage 'deletion':\"); time.sleep(0.1)\n")
     rc, stages = session.run_timed([sys.executable, "-c", script], env={})
     assert rc == 0 and [name for name, _ in stages] == ["prepare (skipped)", "train", "deletion"]
-    assert 0.2 <= stages[1][1] < 2 and 0.1 <= stages[2][1] < 2
+    # The parent times a stage from reading its line to reading the next one, so the measured time can fall a
+    # hair short of the child's sleep (CI measured 0.19999 for sleep(0.2)): bounds with slack, not exact.
+    assert 0.15 <= stages[1][1] < 2 and 0.05 <= stages[2][1] < 2
     assert "Running stage 'train':" in capsys.readouterr().out
 
 
