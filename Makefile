@@ -19,7 +19,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
 
-.PHONY: help setup run test test-slow test-all ui server serve bench clean reset
+.PHONY: help setup run report test test-slow test-all ui server serve bench clean reset
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -40,10 +40,13 @@ $(PREFECT_DB): $(STAMP)
 
 setup: $(STAMP) $(PREFECT_DB) ## create .venv and install the project (torch CPU 2.13.0 from local disk)
 
-run: setup ## the main job: prepare digits, train, process every request file in the inbox (dvc repro), erase
-	$(BIN)/python -m flows.session $(BIN)/dvc repro   # one temporary Prefect server for all stages; times them
+run: setup ## the main job: prepare digits, train, process every request file in the inbox (dvc repro deletion), erase
+	$(BIN)/python -m flows.session $(BIN)/dvc repro deletion   # one temporary Prefect server for all stages; times them
 	$(BIN)/unlearn erase    # the part of the erasure a running `dvc repro` cannot do: rewrite its outputs, dvc gc
 	$(BIN)/unlearn status
+
+report: setup ## the evidence studies (dvc repro report): reports/*.json, MLflow, the README results section
+	$(BIN)/python -m flows.session $(BIN)/dvc repro report
 
 test: setup ## fast unit + flow tests (the default tier)
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc

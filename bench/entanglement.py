@@ -10,8 +10,9 @@ Setting
 - Model: one MLP 784-128-5 trained with the repo's `train_ensemble` (Adam, decoupled weight decay).
 - Methods through `unlearning.methods.run_method`: original (do_nothing), retrain (the reference),
   finetune, gradient_ascent, descent_ascent, scrub, salun at their preset defaults, and al_wpgd with the
-  tuned `METHOD_ARGS["al_wpgd"]` below. Accuracy on forget / adjacent / remote / validation (all t10k,
-  Shirt, non-Shirt), gradient evaluations and seconds per method.
+  tuned `METHOD_ARGS["al_wpgd"]` (the presets, the data loading, `evaluate` and `joint_reference` live in
+  unlearning/studies/entanglement.py, shared with the report's S4 study). Accuracy on forget / adjacent /
+  remote / validation (all t10k, Shirt, non-Shirt), gradient evaluations and seconds per method.
 - Acceptance (issue): al_wpgd forget accuracy < 5% and adjacent accuracy >= 90% of the original's.
 - Frontier reference (`joint_reference`, not an unlearner): the same architecture and recipe trained from
   scratch with the suppression objective known in advance, at a few weights w; its (forget, adjacent)
@@ -47,17 +48,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from unlearning.data import load_dataset  # noqa: E402
-from unlearning.data.registry import FASHION_CLASSES  # noqa: E402
 from unlearning.leverage import compute_diagnostics  # noqa: E402
 from unlearning.methods import TrainRecipe, UnlearnContext, run_method  # noqa: E402
-from unlearning.metrics import accuracy_by_split  # noqa: E402
 from unlearning.metrics.mia import loss_threshold_auc  # noqa: E402
-from unlearning.models import build_model, param_count, predict_logits, seeds_for, train_ensemble  # noqa: E402
-from unlearning.partition import knn_scores, partition_by_group  # noqa: E402
+from unlearning.models import build_model, param_count, seeds_for, train_ensemble  # noqa: E402
+from unlearning.partition import knn_scores  # noqa: E402
+# The shared pieces (data and partition, evaluation, the frontier reference, the unlearner presets) live in
+# the S4 study module (`report.s4`); this benchmark adds the single-MLP CLI, the acceptance and the partition
+# recovery.
+from unlearning.studies.entanglement import (  # noqa: E402,F401  (re-exported: bench/al_wpgd_fine.py)
+    ADJACENT_CLASSES, AL_WPGD_ARGS, FINE_ARGS, FORGET_CLASS, METHOD_ARGS, METHOD_OF, evaluate, joint_reference,
+    load_entanglement_data,
+)
 
-FORGET_CLASS = "Shirt"
-ADJACENT_CLASSES = ("T-shirt/top", "Pullover", "Coat")  # the rest of the "tops" super-class
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 METHODS = ["original", "retrain", "finetune", "gradient_ascent", "descent_ascent", "scrub", "salun", "al_wpgd_stage1",
            "al_wpgd"]
@@ -87,33 +90,8 @@ FULL = Setting(max_train=None, max_val=None, hidden=(128,), epochs=10, batch_siz
 QUICK = Setting(max_train=3000, max_val=1000, hidden=(64,), epochs=4, batch_size=128, lr=1e-3, weight_decay=1e-4,
                 lev_forget=40, lev_retain=400, proj_dim=128, knn_k=10, joint_weights=(3.0,))
 
-# Baselines run at their preset defaults (args {}: recorded with their resolved values in the JSON);
-# al_wpgd carries the args tuned for this setting (see the report for the sweep):
-# - stage 1 stops as soon as no forget sample is predicted "tops" (target_forget_acc 0.0) at a small Adam
-#   lr, so the ascent overshoots as little as possible (it still ends with adjacent accuracy ~0: the
-#   entanglement);
-# - stage 2: with momentum 0.9 the step is unstable here: lr 1e-3 undid the forgetting within ~400 steps
-#   (the momentum buffer grew to ~600 in norm), and from a target-0.03 stage 1, lr 3e-3 brought forget
-#   accuracy back to ~0.99 within 60 steps; lr 5e-3 with momentum 0.5 is stable; a larger adjacent batch
-#   (256) gives a less noisy direction; 2,400 steps end just below 5% forget accuracy (forget accuracy
-#   creeps up with the steps, adjacent accuracy with it).
-# - the stage-2 batch sizes are the method's defaults (issue 12: adjacent 256, remote projection 1024). On
-#   seed 0, 1 thread, the full data: remote projection 128 -> 1024 took forget 0.056 -> 0.030, remote
-#   0.922 -> 0.955, adjacent 0.672 -> 0.639 (bench/al_wpgd_fine.py --targets super; neither meets the
-#   adjacent >= 90% acceptance on that run).
-AL_WPGD_ARGS = {"target_forget_acc": 0.0, "stage1_lr": 1e-4, "stage1_steps": 1000, "cap": 10.0, "mu": 10.0,
-                "stage2_lr": 5e-3, "stage2_momentum": 0.5, "stage2_steps": 2400, "alpha": 0.5}
-METHOD_ARGS: dict[str, dict] = {
-    "retrain": {},
-    "finetune": {},
-    "gradient_ascent": {},
-    "descent_ascent": {},
-    "scrub": {},
-    "salun": {},
-    "al_wpgd": AL_WPGD_ARGS,
-    # the same run stopped after stage 1: shows what stage 2 has to repair
-    "al_wpgd_stage1": {**AL_WPGD_ARGS, "stage2_steps": 0},
-}
+# The unlearner presets (METHOD_ARGS, with AL_WPGD_ARGS; FINE_ARGS for --targets fine) and their tuning notes:
+# unlearning/studies/entanglement.py.
 # --quick: same methods on ~3,000 rows; fewer passes so the whole run stays well under a minute.
 QUICK_ARGS: dict[str, dict] = {
     "finetune": {"epochs": 2},
@@ -123,13 +101,6 @@ QUICK_ARGS: dict[str, dict] = {
     "salun": {"epochs": 3},
     "al_wpgd": {"stage2_steps": 300},
 }
-# --targets fine (issue 12 item 7): al_wpgd at the method's own defaults, which were chosen on this setting
-# (bench/al_wpgd_fine.py: forget <= 5% with remote accuracy within 2 points of the original's). The super
-# targets keep the tuned args above: there stage 1 takes adjacent accuracy to ~0, and 100 stage-2 steps at
-# lr 3e-3 gave none of it back (adjacent 0.0004, seed 0), so stage 2 needs thousands of steps.
-FINE_ARGS: dict[str, dict] = {"al_wpgd": {}, "al_wpgd_stage1": {"stage2_steps": 0}}
-# row name -> registered method
-METHOD_OF = {name: ("al_wpgd" if name.startswith("al_wpgd") else name) for name in METHOD_ARGS}
 
 
 def roc_auc(pos, neg) -> float:
@@ -148,72 +119,9 @@ def top_fraction_precision(score: np.ndarray, truth: np.ndarray) -> float:
 
 def load_setting(setting: Setting, seed: int, data_dir: str, targets: str = "super") -> dict:
     """`targets`: "super" (the five super-classes; forget rows are labelled "tops") or "fine" (the ten
-    original labels; the forget set is the whole class Shirt). Adjacent / remote are the same rows either way."""
-    ds = load_dataset("fashion_mnist", fashion_mnist_dir=data_dir, targets=targets, seed=seed,
-                      max_train=setting.max_train, max_val=setting.max_val)
-    tr, va = ds.split == "train", ds.split == "val"
-    shirt = FASHION_CLASSES.index(FORGET_CLASS)
-    forget = tr & (ds.fine_label == shirt)
-    retain = tr & ~forget
-    # Adjacent via the declared-group partition (§4.4): retain rows sharing a group with a forget row.
-    part = partition_by_group(ds.sample_id[retain], ds.group[retain], ds.group[forget])
-    adjacent = np.array(part["subset"] == "adjacent", dtype=bool)  # [nR], aligned with the retain rows
-    expected = np.isin(ds.fine_label[retain], [FASHION_CLASSES.index(c) for c in ADJACENT_CLASSES])
-    if not np.array_equal(adjacent, expected):
-        raise RuntimeError("the group partition does not give T-shirt/top, Pullover, Coat as the adjacent set")
-    t = lambda a: torch.as_tensor(a)  # noqa: E731
-    return {
-        "ds": ds, "X_forget": t(ds.X[forget]), "y_forget": t(ds.label[forget]),
-        "X_retain": t(ds.X[retain]), "y_retain": t(ds.label[retain]), "fine_retain": ds.fine_label[retain],
-        "adjacent": adjacent, "X_val": t(ds.X[va]), "y_val": t(ds.label[va]),
-        "val_shirt": ds.fine_label[va] == shirt,
-        "val_adjacent": (ds.group[va] == "tops") & (ds.fine_label[va] != shirt),
-    }
-
-
-def evaluate(model, d: dict) -> dict:
-    """Accuracy of member 0 per split; `forget_pred` = class distribution of the forget predictions."""
-    lf, lr, lv = (predict_logits(model, d[k])[0] for k in ("X_forget", "X_retain", "X_val"))
-    retain_split = np.where(d["adjacent"], "adjacent", "remote")
-    val_split = np.where(d["val_shirt"], "val_shirt", np.where(d["val_adjacent"], "val_adjacent", "val_other"))
-    acc = accuracy_by_split(torch.cat([lf, lr]), torch.cat([d["y_forget"], d["y_retain"]]),
-                            np.concatenate([np.full(len(lf), "forget"), retain_split]))
-    acc.update(accuracy_by_split(lv, d["y_val"], val_split))
-    acc["validation"] = accuracy_by_split(lv, d["y_val"], np.full(len(lv), "validation"))["validation"]
-    acc["val_nonshirt"] = float((lv.argmax(-1) == d["y_val"])[~torch.as_tensor(d["val_shirt"])].float().mean())
-    names = d["ds"].class_names
-    counts = np.bincount(lf.argmax(-1).numpy(), minlength=len(names))
-    acc["forget_pred"] = {names[c]: round(float(counts[c]) / max(1, len(lf)), 4) for c in range(len(names))}
-    return acc
-
-
-def joint_reference(spec: dict, d: dict, recipe, weight: float, seed: int):
-    """NOT an unlearner: a model trained from scratch, with the recipe of the original, on retain CE plus
-    `weight` x the suppression loss -log(1 - p_tops) on the forget rows (the objective known in advance).
-    Its (forget, adjacent) point shows what this architecture and recipe can reach at all: the frontier
-    an unlearner starting from the original is measured against."""
-    model = build_model(spec, seeds_for(seed, 1))
-    X = torch.cat([d["X_retain"], d["X_forget"]])
-    y = torch.cat([d["y_retain"], d["y_forget"]])
-    is_forget = torch.cat([torch.zeros(len(d["X_retain"]), dtype=torch.bool),
-                           torch.ones(len(d["X_forget"]), dtype=torch.bool)])
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
-    gen = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(recipe.epochs):
-        perm = torch.randperm(len(y), generator=gen)
-        for i in range(0, len(y), recipe.batch_size):
-            idx = perm[i : i + recipe.batch_size]
-            logp = torch.log_softmax(model(X[idx])[0], -1)  # [b, C]
-            f = is_forget[idx]
-            ce = -logp[~f].gather(1, y[idx][~f].unsqueeze(1)).sum()
-            p_y = logp[f].gather(1, y[idx][f].unsqueeze(1)).squeeze(1).exp()
-            away = -torch.log1p(-p_y.clamp(max=1 - 1e-6)).sum()  # -log(1 - p_tops) per forget row
-            opt.zero_grad(set_to_none=True)
-            ((ce + weight * away) / len(idx)).backward()
-            opt.step()
-    model.eval()
-    return model
+    original labels; the forget set is the whole class Shirt). Adjacent / remote are the same rows either way
+    (`unlearning.studies.entanglement.load_entanglement_data`)."""
+    return load_entanglement_data(data_dir, targets, seed, setting.max_train, setting.max_val)
 
 
 def partition_recovery(model, d: dict, setting: Setting, seed: int) -> dict:

@@ -155,3 +155,61 @@ def spectrum(eigenvalues: np.ndarray, title: str):
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def sweep_scatter(s3: dict, title: str = "S3: forget KLoM against validation KLoM"):
+    """One point per (setting, forget-set size): median KLoM P95 on the forget split (y) against the validation
+    split (x), each over the calibrated floor's scale; the retrain marks where a retrain sits."""
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    markers = {"gradient_ascent": "^", "descent_ascent": "v", "retrain": "*", "do_nothing": "o"}
+    for label, row in s3["summary"].items():
+        xs = [v["klom_p95/validation"] for v in row["per_size"].values()]
+        ys = [v["klom_p95/forget"] for v in row["per_size"].values()]
+        ax.plot(xs, ys, linestyle="-" if len(xs) > 1 else "", marker=markers.get(row["method"], "s"), label=label,
+                alpha=0.85)
+        for (size, v), x, y in zip(row["per_size"].items(), xs, ys):
+            ax.annotate(size, (x, y), fontsize=6, alpha=0.6, textcoords="offset points", xytext=(3, 2))
+    ax.set_xlabel("KLoM P95 on validation (median over sets)")
+    ax.set_ylabel("KLoM P95 on the forget set (median over sets)")
+    ax.set_title(title + " (labels: forget-set size)")
+    ax.legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def entanglement_bars(s4: dict, title: str = "S4: Fashion-MNIST, forget = Shirt"):
+    """Per setting (targets x model): forget / adjacent / remote accuracy per method."""
+    settings = s4["settings"]
+    fig, axes = plt.subplots(len(settings), 1, figsize=(9, 2.6 * len(settings)), squeeze=False)
+    for ax, st in zip(axes[:, 0], settings):
+        rows = st["rows"]
+        x = np.arange(len(rows))
+        for k, split in enumerate(("forget", "adjacent", "remote")):
+            ax.bar(x + (k - 1) * 0.27, [r[split] for r in rows], width=0.27, label=split)
+        ax.set_xticks(x, [r["method"] for r in rows], fontsize=7, rotation=20)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{st['targets']} targets, {st['model']}", fontsize=9)
+    axes[0, 0].legend(fontsize=7, ncol=3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def predicted_against_realised(s5: dict, title: str = "S5: predicted gap against the realised gap"):
+    """Per structure: the predicted gap (diagnostics before unlearning) against each method's forget gap."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    rows = s5["structures"]
+    pred = [r["facts"]["predicted_gap"] for r in rows]
+    for m in s5["methods"]:
+        ax.scatter(pred, [r["gaps"][m] for r in rows], label=m, s=18)
+    for r, p in zip(rows, pred):
+        ax.annotate(r["structure"], (p, r["gaps"].get("do_nothing", 0)), fontsize=6, alpha=0.6)
+    ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted gap (KL units, before unlearning)")
+    ax.set_ylabel("realised gap: mean |margin - oracle mean| on the forget set")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

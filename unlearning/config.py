@@ -285,6 +285,90 @@ class Erasure(Strict):
                                            "`-c` the remote) when the project is a DVC repo")
 
 
+# --- report: the evidence studies (`dvc repro report`; unlearning/studies) -------------------------------------
+SweepSetting = dict[str, Any]  # method args of one sweep point, e.g. {lr: 1.0e-4, epochs: 5}
+
+
+class S3Random(Strict):
+    """S3 "Ascent Fails to Forget": random digits forget sets, methods and a GA/GDA sweep against the gate."""
+
+    enabled: bool = True
+    seed: int = Field(3, description="base seed of the study's forget sets and model roles")
+    n_models: int = Field(64, ge=4, description="oracles per set (set A, the gate's; set B, independent retrains) "
+                                                "and shadow originals")
+    sizes: list[int] = Field([10, 50, 200], min_length=1, description="forget-set sizes")
+    sets_per_size: int = Field(3, ge=1)
+    methods: list[str] = Field(["do_nothing", "finetune", "retrain"],
+                               description="methods at their defaults (retrain = an independent oracle of set B)")
+    newton_sets_per_size: int = Field(1, ge=0, description="newton_ggn on the first k sets of each size (slow)")
+    far_ratio: float = Field(1.5, gt=1, description="a candidate whose KLoM P95 against the independent oracle set B "
+                                                    "exceeds this x the A-vs-B floor is far from a retrain: a gate "
+                                                    "pass there counts as a false accept")
+    sweep: dict[str, list[SweepSetting]] = Field(
+        default_factory=lambda: {
+            "gradient_ascent": [{"lr": 1e-4, "epochs": 5}, {"lr": 1e-3, "epochs": 2}, {"lr": 1e-3, "epochs": 10},
+                                {"lr": 1e-2, "epochs": 10}],
+            "descent_ascent": [{"lr": 1e-4, "epochs": 1}, {"lr": 1e-3, "epochs": 1}, {"lr": 1e-3, "epochs": 2},
+                               {"lr": 1e-2, "epochs": 2}]},
+        description="per method, the settings swept (args merged over the method's defaults)")
+
+    @field_validator("sizes")
+    @classmethod
+    def _positive(cls, v):
+        if any(s < 1 for s in v):
+            raise ValueError(f"every size must be >= 1, got {v}")
+        return v
+
+
+class S4Entanglement(Strict):
+    """S4 "Retain-Forget Entanglement": Fashion-MNIST, forget = Shirt, objective suppression."""
+
+    enabled: bool = True
+    seed: int = 0
+    max_train: int | None = Field(10_000, gt=0, description="training rows kept (null = all 60,000)")
+    max_val: int | None = Field(2_000, gt=0, description="t10k rows kept (null = all 10,000)")
+    targets: list[Literal["fine", "super"]] = Field(["fine", "super"], min_length=1)
+    models: list[Literal["mlp", "cnn", "resnet"]] = Field(["mlp", "cnn"], min_length=1)
+    hidden: list[int] = Field([128], description="mlp hidden widths")
+    channels: list[int] = Field([8, 16], description="cnn channels per stage")
+    epochs: int = Field(8, gt=0)
+    batch_size: int = Field(128, gt=0)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+    methods: list[str] = Field(["retrain", "finetune", "gradient_ascent", "descent_ascent", "scrub", "salun",
+                                "al_wpgd"], description="run after the original; retrain = trained from scratch on R")
+    method_args: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"al_wpgd": {"max_grad_evals": 1_500_000}},
+        description="per-method args merged over the study's presets (al_wpgd capped: its super-class preset "
+                    "spends 5.6M gradient evaluations, 20 min on the CNN on 2 cores)")
+    frontier_weights: list[float] = Field([1.0, 10.0], description="from-scratch suppression weights of the frontier "
+                                                                   "reference (empty = none)")
+
+
+S5_STRUCTURES = ("random10", "random50", "random200", "class", "half_class", "group", "high_self_leverage",
+                 "low_self_leverage")
+
+
+class S5Diagnostics(Strict):
+    """S5 "Loss is Not Behavior": leverage diagnostics before unlearning against each method's realised gap."""
+
+    enabled: bool = True
+    seed: int = 5
+    n_models: int = Field(32, ge=4, description="oracles and shadow originals per structure")
+    structures: list[Literal[S5_STRUCTURES]] = Field(list(S5_STRUCTURES), min_length=2)  # type: ignore[valid-type]
+    structure_size: int = Field(50, ge=2, description="rows of the group / high / low self-leverage sets")
+    methods: list[str] = Field(["do_nothing", "finetune", "gradient_ascent", "descent_ascent", "retrain"])
+
+
+class Report(Strict):
+    studies: list[Literal["s3", "s4", "s5"]] = Field(["s3", "s4", "s5"], description="studies the report runs")
+    readme: str | None = Field("README.md", description="file whose results section is regenerated (null = none)")
+    threads: int = Field(2, gt=0, description="torch threads")
+    s3: S3Random = S3Random()
+    s4: S4Entanglement = S4Entanglement()
+    s5: S5Diagnostics = S5Diagnostics()
+
+
 class Params(Strict):
     base: Base = Base()
     prepare: Prepare = Prepare()
@@ -296,6 +380,7 @@ class Params(Strict):
     tracking: Tracking = Tracking()
     operations: Operations = Operations()
     erasure: Erasure = Erasure()
+    report: Report = Report()
 
     # The folder params.yaml was read from; every relative path resolves against it.
     root: Path = Field(default_factory=Path.cwd, exclude=True)

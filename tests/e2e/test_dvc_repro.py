@@ -60,7 +60,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     sh(["git", "init", "-q"], proj, env)
     sh(["git", "-c", "user.email=t@localhost", "-c", "user.name=t", "add", "-A"], proj, env)
     sh(["git", "-c", "user.email=t@localhost", "-c", "user.name=t", "commit", "-qm", "copy"], proj, env)
-    out = sh([sys.executable, "-m", "dvc", "repro"], proj, env)
+    out = sh([sys.executable, "-m", "dvc", "repro", "deletion"], proj, env)
     assert "promoted" in out
     ledger = [json.loads(l) for l in (proj / "state" / "ledger.jsonl").read_text().splitlines()]
     assert len(ledger) == 12 and {e["verdict"] for e in ledger} == {"passed"}
@@ -83,7 +83,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert tracker.alias_version(p.tracking.registered_model, "champion") == ledger[0]["model_version_after"]
 
     # A second repro with nothing changed runs nothing; a forced deletion stage is an idempotent no-op.
-    out = sh([sys.executable, "-m", "dvc", "repro"], proj, env)
+    out = sh([sys.executable, "-m", "dvc", "repro", "deletion"], proj, env)
     assert "didn't change" in out or "up to date" in out
     out = sh([sys.executable, "-m", "dvc", "repro", "-f", "-s", "deletion"], proj, env)
     assert "nothing to do" in out
@@ -97,5 +97,5 @@ def test_dvc_repro_end_to_end(tmp_path):
     sh([sys.executable, "-m", "flows.cli", "erase"], proj, env)
     out = sh([sys.executable, "-m", "flows.cli", "verify-erasure"], proj, env)
     assert "erasure verified" in out
-    out = sh([sys.executable, "-m", "dvc", "repro"], proj, env)
+    out = sh([sys.executable, "-m", "dvc", "repro", "deletion"], proj, env)
     assert "didn't change" in out or "up to date" in out

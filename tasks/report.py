@@ -1,0 +1,83 @@
+"""Tasks of the `report` flow: run one study, write its JSON atomically, log it to MLflow, regenerate the README
+section. The studies themselves are pure (unlearning.studies)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from prefect import task
+
+from unlearning.config import Params
+from unlearning.io import atomic_write_json, atomic_write_text
+from unlearning.studies import readme
+
+
+@task(name="study")
+def run_study(params: Params, name: str, device: str) -> dict:
+    """S3 / S5 on digits (CPU: small models, the vectorized ensembles), S4 on Fashion-MNIST on `device`."""
+    if name == "s3":
+        from unlearning.studies.random_sets import run_s3
+
+        return run_s3(params, params.report.s3, progress=None)
+    if name == "s5":
+        from unlearning.studies.diagnostics_study import run_s5
+
+        return run_s5(params, params.report.s5, progress=None)
+    if name == "s4":
+        from unlearning.studies.entanglement import run_s4
+
+        return run_s4(params.report.s4, params.prepare.fashion_mnist_dir, device=device, progress=None)
+    raise ValueError(f"report.studies: unknown study {name!r}; allowed: s3, s4, s5")
+
+
+def write_report(params: Params, name: str, result: dict) -> Path:
+    path = params.path("reports_dir") / f"{name}.json"
+    atomic_write_json(path, result)
+    return path
+
+
+def figures(name: str, result: dict) -> dict:
+    from tasks import plots
+
+    if name == "s3":
+        return {"s3_sweep.png": plots.sweep_scatter(result)}
+    if name == "s4":
+        return {"s4_accuracy.png": plots.entanglement_bars(result)}
+    if name == "s5":
+        return {"s5_predicted_vs_realised.png": plots.predicted_against_realised(result)}
+    return {}
+
+
+def commit_of(root: Path) -> str:
+    """The repository's commit (with `+dirty` when the tree has changes), or 'unknown' outside git."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def provenance(params: Params, device: str) -> dict:
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit_of(params.root),
+            "cores": os.cpu_count(), "threads": torch.get_num_threads(), "device": device,
+            "suppression_gate": params.gate.suppression.model_dump()}
+
+
+def regenerate_readme(params: Params, reports: dict[str, dict], meta: dict) -> Path | None:
+    """Swap the generated section into report.readme (atomic); None when report.readme is null."""
+    if params.report.readme is None:
+        return None
+    from unlearning.studies.entanglement import markdown_s4
+
+    path = Path(params.report.readme)
+    path = path if path.is_absolute() else params.root / path
+    text = readme.replace_section(path.read_text(), readme.results_section(reports, meta, markdown_s4), str(path))
+    atomic_write_text(path, text)
+    return path
