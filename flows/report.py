@@ -56,6 +56,7 @@ def report(params_path: str = "params.yaml") -> dict:
     use_project_path(params)
     device = device_of(params)
     torch.set_num_threads(params.report.threads)
+    meta = provenance(params, device)  # the commit and date the studies START from (edits during a run don't count)
     t0 = time.perf_counter()
     results = {}
     for name in params.report.studies:
@@ -70,7 +71,6 @@ def report(params_path: str = "params.yaml") -> dict:
         path = params.path("reports_dir") / f"{name}.json"
         if name not in reports and path.exists():
             reports[name] = json.loads(path.read_text())
-    meta = provenance(params, device)
     from unlearning.studies.entanglement import markdown_s4
 
     section = readme.results_section(reports, meta, markdown_s4)
