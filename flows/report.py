@@ -64,7 +64,7 @@ def report(params_path: str = "params.yaml") -> dict:
             print(f"{name}: report.{name}.enabled is false; keeping reports/{name}.json as it is")
             continue
         print(f"{STUDY_TITLES[name]} ...")
-        results[name] = run_study(params, name, device)
+        results[name] = {**run_study(params, name, device), "provenance": meta}
         print(f"{name}: {results[name]['wall_seconds']:.0f} s; wrote {write_report(params, name, results[name])}")
     reports = dict(results)
     for name in STUDY_TITLES:  # studies not re-run keep their tables (from the last run's JSON)

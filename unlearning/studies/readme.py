@@ -21,8 +21,29 @@ def _mean(xs) -> float:
     return float(np.mean(xs)) if len(xs) else float("nan")
 
 
+METHOD_ORDER = ("do_nothing", "finetune", "gradient_ascent", "descent_ascent", "newton_ggn", "retrain")
+
+
+def _setting_order(item) -> tuple:
+    """Rows in a fixed order whatever the JSON's key order (it is written with sorted keys): by method, then by
+    the swept args (lr, then epochs, numerically)."""
+    _, row = item
+    m = row["method"]
+    args = row.get("args") or {}
+    return (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m,
+            float(args.get("lr") or 0), float(args.get("epochs") or 0), str(sorted(args.items())))
+
+
+def _ordered_summary(r: dict) -> dict:
+    return dict(sorted(r["summary"].items(), key=_setting_order))
+
+
+def _by_size(d: dict) -> list:
+    return sorted(d.items(), key=lambda kv: int(kv[0]))
+
+
 def markdown_s3(r: dict) -> str:
-    s = r["summary"]
+    s = _ordered_summary(r)
     dn = s.get("do_nothing")
     lines = [f"**S3 — \"Ascent Fails to Forget\"** (digits, random forget sets of sizes "
              f"{', '.join(map(str, r['config']['sizes']))}, {r['config']['sets_per_size']} sets each; N = "
@@ -51,7 +72,7 @@ def markdown_s3(r: dict) -> str:
               "", "Lemma 1, on oracle set A:", "",
               "| forget-set size | oracle accuracy on the forget set (mean over sets) | oracle validation accuracy |",
               "|---|---|---|"]
-    for size, v in r["lemma1"].items():
+    for size, v in _by_size(r["lemma1"]):
         lines.append(f"| {size} | {_mean(v['forget']):.3f} | {_mean(v['validation']):.3f} |")
     lines += ["", *s3_claims(r, dn)]
     return "\n".join(lines) + "\n"
@@ -59,12 +80,12 @@ def markdown_s3(r: dict) -> str:
 
 def s3_claims(r: dict, dn: dict | None) -> list[str]:
     """The paper's claims, each read off the numbers above (the sentence says which way they came out)."""
-    s = r["summary"]
+    s = _ordered_summary(r)
     out = []
     # Lemma 1: the mean oracle forget accuracy over a size's sets is a mean over all their forget rows, so its
     # sampling error is the binomial s.e. of that many rows at the validation accuracy.
     within = []
-    for size, v in r["lemma1"].items():
+    for size, v in _by_size(r["lemma1"]):
         p_val, n_rows = _mean(v["validation"]), max(v.get("n_forget_rows", 1), 1)
         se = math.sqrt(max(p_val * (1 - p_val), 1e-12) / n_rows)
         within.append((size, abs(_mean(v["forget"]) - p_val), 2 * se))
@@ -169,10 +190,16 @@ def s4_section(r: dict, s4_markdown, suppression: dict | None) -> str:
 def results_section(reports: dict[str, dict], meta: dict, s4_markdown=None) -> str:
     """The whole section: provenance line, then S3, S4, S5 (those present). `s4_markdown(result) -> str`
     renders S4 (unlearning.studies.entanglement.markdown_s4)."""
+    ran = []
+    for name in ("s3", "s4", "s5"):
+        pv = reports.get(name, {}).get("provenance")
+        if pv and (pv.get("commit"), pv.get("date")) != (meta["commit"], meta["date"]):
+            ran.append(f"{name.upper()} ran {pv['date']} at `{pv['commit']}`")
     parts = [BEGIN, "",
              f"Generated {meta['date']} by `dvc repro report` at commit `{meta['commit']}` on {meta['cores']} CPU "
              f"cores ({meta['threads']} torch threads, device {meta['device']}); sizes and seeds: `report` in "
-             f"params.yaml; numbers: `reports/*.json`.", ""]
+             f"params.yaml; numbers: `reports/*.json`."
+             + (f" Studies not re-run this time keep their own run: {'; '.join(ran)}." if ran else ""), ""]
     if "s3" in reports:
         parts.append(markdown_s3(reports["s3"]))
     if "s4" in reports and s4_markdown is not None:
