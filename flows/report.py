@@ -86,7 +86,7 @@ def report(params_path: str = "params.yaml") -> dict:
         for file, fig in figures(name, r).items():
             tracker.log_figure(run_id, fig, file)
             plots.close(fig)
-    tracker.set_description(run_id, section)
+    tracker.set_description(run_id, section, "report.md")
     tracker.end_run(run_id)
     markdown_artifact(section, "report", "the evidence studies (README results section)")
     path = regenerate_readme(params, reports, meta)

@@ -121,9 +121,18 @@ class Tracker:
         for k, v in tags.items():
             self.client.set_tag(run_id, k, str(self._r(v)))
 
-    def set_description(self, run_id: str, markdown: str) -> None:
-        """The run's description in the MLflow UI (markdown, the `mlflow.note.content` tag)."""
-        self.client.set_tag(run_id, "mlflow.note.content", str(self._r(markdown)))
+    DESCRIPTION_LIMIT = 8000  # MLflow's tag value limit; a longer value is cut (with a warning) by the client
+
+    def set_description(self, run_id: str, markdown: str, artifact_file: str = "description.md") -> None:
+        """The run's description in the MLflow UI (markdown, the `mlflow.note.content` tag). Past MLflow's tag
+        limit the whole text goes to `artifact_file` and the description keeps its first lines and says so."""
+        text = str(self._r(markdown))
+        if len(text) > self.DESCRIPTION_LIMIT:
+            self.client.log_text(run_id, text, artifact_file)
+            note = f"\n\n... (cut here: the whole text is the artifact `{artifact_file}`)"
+            head = text[:self.DESCRIPTION_LIMIT - len(note)]
+            text = head[:head.rfind("\n")] + note
+        self.client.set_tag(run_id, "mlflow.note.content", text)
 
     def _r(self, value):
         return _redact(value, self.redaction) if self.redaction else value

@@ -77,6 +77,7 @@ def test_dvc_repro_report_regenerates_the_readme_section(tmp_path):
     files = {a.path for a in tracker.client.list_artifacts(runs[0].info.run_id)}
     assert {"s3_sweep.png", "s4_accuracy.png", "s5_predicted_vs_realised.png", "reports"} <= files
     assert runs[0].data.tags["mlflow.note.content"].startswith(readme.BEGIN)
+    assert len(runs[0].data.tags["mlflow.note.content"]) <= 8000
 
     # nothing changed: DVC runs nothing (README.md is not the stage's dependency)
     out = sh([sys.executable, "-m", "dvc", "repro", "report"], proj, env)
