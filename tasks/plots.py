@@ -158,16 +158,17 @@ def spectrum(eigenvalues: np.ndarray, title: str):
 
 
 def sweep_scatter(s3: dict, title: str = "S3: forget KLoM against validation KLoM"):
-    """One point per (setting, forget-set size): median KLoM P95 on the forget split (y) against the validation
-    split (x), each over the calibrated floor's scale; the retrain marks where a retrain sits."""
+    """One point per (setting, forget-set size), joined in size order: median KLoM P95 on the forget split (y)
+    against the validation split (x); the retrain's points mark where a retrain sits."""
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     markers = {"gradient_ascent": "^", "descent_ascent": "v", "retrain": "*", "do_nothing": "o"}
     for label, row in s3["summary"].items():
-        xs = [v["klom_p95/validation"] for v in row["per_size"].values()]
-        ys = [v["klom_p95/forget"] for v in row["per_size"].values()]
+        per_size = sorted(row["per_size"].items(), key=lambda kv: int(kv[0]))  # the JSON's keys are sorted as text
+        xs = [v["klom_p95/validation"] for _, v in per_size]
+        ys = [v["klom_p95/forget"] for _, v in per_size]
         ax.plot(xs, ys, linestyle="-" if len(xs) > 1 else "", marker=markers.get(row["method"], "s"), label=label,
                 alpha=0.85)
-        for (size, v), x, y in zip(row["per_size"].items(), xs, ys):
+        for (size, _), x, y in zip(per_size, xs, ys):
             ax.annotate(size, (x, y), fontsize=6, alpha=0.6, textcoords="offset points", xytext=(3, 2))
     ax.set_xlabel("KLoM P95 on validation (median over sets)")
     ax.set_ylabel("KLoM P95 on the forget set (median over sets)")
