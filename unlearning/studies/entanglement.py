@@ -299,6 +299,11 @@ def _arch_text(s: dict, cfg: dict) -> str:
     return f"ResNet (zoo defaults) -> {s['n_classes']}"
 
 
+def _epochs(cfg: dict) -> str:
+    n = cfg.get("epochs")
+    return f"{n} epoch{'' if n == 1 else 's'}" if n is not None else "? epochs"
+
+
 def markdown_s4(result: dict) -> str:
     """One table (targets, model, method, accuracies, seconds; frontier rows marked as such) and one line
     per setting naming its rows and parameters."""
@@ -309,7 +314,7 @@ def markdown_s4(result: dict) -> str:
         lines.append(f"- {s['targets']} / {s['model']}: {z['forget'] + z['retain']:,} training rows "
                      f"({z['forget']:,} forget = Shirt, {z['adjacent']:,} adjacent, {z['remote']:,} remote), "
                      f"{z['validation']:,} validation rows; {_arch_text(s, cfg)}, {s['n_params']:,} params, "
-                     f"{cfg.get('epochs', '?')} epochs.")
+                     f"{_epochs(cfg)}.")
     lines += ["", "| targets | model | method | forget | adjacent | remote | validation | seconds |",
               "|---|---|---|---|---|---|---|---|"]
     for s in result["settings"]:
