@@ -27,7 +27,7 @@ TINY_REPORT = {"report": {
 }}
 
 
-def test_dvc_repro_report_regenerates_the_readme_section(tmp_path):
+def test_dvc_repro_report_regenerates_the_readme_section(tmp_path, monkeypatch):
     from unlearning.config import deep_merge
 
     if not Path("/usr/share/datasets/fashion-mnist").is_dir():
@@ -70,6 +70,9 @@ def test_dvc_repro_report_regenerates_the_readme_section(tmp_path):
     from tasks.tracking import Tracker
     from unlearning.config import load_params
 
+    # mlflow.set_tracking_uri (any Tracker an earlier test built in this process) exports MLFLOW_TRACKING_URI,
+    # which mlflow_tracking_uri() honours: read the copy's own store
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     p = load_params(proj / "params.yaml")
     tracker = Tracker(p.mlflow_tracking_uri(), p.tracking.experiment)
     runs = tracker.client.search_runs([tracker.experiment_id], filter_string="tags.stage = 'report'")
