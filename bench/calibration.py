@@ -88,7 +88,6 @@ def main() -> None:
     original = _train(spec, [original_seed(a.seed)], XD, yD, recipe)
     shadows = _train(spec, role_seeds(a.seed, "shadows", a.n), XD, yD, recipe)
     seconds_shadows = time.perf_counter() - t0
-    lam_of = lambda n_train: params.diagnostics.lam or max(n_train * params.train.weight_decay, params.diagnostics.min_lam)
 
     # "high self-leverage" rows: ranked by the original's training loss (self-influence grows with the residual;
     # a per-row exact self-leverage over all 1438 rows would cost more than the bench); the set's measured
@@ -161,7 +160,7 @@ def main() -> None:
         # the policy on this set's facts (leverage diagnostics of the original, as the flow computes them)
         td = time.perf_counter()
         report = compute_diagnostics(original, X_all[F], y_all[F], XR, yR, X_all[val_rows], y_all[val_rows],
-                                     lam=lam_of(len(train_rows)), solver=params.diagnostics.solver, device="cpu",
+                                     lam=params.ggn_damping(len(train_rows)), solver=params.diagnostics.solver, device="cpu",
                                      proj_dim=params.diagnostics.proj_dim,
                                      check_subset=params.diagnostics.check_subset, seed=a.seed)
         seconds_diag = time.perf_counter() - td

@@ -15,11 +15,6 @@ from unlearning.leverage import LeverageReport, compute_diagnostics
 from unlearning.models import Ensemble
 
 
-def damping(params: Params, n_train: int) -> float:
-    d = params.diagnostics
-    return d.lam if d.lam is not None else max(n_train * params.train.weight_decay, d.min_lam)
-
-
 @task(name="leverage-diagnostics")
 def leverage_diagnostics(params: Params, prepared: Prepared, state_manifest: pd.DataFrame, forget_ids: list[str],
                          model: Ensemble, device: str) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
@@ -30,7 +25,7 @@ def leverage_diagnostics(params: Params, prepared: Prepared, state_manifest: pd.
     y = torch.as_tensor(prepared.label, dtype=torch.long)
     d = params.diagnostics
     report = compute_diagnostics(model.cpu(), X[f_rows], y[f_rows], X[r_rows], y[r_rows], X[v_rows], y[v_rows],
-                                 lam=damping(params, len(f_rows) + len(r_rows)), solver=d.solver, device=device,
+                                 lam=params.ggn_damping(len(f_rows) + len(r_rows)), solver=d.solver, device=device,
                                  proj_dim=d.proj_dim, check_subset=d.check_subset, seed=params.base.seed,
                                  progress="leverage diagnostics" if params.base.progress else False)
     ids = m["sample_id"].to_numpy()

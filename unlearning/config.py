@@ -389,6 +389,12 @@ class Params(Strict):
         p = Path(getattr(self.base.paths, name))
         return p if p.is_absolute() else self.root / p
 
+    def ggn_damping(self, n_train: int) -> float:
+        """The GGN damping lam of the leverage diagnostics: diagnostics.lam, else n_train * train.weight_decay
+        (the recipe's L2 on a sum-of-losses objective), at least diagnostics.min_lam."""
+        d = self.diagnostics
+        return d.lam if d.lam is not None else max(n_train * self.train.weight_decay, d.min_lam)
+
     def mlflow_tracking_uri(self) -> str:
         """MLFLOW_TRACKING_URI wins; else the project's SQLite store."""
         return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.path('mlflow_db').resolve()}"

@@ -51,3 +51,11 @@ def test_overrides_merge(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": {"epochs": 5}}))
     p = load_params(tmp_path / "params.yaml", {"train": {"lr": 0.1}})
     assert p.train.epochs == 5 and p.train.lr == 0.1
+
+
+def test_ggn_damping_is_the_recipe_l2_on_the_sum_of_losses_floored_or_the_explicit_lam():
+    from unlearning.config import parse_params
+
+    p = parse_params({"train": {"weight_decay": 0.001}, "diagnostics": {"min_lam": 1.0}})
+    assert p.ggn_damping(5000) == 5.0 and p.ggn_damping(10) == 1.0   # n * wd, at least min_lam
+    assert parse_params({"diagnostics": {"lam": 0.25}}).ggn_damping(5000) == 0.25

@@ -35,17 +35,11 @@ from unlearning.studies.digits import DigitsProblem, make_forget_set, run_candid
 LEVERAGE_CHUNK = 240
 
 
-def damping(params: Params, n_train: int) -> float:
-    """The GGN damping the deletion flow uses (diagnostics.lam, else n_train * weight_decay >= min_lam)."""
-    d = params.diagnostics
-    return d.lam or max(n_train * params.train.weight_decay, d.min_lam)
-
-
 def row_self_leverage(params: Params, prob: DigitsProblem, original, seed: int) -> np.ndarray:
     """[n_train] self-leverage of every training row (module docstring), in prob.train_rows order."""
     rows = prob.train_rows
     out = np.empty(len(rows))
-    lam = damping(params, len(rows))
+    lam = params.ggn_damping(len(rows))
     for start in range(0, len(rows), LEVERAGE_CHUNK):
         chunk = rows[start:start + LEVERAGE_CHUNK]
         rest = np.setdiff1d(rows, chunk)
@@ -132,7 +126,7 @@ def run_s5(params: Params, cfg: S5Diagnostics | None = None, progress: bool | st
     t0 = time.perf_counter()
     self_lev = row_self_leverage(params, prob, orig.original, cfg.seed) if need_lev else None
     seconds_self_lev = time.perf_counter() - t0
-    lam = damping(params, len(prob.train_rows))
+    lam = params.ggn_damping(len(prob.train_rows))
     rows = []
     todo = structures(prob, cfg, self_lev)
     with Progress(len(todo), "S5 forget-set structures", unit="sets", enabled=progress) as bar:
