@@ -98,6 +98,19 @@ class ForgetSet:
     seconds_oracles: float   # training ONE oracle set (N models, vectorized)
     seconds_one_retrain: float  # training a single model on R: what an exact retrain of production costs
     results: dict = field(default_factory=dict)
+    # Derived once per set (every candidate is compared with them): margins [N, n_eval] of A and B, A's mean
+    # margin [n_eval], and the KLoM P95 of B against A per split (two independent N-vs-N sets of retrains).
+    margins_a: np.ndarray = field(init=False)
+    margins_b: np.ndarray = field(init=False)
+    mean_margin_a: np.ndarray = field(init=False)
+    floor_ab: dict = field(init=False)
+
+    def __post_init__(self):
+        self.margins_a = margins(self.logits_a.numpy(), self.labels)
+        self.margins_b = margins(self.logits_b.numpy(), self.labels)
+        self.mean_margin_a = self.margins_a.mean(axis=0)
+        k = klom(self.margins_b, self.margins_a)
+        self.floor_ab = {s: v["p95"] for s, v in klom_summary(k, self.splits).items()}
 
 
 def adjacent_by_class(y: np.ndarray, F: np.ndarray, R: np.ndarray) -> np.ndarray:
@@ -126,21 +139,13 @@ def make_forget_set(orig: Originals, name: str, F: np.ndarray) -> ForgetSet:
                      predict_logits(oracles_a, Xe), predict_logits(oracles_b, Xe), seconds_oracles, seconds_one)
 
 
-def margin_gap(logits_models: torch.Tensor, fs: ForgetSet, reference: torch.Tensor | None = None) -> dict[str, float]:
-    """Mean |margin - oracle mean margin| per split, averaged over the models: how far a method's outputs are
-    from a retrain's, in margin units (the quantity "Loss is Not Behavior" compares with the predicted gap).
-    The reference is oracle set A's mean: independent of every method's models, and of set B (the retrain's)."""
-    ref = fs.logits_a if reference is None else reference
-    m = margins(np.asarray(logits_models), fs.labels)          # [N, n_eval]
-    m_ref = margins(np.asarray(ref), fs.labels).mean(axis=0)   # [n_eval]
-    d = np.abs(m - m_ref[None, :]).mean(axis=0)
+def margin_gap(margins_models: np.ndarray, fs: ForgetSet) -> dict[str, float]:
+    """Mean |margin - oracle mean margin| per split, averaged over the models (margins [N, n_eval]): how far a
+    method's outputs are from a retrain's, in margin units (the quantity "Loss is Not Behavior" compares with
+    the predicted gap). The reference is oracle set A's mean: independent of every method's models, and of set B
+    (the retrain's)."""
+    d = np.abs(margins_models - fs.mean_margin_a[None, :]).mean(axis=0)
     return {s: float(d[fs.splits == s].mean()) for s in SPLITS if np.any(fs.splits == s)}
-
-
-def independent_floor(fs: ForgetSet) -> dict[str, float]:
-    """KLoM P95 of B against A per split: two independent N-vs-N sets of retrains (the true same-size floor)."""
-    k = klom(margins(fs.logits_b.numpy(), fs.labels), margins(fs.logits_a.numpy(), fs.labels))
-    return {s: v["p95"] for s, v in klom_summary(k, fs.splits).items()}
 
 
 def judge(fs: ForgetSet, candidate: torch.Tensor, shadow_unlearned: torch.Tensor, gate: Gate, *,
@@ -151,7 +156,7 @@ def judge(fs: ForgetSet, candidate: torch.Tensor, shadow_unlearned: torch.Tensor
                                           fs.splits, n_permutations=n_permutations, seed=seed)
     mets["candidate_is_retrain"] = float(is_retrain)
     v = evaluate_gate("retrain_equivalence", mets, gate)
-    floor = independent_floor(fs)
+    floor = fs.floor_ab
     out = {"passed": bool(v.passed), "failures": list(v.failures)}
     for s in SPLITS:
         if f"klom_p95/{s}" not in mets:
@@ -163,13 +168,13 @@ def judge(fs: ForgetSet, candidate: torch.Tensor, shadow_unlearned: torch.Tensor
         out[f"acc/{s}"] = mets[f"acc/{s}"]
         out[f"shadow_acc/{s}"] = mets[f"shadow_acc/{s}"]
         out[f"oracle_acc/{s}"] = mets[f"oracle_acc/{s}"]
-    out["gap"] = margin_gap(shadow_unlearned, fs)
+    m_unl = margins(np.asarray(shadow_unlearned), fs.labels)   # [N, n_eval]
+    out["gap"] = margin_gap(m_unl, fs)
     # Independent of the gate's own oracles: the candidate's KLoM P95 against oracle set B over the A-vs-B
     # floor, worst split. Above report.s3.far_ratio the candidate is truly far from a retrain; a pass there is a
-    # false accept. For the
-    # retrain (set B itself) it is undefined.
+    # false accept. For the retrain (set B itself) it is undefined.
     if not is_retrain:
-        k = klom(margins(np.asarray(shadow_unlearned), fs.labels), margins(fs.logits_b.numpy(), fs.labels))
+        k = klom(m_unl, fs.margins_b)
         ratio = {s: v["p95"] / max(floor[s], 1e-12) for s, v in klom_summary(k, fs.splits).items()}
         out["independent_ratio"] = float(max(ratio.values()))
     return out
