@@ -89,7 +89,7 @@ def report(params_path: str = "params.yaml") -> dict:
     tracker.set_description(run_id, section, "report.md")
     tracker.end_run(run_id)
     markdown_artifact(section, "report", "the evidence studies (README results section)")
-    path = regenerate_readme(params, reports, meta)
+    path = regenerate_readme(params, section)
     print(f"report: {len(results)} studies in {time.perf_counter() - t0:.0f} s; MLflow run {run_id}"
           + (f"; regenerated the results section of {path}" if path else ""))
     return {"run_id": run_id, "studies": list(results), "readme": str(path) if path else None}

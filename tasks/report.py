@@ -70,14 +70,11 @@ def provenance(params: Params, device: str) -> dict:
             "suppression_gate": params.gate.suppression.model_dump()}
 
 
-def regenerate_readme(params: Params, reports: dict[str, dict], meta: dict) -> Path | None:
-    """Swap the generated section into report.readme (atomic); None when report.readme is null."""
+def regenerate_readme(params: Params, section: str) -> Path | None:
+    """Swap the generated `section` into report.readme (atomic); None when report.readme is null."""
     if params.report.readme is None:
         return None
-    from unlearning.studies.entanglement import markdown_s4
-
     path = Path(params.report.readme)
     path = path if path.is_absolute() else params.root / path
-    text = readme.replace_section(path.read_text(), readme.results_section(reports, meta, markdown_s4), str(path))
-    atomic_write_text(path, text)
+    atomic_write_text(path, readme.replace_section(path.read_text(), section, str(path)))
     return path
