@@ -164,9 +164,9 @@ def main() -> None:
                                      proj_dim=params.diagnostics.proj_dim,
                                      check_subset=params.diagnostics.check_subset, seed=a.seed)
         seconds_diag = time.perf_counter() - td
-        facts = batch_facts(params, "retrain_equivalence", rows, report,
+        facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", rows, report,
                             oracle_forget_logits=predict_logits(oracles_a, X_all[F]))
-        sel = candidate_methods(params, facts)
+        sel = candidate_methods(params.deletion, facts)
         regret, first_passed, chosen = 0.0, None, None
         for c in sel["candidates"]:
             if c not in results:

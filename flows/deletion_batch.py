@@ -10,42 +10,25 @@ from __future__ import annotations
 
 import hashlib
 import time
-import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-import torch
 from prefect import flow
 
 from flows.common import (
     base_parser, device_of, params_or_exit, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path,
 )
-from tasks import plots
-from tasks.batch import partition_retain, unlearn_and_validate
-from tasks.diagnostics import leverage_diagnostics, log_diagnostics
+from tasks import stages as S
 from tasks.dvc_metrics import write_deletion_metrics
 from tasks.lineage import commit_lineage
-from tasks.state import ensure_state, load_state, write_state
-from tasks.training import model_spec, recipe, train_ensemble_chunk
-from tasks.validation import raise_if_invalid, validate_request
-from unlearning.batch import SPLITS, batch_rows, eval_logits
+from tasks.reporting import run_logger
+from tasks.state import ensure_state, load_state
+from tasks.training import recipe
 from unlearning.config import Params, load_params
-from unlearning.gate import only_statistical_failures
-from unlearning.ensembles import chunks
-from unlearning.io import atomic_write_json, commit_dir, discard_dir, exclusive_lock, fault, move_unique, staging_dir
-from unlearning.ledger import appended, hash_sample_id, processed_request_ids
-from unlearning.models import Ensemble
-from unlearning.partition import subset_sizes
-from unlearning.requests import (
-    RequestValidationError, batch_objective, coerce_requests, file_sha256, in_inbox, read_request_file, scan_inbox,
-)
-from unlearning.batch_summary import CandidateLine, summary_markdown
-from unlearning.history import (
-    HISTORY_METRICS, debt_reasons, force_retrain, history_point, n_original_train, retraining_debt,
-)
-from unlearning.seeds import role_seeds
-from unlearning.selection import batch_facts, candidate_methods
+from unlearning.history import n_original_train
+from unlearning.io import atomic_write_json, exclusive_lock, move_unique
+from unlearning.ledger import hash_sample_id
+from unlearning.requests import RequestValidationError, file_sha256, in_inbox, read_request_file, scan_inbox
 
 
 class BatchRejected(RuntimeError):
@@ -60,20 +43,6 @@ def _batch_id(request_ids: list[str]) -> str:
     return "batch-" + hashlib.sha256("\n".join(sorted(request_ids)).encode()).hexdigest()[:12]
 
 
-def _ensemble(params: Params, prepared, rows: np.ndarray, seeds: list[int], device: str, label: str) -> tuple[Ensemble, dict]:
-    """Train (or load from the cache) one ensemble on `rows`, in chunks submitted as Prefect tasks."""
-    X = torch.as_tensor(prepared.X[rows], dtype=torch.float32)
-    y = torch.as_tensor(prepared.label[rows], dtype=torch.long)
-    ids = prepared.manifest["sample_id"].to_numpy()[rows].tolist()
-    futures = [train_ensemble_chunk.submit(model_spec(params, prepared), X, y, ids, recipe(params), chunk,
-                                           str(params.path("cache_dir")), device, label, [str(params.root)])
-               for chunk in chunks(seeds, params.validation.chunk_size)]
-    parts = [f.result() for f in futures]
-    model = Ensemble.concat([p[0] for p in parts])
-    return model, {"cached_chunks": sum(p[1] for p in parts), "chunks": len(parts),
-                   "seconds": sum(p[2] for p in parts)}
-
-
 def run_name(path: Path, when: datetime | None = None) -> str:
     """A name a person can read in the MLflow runs table: the request file and the date (the hash is a tag)."""
     when = when or datetime.now(timezone.utc)
@@ -81,269 +50,80 @@ def run_name(path: Path, when: datetime | None = None) -> str:
 
 
 def check_file(path: Path, params: Params, state) -> "FileCheck":
-    """The one validation path (`unlearn validate` calls it too): ledger, structure, manifest, objective, time."""
-    from tasks.validation import check_request_file
-    from unlearning.erasure import read_tombstones
+    """The one validation path (`unlearn validate` calls the same check_file_for): ledger, structure,
+    manifest (the persisted GX suite, with Data Docs), objective, time."""
+    from tasks.request_check import LiveState, check_file_for
 
-    return check_request_file(path, state.manifest, state.ledger, hash_ids=params.deletion.hash_sample_ids,
-                              salt=state.prepared.info["name"],
-                              max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,
-                              tombstoned=read_tombstones(params.path("tombstones")))
+    return check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info["name"]))
 
 
 def process_request_file(path: Path, params: Params, device: str) -> dict:
+    """One request file through the pipeline (the diagram in tasks/stages.py), all or nothing."""
     started = time.perf_counter()
     state = load_state(params, device)
-    fc = check_file(path, params, state)
-    if fc.status == "already_processed":
-        print(fc.summary())
+    check = check_file(path, params, state)
+    if check.status == "already_processed":
+        run_logger().info(check.summary())
         return {"file": path.name, "status": "already_processed"}
-    skipped = fc.skipped
-    pending = fc.pending if fc.pending is not None else read_request_file(path)
-    request_ids = [str(r) for r in pending.get("request_id", [])]
-    batch_id = _batch_id(request_ids)
-    tracker = tracker_for(params)
-    if params.deletion.hash_sample_ids:  # MLflow artifacts, params and tags carry hashed ids only
-        salt = state.prepared.info["name"]
-        tracker.redaction = {s: hash_sample_id(s, salt) for s in state.manifest["sample_id"].astype(str)}
-    registered, alias = params.tracking.registered_model, params.tracking.alias
-    parent = tracker.start_run(run_name(path), tags={"stage": "deletion_batch", "request_file": path.name,
-                                                     "batch_id": batch_id, "dataset": state.prepared.info["name"]})
-    stage = None
-    committed = False
-    # What the batch summary (run description + Prefect artifact) reports, filled in as the batch goes.
-    summary = {"request_file": path.name, "batch_id": batch_id, "n_forgotten": len(pending),
-               "objective": params.deletion.objective, "candidates": [], "selection": {}, "chosen": None,
-               "version_before": state.champion.get("model_version"), "version_after": None, "debt": None}
+    pending = check.pending if check.pending is not None else read_request_file(path)
+    batch = open_batch(path, params, state, pending, device, started)
     try:
-        # 1. validate -------------------------------------------------------------------------
-        stage = tracker.start_run("validate", parent)
-        tracker.log_json(stage, fc.gx_result, "gx_result.json")
-        tracker.log_json(stage, {"problems": fc.problems}, "problems.json")
-        tracker.log_metrics(stage, {"n_requests": len(pending), "n_problems": len(fc.problems),
-                                    "n_skipped_already_processed": skipped})
-        tracker.end_run(stage, ok=fc.status == "ok")
-        if fc.status != "ok":
-            raise fc.error()
-        requests = coerce_requests(pending)
-        objective = batch_objective(requests, params.deletion.objective, path)
+        requests, objective = S.validate(batch, check, pending, params.deletion.objective)
         forget_ids = requests["sample_id"].tolist()
-        summary.update(objective=objective, n_forgotten=len(forget_ids))
-        tracker.log_params(parent, {"objective": objective, "n_forget": len(forget_ids), "batch_id": batch_id,
-                                    "deletion": params.deletion.model_dump(), "validation": params.validation.model_dump(),
-                                    "train": params.train.model_dump(), "seed": params.base.seed, "device": device})
-
-        # 2. leverage diagnostics (before any unlearning runs) -----------------------------------
-        report = None
-        if params.diagnostics.enabled or params.deletion.partition.mode == "leverage":
-            stage = tracker.start_run("diagnostics", parent)
-            report, lev_tables = leverage_diagnostics(params, state.prepared, state.manifest, forget_ids, state.model,
-                                                      device)
-            log_diagnostics(tracker, stage, report, lev_tables)
-            tracker.end_run(stage)
-
-        # 3. partition ------------------------------------------------------------------------
-        stage = tracker.start_run("partition", parent)
-        table = partition_retain(params, state.prepared, state.manifest, forget_ids, state.model,
-                                 report.cross_leverage if report is not None else None)
-        rows = batch_rows(state.prepared, state.manifest, forget_ids, table)
-        tracker.log_table(stage, table, "partition.csv")
-        tracker.log_metrics(stage, {f"n_{k}": v for k, v in subset_sizes(table).items()})
-        tracker.log_params(stage, {"mode": params.deletion.partition.mode})
-        tracker.end_run(stage)
-
-        # 4. oracle and shadow ensembles (cached by content) --------------------------------------
-        stage = tracker.start_run("ensembles", parent)
-        # One independent seed stream per role (unlearning/seeds.py): no shadow or oracle shares a seed with
-        # another role or with the original (base.seed).
-        seeds = role_seeds(params.base.seed, "oracles", params.validation.n_oracles)
-        oracles, o_info = _ensemble(params, state.prepared, rows.retain, seeds, device, "oracles")
-        shadow_seeds = role_seeds(params.base.seed, "shadows", params.validation.n_shadows)
-        shadows, s_info = _ensemble(params, state.prepared, rows.before, shadow_seeds, device, "shadows")
-        tracker.log_metrics(stage, {"oracles_seconds": o_info["seconds"], "shadows_seconds": s_info["seconds"],
-                                    "oracles_cached_chunks": o_info["cached_chunks"],
-                                    "shadows_cached_chunks": s_info["cached_chunks"],
-                                    "n_oracles": oracles.n_models, "n_shadows": shadows.n_models})
-        tracker.end_run(stage)
-
-        # 5. select ---------------------------------------------------------------------------
-        facts = batch_facts(params, objective, rows, report,
-                            oracle_forget_logits=eval_logits(oracles, state.prepared, rows.forget), device=device)
-        selection = candidate_methods(params, facts)
+        log_batch_params(batch, params, objective, forget_ids)
+        report = (S.diagnose(batch, params, state, forget_ids)
+                  if params.diagnostics.enabled or params.deletion.partition.mode == "leverage" else None)
+        rows = S.partition(batch, params.deletion.partition, state, forget_ids,
+                           report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))
+        oracles, shadows = S.references(batch, params, state, rows)
         n_train = n_original_train(state.manifest, state.ledger)
-        debt = retraining_debt(state.ledger, n_train)
-        forced = debt_reasons(debt, len(forget_ids), params.deletion.debt.max_forgotten_fraction,
-                              params.deletion.debt.max_batches_since_retrain)
-        if forced:  # the retraining debt is due: exact retrain alone (the oracles already are retrains)
-            selection = force_retrain(selection, forced)
-            print(f"{path.name}: retraining debt: {'; '.join(forced)}: exact retrain alone")
-        summary.update(selection=selection, debt=debt)
-        tracker.log_metrics(parent, {f"debt/{k}": v for k, v in debt.items()})
-        tracker.log_json(parent, selection, "selection.json")
-        tracker.log_params(parent, {"selection.fired": [f[0] for f in selection["fired"]],
-                                    "selection.candidates": selection["candidates"]})
-        print(f"{path.name}: {len(forget_ids)} sample(s) to forget, objective {objective}; "
-              f"candidates {selection['candidates']}")
-
-        # 6. unlearn + validate + gate, walking the candidate list -----------------------------
+        selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, oracles,
+                             n_train)
         outcome = None
         for method in selection["candidates"]:
-            stage = tracker.start_run(f"unlearn-{method}", parent, tags={"method": method})
-            out = unlearn_and_validate(method, params.deletion.method_args.get(method, {}), params, state.prepared,
-                                       rows, state.model, shadows, oracles, recipe(params), objective, device)
-            tracker.log_metrics(stage, out.metrics)
-            tracker.log_metrics(stage, {f"cost/{k}": v for k, v in out.cost.items()})
-            tracker.log_json(stage, out.verdict.to_dict(), "gate_verdict.json")
-            tracker.log_table(stage, out.per_sample, "per_sample_klom.csv")
-            log_candidate_figures(tracker, stage, out, params)
-            if out.worst.get("names"):
-                fig = plots.margin_distributions(out.worst["unlearned"], out.worst["oracle"], out.worst["names"],
-                                                 f"{method}: margins of the worst forget samples")
-                tracker.log_figure(stage, fig, "worst_forget_margins.png"); plots.close(fig)
-            tracker.set_tags(stage, {"gate": "passed" if out.verdict.passed else "failed"})
-            tracker.end_run(stage)
-            line = CandidateLine(method, out.verdict.passed, float(out.cost.get("wall_seconds", 0.0)),
-                                 out.verdict.checks)
-            summary["candidates"].append(line)
-            verdict_line = "passed" if out.verdict.passed else "failed: " + "; ".join(out.verdict.failures)
-            pvals = ", ".join(f"{s} {out.metrics[f'klom_pvalue/{s}']:.3f}" for s in
-                              SPLITS if f"klom_pvalue/{s}" in out.metrics)
-            print(f"  {method}: gate {verdict_line} (KLoM permutation p-values: {pvals}; "
-                  f"alpha {params.gate.retrain_equivalence.alpha})")
-            if out.verdict.passed:
-                outcome = out
-                break
-            if method == "retrain" and params.gate.exact_retrain_overrides and only_statistical_failures(out.verdict):
-                # Exact retrain is exact unlearning by construction; failing only the statistical comparisons with
-                # the oracles measures the gate, not the model. Blocking it would leave the batch no way forward.
-                # (An absolute floor it misses, e.g. min_validation_accuracy, still rejects the batch.)
-                print(f"  retrain: promoted although the gate rejected it: a false reject of the gate, not an "
-                      f"unlearning failure (gate.exact_retrain_overrides)")
-                tracker.set_tags(parent, {"gate_false_reject": "retrain"})
-                line.promoted_as_false_reject = True
+            out = S.unlearn_and_certify(batch, method, params.deletion.method_args.get(method, {}), params.gate,
+                                        params.base.seed, params.base.progress, state, rows, shadows, oracles,
+                                        recipe(params), objective)
+            if S.accepted(batch, out, params.gate.exact_retrain_overrides):
                 outcome = out
                 break
         if outcome is None:
             raise BatchRejected(f"no candidate passed the gate for {path.name}; the previous champion stays")
-
-        # 7. promote + ledger + manifest, all or nothing --------------------------------------
-        before_version = tracker.alias_version(registered, alias) or state.champion.get("model_version")
-        now = datetime.now(timezone.utc).isoformat()
-        manifest = state.manifest.copy()
-        hit = manifest["sample_id"].isin(forget_ids)
-        manifest.loc[hit, "status"] = "deleted"
-        manifest.loc[hit, "deleted_in_batch"] = batch_id
-        stage_dir = staging_dir(params.path("state_dir"))
-        try:
-            fault("before_register")
-            version = tracker.log_model(parent, outcome.model, registered)
-            # Registry lineage: which batch, method and verdict produced this version, and from which run.
-            verdict = "passed" if outcome.verdict.passed else "promoted_as_gate_false_reject"
-            tracker.set_version_tags(registered, version, {"fingerprint": state.fingerprint["digest"],
-                                                           "batch_id": batch_id, "method": outcome.method,
-                                                           "verdict": verdict, "parent_run_id": parent,
-                                                           "n_forgotten": len(forget_ids), "promoted": "false"})
-            fault("after_register")
-            sha = file_sha256(path)
-            salt = state.prepared.info["name"]
-            entries = [{"request_id": str(r.request_id),
-                        "sample_id": hash_sample_id(r.sample_id, salt) if params.deletion.hash_sample_ids else r.sample_id,
-                        "batch_id": batch_id, "request_file": path.name, "file_sha256": sha, "reason": r.reason,
-                        "objective": objective, "requested_at": r.requested_at.isoformat(), "method": outcome.method,
-                        "verdict": "passed", "model_version_before": before_version, "model_version_after": version,
-                        "processed_at": now, "fingerprint": state.fingerprint["digest"]}
-                       for r in requests.itertuples()]
-            history = [*state.champion.get("history", []), history_point(
-                state.champion.get("history", []), batch_id=batch_id, request_file=path.name, method=outcome.method,
-                n_forgotten=len(forget_ids), n_train=n_train,
-                validation_accuracy=outcome.metrics.get("acc/validation", float("nan")),
-                output_gap=float(outcome.per_sample["output_gap"].mean()), model_version=version, processed_at=now)]
-            champion = {"model_version": version, "method": outcome.method, "batch_id": batch_id, "promoted_at": now,
-                        "n_retained_train": int(len(rows.retain)), "history": history}
-            write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion,
-                        state.fingerprint)
-            fault("before_commit")
-            commit_dir(stage_dir, params.path("state_dir"))
-            committed = True
-        except BaseException:
-            discard_dir(stage_dir)
-            raise
-        fault("after_commit")
-        # state/ decides from here on: the alias follows it (and is reconciled again on every run).
-        tracker.reconcile_alias(registered, alias, version)
-        fault("after_alias")
-        erasure = None
-        if params.erasure.enabled:
-            from tasks.erasure import erase
-
-            erasure = erase(params, batch_id, forget_ids, state.prepared.info["name"], version, tracker, parent)
-            fault("after_erasure")
-        wall = time.perf_counter() - started
-        tracker.log_metrics(parent, {**{k: v for k, v in outcome.metrics.items()}, "wall_seconds": wall,
-                                     "n_forgotten": len(forget_ids)})
-        tracker.log_series(parent, history, HISTORY_METRICS)
-        fig = plots.history(history, f"champion across {len(history)} batch(es)")
-        tracker.log_figure(parent, fig, "champion_history.png"); plots.close(fig)
-        tracker.set_tags(parent, {"method": outcome.method, "gate": "passed", "model_version": version})
-        summary.update(chosen=outcome.method, version_after=version)
-        publish_summary(tracker, parent, summary, status="applied", wall_seconds=wall, erasure=erasure)
-        tracker.end_run(parent)
-        print(f"{path.name}: forgot {len(forget_ids)} sample(s) with {outcome.method}; promoted "
-              f"{registered} v{version} as @{alias} (was v{before_version}); ledger +{len(entries)}")
-        if erasure is not None:
-            purged = sum(s.get("purged_rows", 0) for s in erasure["stores"])
-            print(f"{path.name}: erasure: {purged} row(s) purged from {len(erasure['stores'])} store(s) checked"
-                  + (f"; pending: {'; '.join(erasure['pending'])}" if erasure["pending"] else ""))
-        return {"file": path.name, "status": "applied", "batch_id": batch_id, "method": outcome.method,
-                "model_version": version, "run_id": parent, "metrics": outcome.metrics}
+        promoted = S.promote(batch, params, state, requests, objective, outcome, rows, n_train)
+        erasure = (S.erase(batch, params, forget_ids, state.prepared.info["name"], promoted["version"])
+                   if params.erasure.enabled else None)
+        S.finish(batch, outcome, promoted, erasure)
     except BaseException as e:
-        if stage is not None:
-            try:
-                tracker.end_run(stage, ok=False)
-            except Exception:
-                pass
-        try:
-            tracker.log_json(parent, {"error": str(e), "traceback": traceback.format_exc()}, "error.json")
-            tracker.set_tags(parent, {"gate": "rejected" if isinstance(e, BatchRejected) else "error"})
-            publish_summary(tracker, parent, summary, status="rejected" if isinstance(e, BatchRejected) else "error",
-                            wall_seconds=time.perf_counter() - started,
-                            error=None if isinstance(e, BatchRejected) else f"{type(e).__name__}: {e}")
-            tracker.end_run(parent, ok=False)
-        except Exception:
-            pass
-        if committed:  # say what was applied and what was not
-            raise AfterCommitError(f"{path.name}: batch {batch_id} WAS applied (state/ holds the new model, manifest "
-                                   f"and ledger); what failed afterwards is not: {type(e).__name__}: {e}. The next "
-                                   f"run reconciles the registry alias and finishes the erasure") from e
+        S.fail(batch, e, rejected=isinstance(e, BatchRejected))
+        if batch.committed:  # say what was applied and what was not
+            raise AfterCommitError(f"{path.name}: batch {batch.batch_id} WAS applied (state/ holds the new model, "
+                                   f"manifest and ledger); what failed afterwards is not: {type(e).__name__}: {e}. "
+                                   f"The next run reconciles the registry alias and finishes the erasure") from e
         raise
+    return {"file": path.name, "status": "applied", "batch_id": batch.batch_id, "method": outcome.method,
+            "model_version": promoted["version"], "run_id": batch.parent, "metrics": outcome.metrics}
 
 
-def log_candidate_figures(tracker, run_id: str, out, params: Params) -> None:
-    """The candidate's figures, each titled with the gate's verdict: accuracy per split against the oracles'
-    spread and the gate interval; KLoM per split against two sets of retrains, with P95 and critical value."""
-    method, passed = out.method, out.verdict.passed
-    fig = plots.accuracy_bars(out.metrics, f"{method}: accuracy per split", out.verdict.checks, passed)
-    tracker.log_figure(run_id, fig, "accuracy_per_split.png"); plots.close(fig)
-    ps = out.per_sample
-    splits = ps["split"].to_numpy()
-    present = [s for s in SPLITS if f"klom_p95/{s}" in out.metrics]
-    fig = plots.klom_against_null(ps["klom"].to_numpy(), ps["klom_null_example"].to_numpy(), splits,
-                                  out.klom_null_p95, {s: out.metrics[f"klom_p95/{s}"] for s in present},
-                                  {s: out.metrics[f"klom_pvalue/{s}"] for s in present if f"klom_pvalue/{s}" in out.metrics},
-                                  params.gate.retrain_equivalence.alpha,
-                                  f"{method}: KLoM per sample vs retrains", passed)
-    tracker.log_figure(run_id, fig, "klom_per_split.png"); plots.close(fig)
+def open_batch(path: Path, params: Params, state, pending, device: str, started: float) -> S.BatchRun:
+    """The batch's MLflow run (named after the request file and date; the hash is a tag) and its summary."""
+    batch_id = _batch_id([str(r) for r in pending.get("request_id", [])])
+    tracker = tracker_for(params)
+    if params.deletion.hash_sample_ids:  # MLflow artifacts, params and tags carry hashed ids only
+        salt = state.prepared.info["name"]
+        tracker.redaction = {s: hash_sample_id(s, salt) for s in state.manifest["sample_id"].astype(str)}
+    parent = tracker.start_run(run_name(path), tags={"stage": "deletion_batch", "request_file": path.name,
+                                                     "batch_id": batch_id, "dataset": state.prepared.info["name"]})
+    summary = {"request_file": path.name, "batch_id": batch_id, "n_forgotten": len(pending),
+               "objective": params.deletion.objective, "candidates": [], "selection": {}, "chosen": None,
+               "version_before": state.champion.get("model_version"), "version_after": None, "debt": None}
+    return S.BatchRun(tracker, parent, path, batch_id, device, summary, started=started)
 
 
-def publish_summary(tracker, run_id: str, summary: dict, *, status: str, wall_seconds: float,
-                    erasure: dict | None = None, error: str | None = None) -> str:
-    """The batch summary as the batch run's description and as a markdown artifact of the Prefect flow run."""
-    from tasks.reporting import markdown_artifact
-
-    md = summary_markdown(**summary, status=status, wall_seconds=wall_seconds, erasure=erasure, error=error)
-    tracker.set_description(run_id, md)
-    markdown_artifact(md, key=summary["batch_id"], description=f"deletion batch {summary['request_file']}: {status}")
-    return md
+def log_batch_params(batch: S.BatchRun, params: Params, objective: str, forget_ids: list[str]) -> None:
+    batch.tracker.log_params(batch.parent, {
+        "objective": objective, "n_forget": len(forget_ids), "batch_id": batch.batch_id,
+        "deletion": params.deletion.model_dump(), "validation": params.validation.model_dump(),
+        "train": params.train.model_dump(), "seed": params.base.seed, "device": batch.device})
 
 
 def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
@@ -439,7 +219,7 @@ def preflight(params: Params) -> None:
                 raise PermissionError(f"{what} {folder} is not writable: fix its permissions (nothing was changed)")
 
 
-@flow(name="deletion_batch", log_prints=True)
+@flow(name="deletion_batch")
 def deletion_batch(request_path: str | None = None, params_path: str = "params.yaml",
                    overrides: dict | None = None, dvc_commit: bool = False) -> list[dict]:
     """Process one request file, or (without `request_path`) every file in the inbox, in name order.
@@ -453,53 +233,68 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     use_project_path(params)
     device = device_of(params)
     preflight(params)
-    state_dir = params.path("state_dir")
-    inbox = params.path("inbox")
+    log = run_logger()
+    state_dir, inbox = params.path("state_dir"), params.path("inbox")
     with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), params.operations.lock_timeout_seconds):
-        import os
-
-        if ((state_dir / "champion.json").exists() or params.path("mlflow_db").exists()
-                or os.environ.get("MLFLOW_TRACKING_URI")):
-            for note in reconcile(params, tracker_for(params)):
-                print(note)
+        for note in reconcile_if_started(params):
+            log.info(note)
         if request_path is None or in_inbox(Path(request_path), inbox):
-            for entry, why in scan_inbox(inbox)[1]:
-                dest = reject(entry, params, why)
-                print(f"{entry.name}: {why}; moved to {dest}")
-        files = files_to_process(request_path, inbox)
-        if not files:
-            created = ensure_state(params, device)
-            print(f"no request files in {inbox}; nothing to do"
-                  + ("; state initialised from the trained original" if created else ""))
-            write_deletion_metrics(params)
-            return []
-        results = []
-        for f in files:
-            from_inbox = in_inbox(f, inbox)
-            try:
-                r = process_request_file(f, params, device)
-            except (RequestValidationError, BatchRejected) as e:
-                if not from_inbox:
-                    raise
-                dest = reject(f, params, e)
-                print(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); later files proceed")
-                results.append({"file": f.name, "status": "rejected", "error": str(e), "moved_to": str(dest),
-                                "reason": "gate" if isinstance(e, BatchRejected) else "validation"})
-                continue
-            if from_inbox:
-                r["moved_to"] = str(processed(f, params))
-            results.append(r)
-        ensure_state(params, device)  # every file rejected on a first run: the state (a DVC output) still exists
+            reject_unreadable_entries(inbox, params)
+        results = [process_inbox_file(f, params, device, inbox) for f in files_to_process(request_path, inbox)]
+        created = ensure_state(params, device)  # every file rejected on a first run: the state (a DVC output) exists
+        if not results:
+            log.info(f"no request files in {inbox}; nothing to do"
+                     + ("; state initialised from the trained original" if created else ""))
         write_deletion_metrics(params)
         if dvc_commit and params.operations.dvc_commit and any(r["status"] == "applied" for r in results):
-            try:
-                print(f"lineage: {commit_lineage(params)}")
-            except Exception as e:  # say what was applied and what was not
-                applied = [r["file"] for r in results if r["status"] == "applied"]
-                raise AfterCommitError(f"batch(es) {applied} WERE applied (state/ holds them); NOT done: the DVC "
-                                       f"commit/push of state/ ({e}); fix it and run `dvc commit -f deletion`") from e
-    print(ui_hint(params, tracker_for(params).batches_url_hint() if results else ""))
+            commit_applied(params, results)
+    log.info(ui_hint(params, tracker_for(params).batches_url_hint() if results else ""))
     return results
+
+
+def reconcile_if_started(params: Params) -> list[str]:
+    """Reconcile the registry with state/ once anything exists to reconcile (a first run has nothing)."""
+    import os
+
+    if ((params.path("state_dir") / "champion.json").exists() or params.path("mlflow_db").exists()
+            or os.environ.get("MLFLOW_TRACKING_URI")):
+        return reconcile(params, tracker_for(params))
+    return []
+
+
+def reject_unreadable_entries(inbox: Path, params: Params) -> None:
+    """Inbox entries that are not request files (unknown suffix, folder, symlink out): moved, with the reason."""
+    for entry, why in scan_inbox(inbox)[1]:
+        dest = reject(entry, params, why)
+        run_logger().info(f"{entry.name}: {why}; moved to {dest}")
+
+
+def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> dict:
+    """One file; an inbox file that fails validation or the gate moves to rejected/ and later files proceed."""
+    from_inbox = in_inbox(f, inbox)
+    try:
+        r = process_request_file(f, params, device)
+    except (RequestValidationError, BatchRejected) as e:
+        if not from_inbox:
+            raise
+        dest = reject(f, params, e)
+        run_logger().info(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); "
+                          f"later files proceed")
+        return {"file": f.name, "status": "rejected", "error": str(e), "moved_to": str(dest),
+                "reason": "gate" if isinstance(e, BatchRejected) else "validation"}
+    if from_inbox:
+        r["moved_to"] = str(processed(f, params))
+    return r
+
+
+def commit_applied(params: Params, results: list[dict]) -> None:
+    """A deployment's run records the new state in DVC; a failure says what was applied and what was not."""
+    try:
+        run_logger().info(f"lineage: {commit_lineage(params)}")
+    except Exception as e:
+        applied = [r["file"] for r in results if r["status"] == "applied"]
+        raise AfterCommitError(f"batch(es) {applied} WERE applied (state/ holds them); NOT done: the DVC "
+                               f"commit/push of state/ ({e}); fix it and run `dvc commit -f deletion`") from e
 
 
 def run(request_path: str | None = None, params_path: str = "params.yaml", overrides: dict | None = None,

@@ -7,14 +7,15 @@ from prefect import flow
 from flows.common import base_parser, params_or_exit, prefect_api, use_project_path
 from unlearning.config import load_params
 from tasks.training import prepare_dataset
+from tasks.reporting import run_logger
 
 
-@flow(name="prepare", log_prints=True)
+@flow(name="prepare")
 def prepare(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     use_project_path(params)
     info = prepare_dataset(params)
-    print(f"prepared {info['name']}: {info['n_train']} train / {info['n_val']} val samples, "
+    run_logger().info(f"prepared {info['name']}: {info['n_train']} train / {info['n_val']} val samples, "
           f"{len(info['class_names'])} classes -> {params.path('prepared_dir')}")
     return info
 

@@ -17,6 +17,7 @@ from prefect import flow
 from flows.common import base_parser, device_of, params_or_exit, prefect_api, tracker_for, use_project_path
 from unlearning.config import load_params
 from unlearning.studies import readme
+from tasks.reporting import run_logger
 
 STUDY_TITLES = {"s3": "S3 random forget sets (Ascent Fails to Forget)",
                 "s4": "S4 Fashion-MNIST entanglement (Retain-Forget Entanglement)",
@@ -46,7 +47,7 @@ def headline_metrics(name: str, result: dict) -> dict:
     return out
 
 
-@flow(name="report", log_prints=True)
+@flow(name="report")
 def report(params_path: str = "params.yaml") -> dict:
     from tasks import plots
     from tasks.report import figures, provenance, regenerate_readme, run_study, write_report
@@ -61,11 +62,11 @@ def report(params_path: str = "params.yaml") -> dict:
     results = {}
     for name in params.report.studies:
         if not getattr(params.report, name).enabled:
-            print(f"{name}: report.{name}.enabled is false; keeping reports/{name}.json as it is")
+            run_logger().info(f"{name}: report.{name}.enabled is false; keeping reports/{name}.json as it is")
             continue
-        print(f"{STUDY_TITLES[name]} ...")
+        run_logger().info(f"{STUDY_TITLES[name]} ...")
         results[name] = {**run_study(params, name, device), "provenance": meta}
-        print(f"{name}: {results[name]['wall_seconds']:.0f} s; wrote {write_report(params, name, results[name])}")
+        run_logger().info(f"{name}: {results[name]['wall_seconds']:.0f} s; wrote {write_report(params, name, results[name])}")
     reports = dict(results)
     for name in STUDY_TITLES:  # studies not re-run keep their tables (from the last run's JSON)
         path = params.path("reports_dir") / f"{name}.json"
@@ -90,7 +91,7 @@ def report(params_path: str = "params.yaml") -> dict:
     tracker.end_run(run_id)
     markdown_artifact(section, "report", "the evidence studies (README results section)")
     path = regenerate_readme(params, section)
-    print(f"report: {len(results)} studies in {time.perf_counter() - t0:.0f} s; MLflow run {run_id}"
+    run_logger().info(f"report: {len(results)} studies in {time.perf_counter() - t0:.0f} s; MLflow run {run_id}"
           + (f"; regenerated the results section of {path}" if path else ""))
     return {"run_id": run_id, "studies": list(results), "readme": str(path) if path else None}
 

@@ -1,4 +1,5 @@
-"""Tasks of a deletion batch: partition, candidate unlearning + validation against the oracles."""
+"""The work inside two stages of a deletion batch (tasks/stages.py runs them as Prefect tasks): partition of
+the retain set, and one candidate's unlearning + validation against the oracles. Each takes its config slice."""
 
 from __future__ import annotations
 
@@ -8,12 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
-from prefect import task
-
 from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.seeds import method_seed
 from unlearning.batch import SPLITS, BatchRows, eval_logits, membership_metrics, retain_rows, unlearn_context
-from unlearning.config import Params
+from unlearning.config import Gate, Partition
 from unlearning.data.store import Prepared
 from unlearning.gate import Verdict, evaluate_gate
 from unlearning.methods import run_method
@@ -23,10 +22,9 @@ from unlearning.partition import partition_by_embedding, partition_by_group, par
 from unlearning import metrics as M
 
 
-@task(name="partition-retain-set")
-def partition_retain(params: Params, prepared: Prepared, state_manifest: pd.DataFrame, forget_ids: list[str],
+def partition_retain(cfg: Partition, prepared: Prepared, state_manifest: pd.DataFrame, forget_ids: list[str],
                      model: Ensemble, cross_leverage: np.ndarray | None = None) -> pd.DataFrame:
-    cfg = params.deletion.partition
+    """Adjacent/remote label per retained training row (DESIGN §4.4); `cfg`: params.deletion.partition."""
     m = state_manifest
     r_rows = retain_rows(m, forget_ids)
     retain_ids = m["sample_id"].to_numpy()[r_rows]
@@ -62,13 +60,13 @@ def _split_arrays(values: np.ndarray, splits: np.ndarray) -> dict[str, np.ndarra
     return {s: values[splits == s] for s in SPLITS}
 
 
-@task(name="unlearn-and-validate")
-def unlearn_and_validate(method: str, method_args: dict, params: Params, prepared: Prepared, rows: BatchRows,
-                         production: Ensemble, shadows: Ensemble, oracles: Ensemble,
+def unlearn_and_validate(method: str, method_args: dict, gate: Gate, seed: int, progress: bool, prepared: Prepared,
+                         rows: BatchRows, production: Ensemble, shadows: Ensemble, oracles: Ensemble,
                          recipe: TrainRecipe, objective: str, device: str) -> CandidateOutcome:
     """Run `method` on the production model and on the N shadow originals, then compare with the oracles:
-    per-split accuracy, KLoM (shadow-unlearned vs oracle margins), output gap, MIA; then the gate."""
-    seed = params.base.seed
+    per-split accuracy, KLoM (shadow-unlearned vs oracle margins), output gap, MIA; then the gate.
+    `gate`: params.gate; `seed`: base.seed; `progress`: base.progress (passed explicitly: Dask workers do not
+    share the flow's process default)."""
     m_seed = method_seed(seed)  # the "method" role's stream (unlearning/seeds.py)
     t0 = time.perf_counter()
     accuracy_ref = oracles
@@ -87,7 +85,7 @@ def unlearn_and_validate(method: str, method_args: dict, params: Params, prepare
             shadow_unlearned, oracle_ref = oracles.select(0), oracles.select(1)
         cost = {"gradient_evals": 0, "steps": 0, "seconds": 0.0, "reused_oracle": True}
     else:
-        on = params.base.progress  # passed explicitly: Dask workers do not share the flow's process default
+        on = progress
         res = run_method(method, unlearn_context(production.to(device), prepared, rows, recipe, m_seed,
                                                  progress=f"{method} (production)" if on else False), method_args)
         candidate = res.model
@@ -108,7 +106,7 @@ def unlearn_and_validate(method: str, method_args: dict, params: Params, prepare
     # Accuracy spread of the reference oracles, KLoM and its permutation test (p-value, same-size floor).
     cert, extra = retrain_equivalence_metrics(
         logits["candidate"], logits["shadow_unlearned"], logits["oracle_ref"], logits["accuracy_ref"], labels, splits,
-        n_permutations=params.gate.retrain_equivalence.n_permutations, seed=seed)
+        n_permutations=gate.retrain_equivalence.n_permutations, seed=seed)
     metrics.update(cert)
     metrics["candidate_is_retrain"] = float(method == "retrain")
     m_unl, m_orc, klom_values = extra["m_unl"], extra["m_orc"], extra["klom"]
@@ -122,7 +120,7 @@ def unlearn_and_validate(method: str, method_args: dict, params: Params, prepare
                                                    M.margins(logits["oracles"].numpy(), labels)[:, splits == "forget"])
     metrics["n_oracles"] = float(oracles.n_models)
     metrics["n_shadows"] = float(shadows.n_models)
-    verdict = evaluate_gate(objective, metrics, params.gate)
+    verdict = evaluate_gate(objective, metrics, gate)
     cost["wall_seconds"] = time.perf_counter() - t0
     per_sample = pd.DataFrame({"sample_id": prepared.manifest["sample_id"].to_numpy()[eval_rows], "split": splits,
                                "klom": klom_values, "klom_null_example": extra["klom_null_example"],

@@ -19,3 +19,26 @@ def markdown_artifact(markdown: str, key: str, description: str) -> str | None:
     if FlowRunContext.get() is None and TaskRunContext.get() is None:
         return None
     return str(create_markdown_artifact(markdown=markdown, key=artifact_key(key), description=description))
+
+
+def table_artifact(rows: list[dict], key: str, description: str) -> str | None:
+    """Publish a table (one dict per row) on the current flow or task run; outside a run it does nothing."""
+    from prefect.artifacts import create_table_artifact
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return None
+    return str(create_table_artifact(table=rows, key=artifact_key(key), description=description))
+
+
+def run_logger():
+    """Prefect's run logger inside a flow or task run (the lines reach the terminal and the Prefect UI);
+    the package logger outside one (a direct call in a test or a script)."""
+    import logging
+
+    from prefect import get_run_logger
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return logging.getLogger("unlearning")
+    return get_run_logger()

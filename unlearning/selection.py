@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from unlearning.batch import BatchRows
-from unlearning.config import ConfigError, Params
+from unlearning.config import ConfigError, Deletion
 
 
 def _mean_kl_to_mean(logits: torch.Tensor) -> float:
@@ -22,17 +22,18 @@ def _mean_kl_to_mean(logits: torch.Tensor) -> float:
     return float((logp.exp() * (logp - log_mean)).sum(-1).mean())
 
 
-def batch_facts(params: Params, objective: str, rows: BatchRows, report=None,
+def batch_facts(deletion: Deletion, epochs: int, objective: str, rows: BatchRows, report=None,
                 oracle_forget_logits: torch.Tensor | None = None, device: str = "cpu") -> dict:
     """The facts the selection rules test (names: unlearning.policy.FACTS). Facts that need the leverage
-    report are absent without it, so the rules that use them are skipped with a reason."""
+    report are absent without it, so the rules that use them are skipped with a reason.
+    `deletion`: params.deletion (the budget); `epochs`: train.epochs (a retrain's cost in passes)."""
     n_forget, n_retain = len(rows.forget), len(rows.retain)
-    retrain_cost = n_retain * params.train.epochs
+    retrain_cost = n_retain * epochs
     facts = {"objective": objective, "n_forget": n_forget, "n_retain": n_retain,
              "forget_fraction": n_forget / max(n_forget + n_retain, 1),
              "adjacent_fraction": float(rows.adjacent_mask.mean()) if n_retain else 0.0,
-             "retrain_cost": retrain_cost, "budget": params.deletion.budget_gradient_evals,
-             "retrain_cost_lt_budget": retrain_cost < params.deletion.budget_gradient_evals,
+             "retrain_cost": retrain_cost, "budget": deletion.budget_gradient_evals,
+             "retrain_cost_lt_budget": retrain_cost < deletion.budget_gradient_evals,
              "has_gpu": device == "cuda"}
     if oracle_forget_logits is not None and oracle_forget_logits.shape[0] >= 2:
         facts["noise_floor"] = _mean_kl_to_mean(oracle_forget_logits)
@@ -55,10 +56,11 @@ def batch_facts(params: Params, objective: str, rows: BatchRows, report=None,
     return facts
 
 
-def candidate_methods(params: Params, facts: dict) -> dict:
+def candidate_methods(deletion: Deletion, facts: dict) -> dict:
+    """The ordered candidate list for `deletion` (params.deletion) over the batch's facts."""
     from unlearning.methods import REGISTRY
 
-    d = params.deletion
+    d = deletion
     for key, name in [("deletion.method", d.method), *[(f"deletion.fallback", m) for m in d.fallback]]:
         if name != "auto" and name not in REGISTRY:
             raise ConfigError(f"{key} = {name!r} is not a registered method; allowed: {sorted(REGISTRY)} or 'auto'")

@@ -18,10 +18,10 @@ def test_facts_without_diagnostics_skip_leverage_rules():
     params = parse_params({"deletion": {"budget_gradient_evals": 10, "method": "auto", "rules": [
         {"name": "leaky", "method": "newton_ggn", "when": {"leakage_ratio_gt": 1.0}},
         {"name": "default", "method": "finetune", "when": {"objective": "retrain_equivalence"}}]}})
-    facts = batch_facts(params, "retrain_equivalence", rows())
+    facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", rows())
     assert facts["adjacent_fraction"] == 0.4 and facts["retrain_cost"] == 10 * params.train.epochs
     assert facts["retrain_cost_lt_budget"] is False and "leakage_ratio" not in facts
-    sel = candidate_methods(params, facts)
+    sel = candidate_methods(params.deletion, facts)
     assert sel["candidates"] == ["finetune", "retrain"]
     assert dict(sel["skipped"])["leaky"].startswith("missing fact(s) ['leakage_ratio']")
 
@@ -31,11 +31,11 @@ def test_default_rules_from_params_yaml():
     from tests.helpers import ROOT
 
     params = load_params(ROOT / "params.yaml")
-    facts = batch_facts(params, "suppression", rows(n_retain=1000, n_adjacent=300))
+    facts = batch_facts(params.deletion, params.train.epochs, "suppression", rows(n_retain=1000, n_adjacent=300))
     assert facts["retrain_cost_lt_budget"] is False  # digits-sized retain set: retrain is over budget
-    sel = candidate_methods(params, facts)
+    sel = candidate_methods(params.deletion, facts)
     assert sel["candidates"] == ["al_wpgd", "descent_ascent", "retrain"]
-    small = candidate_methods(params, batch_facts(params, "suppression", rows()))
+    small = candidate_methods(params.deletion, batch_facts(params.deletion, params.train.epochs, "suppression", rows()))
     assert small["candidates"] == ["retrain"]  # cheap retrain wins and cuts the list
     skipped = dict(sel["skipped"])
     assert "missing fact" in skipped["gap_below_noise_floor"] or "objective" in skipped["gap_below_noise_floor"]
@@ -43,7 +43,7 @@ def test_default_rules_from_params_yaml():
 
 def test_unknown_method_is_a_config_error():
     with pytest.raises(ConfigError, match="allowed"):
-        candidate_methods(parse_params({"deletion": {"method": "magic"}}), {"objective": "suppression"})
+        candidate_methods(parse_params({"deletion": {"method": "magic"}}).deletion, {"objective": "suppression"})
 
 
 def test_noise_floor_kl_reference():
@@ -76,9 +76,9 @@ def test_gap_facts_relative_to_noise():
     report = SimpleNamespace(predicted_gap_forget=np.array([0.2, 0.4]), predicted_gap_retain=np.array([1e-9, 0.0]),
                              leakage_ratio=66.0, self_leverage_trace=0.1, self_leverage_spectral_norm=0.05)
     logits = torch.randn(4, 3, 5, dtype=torch.float64)
-    facts = batch_facts(params, "retrain_equivalence", rows(), report, oracle_forget_logits=logits)
+    facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", rows(), report, oracle_forget_logits=logits)
     floor = _mean_kl_to_mean(logits)
     assert facts["predicted_gap_to_noise"] == pytest.approx(0.5 * (0.04 + 0.16) / 2 / floor)
     assert facts["retain_gap_to_noise"] < 1e-6  # vanishing retain gap stays vanishing
-    sel = candidate_methods(params, facts)
+    sel = candidate_methods(params.deletion, facts)
     assert "newton_ggn" not in sel["candidates"] and sel["candidates"][-1] == "retrain"

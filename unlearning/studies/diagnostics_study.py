@@ -140,9 +140,9 @@ def run_s5(params: Params, cfg: S5Diagnostics | None = None, progress: bool | st
                                          proj_dim=params.diagnostics.proj_dim,
                                          check_subset=params.diagnostics.check_subset, seed=cfg.seed)
             seconds_diag = time.perf_counter() - td
-            facts = batch_facts(params, "retrain_equivalence", fs.rows, report,
+            facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", fs.rows, report,
                                 oracle_forget_logits=predict_logits(fs.oracles_a, prob.X[F]))
-            sel = candidate_methods(params, facts)
+            sel = candidate_methods(params.deletion, facts)
             for m in dict.fromkeys([*cfg.methods, *sel["candidates"]]):
                 run_candidate(orig, fs, m, dict(params.deletion.method_args.get(m, {})), gate, n_permutations=n_perm)
             res = fs.results
