@@ -11,6 +11,7 @@ from tasks.state import current_fingerprint, original_path
 from tasks.training import model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
 from unlearning.models import param_count
+from unlearning.serving import input_example
 
 
 @flow(name="train", log_prints=True)
@@ -26,7 +27,9 @@ def train(params_path: str = "params.yaml") -> dict:
     tracker.log_params(run_id, {"train": params.train.model_dump(), "dataset": prepared.info["name"],
                                 "seed": params.base.seed, "device": device, "n_params": param_count(model)})
     tracker.log_metrics(run_id, metrics)
-    version = tracker.log_model(run_id, model.cpu(), params.tracking.registered_model)
+    version = tracker.log_model(run_id, model.cpu(), params.tracking.registered_model,
+                                input_example=input_example(prepared.X, prepared.manifest),
+                                class_names=prepared.info["class_names"])
     tracker.set_alias(params.tracking.registered_model, params.tracking.alias, version)
     tracker.set_version_tags(params.tracking.registered_model, version, {"fingerprint": fingerprint["digest"]})
     tracker.end_run(run_id)

@@ -45,7 +45,7 @@ def log_diagnostics(tracker, run_id: str, report: LeverageReport, tables: dict[s
     summary = report.to_dict()
     tracker.log_json(run_id, summary, "leverage_report.json")
     for name, df in tables.items():
-        tracker.log_table(run_id, df, f"leverage_{name}.csv")
+        tracker.log_table(run_id, df, f"leverage_{name}.json")
     tracker.log_metrics(run_id, {
         "self_leverage_spectral_norm": report.self_leverage_spectral_norm,
         "self_leverage_trace": report.self_leverage_trace, "leakage_ratio": report.leakage_ratio,

@@ -6,15 +6,15 @@ Prefect tasks run in worker threads where the flow's active run is invisible (ST
 
 from __future__ import annotations
 
-import io
 import json
-import logging
 import math
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import mlflow
+import numpy as np
 from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
@@ -150,13 +150,14 @@ class Tracker:
             self.client.log_batch(run_id, params=items[i:i + 100])
 
     def log_metrics(self, run_id: str, metrics: dict, step: int | None = None) -> None:
-        """Finite numbers only, in batched calls (MLflow's limit: 1000 metrics per call)."""
+        """Finite numbers only, in batched calls (MLflow's limit: 1000 metrics per call). Names keep their `/`
+        (`klom_p95/forget`): MLflow groups the charts by the part before it."""
         import time
 
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k.replace("/", "."), float(v), now, step or 0) for k, v in _flatten(metrics).items()
+        items = [Metric(k, float(v), now, step or 0) for k, v in _flatten(metrics).items()
                  if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))]
         for i in range(0, len(items), 1000):
             self.client.log_batch(run_id, metrics=items[i:i + 1000])
@@ -168,7 +169,7 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(key=name.replace("/", "."), value=float(p[k]), timestamp=now, step=int(p[step_key]))
+        batch = [Metric(key=name, value=float(p[k]), timestamp=now, step=int(p[step_key]))
                  for p in points for k, name in names.items()
                  if isinstance(p.get(k), (int, float)) and math.isfinite(float(p[k]))]
         for i in range(0, len(batch), 1000):  # the REST API's limit per call
@@ -180,14 +181,43 @@ class Tracker:
         self.client.log_text(run_id, json.dumps(obj, indent=2, sort_keys=True, default=str), artifact_file)
 
     def log_table(self, run_id: str, df, artifact_file: str) -> None:
-        if self.redaction:
-            df = df.copy()
-            for col in df.columns:
-                if getattr(df[col].dtype, "kind", "O") not in "biufcmM":  # text of any dtype (object, string)
-                    df[col] = df[col].map(lambda v: self.redaction.get(v, v) if isinstance(v, str) else v)
-        buf = io.StringIO()
-        df.to_csv(buf, index=False)
-        self.client.log_text(run_id, buf.getvalue(), artifact_file)
+        """A table the MLflow UI shows as one (`client.log_table`): a JSON artifact in pandas' "split" layout,
+        so `artifact_file` ends in `.json` (MLflow refuses other names; logging a name again appends rows)."""
+        self.client.log_table(run_id, self._redact_frame(df), artifact_file)
+
+    def _redact_frame(self, df):
+        """The frame with every plain id in its text columns (any text dtype) replaced by its hash."""
+        if not self.redaction:
+            return df
+        df = df.copy()
+        for col in df.columns:
+            if getattr(df[col].dtype, "kind", "O") not in "biufcmM":
+                df[col] = df[col].map(lambda v: self.redaction.get(v, v) if isinstance(v, str) else v)
+        return df
+
+    def log_datasets(self, run_id: str, datasets: dict, source: str, name: str | None = None) -> None:
+        """The run's Datasets panel: one `mlflow.data` dataset per context ("forget", "retain", ...), each with
+        a digest of its whole content, its schema and its row count. MLflow stores no rows, and the frames
+        should hold ids, labels and splits only, never feature values (erasure must find no copy of a
+        forgotten row); the ids are redacted like every logged value."""
+        import mlflow.data
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        inputs = []
+        for context, df in datasets.items():
+            df = self._redact_frame(df).reset_index(drop=True)
+            with warnings.catch_warnings():
+                # MLflow registers the local artifact store twice ("" and "file" schemes) and says a local path
+                # "can be interpreted in multiple ways"; its integer-column hint is about model inputs, and
+                # this schema only describes the logged frame.
+                warnings.filterwarnings("ignore", "The specified dataset source can be interpreted")
+                warnings.filterwarnings("ignore", "Hint: Inferred schema contains integer column")
+                ds = mlflow.data.from_pandas(df, source=source, name=f"{name}-{context}" if name else context,
+                                             digest=frame_digest(df))
+                entity = ds._to_mlflow_entity()
+            inputs.append(DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+        self.client.log_inputs(run_id, datasets=inputs)
 
     def log_figure(self, run_id: str, fig, artifact_file: str) -> None:
         self.client.log_figure(run_id, fig, artifact_file)
@@ -195,17 +225,42 @@ class Tracker:
     def log_file(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
 
+    def log_dir(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        """Every file under the folder `path` (e.g. a Great Expectations Data Docs site)."""
+        self.client.log_artifacts(run_id, str(path), artifact_path)
+
     # models -----------------------------------------------------------------------------------
-    def log_model(self, run_id: str, model, registered_name: str) -> str:
-        """Log the torch module to the run, register it, return the new registry version."""
-        import mlflow.pytorch
+    def log_model(self, run_id: str, model, registered_name: str, input_example=None,
+                  class_names: list[str] | None = None) -> str:
+        """Log the ensemble as a pyfunc model, register it, return the new registry version.
 
-        quiet_pickle_advice()
+        The model (unlearning/serving.py) maps features [B, d] (a DataFrame or an array) to class probabilities
+        [B, C], a DataFrame with one column per class name. It carries the project's checkpoint and, as code,
+        the `unlearning` package (and a custom factory's module), so it loads with `mlflow.pyfunc.load_model`
+        without this repository. `input_example`: a few feature rows [k, d] (zeros when None: no data row
+        lands in the registry unless the caller chooses one). Logged to `run_id` directly, without the
+        thread-local active run (Prefect tasks run in other threads); the logged model is created in this
+        experiment first (`Model.log` alone would file it under the default experiment's artifact root)."""
+        import mlflow.pyfunc
+        from mlflow.models import Model
 
-        with mlflow.start_run(run_id=run_id, nested=True):
-            info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle",
-                                            pip_requirements=PIP_REQUIREMENTS, registered_model_name=registered_name)
-        logging.getLogger().setLevel(logging.WARNING)  # importing mlflow.pytorch set the root level to ERROR
+        from unlearning import serving
+
+        names = serving.class_names_for(class_names, model.n_classes)
+        example = np.zeros((2, model.in_dim), np.float32) if input_example is None else \
+            np.asarray(input_example, dtype=np.float32).reshape(-1, model.in_dim)
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = serving.write_checkpoint(model, Path(tmp), names)
+            logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=run_id)
+            info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id,
+                             model_id=logged.model_id,
+                             registered_model_name=registered_name, loader_module=serving.__name__,
+                             data_path=str(checkpoint), code_paths=[str(p) for p in serving.code_paths(model)],
+                             signature=model_signature(model.in_dim, names), input_example=example,
+                             pip_requirements=PIP_REQUIREMENTS,
+                             metadata={"output": "class probabilities [B, C], one column per class",
+                                       "input": f"features [B, {model.in_dim}] (the prepared store's columns)",
+                                       "n_members": model.n_models, "arch": model.arch})
         return str(info.registered_model_version)
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
@@ -302,9 +357,6 @@ class Tracker:
             purged.append({"version": version, "artifacts_removed": removed})
         return purged
 
-    def artifact_root(self) -> Path | None:
-        return self._local_path(self.client.get_experiment(self.experiment_id).artifact_location)
-
     def run_url_hint(self, run_id: str) -> str:
         return f"#/experiments/{self.experiment_id}/runs/{run_id}"
 
@@ -315,25 +367,6 @@ class Tracker:
 
 def batches_url_hint(experiment_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={BATCHES_VIEW}&workflowType=machine_learning"
-
-
-class _DropMessage(logging.Filter):
-    """Drops one third-party log message (by its start), leaving every other record of that logger alone."""
-
-    def __init__(self, prefix: str):
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(self.prefix)
-
-
-def quiet_pickle_advice() -> None:
-    """MLflow warns on every pickled model that pickle can run code when loaded. The checkpoint is this
-    project's own ensemble, written and read by the project: the advice is noise on every run here."""
-    logger = logging.getLogger("mlflow.pytorch")
-    if not any(isinstance(f, _DropMessage) for f in logger.filters):
-        logger.addFilter(_DropMessage("Saving pytorch model by Pickle or CloudPickle format"))
 
 
 def reset_alias(tracking_uri: str, name: str, alias: str, version: str | None = None) -> tuple[str | None, str | None]:
@@ -352,8 +385,23 @@ def reset_alias(tracking_uri: str, name: str, alias: str, version: str | None = 
     return before, None
 
 
-def load_registered_model(tracking_uri: str, name: str, alias: str):
-    import mlflow.pytorch
+def model_signature(in_dim: int, class_names: list[str]):
+    """Input: d unnamed double columns, matched by position, so a DataFrame of the d feature columns (any
+    names, in the prepared store's order), an array [B, d] of any float or int dtype and a list of rows all pass
+    MLflow's schema check (a float32 tensor spec would refuse pandas' float64). Output: a float column per class."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
 
-    mlflow.set_tracking_uri(tracking_uri)
-    return mlflow.pytorch.load_model(f"models:/{name}@{alias}")
+    return ModelSignature(inputs=Schema([ColSpec("double") for _ in range(int(in_dim))]),
+                          outputs=Schema([ColSpec("float", str(c)) for c in class_names]))
+
+
+def frame_digest(df) -> str:
+    """A digest of a frame's whole content and columns (MLflow's own digest reads only its first 10,000 rows)."""
+    import hashlib
+
+    import pandas as pd
+
+    h = hashlib.sha256(pd.util.hash_pandas_object(df, index=False).values.tobytes())
+    h.update(json.dumps([str(c) for c in df.columns]).encode())
+    return h.hexdigest()[:16]

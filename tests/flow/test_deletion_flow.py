@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -71,17 +72,31 @@ def test_batch_is_applied_then_idempotent(project):
     assert r["model_version"] != "1"
     run_ = tracker.client.get_run(r["run_id"])
     assert run_.info.status == "FINISHED" and run_.data.tags["gate"] == "passed"
+    # The forget and retain sets are the batch run's datasets (MLflow's Datasets panel), with digests.
+    contexts = {t.value for i in run_.inputs.dataset_inputs for t in i.tags if t.key == "mlflow.data.context"}
+    assert contexts == {"forget", "retain"} and all(i.dataset.digest for i in run_.inputs.dataset_inputs)
     children = tracker.client.search_runs([tracker.experiment_id],
                                           filter_string=f"tags.mlflow.parentRunId = '{r['run_id']}'")
     names = {c.info.run_name for c in children}
     assert {"validate", "partition", "ensembles"} <= names and any(n.startswith("unlearn-") for n in names)
     unlearn_run = next(c for c in children if c.info.run_name == f"unlearn-{r['method']}")
     artifacts = {a.path for a in tracker.client.list_artifacts(unlearn_run.info.run_id)}
-    assert {"accuracy_per_split.png", "gate_verdict.json", "per_sample_klom.csv"} <= artifacts
+    assert {"accuracy_per_split.png", "gate_verdict.json", "per_sample_klom.json"} <= artifacts
+    table = tracker.client.load_table(tracker.experiment_id, "per_sample_klom.json",
+                                      run_ids=[unlearn_run.info.run_id])  # an MLflow table, not CSV text
+    assert len(table) > 0
+    import mlflow
+    from unlearning.data import load_prepared
+
+    served = mlflow.pyfunc.load_model(f"models:/{params.tracking.registered_model}@champion")  # the pyfunc champion
+    prep = load_prepared(project / "data" / "prepared")
+    probs = served.predict(pd.DataFrame(np.asarray(prep.X[:3], dtype="float64")))
+    assert probs.shape == (3, len(prep.info["class_names"])) and np.allclose(probs.sum(axis=1), 1, atol=1e-5)
     validate_run = next(c for c in children if c.info.run_name == "validate")
-    assert "gx_result.json" in {a.path for a in tracker.client.list_artifacts(validate_run.info.run_id)}
+    validate_artifacts = {a.path for a in tracker.client.list_artifacts(validate_run.info.run_id)}
+    assert {"gx_result.json", "data_docs"} <= validate_artifacts  # GX's Data Docs of this validation
     for split in ("forget", "adjacent", "remote", "validation"):
-        assert f"acc.{split}" in unlearn_run.data.metrics
+        assert f"acc/{split}" in unlearn_run.data.metrics
     assert "klom_per_split.png" in artifacts
     # Review in the MLflow UI (issue 16): a readable name, the hash as a tag, the summary as the description,
     # the champion's history as step-indexed metrics and a figure; the experiment opens on the runs table.
@@ -90,7 +105,7 @@ def test_batch_is_applied_then_idempotent(project):
     assert f"`{request_file.name}`: applied" in note and f"`{r['method']}` | passed" in note
     assert f"-> v{r['model_version']}" in note and "Erasure:" in note
     assert "champion_history.png" in {a.path for a in tracker.client.list_artifacts(r["run_id"])}
-    assert [m.step for m in tracker.client.get_metric_history(r["run_id"], "history.forgotten_fraction")] == [1]
+    assert [m.step for m in tracker.client.get_metric_history(r["run_id"], "history/forgotten_fraction")] == [1]
     assert tracker.client.get_experiment(tracker.experiment_id).tags["mlflow.experimentKind"] == \
         "custom_model_development"
     mv_tags = tracker.client.get_model_version(params.tracking.registered_model, r["model_version"]).tags

@@ -66,7 +66,7 @@ def test_debt_forces_retrain_at_the_declared_threshold(tmp_path, prefect_harness
               f"val acc {p['champion_validation_accuracy']:.4f} output gap {p['champion_output_gap']:.5f}")
     # The latest batch run carries the whole history, step-indexed.
     last = results[2]["run_id"]
-    assert [x.step for x in tracker.client.get_metric_history(last, "history.forgotten_fraction")] == [1, 2, 3]
+    assert [x.step for x in tracker.client.get_metric_history(last, "history/forgotten_fraction")] == [1, 2, 3]
     assert "champion_history.png" in {a.path for a in tracker.client.list_artifacts(last)}
 
     # `unlearn status` reads the debt and the history back.

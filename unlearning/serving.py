@@ -1,0 +1,98 @@
+"""The champion as a model a serving team can load: MLflow's pyfunc `loader_module` contract, kept pure.
+
+Why a loader module and not an `mlflow.pyfunc.PythonModel` subclass: a subclass would import mlflow (only
+`tasks/tracking.py` may) and be cloudpickled by reference to its module, so it would load only where that
+module is importable. With a loader module the model folder holds the project's own checkpoint (`save_model`:
+spec, seeds, weights; no pickled code) and, in `code/`, this package (and a custom factory's module): MLflow
+puts `code/` on sys.path and calls `_load_pyfunc(data_path)`, which rebuilds the ensemble with `build_model`.
+The repository is not needed at load time.
+
+Input: features [B, d] (the prepared store's feature columns, in order) as a DataFrame or an array.
+Output: a DataFrame [B, C] of class probabilities, one column per class name: the mean of the members'
+softmax (the champion has one member: its softmax). No member dimension.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from unlearning.models import Ensemble, load_model, save_model
+
+CHECKPOINT = "ensemble.pt"  # the file MLflow copies into the model's data/ folder (data_path)
+
+
+class ProbabilityModel:
+    """What `mlflow.pyfunc.load_model` returns the calls to: `predict(features) -> probabilities`."""
+
+    def __init__(self, model: Ensemble, class_names: Sequence[str]):
+        self.model = model.cpu().eval()
+        self.class_names = [str(c) for c in class_names]
+
+    def predict(self, model_input, params: dict | None = None) -> pd.DataFrame:
+        """Class probabilities [B, C] (columns: the class names) of features [B, d]."""
+        return pd.DataFrame(probabilities(self.model, model_input), columns=self.class_names)
+
+
+def probabilities(model: Ensemble, features) -> np.ndarray:
+    """The members' mean softmax [B, C] of flat features [B, d] (an array or a DataFrame of d columns)."""
+    # np.array copies: pandas hands out read-only arrays, which torch.as_tensor would warn about
+    x = torch.from_numpy(np.array(features, dtype=np.float32)).to(next(model.parameters()).dtype)
+    if x.dim() != 2 or x.shape[1] != model.in_dim:
+        raise ValueError(f"expected features [B, {model.in_dim}] (the prepared store's feature columns), "
+                         f"got shape {list(x.shape)}")
+    with torch.inference_mode():
+        return torch.softmax(model(x), dim=-1).mean(0).numpy()
+
+
+def class_names_for(names: Sequence[str] | None, n_classes: int) -> list[str]:
+    """The output's column names: the given class names, or class_0.. when there are none of that length."""
+    names = [str(n) for n in names or []]
+    return names if len(names) == n_classes else [f"class_{i}" for i in range(n_classes)]
+
+
+def input_example(X: np.ndarray, manifest: pd.DataFrame, k: int = 2) -> np.ndarray:
+    """The model's input example: the first k validation rows of the prepared features. Validation rows are
+    never forgotten (requests may name training samples only), so no erasure has to find them in the registry."""
+    rows = np.flatnonzero((manifest["split"] == "val").to_numpy())[:k]
+    return np.asarray(X[rows], dtype=np.float32)
+
+
+def write_checkpoint(model: Ensemble, folder: Path, class_names: Sequence[str]) -> Path:
+    """The checkpoint the pyfunc model loads: the ensemble and the output's column names (the model stays on
+    its device; `_load_pyfunc` maps the weights to the CPU)."""
+    path = Path(folder) / CHECKPOINT
+    save_model(model, path, {"class_names": [str(c) for c in class_names]})
+    return path
+
+
+def code_paths(model: Ensemble) -> list[Path]:
+    """What the model needs on sys.path besides torch: this package and, for a custom factory, the
+    top-level module or package that defines it, unless it is an installed one (then it is a requirement)."""
+    paths = [Path(__file__).resolve().parent]
+    factory = model.spec().get("factory")
+    own = _source_of(factory.split(":")[0].split(".")[0]) if factory else None
+    return paths + [own] if own is not None and own not in paths else paths
+
+
+def _source_of(top_level: str) -> Path | None:
+    """The file (module) or folder (package) of an imported top-level module, None for an installed one."""
+    module = sys.modules.get(top_level) or importlib.import_module(top_level)
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return None
+    path = Path(file).resolve()
+    path = path.parent if path.name == "__init__.py" else path
+    return None if any(p in ("site-packages", "dist-packages") for p in path.parts) else path
+
+
+def _load_pyfunc(data_path: str) -> ProbabilityModel:
+    """MLflow's loader hook: `data_path` is the checkpoint inside the downloaded model folder."""
+    model, extra = load_model(data_path, device="cpu")
+    return ProbabilityModel(model, class_names_for(extra.get("class_names"), model.n_classes))
