@@ -16,9 +16,10 @@ from tasks.state import load_state
 from tasks.validation import raise_if_invalid, validate_request
 from unlearning.config import load_params
 from unlearning.requests import coerce_requests, read_request_file
+from tasks.reporting import run_logger
 
 
-@flow(name="audit", log_prints=True)
+@flow(name="audit")
 def audit(request_path: str, params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     use_project_path(params)
@@ -26,11 +27,13 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
     state = load_state(params, device)
     path = Path(request_path)
     df = read_request_file(path)
-    check = validate_request(str(path), df, state.manifest)
+    check = validate_request(str(path), df, state.manifest, gx_dir=params.path("gx_dir"))
     tracker = tracker_for(params)
     run_id = tracker.start_run(f"audit-{path.stem}", tags={"stage": "audit", "request_file": path.name})
     try:
         tracker.log_json(run_id, check.gx_result, "gx_result.json")
+        if check.data_docs:
+            tracker.log_dir(run_id, check.data_docs, "data_docs")
         raise_if_invalid(str(path), check)
         forget_ids = coerce_requests(df)["sample_id"].tolist()
         report, tables = leverage_diagnostics(params, state.prepared, state.manifest, forget_ids, state.model, device)
@@ -41,10 +44,10 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
         raise
     summary = report.to_dict()
     top = tables["forget"].sort_values("self_leverage", ascending=False).head(5)
-    print(f"audit of {path.name}: {len(forget_ids)} sample(s); solver {report.solver}, "
+    run_logger().info(f"audit of {path.name}: {len(forget_ids)} sample(s); solver {report.solver}, "
           f"leakage ratio {report.leakage_ratio:.3f}, ||S_F|| {report.self_leverage_spectral_norm:.3f}, "
           f"predicted gap of do_nothing {report.predicted_gap_do_nothing:.4f}; nothing was changed")
-    print("highest self-leverage:\n" + top.to_string(index=False))
+    run_logger().info("highest self-leverage:\n" + top.to_string(index=False))
     return {"run_id": run_id, "report": summary}
 
 

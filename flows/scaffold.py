@@ -2,8 +2,9 @@
 
 It writes params.yaml (this repo's params.yaml with the `prepare` section set for your data, validated by
 `unlearning.config.parse_params` before anything is written), dvc.yaml (from `DVC_TEMPLATE`: the stages
-run the installed package's flows, so they work from any folder), an empty `requests/inbox/`, a
-.gitignore, then `git init` (when DIR is in no git repository) and `dvc init`.
+run the installed package's flows, so they work from any folder), an empty `requests/inbox/`, the
+Great Expectations project of the request checks (`gx/`, copied from this repo's; without it, the first
+validation creates it), a .gitignore, then `git init` (when DIR is in no git repository) and `dvc init`.
 
 No heavy imports: this answers in about a second.
 """
@@ -24,6 +25,9 @@ import yaml
 from unlearning.config import PARAMS_FILE, ConfigError, Params, parse_params
 
 REPO_PARAMS = Path(__file__).resolve().parents[1] / PARAMS_FILE
+# The request checks' Great Expectations project (suite, data source, validation definition, checkpoint;
+# tasks/request_check.py creates the same when it is missing). Copied without GX's import (3-5 s).
+REPO_GX = Path(__file__).resolve().parents[1] / "gx"
 
 # The one template of a scaffolded project's dvc.yaml; {placeholders} are YAML-quoted paths / dep lists.
 DVC_TEMPLATE = """\
@@ -103,6 +107,7 @@ GITIGNORE = """\
 /{models_dir}/*.pt
 /{metrics_dir}/
 /dvc-remote/
+/{gx_dir}/uncommitted/
 __pycache__/
 """
 
@@ -287,6 +292,16 @@ def _init_vcs(target: Path) -> list[str]:
     return done
 
 
+def _scaffold_gx(dest: Path) -> str:
+    """The GX project of the request checks: this repo's committed gx/ folder (never its uncommitted/)."""
+    if (dest / "great_expectations.yml").exists():
+        return f"gx: {dest} exists already (kept)"
+    if not (REPO_GX / "great_expectations.yml").exists():
+        return f"gx: {dest}/ is created by the first validation (unlearn validate FILE)"
+    shutil.copytree(REPO_GX, dest, ignore=shutil.ignore_patterns("uncommitted"), dirs_exist_ok=True)
+    return f"wrote {dest}/ (the Great Expectations suite of the request checks; commit it)"
+
+
 def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: str | None = None,
              label_column: str | None = None, group_column: str | None = None,
              feature_columns: list[str] | None = None, split_column: str | None = None, arch: str = "mlp",
@@ -352,7 +367,7 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
                               cache_dir=p.cache_dir.rstrip("/"), archive_dir=p.archive_dir.rstrip("/"),
                               mlflow_db=p.mlflow_db, mlflow_artifacts=p.mlflow_artifacts.rstrip("/"),
                               prepared_dir=p.prepared_dir.rstrip("/"), models_dir=p.models_dir.rstrip("/"),
-                              metrics_dir=p.metrics_dir.rstrip("/"))
+                              metrics_dir=p.metrics_dir.rstrip("/"), gx_dir=p.gx_dir.rstrip("/"))
     gi = target / ".gitignore"
     if gi.exists():
         have = set(gi.read_text().splitlines())
@@ -362,11 +377,12 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
     else:
         gi.write_text(ignore)
         done.append(f"wrote {gi}")
+    done.append(_scaffold_gx(params.path("gx_dir")))
     if factory and factory_file is None:
         done.append(f"note: write {factory.split(':')[0].replace('.', '/')}.py with {factory.split(':')[1]}(...) "
                     f"in {target} (it is imported from the project folder)")
     if vcs:
         done += _init_vcs(target)
     done.append(f"next: cd {target} && dvc repro   (then `unlearn status`; commit params.yaml, dvc.yaml, "
-                f"dvc.lock and .gitignore)")
+                f"dvc.lock, .gitignore and {p.gx_dir.rstrip('/')}/)")
     return done

@@ -1,12 +1,18 @@
 """Deletion-request validation without Prefect: the checks `unlearn validate`, `unlearn run` and the deletion
 flow share (tasks/validation.py wraps them as the Prefect task).
 
-Two stages, each reporting every problem it finds, one line each, and no defect twice:
-1. the cheap checks (well under a second): ledger conflicts, the pandera schema (columns, types, empty and
-   duplicate values, timestamps), one objective per file, no future times, no id erased by an earlier batch;
-2. only when stage 1 found nothing: the Great Expectations suite against the live manifest (each id exists,
-   names a training row, is not deleted already). Importing GX alone costs 3-5 s, so a file with a
-   structural defect answers in about a second; the suite holds only the rules pandera does not cover.
+One tool per kind of rule, each problem one line (the row, the value, the fix; the error names the file):
+1. the cheap checks (well under a second): ledger conflicts, the pandera schema (unlearning/requests.py:
+   columns, types, empty and duplicate values, timestamps), one objective per file, no future times;
+2. only when stage 1 found nothing: the Great Expectations suite of the rules that need the live manifest
+   or the erasure record: each id exists, names a training row, is not deleted (manifest status or
+   tombstone). GX checks a lookup frame (one row per request: `in_manifest`, `split`, `deleted`) built here
+   in pandas, so the suite is a few small, fixed expectations that each defect fails exactly once.
+
+The suite, its data source, validation definition and checkpoint are persisted with the project in a GX
+file context (`base.paths.gx_dir`, default `gx/`, committed; created when missing); every run builds its
+Data Docs offline into `gx/uncommitted/data_docs/requests/<time>-<file>/` (returned as `data_docs`).
+Importing GX alone costs 3-5 s, so a file with a structural defect answers in about a second.
 
 `live_state` reads what the checks need (manifest, ledger, hash salt) without torch or Prefect, so
 `unlearn validate` answers in about a second before any server starts."""
@@ -15,7 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -30,111 +41,312 @@ from unlearning.requests import (
 MANIFEST_NOT_CHECKED = ("the ids were not yet checked against the manifest (exist, name training rows, not deleted "
                         "already): Great Expectations runs those checks once the problems above are fixed")
 
+# --- the Great Expectations suite ------------------------------------------------------------------------
+GX_NAME = "deletion_request"  # the suite, its validation definition and its checkpoint
+GX_SOURCE, GX_ASSET, GX_BATCH = "requests", "request_file", "whole_file"
+# Every failing row, named by its row number in the file and its (keyed) sample id.
+GX_RESULT_FORMAT = {"result_format": "COMPLETE", "unexpected_index_column_names": ["row", "sample_id"]}
+DOCS_KEEP = 20  # Data Docs folders (and stored validation results) kept in gx/uncommitted; MLflow keeps all
+MAX_ROW_LINES = 20  # per rule; the rest of a rule's rows share one line
+
+# rule -> (column of the lookup frame, allowed values, the expectation's note). An unknown id is null in
+# `split` and `deleted` (GX skips nulls), an erased id is `in_manifest` and null in `split`: so each defect
+# fails one expectation only.
+MANIFEST_RULES = {
+    "exists": ("in_manifest", [True],
+               "The sample_id is a row of the live manifest (or was erased by an earlier batch: 'not_deleted' "
+               "reports it)."),
+    "training_sample": ("split", ["train"],
+                        "A known sample_id names a training row: validation rows are never trained on, so there "
+                        "is nothing to forget."),
+    "not_deleted": ("deleted", [False],
+                    "A known sample_id is not deleted already: manifest status 'deleted', or tombstoned by an "
+                    "earlier batch's erasure."),
+}
+
+
+@dataclass
+class Lookup:
+    """What GX checks (`frame`: row, request_id, sample_id keyed like the ledger, in_manifest, split,
+    deleted) and what the problem lines say (by row: the value as written, the batch that deleted it)."""
+    frame: pd.DataFrame
+    value: dict[int, str]
+    deleted_by: dict[int, str | None]
+    erased: dict[int, bool]
+    example_ids: list[str]
+
+
+def lookup_frame(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s, tombstoned: set[str] | None = None,
+                 ledger: list[dict] | None = None) -> Lookup:
+    """One row per request (df's index + 1 = the file's row number): where its sample id stands in the live
+    manifest and the tombstones. `key`: the ledger's id form (the salted hash with deletion.hash_sample_ids),
+    used for the tombstones and for the ids GX (its results, its Data Docs) gets to see."""
+    tombstoned = tombstoned or set()
+    ids = df["sample_id"].astype(str)
+    m = manifest.drop_duplicates("sample_id").set_index(manifest.drop_duplicates("sample_id")["sample_id"].astype(str))
+    split = ids.map(m["split"]) if "split" in m else pd.Series(None, index=ids.index)
+    status = ids.map(m["status"]) if "status" in m else pd.Series(None, index=ids.index)
+    by_batch = ids.map(m["deleted_in_batch"]) if "deleted_in_batch" in m else pd.Series(None, index=ids.index)
+    erased = ids.map(lambda s: key(s) in tombstoned).astype(bool)
+    known = split.notna() | erased
+    deleted = ((status == "deleted") | erased).where(known, None)
+    ledger_batch = {str(e.get("sample_id")): e.get("batch_id") for e in (ledger or [])}
+    rows = [int(i) + 1 for i in df.index]
+    frame = pd.DataFrame({"row": rows, "request_id": df["request_id"].tolist() if "request_id" in df else None,
+                          "sample_id": [key(s) for s in ids], "in_manifest": known.tolist(),
+                          "split": split.where(split.notna(), None).tolist(), "deleted": deleted.tolist()})
+    frame = frame.astype(object).where(frame.notna(), None)
+    frame["row"] = rows
+    batches = {}
+    for r, s, b in zip(rows, ids, by_batch):
+        b = b if isinstance(b, str) and b else ledger_batch.get(key(s))
+        batches[r] = b
+    return Lookup(frame, dict(zip(rows, ids)), batches, dict(zip(rows, erased.tolist())),
+                  manifest["sample_id"].astype(str).iloc[:2].tolist())
+
+
+@dataclass
+class SuiteRun:
+    """The suite's verdict, tool-neutral: (rule or expectation type, failing rows, column, detail) per failed
+    expectation; the GX result as a dict; the Data Docs folder of this run (None without a project)."""
+    failures: list[tuple[str, list[int], str | None, str]]
+    described: dict = field(default_factory=dict)
+    data_docs: str | None = None
+
+
+def _suite(gx, gxe):
+    suite = gx.ExpectationSuite(name=GX_NAME, meta={"notes": (
+        "Deletion-request rules that need the live manifest or the erasure record (tasks/request_check.py "
+        "builds the lookup frame). Schema and types are pandera's (unlearning/requests.py).")})
+    for rule, (column, allowed, notes) in MANIFEST_RULES.items():
+        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=allowed, notes=notes,
+                                                              meta={"rule": rule}))
+    return suite
+
+
+def _add_definitions(gx, gxe, ctx) -> None:
+    """The suite, data source, validation definition and checkpoint, each added only when missing (in a file
+    context: written to the project's gx folder)."""
+    try:
+        suite = ctx.suites.get(GX_NAME)
+    except Exception:  # noqa: BLE001  (GX raises DataContextError subclasses that vary by version)
+        suite = ctx.suites.add(_suite(gx, gxe))
+    try:
+        source = ctx.data_sources.get(GX_SOURCE)
+    except (KeyError, ValueError):
+        source = ctx.data_sources.add_pandas(GX_SOURCE)
+    try:
+        asset = source.get_asset(GX_ASSET)
+    except LookupError:
+        asset = source.add_dataframe_asset(GX_ASSET)
+    try:
+        batch = asset.get_batch_definition(GX_BATCH)
+    except (KeyError, ValueError, LookupError):
+        batch = asset.add_batch_definition_whole_dataframe(GX_BATCH)
+    try:
+        vd = ctx.validation_definitions.get(GX_NAME)
+    except Exception:  # noqa: BLE001
+        vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=GX_NAME, data=batch, suite=suite))
+    try:
+        ctx.checkpoints.get(GX_NAME)
+    except Exception:  # noqa: BLE001
+        ctx.checkpoints.add(gx.Checkpoint(name=GX_NAME, validation_definitions=[vd], result_format=GX_RESULT_FORMAT))
+
+
+def _quiet() -> None:
+    # GX logs at INFO (e.g. "Created temporary directory ... for ephemeral docs site"): not for our users.
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+
+
+def create_gx_project(gx_dir: str | Path) -> Path:
+    """The project's GX file context at `gx_dir` with the deletion-request suite, created when missing
+    (built in a sibling temporary folder and renamed into place, so a concurrent reader never sees half of
+    it). Returns `gx_dir`. Commit it; its `uncommitted/` (validation results, Data Docs) is git-ignored."""
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    _quiet()
+    gx_dir = Path(gx_dir)
+    if (gx_dir / "great_expectations.yml").exists():
+        return gx_dir
+    gx_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".gx-new-", dir=gx_dir.parent))
+    try:
+        ctx = gx.get_context(mode="file", project_root_dir=str(tmp))
+        _add_definitions(gx, gxe, ctx)
+        try:
+            os.rename(tmp / "gx", gx_dir)
+        except OSError:
+            if not (gx_dir / "great_expectations.yml").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return gx_dir
+
+
+def _context(gx_dir: str | Path | None):
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    _quiet()
+    if gx_dir is None:  # no project: the same suite, in memory (no Data Docs)
+        ctx = gx.get_context(mode="ephemeral")
+    else:
+        ctx = gx.get_context(mode="file", context_root_dir=str(create_gx_project(gx_dir)))
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)  # in memory: the yml is not rewritten
+    _add_definitions(gx, gxe, ctx)
+    return ctx
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:80] or "request"
+
+
+def _prune(folder: Path, keep: int) -> None:
+    olds = sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: p.name)[:-keep] if folder.is_dir() else []
+    for p in olds:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _data_docs(ctx, gx_dir: Path, result_id, run_name: str) -> str:
+    """This run's Data Docs (index, the suite's page, the validation's page), built offline from GX's
+    packaged templates; the pages link bootstrap/jQuery/fonts from public CDNs at view time (unstyled but
+    readable offline). GX's static images and fonts (4 MB, referenced by no page but the favicon) are left
+    out. Older runs' folders and stored results beyond DOCS_KEEP are removed."""
+    from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
+    from great_expectations.render.renderer.site_builder import SiteBuilder
+
+    root = gx_dir / "uncommitted" / "data_docs" / "requests"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    folder = root / f"{stamp}-{_safe_name(run_name)}"
+    SiteBuilder(data_context=ctx, store_backend={"class_name": "TupleFilesystemStoreBackend",
+                                                 "base_directory": str(folder)},
+                site_name=f"deletion request {run_name}", show_how_to_buttons=False).build(
+        resource_identifiers=[result_id, ExpectationSuiteIdentifier(name=GX_NAME)])
+    static = folder / "static"
+    shutil.rmtree(static / "fonts", ignore_errors=True)
+    for img in (static / "images").glob("*") if (static / "images").is_dir() else []:
+        if img.name != "favicon.ico":
+            img.unlink()
+    _prune(root, DOCS_KEEP)
+    try:
+        store = ctx.validation_results_store
+        keys = sorted(store.list_keys(), key=lambda k: str(k.run_id.run_time))
+        for k in keys[:-DOCS_KEEP]:
+            store.remove_key(k)
+    except Exception:  # noqa: BLE001  (housekeeping only)
+        pass
+    return str(folder)
+
+
+def run_suite(frame: pd.DataFrame, gx_dir: str | Path | None = None, run_name: str = "request") -> SuiteRun:
+    """The persisted suite (the project's `gx_dir`; in memory when None) on the lookup frame, through its
+    checkpoint; Data Docs for this run when there is a project."""
+    import great_expectations as gx  # 3-5 s import: only here, and only for a file that passed stage 1
+
+    ctx = _context(gx_dir)
+    result = ctx.checkpoints.get(GX_NAME).run(batch_parameters={"dataframe": frame},
+                                              run_id=gx.RunIdentifier(run_name=run_name))
+    failures, result_id = [], None
+    for result_id, vr in result.run_results.items():
+        for r in vr.results:
+            if r.success:
+                continue
+            cfg = r.expectation_config
+            rule = (cfg.meta or {}).get("rule") or cfg.type
+            res = r.result or {}
+            if r.exception_info and r.exception_info.get("raised_exception"):
+                failures.append((cfg.type, [], cfg.kwargs.get("column"),
+                                 f"could not run ({r.exception_info.get('exception_message')})"))
+                continue
+            rows = [int(d["row"]) for d in (res.get("unexpected_index_list") or []) if isinstance(d, dict)]
+            detail = str(cfg.notes or "") if rule not in MANIFEST_RULES else ""
+            failures.append((rule, rows, cfg.kwargs.get("column"), detail))
+    docs = _data_docs(ctx, Path(gx_dir), result_id, run_name) if gx_dir is not None and result_id else None
+    return SuiteRun(failures, result.describe_dict(), docs)
+
+
+def _rows_text(rows: list[int]) -> str:
+    return f"row {rows[0]}" if len(rows) == 1 else f"rows {', '.join(map(str, rows))}"
+
+
+def _rule_line(rule: str, row: int, lk: Lookup) -> str:
+    value = lk.value[row]
+    if rule == "exists":
+        return (f"column 'sample_id' row {row}: value {value!r} is not in the manifest (this dataset's ids look like "
+                f"{lk.example_ids}); correct the id or remove the row")
+    if rule == "training_sample":
+        split = lk.frame.loc[lk.frame["row"] == row, "split"].iloc[0]
+        return (f"column 'sample_id' row {row}: value {value!r} is a {split!r} sample, not a training sample "
+                f"(never trained on: nothing to forget); remove the row")
+    by = f" by batch {lk.deleted_by[row]}" if lk.deleted_by.get(row) else ""
+    how = "erased" if lk.erased.get(row) else "deleted"
+    return (f"column 'sample_id' row {row}: value {value!r} was {how} already{by} (see the ledger); nothing is left "
+            f"to forget: remove the row")
+
+
+def problem_lines(run: SuiteRun, lk: Lookup) -> list[str]:
+    """One line per failing row (a rule's rows past MAX_ROW_LINES share one line). A file none of whose ids is
+    in the manifest (most likely another dataset's) gets one line for the whole file."""
+    n = len(lk.frame)
+    lines = []
+    for rule, rows, column, detail in run.failures:
+        if rule not in MANIFEST_RULES:
+            values = [lk.frame.loc[lk.frame["row"] == r, column].iloc[0] for r in rows] if column in lk.frame else []
+            where = f" {_rows_text(rows)}" if rows else ""
+            shown = f" (values {values[:10]})" if values else ""
+            lines.append(f"manifest: expectation {rule} on column {column!r}{where} failed{shown}"
+                         f"{': ' + detail if detail else ''}")
+            continue
+        if rule == "exists" and n > 1 and len(rows) == n:
+            lines.append(f"manifest: column 'sample_id' rows 1-{n} (all): none of the {n} sample ids (e.g. "
+                         f"{[lk.value[r] for r in rows[:3]]}) is in this dataset's manifest, whose ids look like "
+                         f"{lk.example_ids}: the file is probably for another dataset; move it out of the inbox")
+            continue
+        lines += [f"manifest: {_rule_line(rule, r, lk)}" for r in rows[:MAX_ROW_LINES]]
+        rest = rows[MAX_ROW_LINES:]
+        if rest:
+            lines.append(f"manifest: column 'sample_id' {_rows_text(rest)}: {len(rest)} more value(s) fail the same "
+                         f"rule ({rule}: {MANIFEST_RULES[rule][2]})")
+    return lines
+
+
+def manifest_problems(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s,
+                      tombstoned: set[str] | None = None, ledger: list[dict] | None = None,
+                      gx_dir: str | Path | None = None, run_name: str = "request") -> tuple[list[str], dict, str | None]:
+    """Stage 2: the GX suite on the lookup frame; (problem lines, GX result, Data Docs folder)."""
+    lk = lookup_frame(df, manifest, key, tombstoned, ledger)
+    run = run_suite(lk.frame, gx_dir, run_name)
+    return problem_lines(run, lk), run.described, run.data_docs
+
 
 @dataclass
 class RequestCheck:
     problems: list[str]
     gx_result: dict = field(default_factory=dict)
     manifest_checked: bool = True
+    data_docs: str | None = None  # this run's Great Expectations Data Docs folder (index.html inside)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def _gx_suite(gx, gxe, manifest: pd.DataFrame, columns: set[str]):
-    """The rules against the manifest only (pandera already checked emptiness, nulls, uniqueness, timestamps:
-    the suite runs only when it passed). Each defect fails one expectation: an unknown id fails "exists" and
-    nothing else (the training and deleted rules look at known ids only)."""
-    deleted = manifest.loc[manifest["status"] == "deleted", "sample_id"].tolist()
-    not_train = manifest.loc[manifest["split"] != "train", "sample_id"].tolist()
-    suite = gx.ExpectationSuite(name="deletion_request")
-    if "sample_id" in columns:
-        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column="sample_id",
-                                                              value_set=manifest["sample_id"].tolist(),
-                                                              meta={"rule": "must exist in the manifest"}))
-        suite.add_expectation(gxe.ExpectColumnValuesToNotBeInSet(
-            column="sample_id", value_set=not_train or ["\x00none"],
-            meta={"rule": "must name a training sample (validation rows are never trained on)"}))
-        suite.add_expectation(gxe.ExpectColumnValuesToNotBeInSet(column="sample_id",
-                                                                 value_set=deleted or ["\x00none"],
-                                                                 meta={"rule": "must not be deleted already (see the ledger)"}))
-    return suite
-
-
-def _failure_lines(result) -> list[str]:
-    lines = []
-    for vr in result.run_results.values():
-        for r in vr.results:
-            if r.success:
-                continue
-            cfg = r.expectation_config
-            col, rule = cfg.kwargs.get("column"), (cfg.meta or {}).get("rule")
-            what = rule if rule else cfg.type
-            res = r.result or {}
-            values = list(dict.fromkeys(res.get("partial_unexpected_list") or []))
-            shown = f": {values[:10]}" if values else ""
-            if r.exception_info and r.exception_info.get("raised_exception"):
-                lines.append(f"GX {cfg.type}: could not run ({r.exception_info.get('exception_message')})")
-            elif col:
-                lines.append(f"GX: column '{col}' {what} ({res.get('unexpected_count')} row(s) fail){shown}")
-            else:
-                lines.append(f"GX: {what}")
-    return lines
-
-
-def gx_check(df: pd.DataFrame, manifest: pd.DataFrame) -> tuple[list[str], dict]:
-    """Run the GX suite on the request frame; returns (failure lines, describe_dict result)."""
-    import great_expectations as gx  # 3-5 s import: only here, and only for a file that passed pandera
-    import great_expectations.expectations as gxe
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    # An ephemeral context logs "Created temporary directory ... for ephemeral docs site" at INFO on every call.
-    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.WARNING)
-    ctx = gx.get_context(mode="ephemeral")
-    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
-    batch_def = (ctx.data_sources.add_pandas("requests").add_dataframe_asset("request_file")
-                 .add_batch_definition_whole_dataframe("whole_file"))
-    suite = ctx.suites.add(_gx_suite(gx, gxe, manifest, set(df.columns)))
-    vd = ctx.validation_definitions.add(gx.ValidationDefinition(name="deletion_request", data=batch_def, suite=suite))
-    cp = ctx.checkpoints.add(gx.Checkpoint(name="deletion_request", validation_definitions=[vd],
-                                           result_format={"result_format": "SUMMARY"}))
-    result = cp.run(batch_parameters={"dataframe": df.astype(object).where(df.notna(), None)})
-    described = result.describe_dict()
-    return _failure_lines(result), described
-
-
-def foreign_ids_hint(df: pd.DataFrame, manifest: pd.DataFrame) -> str | None:
-    """When NO requested id is in the manifest, the file most likely belongs to another dataset (e.g. a sample
-    request left in the inbox after switching datasets): say so, with what this dataset's ids look like."""
-    if "sample_id" not in df.columns or not len(df) or not len(manifest):
-        return None
-    requested = df["sample_id"].dropna().astype(str)
-    if not len(requested) or requested.isin(manifest["sample_id"]).any():
-        return None
-    return (f"none of the {len(requested)} sample id(s) is in this dataset's manifest, whose ids look like "
-            f"{manifest['sample_id'].iloc[:2].tolist()}: the file is probably for another dataset, move it out of "
-            f"the inbox")
-
-
-def manifest_problems(df: pd.DataFrame, manifest: pd.DataFrame) -> tuple[list[str], dict]:
-    """Stage 2: the GX suite; the foreign-dataset hint joins the "must exist" line (one defect, one line)."""
-    lines, described = gx_check(df, manifest)
-    hint = foreign_ids_hint(df, manifest)
-    if hint:
-        lines = [f"{line}; hint: {hint}" if "must exist in the manifest" in line else line for line in lines]
-    return lines, described
-
-
 def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame, cheap: list[str] | None = None,
-                        gx: bool = True) -> RequestCheck:
-    """pandera, then (when it and the `cheap` problems found nothing, and `gx`) the GX suite."""
+                        gx: bool = True, *, key=lambda s: s, tombstoned: set[str] | None = None,
+                        ledger: list[dict] | None = None, gx_dir: str | Path | None = None,
+                        run_name: str = "request") -> RequestCheck:
+    """pandera, then (when it and the `cheap` problems found nothing, and `gx`) the GX suite. Rows are
+    named by `df`'s index + 1 (keep the file's index when rows were left out)."""
     problems = [*(f"schema: {p}" for p in structural_problems(df)), *(cheap or [])]
     problems = list(dict.fromkeys(problems))
     if problems or not gx:
         return RequestCheck(problems=problems, manifest_checked=False)
-    gx_problems, gx_result = manifest_problems(df, manifest) if len(df.columns) else ([], {})
-    return RequestCheck(problems=gx_problems, gx_result=gx_result)
+    if not len(df.columns):
+        return RequestCheck(problems=[])
+    lines, described, docs = manifest_problems(df, manifest, key, tombstoned, ledger, gx_dir, run_name)
+    return RequestCheck(problems=lines, gx_result=described, data_docs=docs)
 
 
 def raise_if_invalid(path: str, check: RequestCheck) -> None:
@@ -152,7 +364,9 @@ class FileCheck:
 
     status: "ok" (pending rows to apply), "already_processed" (every request is in the ledger with the same
     content: nothing to do) or "invalid" (problems, one line each). `manifest_checked` is False when the
-    cheap checks failed (or `gx=False`): the GX suite against the manifest did not run."""
+    cheap checks failed (or `gx=False`): the GX suite against the manifest did not run. `data_docs`: the
+    folder of this run's Great Expectations Data Docs (open index.html; None when GX did not run or there
+    was no project folder): the flow logs it to the validate run's MLflow artifacts."""
 
     path: str
     status: str
@@ -163,28 +377,33 @@ class FileCheck:
     gx_result: dict = field(default_factory=dict)
     conflicts: list[str] = field(default_factory=list)
     manifest_checked: bool = True
+    data_docs: str | None = None
 
     def error(self) -> RequestValidationError:
         cls = RequestConflict if self.conflicts else RequestValidationError
         return cls(self.path, self.problems, None if self.manifest_checked else MANIFEST_NOT_CHECKED)
 
     def summary(self) -> str:
+        docs = f"\n  data docs: {Path(self.data_docs) / 'index.html'}" if self.data_docs else ""
         if self.status == "already_processed":
             return (f"{self.path}: all {self.n_rows} request(s) were processed before with the same content; "
                     f"nothing to do")
         if self.status == "ok":
             extra = f" ({self.skipped} already processed with the same content)" if self.skipped else ""
             unchecked = "" if self.manifest_checked else "; not checked against the manifest"
-            return f"{self.path}: valid ({len(self.pending)} request(s) to apply{extra}{unchecked})"
-        return str(self.error())
+            return f"{self.path}: valid ({len(self.pending)} request(s) to apply{extra}{unchecked}){docs}"
+        return str(self.error()) + docs
 
 
 def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash_ids: bool = False,
                        salt: str = "", max_clock_skew_seconds: float = 300.0, now=None,
-                       tombstoned: set[str] | None = None, gx: bool = True) -> FileCheck:
+                       tombstoned: set[str] | None = None, gx: bool = True,
+                       gx_dir: str | Path | None = None) -> FileCheck:
     """Read and validate one request file against the ledger and the live manifest: stage 1 (ledger,
-    structure and types, mixed objectives, future times, erased ids), then, when it found nothing and `gx`,
-    stage 2 (the GX suite against the manifest). `gx=False` runs stage 1 only (the CLI's pre-check)."""
+    structure and types, mixed objectives, future times), then, when it found nothing and `gx`, stage 2
+    (the GX suite: exists, training row, not deleted or erased). `gx=False` runs stage 1 only (the CLI's
+    pre-check). `gx_dir`: the project's GX folder (base.paths.gx_dir; created when missing; Data Docs are
+    built there); None runs the same suite in memory, without Data Docs."""
     path = str(path)
     try:
         df = read_request_file(path)
@@ -195,21 +414,19 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
     n = len(df)
     if n and len(same) == n and not conflicts:
         return FileCheck(path, "already_processed", [], df.iloc[0:0], skipped=n, n_rows=n)
-    keep = [i for i in range(n) if i not in set(same)]
-    pending = df.iloc[keep].reset_index(drop=True)
+    skip = set(same)
+    rows = df.iloc[[i for i in range(n) if i not in skip]]  # the file's index: problems name its row numbers
+    rows.attrs = dict(df.attrs)
+    cheap = [f"schema: {p}" for p in objective_problems(rows)]
+    cheap += [f"schema: {p}" for p in future_problems(rows, max_clock_skew_seconds, now)]
+    check = check_request_frame(rows, manifest, cheap, gx=gx and not conflicts, key=key, tombstoned=tombstoned,
+                                ledger=ledger, gx_dir=gx_dir, run_name=Path(path).name)
+    pending = rows.reset_index(drop=True)
     pending.attrs = dict(df.attrs)
-    cheap = [f"schema: {p}" for p in objective_problems(pending)]
-    cheap += [f"schema: {p}" for p in future_problems(pending, max_clock_skew_seconds, now)]
-    if tombstoned and "sample_id" in pending.columns:
-        # An erased id is also gone from the manifest: reported here once, so GX does not run for it.
-        erased = [s for s in pending["sample_id"].dropna().astype(str) if key(s) in tombstoned]
-        if erased:
-            cheap.append(f"sample id(s) {erased[:10]} were erased by an earlier batch (see the ledger); "
-                         f"nothing is left to forget")
-    check = check_request_frame(pending, manifest, cheap, gx=gx and not conflicts)
     problems = [*conflicts, *check.problems]
     return FileCheck(path, "invalid" if problems else "ok", problems, pending, skipped=len(same), n_rows=n,
-                     gx_result=check.gx_result, conflicts=conflicts, manifest_checked=check.manifest_checked)
+                     gx_result=check.gx_result, conflicts=conflicts, manifest_checked=check.manifest_checked,
+                     data_docs=check.data_docs)
 
 
 # --- what the checks need, without torch or Prefect ---------------------------------------------------------
@@ -251,9 +468,11 @@ def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True) -
 
     return check_request_file(path, live.manifest, live.ledger, hash_ids=params.deletion.hash_sample_ids,
                               salt=live.salt, max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,
-                              tombstoned=read_tombstones(params.path("tombstones")), gx=gx)
+                              tombstoned=read_tombstones(params.path("tombstones")), gx=gx,
+                              gx_dir=params.path("gx_dir"))
 
 
-__all__ = ["RequestCheck", "FileCheck", "RequestConflict", "LiveState", "check_request_file", "check_request_frame",
-           "check_file_for", "gx_check", "live_state", "manifest_problems", "raise_if_invalid", "REQUIRED_COLUMNS",
-           "MANIFEST_NOT_CHECKED"]
+__all__ = ["RequestCheck", "FileCheck", "RequestConflict", "LiveState", "Lookup", "SuiteRun", "check_request_file",
+           "check_request_frame", "check_file_for", "create_gx_project", "live_state", "lookup_frame",
+           "manifest_problems", "problem_lines", "raise_if_invalid", "run_suite", "REQUIRED_COLUMNS",
+           "MANIFEST_NOT_CHECKED", "MANIFEST_RULES"]

@@ -38,6 +38,7 @@ class Paths(Strict):
     processed: str = "requests/processed"  # applied (or already applied) request files move here
     rejected: str = "requests/rejected"    # files rejected by validation or the gate, with <name>.error.json
     tombstones: str = "data/tombstones.txt"  # erased ids (hashed with deletion.hash_sample_ids), outside every DVC out
+    gx_dir: str = "gx"  # the Great Expectations project (suite committed; uncommitted/ holds results, Data Docs)
 
 
 class Base(Strict):

@@ -101,33 +101,97 @@ def _row_hint(index) -> str:
     return f"row {int(index) + 1}" if isinstance(index, (int, float)) and index == index else "file"
 
 
+def _rows_hint(indices) -> str:
+    rows = sorted({int(i) + 1 for i in indices if isinstance(i, (int, float)) and i == i})
+    return f"row {rows[0]}" if len(rows) == 1 else f"rows {', '.join(map(str, rows))}" if rows else "file"
+
+
+def _header_problems(df: pd.DataFrame) -> tuple[pd.DataFrame | None, list[str]]:
+    """A header defect reported once, as its cause (not as every column it makes missing or unexpected):
+    a file separated by ';' / tab / '|' (one column whose name holds the required names), and column names
+    that differ from the schema's only in case or surrounding spaces (renamed here so the row checks still
+    run). Returns (the frame to check further, or None when nothing more can be checked; problems)."""
+    allowed = list(REQUEST_SCHEMA.columns)
+    cols = [str(c) for c in df.columns]
+    if len(cols) == 1:
+        for sep, name in ((";", "';'"), ("\t", "tabs"), ("|", "'|'")):
+            parts = [c.strip().lower() for c in cols[0].split(sep)]
+            if len(parts) > 1 and any(c in parts for c in REQUIRED_COLUMNS):
+                return None, [f"header {cols[0]!r}: the columns are separated by {name}, not commas; write the "
+                              f"file as CSV (',' between columns)"]
+    renames = {c: c.strip().lower() for c in cols
+               if c not in allowed and c.strip().lower() in allowed and c.strip().lower() not in cols}
+    if not renames:
+        return df, []
+    listed = ", ".join(f"{a!r} -> {b!r}" for a, b in renames.items())
+    return df.rename(columns=renames), [f"column name(s) must be lowercase without spaces: rename {listed}"]
+
+
+def _repeated_requests(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Rows that repeat a request (same request_id AND sample_id): ONE line per repeated request, and the
+    repeats are left out of the per-column uniqueness checks (which would report the same defect twice)."""
+    if not {"request_id", "sample_id"} <= set(df.columns) or len(df) < 2:
+        return df, []
+    keys = df[["request_id", "sample_id"]]
+    both = keys.notna().all(axis=1)
+    dup = both & keys.duplicated(keep=False)
+    if not dup.any():
+        return df, []
+    problems, drop = [], []
+    for (rid, sid), group in keys[dup].groupby(["request_id", "sample_id"], sort=False):
+        problems.append(f"{_rows_hint(group.index)}: the same request (request_id {rid!r}, sample_id {sid!r}) "
+                        f"appears {len(group)} times; keep one row")
+        drop += list(group.index[1:])
+    return df.drop(index=drop), problems
+
+
+UNIQUE_FIX = {"request_id": "give each request its own request_id",
+              "sample_id": "a sample is forgotten once: keep one row for it"}
+
+
 def structural_problems(df: pd.DataFrame) -> list[str]:
-    """Every schema failure of a request frame, one readable line each."""
+    """Every schema failure of a request frame, one readable line each (a defect once, as its cause)."""
     problems = list(df.attrs.get("type_problems", []))
     if len(df) == 0:
         problems.append("the batch is empty: a request file needs at least one row")
+    df, header = _header_problems(df)
+    problems += header
+    if df is None:
+        return problems
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         problems.append(f"missing column(s) {missing}; required columns: {list(REQUIRED_COLUMNS)}")
     if len(df) == 0:
         return problems
+    df, repeated = _repeated_requests(df)
+    problems += repeated
     try:
         REQUEST_SCHEMA.validate(df, lazy=True)
     except SchemaErrors as err:
-        for _, fc in err.failure_cases.iterrows():
+        cases = err.failure_cases
+        duplicates: dict[tuple, list] = {}
+        for _, fc in cases.iterrows():
+            column, check, value = fc.get("column"), str(fc.get("check")), fc.get("failure_case")
+            if check.startswith("field_uniqueness") or check == "unique":
+                duplicates.setdefault((column, value), []).append(fc.get("index"))
+        reported = set()
+        for _, fc in cases.iterrows():
             column, check, value = fc.get("column"), str(fc.get("check")), fc.get("failure_case")
             if check.startswith("column_in_dataframe"):
                 continue  # already reported as a missing column, with the full list
             if check.startswith("column_in_schema"):
                 problems.append(f"unexpected column '{value}'; allowed columns: {list(REQUEST_SCHEMA.columns)}")
             elif check.startswith("field_uniqueness") or check == "unique":
-                problems.append(f"column '{column}': value {value!r} appears more than once; ids must be unique")
+                if (column, value) not in reported:
+                    reported.add((column, value))
+                    problems.append(f"column '{column}' {_rows_hint(duplicates[(column, value)])}: value {value!r} "
+                                    f"appears more than once; ids must be unique ({UNIQUE_FIX.get(column, 'keep one')})")
             elif check == "parses_as_timestamp":
                 problems.append(f"column 'requested_at' {_row_hint(fc.get('index'))}: value {value!r} is not a valid "
                                 f"timestamp (use ISO 8601, e.g. 2026-11-30T09:00:00Z)")
             elif "dtype" in check:
                 problems.append(f"column '{column}': has the wrong type ({check}); values must be text")
-            elif check == "not_nullable":
+            elif check == "not_nullable" or check.startswith("str_length"):
                 problems.append(f"column '{column}' {_row_hint(fc.get('index'))}: value is empty; every row needs a {column}")
             elif check.startswith("isin"):
                 problems.append(f"column '{column}' {_row_hint(fc.get('index'))}: value {value!r} is not allowed; "
@@ -148,7 +212,8 @@ def objective_problems(df: pd.DataFrame) -> list[str]:
     """One batch has one objective: a file whose `objective` column mixes values is a problem."""
     if "objective" not in df.columns:
         return []
-    values = sorted({v for v in df["objective"] if v})
+    # Only allowed values count: a value outside them is the schema's problem (one line there, not two).
+    values = sorted({v for v in df["objective"] if v in OBJECTIVES})
     return [f"column 'objective' mixes {values}; one batch has one objective (split the file)"] if len(values) > 1 else []
 
 

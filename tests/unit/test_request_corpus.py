@@ -1,14 +1,17 @@
 """A corpus of malformed (and a few valid) request files through the ONE validation path that
 `unlearn validate` and `unlearn run` share (tasks.request_check.check_request_file): every bad file gets a
-clear error naming the file, every problem on one line, no defect twice, and nothing is changed. The suite
-against the manifest runs only for a file that passed the cheap checks (pandera, ledger, objective, times).
+clear error naming the file, ONE line per problem (its row or field, the value, the fix), no defect twice,
+and nothing is changed. pandera owns schema and types; the Great Expectations suite owns the rules that
+need the manifest or the erasure record, and runs only for a file that passed the cheap checks.
 
-The Great Expectations suite costs ~1 s per file; the corpus swaps it for the same manifest rules in pandas
-(`fast_gx`), and `test_real_gx_agrees` runs real GX on the manifest cases."""
+Importing GX costs 3-5 s; the corpus swaps its evaluation for the same rules in pandas (`fast_suite`: the
+problem lines are rendered by the same code), and `test_real_gx_agrees` runs the real, persisted suite on
+every manifest case and checks that it gives the same lines."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from datetime import datetime, timedelta, timezone
 
 import pandas as pd
@@ -36,16 +39,15 @@ def ledger(hashed: bool = False) -> list[dict]:
              "requested_at": "2026-11-01T10:00:00+00:00", "reason": "gdpr", "processed_at": "2026-11-02T00:00:00"}]
 
 
-def fast_gx(df: pd.DataFrame, m: pd.DataFrame):
-    lines = []
-    if "sample_id" in df.columns and len(df):
-        s = df["sample_id"].dropna()
-        for rule, bad in (("must exist in the manifest", ~s.isin(m["sample_id"])),
-                          ("must name a training sample", s.isin(m.loc[m.split != "train", "sample_id"])),
-                          ("must not be deleted already", s.isin(m.loc[m.status == "deleted", "sample_id"]))):
-            if bad.any():
-                lines.append(f"GX: column 'sample_id' {rule} ({int(bad.sum())} row(s) fail): {s[bad].tolist()}")
-    return lines, {}
+def fast_suite(frame: pd.DataFrame, gx_dir=None, run_name="request") -> validation.SuiteRun:
+    """The suite's expectations (value in set, nulls skipped) evaluated in pandas on the lookup frame."""
+    failures = []
+    for rule, (column, allowed, _) in validation.MANIFEST_RULES.items():
+        values = frame[column]
+        bad = values.notna() & ~values.isin(allowed)
+        if bad.any():
+            failures.append((rule, frame.loc[bad, "row"].astype(int).tolist(), column, ""))
+    return validation.SuiteRun(failures)
 
 
 def csv(text):
@@ -62,6 +64,7 @@ GOOD = {"request_id": ["p1"], "sample_id": ["digits-0001"], "requested_at": ["20
 SOON = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat()
 
 # (case id, file name, writer, expected status, substrings every one of which must be in the problems, ledger kind)
+# Every invalid file has exactly one problem line per problem: LINES names the files with more than one.
 CASES = [
     ("empty-file", "a.csv", csv(""), "invalid", ["cannot read file"], None),
     ("header-only", "a.csv", csv(H + "\n"), "invalid", ["empty"], None),
@@ -86,9 +89,12 @@ CASES = [
     ("mixed-objective-and-unknown", "a.csv", csv(H + ",objective\nr1,digits-9999,2026-11-30,gdpr,suppression\n"
                                                  "r2,digits-0002,2026-11-30,gdpr,retrain_equivalence\n"), "invalid",
      ["mixes", "not yet checked against the manifest"], None),
-    ("unknown-id", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\n"), "invalid", ["must exist in the manifest"], None),
-    ("validation-row", "a.csv", csv(H + "\nr1,digits-0009,2026-11-30,gdpr\n"), "invalid", ["must name a training sample"], None),
-    ("already-deleted", "a.csv", csv(H + "\nr1,digits-0007,2026-11-30,gdpr\n"), "invalid", ["must not be deleted already"], None),
+    ("unknown-id", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\n"), "invalid",
+     ["row 1: value 'digits-9999' is not in the manifest", "correct the id or remove the row"], None),
+    ("validation-row", "a.csv", csv(H + "\nr1,digits-0009,2026-11-30,gdpr\n"), "invalid",
+     ["row 1: value 'digits-0009' is a 'val' sample, not a training sample", "remove the row"], None),
+    ("already-deleted", "a.csv", csv(H + "\nr1,digits-0007,2026-11-30,gdpr\n"), "invalid",
+     ["row 1: value 'digits-0007' was deleted already by batch batch-old", "remove the row"], None),
     ("ledger-conflict-sample", "a.csv", csv(H + "\nold-1,digits-0003,2026-11-01T10:00:00Z,gdpr\n"), "invalid",
      ["'old-1'", "conflicts with the ledger entry of batch batch-old", "old.csv", "sample_id 'digits-0003'"], "plain"),
     ("ledger-conflict-reason", "a.csv", csv(H + "\nold-1,digits-0007,2026-11-01T10:00:00Z,ccpa\n"), "invalid",
@@ -101,18 +107,18 @@ CASES = [
     ("hashed-ledger-conflict", "a.csv", csv(H + "\nold-1,digits-0003,2026-11-01T10:00:00Z,gdpr\n"), "invalid",
      ["conflicts with the ledger"], "hashed"),
     ("semicolon-csv", "a.csv", csv("request_id;sample_id;requested_at;reason\nr1;digits-0001;2026-11-30;gdpr\n"),
-     "invalid", ["missing column"], None),
+     "invalid", ["separated by ';', not commas", "write the file as CSV"], None),
     ("binary-garbage", "a.csv", lambda p: p.write_bytes(b"\x00\xff\xfe\x00PK\x03\x04" * 20), "invalid",
      [], None),
     ("txt-suffix", "a.txt", csv(H + "\nr1,digits-0001,2026-11-30,gdpr\n"), "invalid", ["not supported"], None),
     ("json-suffix", "a.json", csv("{}"), "invalid", ["not supported"], None),
     ("capitalised-columns", "a.csv", csv("Request_ID,Sample_ID,Requested_At,Reason\nr1,digits-0001,2026-11-30,gdpr\n"),
-     "invalid", ["missing column", "unexpected column 'Request_ID'"], None),
+     "invalid", ["must be lowercase", "rename 'Request_ID' -> 'request_id'", "'Reason' -> 'reason'"], None),
     ("many-problems", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\nr1,digits-0002,never,gdpr\n"), "invalid",
      ["'never'", "'r1' appears more than once", "not yet checked against the manifest"], None),
     ("unknown-and-validation-ids", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\nr2,digits-0009,2026-11-30,gdpr\n"),
-     "invalid", ["must exist in the manifest (1 row(s) fail): ['digits-9999']",
-                 "must name a training sample (1 row(s) fail): ['digits-0009']"], None),
+     "invalid", ["row 1: value 'digits-9999' is not in the manifest", "row 2: value 'digits-0009' is a 'val' sample"],
+     None),
     ("parquet-int-sample-id", "a.parquet", parquet(request_id=["p1"], sample_id=[12], requested_at=["2026-11-30"],
                                                    reason=["gdpr"]), "invalid", ["sample_id", "Parquet type is int64"], None),
     ("parquet-int-request-id", "a.parquet", parquet(request_id=[1], sample_id=["digits-0001"], requested_at=["2026-11-30"],
@@ -129,7 +135,38 @@ CASES = [
                                             requested_at=["2999-01-01T00:00:00Z"], reason=["gdpr"]), "invalid",
      ["in the future"], None),
     ("directory", "a.csv", lambda p: p.mkdir(), "invalid", ["cannot read file"], None),
-    ("tombstoned", "a.csv", csv(H + "\nr1,digits-0005,2026-11-30,gdpr\n"), "invalid", ["erased by an earlier batch"], "tomb"),
+    ("tombstoned", "a.csv", csv(H + "\nr1,digits-0005,2026-11-30,gdpr\n"), "invalid",
+     ["row 1: value 'digits-0005' was erased already"], "tomb"),
+    ("tombstoned-hashed", "a.csv", csv(H + "\nr1,digits-0005,2026-11-30,gdpr\n"), "invalid",
+     ["row 1: value 'digits-0005' was erased already"], "tombhash"),
+    # one problem, one line (each of these was two or more lines before, or is new)
+    ("dup-row", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30,gdpr\nr1,digits-0001,2026-11-30,gdpr\n"), "invalid",
+     ["rows 1, 2: the same request (request_id 'r1', sample_id 'digits-0001') appears 2 times; keep one row"], None),
+    ("dup-row-other-reason", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30,gdpr\nr1,digits-0001,2026-11-30,ccpa\n"),
+     "invalid", ["rows 1, 2: the same request"], None),
+    ("dup-row-and-dup-sample", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30,gdpr\nr1,digits-0001,2026-11-30,gdpr\n"
+                                            "r3,digits-0001,2026-11-30,gdpr\n"), "invalid",
+     ["rows 1, 2: the same request", "column 'sample_id' rows 1, 3: value 'digits-0001' appears more than once"], None),
+    ("bad-and-mixed-objective", "a.csv", csv(H + ",objective\nr1,digits-0001,2026-11-30,gdpr,forget-it\n"
+                                             "r2,digits-0002,2026-11-30,gdpr,suppression\n"), "invalid",
+     ["row 1: value 'forget-it' is not allowed"], None),
+    ("spaced-column", "a.csv", csv("request_id,sample_id,requested_at, Reason\nr1,digits-0001,2026-11-30,gdpr\n"),
+     "invalid", ["rename ' Reason' -> 'reason'"], None),
+    ("tab-separated", "a.csv", csv("request_id\tsample_id\trequested_at\treason\nr1\tdigits-0001\t2026-11-30\tgdpr\n"),
+     "invalid", ["separated by tabs, not commas"], None),
+    ("foreign-file", "a.csv", csv(H + "\nr1,mnist-00001,2026-11-30,gdpr\nr2,mnist-00002,2026-11-30,gdpr\n"
+                                  "r3,mnist-00003,2026-11-30,gdpr\n"), "invalid",
+     ["none of the 3 sample ids", "probably for another dataset"], None),
+    ("unknown-validation-deleted", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\nr2,digits-0009,2026-11-30,gdpr\n"
+                                                "r3,digits-0007,2026-11-30,gdpr\nr4,digits-0002,2026-11-30,gdpr\n"), "invalid",
+     ["row 1: value 'digits-9999' is not in the manifest", "row 2: value 'digits-0009' is a 'val' sample",
+      "row 3: value 'digits-0007' was deleted already by batch batch-old"], None),
+    ("partial-overlap-keeps-row-numbers", "a.csv", csv(H + "\nold-1,digits-0007,2026-11-01T10:00:00Z,gdpr\n"
+                                                       "r2,digits-0002,nope,gdpr\n"), "invalid",
+     ["column 'requested_at' row 2: value 'nope'"], "plain"),
+    ("partial-overlap-unknown", "a.csv", csv(H + "\nold-1,digits-0007,2026-11-01T10:00:00Z,gdpr\n"
+                                             "r2,digits-9999,2026-11-30,gdpr\n"), "invalid",
+     ["row 2: value 'digits-9999' is not in the manifest"], "plain"),
     # valid files, and the ledger no-op
     ("good", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30T10:00:00Z,gdpr\n"), "ok", [], None),
     ("good-upper-suffix", "a.CSV", csv(H + "\nr1,digits-0001,2026-11-30,gdpr\n"), "ok", [], None),
@@ -144,28 +181,41 @@ CASES = [
                                             "r2,digits-0002,2026-11-30,gdpr\n"), "ok", [], "plain"),
 ]
 
-RESULTS: dict[str, tuple[bool, bool]] = {}  # case -> (clear error or expected outcome, state unchanged)
+# Files with more than one problem (every other invalid file has exactly one problem, so one line).
+LINES = {"ledger-conflict-plus-bad-time": 2, "many-problems": 2, "unknown-and-validation-ids": 2,
+         "dup-row-and-dup-sample": 2, "unknown-validation-deleted": 3}
+
+RESULTS: dict[str, tuple[bool, bool]] = {}
+LINE_COUNTS: dict[str, tuple[int, int]] = {}  # invalid case -> (problems in the file, problem lines)  # case -> (clear error or expected outcome, state unchanged)
+
+
+def run_case(path, write, kind, gx_dir=None):
+    """Write the case's file and check it as `unlearn validate` would; (FileCheck, nothing changed)."""
+    write(path)
+    m = manifest()
+    hashed = kind in ("hashed", "tombhash")
+    led = ledger(hashed=hashed) if kind in ("plain", "hashed") else []
+    before = (m.copy(), copy.deepcopy(led), path.read_bytes() if path.is_file() else None)
+    tomb = {"digits-0005"} if kind == "tomb" else {hash_sample_id("digits-0005", SALT)} if kind == "tombhash" else None
+    fc = check_request_file(path, m, led, hash_ids=hashed, salt=SALT, max_clock_skew_seconds=300, tombstoned=tomb,
+                            gx_dir=gx_dir)
+    unchanged = (m.equals(before[0]) and led == before[1]
+                 and (path.read_bytes() if path.is_file() else None) == before[2])
+    return fc, unchanged
 
 
 @pytest.mark.parametrize("case,name,write,status,expect,kind", CASES, ids=[c[0] for c in CASES])
 def test_request_corpus(tmp_path, monkeypatch, case, name, write, status, expect, kind):
-    monkeypatch.setattr(validation, "gx_check", fast_gx)
+    monkeypatch.setattr(validation, "run_suite", fast_suite)
     path = tmp_path / name
-    write(path)
-    m = manifest()
-    led = ledger(hashed=kind == "hashed") if kind in ("plain", "hashed") else []
-    before = (m.copy(), copy.deepcopy(led), path.read_bytes() if path.is_file() else None)
-    tomb = {"digits-0005"} if kind == "tomb" else None
-    fc = check_request_file(path, m, led, hash_ids=kind == "hashed", salt=SALT, max_clock_skew_seconds=300,
-                            tombstoned=tomb)
-    unchanged = (m.equals(before[0]) and led == before[1]
-                 and (path.read_bytes() if path.is_file() else None) == before[2])
+    fc, unchanged = run_case(path, write, kind)
     text = fc.summary()
     ok = fc.status == status and all(s in text for s in expect)
     if status == "invalid":
         ok = ok and str(path) in text and "<batch>" not in text and fc.problems and all(
             "\n" not in p for p in fc.problems)
-        ok = ok and text.count("\n  - ") == len(fc.problems)
+        ok = ok and text.count("\n  - ") == len(fc.problems) == LINES.get(case, 1)
+        LINE_COUNTS[case] = (LINES.get(case, 1), len(fc.problems))
     RESULTS[case] = (bool(ok), unchanged)
     assert fc.status == status, text
     for s in expect:
@@ -174,6 +224,7 @@ def test_request_corpus(tmp_path, monkeypatch, case, name, write, status, expect
     if status == "invalid":
         assert str(path) in text and "<batch>" not in text
         assert all("\n" not in p for p in fc.problems)  # one line each
+        assert len(fc.problems) == LINES.get(case, 1), fc.problems  # and one line per problem
         with pytest.raises(validation.RequestValidationError):
             raise fc.error()
     if "conflict" in case:
@@ -185,36 +236,52 @@ def test_corpus_size_and_summary():
     if len(RESULTS) == len(CASES):
         bad = [c for c, (ok, _) in RESULTS.items() if not ok]
         assert not bad, bad
+        problems, lines = (sum(c[i] for c in LINE_COUNTS.values()) for i in (0, 1))
+        assert problems == lines
         print(f"\ncorpus: clear/expected outcome {sum(ok for ok, _ in RESULTS.values())}/{len(CASES)}, "
-              f"state unchanged {sum(u for _, u in RESULTS.values())}/{len(CASES)}")
+              f"state unchanged {sum(u for _, u in RESULTS.values())}/{len(CASES)}, {len(LINE_COUNTS)} invalid "
+              f"files: {problems} problems, {lines} problem lines")
+
+
+MANIFEST_CASES = [c for c in CASES if c[3] == "ok" or any("manifest" in e or "erased" in e or "'val' sample" in e
+                                                             or "another dataset" in e for e in c[4])]
 
 
 def test_real_gx_agrees(tmp_path):
-    """The manifest rules through the real Great Expectations suite (one file, several problems)."""
-    path = tmp_path / "m.csv"
-    path.write_text(H + "\nr1,digits-9999,2026-11-30,gdpr\nr2,digits-0009,2026-11-30,gdpr\nr3,digits-0007,2026-11-30,gdpr\n")
-    fc = check_request_file(path, manifest(), [])
-    text = fc.summary()
-    assert fc.status == "invalid"
-    for s in ("must exist in the manifest", "must name a training sample", "must not be deleted already"):
-        assert s in text, text
-    # one line per defect: the unknown id fails "exists" only, each known id its own rule only
-    assert len(fc.problems) == 3 and text.count("digits-9999") == 1, text
-    assert fc.manifest_checked and MANIFEST_NOT_CHECKED not in text
+    """The persisted suite through real Great Expectations (a file context created in tmp) gives the very
+    lines of the pandas stand-in on every manifest case, and each run's Data Docs."""
+    assert len(MANIFEST_CASES) >= 10
+    gx_dir = tmp_path / "gx"
+    for case, name, write, status, expect, kind in MANIFEST_CASES:
+        (tmp_path / case).mkdir()
+        real, _ = run_case(tmp_path / case / name, write, kind, gx_dir=gx_dir)
+        (tmp_path / f"{case}-fast").mkdir()
+        original = validation.run_suite
+        validation.run_suite = fast_suite
+        try:
+            fast, _ = run_case(tmp_path / f"{case}-fast" / name, write, kind)
+        finally:
+            validation.run_suite = original
+        assert real.status == status and real.problems == fast.problems, (case, real.problems, fast.problems)
+        if real.manifest_checked and status != "already_processed":
+            assert real.data_docs and (Path(real.data_docs) / "index.html").is_file(), case
+            assert f"data docs: {Path(real.data_docs) / 'index.html'}" in real.summary()
+    assert (gx_dir / "expectations" / "deletion_request.json").is_file()
 
 
 def test_a_structural_defect_is_reported_once_without_great_expectations(tmp_path, monkeypatch):
     """Missing column + duplicate request_id: two lines (pandera's), no GX run (its import alone costs 3-5 s),
     and a note that the manifest rules run once these are fixed."""
-    def no_gx(df, m):
+    def no_gx(*args, **kwargs):
         raise AssertionError("GX must not run for a file that failed the cheap checks")
 
-    monkeypatch.setattr(validation, "gx_check", no_gx)
+    monkeypatch.setattr(validation, "run_suite", no_gx)
     path = tmp_path / "bad.csv"
     path.write_text("request_id,sample_id,requested_at\nr1,digits-0001,2026-11-30\nr1,digits-0002,2026-11-30\n")
     fc = check_request_file(path, manifest(), [])
     assert fc.status == "invalid" and not fc.manifest_checked
     assert len(fc.problems) == 2, fc.problems
     assert "missing column(s) ['reason']" in fc.problems[0] and "'r1' appears more than once" in fc.problems[1]
+    assert fc.data_docs is None
     text = fc.summary()
     assert text.count("\n  - ") == 2 and text.endswith(f"note: {MANIFEST_NOT_CHECKED}")
