@@ -233,7 +233,7 @@ def dvc_yaml_for(params: Params, data_dep: str, extra_train_deps: list[str] = ()
         train_metrics=_q(f"{metrics}/train.json"), deletion_metrics=_q(f"{metrics}/deletion.json"),
         history=_q(f"{metrics}/history.json"),
         prepare_deps=_deps([data_dep]), train_deps=_deps([p.prepared_dir, *extra_train_deps]),
-        deletion_deps=_deps([original, p.prepared_dir, p.inbox]))
+        deletion_deps=_deps([original, p.prepared_dir, p.inbox, f"{p.gx_dir}/expectations"]))
 
 
 def _factory_file(factory: str, root: Path) -> Path | None:
