@@ -7,6 +7,7 @@ from prefect import flow
 
 from flows.common import base_parser, device_of, params_or_exit, prefect_api, tracker_for, use_project_path
 from unlearning.config import load_params
+from tasks.reporting import run_logger
 from tasks.state import current_fingerprint, original_path
 from tasks.training import model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
@@ -14,7 +15,7 @@ from unlearning.models import param_count
 from unlearning.serving import input_example
 
 
-@flow(name="train", log_prints=True)
+@flow(name="train")
 def train(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     use_project_path(params)
@@ -40,7 +41,7 @@ def train(params_path: str = "params.yaml") -> dict:
                     {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics,
                      "fingerprint": fingerprint})
     how = "trained" if model.origin == "trained" else f"loaded ({model.origin}, not retrained)"
-    print(f"{how} {params.train.model.arch} ({param_count(model)} params) on {metrics['n_train']} samples: "
+    run_logger().info(f"{how} {params.train.model.arch} ({param_count(model)} params) on {metrics['n_train']} samples: "
           f"val accuracy {metrics['val_accuracy']:.3f}; registered {params.tracking.registered_model} "
           f"v{version} as @{params.tracking.alias}")
     return {**metrics, "model_version": version}
