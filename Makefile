@@ -18,11 +18,16 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
+# Team deployment (deploy/team.py): a project-local PostgreSQL cluster and both servers, state under $(TEAM_DIR).
+TEAM_DIR ?= $(CURDIR)/.team
+TEAM_PG_PORT ?= 54329
+TEAM_PY = deploy/team.py --dir $(TEAM_DIR)
 
-.PHONY: help setup run report test test-slow test-all ui server serve bench clean reset
+.PHONY: help setup run report test test-slow test-all ui server serve bench clean reset \
+	team-db team-up team-env team-status team-down
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +71,21 @@ server: setup ## local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite; set 
 
 serve: setup ## serve the scheduled + event-triggered deployments and watch the inbox (needs `make server`)
 	PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:$(PREFECT_PORT)/api} $(BIN)/unlearn serve
+
+team-db: setup ## PostgreSQL for the team servers: a cluster in .team/pg on 127.0.0.1:$(TEAM_PG_PORT), databases prefect + mlflow
+	$(BIN)/python $(TEAM_PY) --pg-port $(TEAM_PG_PORT) db
+
+team-up: setup ## team-db + Prefect server (:$(PREFECT_PORT)) + MLflow server serving artifacts (:$(MLFLOW_PORT)), on Postgres, in the background
+	$(BIN)/python $(TEAM_PY) --pg-port $(TEAM_PG_PORT) --prefect-port $(PREFECT_PORT) --mlflow-port $(MLFLOW_PORT) up
+
+team-env: ## the client's variables of the team servers: eval "$(make -s team-env)"
+	@$(PYTHON) $(TEAM_PY) env
+
+team-status: ## is the team setup up: PostgreSQL, both servers (health, pid, log)
+	@$(PYTHON) $(TEAM_PY) status
+
+team-down: ## stop both team servers and PostgreSQL (the data stays in .team/)
+	$(PYTHON) $(TEAM_PY) down
 
 bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/oracles.py

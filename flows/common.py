@@ -65,7 +65,11 @@ def prefect_api():
 def tracker_for(params: Params):
     from tasks.tracking import Tracker
 
-    return Tracker(params.mlflow_tracking_uri(), params.tracking.experiment, params.path("mlflow_artifacts"))
+    uri = params.mlflow_tracking_uri()
+    # Against a tracking server the server stores the artifacts (mlflow-artifacts:/): a local folder here would
+    # make each client write to its own disk.
+    local = None if uri.startswith(("http://", "https://")) else params.path("mlflow_artifacts")
+    return Tracker(uri, params.tracking.experiment, local)
 
 
 def device_of(params: Params) -> str:

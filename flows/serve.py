@@ -1,7 +1,8 @@
 """`unlearn serve`: unattended operation on a real Prefect server.
 
 Two deployments of `deletion_batch`:
-- `scheduled`: a cron schedule from params.yaml (operations.cron) processes every pending request file;
+- `scheduled`: a cron schedule from params.yaml (operations.cron, in operations.timezone) processes every pending
+  request file;
 - `on-request-file`: a DeploymentEventTrigger starts a run for each `deletion.request.created` event.
 A watcher thread emits that event for every request file that appears in the inbox. Both deployments run
 with concurrency limit 1 and the batch lock, so batches never overlap, triggered runs are taken in
@@ -70,6 +71,22 @@ def watch_inbox(inbox: Path, stop: threading.Event) -> None:
             emit_request_event(path)
 
 
+def cron_schedule(params: Params):
+    """operations.cron read in operations.timezone (an IANA name such as Europe/Berlin): "0 2 * * *" is 02:00
+    local time there, daylight saving included. A bare `cron=` would read it in UTC."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from prefect.schedules import Cron
+
+    tz = params.operations.timezone
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"operations.timezone: {tz!r} is not an IANA time zone name (UTC, Europe/Berlin, "
+                         f"America/New_York, ...)") from None
+    return Cron(params.operations.cron, timezone=tz)
+
+
 def deployments(params: Params, params_path: str):
     from prefect.events import DeploymentEventTrigger
 
@@ -78,7 +95,7 @@ def deployments(params: Params, params_path: str):
     flow_ = deletion_batch.with_options(task_runner=task_runner_for(params))
     params_path = str(Path(params_path).resolve())
     scheduled = flow_.to_deployment(
-        name="scheduled", cron=params.operations.cron, concurrency_limit=1,
+        name="scheduled", schedule=cron_schedule(params), concurrency_limit=1,
         parameters={"params_path": params_path, "dvc_commit": True},
         description="Process every pending request file in the inbox on a schedule.")
     triggered = flow_.to_deployment(
@@ -100,7 +117,7 @@ def main(params_path: str = "params.yaml") -> int:
     stop = threading.Event()
     watcher = threading.Thread(target=watch_inbox, args=(inbox, stop), daemon=True, name="inbox-watcher")
     watcher.start()
-    print(f"serving deletion_batch on {url}: schedule '{params.operations.cron}' and inbox trigger on {inbox}", flush=True)
+    print(f"serving deletion_batch on {url}: schedule '{params.operations.cron}' ({params.operations.timezone}) and inbox trigger on {inbox}", flush=True)
     try:
         # pause_on_shutdown=False: the schedule stays active on the server across serve restarts.
         serve(*deployments(params, params_path), pause_on_shutdown=False)

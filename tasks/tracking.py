@@ -351,6 +351,11 @@ class Tracker:
 
                     shutil.rmtree(local, ignore_errors=True)
                     removed = str(local)
+                elif uri.startswith(("mlflow-artifacts:", "http://", "https://")):  # a server's store: its API
+                    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+                    get_artifact_repository(uri).delete_artifacts()
+                    removed = uri
             except Exception:
                 pass
             self.client.delete_model_version(name, version)

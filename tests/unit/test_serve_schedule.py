@@ -1,0 +1,62 @@
+"""The scheduled deployment reads operations.cron in operations.timezone (built without a server)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import inspect
+
+import pytest
+
+from tests.helpers import make_project
+from unlearning.config import load_params
+
+
+def params_with(tmp_path, timezone: str, cron: str = "0 2 * * *"):
+    return load_params(make_project(tmp_path, {"operations": {"cron": cron, "timezone": timezone}}, inbox_files=False))
+
+
+def next_runs_utc(schedule, start: dt.datetime, n: int = 1) -> list[dt.datetime]:
+    """The next run times as the Prefect server computes them (its schema of the same schedule)."""
+    from prefect.server.schemas.schedules import CronSchedule
+
+    dates = CronSchedule(cron=schedule.cron, timezone=schedule.timezone).get_dates(n=n, start=start)
+    if inspect.iscoroutine(dates):  # async in Prefect 3.9
+        dates = asyncio.run(dates)
+    return [d.astimezone(dt.timezone.utc).replace(tzinfo=None) for d in dates]
+
+
+def test_cron_schedule_uses_operations_timezone(tmp_path):
+    from flows.serve import cron_schedule
+
+    schedule = cron_schedule(params_with(tmp_path, "Europe/Berlin"))
+    assert (schedule.cron, schedule.timezone) == ("0 2 * * *", "Europe/Berlin")
+    # 02:00 in Berlin: 01:00 UTC in winter (CET), 00:00 UTC in summer (CEST).
+    utc = dt.timezone.utc
+    assert next_runs_utc(schedule, dt.datetime(2027, 1, 10, 12, tzinfo=utc)) == [dt.datetime(2027, 1, 11, 1)]
+    assert next_runs_utc(schedule, dt.datetime(2027, 7, 10, 12, tzinfo=utc)) == [dt.datetime(2027, 7, 11, 0)]
+
+
+def test_default_timezone_is_utc(tmp_path):
+    from flows.serve import cron_schedule
+
+    schedule = cron_schedule(load_params(make_project(tmp_path, inbox_files=False)))
+    assert schedule.timezone == "UTC"
+
+
+def test_unknown_timezone_is_refused_with_the_key(tmp_path):
+    from flows.serve import cron_schedule
+
+    with pytest.raises(ValueError, match="operations.timezone: 'Mars/Olympus'"):
+        cron_schedule(params_with(tmp_path, "Mars/Olympus"))
+
+
+def test_scheduled_deployment_carries_the_timezone(tmp_path, monkeypatch):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    from flows.serve import deployments
+
+    params_path = make_project(tmp_path, {"operations": {"timezone": "America/New_York"}}, inbox_files=False)
+    scheduled, triggered = deployments(load_params(params_path), str(params_path))
+    (s,) = scheduled.schedules
+    assert (s.schedule.cron, s.schedule.timezone, s.active) == ("0 2 * * *", "America/New_York", True)
+    assert not triggered.schedules
