@@ -99,3 +99,24 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert "erasure verified" in out
     out = sh([sys.executable, "-m", "dvc", "repro", "deletion"], proj, env)
     assert "didn't change" in out or "up to date" in out
+
+    # Recipes compared as DVC experiments: `dvc exp run -S train.epochs=...` retrains the original with the
+    # other recipe, and `dvc exp show` lists it beside the workspace with its params and train metrics.
+    epochs = yaml.safe_load((proj / "params.yaml").read_text())["train"]["epochs"] + 1
+    sh([sys.executable, "-m", "dvc", "exp", "run", "-S", f"train.epochs={epochs}", "train"], proj, env)
+    shown = sh_json([sys.executable, "-m", "dvc", "exp", "show", "--json"], proj, env)
+    runs = [(d["params"]["params.yaml"]["data"]["train"]["epochs"], d["metrics"]["metrics/train.json"]["data"])
+            for d in _with_key(shown, "metrics") if "metrics/train.json" in (d["metrics"] or {})]
+    assert any(e == epochs and m.get("val_accuracy", 0) > 0.5 for e, m in runs), json.dumps(shown)[:3000]
+
+
+def _with_key(obj, key: str):
+    """Every dict inside `obj` (a `dvc exp show --json` answer) that has `key`."""
+    if isinstance(obj, dict):
+        if key in obj:
+            yield obj
+        for v in obj.values():
+            yield from _with_key(v, key)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _with_key(v, key)
