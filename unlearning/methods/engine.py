@@ -159,6 +159,29 @@ def _phase_bound(ctx: UnlearnContext, phase: Phase, batchnorm: bool, max_grad_ev
     return max(min(bounds), 0) if bounds else 0
 
 
+def _step_direction(ctx: UnlearnContext, model: Ensemble, params: list, phase: Phase, terms: dict, losses: dict,
+                    batch: dict, buf: Vec | None, active: torch.Tensor) -> tuple[Vec, dict, Vec | None]:
+    """One step's update direction (stacked, per member): the phase's weighted objective on this batch, its
+    gradient, then pre-momentum (active members only), the projection, the geometry and the parameter mask.
+    Returns (direction, the reduced per-term losses, the momentum buffer)."""
+    reduced = {}
+    for k, idx in batch.items():
+        X, y = source(ctx, terms[k].pool)
+        reduced[k] = phase.weighting.reduce(k, losses[k](model, X[idx], y[idx], idx), idx)
+    grads = torch.autograd.grad(phase.weighting.objective(reduced), params, allow_unused=True)
+    direction = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+    if phase.pre_momentum:
+        if buf is None:
+            buf = [torch.zeros_like(d) for d in direction]
+        for b, d in zip(buf, direction):
+            b.copy_(torch.where(member_view(active.to(b.device), b).bool(), b * phase.pre_momentum + d, b))
+        direction = [b.clone() for b in buf]
+    direction = phase.geometry.apply(phase.projection.project(model, direction))
+    if phase.param_mask is not None:
+        direction = [d * m for d, m in zip(direction, phase.param_mask)]
+    return direction, reduced, buf
+
+
 def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int | None = None,
                method: str = "") -> UnlearnResult:
     """Run the phases on a clone of ctx.model. `max_grad_evals` is a PER-MEMBER budget of per-sample
@@ -253,23 +276,8 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
                     active = ~frozen
                     saved = kept.snapshot()
 
-                    reduced = {}
-                    for k, idx in batch.items():
-                        X, y = source(ctx, terms[k].pool)
-                        reduced[k] = phase.weighting.reduce(k, losses[k](model, X[idx], y[idx], idx), idx)
-                    objective = phase.weighting.objective(reduced)
-                    grads = torch.autograd.grad(objective, params, allow_unused=True)
-                    direction = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
-                    if phase.pre_momentum:
-                        if buf is None:
-                            buf = [torch.zeros_like(d) for d in direction]
-                        for b, d in zip(buf, direction):
-                            b.copy_(torch.where(member_view(active.to(b.device), b).bool(), b * phase.pre_momentum + d, b))
-                        direction = [b.clone() for b in buf]
-                    direction = phase.projection.project(model, direction)
-                    direction = phase.geometry.apply(direction)
-                    if phase.param_mask is not None:
-                        direction = [d * m for d, m in zip(direction, phase.param_mask)]
+                    direction, reduced, buf = _step_direction(ctx, model, params, phase, terms, losses, batch, buf,
+                                                              active)
                     update = opt.update(direction, active)
                     if phase.param_mask is not None:  # exact zero outside the mask, whatever the optimizer does
                         update = [u * m for u, m in zip(update, phase.param_mask)]
