@@ -36,7 +36,9 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
             tracker.log_dir(run_id, check.data_docs, "data_docs")
         raise_if_invalid(str(path), check)
         forget_ids = coerce_requests(df)["sample_id"].tolist()
-        report, tables = leverage_diagnostics(params, state.prepared, state.manifest, forget_ids, state.model, device)
+        report, tables = leverage_diagnostics(params.diagnostics, params.train.weight_decay, params.base.seed,
+                                              params.base.progress, state.prepared, state.manifest, forget_ids,
+                                              state.model, device)
         log_diagnostics(tracker, run_id, report, tables)
         tracker.end_run(run_id)
     except BaseException:

@@ -9,25 +9,26 @@ from prefect import task
 
 from tasks import plots
 from unlearning.batch import retain_rows, validation_rows
-from unlearning.config import Params
+from unlearning.config import Diagnostics
 from unlearning.data.store import Prepared
 from unlearning.leverage import LeverageReport, compute_diagnostics
 from unlearning.models import Ensemble
 
 
 @task(name="leverage-diagnostics")
-def leverage_diagnostics(params: Params, prepared: Prepared, state_manifest: pd.DataFrame, forget_ids: list[str],
-                         model: Ensemble, device: str) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
-    """Diagnostics of the production model for this forget set; retain = retained training rows minus F."""
+def leverage_diagnostics(cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, prepared: Prepared,
+                         state_manifest: pd.DataFrame, forget_ids: list[str], model: Ensemble,
+                         device: str) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
+    """Diagnostics of the production model for this forget set; retain = retained training rows minus F.
+    `cfg`: params.diagnostics; `weight_decay`: train.weight_decay (the damping); `seed`, `progress`: base.*."""
     m = state_manifest
     f_rows, r_rows, v_rows = prepared.rows(forget_ids), retain_rows(m, forget_ids), validation_rows(m)
     X = prepared.tensor()
     y = torch.as_tensor(prepared.label, dtype=torch.long)
-    d = params.diagnostics
     report = compute_diagnostics(model.cpu(), X[f_rows], y[f_rows], X[r_rows], y[r_rows], X[v_rows], y[v_rows],
-                                 lam=params.ggn_damping(len(f_rows) + len(r_rows)), solver=d.solver, device=device,
-                                 proj_dim=d.proj_dim, check_subset=d.check_subset, seed=params.base.seed,
-                                 progress="leverage diagnostics" if params.base.progress else False)
+                                 lam=cfg.damping(len(f_rows) + len(r_rows), weight_decay), solver=cfg.solver,
+                                 device=device, proj_dim=cfg.proj_dim, check_subset=cfg.check_subset, seed=seed,
+                                 progress="leverage diagnostics" if progress else False)
     ids = m["sample_id"].to_numpy()
     tables = {
         "forget": pd.DataFrame({"sample_id": ids[f_rows], "group": m["group"].to_numpy()[f_rows],

@@ -30,7 +30,7 @@ from tasks.state import State, write_state
 from tasks.training import model_spec, recipe, train_ensemble_chunk
 from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, summary_markdown
-from unlearning.config import Deletion, Gate, Params, Partition
+from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
 from unlearning.ensembles import chunks
 from unlearning.gate import only_statistical_failures
 from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
@@ -101,14 +101,15 @@ def validate(batch: BatchRun, check, pending: pd.DataFrame, default_objective: s
 
 # 2. diagnose ---------------------------------------------------------------------------------------------
 @task(name="diagnose", **STAGE)
-def diagnose(batch: BatchRun, params: Params, state: State, forget_ids: list[str]):
-    """Leverage diagnostics of the production model for this forget set, before any unlearning runs. Reads
-    params.diagnostics, the recipe's damping (train.weight_decay), base.seed and base.progress."""
+def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, state: State,
+             forget_ids: list[str]):
+    """Leverage diagnostics of the production model for this forget set, before any unlearning runs; `cfg`:
+    params.diagnostics, `weight_decay`: train.weight_decay (the GGN damping), `seed`/`progress`: base.*."""
     from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 
     run = batch.open("diagnostics")
-    report, tables = leverage_diagnostics.fn(params, state.prepared, state.manifest, forget_ids, state.model,
-                                             batch.device)
+    report, tables = leverage_diagnostics.fn(cfg, weight_decay, seed, progress, state.prepared, state.manifest,
+                                             forget_ids, state.model, batch.device)
     log_diagnostics(batch.tracker, run, report, tables)
     batch.close()
     table_artifact([{"diagnostic": k, "value": round(float(v), 6)} for k, v in {

@@ -218,6 +218,11 @@ class Diagnostics(Strict):
     proj_dim: int = Field(2048, gt=0)
     check_subset: int = Field(16, ge=0, description="forget samples checked against exact when the solver is not exact")
 
+    def damping(self, n_train: int, weight_decay: float) -> float:
+        """The GGN damping lam: `lam`, else n_train * weight_decay (the recipe's L2 on a sum-of-losses
+        objective: train.weight_decay), at least `min_lam`."""
+        return self.lam if self.lam is not None else max(n_train * weight_decay, self.min_lam)
+
 
 class Validation(Strict):
     n_oracles: int = Field(80, ge=2)
@@ -391,10 +396,8 @@ class Params(Strict):
         return p if p.is_absolute() else self.root / p
 
     def ggn_damping(self, n_train: int) -> float:
-        """The GGN damping lam of the leverage diagnostics: diagnostics.lam, else n_train * train.weight_decay
-        (the recipe's L2 on a sum-of-losses objective), at least diagnostics.min_lam."""
-        d = self.diagnostics
-        return d.lam if d.lam is not None else max(n_train * self.train.weight_decay, d.min_lam)
+        """The GGN damping lam of the leverage diagnostics (Diagnostics.damping with the recipe's weight decay)."""
+        return self.diagnostics.damping(n_train, self.train.weight_decay)
 
     def mlflow_tracking_uri(self) -> str:
         """MLFLOW_TRACKING_URI wins; else the project's SQLite store."""

@@ -182,6 +182,30 @@ def _step_direction(ctx: UnlearnContext, model: Ensemble, params: list, phase: P
     return direction, reduced, buf
 
 
+def _phase_optimizer(phase: Phase, shared: dict[str, MemberOptimizer], n_members: int) -> MemberOptimizer:
+    """The phase's optimizer: a new one, or the one an earlier phase with the same `share_key` left (its
+    momentum and Adam moments carry over)."""
+    key = phase.optimizer.share_key
+    opt = shared.get(key) if key else None
+    if opt is None:
+        opt = MemberOptimizer(phase.optimizer, n_members)
+        if key:
+            shared[key] = opt
+    return opt
+
+
+def _out_of_budget(evals_after: torch.Tensor, max_grad_evals: int, frozen: torch.Tensor,
+                   out_of_budget: torch.Tensor, stops: list[str]) -> bool:
+    """Stop for good (in place: `frozen`, `out_of_budget`, `stops`) every live member whose next step would
+    exceed the per-member budget; True when no member is left to step."""
+    over = ~frozen & (evals_after > max_grad_evals)
+    for k in torch.nonzero(over).flatten().tolist():
+        stops[k] = "budget"
+    out_of_budget |= over
+    frozen |= over
+    return bool(frozen.all())
+
+
 def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int | None = None,
                method: str = "") -> UnlearnResult:
     """Run the phases on a clone of ctx.model. `max_grad_evals` is a PER-MEMBER budget of per-sample
@@ -233,12 +257,7 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
                                      member_generators(ctx.seed, model.seeds, method, phase.name, k), batchnorm)
                        for k, t in terms.items()}
             losses = {k: (t.loss or default_loss(ctx)) for k, t in terms.items()}
-            key = phase.optimizer.share_key
-            opt = optimizers.get(key) if key else None
-            if opt is None:
-                opt = MemberOptimizer(phase.optimizer, n)
-                if key:
-                    optimizers[key] = opt
+            opt = _phase_optimizer(phase, optimizers, n)
             frozen = out_of_budget.clone()
             buf: Vec | None = None
 
@@ -264,15 +283,10 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
                     batch = {k: idx_primary if k == phase.primary else streams[k].next()
                              for k in terms if len(streams[k]) > 0}
                     cost = sum(int(i.shape[1]) for i in batch.values()) + phase.projection.evals_per_step()
-                    if max_grad_evals is not None:
-                        over = ~frozen & (evals + cost > max_grad_evals)
-                        for k in torch.nonzero(over).flatten().tolist():
-                            p_info["stop"][k] = "budget"
-                        out_of_budget |= over
-                        frozen |= over
-                        if bool(frozen.all()):
-                            done = True
-                            break
+                    if max_grad_evals is not None and _out_of_budget(evals + cost, max_grad_evals, frozen,
+                                                                     out_of_budget, p_info["stop"]):
+                        done = True
+                        break
                     active = ~frozen
                     saved = kept.snapshot()
 
