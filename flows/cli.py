@@ -332,8 +332,11 @@ def cmd_status(args) -> int:
         print(f"  batch {p['step']}: {p['request_file']} -> {p['method']} v{p['model_version']}, forgotten "
               f"{p['forgotten_fraction']:.2%} in all, validation accuracy {p['champion_validation_accuracy']:.3f}, "
               f"output gap to oracles {p['champion_output_gap']:.4f}")
-    print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: `make ui` then open http://127.0.0.1:5000"
-          f"/#/experiments (the batch runs: the link each batch prints at its end)")
+    from flows.common import ui_hint
+
+    print(f"MLflow store: {status['mlflow_tracking_uri']}; "
+          + ui_hint(params, "#/experiments").replace("Review it in the MLflow UI: ", "UI: ")
+          + " (the batch runs: the link each batch prints at its end)")
     return 0
 
 

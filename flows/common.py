@@ -100,5 +100,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 def ui_hint(params: Params, page: str = "") -> str:
     """How to open the MLflow UI on this project's store; `page`: a `#/...` route to open there."""
     uri = params.mlflow_tracking_uri()
+    if uri.startswith(("http://", "https://")):  # a tracking server (the team setup) serves the UI itself
+        return f"Review it in the MLflow UI: open {uri.rstrip('/')}/{page}"
     return (f"Review it in the MLflow UI: `make ui` (or `mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
             f"--port 5000`), then open http://127.0.0.1:5000/{page}")
