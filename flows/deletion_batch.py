@@ -68,7 +68,9 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
     pending = check.pending if check.pending is not None else read_request_file(path)
     batch = open_batch(path, params, state, pending, device, started)
     try:
-        requests, objective = S.validate(batch, check, pending, params.deletion.objective)
+        requests, objective, invalid = S.validate(batch, check, pending, params.deletion.objective)
+        if invalid is not None:
+            raise invalid
         forget_ids = requests["sample_id"].tolist()
         log_batch_params(batch, params, objective, forget_ids)
         report = (S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,

@@ -39,7 +39,7 @@ from unlearning.ledger import appended, hash_sample_id
 from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble
 from unlearning.partition import subset_sizes
-from unlearning.requests import batch_objective, coerce_requests, file_sha256
+from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
 from unlearning.seeds import role_seeds
 from unlearning.serving import input_example
 from unlearning.selection import batch_facts, candidate_methods
@@ -76,9 +76,11 @@ class BatchRun:
 
 # 1. validate ---------------------------------------------------------------------------------------------
 @task(name="validate", **STAGE)
-def validate(batch: BatchRun, check, pending: pd.DataFrame, default_objective: str) -> tuple[pd.DataFrame, str]:
-    """Log the request file's checks (pandera + the Great Expectations suite); raise on problems. Returns the
-    typed requests and the batch's objective."""
+def validate(batch: BatchRun, check, pending: pd.DataFrame,
+             default_objective: str) -> tuple[pd.DataFrame | None, str | None, RequestValidationError | None]:
+    """Log the request file's checks (pandera + the Great Expectations suite). Returns the typed requests and
+    the batch's objective, or the validation error for the caller to raise: a bad file is a rejection the
+    flow reports in one place, not a failed task with a traceback."""
     run = batch.open("validate")
     batch.tracker.log_json(run, check.gx_result, "gx_result.json")
     batch.tracker.log_json(run, {"problems": check.problems}, "problems.json")
@@ -91,12 +93,15 @@ def validate(batch: BatchRun, check, pending: pd.DataFrame, default_objective: s
     lines = [f"- {p}" for p in check.problems] or [f"- {len(pending)} request(s), no problems"]
     markdown_artifact(f"### Validation of `{batch.path.name}`: {check.status}\n\n" + "\n".join(lines),
                       key=batch.key("validation"), description=f"request file {batch.path.name}: {check.status}")
-    if check.status != "ok":
-        raise check.error()
-    requests = coerce_requests(pending)
-    objective = batch_objective(requests, default_objective, batch.path)
+    try:
+        if check.status != "ok":
+            raise check.error()
+        requests = coerce_requests(pending)
+        objective = batch_objective(requests, default_objective, batch.path)
+    except RequestValidationError as e:
+        return None, None, e
     batch.summary.update(objective=objective, n_forgotten=len(requests))
-    return requests, objective
+    return requests, objective, None
 
 
 # 2. diagnose ---------------------------------------------------------------------------------------------

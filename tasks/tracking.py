@@ -362,8 +362,11 @@ class Tracker:
             purged.append({"version": version, "artifacts_removed": removed})
         return purged
 
-    def run_url_hint(self, run_id: str) -> str:
-        return f"#/experiments/{self.experiment_id}/runs/{run_id}"
+    def run_url_hint(self, run_id: str, tab: str = "") -> str:
+        """The run's page (`tab`: e.g. "artifacts/champion_history.png"), in the model-training workflow: MLflow 3
+        opens a run page on its GenAI side bar otherwise."""
+        route = f"#/experiments/{self.experiment_id}/runs/{run_id}" + (f"/{tab}" if tab else "")
+        return f"{route}?workflowType=machine_learning"
 
     def batches_url_hint(self) -> str:
         """The runs table of the batch runs with the reviewer's columns, in the model-training workflow."""

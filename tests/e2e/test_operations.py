@@ -187,7 +187,7 @@ def test_mlflow_ui_shows_the_batch(ops):
     assert run.info.run_name in dom and " @ " in run.info.run_name
     assert "Deletion batch" in dom and run.data.tags["request_file"] in dom and "Forgotten:" in dom
     # A figure of the batch, rendered as an image in the artifact viewer.
-    dom = page(tracker.run_url_hint(run.info.run_id) + "/artifacts/champion_history.png", "mlflow_history_figure.png")
+    dom = page(tracker.run_url_hint(run.info.run_id, "artifacts/champion_history.png"), "mlflow_history_figure.png")
     assert '<img alt="champion_history.png"' in dom
     # The shared view of the runs table: batch runs with the reviewer's columns.
     dom = page(tracker.batches_url_hint(), "mlflow_batches_view.png")
