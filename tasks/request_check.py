@@ -34,7 +34,7 @@ import pandas as pd
 from unlearning.ledger import hash_sample_id
 from unlearning.requests import (
     REQUIRED_COLUMNS, RequestValidationError, future_problems, ledger_matches, objective_problems, read_request_file,
-    structural_problems,
+    rows_text, structural_problems,
 )
 
 # Said under the problems of a file that failed stage 1: the manifest rules have not run yet.
@@ -83,7 +83,8 @@ def lookup_frame(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s, tomb
     used for the tombstones and for the ids GX (its results, its Data Docs) gets to see."""
     tombstoned = tombstoned or set()
     ids = df["sample_id"].astype(str)
-    m = manifest.drop_duplicates("sample_id").set_index(manifest.drop_duplicates("sample_id")["sample_id"].astype(str))
+    m = manifest.drop_duplicates("sample_id")
+    m = m.set_index(m["sample_id"].astype(str))
     split = ids.map(m["split"]) if "split" in m else pd.Series(None, index=ids.index)
     status = ids.map(m["status"]) if "status" in m else pd.Series(None, index=ids.index)
     by_batch = ids.map(m["deleted_in_batch"]) if "deleted_in_batch" in m else pd.Series(None, index=ids.index)
@@ -267,10 +268,6 @@ def run_suite(frame: pd.DataFrame, gx_dir: str | Path | None = None, run_name: s
     return SuiteRun(failures, result.describe_dict(), docs)
 
 
-def _rows_text(rows: list[int]) -> str:
-    return f"row {rows[0]}" if len(rows) == 1 else f"rows {', '.join(map(str, rows))}"
-
-
 def _rule_line(rule: str, row: int, lk: Lookup) -> str:
     value = lk.value[row]
     if rule == "exists":
@@ -294,7 +291,7 @@ def problem_lines(run: SuiteRun, lk: Lookup) -> list[str]:
     for rule, rows, column, detail in run.failures:
         if rule not in MANIFEST_RULES:
             values = [lk.frame.loc[lk.frame["row"] == r, column].iloc[0] for r in rows] if column in lk.frame else []
-            where = f" {_rows_text(rows)}" if rows else ""
+            where = f" {rows_text(rows)}" if rows else ""
             shown = f" (values {values[:10]})" if values else ""
             lines.append(f"manifest: expectation {rule} on column {column!r}{where} failed{shown}"
                          f"{': ' + detail if detail else ''}")
@@ -307,7 +304,7 @@ def problem_lines(run: SuiteRun, lk: Lookup) -> list[str]:
         lines += [f"manifest: {_rule_line(rule, r, lk)}" for r in rows[:MAX_ROW_LINES]]
         rest = rows[MAX_ROW_LINES:]
         if rest:
-            lines.append(f"manifest: column 'sample_id' {_rows_text(rest)}: {len(rest)} more value(s) fail the same "
+            lines.append(f"manifest: column 'sample_id' {rows_text(rest)}: {len(rest)} more value(s) fail the same "
                          f"rule ({rule}: {MANIFEST_RULES[rule][2]})")
     return lines
 

@@ -96,14 +96,19 @@ def read_request_file(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def _row_hint(index) -> str:
-    # Rows are reported as the file's data-row number (1 = first row after the header).
-    return f"row {int(index) + 1}" if isinstance(index, (int, float)) and index == index else "file"
+def rows_text(rows: list[int]) -> str:
+    """Data-row numbers as a problem line names them (1 = the first row after the header), in the given order."""
+    return f"row {rows[0]}" if len(rows) == 1 else f"rows {', '.join(map(str, rows))}"
 
 
 def _rows_hint(indices) -> str:
+    """The rows of a frame's (0-based) index labels; "file" when none is a row number."""
     rows = sorted({int(i) + 1 for i in indices if isinstance(i, (int, float)) and i == i})
-    return f"row {rows[0]}" if len(rows) == 1 else f"rows {', '.join(map(str, rows))}" if rows else "file"
+    return rows_text(rows) if rows else "file"
+
+
+def _row_hint(index) -> str:
+    return _rows_hint([index])
 
 
 def _header_problems(df: pd.DataFrame) -> tuple[pd.DataFrame | None, list[str]]:
