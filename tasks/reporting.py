@@ -14,9 +14,8 @@ def markdown_artifact(markdown: str, key: str, description: str) -> str | None:
     """Publish `markdown` on the current flow (or task) run; outside a run (a direct call) it does nothing and
     returns None. Returns the artifact id."""
     from prefect.artifacts import create_markdown_artifact
-    from prefect.context import FlowRunContext, TaskRunContext
 
-    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+    if not _in_run():
         return None
     return str(create_markdown_artifact(markdown=markdown, key=artifact_key(key), description=description))
 
@@ -24,9 +23,8 @@ def markdown_artifact(markdown: str, key: str, description: str) -> str | None:
 def table_artifact(rows: list[dict], key: str, description: str) -> str | None:
     """Publish a table (one dict per row) on the current flow or task run; outside a run it does nothing."""
     from prefect.artifacts import create_table_artifact
-    from prefect.context import FlowRunContext, TaskRunContext
 
-    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+    if not _in_run():
         return None
     return str(create_table_artifact(table=rows, key=artifact_key(key), description=description))
 
@@ -37,8 +35,12 @@ def run_logger():
     import logging
 
     from prefect import get_run_logger
+
+    return get_run_logger() if _in_run() else logging.getLogger("unlearning")
+
+
+def _in_run() -> bool:
+    """Whether this code runs inside a Prefect flow or task run (a direct call in a test or script does not)."""
     from prefect.context import FlowRunContext, TaskRunContext
 
-    if FlowRunContext.get() is None and TaskRunContext.get() is None:
-        return logging.getLogger("unlearning")
-    return get_run_logger()
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
