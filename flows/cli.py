@@ -82,10 +82,10 @@ def _preflight_tracking(args) -> None:
     """Before the heavy imports: an unreachable tracking server fails in seconds, with the fix."""
     import urllib.request
 
-    from unlearning.config import load_params
+    from unlearning.config import is_tracking_server, load_params
 
     uri = load_params(args.params).mlflow_tracking_uri()
-    if uri.startswith(("http://", "https://")):
+    if is_tracking_server(uri):
         try:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
         except Exception as e:
@@ -332,11 +332,10 @@ def cmd_status(args) -> int:
         print(f"  batch {p['step']}: {p['request_file']} -> {p['method']} v{p['model_version']}, forgotten "
               f"{p['forgotten_fraction']:.2%} in all, validation accuracy {p['champion_validation_accuracy']:.3f}, "
               f"output gap to oracles {p['champion_output_gap']:.4f}")
-    from flows.common import ui_hint
+    from flows.common import ui_route
 
-    print(f"MLflow store: {status['mlflow_tracking_uri']}; "
-          + ui_hint(params, "#/experiments").replace("Review it in the MLflow UI: ", "UI: ")
-          + " (the batch runs: the link each batch prints at its end)")
+    print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: {ui_route(params, '#/experiments')} (the batch runs: "
+          f"the link each batch prints at its end)")
     return 0
 
 

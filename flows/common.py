@@ -8,7 +8,7 @@ import logging
 import sys
 from contextlib import contextmanager
 
-from unlearning.config import Params, resolve_device
+from unlearning.config import Params, is_tracking_server, resolve_device
 
 log = logging.getLogger("unlearning")
 
@@ -68,7 +68,7 @@ def tracker_for(params: Params):
     uri = params.mlflow_tracking_uri()
     # Against a tracking server the server stores the artifacts (mlflow-artifacts:/): a local folder here would
     # make each client write to its own disk.
-    local = None if uri.startswith(("http://", "https://")) else params.path("mlflow_artifacts")
+    local = None if is_tracking_server(uri) else params.path("mlflow_artifacts")
     return Tracker(uri, params.tracking.experiment, local)
 
 
@@ -98,9 +98,15 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 
 
 def ui_hint(params: Params, page: str = "") -> str:
-    """How to open the MLflow UI on this project's store; `page`: a `#/...` route to open there."""
+    """How to review a batch in the MLflow UI; `page`: a `#/...` route to open there."""
+    return f"Review it in the MLflow UI: {ui_route(params, page)}"
+
+
+def ui_route(params: Params, page: str = "") -> str:
+    """How to open the MLflow UI on this project's store at `page`: a tracking server (the team setup) serves
+    it itself; a local store needs `make ui`."""
     uri = params.mlflow_tracking_uri()
-    if uri.startswith(("http://", "https://")):  # a tracking server (the team setup) serves the UI itself
-        return f"Review it in the MLflow UI: open {uri.rstrip('/')}/{page}"
-    return (f"Review it in the MLflow UI: `make ui` (or `mlflow ui --backend-store-uri {uri} --host 127.0.0.1 "
-            f"--port 5000`), then open http://127.0.0.1:5000/{page}")
+    if is_tracking_server(uri):
+        return f"open {uri.rstrip('/')}/{page}"
+    return (f"`make ui` (or `mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000`), then open "
+            f"http://127.0.0.1:5000/{page}")

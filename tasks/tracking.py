@@ -18,6 +18,8 @@ import numpy as np
 from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
+from unlearning.config import is_tracking_server
+
 PIP_REQUIREMENTS = ["torch==2.13.0"]  # given explicitly: inferring them costs ~10 s per model
 
 # MLflow 3 opens an experiment without a kind on its GenAI overview (traces, tokens); these runs are model
@@ -55,7 +57,7 @@ class TrackingUnavailable(RuntimeError):
 
 def preflight(tracking_uri: str, timeout: float = 5.0) -> None:
     """Fail fast (well within 10 s, no retries) when the tracking store is unreachable, with the fix."""
-    if tracking_uri.startswith(("http://", "https://")):
+    if is_tracking_server(tracking_uri):
         import urllib.request
 
         url = tracking_uri.rstrip("/") + "/health"
@@ -221,9 +223,6 @@ class Tracker:
 
     def log_figure(self, run_id: str, fig, artifact_file: str) -> None:
         self.client.log_figure(run_id, fig, artifact_file)
-
-    def log_file(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(run_id, str(path), artifact_path)
 
     def log_dir(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         """Every file under the folder `path` (e.g. a Great Expectations Data Docs site)."""

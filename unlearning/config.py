@@ -404,6 +404,12 @@ class Params(Strict):
         return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.path('mlflow_db').resolve()}"
 
 
+def is_tracking_server(uri: str) -> bool:
+    """Whether an MLflow tracking URI names a tracking server (which stores the artifacts and serves the UI
+    itself) rather than a local store."""
+    return uri.startswith(("http://", "https://"))
+
+
 class ConfigError(ValueError):
     """A params.yaml problem, with the key path, the value and what is allowed."""
 
