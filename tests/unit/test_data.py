@@ -73,3 +73,18 @@ def test_missing_fashion_folder_names_the_package(tmp_path):
 def test_unknown_dataset():
     with pytest.raises(ValueError, match="allowed"):
         load_dataset("cifar")
+
+
+def test_digits_are_read_from_scikit_learns_file_as_load_digits_returns_them(monkeypatch):
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from unlearning.data.registry import digits_csv, read_digits
+
+    assert digits_csv() is not None and digits_csv().name == "digits.csv.gz"
+    monkeypatch.delitem(sys.modules, "sklearn.datasets", raising=False)
+    X, y = read_digits()
+    assert "sklearn.datasets" not in sys.modules  # the fast path: no scikit-learn (scipy) import
+    ref = load_digits()
+    assert X.dtype == ref.data.dtype and np.array_equal(X, ref.data) and np.array_equal(y, ref.target)
