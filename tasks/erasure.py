@@ -24,14 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
+from tasks import dvc_ops
+from tasks.clock import computes
 from unlearning.config import Params
 from unlearning.data import load_prepared, read_state_manifest
 from unlearning.data.store import manifest_csv_bytes, rewrite_without
@@ -56,13 +55,6 @@ def tombstones_digest(keys: set[str]) -> str:
 
 def reports_dir(params: Params) -> Path:
     return params.path("state_dir") / "erasure"
-
-
-def _dvc(args: list[str], root: Path) -> str:
-    res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args)} failed: {(res.stderr.strip() or res.stdout.strip())[-1500:]}")
-    return res.stdout
 
 
 def _remote_folder(params: Params) -> Path | None:
@@ -139,24 +131,24 @@ def _dvc_gc(params: Params) -> dict:
     from tasks.dvc_metrics import ensure_metrics
 
     ensure_metrics(params)  # the stages' declared metrics outputs must exist for `dvc commit`
-    _dvc(["commit", "-f", "-q", "prepare", "train", "deletion"], root)
-    _dvc(["gc", "-w", "-f", "-q"], root)
-    out = {"committed": ["prepare", "train", "deletion"], "gc": "workspace"}
-    remotes = {line.split()[0] for line in _dvc(["remote", "list"], root).splitlines() if line.strip()}
-    if remotes:
+    out = {"committed": dvc_ops.commit(root, ["prepare", "train", "deletion"]), "gc": "workspace"}
+    dvc_ops.gc_workspace(root)
+    configured = dvc_ops.remotes(root)
+    if configured:
         from tasks.lineage import _ensure_remote
 
         name = params.operations.dvc_remote
-        if name not in remotes:
+        if name not in configured:
             folder = _remote_folder(params)
             name = _ensure_remote(root, folder) if folder is not None else None
         if name:
-            _dvc(["push", "-q", "--remote", name], root)
-            _dvc(["gc", "-w", "-c", "-f", "-q", "--remote", name], root)
+            dvc_ops.push(root, name)
+            dvc_ops.gc_workspace(root, remote=name)
             out["remote"] = name
     return out
 
 
+@computes
 def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str, champion_version: str | None,
           tracker=None, run_id: str | None = None, keys: list[str] | None = None) -> dict:
     """Erase every tombstoned row (plus `forget_ids`, added first) from every store; idempotent. Returns the
@@ -213,12 +205,15 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
               "hashed_ids": hash_ids, "stores": stores, "pending": pending, "row_digests": digests,
               "cache_id_hashes": sorted(cache_hashes)}
     atomic_write_json(path, report)
+    if any(s["store"] == "DVC cache" and s.get("committed") for s in stores):
+        dvc_ops.commit(params.root, ["deletion"])  # the report just written is in state/: `dvc status` stays clean
     if tracker is not None and run_id is not None:
         tracker.log_json(run_id, {k: v for k, v in report.items() if k not in ("row_digests", "cache_id_hashes")},
                          "erasure_report.json")
     return report
 
 
+@computes
 def erase_pending(params: Params, tracker=None, champion_version: str | None = None) -> list[dict]:
     """Finish erasures left pending (by `dvc repro`, or a kill between the commit and the erasure): ledger
     ids not yet tombstoned, tombstoned rows still in the prepared store, reports marked pending."""

@@ -5,25 +5,19 @@ afterwards and every model/manifest/ledger version stays recoverable from the ca
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from prefect import task
 
+from tasks import dvc_ops
+from tasks.clock import computes
 from tasks.retry import transient_io_or_dvc_lock
 
 from unlearning.config import Params
 
 
-def _dvc(args: list[str], cwd: Path) -> str:
-    res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args)} failed: {(res.stderr.strip() or res.stdout.strip())[-2000:]}")
-    return res.stdout
-
-
 @task(name="dvc-commit", retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=transient_io_or_dvc_lock)
+@computes
 def commit_lineage(params: Params) -> dict:
     root = params.root
     if not (root / ".dvc").is_dir():
@@ -31,22 +25,20 @@ def commit_lineage(params: Params) -> dict:
     from tasks.dvc_metrics import ensure_metrics
 
     ensure_metrics(params)  # the stage's declared metrics outputs must exist for `dvc commit`
-    _dvc(["commit", "-f", "-q", "deletion"], root)
+    dvc_ops.commit(root, ["deletion"])
     pushed = None
     remote = params.operations.dvc_remote
     if remote:
-        configured = {line.split()[0] for line in _dvc(["remote", "list"], root).splitlines() if line.strip()}
+        configured = dvc_ops.remotes(root)
         if remote not in configured:  # not a remote name: a folder, relative to the project
             folder = Path(remote) if Path(remote).is_absolute() else root / remote
             folder.mkdir(parents=True, exist_ok=True)
             remote = _ensure_remote(root, folder)
-        _dvc(["push", "-q", "--remote", remote], root)
+        dvc_ops.push(root, remote)
         pushed = remote
     return {"committed": True, "pushed": pushed}
 
 
 def _ensure_remote(root: Path, folder: Path) -> str:
     """Register a local-folder remote (in .dvc/config.local, never committed) and return its name."""
-    name = "pipeline-local"
-    _dvc(["remote", "add", "--local", "-f", name, str(folder)], root)
-    return name
+    return dvc_ops.add_local_remote(root, "pipeline-local", folder)

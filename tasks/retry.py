@@ -6,7 +6,6 @@ params) fail the same way again: retrying them only delays the error and prints 
 from __future__ import annotations
 
 import errno
-import subprocess
 
 # errno values of IO that can succeed on a second try (a busy device, an interrupted or timed-out call).
 TRANSIENT_ERRNOS = {errno.EIO, errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.ETIMEDOUT}
@@ -34,7 +33,9 @@ def transient_io_only(task, task_run, state) -> bool:
 
 
 def transient_io_or_dvc_lock(task, task_run, state) -> bool:
-    """retry_condition_fn for DVC commands: also retry a failed `dvc` run, whose usual transient cause is the
-    repository lock held for a moment by another DVC process (`dvc status` from a shell, a second batch)."""
+    """retry_condition_fn for DVC operations: also retry the repository lock held for a moment by another DVC
+    process (`dvc status` from a shell, a second batch); any other DVC failure is deterministic."""
+    from tasks.dvc_ops import DvcLockBusy
+
     exc = _exception(state)
-    return is_transient(exc) or isinstance(exc, subprocess.CalledProcessError)
+    return is_transient(exc) or isinstance(exc, DvcLockBusy)

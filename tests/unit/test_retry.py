@@ -1,7 +1,6 @@
 """Retries only where a second try can help (transient IO / network), never on deterministic errors."""
 
 import errno
-import subprocess
 
 import pytest
 
@@ -38,6 +37,9 @@ def test_only_transient_io_is_retried(exc, retry):
     assert transient_io_only(None, None, FailedState(exc)) is retry
 
 
-def test_dvc_commands_also_retry_a_failed_dvc_run():
-    assert transient_io_or_dvc_lock(None, None, FailedState(subprocess.CalledProcessError(1, ["dvc", "commit"])))
+def test_dvc_operations_retry_the_repository_lock_only():
+    from tasks.dvc_ops import DvcFailed, DvcLockBusy
+
+    assert transient_io_or_dvc_lock(None, None, FailedState(DvcLockBusy("dvc commit: the repository is locked")))
+    assert not transient_io_or_dvc_lock(None, None, FailedState(DvcFailed("dvc commit failed: no such stage")))
     assert not transient_io_or_dvc_lock(None, None, FailedState(ValueError("x")))

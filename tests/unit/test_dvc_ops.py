@@ -1,0 +1,67 @@
+"""tasks.dvc_ops: commit, gc, remotes and push through DVC's API on a tiny real DVC project."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tasks import dvc_ops
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "p"
+    root.mkdir()
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"make": {"cmd": "echo one > out.txt",
+                                                                        "outs": ["out.txt"]}}}))
+    subprocess.run([sys.executable, "-m", "dvc", "repro", "-q"], cwd=root, check=True, capture_output=True)
+    return root
+
+
+def cached_objects(root):
+    return sorted(p.name for p in (root / ".dvc" / "cache").rglob("*") if p.is_file())
+
+
+def test_commit_records_a_changed_output_and_gc_drops_the_old_object(project, tmp_path):
+    before = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["make"]["outs"][0]["md5"]
+    (project / "out.txt").write_text("two\n")
+    assert dvc_ops.commit(project, ["make"]) == ["make"]
+    after = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["make"]["outs"][0]["md5"]
+    assert after != before and len(cached_objects(project)) == 2
+    dvc_ops.gc_workspace(project)
+    assert len(cached_objects(project)) == 1 and cached_objects(project)[0] == after[2:]
+    status = subprocess.run([sys.executable, "-m", "dvc", "status", "-q"], cwd=project, capture_output=True)
+    assert status.returncode == 0  # clean
+
+
+def test_a_local_remote_is_added_listed_pushed_to_and_gced(project, tmp_path):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    assert dvc_ops.remotes(project) == set()
+    assert dvc_ops.add_local_remote(project, "pipeline-local", remote) == "pipeline-local"
+    assert dvc_ops.remotes(project) == {"pipeline-local"}
+    assert "pipeline-local" in (project / ".dvc" / "config.local").read_text()
+    dvc_ops.push(project, "pipeline-local")
+    assert len([p for p in remote.rglob("*") if p.is_file()]) == 1
+    (project / "out.txt").write_text("three\n")
+    dvc_ops.commit(project, ["make"])
+    dvc_ops.push(project, "pipeline-local")
+    dvc_ops.gc_workspace(project, remote="pipeline-local")
+    assert len([p for p in remote.rglob("*") if p.is_file()]) == 1  # the old version left the remote too
+
+
+def test_an_unknown_stage_fails_naming_the_operation_and_a_held_lock_is_busy(project):
+    with pytest.raises(dvc_ops.DvcFailed, match=r"dvc commit nope in .* failed"):
+        dvc_ops.commit(project, ["nope"])
+    from dvc.repo import Repo
+
+    holder = Repo(str(project))
+    holder.lock.lock()
+    try:
+        with pytest.raises(dvc_ops.DvcLockBusy, match="locked by another DVC process"):
+            dvc_ops.commit(project, ["make"])
+    finally:
+        holder.lock.unlock()
+        holder.close()
