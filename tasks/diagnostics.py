@@ -8,6 +8,7 @@ import torch
 from prefect import task
 
 from tasks import plots
+from tasks.clock import computes
 from unlearning.batch import retain_rows, validation_rows
 from unlearning.config import Diagnostics
 from unlearning.data.store import Prepared
@@ -16,6 +17,7 @@ from unlearning.models import Ensemble
 
 
 @task(name="leverage-diagnostics")
+@computes
 def leverage_diagnostics(cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, prepared: Prepared,
                          state_manifest: pd.DataFrame, forget_ids: list[str], model: Ensemble,
                          device: str) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:

@@ -8,6 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from tasks.clock import tracks  # noqa: E402
 from unlearning.batch import SPLITS  # noqa: E402
 
 
@@ -15,6 +16,7 @@ def _verdict_word(passed: bool | None) -> str:
     return "" if passed is None else (": gate passed" if passed else ": gate FAILED")
 
 
+@tracks
 def accuracy_bars(metrics: dict, title: str, checks: dict | None = None, passed: bool | None = None):
     """Per-split accuracy: original, candidate, and the oracle mean with the oracles' spread (min..max of
     the member accuracies) as error bars; the gate's accepted interval (checks["acc/<split>"]["limit"]) is
@@ -47,6 +49,7 @@ def accuracy_bars(metrics: dict, title: str, checks: dict | None = None, passed:
     return fig
 
 
+@tracks
 def klom_against_null(klom: np.ndarray, null_example: np.ndarray, splits: np.ndarray, null_p95: dict,
                       observed_p95: dict, pvalues: dict, alpha: float, title: str, passed: bool | None = None):
     """KLoM per sample per split (candidate: shadow-unlearned vs oracles) over the same picture for two sets
@@ -80,6 +83,7 @@ def klom_against_null(klom: np.ndarray, null_example: np.ndarray, splits: np.nda
     return fig
 
 
+@tracks
 def history(points: list[dict], title: str = "champion across batches"):
     """The champion's history (unlearning/history.py): cumulative forgotten fraction, validation accuracy and
     output gap to the oracles per batch; exact retrains are marked (they clear the retraining debt)."""
@@ -101,6 +105,7 @@ def history(points: list[dict], title: str = "champion across batches"):
     return fig
 
 
+@tracks
 def histograms(values_by_split: dict[str, np.ndarray], xlabel: str, title: str):
     """One histogram panel per split (e.g. KLoM per sample, self-leverage)."""
     present = [s for s in values_by_split if len(values_by_split[s])]
@@ -114,6 +119,7 @@ def histograms(values_by_split: dict[str, np.ndarray], xlabel: str, title: str):
     return fig
 
 
+@tracks
 def margin_distributions(unlearned: np.ndarray, oracle: np.ndarray, sample_names: list[str], title: str):
     """Margins of the worst samples: unlearned members vs oracle members (unlearned/oracle [N, k])."""
     k = unlearned.shape[1]
@@ -131,10 +137,12 @@ def margin_distributions(unlearned: np.ndarray, oracle: np.ndarray, sample_names
     return fig
 
 
+@tracks
 def close(fig) -> None:
     plt.close(fig)
 
 
+@tracks
 def by_group(df, value: str, title: str):
     """Box plot of `value` per `group` (e.g. cross-leverage of retain samples by declared group)."""
     groups = sorted(df["group"].unique())
@@ -147,6 +155,7 @@ def by_group(df, value: str, title: str):
     return fig
 
 
+@tracks
 def spectrum(eigenvalues: np.ndarray, title: str):
     fig, ax = plt.subplots(figsize=(5, 3))
     ax.semilogy(np.arange(1, len(eigenvalues) + 1), np.clip(eigenvalues, 1e-12, None), marker=".")
@@ -157,6 +166,7 @@ def spectrum(eigenvalues: np.ndarray, title: str):
     return fig
 
 
+@tracks
 def sweep_scatter(s3: dict, title: str = "S3: forget KLoM against validation KLoM"):
     """One point per (setting, forget-set size), joined in size order: median KLoM P95 on the forget split (y)
     against the validation split (x); the retrain's points mark where a retrain sits."""
@@ -178,6 +188,7 @@ def sweep_scatter(s3: dict, title: str = "S3: forget KLoM against validation KLo
     return fig
 
 
+@tracks
 def entanglement_bars(s4: dict, title: str = "S4: Fashion-MNIST, forget = Shirt"):
     """Per setting (targets x model): forget / adjacent / remote accuracy per method."""
     settings = s4["settings"]
@@ -197,6 +208,7 @@ def entanglement_bars(s4: dict, title: str = "S4: Fashion-MNIST, forget = Shirt"
     return fig
 
 
+@tracks
 def predicted_against_realised(s5: dict, title: str = "S5: predicted gap against the realised gap"):
     """Per structure: the predicted gap (diagnostics before unlearning) against each method's forget gap."""
     fig, ax = plt.subplots(figsize=(7, 5))

@@ -11,12 +11,14 @@ from pathlib import Path
 import torch
 from prefect import task
 
+from tasks.clock import computes
 from unlearning.config import Params
 from unlearning.io import atomic_write_json, atomic_write_text
 from unlearning.studies import readme
 
 
 @task(name="study")
+@computes
 def run_study(params: Params, name: str, device: str) -> dict:
     """S3 / S5 on digits (CPU: small models, the vectorized ensembles), S4 on Fashion-MNIST on `device`."""
     if name == "s3":

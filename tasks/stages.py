@@ -25,6 +25,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks import plots
 from tasks.batch import CandidateOutcome, partition_retain, unlearn_and_validate
+from tasks.clock import computes
 from tasks.reporting import markdown_artifact, run_logger, table_artifact
 from tasks.state import State, write_state
 from tasks.training import model_spec, recipe, train_ensemble_chunk
@@ -76,6 +77,7 @@ class BatchRun:
 
 # 1. validate ---------------------------------------------------------------------------------------------
 @task(name="validate", **STAGE)
+@computes
 def validate(batch: BatchRun, check, pending: pd.DataFrame,
              default_objective: str) -> tuple[pd.DataFrame | None, str | None, RequestValidationError | None]:
     """Log the request file's checks (pandera + the Great Expectations suite). Returns the typed requests and
@@ -106,6 +108,7 @@ def validate(batch: BatchRun, check, pending: pd.DataFrame,
 
 # 2. diagnose ---------------------------------------------------------------------------------------------
 @task(name="diagnose", **STAGE)
+@computes
 def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, state: State,
              forget_ids: list[str]):
     """Leverage diagnostics of the production model for this forget set, before any unlearning runs; `cfg`:
@@ -127,6 +130,7 @@ def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, 
 
 # 3. partition --------------------------------------------------------------------------------------------
 @task(name="partition", **STAGE)
+@computes
 def partition(batch: BatchRun, cfg: Partition, state: State, forget_ids: list[str],
               cross_leverage: np.ndarray | None, source: str) -> BatchRows:
     """Split the retain set into adjacent (entangled with the forget set) and remote rows; `cfg`:
@@ -188,6 +192,7 @@ def references(batch: BatchRun, params: Params, state: State, rows: BatchRows) -
 
 # 5. select -----------------------------------------------------------------------------------------------
 @task(name="select", **STAGE)
+@computes
 def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows: BatchRows, objective: str,
            report, oracles: Ensemble, n_train: int) -> dict:
     """The ordered candidate list: `deletion.method`, or the rules over the batch's facts, then the fallback,
@@ -224,6 +229,7 @@ def selection_markdown(selection: dict, request_file: str) -> str:
 
 # 6. unlearn and certify, per candidate -------------------------------------------------------------------
 @task(name="unlearn-and-certify", task_run_name="unlearn-and-certify-{method}", **STAGE)
+@computes
 def unlearn_and_certify(batch: BatchRun, method: str, method_args: dict, gate: Gate, seed: int, progress: bool,
                         state: State, rows: BatchRows, shadows: Ensemble, oracles: Ensemble, train_recipe,
                         objective: str) -> CandidateOutcome:
@@ -308,6 +314,7 @@ def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bo
 
 # 7. promote ----------------------------------------------------------------------------------------------
 @task(name="promote", **STAGE)
+@computes
 def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame, objective: str,
             outcome: CandidateOutcome, rows: BatchRows, n_train: int) -> dict:
     """Register the model, then write model, manifest, ledger and champion history to a staging folder and
@@ -378,6 +385,7 @@ def ledger_entries(requests: pd.DataFrame, batch: BatchRun, hash_ids: bool, salt
 
 # 8. erase ------------------------------------------------------------------------------------------------
 @task(name="erase", **STAGE)
+@computes
 def erase(batch: BatchRun, params: Params, forget_ids: list[str], salt: str, version: str) -> dict:
     """Remove the forgotten rows from every store (tasks/erasure.py; params.erasure and base.paths)."""
     from tasks.erasure import erase as erase_rows

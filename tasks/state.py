@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from prefect import task
 
+from tasks.clock import computes
 from tasks.retry import transient_io_only
 
 from unlearning.config import Params
@@ -142,6 +143,7 @@ def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_s
 
 # Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once.
 @task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
+@computes
 def load_state(params: Params, device: str) -> State:
     """Read the state folder; on the first batch, start from the trained original and the prepared manifest.
 

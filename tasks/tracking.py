@@ -18,6 +18,7 @@ import numpy as np
 from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
+from tasks.clock import tracks
 from unlearning.config import is_tracking_server
 
 PIP_REQUIREMENTS = ["torch==2.13.0"]  # given explicitly: inferring them costs ~10 s per model
@@ -55,6 +56,7 @@ class TrackingUnavailable(RuntimeError):
     """The tracking store cannot be reached or written: found before any state changes."""
 
 
+@tracks
 def preflight(tracking_uri: str, timeout: float = 5.0) -> None:
     """Fail fast (well within 10 s, no retries) when the tracking store is unreachable, with the fix."""
     if is_tracking_server(tracking_uri):
@@ -88,6 +90,7 @@ def _redact(value, mapping: dict):
     return value
 
 
+@tracks
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: str | Path | None = None):
         self.tracking_uri = tracking_uri
@@ -376,6 +379,7 @@ def batches_url_hint(experiment_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={BATCHES_VIEW}&workflowType=machine_learning"
 
 
+@tracks
 def reset_alias(tracking_uri: str, name: str, alias: str, version: str | None = None) -> tuple[str | None, str | None]:
     """Point `name@alias` at `version`, or remove the alias when `version` is None (`unlearn reset`).
     Returns (version before, version after); creates no experiment and no registered model."""

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from prefect import task
 
+from tasks.clock import computes
 from tasks.retry import transient_io_only
 
 from unlearning.batch import validation_rows
@@ -51,6 +52,7 @@ def build(params: Params, prepared: Prepared, seeds: list[int]) -> Ensemble:
 
 
 @task(name="prepare-dataset", retries=0)  # deterministic: a missing or malformed dataset fails the same way again
+@computes
 def prepare_dataset(params: Params) -> dict:
     p = params.prepare
     section = p.section()
@@ -69,6 +71,7 @@ def prepare_dataset(params: Params) -> dict:
 
 
 @task(name="train-original")
+@computes
 def train_original(params: Params, prepared: Prepared, device: str) -> tuple[Ensemble, dict]:
     """The production model: one member, seed = base.seed, trained on every training row with the recipe,
     or (with `train.init_checkpoint`) the team's own trained module, loaded as it is."""
@@ -97,11 +100,13 @@ def train_original(params: Params, prepared: Prepared, device: str) -> tuple[Ens
 
 
 @task(name="save-checkpoint", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
+@computes
 def save_checkpoint(model: Ensemble, path, extra: dict) -> None:
     atomic_save(path, lambda tmp: save_model(model, tmp, extra))
 
 
 @task(name="train-ensemble-chunk")
+@computes
 def train_ensemble_chunk(spec: dict, X: torch.Tensor, y: torch.Tensor, sample_ids: list[str], recipe: TrainRecipe,
                          seeds: list[int], cache_dir: str | None, device: str, label: str,
                          search_paths: list[str] | None = None) -> tuple[Ensemble, bool, float]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
+from tasks.clock import computes
 from tasks.request_check import (  # noqa: F401  (re-exported: the flows import them from here)
     MANIFEST_NOT_CHECKED, REQUIRED_COLUMNS, FileCheck, LiveState, RequestCheck, RequestConflict, check_file_for,
     check_request_file, check_request_frame, create_gx_project, live_state, manifest_problems, raise_if_invalid,
@@ -20,6 +21,7 @@ from unlearning.requests import RequestValidationError  # noqa: F401
 
 
 @task(name="validate-request")
+@computes
 def validate_request(path: str, df: pd.DataFrame, manifest: pd.DataFrame,
                      gx_dir: str | Path | None = None) -> RequestCheck:
     """pandera + GX (the project's persisted suite when `gx_dir` is given: params.path("gx_dir"), with Data

@@ -1,0 +1,135 @@
+"""Where a stage's wall time goes: compute, tracking, and (by difference) orchestration.
+
+- compute: the bodies of the pipeline's Prefect tasks (`@computes`): loading data, training, diagnostics,
+  the ensembles, unlearning, the gate, Great Expectations' validation, writing the state;
+- tracking: MLflow calls (every public `Tracker` method, `@tracks`) and the review figures made for them,
+  also when they happen inside a task body (they are taken out of its compute time);
+- orchestration: the rest of a stage's wall time, which `python -m flows.session` computes: process start
+  and imports, the Prefect server, flow and task runs and their state changes, DVC's own work.
+
+Sections are recorded as (start, end) intervals per kind; tasks running in parallel threads (the ensemble
+chunks) overlap, so a kind's time is the length of the union of its intervals, not their sum, and compute
+is counted only where no tracking interval covers it. With `UNLEARN_TIMINGS=<file>` set (flows.session
+sets it), `write_record` appends one JSON line per process: {"label", "compute_s", "tracking_s"}.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import time
+import types
+
+ENV_FILE = "UNLEARN_TIMINGS"
+_lock = threading.Lock()
+_intervals: dict[str, list[tuple[float, float]]] = {"compute": [], "tracking": []}
+_depth = threading.local()  # per thread and kind: how many sections are open (only the outermost is recorded)
+_by_name: dict[str, float] = {}  # "kind:name" -> seconds of its outermost sections (UNLEARN_TIMING_DETAIL)
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _minus(intervals: list[tuple[float, float]], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of (disjoint, sorted) `intervals` that no interval of (disjoint, sorted) `cut` covers."""
+    out = []
+    for a, b in intervals:
+        pieces = [(a, b)]
+        for c, d in cut:
+            pieces = [p for s, e in pieces for p in ((s, min(e, c)), (max(s, d), e)) if p[1] > p[0]]
+        out.extend(pieces)
+    return out
+
+
+class section:
+    """`with section("compute"):` records the wall time of the block under that kind (outermost block only)."""
+
+    def __init__(self, kind: str, name: str = ""):
+        if kind not in _intervals:
+            raise ValueError(f"unknown timing kind {kind!r}; allowed: {sorted(_intervals)}")
+        self.kind, self.name = kind, name
+
+    def __enter__(self):
+        depth = getattr(_depth, self.kind, 0)
+        setattr(_depth, self.kind, depth + 1)
+        self.outermost = depth == 0
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        end = time.perf_counter()
+        setattr(_depth, self.kind, getattr(_depth, self.kind) - 1)
+        if self.outermost:
+            with _lock:
+                _intervals[self.kind].append((self.start, end))
+                key = f"{self.kind}:{self.name}"
+                _by_name[key] = _by_name.get(key, 0.0) + end - self.start
+        return False
+
+
+def _timed(kind: str, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with section(kind, fn.__qualname__):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def computes(fn):
+    """Decorator: the function's wall time is compute (put it under `@task`, on the task's body)."""
+    return _timed("compute", fn)
+
+
+def tracks(obj):
+    """Decorator for a function, or a class (`__init__` and each public method): its wall time is tracking."""
+    if isinstance(obj, type):
+        for name, member in list(vars(obj).items()):
+            if isinstance(member, types.FunctionType) and (name == "__init__" or not name.startswith("_")):
+                setattr(obj, name, _timed("tracking", member))
+        return obj
+    return _timed("tracking", obj)
+
+
+def totals() -> dict[str, float]:
+    """Seconds of compute (not covered by tracking) and of tracking, so far in this process."""
+    with _lock:
+        tracking = _union(_intervals["tracking"])
+        compute = _minus(_union(_intervals["compute"]), tracking)
+    return {"compute_s": round(_length(compute), 3), "tracking_s": round(_length(tracking), 3)}
+
+
+def reset() -> None:
+    with _lock:
+        for v in _intervals.values():
+            v.clear()
+        _by_name.clear()
+
+
+def largest(n: int = 8) -> list[tuple[str, float]]:
+    """The `n` functions with the most time, as ("kind:qualname", seconds) (outermost sections of a kind)."""
+    with _lock:
+        return sorted(((k, round(v, 3)) for k, v in _by_name.items()), key=lambda kv: -kv[1])[:n]
+
+
+def write_record(label: str) -> None:
+    """Append this process's totals to $UNLEARN_TIMINGS (one JSON line; nothing when it is not set)."""
+    path = os.environ.get(ENV_FILE)
+    if not path:
+        return
+    line = json.dumps({"label": label, **totals(), "largest": largest()}) + "\n"
+    with open(path, "a", encoding="utf-8") as f:  # one short write per process: O_APPEND keeps lines whole
+        f.write(line)

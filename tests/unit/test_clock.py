@@ -1,0 +1,100 @@
+"""tasks.clock: compute and tracking time as unions of intervals, tracking taken out of compute."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from tasks import clock
+
+
+@pytest.fixture(autouse=True)
+def fresh_clock():
+    clock.reset()
+    yield
+    clock.reset()
+
+
+def test_tracking_inside_compute_is_counted_once_as_tracking():
+    @clock.tracks
+    def log():
+        time.sleep(0.10)
+
+    @clock.computes
+    def task():
+        time.sleep(0.10)
+        log()
+
+    task()
+    t = clock.totals()
+    assert 0.09 <= t["compute_s"] < 0.16 and 0.09 <= t["tracking_s"] < 0.16
+
+
+def test_parallel_sections_count_their_union_and_nested_ones_their_outermost():
+    @clock.computes
+    def inner():
+        time.sleep(0.05)
+
+    @clock.computes
+    def chunk():
+        inner()  # nested compute: not counted twice
+        time.sleep(0.10)
+
+    threads = [threading.Thread(target=chunk) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    t = clock.totals()
+    assert 0.14 <= t["compute_s"] < 0.35  # four overlapping 0.15 s sections: about 0.15 s of wall, not 0.6 s
+
+
+def test_interval_arithmetic_in_float64_on_tiny_cases():
+    assert clock._union([(0, 1), (0.5, 2), (3, 4)]) == [(0, 2), (3, 4)]
+    assert clock._minus([(0, 2), (3, 4)], [(1, 3.5)]) == [(0, 1), (3.5, 4)]
+    assert clock._length(clock._minus([(0, 10)], [(1, 2), (4, 5)])) == 8
+
+
+def test_a_class_gets_init_and_public_methods_timed_and_private_ones_left():
+    @clock.tracks
+    class T:
+        def __init__(self):
+            time.sleep(0.02)
+
+        def log(self):
+            time.sleep(0.02)
+
+        def _helper(self):
+            return 1
+
+        @staticmethod
+        def static():
+            return 2
+
+    t = T()
+    t.log()
+    assert not hasattr(T._helper, "__wrapped__") and hasattr(T.log, "__wrapped__")
+    assert T.static() == 2
+    names = {k.rsplit("<locals>.", 1)[-1] for k, _ in clock.largest()}
+    assert names == {"T.__init__", "T.log"}
+    assert clock.totals()["tracking_s"] >= 0.035
+
+
+def test_an_unknown_kind_names_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"unknown timing kind 'io'; allowed: \['compute', 'tracking'\]"):
+        clock.section("io")
+
+
+def test_the_record_is_one_json_line_appended_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv(clock.ENV_FILE, raising=False)
+    clock.write_record("x")  # no file configured: nothing written, no error
+    path = tmp_path / "t.jsonl"
+    monkeypatch.setenv(clock.ENV_FILE, str(path))
+    with clock.section("compute", "f"):
+        time.sleep(0.01)
+    clock.write_record("prepare")
+    clock.write_record("train")
+    lines = [json.loads(s) for s in path.read_text().splitlines()]
+    assert [r["label"] for r in lines] == ["prepare", "train"] and lines[0]["compute_s"] > 0
+    assert lines[0]["largest"][0][0] == "compute:f"
