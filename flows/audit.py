@@ -53,10 +53,15 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
     return {"run_id": run_id, "report": summary}
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m flows.audit` (and `python -m flows.warm run flows.audit` in a DVC stage)."""
     parser = base_parser(__doc__)
     parser.add_argument("request", help="request file naming the proposed forget set")
     a = parser.parse_args()
     params_or_exit(a.params)
     with prefect_api():
         audit(a.request, a.params)
+
+
+if __name__ == "__main__":
+    main()

@@ -603,6 +603,12 @@ NO_PARAMS = {"init", "methods"}
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and os.environ.get("UNLEARN_WARM_WORKER"):  # inside `python -m flows.session`: its warm worker
+        from flows.warm import forward
+
+        code = forward("flows.cli:main", sys.argv[1:])
+        if code is not None:
+            return code
     args = build_parser().parse_args(argv)
     try:
         if args.command not in NO_PARAMS:

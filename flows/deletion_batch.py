@@ -310,7 +310,8 @@ def run(request_path: str | None = None, params_path: str = "params.yaml", overr
                                                                             dvc_commit)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m flows.deletion_batch` (and `python -m flows.warm run flows.deletion_batch` in a DVC stage)."""
     parser = base_parser(__doc__)
     parser.add_argument("request", nargs="?", help="a request file (default: every file in the inbox)")
     a = parser.parse_args()
@@ -322,3 +323,7 @@ if __name__ == "__main__":
             run(a.request, a.params)
     except (RequestValidationError, TrackingUnavailable, AfterCommitError, PermissionError, ConnectionError) as e:
         raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

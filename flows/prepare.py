@@ -20,7 +20,12 @@ def prepare(params_path: str = "params.yaml") -> dict:
     return info
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m flows.prepare` (and `python -m flows.warm run flows.prepare` in a DVC stage)."""
     params_path = params_or_exit(base_parser(__doc__).parse_args().params)
     with prefect_api():
         prepare(params_path)
+
+
+if __name__ == "__main__":
+    main()

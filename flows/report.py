@@ -96,7 +96,12 @@ def report(params_path: str = "params.yaml") -> dict:
     return {"run_id": run_id, "studies": list(results), "readme": str(path) if path else None}
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m flows.report` (and `python -m flows.warm run flows.report` in a DVC stage)."""
     params_path = params_or_exit(base_parser(__doc__).parse_args().params)
     with prefect_api():
         report(params_path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,21 +1,29 @@
-"""`python -m flows.session CMD ...`: run CMD (e.g. `dvc repro`) with ONE temporary Prefect server.
+"""`python -m flows.session CMD ... [--then CMD ...]`: `make run`'s commands with ONE temporary Prefect server
+and ONE warm worker for all of them.
 
-Every DVC stage is a process of its own. Without `PREFECT_API_URL`, each of them starts a temporary Prefect
-server (8-15 s each on these machines: a uvicorn process plus SQLite migrations) and stops it again when
-its flow ends. This wrapper starts one such server, gives its URL to every stage through `PREFECT_API_URL`,
-and stops it when CMD ends: the flow runs are as real as before (same API, stored in `$PREFECT_HOME`, so
-`make server` shows them in the Prefect UI afterwards), but the server starts once.
+Every DVC stage is a process of its own. Without help, each starts a temporary Prefect server (8-15 s on
+these machines: uvicorn plus its migrations check) and imports torch, Prefect, MLflow, pandera and Great
+Expectations again (5-9 s). This wrapper:
+- starts one Prefect server the way Prefect starts its temporary one (uvicorn on `create_app`), from this
+  stdlib-only process, so nothing is imported twice; its migrations check is skipped when `make setup`
+  migrated the database for this Prefect version (`prefect_db_is_migrated`). Its URL reaches every command
+  through `PREFECT_API_URL`; flow runs are as real as before, stored in `$PREFECT_HOME`, so `make server`
+  shows them in the Prefect UI afterwards. With `PREFECT_API_URL` already set (`make server`, the team
+  servers) that server is used instead;
+- starts the warm worker beside it (flows/warm.py): the imports are done once, while the server starts, and
+  each stage (`python -m flows.warm run flows.<stage>`) and each `unlearn` command runs in a child forked from
+  it. `--cold` runs every command in processes of their own, as plain `dvc repro` does;
+- runs the commands in order, stops at the first that fails, and prints the wall time of each stage
+  (DVC's "Running stage 'x':" lines mark where one begins) split into compute, tracking and orchestration
+  (tasks/clock.py), with the overhead share.
 
-Nothing outlives it: the server and CMD are started with the Linux parent-death signal, so even a
-`kill -9` of this wrapper stops them, and SIGTERM / Ctrl-C stop CMD and the server before it exits.
-
-It also times the stages: DVC's "Running stage 'x':" lines mark where each stage begins, and a table of
-the wall time per stage is printed at the end. With `PREFECT_API_URL` already set (a running server),
-CMD runs against that server and only the timing is added.
+Nothing outlives it: the server, the worker and CMD are started with the Linux parent-death signal, so even a
+`kill -9` of this wrapper stops them, and SIGTERM / Ctrl-C stop CMD, the worker and the server before it exits.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -23,20 +31,31 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
 SKIPPED_LINE = re.compile(r"^Stage '([^']+)' (?:didn't change, skipping|is cached - skipping)")
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask the kernel to SIGTERM it when its parent dies (even by SIGKILL)."""
-    os.setpgrp()  # its own process group: the stages it starts are stopped with it (os.killpg)
+def _libc_prctl():
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: the SIGTERM handler below still covers the usual cases
-        pass
+        return None
+
+
+# Resolved here, not in the forked child: a child forked while another thread holds the import lock (the server
+# watcher below) would wait for it forever on `import ctypes`.
+_PRCTL = _libc_prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask the kernel to SIGTERM it when its parent dies (even by SIGKILL)."""
+    os.setpgrp()  # its own process group: the stages it starts are stopped with it (os.killpg)
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 class NoServerDocsHint(logging.Filter):
@@ -154,34 +173,190 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
     return rc, stages
 
 
+def prefect_db_is_migrated(env: dict) -> bool:
+    """Whether `make setup` migrated $PREFECT_HOME/prefect.db for the installed Prefect version (the stamp
+    `prefect.db.version` it writes). Then the temporary server need not check the migrations at start; any
+    doubt (no stamp, another version, a database server of your own) leaves the check on."""
+    import importlib.metadata
+
+    home = env.get("PREFECT_HOME")
+    if not home or env.get("PREFECT_API_DATABASE_CONNECTION_URL"):
+        return False
+    db, stamp = os.path.join(home, "prefect.db"), os.path.join(home, "prefect.db.version")
+    try:
+        with open(stamp, encoding="utf-8") as f:
+            return os.path.exists(db) and f.read().strip() == importlib.metadata.version("prefect")
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        return False
+
+
+class ServerProcess:
+    """Prefect's temporary server started as Prefect starts it (uvicorn on `create_app`, UI off, the ephemeral
+    services), but from this stdlib-only process: no `import prefect` here (~7 s on these machines), and the
+    server's own start (~9 s) runs beside the warm worker's imports instead of before them. A thread notes when
+    it first answers `/health`; stages forked before then wait for it (flows.warm, UNLEARN_WAIT_FOR_API)."""
+
+    def __init__(self, env: dict):
+        import socket
+        import threading
+
+        with socket.socket() as s:  # a free port, as Prefect picks one
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.started = time.perf_counter()
+        self.up_after: float | None = None
+        server_env = {**env, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        if prefect_db_is_migrated(env):
+            server_env["PREFECT_API_DATABASE_MIGRATE_ON_START"] = "false"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host",
+             "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
+            env=server_env, preexec_fn=_die_with_parent)
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while self.proc.poll() is None:
+            try:
+                urllib.request.urlopen(self.api_url + "/health", timeout=2).close()
+                self.up_after = time.perf_counter() - self.started
+                return
+            except Exception:
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        _terminate(self.proc)
+
+
+def _terminate(proc: subprocess.Popen, timeout: float = 10) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_warm_worker(env: dict, folder: str) -> subprocess.Popen:
+    """flows.warm's worker: the heavy imports once, a forked child per stage and per `unlearn` command."""
+    return subprocess.Popen([sys.executable, "-m", "flows.warm", "serve", folder], env=env, preexec_fn=_die_with_parent)
+
+
+def split_commands(args: list[str]) -> tuple[list[list[str]], bool]:
+    """`[--cold] CMD ARGS [--then CMD ARGS ...]` -> the commands, and whether to use the warm worker."""
+    warm = True
+    if args and args[0] == "--cold":
+        warm, args = False, args[1:]
+    commands, current = [], []
+    for a in args:
+        if a == "--then":
+            commands.append(current)
+            current = []
+        else:
+            current.append(a)
+    commands.append(current)
+    if any(not c for c in commands):
+        raise ValueError("an empty command (a `--then` with nothing after it, or before it)")
+    return commands, warm
+
+
+def read_timings(path: str) -> dict[str, dict]:
+    """The per-process records of tasks.clock (compute and tracking seconds), by stage label."""
+    out: dict[str, dict] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                mine = out.setdefault(rec["label"], {"compute_s": 0.0, "tracking_s": 0.0})
+                mine["compute_s"] += rec.get("compute_s", 0.0)
+                mine["tracking_s"] += rec.get("tracking_s", 0.0)
+                mine["largest"] = mine.get("largest", []) + rec.get("largest", [])
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def timing_table(rows: list[tuple[str, float]], timings: dict[str, dict], total: float,
+                 server_up: float | None) -> list[str]:
+    """The wall time per stage split into compute, tracking and the rest (orchestration), and the overhead share."""
+    lines = ["", "wall time per stage (compute: task bodies; tracking: MLflow calls and review figures; "
+                 "orchestration: the rest: process start, Prefect, DVC):",
+             f"  {'stage':<26} {'wall':>7} {'compute':>8} {'tracking':>9} {'orchestration':>14}"]
+    compute = tracking = 0.0
+    for name, wall in rows:
+        t = timings.get(name.removesuffix(" (skipped)"), {}) if not name.endswith("(skipped)") else {}
+        c, k = t.get("compute_s", 0.0), t.get("tracking_s", 0.0)
+        compute, tracking = compute + c, tracking + k
+        lines.append(f"  {name:<26} {wall:6.1f}s {c:7.1f}s {k:8.1f}s {max(wall - c - k, 0.0):13.1f}s")
+        if os.environ.get("UNLEARN_TIMING_DETAIL"):
+            lines.extend(f"      {key:<60} {s:6.2f}s" for key, s in t.get("largest", []))
+    orchestration = max(total - compute - tracking, 0.0)
+    lines.append(f"  {'total':<26} {total:6.1f}s {compute:7.1f}s {tracking:8.1f}s {orchestration:13.1f}s")
+    share = (tracking + orchestration) / total if total > 0 else 0.0
+    lines.append(f"  overhead (tracking + orchestration): {share:.0%} of the wall time"
+                 + (f"; the Prefect server answered after {server_up:.1f} s" if server_up is not None else ""))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    cmd = list(sys.argv[1:] if argv is None else argv)
-    if not cmd:
-        print("usage: python -m flows.session CMD [ARGS...]   (e.g. python -m flows.session dvc repro)",
-              file=sys.stderr)
+    import shutil
+    import tempfile
+
+    try:
+        commands, warm = split_commands(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as e:
+        print(f"error: {e}\n{USAGE}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     started = time.perf_counter()
     env = dict(os.environ)
-    server, server_s = None, 0.0
-    if not env.get("PREFECT_API_URL"):
-        server = start_temporary_server()
-        server_s = time.perf_counter() - started
-        env["PREFECT_API_URL"] = server.api_url
-        print(f"one temporary Prefect server for every stage: {server.api_url} (up in {server_s:.1f} s)", flush=True)
+    folder = tempfile.mkdtemp(prefix="unlearn-session-")  # worker sockets + timing records; removed at the end
+    env["UNLEARN_TIMINGS"] = os.path.join(folder, "timings.jsonl")
+    server = worker = None
+    rows: list[tuple[str, float]] = []
+    rc = 0
     try:
-        rc, stages = run_timed(cmd, env)
+        if not env.get("PREFECT_API_URL"):
+            server = ServerProcess(env)
+            env.update(PREFECT_API_URL=server.api_url, UNLEARN_WAIT_FOR_API="1")
+            print(f"one temporary Prefect server for every stage: {server.api_url} (starting beside the warm worker)",
+                  flush=True)
+        if warm:
+            worker = start_warm_worker(env, folder)
+            env["UNLEARN_WARM_WORKER"] = folder
+        for i, cmd in enumerate(commands):
+            label = " ".join(os.path.basename(c) if j == 0 else c for j, c in enumerate(cmd))
+            since = time.perf_counter()
+            rc, stages = run_timed(cmd, {**env, "UNLEARN_TIMING_LABEL": label})
+            if stages:
+                if i == 0 and stages[0][0] != "start":  # before DVC's first stage line: DVC, server, imports
+                    first = sum(s for _, s in stages)
+                    rows.append(("start (DVC, server, imports)", max(time.perf_counter() - started - first, 0.0)))
+                rows.extend(stages)
+            else:
+                rows.append((label, time.perf_counter() - since))
+            if rc != 0:
+                break
+        timings = read_timings(env["UNLEARN_TIMINGS"])
     finally:
-        if server is not None:
-            server.stop()
-    total = time.perf_counter() - started
-    print("\nwall time per stage:")
-    if server is not None:
-        print(f"  {'prefect server start':<24} {server_s:6.1f} s")
-    for name, seconds in stages:
-        print(f"  {name:<24} {seconds:6.1f} s")
-    print(f"  {'total':<24} {total:6.1f} s")
+        for proc in (worker, server):
+            if proc is not None:
+                proc.stop() if isinstance(proc, ServerProcess) else _terminate(proc)
+        shutil.rmtree(folder, ignore_errors=True)
+    for line in timing_table(rows, timings, time.perf_counter() - started,
+                             server.up_after if server is not None else None):
+        print(line)
     return rc
+
+
+USAGE = """usage: python -m flows.session [--cold] CMD [ARGS...] [--then CMD [ARGS...] ...]
+  e.g. python -m flows.session dvc repro deletion --then unlearn erase --then unlearn status
+  Runs the commands in order (stops at the first that fails) with one temporary Prefect server (unless
+  PREFECT_API_URL names one) and a warm worker that imports the pipeline once (--cold: without it)."""
 
 
 if __name__ == "__main__":

@@ -47,7 +47,12 @@ def train(params_path: str = "params.yaml") -> dict:
     return {**metrics, "model_version": version}
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`python -m flows.train` (and `python -m flows.warm run flows.train` in a DVC stage)."""
     params_path = params_or_exit(base_parser(__doc__).parse_args().params)
     with prefect_api():
         train(params_path)
+
+
+if __name__ == "__main__":
+    main()

@@ -60,8 +60,14 @@ def test_dvc_repro_end_to_end(tmp_path):
     sh(["git", "init", "-q"], proj, env)
     sh(["git", "-c", "user.email=t@localhost", "-c", "user.name=t", "add", "-A"], proj, env)
     sh(["git", "-c", "user.email=t@localhost", "-c", "user.name=t", "commit", "-qm", "copy"], proj, env)
-    out = sh([sys.executable, "-m", "dvc", "repro", "deletion"], proj, env)
-    assert "promoted" in out
+    # Through `make run`'s session: one temporary Prefect server and the warm worker for every stage (the later
+    # `dvc repro` calls below run each stage cold, in its own process with its own temporary server).
+    out = sh([sys.executable, "-m", "flows.session", sys.executable, "-m", "dvc", "repro", "deletion"], proj, env)
+    assert "promoted" in out and "running flows." not in out  # no stage fell back to its own process
+    table = {line.split()[0]: line.split()[1:] for line in out.split("wall time per stage")[1].splitlines()[2:]
+             if line.startswith("  ") and len(line.split()) == 5}
+    assert {"prepare", "train", "deletion", "total"} <= set(table), out[-3000:]
+    assert float(table["deletion"][1].rstrip("s")) > 0 and float(table["train"][2].rstrip("s")) > 0  # compute, tracking
     ledger = [json.loads(l) for l in (proj / "state" / "ledger.jsonl").read_text().splitlines()]
     assert len(ledger) == 12 and {e["verdict"] for e in ledger} == {"passed"}
     # DVC sees the stages' metrics and the champion's history plot.

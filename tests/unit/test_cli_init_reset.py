@@ -58,8 +58,9 @@ def test_init_scaffolds_a_table_project(tmp_path, capsys):
 
     stages = yaml.safe_load((target / "dvc.yaml").read_text())["stages"]
     assert list(stages) == ["prepare", "train", "deletion"]
-    assert [s["cmd"] for s in stages.values()] == ["python -m flows.prepare", "python -m flows.train",
-                                                   "python -m flows.deletion_batch"]
+    assert [s["cmd"] for s in stages.values()] == ["python -m flows.warm run flows.prepare",
+                                                   "python -m flows.warm run flows.train",
+                                                   "python -m flows.warm run flows.deletion_batch"]
     assert stages["prepare"]["deps"] == ["${prepare.table.path}"]  # the path is written once, in params.yaml
     deps = [d for s in stages.values() for d in s["deps"]]
     assert not any(d.startswith(("flows", "tasks", "unlearning")) for d in deps)  # no repo sources in DIR

@@ -2,6 +2,8 @@
 
 import sys
 
+import pytest
+
 from flows import session
 
 
@@ -20,9 +22,54 @@ def test_stage_lines_are_timed_and_output_passes_through(capsys):
 
 def test_an_existing_server_is_used_and_the_exit_code_kept(monkeypatch, capsys):
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
-    monkeypatch.setattr(session, "start_temporary_server", lambda: (_ for _ in ()).throw(AssertionError("no server")))
-    assert session.main([sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
+    monkeypatch.setattr(session, "ServerProcess", lambda env: (_ for _ in ()).throw(AssertionError("no server")))
+    assert session.main(["--cold", sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
     assert "wall time per stage" in capsys.readouterr().out
+
+
+def test_then_commands_run_in_order_and_stop_at_the_first_failure(monkeypatch, capsys):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
+    py = sys.executable
+    rc = session.main(["--cold", py, "-c", "print('first')", "--then", py, "-c", "import sys; sys.exit(4)",
+                       "--then", py, "-c", "print('never')"])
+    out = capsys.readouterr().out
+    assert rc == 4 and "first" in out and "never" not in out
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.split()[0].startswith("python")]
+    assert len(rows) == 2  # one timing row per command that ran
+
+
+def test_commands_are_split_on_then_and_an_empty_one_is_refused():
+    assert session.split_commands(["dvc", "repro", "--then", "unlearn", "erase"]) == \
+        ([["dvc", "repro"], ["unlearn", "erase"]], True)
+    assert session.split_commands(["--cold", "x"]) == ([["x"]], False)
+    for bad in (["x", "--then"], ["--then", "x"], []):
+        with pytest.raises(ValueError, match="an empty command"):
+            session.split_commands(bad)
+
+
+def test_the_table_splits_each_stage_into_compute_tracking_and_orchestration():
+    rows = [("start (DVC, server, imports)", 2.0), ("prepare (skipped)", 0.0), ("train", 4.0), ("deletion", 14.0)]
+    timings = {"train": {"compute_s": 1.0, "tracking_s": 1.5}, "deletion": {"compute_s": 9.0, "tracking_s": 3.0}}
+    lines = session.timing_table(rows, timings, total=20.0, server_up=8.5)
+    train = next(line for line in lines if line.strip().startswith("train"))
+    assert train.split()[1:] == ["4.0s", "1.0s", "1.5s", "1.5s"]
+    total = next(line for line in lines if line.strip().startswith("total"))
+    assert total.split()[1:] == ["20.0s", "10.0s", "4.5s", "5.5s"]
+    assert "overhead (tracking + orchestration): 50% of the wall time; the Prefect server answered after 8.5 s" \
+        in lines[-1]
+
+
+def test_the_prefect_database_counts_as_migrated_only_with_this_versions_stamp(tmp_path):
+    import importlib.metadata
+
+    env = {"PREFECT_HOME": str(tmp_path)}
+    assert not session.prefect_db_is_migrated(env)
+    (tmp_path / "prefect.db").write_text("")
+    (tmp_path / "prefect.db.version").write_text(importlib.metadata.version("prefect") + "\n")
+    assert session.prefect_db_is_migrated(env)
+    assert not session.prefect_db_is_migrated({**env, "PREFECT_API_DATABASE_CONNECTION_URL": "postgresql+asyncpg://x"})
+    (tmp_path / "prefect.db.version").write_text("2.0.0")
+    assert not session.prefect_db_is_migrated(env)
 
 
 def test_dvc_git_hint_becomes_one_line_on_the_dvc_lock_policy_and_other_output_passes(capsys):
