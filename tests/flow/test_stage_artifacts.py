@@ -4,6 +4,7 @@ the artifact a reviewer reads in the Prefect UI (selection, the gate verdict, th
 from __future__ import annotations
 
 import inspect
+import time
 
 import pytest
 
@@ -21,6 +22,7 @@ def test_one_task_run_and_artifact_per_stage(tmp_path, prefect_harness):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId
+    from prefect.client.schemas.sorting import ArtifactSort
 
     from flows.deletion_batch import run
     from flows.prepare import prepare
@@ -35,9 +37,15 @@ def test_one_task_run_and_artifact_per_stage(tmp_path, prefect_harness):
     method, batch = result["method"], result["batch_id"]
 
     with get_client(sync_client=True) as client:
+        # The batch id hashes the request ids, and other flow tests on this session's server ran the same sample
+        # file: this test's run is the newest verdict, and every other artifact is read from that flow run.
+        [newest] = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=[artifact_key(f"{batch}-{method}-verdict")])), sort=ArtifactSort.CREATED_DESC, limit=1)
+        this_run = FlowRunFilter(id=FlowRunFilterId(any_=[newest.flow_run_id]))
+
         def artifacts(what: str):
             return client.read_artifacts(artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=[artifact_key(f"{batch}-{what}")])))
+                key=ArtifactFilterKey(any_=[artifact_key(f"{batch}-{what}")])), flow_run_filter=this_run)
 
         verdict = artifacts(f"{method}-verdict")
         assert verdict and verdict[0].type == "markdown" and "Gate verdict" in verdict[0].data
@@ -52,8 +60,15 @@ def test_one_task_run_and_artifact_per_stage(tmp_path, prefect_harness):
         # One task run per stage, in the batch's flow run (the verdict artifact belongs to a task run of it).
         flow_run_id = verdict[0].flow_run_id
         assert client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        names = {t.name for t in client.read_task_runs(task_run_filter=TaskRunFilter(
-            flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id])))}
+        # Task runs are written by the server's task-run recorder from the client's events, a moment after the
+        # flow returned: wait for them (a few seconds at most) instead of reading once.
+        deadline = time.monotonic() + 30
+        while True:
+            names = {t.name for t in client.read_task_runs(task_run_filter=TaskRunFilter(
+                flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id])))}
+            if all(any(n.startswith(s) for n in names) for s in STAGES) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     for stage in STAGES:
         assert any(n.startswith(stage) for n in names), (stage, sorted(names))
     assert any(n.startswith(f"unlearn-and-certify-{method}") for n in names), sorted(names)
