@@ -62,7 +62,7 @@ run: setup ## the main job: prepare digits, train, process every request file in
 	$(BIN)/python -m flows.session $(BIN)/dvc repro deletion --then $(BIN)/unlearn erase --then $(BIN)/unlearn status
 
 report: setup ## the evidence studies (dvc repro report): reports/*.json, MLflow, the README results section
-	$(BIN)/python -m flows.session $(BIN)/dvc repro report
+	$(BIN)/python -m flows.session --cold $(BIN)/dvc repro report   # the studies take minutes: no warm worker
 
 test: setup ## fast unit + flow tests (the default tier)
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
@@ -104,6 +104,7 @@ bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/ensembles.py
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/newton_removal.py
+	$(BIN)/python bench/session_overhead.py
 
 reset: setup ## start over: `unlearn reset` archives state/ and cache/ (ledger kept, asks first)
 	$(BIN)/unlearn reset

@@ -280,25 +280,39 @@ def read_timings(path: str) -> dict[str, dict]:
     return out
 
 
-def timing_table(rows: list[tuple[str, float]], timings: dict[str, dict], total: float,
-                 server_up: float | None) -> list[str]:
-    """The wall time per stage split into compute, tracking and the rest (orchestration), and the overhead share."""
+def timing_split(rows: list[tuple[str, float]], timings: dict[str, dict], total: float,
+                 server_up: float | None) -> dict:
+    """Each stage's wall time split into compute, tracking and the rest (orchestration); totals and the
+    overhead share (tracking + orchestration over the wall time). Seconds."""
+    stages, compute, tracking = [], 0.0, 0.0
+    for name, wall in rows:
+        t = {} if name.endswith("(skipped)") else timings.get(name, {})
+        c, k = t.get("compute_s", 0.0), t.get("tracking_s", 0.0)
+        compute, tracking = compute + c, tracking + k
+        stages.append({"stage": name, "wall_s": round(wall, 2), "compute_s": round(c, 2), "tracking_s": round(k, 2),
+                       "orchestration_s": round(max(wall - c - k, 0.0), 2), "largest": t.get("largest", [])})
+    orchestration = max(total - compute - tracking, 0.0)
+    return {"stages": stages, "total_s": round(total, 2), "compute_s": round(compute, 2),
+            "tracking_s": round(tracking, 2), "orchestration_s": round(orchestration, 2),
+            "overhead_share": round((tracking + orchestration) / total, 4) if total > 0 else 0.0,
+            "prefect_server_up_s": None if server_up is None else round(server_up, 2)}
+
+
+def timing_table(split: dict) -> list[str]:
+    """`timing_split` as the table the session prints."""
     lines = ["", "wall time per stage (compute: task bodies; tracking: MLflow calls and review figures; "
                  "orchestration: the rest: process start, Prefect, DVC):",
              f"  {'stage':<26} {'wall':>7} {'compute':>8} {'tracking':>9} {'orchestration':>14}"]
-    compute = tracking = 0.0
-    for name, wall in rows:
-        t = timings.get(name.removesuffix(" (skipped)"), {}) if not name.endswith("(skipped)") else {}
-        c, k = t.get("compute_s", 0.0), t.get("tracking_s", 0.0)
-        compute, tracking = compute + c, tracking + k
-        lines.append(f"  {name:<26} {wall:6.1f}s {c:7.1f}s {k:8.1f}s {max(wall - c - k, 0.0):13.1f}s")
+    for s in split["stages"]:
+        lines.append(f"  {s['stage']:<26} {s['wall_s']:6.1f}s {s['compute_s']:7.1f}s {s['tracking_s']:8.1f}s "
+                     f"{s['orchestration_s']:13.1f}s")
         if os.environ.get("UNLEARN_TIMING_DETAIL"):
-            lines.extend(f"      {key:<60} {s:6.2f}s" for key, s in t.get("largest", []))
-    orchestration = max(total - compute - tracking, 0.0)
-    lines.append(f"  {'total':<26} {total:6.1f}s {compute:7.1f}s {tracking:8.1f}s {orchestration:13.1f}s")
-    share = (tracking + orchestration) / total if total > 0 else 0.0
-    lines.append(f"  overhead (tracking + orchestration): {share:.0%} of the wall time"
-                 + (f"; the Prefect server answered after {server_up:.1f} s" if server_up is not None else ""))
+            lines.extend(f"      {key:<60} {sec:6.2f}s" for key, sec in s["largest"])
+    lines.append(f"  {'total':<26} {split['total_s']:6.1f}s {split['compute_s']:7.1f}s {split['tracking_s']:8.1f}s "
+                 f"{split['orchestration_s']:13.1f}s")
+    up = split["prefect_server_up_s"]
+    lines.append(f"  overhead (tracking + orchestration): {split['overhead_share']:.0%} of the wall time"
+                 + (f"; the Prefect server answered after {up:.1f} s" if up is not None else ""))
     return lines
 
 
@@ -347,9 +361,13 @@ def main(argv: list[str] | None = None) -> int:
             if proc is not None:
                 proc.stop() if isinstance(proc, ServerProcess) else _terminate(proc)
         shutil.rmtree(folder, ignore_errors=True)
-    for line in timing_table(rows, timings, time.perf_counter() - started,
-                             server.up_after if server is not None else None):
+    split = timing_split(rows, timings, time.perf_counter() - started, server.up_after if server else None)
+    for line in timing_table(split):
         print(line)
+    report = os.environ.get("UNLEARN_SESSION_REPORT")  # bench/session_overhead.py reads the split from here
+    if report:
+        with open(report, "w", encoding="utf-8") as f:
+            json.dump({"commands": [" ".join(c) for c in commands], "warm": warm, "rc": rc, **split}, f, indent=1)
     return rc
 
 

@@ -50,7 +50,9 @@ def test_commands_are_split_on_then_and_an_empty_one_is_refused():
 def test_the_table_splits_each_stage_into_compute_tracking_and_orchestration():
     rows = [("start (DVC, server, imports)", 2.0), ("prepare (skipped)", 0.0), ("train", 4.0), ("deletion", 14.0)]
     timings = {"train": {"compute_s": 1.0, "tracking_s": 1.5}, "deletion": {"compute_s": 9.0, "tracking_s": 3.0}}
-    lines = session.timing_table(rows, timings, total=20.0, server_up=8.5)
+    split = session.timing_split(rows, timings, total=20.0, server_up=8.5)
+    assert split["overhead_share"] == 0.5 and split["stages"][2]["orchestration_s"] == 1.5
+    lines = session.timing_table(split)
     train = next(line for line in lines if line.strip().startswith("train"))
     assert train.split()[1:] == ["4.0s", "1.0s", "1.5s", "1.5s"]
     total = next(line for line in lines if line.strip().startswith("total"))

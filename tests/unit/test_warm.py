@@ -100,27 +100,8 @@ def test_without_a_worker_the_target_runs_in_process_and_an_unreachable_one_is_r
     assert res.returncode == 7 and f"no warm worker in {empty}: running target_mod in this process" in res.stderr
 
 
-def test_sigterm_to_the_client_stops_the_child(worker, tmp_path):
-    _, _, env = worker
-    proc = subprocess.Popen([sys.executable, "-m", "flows.warm", "run", "target_mod", "sleep"], cwd=tmp_path, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc.stdin.write("x\n")
-    proc.stdin.flush()
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "pid").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    child = int((tmp_path / "pid").read_text())
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 10
-    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{child}")
-
-
-def test_a_killed_client_gets_its_child_stopped_by_the_worker(worker, tmp_path):
-    _, _, env = worker
+def sleeping_client(tmp_path, env):
+    """A client whose child sleeps 60 s; returns the client process and the child's pid once it runs."""
     (tmp_path / "pid").unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, "-m", "flows.warm", "run", "target_mod", "sleep"], cwd=tmp_path, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
@@ -130,13 +111,30 @@ def test_a_killed_client_gets_its_child_stopped_by_the_worker(worker, tmp_path):
     while not (tmp_path / "pid").exists():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    child = int((tmp_path / "pid").read_text())
+    return proc, int((tmp_path / "pid").read_text())
+
+
+def assert_gone(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_sigterm_to_the_client_stops_the_child(worker, tmp_path):
+    _, _, env = worker
+    proc, child = sleeping_client(tmp_path, env)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert_gone(child)
+
+
+def test_a_killed_client_gets_its_child_stopped_by_the_worker(worker, tmp_path):
+    _, _, env = worker
+    proc, child = sleeping_client(tmp_path, env)
     proc.kill()  # no relay possible: the worker sees the connection close
     proc.wait()
-    deadline = time.monotonic() + 10
-    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{child}")
+    assert_gone(child)
 
 
 def test_the_timing_record_names_the_stage(worker, tmp_path):

@@ -1,0 +1,118 @@
+"""Benchmark: `make run`'s session, warm (one server, the warm worker) against cold (`--cold`: every stage and
+command in a process of its own, each stage with the session's server), on fresh copies of the project.
+
+Each run copies the project's git files to a temporary folder (its own PREFECT_HOME and MLflow store, both
+prepared as `make setup` does: Prefect migrated and stamped, the MLflow store created), then times
+`python -m flows.session [--cold] dvc repro deletion --then unlearn erase --then unlearn status` on the digits
+default and its sample request file. The session's own split (compute: task bodies; tracking: MLflow calls
+and review figures; orchestration: the rest) is read from its report (UNLEARN_SESSION_REPORT). Warm and cold
+runs alternate (`--repeats` pairs; other processes share the 2 cores: the load average is recorded); the
+table shows the median of each mode, and the ratio cold / warm of the wall time.
+
+Targets (issue 13): warm wall time <= 45 s on a quiet 2-core machine; overhead (tracking + orchestration)
+<= 25 % of it.
+Usage: python bench/session_overhead.py [--repeats 1] [--out bench/results/session_overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from results_io import write_json  # noqa: E402  (bench/ is on sys.path when run as a script)
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def copy_project(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for rel in files:
+        src, to = ROOT / rel, dest / rel
+        to.parent.mkdir(parents=True, exist_ok=True)
+        if rel.startswith("requests/inbox/"):  # the committed sample, also after `make run` moved it here
+            to.write_bytes(subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=ROOT, check=True,
+                                          capture_output=True).stdout)
+        elif src.is_file() and not rel.startswith(("requests/processed/", "requests/rejected/")):
+            shutil.copy2(src, to)
+
+
+def prepared_env(proj: Path) -> dict:
+    env = {**os.environ, "PREFECT_HOME": str(proj / ".prefect"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "UNLEARN_WARM_WORKER", "UNLEARN_TIMINGS"):
+        env.pop(key, None)
+    subprocess.run(["git", "init", "-q"], cwd=proj, check=True)
+    subprocess.run([str(BIN / "prefect"), "server", "database", "upgrade", "-y"], cwd=proj, env=env, check=True,
+                   capture_output=True)
+    import importlib.metadata
+
+    (proj / ".prefect" / "prefect.db.version").write_text(importlib.metadata.version("prefect"))
+    subprocess.run([sys.executable, "-m", "flows.stores"], cwd=proj, env=env, check=True, capture_output=True)
+    return env
+
+
+def one_run(warm: bool) -> dict:
+    with tempfile.TemporaryDirectory(prefix="session-bench-") as tmp:
+        proj = Path(tmp) / "proj"
+        copy_project(proj)
+        env = prepared_env(proj)
+        report = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "flows.session", *([] if warm else ["--cold"]),
+               str(BIN / "dvc"), "repro", "deletion", "--then", str(BIN / "unlearn"), "erase",
+               "--then", str(BIN / "unlearn"), "status"]
+        load = os.getloadavg()[0]
+        started = time.perf_counter()
+        res = subprocess.run(cmd, cwd=proj, env={**env, "UNLEARN_SESSION_REPORT": str(report)},
+                             capture_output=True, text=True, timeout=1800)
+        wall = time.perf_counter() - started
+        if res.returncode != 0:
+            raise SystemExit(f"{'warm' if warm else 'cold'} session failed (rc {res.returncode}):\n"
+                             f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        out = json.loads(report.read_text())
+        return {"mode": "warm" if warm else "cold", "command_wall_s": round(wall, 2), "load_avg_1m": load, **out}
+
+
+def median_of(runs: list[dict], key: str) -> float:
+    return round(statistics.median(r[key] for r in runs), 2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=1, help="warm/cold pairs (default 1)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "session_overhead.json"))
+    a = ap.parse_args()
+    runs = []
+    for i in range(a.repeats):
+        for warm in (True, False):
+            r = one_run(warm)
+            runs.append(r)
+            print(f"[{i + 1}/{a.repeats}] {r['mode']}: {r['total_s']:.1f} s, overhead {r['overhead_share']:.0%} "
+                  f"(load {r['load_avg_1m']:.1f})", flush=True)
+    summary = {}
+    print(f"\n{'mode':<6} {'wall':>7} {'compute':>8} {'tracking':>9} {'orchestration':>14} {'overhead':>9}")
+    for mode in ("warm", "cold"):
+        mine = [r for r in runs if r["mode"] == mode]
+        summary[mode] = {k: median_of(mine, k) for k in ("total_s", "compute_s", "tracking_s", "orchestration_s",
+                                                          "overhead_share")}
+        s = summary[mode]
+        print(f"{mode:<6} {s['total_s']:6.1f}s {s['compute_s']:7.1f}s {s['tracking_s']:8.1f}s "
+              f"{s['orchestration_s']:13.1f}s {s['overhead_share']:8.0%}")
+    ratio = summary["cold"]["total_s"] / summary["warm"]["total_s"]
+    print(f"cold / warm wall time: {ratio:.2f}x; warm target <= 45 s: "
+          f"{'met' if summary['warm']['total_s'] <= 45 else 'NOT met'}; overhead target <= 25 %: "
+          f"{'met' if summary['warm']['overhead_share'] <= 0.25 else 'NOT met'}")
+    write_json(a.out, {"what": "make run's session, warm vs cold", "cpu_count": os.cpu_count(),
+                       "summary": summary, "cold_over_warm": round(ratio, 2), "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
