@@ -603,9 +603,9 @@ NO_PARAMS = {"init", "methods"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and os.environ.get("UNLEARN_WARM_WORKER"):  # inside `python -m flows.session`: its warm worker
-        from flows.warm import forward
+    from flows.warm import ENV_SOCKET, forward  # stdlib only
 
+    if argv is None and os.environ.get(ENV_SOCKET):  # inside `python -m flows.session`: its warm worker
         code = forward("flows.cli:main", sys.argv[1:])
         if code is not None:
             return code

@@ -33,6 +33,10 @@ import sys
 import time
 import urllib.request
 
+from flows.warm import ENV_SOCKET, ENV_WAIT_FOR_API
+from tasks.clock import ENV_FILE as TIMINGS_FILE
+
+
 STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
 SKIPPED_LINE = re.compile(r"^Stage '([^']+)' (?:didn't change, skipping|is cached - skipping)")
 
@@ -329,19 +333,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     env = dict(os.environ)
     folder = tempfile.mkdtemp(prefix="unlearn-session-")  # worker sockets + timing records; removed at the end
-    env["UNLEARN_TIMINGS"] = os.path.join(folder, "timings.jsonl")
+    env[TIMINGS_FILE] = os.path.join(folder, "timings.jsonl")
     server = worker = None
     rows: list[tuple[str, float]] = []
     rc = 0
     try:
         if not env.get("PREFECT_API_URL"):
             server = ServerProcess(env)
-            env.update(PREFECT_API_URL=server.api_url, UNLEARN_WAIT_FOR_API="1")
+            env.update({"PREFECT_API_URL": server.api_url, ENV_WAIT_FOR_API: "1"})
             print(f"one temporary Prefect server for every stage: {server.api_url} (starting beside the warm worker)",
                   flush=True)
         if warm:
             worker = start_warm_worker(env, folder)
-            env["UNLEARN_WARM_WORKER"] = folder
+            env[ENV_SOCKET] = folder
         for i, cmd in enumerate(commands):
             label = " ".join(os.path.basename(c) if j == 0 else c for j, c in enumerate(cmd))
             since = time.perf_counter()
@@ -355,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((label, time.perf_counter() - since))
             if rc != 0:
                 break
-        timings = read_timings(env["UNLEARN_TIMINGS"])
+        timings = read_timings(env[TIMINGS_FILE])
     finally:
         for proc in (worker, server):
             if proc is not None:

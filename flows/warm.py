@@ -42,6 +42,8 @@ import threading
 import time
 import traceback
 
+from tasks import clock  # stdlib only
+
 ENV_SOCKET = "UNLEARN_WARM_WORKER"
 ENV_WAIT_FOR_API = "UNLEARN_WAIT_FOR_API"  # set by flows.session while its temporary server may still be starting
 
@@ -190,11 +192,8 @@ def run_target(target: str, argv: list[str]) -> int:
             code = 0
     except SystemExit as e:
         code = e.code
-    finally:
-        if os.environ.get("UNLEARN_TIMINGS"):  # flows.session's per-stage split: compute and tracking seconds
-            from tasks.clock import write_record
-
-            write_record(os.environ.get("DVC_STAGE") or os.environ.get("UNLEARN_TIMING_LABEL") or target)
+    finally:  # flows.session's per-stage split: compute and tracking seconds (nothing unless it asked)
+        clock.write_record(os.environ.get("DVC_STAGE") or os.environ.get("UNLEARN_TIMING_LABEL") or target)
     if code is None:
         return 0
     if isinstance(code, int):
@@ -223,6 +222,19 @@ def _wait_for_prefect_api(timeout_s: float) -> None:
             time.sleep(0.1)
 
 
+def api_ready() -> bool:
+    """With ENV_WAIT_FOR_API (the session's server may still be starting): wait for it, once; False (and one
+    `error:` line) when it never answers."""
+    if not os.environ.pop(ENV_WAIT_FOR_API, None):
+        return True
+    try:
+        _wait_for_prefect_api(float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")))
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def _child(request: dict, fds: list[int], worker_cwd: str) -> int:
     """In the forked child: become the client's process (stdio, cwd, environment, argv) and run its target."""
     os.setpgid(0, 0)  # its own group: the client's signals reach every process it starts
@@ -237,15 +249,10 @@ def _child(request: dict, fds: list[int], worker_cwd: str) -> int:
     if sys.path and sys.path[0] == worker_cwd:  # `python -m` puts the working directory first: the client's
         sys.path[0] = request["cwd"]
     env = {k: v for k, v in request["env"].items() if k != ENV_SOCKET}  # its own subprocesses start cold
-    wait = env.pop(ENV_WAIT_FOR_API, None)
     os.environ.clear()
     os.environ.update(env)
-    if wait:
-        try:
-            _wait_for_prefect_api(float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")))
-        except RuntimeError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+    if not api_ready():
+        return 1
     before = set(sys.modules)
     try:
         code = run_target(request["target"], request["argv"])
@@ -484,7 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) >= 2 and args[0] == "run":
         code = forward(args[1], args[2:])
-        return run_target(args[1], args[2:]) if code is None else code
+        if code is not None:
+            return code
+        return run_target(args[1], args[2:]) if api_ready() else 1
     if len(args) == 2 and args[0] == "serve":
         return serve(args[1])
     print(USAGE, file=sys.stderr)
