@@ -34,7 +34,7 @@ BIN = Path(sys.executable).parent
 
 
 def copy_project(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+    files = subprocess.run(["git", "ls-files", "-c"], cwd=ROOT, check=True,  # tracked only: not a run's tombstones
                            capture_output=True, text=True).stdout.split()
     for rel in files:
         src, to = ROOT / rel, dest / rel

@@ -609,6 +609,15 @@ def main(argv: list[str] | None = None) -> int:
         code = forward("flows.cli:main", sys.argv[1:])
         if code is not None:
             return code
+    try:
+        return _main(argv)
+    finally:  # `make run`'s session times every command (tasks/clock.py); nothing is written outside it
+        from tasks import clock
+
+        clock.write_record(clock.stage_label("flows.cli:main"))
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command not in NO_PARAMS:

@@ -50,6 +50,10 @@ def prefect_api():
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if PREFECT_API_URL.value():
+        from flows.warm import api_ready
+
+        if not api_ready():  # `make run`'s session: its server may still be starting (checked after the params)
+            raise SystemExit(1)
         yield PREFECT_API_URL.value()
         return
     from flows.session import start_temporary_server

@@ -247,6 +247,20 @@ def start_warm_worker(env: dict, folder: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "flows.warm", "serve", folder], env=env, preexec_fn=_die_with_parent)
 
 
+def params_problem(cmd: list[str], path: str = "params.yaml") -> str | None:
+    """For `dvc repro`: what is wrong with ./params.yaml (the stages' params), or None. Checked first, so a
+    typo answers in about a second instead of after the server's start and the stage's imports."""
+    if os.path.basename(cmd[0]) != "dvc" or "repro" not in cmd[1:] or not os.path.exists(path):
+        return None
+    from unlearning.config import ConfigError, load_params  # pydantic + yaml: ~0.4 s
+
+    try:
+        load_params(path)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def split_commands(args: list[str]) -> tuple[list[list[str]], bool]:
     """`[--cold] CMD ARGS [--then CMD ARGS ...]` -> the commands, and whether to use the warm worker."""
     warm = True
@@ -328,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         commands, warm = split_commands(list(sys.argv[1:] if argv is None else argv))
     except ValueError as e:
         print(f"error: {e}\n{USAGE}", file=sys.stderr)
+        return 2
+    problem = params_problem(commands[0])
+    if problem:  # before any server or worker starts: one line, exit 2 (README, Troubleshooting)
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     started = time.perf_counter()

@@ -193,7 +193,7 @@ def run_target(target: str, argv: list[str]) -> int:
     except SystemExit as e:
         code = e.code
     finally:  # flows.session's per-stage split: compute and tracking seconds (nothing unless it asked)
-        clock.write_record(os.environ.get("DVC_STAGE") or os.environ.get("UNLEARN_TIMING_LABEL") or target)
+        clock.write_record(clock.stage_label(target))
     if code is None:
         return 0
     if isinstance(code, int):
@@ -224,7 +224,8 @@ def _wait_for_prefect_api(timeout_s: float) -> None:
 
 def api_ready() -> bool:
     """With ENV_WAIT_FOR_API (the session's server may still be starting): wait for it, once; False (and one
-    `error:` line) when it never answers."""
+    `error:` line) when it never answers. Called by flows.common.prefect_api, after the params were checked:
+    a bad params key answers at once, not after the server's start."""
     if not os.environ.pop(ENV_WAIT_FOR_API, None):
         return True
     try:
@@ -251,8 +252,6 @@ def _child(request: dict, fds: list[int], worker_cwd: str) -> int:
     env = {k: v for k, v in request["env"].items() if k != ENV_SOCKET}  # its own subprocesses start cold
     os.environ.clear()
     os.environ.update(env)
-    if not api_ready():
-        return 1
     before = set(sys.modules)
     try:
         code = run_target(request["target"], request["argv"])
@@ -491,9 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) >= 2 and args[0] == "run":
         code = forward(args[1], args[2:])
-        if code is not None:
-            return code
-        return run_target(args[1], args[2:]) if api_ready() else 1
+        return run_target(args[1], args[2:]) if code is None else code
     if len(args) == 2 and args[0] == "serve":
         return serve(args[1])
     print(USAGE, file=sys.stderr)

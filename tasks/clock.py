@@ -113,6 +113,8 @@ def totals() -> dict[str, float]:
 
 
 def reset() -> None:
+    global _written_by
+    _written_by = None
     with _lock:
         for v in _intervals.values():
             v.clear()
@@ -125,11 +127,22 @@ def largest(n: int = 8) -> list[tuple[str, float]]:
         return sorted(((k, round(v, 3)) for k, v in _by_name.items()), key=lambda kv: -kv[1])[:n]
 
 
+_written_by: int | None = None  # the pid that wrote this process's record (a forked child writes its own)
+
+
+def stage_label(default: str) -> str:
+    """The row of the session's table this process belongs to: the DVC stage, or the session's command."""
+    return os.environ.get("DVC_STAGE") or os.environ.get("UNLEARN_TIMING_LABEL") or default
+
+
 def write_record(label: str) -> None:
-    """Append this process's totals to $UNLEARN_TIMINGS (one JSON line; nothing when it is not set)."""
+    """Append this process's totals to $UNLEARN_TIMINGS (one JSON line; nothing when it is not set), once per
+    process: the first entry point that ends writes it (`unlearn` inside a warm child, then the child's runner)."""
+    global _written_by
     path = os.environ.get(ENV_FILE)
-    if not path:
+    if not path or _written_by == os.getpid():
         return
+    _written_by = os.getpid()
     line = json.dumps({"label": label, **totals(), "largest": largest()}) + "\n"
     with open(path, "a", encoding="utf-8") as f:  # one short write per process: O_APPEND keeps lines whole
         f.write(line)

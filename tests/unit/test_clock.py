@@ -94,7 +94,17 @@ def test_the_record_is_one_json_line_appended_only_when_asked(tmp_path, monkeypa
     with clock.section("compute", "f"):
         time.sleep(0.01)
     clock.write_record("prepare")
-    clock.write_record("train")
+    clock.write_record("prepare")  # a second entry point of the same process (the CLI inside a warm child): skipped
     lines = [json.loads(s) for s in path.read_text().splitlines()]
-    assert [r["label"] for r in lines] == ["prepare", "train"] and lines[0]["compute_s"] > 0
+    assert [r["label"] for r in lines] == ["prepare"] and lines[0]["compute_s"] > 0
     assert lines[0]["largest"][0][0] == "compute:f"
+
+
+def test_the_label_is_the_dvc_stage_else_the_sessions_command(monkeypatch):
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.delenv("UNLEARN_TIMING_LABEL", raising=False)
+    assert clock.stage_label("flows.cli:main") == "flows.cli:main"
+    monkeypatch.setenv("UNLEARN_TIMING_LABEL", "unlearn erase")
+    assert clock.stage_label("flows.cli:main") == "unlearn erase"
+    monkeypatch.setenv("DVC_STAGE", "train")
+    assert clock.stage_label("flows.train") == "train"

@@ -99,3 +99,18 @@ def test_the_temporary_servers_docs_hint_is_dropped_and_other_prefect_records_ke
     assert f.filter(rec) and rec.getMessage() == "Starting temporary server on http://127.0.0.1:1"
     other = logging.LogRecord("prefect", logging.WARNING, "", 0, "See https://x for why", None, None)
     assert f.filter(other) and other.getMessage() == "See https://x for why"
+
+
+def test_a_bad_params_key_stops_dvc_repro_before_any_server_or_worker(tmp_path, monkeypatch, capsys):
+    from tests.helpers import ROOT
+
+    text = (ROOT / "params.yaml").read_text().replace("\n  epochs: ", "\n  epoch: ", 1)
+    (tmp_path / "params.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(session, "ServerProcess", lambda env: (_ for _ in ()).throw(AssertionError("no server")))
+    monkeypatch.setattr(session, "start_warm_worker", lambda env, folder: (_ for _ in ()).throw(AssertionError("no")))
+    assert session.main(["/x/bin/dvc", "repro", "deletion", "--then", "unlearn", "status"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: params.yaml: unknown key 'train.epoch'")
+    assert session.params_problem(["unlearn", "status"]) is None  # only `dvc repro` reads ./params.yaml for sure
