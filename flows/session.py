@@ -31,9 +31,8 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
-from flows.warm import ENV_SOCKET, ENV_WAIT_FOR_API
+from flows.warm import ENV_SOCKET, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers
 from tasks.clock import ENV_FILE as TIMINGS_FILE
 
 
@@ -41,25 +40,10 @@ STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
 SKIPPED_LINE = re.compile(r"^Stage '([^']+)' (?:didn't change, skipping|is cached - skipping)")
 
 
-def _libc_prctl():
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: the SIGTERM handler below still covers the usual cases
-        return None
-
-
-# Resolved here, not in the forked child: a child forked while another thread holds the import lock (the server
-# watcher below) would wait for it forever on `import ctypes`.
-_PRCTL = _libc_prctl()
-
-
 def _die_with_parent() -> None:
     """In the child, before exec: ask the kernel to SIGTERM it when its parent dies (even by SIGKILL)."""
     os.setpgrp()  # its own process group: the stages it starts are stopped with it (os.killpg)
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    die_with_parent()
 
 
 class NoServerDocsHint(logging.Filter):
@@ -221,15 +205,10 @@ class ServerProcess:
 
     def _watch(self) -> None:
         while self.proc.poll() is None:
-            try:
-                urllib.request.urlopen(self.api_url + "/health", timeout=2).close()
+            if prefect_api_answers(self.api_url):
                 self.up_after = time.perf_counter() - self.started
                 return
-            except Exception:
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        _terminate(self.proc)
+            time.sleep(0.1)
 
 
 def _terminate(proc: subprocess.Popen, timeout: float = 10) -> None:
@@ -369,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             since = time.perf_counter()
             rc, stages = run_timed(cmd, {**env, "UNLEARN_TIMING_LABEL": label})
             if stages:
-                if i == 0 and stages[0][0] != "start":  # before DVC's first stage line: DVC, server, imports
+                if i == 0:  # before DVC's first stage line: DVC, server, imports
                     first = sum(s for _, s in stages)
                     rows.append(("start (DVC, server, imports)", max(time.perf_counter() - started - first, 0.0)))
                 rows.extend(stages)
@@ -379,9 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                 break
         timings = read_timings(env[TIMINGS_FILE])
     finally:
-        for proc in (worker, server):
+        for proc in (worker, server.proc if server else None):
             if proc is not None:
-                proc.stop() if isinstance(proc, ServerProcess) else _terminate(proc)
+                _terminate(proc)
         shutil.rmtree(folder, ignore_errors=True)
     split = timing_split(rows, timings, time.perf_counter() - started, server.up_after if server else None)
     for line in timing_table(split):

@@ -41,6 +41,8 @@ import sys
 import threading
 import time
 import traceback
+import urllib.request  # here, not in the session's watcher thread (see _PRCTL)
+from typing import NoReturn
 
 from tasks import clock  # stdlib only
 
@@ -48,8 +50,8 @@ ENV_SOCKET = "UNLEARN_WARM_WORKER"
 ENV_WAIT_FOR_API = "UNLEARN_WAIT_FOR_API"  # set by flows.session while its temporary server may still be starting
 
 # What the workers import, in the order the stages need them. The first worker ("early") imports what prepare
-# and train need, answering requests between two imports (a stage that arrives early forks from what is
-# imported so far and imports the rest itself). When it is done it forks a successor ("full") that goes on
+# and train need, answering requests between two imports (a stage that arrives early waits until the plan is
+# imported up to its module, then forks). When it is done it forks a successor ("full") that goes on
 # with the deletion batch's packages (Great Expectations alone takes 4-7 s) while the first one stays free to
 # answer train at once. Targets not in EARLY_TARGETS go to the full worker.
 # The names come from `UNLEARN_WARM_DEBUG=<folder> make run`, which lists what each child still imported itself
@@ -79,6 +81,52 @@ STARTED = time.perf_counter()
 
 def _settings(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(SETTINGS_PREFIXES)}
+
+
+def _libc_prctl():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: SIGTERM handlers and the socket's EOF cover the usual cases
+        return None
+
+
+# Resolved at import, not in a forked child: a child forked while another thread holds the import lock (the
+# session's server watcher) would wait for it forever on `import ctypes`.
+_PRCTL = _libc_prctl()
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies (even by SIGKILL); Linux only. Safe to call
+    between fork and exec (no import, no lock)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream: nothing left to lose
+            pass
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    """Signal the process group a child leads (it calls setpgid), if it still exists."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def prefect_api_answers(api_url: str) -> bool:
+    """One `/health` request to a Prefect API (`.../api`): True when it answers."""
+    try:
+        urllib.request.urlopen(api_url.rstrip("/") + "/health", timeout=2).close()
+        return True
+    except Exception:
+        return False
 
 
 # ----------------------------------------------------------------------------------------------------- client
@@ -145,8 +193,7 @@ def forward(target: str, argv: list[str]) -> int | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+        _flush_stdio()
         _send_message(sock, {"target": target, "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
         answer, _ = _read_message(sock)
     except OSError as e:
@@ -160,10 +207,7 @@ def forward(target: str, argv: list[str]) -> int | None:
     child = int(answer["pid"])
 
     def relay(signum, _frame):  # Ctrl-C / SIGTERM of this client (DVC stopping a stage) reach the child's group
-        try:
-            os.killpg(child, signum)
-        except ProcessLookupError:
-            pass
+        _signal_group(child, signum)
 
     previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -206,20 +250,14 @@ def run_target(target: str, argv: list[str]) -> int:
 
 def _wait_for_prefect_api(timeout_s: float) -> None:
     """The session's temporary Prefect server starts beside this worker: a stage forked before it answers waits."""
-    import urllib.request
-
-    url = os.environ.get("PREFECT_API_URL", "").rstrip("/")
+    url = os.environ.get("PREFECT_API_URL", "")
     if not url:
         return
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).close()
-            return
-        except Exception as e:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the Prefect server at {url} did not answer within {timeout_s:.0f} s ({e})")
-            time.sleep(0.1)
+    while not prefect_api_answers(url):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Prefect server at {url} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 def api_ready() -> bool:
@@ -271,16 +309,6 @@ def _child(request: dict, fds: list[int], worker_cwd: str) -> int:
     return code
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (even by SIGKILL); Linux only."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-
-
 class Worker:
     """One warm worker: a listening socket, the imports still to do, and the children it forked."""
 
@@ -329,16 +357,12 @@ class Worker:
             for fd in fds:
                 os.close(fd)
             return None
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
         module = request["target"].split(":")[0]
         # Import what the target needs first (the plan up to its module; all of it for a module not in the plan):
         # a child forked earlier would import the rest itself while this worker imports it too, on the same cores.
-        while self.plan:
-            if self.plan[0] == module:
-                self._import_next()
-                break
-            self._import_next()
+        while self.plan and self._import_next() != module:
+            pass
+        _flush_stdio()
         if os.environ.get("UNLEARN_WARM_DEBUG"):
             print(f"warm worker ({self.level}, up {time.perf_counter() - STARTED:.1f} s): forking {request['target']}"
                   f"; still to import: {self.plan}", file=sys.stderr, flush=True)
@@ -373,39 +397,30 @@ class Worker:
                 pass
             conn.close()
 
-    def _stop_children(self) -> None:
-        for pid in self.children:
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
     def _client_gone(self, conn: socket.socket) -> None:
         """EOF from a client whose child still runs (the stage was killed): stop that child's group."""
         for pid, c in list(self.children.items()):
             if c is conn:
-                try:
-                    os.killpg(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                _signal_group(pid, signal.SIGTERM)
 
-    def _import_next(self) -> None:
+    def _import_next(self) -> str:
+        """Import the next module of the plan; returns its name."""
         name = self.plan.pop(0)
         try:
             importlib.import_module(name)
         except Exception as e:  # the child that needs it imports it again and reports the error in its stage
             print(f"warm worker: could not pre-import {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        return name
 
-    def _fork_successor(self) -> bool:
-        """The early worker is done importing: fork the full worker, which goes on importing. True in it."""
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+    def _fork_successor(self) -> None:
+        """The early worker is done importing: fork the full worker, which goes on importing (in the fork,
+        `self` becomes the full worker)."""
+        _flush_stdio()
         if os.fork() != 0:
-            return False
+            return
         die_with_parent()
         self._forget_parent_state()
         self.__init__(self.folder, "full", self.next_plan)
-        return True
 
     def serve(self) -> int:
         """The worker's loop; returns only in a forked child (its exit code)."""
@@ -429,7 +444,8 @@ class Worker:
     def close(self) -> None:
         if os.getpid() != self.owner:
             return
-        self._stop_children()
+        for pid in self.children:
+            _signal_group(pid, signal.SIGTERM)
         self.listener.close()
         try:
             os.unlink(self.path)
@@ -437,25 +453,17 @@ class Worker:
             pass
 
 
-def exit_fast(code: int) -> None:
+def exit_fast(code: int) -> NoReturn:
     """End a forked child as the interpreter would, minus its teardown: first threading's shutdown (waits for
     non-daemon threads and runs their exit hooks: Prefect drains its log and event services to the API there),
     then the atexit handlers, then `os._exit`. The teardown skipped (freeing every module and object) would
     write to every page shared with the worker and copy them all: 3.8 s per child on these machines."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
+    _flush_stdio()
     try:
         threading._shutdown()  # private, but it is exactly what Py_FinalizeEx calls first
     finally:
         atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        _flush_stdio()
         os._exit(code)
 
 
@@ -466,8 +474,9 @@ def _stop(signum, _frame):
 NICENESS = 3  # below the Prefect server and DVC, which start beside the worker and are on the critical path
 
 
-def serve(folder: str, early_plan: tuple[str, ...] = EARLY_PLAN, full_plan: tuple[str, ...] = FULL_PLAN) -> int:
-    """Run the early worker in `folder` (it creates early.sock, and its successor full.sock)."""
+def serve(folder: str, early_plan: tuple[str, ...] = EARLY_PLAN, full_plan: tuple[str, ...] = FULL_PLAN) -> NoReturn:
+    """Run the early worker in `folder` (it creates early.sock, and its successor full.sock). Never returns: the
+    worker ends by SIGTERM (SystemExit), a forked child by `exit_fast`."""
     signal.signal(signal.SIGTERM, _stop)
     try:
         os.nice(NICENESS)
@@ -479,7 +488,6 @@ def serve(folder: str, early_plan: tuple[str, ...] = EARLY_PLAN, full_plan: tupl
     finally:
         worker.close()
     exit_fast(code)  # only a forked child gets here
-    return code
 
 
 USAGE = """usage: python -m flows.warm run MODULE[:FUNCTION] [ARGS...]   run it in the warm worker (else here)
@@ -492,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         code = forward(args[1], args[2:])
         return run_target(args[1], args[2:]) if code is None else code
     if len(args) == 2 and args[0] == "serve":
-        return serve(args[1])
+        serve(args[1])
     print(USAGE, file=sys.stderr)
     return 2
 
