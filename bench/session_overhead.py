@@ -1,9 +1,10 @@
 """Benchmark: `make run`'s session, warm (one server, the warm worker) against cold (`--cold`: every stage and
 command in a process of its own, each stage with the session's server), on fresh copies of the project.
 
-Each run copies the project's git files to a temporary folder (its own PREFECT_HOME and MLflow store, both
-prepared as `make setup` does: Prefect migrated and stamped, the MLflow store created), then times
-`python -m flows.session [--cold] dvc repro deletion --then unlearn erase --then unlearn status` on the digits
+Each run copies the project's files (tests.helpers.copy_project) to a temporary folder (its own PREFECT_HOME
+and MLflow store, both prepared as `make setup` does: Prefect migrated and stamped, the MLflow store created),
+then times `python -m flows.session [--cold] dvc repro deletion --then unlearn erase --then unlearn status`
+on the digits
 default and its sample request file. The session's own split (compute: task bodies; tracking: MLflow calls
 and review figures; orchestration: the rest) is read from its report (UNLEARN_SESSION_REPORT). Warm and cold
 runs alternate (`--repeats` pairs; other processes share the 2 cores: the load average is recorded); the
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -31,19 +31,8 @@ from results_io import write_json  # noqa: E402  (bench/ is on sys.path when run
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def copy_project(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-c"], cwd=ROOT, check=True,  # tracked only: not a run's tombstones
-                           capture_output=True, text=True).stdout.split()
-    for rel in files:
-        src, to = ROOT / rel, dest / rel
-        to.parent.mkdir(parents=True, exist_ok=True)
-        if rel.startswith("requests/inbox/"):  # the committed sample, also after `make run` moved it here
-            to.write_bytes(subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=ROOT, check=True,
-                                          capture_output=True).stdout)
-        elif src.is_file() and not rel.startswith(("requests/processed/", "requests/rejected/")):
-            shutil.copy2(src, to)
+sys.path.insert(0, str(ROOT))
+from tests.helpers import copy_project  # noqa: E402  (the e2e tests' copy: the project's files + the sample request)
 
 
 def prepared_env(proj: Path) -> dict:

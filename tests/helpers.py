@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -25,6 +26,31 @@ def sample_requests() -> list:
         for f in sorted((ROOT / "requests" / folder).glob("*.csv")):
             found[f.name] = f
     return list(found.values())
+
+
+# What a run of the checkout writes without git ignoring it (README, "dvc.lock"; the tombstones are kept on
+# purpose): a copy must not inherit them, or the fresh project would start with the sample's ids erased.
+RUN_OUTPUTS = {"dvc.lock", "data/tombstones.txt"}
+
+
+def tracked_files() -> list[str]:
+    """The project's files: tracked ones and new ones not yet committed, without the outputs of a run here."""
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.split()
+    return [f for f in out if not f.startswith(".helpers/") and f not in RUN_OUTPUTS]
+
+
+def copy_project(dest: Path) -> None:
+    """A copy of the project's files in `dest` with the sample request file in its inbox (the e2e tests, and
+    bench/session_overhead.py)."""
+    for rel in tracked_files():
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    (dest / "requests" / "inbox").mkdir(parents=True, exist_ok=True)
+    for f in sample_requests():  # also after `make run` moved the tracked sample out of the inbox
+        shutil.copy2(f, dest / "requests" / "inbox" / f.name)
 
 
 def make_project(dest: Path, overrides: dict | None = None, inbox_files: bool = True) -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,32 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import FAST, ROOT, sample_requests
+from tests.helpers import FAST, copy_project  # noqa: F401  (copy_project: imported from here by other e2e tests)
 
 pytestmark = pytest.mark.slow
-
-
-# What a run of the checkout writes without git ignoring it (README, "dvc.lock"; the tombstones are kept on
-# purpose): a copy must not inherit them, or the fresh project would start with the sample's ids erased.
-RUN_OUTPUTS = {"dvc.lock", "data/tombstones.txt"}
-
-
-def tracked_files() -> list[str]:
-    """The project's files: tracked ones and new ones not yet committed, without the outputs of a run here."""
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.split()
-    return [f for f in out if not f.startswith(".helpers/") and f not in RUN_OUTPUTS]
-
-
-def copy_project(dest: Path) -> None:
-    for rel in tracked_files():
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    (dest / "requests" / "inbox").mkdir(parents=True, exist_ok=True)
-    for f in sample_requests():  # also after `make run` moved the tracked sample out of the inbox
-        shutil.copy2(f, dest / "requests" / "inbox" / f.name)
 
 
 def sh(cmd, cwd, env, timeout=900):
