@@ -48,6 +48,7 @@ from tasks import clock  # stdlib only
 
 ENV_SOCKET = "UNLEARN_WARM_WORKER"
 ENV_WAIT_FOR_API = "UNLEARN_WAIT_FOR_API"  # set by flows.session while its temporary server may still be starting
+ENV_TEMPORARY_SERVER = "UNLEARN_TEMPORARY_SERVER"  # flows.session's server's API URL: it ends with the session
 
 # What the workers import, in the order the stages need them. The first worker ("early") imports what prepare
 # and train need, answering requests between two imports (a stage that arrives early waits until the plan is
@@ -64,6 +65,10 @@ EARLY_PLAN = (
     "mlflow", "mlflow.pyfunc", "mlflow.store.tracking.sqlalchemy_store", "mlflow.store.model_registry.sqlalchemy_store",
     "mlflow.store.db.utils", "alembic.migration", "alembic.autogenerate", "mako.template", "mako.ext.pygmentplugin",
     "mlflow.tracing.export.mlflow_v3", "mlflow.pyfunc.scoring_server", "mlflow.models.display_utils", "sqlite3",
+    # `module:function` is called once imported: MLflow maps every installed distribution's files to its modules
+    # (about 1 s here) the first time a model is logged, to check its pip requirements; done here, each stage
+    # that logs a model (train, deletion) inherits the map.
+    "mlflow.utils.requirements_utils:_init_packages_to_modules_map",
     "flows.train",
 )
 FULL_PLAN = (
@@ -404,12 +409,16 @@ class Worker:
                 _signal_group(pid, signal.SIGTERM)
 
     def _import_next(self) -> str:
-        """Import the next module of the plan; returns its name."""
-        name = self.plan.pop(0)
+        """Import the next module of the plan (and call its function, for a `module:function` entry); returns
+        the module's name."""
+        entry = self.plan.pop(0)
+        name, _, function = entry.partition(":")
         try:
-            importlib.import_module(name)
-        except Exception as e:  # the child that needs it imports it again and reports the error in its stage
-            print(f"warm worker: could not pre-import {name}: {type(e).__name__}: {e}", file=sys.stderr)
+            module = importlib.import_module(name)
+            if function:
+                getattr(module, function)()
+        except Exception as e:  # the child that needs it does it again and reports the error in its stage
+            print(f"warm worker: could not pre-import {entry}: {type(e).__name__}: {e}", file=sys.stderr)
         return name
 
     def _fork_successor(self) -> None:

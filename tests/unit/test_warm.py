@@ -12,6 +12,15 @@ import pytest
 
 from flows import warm
 
+# A plan's `module:function` entry: the worker calls it once imported, and its children inherit the result.
+PROBE = textwrap.dedent("""
+    import os
+
+    PRIMED_BY = []
+
+    def prime():
+        PRIMED_BY.append(os.getpid())
+""")
 TARGET = textwrap.dedent("""
     import atexit, json, os, sys
 
@@ -21,7 +30,8 @@ TARGET = textwrap.dedent("""
         print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[1:], "stdin": line,
                           "cwd": os.getcwd(), "mark": os.environ.get("MARK"),
                           "worker_env": os.environ.get("UNLEARN_WARM_WORKER"),
-                          "json_preloaded": "json" in sys.modules}))
+                          "json_preloaded": "json" in sys.modules,
+                          "primed_by": __import__("warm_probe").PRIMED_BY}))
         print("to stderr", file=sys.stderr)
         if sys.argv[1:] == ["fail"]:
             raise SystemExit("error: it failed")
@@ -35,12 +45,15 @@ TARGET = textwrap.dedent("""
 
 @pytest.fixture
 def worker(tmp_path):
-    """A worker whose plans import only `json` and `csv`; its folder, process and the client's environment."""
+    """A worker whose plans import only `json`, the probe (calling its `prime`, then a function it lacks, which
+    the worker reports and skips) and `csv`; its folder, process and the client's environment."""
     folder = tmp_path / "w"
     folder.mkdir()
     (tmp_path / "target_mod.py").write_text(TARGET)
+    (tmp_path / "warm_probe.py").write_text(PROBE)
     proc = subprocess.Popen([sys.executable, "-c", f"from flows.warm import serve; serve({str(folder)!r}, "
-                             f"early_plan=('json',), full_plan=('csv',))"], cwd=tmp_path)
+                             f"early_plan=('json', 'warm_probe:prime', 'warm_probe:absent'), full_plan=('csv',))"],
+                            cwd=tmp_path)
     deadline = time.monotonic() + 60
     while not (folder / "full.sock").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the worker did not start"
@@ -70,6 +83,7 @@ def test_a_child_of_the_worker_runs_the_target_with_the_clients_argv_stdio_cwd_e
     assert os.path.samefile(out["cwd"], tmp_path)
     assert out["worker_env"] is None  # its own subprocesses start cold: no recursion into the worker
     assert out["json_preloaded"]
+    assert out["primed_by"] == [proc.pid]  # called once, in the early worker, before the plan went on
     assert (tmp_path / "atexit").read_text() == "ran"  # the fast exit still runs atexit handlers
     assert "running target_mod in this process" not in res.stderr
 
@@ -92,8 +106,10 @@ def test_without_a_worker_the_target_runs_in_process_and_an_unreachable_one_is_r
     (tmp_path / "target_mod.py").write_text(TARGET)
     env = {**os.environ, "ATEXIT_FILE": str(tmp_path / "atexit")}
     env.pop("UNLEARN_WARM_WORKER", None)
+    (tmp_path / "warm_probe.py").write_text(PROBE)
     res = client([], tmp_path, env)
     assert res.returncode == 7 and "warm worker" not in res.stderr
+    assert json.loads(res.stdout.splitlines()[0])["primed_by"] == []
     empty = tmp_path / "empty"
     empty.mkdir()
     res = client([], tmp_path, {**env, "UNLEARN_WARM_WORKER": str(empty)})
