@@ -46,15 +46,27 @@ def prefect_api():
     """The Prefect API for the flows of this process: `PREFECT_API_URL` when one is set (a real server, or
     `make run`'s shared one); otherwise a temporary server that dies with this process. Prefect's own
     temporary server outlives a `kill -9` of the process that started it; this one gets the parent-death
-    signal (flows/session.py), so a killed batch leaves no server behind."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    signal (flows/session.py), so a killed batch leaves no server behind.
 
-    if PREFECT_API_URL.value():
+    Against a temporary server (this process's, or the one `make run`'s session started) the flows send no
+    heartbeats: a heartbeat only serves an automation that marks a silent run crashed, on a server that
+    outlives the run; here the server stops with the session. Prefect's heartbeat thread sleeps in 1 s steps
+    and each flow waits for it at its end (0.5 s a flow on average). Runs on a started server keep them."""
+    import os
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.warm import ENV_TEMPORARY_SERVER
+
+    no_heartbeats = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    url = PREFECT_API_URL.value()
+    if url:
         from flows.warm import api_ready
 
         if not api_ready():  # `make run`'s session: its server may still be starting (checked after the params)
             raise SystemExit(1)
-        yield PREFECT_API_URL.value()
+        with temporary_settings(updates=no_heartbeats if os.environ.get(ENV_TEMPORARY_SERVER) == url else {}):
+            yield url
         return
     from flows.session import start_temporary_server
 
@@ -62,7 +74,7 @@ def prefect_api():
     # this server (threading's exit hooks), then the atexit hook Prefect registered stops it. Stopping it here
     # would leave those services retrying against a closed port.
     server = start_temporary_server()
-    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url, **no_heartbeats}):
         yield server.api_url
 
 

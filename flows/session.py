@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from flows.warm import ENV_SOCKET, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers
+from flows.warm import ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers
 from tasks.clock import ENV_FILE as TIMINGS_FILE
 
 
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not env.get("PREFECT_API_URL"):
             server = ServerProcess(env)
-            env.update({"PREFECT_API_URL": server.api_url, ENV_WAIT_FOR_API: "1"})
+            env.update({"PREFECT_API_URL": server.api_url, ENV_WAIT_FOR_API: "1", ENV_TEMPORARY_SERVER: server.api_url})
             print(f"one temporary Prefect server for every stage: {server.api_url} (starting beside the warm worker)",
                   flush=True)
         if warm:

@@ -114,3 +114,26 @@ def test_a_bad_params_key_stops_dvc_repro_before_any_server_or_worker(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: params.yaml: unknown key 'train.epoch'")
     assert session.params_problem(["unlearn", "status"]) is None  # only `dvc repro` reads ./params.yaml for sure
+
+
+@pytest.mark.parametrize("marker, expected", [("http://127.0.0.1:9/api", None), ("http://127.0.0.1:8/api", 180),
+                                              (None, 180)])
+def test_flows_send_heartbeats_only_to_a_server_that_outlives_the_session(monkeypatch, marker, expected):
+    """flows.common.prefect_api: the session's temporary server (its URL in UNLEARN_TEMPORARY_SERVER) gets no
+    heartbeats, any other server keeps Prefect's default (180 s). Nothing is contacted: no ENV_WAIT_FOR_API."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    from flows.common import prefect_api
+    from flows.warm import ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API
+
+    monkeypatch.delenv(ENV_WAIT_FOR_API, raising=False)
+    monkeypatch.delenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", raising=False)
+    if marker is None:
+        monkeypatch.delenv(ENV_TEMPORARY_SERVER, raising=False)
+    else:
+        monkeypatch.setenv(ENV_TEMPORARY_SERVER, marker)
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        with prefect_api() as url:
+            assert url == "http://127.0.0.1:9/api"
+            assert get_current_settings().flows.heartbeat_frequency == expected
+        assert get_current_settings().flows.heartbeat_frequency == 180
