@@ -12,6 +12,12 @@ table shows the median of each mode, and the ratio cold / warm of the wall time.
 
 Targets (issue 13): warm wall time <= 45 s on a quiet 2-core machine; overhead (tracking + orchestration)
 <= 25 % of it.
+
+The floor: with compute C, overhead O <= 25 % of C + O means O <= C / 3. The bench also times, alone on the
+machine, the two costs that sit on the critical path before any stage's first task can start: the temporary
+Prefect server's start (no flow run exists before it answers) and the import of what the first stage needs
+(the warm worker's EARLY_PLAN, in a fresh interpreter). Each, against C / 3, says whether the 25 % target is
+reachable at this compute without a server and a worker that outlive `make run`.
 Usage: python bench/session_overhead.py [--repeats 1] [--out bench/results/session_overhead.json]
 """
 
@@ -36,7 +42,8 @@ from tests.helpers import copy_project  # noqa: E402  (the e2e tests' copy: the 
 
 
 def prepared_env(proj: Path) -> dict:
-    env = {**os.environ, "PREFECT_HOME": str(proj / ".prefect"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PREFECT_HOME": str(proj / ".prefect"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # as the Makefile sets them
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "UNLEARN_WARM_WORKER", "UNLEARN_TIMINGS"):
         env.pop(key, None)
     subprocess.run(["git", "init", "-q"], cwd=proj, check=True)
@@ -70,6 +77,43 @@ def one_run(warm: bool) -> dict:
         return {"mode": "warm" if warm else "cold", "command_wall_s": round(wall, 2), "load_avg_1m": load, **out}
 
 
+def server_start_s(proj: Path, env: dict) -> float:
+    """Seconds until the session's temporary server (flows.session.ServerProcess) answers, nothing beside it."""
+    from flows.session import ServerProcess, _terminate
+
+    server = ServerProcess(env)
+    try:
+        while server.up_after is None:
+            if server.proc.poll() is not None:
+                raise SystemExit(f"the Prefect server exited with {server.proc.returncode}")
+            time.sleep(0.05)
+        return round(server.up_after, 2)
+    finally:
+        _terminate(server.proc)
+
+
+def first_stage_imports_s(proj: Path, env: dict) -> float:
+    """Seconds a fresh interpreter takes to import the warm worker's EARLY_PLAN (what prepare and train need)."""
+    code = ("import importlib, time; t = time.perf_counter(); from flows.warm import EARLY_PLAN\n"
+            "for m in EARLY_PLAN: importlib.import_module(m.partition(':')[0])\n"
+            "print(time.perf_counter() - t)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=proj, env=env, check=True, capture_output=True, text=True)
+    return round(float(res.stdout.strip().splitlines()[-1]), 2)
+
+
+def floor(repeats: int) -> dict:
+    """The critical-path costs before a first task can start, each measured alone (medians of `repeats`)."""
+    with tempfile.TemporaryDirectory(prefix="session-bench-floor-") as tmp:
+        proj = Path(tmp) / "proj"
+        copy_project(proj)
+        env = prepared_env(proj)
+        server = [server_start_s(proj, env) for _ in range(repeats)]
+        imports = [first_stage_imports_s(proj, env) for _ in range(repeats)]
+    return {"server_start_alone_s": round(statistics.median(server), 2),
+            "first_stage_imports_alone_s": round(statistics.median(imports), 2),
+            "server_start_runs_s": server, "first_stage_imports_runs_s": imports}
+
+
 def median_of(runs: list[dict], key: str) -> float:
     return round(statistics.median(r[key] for r in runs), 2)
 
@@ -99,8 +143,15 @@ def main() -> None:
     print(f"cold / warm wall time: {ratio:.2f}x; warm target <= 45 s: "
           f"{'met' if summary['warm']['total_s'] <= 45 else 'NOT met'}; overhead target <= 25 %: "
           f"{'met' if summary['warm']['overhead_share'] <= 0.25 else 'NOT met'}")
+    costs = floor(max(a.repeats, 3))
+    allowed = summary["warm"]["compute_s"] / 3
+    costs["overhead_allowed_by_25pct_s"] = round(allowed, 2)
+    print(f"\nthe floor (each alone, median of {len(costs['server_start_runs_s'])}): the temporary Prefect server "
+          f"answers after {costs['server_start_alone_s']:.1f} s; the first stage's imports take "
+          f"{costs['first_stage_imports_alone_s']:.1f} s.\nthe 25 % target allows compute / 3 = {allowed:.1f} s of "
+          f"overhead in all: the server's start alone is {costs['server_start_alone_s'] / allowed:.1f}x that.")
     write_json(a.out, {"what": "make run's session, warm vs cold", "cpu_count": os.cpu_count(),
-                       "summary": summary, "cold_over_warm": round(ratio, 2), "runs": runs})
+                       "summary": summary, "cold_over_warm": round(ratio, 2), "floor": costs, "runs": runs})
 
 
 if __name__ == "__main__":
