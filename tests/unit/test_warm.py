@@ -36,7 +36,9 @@ TARGET = textwrap.dedent("""
         if sys.argv[1:] == ["fail"]:
             raise SystemExit("error: it failed")
         if sys.argv[1:] == ["sleep"]:
-            open(os.environ["PID_FILE"], "w").write(str(os.getpid()))
+            with open(os.environ["PID_FILE"] + ".tmp", "w") as f:  # then renamed: the test never reads it half-written
+                f.write(str(os.getpid()))
+            os.replace(os.environ["PID_FILE"] + ".tmp", os.environ["PID_FILE"])
             import time
             time.sleep(60)
         return 7
