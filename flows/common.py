@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from contextlib import contextmanager
 
@@ -52,17 +53,13 @@ def prefect_api():
     heartbeats: a heartbeat only serves an automation that marks a silent run crashed, on a server that
     outlives the run; here the server stops with the session. Prefect's heartbeat thread sleeps in 1 s steps
     and each flow waits for it at its end (0.5 s a flow on average). Runs on a started server keep them."""
-    import os
-
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.warm import ENV_TEMPORARY_SERVER
+    from flows.warm import ENV_TEMPORARY_SERVER, api_ready
 
     no_heartbeats = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     url = PREFECT_API_URL.value()
     if url:
-        from flows.warm import api_ready
-
         if not api_ready():  # `make run`'s session: its server may still be starting (checked after the params)
             raise SystemExit(1)
         with temporary_settings(updates=no_heartbeats if os.environ.get(ENV_TEMPORARY_SERVER) == url else {}):
