@@ -19,6 +19,7 @@ from flows.common import (
     base_parser, device_of, params_or_exit, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path,
 )
 from tasks import stages as S
+from tasks.clock import computes
 from tasks.dvc_metrics import write_deletion_metrics
 from tasks.lineage import commit_lineage
 from tasks.reporting import run_logger
@@ -49,9 +50,11 @@ def run_name(path: Path, when: datetime | None = None) -> str:
     return f"{path.stem} @ {when.strftime('%Y-%m-%d %H:%M')} UTC"
 
 
+@computes  # validating the batch is the pipeline's first step (tasks/clock.py: Great Expectations' validation)
 def check_file(path: Path, params: Params, state) -> "FileCheck":
     """The one validation path (`unlearn validate` calls the same check_file_for): ledger, structure,
-    manifest (the persisted GX suite, with Data Docs), objective, time."""
+    manifest (the persisted GX suite, with Data Docs), objective, time. Not a task of its own: its verdict
+    decides whether a batch (and its MLflow run) opens at all; `stages.validate` logs it to the batch's run."""
     from tasks.request_check import LiveState, check_file_for
 
     return check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info["name"]))
