@@ -206,6 +206,130 @@ def _out_of_budget(evals_after: torch.Tensor, max_grad_evals: int, frozen: torch
     return bool(frozen.all())
 
 
+@dataclass
+class _Run:
+    """What the phases of one `run_phases` call share: the model being unlearned (a clone) and its parameters,
+    the per-member budget (`evals` spent so far [N], `out_of_budget` [N]: stopped for good), the optimizers
+    phases share by `share_key`, the keeper of frozen members' buffers, and the progress bar."""
+
+    ctx: UnlearnContext
+    model: Ensemble
+    method: str
+    max_grad_evals: int | None
+    bar: object
+    params: list = field(init=False)
+    evals: torch.Tensor = field(init=False)
+    out_of_budget: torch.Tensor = field(init=False)
+    optimizers: dict[str, MemberOptimizer] = field(default_factory=dict)
+    kept: FrozenBuffers = field(init=False)
+    batchnorm: bool = field(init=False)
+
+    def __post_init__(self):
+        self.params = list(self.model.parameters())
+        n = self.model.n_models
+        self.evals = torch.zeros(n, dtype=torch.long)
+        self.out_of_budget = torch.zeros(n, dtype=torch.bool)
+        self.kept = FrozenBuffers(self.model)
+        self.batchnorm = has_batchnorm(self.model)  # no one-row train-mode batches (a short last batch joins)
+
+    def remaining(self) -> int | None:
+        """Gradient evaluations the most-spent live member has left (None: no budget; 0: none left)."""
+        if self.max_grad_evals is None:
+            return None
+        live = self.evals[~self.out_of_budget]
+        return 0 if len(live) == 0 else int(self.max_grad_evals - live.max())
+
+
+def _check_phase(phase: Phase, max_grad_evals: int | None) -> dict:
+    """The phase's terms by name ("retain", "forget"); ValueError for a phase that could never stop or whose
+    primary term is missing."""
+    stop = phase.stop
+    if stop.epochs is None and stop.max_steps is None and max_grad_evals is None:
+        raise ValueError(f"phase {phase.name!r} has no finite stop rule (epochs, max_steps or a budget)")
+    terms = {k: t for k, t in (("retain", phase.retain), ("forget", phase.forget)) if t is not None}
+    if phase.primary not in terms:
+        raise ValueError(f"phase {phase.name!r}: primary term {phase.primary!r} is not one of {list(terms)}")
+    return terms
+
+
+def _take_step(run: _Run, phase: Phase, terms: dict, losses: dict, opt: MemberOptimizer, batch: dict,
+               buf: Vec | None, active: torch.Tensor, cost: int) -> Vec | None:
+    """One optimizer step of the active members [N] bool on `batch` (term -> row indices [N, b]); the frozen
+    members' parameters and buffers stay exactly as they were. Returns the momentum buffer."""
+    saved = run.kept.snapshot()
+    direction, reduced, buf = _step_direction(run.ctx, run.model, run.params, phase, terms, losses, batch, buf,
+                                              active)
+    update = opt.update(direction, active)
+    if phase.param_mask is not None:  # exact zero outside the mask, whatever the optimizer does
+        update = [u * m for u, m in zip(update, phase.param_mask)]
+    with torch.no_grad():
+        for p, u in zip(run.params, update):
+            p.sub_(u)
+    run.kept.restore(saved, ~active)
+    run.evals[active] += cost
+    phase.weighting.after_step({k: v.detach() for k, v in reduced.items()}, active)
+    return buf
+
+
+def _run_phase(run: _Run, phase: Phase, several: bool) -> dict:
+    """Run one phase on `run.model`; returns its record {"name", "steps", "stop": a reason per member}."""
+    ctx, stop, n = run.ctx, phase.stop, run.model.n_models
+    terms = _check_phase(phase, run.max_grad_evals)
+    p_info = {"name": phase.name, "steps": 0, "stop": ["epochs" if stop.epochs is not None else "max_steps"] * n}
+
+    # Geometry and projection are set up at the phase's starting point (charged to the budget).
+    rem = run.remaining()
+    if rem is not None and rem <= 0:
+        return {**p_info, "stop": ["budget"] * n}
+    saved = run.kept.snapshot()
+    prep = phase.geometry.prepare(run.model, ctx, rem) + phase.projection.start(run.model, ctx)
+    run.kept.restore(saved, run.out_of_budget)
+    run.evals[~run.out_of_budget] += prep
+
+    streams = {k: PoolStream(pool_rows(ctx, t.pool), t.batch_size,
+                             member_generators(ctx.seed, run.model.seeds, run.method, phase.name, k), run.batchnorm)
+               for k, t in terms.items()}
+    losses = {k: (t.loss or default_loss(ctx)) for k, t in terms.items()}
+    opt = _phase_optimizer(phase, run.optimizers, n)
+    frozen = run.out_of_budget.clone()  # [N]: members that take no more steps in this phase
+    buf: Vec | None = None
+
+    def check_target() -> None:
+        if stop.target_forget_acc is None:
+            return
+        hit = (forget_accuracy(run.model, ctx) <= stop.target_forget_acc) & ~frozen
+        for k in torch.nonzero(hit).flatten().tolist():
+            p_info["stop"][k] = "target"
+        frozen.logical_or_(hit)
+
+    check_target()
+    primary = streams[phase.primary]
+    if several:
+        run.bar.stage(phase.name)
+    epoch, done = 0, False
+    while not done and (stop.epochs is None or epoch < stop.epochs) and len(primary) > 0:
+        epoch += 1
+        for idx_primary in primary.epoch():
+            if (stop.max_steps is not None and p_info["steps"] >= stop.max_steps) or bool(frozen.all()):
+                done = True
+                break
+            batch = {k: idx_primary if k == phase.primary else streams[k].next()
+                     for k in terms if len(streams[k]) > 0}
+            cost = sum(int(i.shape[1]) for i in batch.values()) + phase.projection.evals_per_step()
+            if run.max_grad_evals is not None and _out_of_budget(run.evals + cost, run.max_grad_evals, frozen,
+                                                                 run.out_of_budget, p_info["stop"]):
+                done = True
+                break
+            buf = _take_step(run, phase, terms, losses, opt, batch, buf, ~frozen, cost)
+            p_info["steps"] += 1
+            run.bar.update()
+            if stop.target_forget_acc is not None and p_info["steps"] % stop.check_every == 0:
+                check_target()
+    if stop.max_steps is not None and p_info["steps"] >= stop.max_steps:
+        p_info["stop"] = ["max_steps" if s in ("epochs", "max_steps") else s for s in p_info["stop"]]
+    return p_info
+
+
 def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int | None = None,
                method: str = "") -> UnlearnResult:
     """Run the phases on a clone of ctx.model. `max_grad_evals` is a PER-MEMBER budget of per-sample
@@ -216,105 +340,20 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
-    params = list(model.parameters())
-    n = model.n_models
-    evals = torch.zeros(n, dtype=torch.long)  # per member
-    out_of_budget = torch.zeros(n, dtype=torch.bool)
-    optimizers: dict[str, MemberOptimizer] = {}
-    kept = FrozenBuffers(model)
-    batchnorm = has_batchnorm(model)  # no one-row train-mode batches (a last short batch joins the one before)
     info: dict = {"phases": []}
-    steps = 0
-
-    def remaining() -> int | None:
-        if max_grad_evals is None:
-            return None
-        live = evals[~out_of_budget]
-        return 0 if len(live) == 0 else int(max_grad_evals - live.max())
-
+    batchnorm = has_batchnorm(model)
     total = sum(_phase_bound(ctx, ph, batchnorm, max_grad_evals) for ph in phases)
     with method_progress(ctx, method or "unlearn", total) as bar:
+        run = _Run(ctx, model, method, max_grad_evals, bar)
         for phase in phases:
-            stop = phase.stop
-            if stop.epochs is None and stop.max_steps is None and max_grad_evals is None:
-                raise ValueError(f"phase {phase.name!r} has no finite stop rule (epochs, max_steps or a budget)")
-            terms = {k: t for k, t in (("retain", phase.retain), ("forget", phase.forget)) if t is not None}
-            if phase.primary not in terms:
-                raise ValueError(f"phase {phase.name!r}: primary term {phase.primary!r} is not one of {list(terms)}")
-            p_info = {"name": phase.name, "steps": 0, "stop": ["epochs" if stop.epochs is not None else "max_steps"] * n}
-
-            # Geometry and projection are set up at the phase's starting point (charged to the budget).
-            rem = remaining()
-            if rem is not None and rem <= 0:
-                info["phases"].append({**p_info, "stop": ["budget"] * n})
-                continue
-            saved = kept.snapshot()
-            prep = phase.geometry.prepare(model, ctx, rem) + phase.projection.start(model, ctx)
-            kept.restore(saved, out_of_budget)
-            evals[~out_of_budget] += prep
-
-            streams = {k: PoolStream(pool_rows(ctx, t.pool), t.batch_size,
-                                     member_generators(ctx.seed, model.seeds, method, phase.name, k), batchnorm)
-                       for k, t in terms.items()}
-            losses = {k: (t.loss or default_loss(ctx)) for k, t in terms.items()}
-            opt = _phase_optimizer(phase, optimizers, n)
-            frozen = out_of_budget.clone()
-            buf: Vec | None = None
-
-            def check_target() -> None:
-                if stop.target_forget_acc is None:
-                    return
-                hit = (forget_accuracy(model, ctx) <= stop.target_forget_acc) & ~frozen
-                for k in torch.nonzero(hit).flatten().tolist():
-                    p_info["stop"][k] = "target"
-                frozen.logical_or_(hit)
-
-            check_target()
-            primary = streams[phase.primary]
-            if len(phases) > 1:
-                bar.stage(phase.name)
-            epoch, done = 0, False
-            while not done and (stop.epochs is None or epoch < stop.epochs) and len(primary) > 0:
-                epoch += 1
-                for idx_primary in primary.epoch():
-                    if (stop.max_steps is not None and p_info["steps"] >= stop.max_steps) or bool(frozen.all()):
-                        done = True
-                        break
-                    batch = {k: idx_primary if k == phase.primary else streams[k].next()
-                             for k in terms if len(streams[k]) > 0}
-                    cost = sum(int(i.shape[1]) for i in batch.values()) + phase.projection.evals_per_step()
-                    if max_grad_evals is not None and _out_of_budget(evals + cost, max_grad_evals, frozen,
-                                                                     out_of_budget, p_info["stop"]):
-                        done = True
-                        break
-                    active = ~frozen
-                    saved = kept.snapshot()
-
-                    direction, reduced, buf = _step_direction(ctx, model, params, phase, terms, losses, batch, buf,
-                                                              active)
-                    update = opt.update(direction, active)
-                    if phase.param_mask is not None:  # exact zero outside the mask, whatever the optimizer does
-                        update = [u * m for u, m in zip(update, phase.param_mask)]
-                    with torch.no_grad():
-                        for p, u in zip(params, update):
-                            p.sub_(u)
-                    kept.restore(saved, ~active)
-                    evals[active] += cost
-                    phase.weighting.after_step({k: v.detach() for k, v in reduced.items()}, active)
-                    steps += 1
-                    p_info["steps"] += 1
-                    bar.update()
-                    if stop.target_forget_acc is not None and p_info["steps"] % stop.check_every == 0:
-                        check_target()
-            if stop.max_steps is not None and p_info["steps"] >= stop.max_steps:
-                p_info["stop"] = ["max_steps" if s in ("epochs", "max_steps") else s for s in p_info["stop"]]
-            info["phases"].append(p_info)
+            info["phases"].append(_run_phase(run, phase, several=len(phases) > 1))
+        steps = sum(ph["steps"] for ph in info["phases"])
         if steps < total:  # the bar says why the method ended before its bound
             reasons = [r for ph in info["phases"] for r in ph["stop"] if r in ("target", "budget")]
             if reasons:
                 bar.stop(max(sorted(set(reasons)), key=reasons.count))
 
     model.eval()
-    info["gradient_evals_per_member"] = evals.tolist()
-    cost = MethodCost(gradient_evals=int(evals.sum()), steps=steps, seconds=time.perf_counter() - start)
+    info["gradient_evals_per_member"] = run.evals.tolist()
+    cost = MethodCost(gradient_evals=int(run.evals.sum()), steps=steps, seconds=time.perf_counter() - start)
     return UnlearnResult(model=model, cost=cost, info=info)
