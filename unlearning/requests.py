@@ -81,19 +81,65 @@ def read_request_file(path: str | Path) -> pd.DataFrame:
     if suffix not in REQUEST_SUFFIXES:
         raise RequestValidationError(path, [f"file type '{path.suffix}' is not supported; use .csv or .parquet"])
     type_problems: list[str] = []
+    if suffix == ".csv":
+        widths = field_count_problems(path)
+        if widths:  # the columns of those rows cannot be told apart: nothing more is checked
+            raise RequestValidationError(path, widths)
     try:
         if suffix == ".csv":
-            df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
+            # index_col=False: a row with one field too many must never turn its first field into the index
+            df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], index_col=False)
         else:
             raw = pd.read_parquet(path)
             type_problems = _parquet_type_problems(raw)
             df = raw.map(lambda v: v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v)
             df = df.astype("string").astype(object)
+    except pd.errors.EmptyDataError:
+        raise RequestValidationError(path, [f"the file is empty; a request file has the header "
+                                            f"{','.join(REQUIRED_COLUMNS)} and one row per request"]) from None
+    except UnicodeDecodeError as e:
+        raise RequestValidationError(path, [f"cannot read file: it is not UTF-8 text ({e.reason} at byte {e.start}); "
+                                            f"save it as UTF-8 (CSV UTF-8 in a spreadsheet)"]) from None
     except Exception as e:  # unreadable file: report it like any other problem
         raise RequestValidationError(path, [f"cannot read file: {str(e).splitlines()[0] if str(e) else type(e).__name__}"]) from None
     df = df.where(df.notna(), None)
     df.attrs["type_problems"] = type_problems
     return df
+
+
+MAX_ROWS_NAMED = 10
+
+
+def field_count_problems(path: str | Path) -> list[str]:
+    """Data rows whose number of fields differs from the header's, one line per field count. pandas would read
+    them silently: a row with one field too many shifts every value one column left (its first field becomes
+    the row index), a short row gets empty trailing values. Blank lines are skipped, as pandas skips them, so
+    row numbers match the other problems'. A file that is not UTF-8 CSV is left to the reader's own error."""
+    import csv
+
+    bad: dict[int, list[int]] = {}
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if not header:
+                return []
+            row = 0
+            for fields in reader:
+                if not fields:
+                    continue
+                row += 1
+                if len(fields) != len(header):
+                    bad.setdefault(len(fields), []).append(row)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+    problems = []
+    for width, rows in sorted(bad.items()):
+        more = f" and {len(rows) - MAX_ROWS_NAMED} more" if len(rows) > MAX_ROWS_NAMED else ""
+        problems.append(f"{rows_text(rows[:MAX_ROWS_NAMED])}{more}: {width} field(s), but the header has "
+                        f"{len(header)} ({', '.join(header)}); quote a value that holds a comma (\"a,b\") and "
+                        f"give every row one value per column (an empty value is written as nothing between commas)")
+    return problems
 
 
 def rows_text(rows: list[int]) -> str:
@@ -157,8 +203,6 @@ UNIQUE_FIX = {"request_id": "give each request its own request_id",
 def structural_problems(df: pd.DataFrame) -> list[str]:
     """Every schema failure of a request frame, one readable line each (a defect once, as its cause)."""
     problems = list(df.attrs.get("type_problems", []))
-    if len(df) == 0:
-        problems.append("the batch is empty: a request file needs at least one row")
     df, header = _header_problems(df)
     problems += header
     if df is None:
@@ -166,7 +210,9 @@ def structural_problems(df: pd.DataFrame) -> list[str]:
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         problems.append(f"missing column(s) {missing}; required columns: {list(REQUIRED_COLUMNS)}")
-    if len(df) == 0:
+    if len(df) == 0:  # a header without rows; not said again for a file whose header is the defect (not CSV)
+        if not missing:
+            problems.append("the batch is empty: a request file needs at least one row")
         return problems
     df, repeated = _repeated_requests(df)
     problems += repeated

@@ -66,7 +66,18 @@ SOON = (datetime.now(timezone.utc) + timedelta(seconds=60)).isoformat()
 # (case id, file name, writer, expected status, substrings every one of which must be in the problems, ledger kind)
 # Every invalid file has exactly one problem line per problem: LINES names the files with more than one.
 CASES = [
-    ("empty-file", "a.csv", csv(""), "invalid", ["cannot read file"], None),
+    ("empty-file", "a.csv", csv(""), "invalid", ["the file is empty", H], None),
+    ("not-csv-one-line", "a.csv", csv('{"sample_id": "digits-0001"}'), "invalid", ["missing column"], None),
+    # a row with a field too many: pandas would shift it one column left (its first field as the index)
+    ("extra-leading-field", "a.csv", csv(H + "\nr1,r1,digits-0001,2026-11-30T08:00:00Z,gdpr\n"), "invalid",
+     ["row 1: 5 field(s), but the header has 4", "quote a value that holds a comma"], None),
+    ("extra-trailing-field", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30,gdpr\n\nr2,digits-0002,2026-11-30,a,b\n"),
+     "invalid", ["row 2: 5 field(s)"], None),
+    ("short-rows", "a.csv", csv(H + "\nr1,digits-0001\nr2,digits-0002\nr3,digits-0003,2026-11-30,gdpr\n"),
+     "invalid", ["rows 1, 2: 2 field(s), but the header has 4"], None),
+    ("quoted-comma-is-one-field", "a.csv", csv(H + '\nr1,digits-0001,2026-11-30,"gdpr, art. 17"\n'), "ok", [], None),
+    ("utf16", "a.csv", lambda p: p.write_bytes((H + "\nr1,digits-0001,2026-11-30,gdpr\n").encode("utf-16")),
+     "invalid", ["not UTF-8 text", "save it as UTF-8"], None),
     ("header-only", "a.csv", csv(H + "\n"), "invalid", ["empty"], None),
     ("missing-reason", "a.csv", csv("request_id,sample_id,requested_at\nr1,digits-0001,2026-11-30\n"), "invalid",
      ["missing column", "reason"], None),
