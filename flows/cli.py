@@ -99,6 +99,10 @@ def cmd_run(args) -> int:
     _preflight_tracking(args)
     from flows.deletion_batch import run
     from flows.common import prefect_api
+    from unlearning.config import load_params
+    from unlearning.selection import check_method_config
+
+    check_method_config(load_params(args.params).deletion)  # ConfigError: exit 2, before the server starts
 
     with prefect_api():
         results = run(args.request, args.params)

@@ -30,6 +30,7 @@ from unlearning.history import n_original_train
 from unlearning.io import atomic_write_json, exclusive_lock, move_unique
 from unlearning.ledger import hash_sample_id
 from unlearning.requests import RequestValidationError, file_sha256, in_inbox, read_request_file, scan_inbox
+from unlearning.selection import check_method_config
 
 
 class BatchRejected(RuntimeError):
@@ -236,6 +237,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     requests/rejected/ with <name>.error.json, and the later files proceed. A file outside the inbox is never
     moved; its rejection raises."""
     params = load_params(params_path, overrides)
+    check_method_config(params.deletion)
     use_project_path(params)
     device = device_of(params)
     preflight(params)
@@ -308,9 +310,24 @@ def run(request_path: str | None = None, params_path: str = "params.yaml", overr
     """Run the flow with the task runner declared in params.yaml (preflight first: an unreachable store fails in
     seconds, before the flow starts a Prefect server or changes anything)."""
     params = load_params(params_path, overrides)
+    check_method_config(params.deletion)
     preflight(params)
     return deletion_batch.with_options(task_runner=task_runner_for(params))(request_path, params_path, overrides,
                                                                             dvc_commit)
+
+
+def methods_or_exit(params_path: str) -> None:
+    """The method names and arguments of params.deletion (unlearning.selection.check_method_config), before a
+    Prefect server starts: one `error:` line and exit code 2, not a failed task after the oracles trained."""
+    import sys
+
+    from unlearning.config import ConfigError
+
+    try:
+        check_method_config(load_params(params_path).deletion)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main() -> None:
@@ -319,6 +336,7 @@ def main() -> None:
     parser.add_argument("request", nargs="?", help="a request file (default: every file in the inbox)")
     a = parser.parse_args()
     params_or_exit(a.params)
+    methods_or_exit(a.params)
     from tasks.tracking import TrackingUnavailable
 
     try:

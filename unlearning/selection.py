@@ -56,6 +56,34 @@ def batch_facts(deletion: Deletion, epochs: int, objective: str, rows: BatchRows
     return facts
 
 
+def check_method_config(deletion: Deletion) -> None:
+    """Every method params.deletion names, checked against the registry before a batch trains anything (its
+    oracles take minutes): `deletion.method`, `deletion.fallback`, each rule's `method`, and
+    `deletion.method_args` (a registered name each, with arguments its args model accepts). Raises ConfigError
+    naming the key, the value and the allowed values. (params.yaml's own validation cannot do it: the registry
+    is filled by importing the methods, which needs torch, and a bad params key must answer before that.)"""
+    from unlearning.methods import REGISTRY
+    from unlearning.methods.registry import parse_args
+
+    allowed = sorted(REGISTRY)
+    named = [("deletion.method", deletion.method), *[(f"deletion.fallback[{i}]", m) for i, m in
+                                                     enumerate(deletion.fallback)],
+             *[(f"deletion.rules[{i}].method (rule {r.name!r})", r.method) for i, r in enumerate(deletion.rules)]]
+    for key, name in named:
+        if name not in REGISTRY and not (key == "deletion.method" and name == "auto"):
+            extra = " or 'auto'" if key == "deletion.method" else ""
+            raise ConfigError(f"{key} = {name!r} is not a registered method; allowed: {allowed}{extra} "
+                              f"(`unlearn methods` lists them)")
+    for name, args in deletion.method_args.items():
+        if name not in REGISTRY:
+            raise ConfigError(f"deletion.method_args has arguments for {name!r}, which is not a registered method; "
+                              f"allowed: {allowed}")
+        try:
+            parse_args(name, args)
+        except ValueError as e:
+            raise ConfigError(f"deletion.method_args.{name}: {e}") from None
+
+
 def candidate_methods(deletion: Deletion, facts: dict) -> dict:
     """The ordered candidate list for `deletion` (params.deletion) over the batch's facts."""
     from unlearning.methods import REGISTRY

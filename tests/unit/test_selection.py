@@ -82,3 +82,44 @@ def test_gap_facts_relative_to_noise():
     assert facts["retain_gap_to_noise"] < 1e-6  # vanishing retain gap stays vanishing
     sel = candidate_methods(params.deletion, facts)
     assert "newton_ggn" not in sel["candidates"] and sel["candidates"][-1] == "retrain"
+
+
+@pytest.mark.parametrize("deletion,match", [
+    ({"method": "magic"}, r"deletion.method = 'magic' is not a registered method; allowed: \[.*'finetune'.*\] or 'auto'"),
+    ({"fallback": ["finetune", "nosuch"]}, r"deletion.fallback\[1\] = 'nosuch'"),
+    ({"rules": [{"name": "r", "method": "nosuch", "when": {}}]}, r"deletion.rules\[0\].method \(rule 'r'\) = 'nosuch'"),
+    ({"method_args": {"nosuch": {}}}, r"deletion.method_args has arguments for 'nosuch'"),
+    ({"method_args": {"finetune": {"bogus": 1}}}, r"deletion.method_args.finetune: .*bogus.*allowed keys: \[.*'lr'"),
+])
+def test_method_config_is_checked_before_any_training(deletion, match):
+    """Every method name and argument set in params.deletion fails with the key and the allowed values."""
+    from unlearning.selection import check_method_config
+
+    with pytest.raises(ConfigError, match=match):
+        check_method_config(parse_params({"deletion": deletion}).deletion)
+
+
+def test_default_method_config_passes():
+    from unlearning.config import load_params
+    from unlearning.selection import check_method_config
+    from tests.helpers import ROOT
+
+    check_method_config(load_params(ROOT / "params.yaml").deletion)  # no error
+
+
+def test_deletion_stage_exits_2_on_an_unknown_method(tmp_path, capsys):
+    """`python -m flows.deletion_batch` (the DVC stage) answers an unknown method before a server starts."""
+    import yaml
+
+    from flows.deletion_batch import methods_or_exit
+    from tests.helpers import ROOT
+
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p["deletion"]["fallback"] = ["nosuch_method"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(p))
+    with pytest.raises(SystemExit) as e:
+        methods_or_exit(str(path))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[0]] and err[0].startswith("error: deletion.fallback[0] = 'nosuch_method'")
