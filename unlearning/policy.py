@@ -192,7 +192,9 @@ def select_methods(rules: SelectionPolicy | Sequence[Rule | dict], facts: dict[s
 DEFAULT_RULES: list[dict] = [
     {"name": "gap_below_noise_floor", "method": "do_nothing",
      "when": {"objective": "retrain_equivalence", "predicted_gap_to_noise_lt": 0.5}},
-    {"name": "retrain_within_budget", "method": "retrain", "when": {"retrain_cost_lt_budget": True}},
+    # retrain_equivalence only: a retrain keeps what the forget set shares with the rest, so it cannot suppress
+    {"name": "retrain_within_budget", "method": "retrain",
+     "when": {"objective": "retrain_equivalence", "retrain_cost_lt_budget": True}},
     {"name": "oracles_are_retrains", "method": "retrain", "when": {"objective": "retrain_equivalence"}},
     {"name": "suppression_with_adjacency", "method": "al_wpgd",
      "when": {"objective": "suppression", "adjacent_fraction_gt": 0.0}},

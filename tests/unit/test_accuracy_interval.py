@@ -44,6 +44,20 @@ def test_only_statistical_failures_let_an_exact_retrain_through():
     assert not only_statistical_failures(verdict())  # nothing failed: nothing to override
 
 
+def test_a_suppression_retrain_that_misses_the_bound_is_rejected():
+    """Suppression's `acc/forget` is max_forget_accuracy, an absolute bound, though it shares the name of the
+    retrain_equivalence gate's statistical check: an exact retrain that keeps predicting the forget set (as
+    retrains do) must not be promoted as a false reject."""
+    from unlearning.config import Gate
+    from unlearning.gate import evaluate_gate, only_statistical_failures
+
+    metrics = {"acc/forget": 0.6667, "acc/adjacent": 0.9, "original_acc/adjacent": 0.92, "acc/validation": 0.9,
+               "candidate_is_retrain": 1}
+    verdict = evaluate_gate("suppression", metrics, Gate())
+    assert not verdict.passed and not verdict.checks["acc/forget"]["passed"]
+    assert not only_statistical_failures(verdict)
+
+
 def test_a_huge_z_asks_for_the_whole_range_not_an_error():
     # z = 50: the normal CDF is 1.0 in float64; the interval is then everything, not a ValueError.
     from unlearning.gate import accuracy_interval

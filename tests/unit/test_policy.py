@@ -105,6 +105,11 @@ def test_default_rules_are_valid_and_follow_design_examples():
     assert sel.candidates == ["retrain"] and sel.fired[0][0] == "oracles_are_retrains"
     sel = select_methods(policy, {**base, "objective": "suppression", "adjacent_fraction": 0.3}, known_methods=known)
     assert sel.candidates[:2] == ["al_wpgd", "descent_ascent"] and sel.candidates[-1] == "retrain"
-    sel = select_methods(policy, {**base, "objective": "suppression", "retrain_cost_lt_budget": True})
-    assert sel.candidates == ["retrain"]
+    # a cheap retrain is no shortcut for suppression: it keeps predicting what the retain set teaches
+    sel = select_methods(policy, {**base, "objective": "suppression", "retrain_cost_lt_budget": True,
+                                  "adjacent_fraction": 0.0})
+    assert sel.candidates == ["descent_ascent", "retrain"]
+    sel = select_methods(policy, {**base, "objective": "retrain_equivalence", "retrain_cost_lt_budget": True,
+                                  "predicted_gap_to_noise": 5.0})
+    assert sel.candidates == ["retrain"] and sel.fired[0][0] == "retrain_within_budget"
     assert all(parse_key(k)[0] in FACTS for r in policy.rules for k in r.when)
