@@ -11,6 +11,7 @@ from pathlib import Path
 from prefect import flow
 
 from flows.common import base_parser, device_of, params_or_exit, prefect_api, tracker_for, use_project_path
+from flows.errors import one_line_errors
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 from tasks.state import load_state
 from tasks.validation import raise_if_invalid, validate_request
@@ -59,7 +60,7 @@ def main() -> None:
     parser.add_argument("request", help="request file naming the proposed forget set")
     a = parser.parse_args()
     params_or_exit(a.params)
-    with prefect_api():
+    with one_line_errors(), prefect_api():
         audit(a.request, a.params)
 
 

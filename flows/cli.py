@@ -13,6 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from flows.errors import ENV_DEBUG, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_GATE_REJECTED, exit_code  # noqa: F401 (re-exported)
+
 EPILOG = """exit codes: 0 done (or nothing to do), 2 bad input (params, request file, unreachable store),
             3 the gate rejected every candidate, 1 any other failure
 
@@ -579,28 +581,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_GATE_REJECTED = 1, 2, 3  # documented in EPILOG and the README
-
-
-# Errors that end a command with one line: bad input -> 2; by class name (their modules import heavy packages).
-BY_NAME = {"TrackingUnavailable": EXIT_BAD_INPUT, "LockTimeout": EXIT_BAD_INPUT, "BatchRejected": EXIT_GATE_REJECTED,
-           "AfterCommitError": EXIT_FAILURE}
-
-
-# The project's bad-input errors, by class name and module: checking them by import would load pandas and
-# pandera (0.7 s) on the error path of a config typo.
-BAD_INPUT = {("unlearning.config", "ConfigError"), ("unlearning.requests", "RequestValidationError"),
-             ("unlearning.fingerprint", "StateMismatch"), ("flows.scaffold", "ScaffoldError")}
-
-
-def exit_code(e: BaseException) -> int | None:
-    """The documented exit code of an error reported in one line, or None for an unexpected one (traceback)."""
-    if isinstance(e, (FileNotFoundError, PermissionError, ConnectionError)) or any(
-            (c.__module__, c.__name__) in BAD_INPUT for c in type(e).__mro__):
-        return EXIT_BAD_INPUT
-    return BY_NAME.get(type(e).__name__)
-
-
 # Commands that do not read params.yaml; every other one checks it first, before any heavy import or server,
 # so a config error answers in about a second.
 NO_PARAMS = {"init", "methods"}
@@ -623,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    if args.debug:
+        os.environ[ENV_DEBUG] = "1"  # Prefect's console keeps the tracebacks too (flows.errors.KnownErrorsOnce)
     try:
         if args.command not in NO_PARAMS:
             from unlearning.config import load_params

@@ -55,8 +55,10 @@ def prefect_api():
     and each flow waits for it at its end (0.5 s a flow on average). Runs on a started server keep them."""
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+    from flows.errors import quiet_known_errors_on_console
     from flows.warm import ENV_TEMPORARY_SERVER, api_ready
 
+    quiet_known_errors_on_console()  # a known error is printed once, as `error:`, not with Prefect's tracebacks
     no_heartbeats = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     url = PREFECT_API_URL.value()
     if url:

@@ -18,6 +18,7 @@ from prefect import flow
 from flows.common import (
     base_parser, device_of, params_or_exit, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path,
 )
+from flows.errors import one_line_errors
 from tasks import stages as S
 from tasks.clock import computes
 from tasks.dvc_metrics import write_deletion_metrics
@@ -337,13 +338,8 @@ def main() -> None:
     a = parser.parse_args()
     params_or_exit(a.params)
     methods_or_exit(a.params)
-    from tasks.tracking import TrackingUnavailable
-
-    try:
-        with prefect_api():
-            run(a.request, a.params)
-    except (RequestValidationError, TrackingUnavailable, AfterCommitError, PermissionError, ConnectionError) as e:
-        raise SystemExit(f"error: {e}") from None
+    with one_line_errors(), prefect_api():  # bad input: exit 2; the gate rejected: 3; after the commit: 1
+        run(a.request, a.params)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.common import base_parser, params_or_exit, prefect_api, use_project_path
+from flows.errors import one_line_errors
 from unlearning.config import load_params
 from tasks.training import prepare_dataset
 from tasks.reporting import run_logger
@@ -23,7 +24,7 @@ def prepare(params_path: str = "params.yaml") -> dict:
 def main() -> None:
     """`python -m flows.prepare` (and `python -m flows.warm run flows.prepare` in a DVC stage)."""
     params_path = params_or_exit(base_parser(__doc__).parse_args().params)
-    with prefect_api():
+    with one_line_errors(), prefect_api():  # bad data: one `error:` line, exit 2
         prepare(params_path)
 
 

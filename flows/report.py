@@ -15,6 +15,7 @@ import torch
 from prefect import flow
 
 from flows.common import base_parser, device_of, params_or_exit, prefect_api, tracker_for, use_project_path
+from flows.errors import one_line_errors
 from unlearning.config import load_params
 from unlearning.studies import readme
 from tasks.reporting import run_logger
@@ -99,7 +100,7 @@ def report(params_path: str = "params.yaml") -> dict:
 def main() -> None:
     """`python -m flows.report` (and `python -m flows.warm run flows.report` in a DVC stage)."""
     params_path = params_or_exit(base_parser(__doc__).parse_args().params)
-    with prefect_api():
+    with one_line_errors(), prefect_api():
         report(params_path)
 
 

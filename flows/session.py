@@ -37,6 +37,8 @@ from tasks.clock import ENV_FILE as TIMINGS_FILE
 
 
 STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
+# DVC exits 255 whatever the stage's command exited with; the command's documented code is on this line.
+STAGE_FAILED_LINE = re.compile(r"^ERROR: failed to reproduce '[^']+': failed to run: .*, exited with (\d+)\s*$")
 SKIPPED_LINE = re.compile(r"^Stage '([^']+)' (?:didn't change, skipping|is cached - skipping)")
 
 
@@ -125,13 +127,15 @@ def _stop_on_sigterm(signum, frame):
 
 
 def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
-    """Run `cmd`, pass its output through line by line, and time the stages it announces."""
+    """Run `cmd`, pass its output through line by line, and time the stages it announces. Returns the exit code
+    (a failed stage's own, rather than DVC's 255) and the stages' wall times."""
     env = {**env, "PYTHONUNBUFFERED": "1"}  # lines arrive as they are printed, so the stage times are right
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             preexec_fn=_die_with_parent)
     stages: list[tuple[str, float]] = []
     current, since = None, time.perf_counter()
     hint = DvcGitHint()
+    stage_rc = None
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
@@ -146,6 +150,8 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
                 current, since = m.group(1), now
             elif SKIPPED_LINE.match(line):
                 stages.append((SKIPPED_LINE.match(line).group(1) + " (skipped)", 0.0))
+            elif STAGE_FAILED_LINE.match(line):
+                stage_rc = int(STAGE_FAILED_LINE.match(line).group(1))
     except KeyboardInterrupt:
         try:
             os.killpg(proc.pid, signal.SIGTERM)  # CMD and the stage processes it started
@@ -158,6 +164,8 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
     rc = proc.wait()
     if current is not None:
         stages.append((current, time.perf_counter() - since))
+    if rc != 0 and stage_rc:  # a stage's bad input (2) or gate rejection (3), not DVC's 255
+        rc = stage_rc
     return rc, stages
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.common import base_parser, device_of, params_or_exit, prefect_api, tracker_for, use_project_path
+from flows.errors import one_line_errors
 from unlearning.config import load_params
 from tasks.reporting import run_logger
 from tasks.state import current_fingerprint, original_path
@@ -50,7 +51,7 @@ def train(params_path: str = "params.yaml") -> dict:
 def main() -> None:
     """`python -m flows.train` (and `python -m flows.warm run flows.train` in a DVC stage)."""
     params_path = params_or_exit(base_parser(__doc__).parse_args().params)
-    with prefect_api():
+    with one_line_errors(), prefect_api():
         train(params_path)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers import make_project
+from tests.helpers import ROOT, make_project
 
 pytestmark = pytest.mark.flow
 
@@ -125,6 +125,19 @@ def test_csv_table_with_a_custom_batchnorm_module(tmp_path, prefect_harness):
     assert any("running_mean" in name for name, _ in model.named_buffers())
 
 
+def run_stage(module: str, root) -> "subprocess.CompletedProcess":
+    """`python -m <module> --params root/params.yaml`, as `dvc repro` runs a stage, on the shared test server."""
+    import subprocess
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "OMP_NUM_THREADS": "1"}
+    env.pop("UNLEARN_WARM_WORKER", None)
+    return subprocess.run([sys.executable, "-m", module, "--params", str(root / "params.yaml")], cwd=str(ROOT),
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_parquet_table_with_missing_values_errors_then_drops(tmp_path, prefect_harness):
     from flows.prepare import prepare
 
@@ -139,6 +152,12 @@ def test_parquet_table_with_missing_values_errors_then_drops(tmp_path, prefect_h
     make_project(root, {**SMALL, "prepare": prepare_cfg}, inbox_files=False)
     with pytest.raises(ValueError, match=r"tree-0007[\s\S]*girth|girth[\s\S]*tree-0007"):
         prepare(str(root / "params.yaml"))
+    # The DVC stage's entry point: bad data is bad input, said once (no Prefect traceback), exit code 2
+    stage = run_stage("flows.prepare", root)
+    assert stage.returncode == 2, stage.stdout + stage.stderr
+    out = stage.stdout + stage.stderr
+    assert "Traceback" not in out and out.count("rows with missing values") == 1, out
+    assert [line for line in stage.stderr.splitlines() if line.startswith("error:")][0].count("tree-0007") == 1
     make_project(root, {**SMALL, "prepare": {**prepare_cfg, "table": {**prepare_cfg["table"], "missing": "drop"}}},
                  inbox_files=False)
     results = run_pipeline(root)

@@ -20,6 +20,20 @@ def test_stage_lines_are_timed_and_output_passes_through(capsys):
     assert "Running stage 'train':" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("stage_code,expected", [(2, 2), (3, 3), (1, 1)])
+def test_a_failed_stage_gives_its_own_exit_code_not_dvcs(stage_code, expected):
+    """DVC exits 255 whatever the stage exited with: the session returns the stage's documented code."""
+    script = ("import sys\n"
+              "print(\"Running stage 'prepare':\")\n"
+              f"print(\"ERROR: failed to reproduce 'prepare': failed to run: python -m flows.warm run flows.prepare, "
+              f"exited with {stage_code}\")\n"
+              "sys.exit(255)\n")
+    rc, _ = session.run_timed([sys.executable, "-c", script], env={})
+    assert rc == expected
+    rc, _ = session.run_timed([sys.executable, "-c", "import sys; sys.exit(255)"], env={})
+    assert rc == 255  # DVC's own failure (no stage line): its code stays
+
+
 def test_an_existing_server_is_used_and_the_exit_code_kept(monkeypatch, capsys):
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
     monkeypatch.setattr(session, "ServerProcess", lambda env: (_ for _ in ()).throw(AssertionError("no server")))

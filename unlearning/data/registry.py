@@ -60,6 +60,12 @@ class DatasetMissing(FileNotFoundError):
     pass
 
 
+class DataError(ValueError):
+    """A problem with the team's data or its `prepare.*` settings, found while reading it (missing values,
+    duplicate ids, an unknown column, an unreadable image, ...): bad input, reported in one line that names
+    the field, the value and the fix (exit code 2)."""
+
+
 def _subsample(idx: np.ndarray, limit: int | None, rng: np.random.Generator) -> np.ndarray:
     if limit is None or limit >= len(idx):
         return idx
@@ -134,7 +140,7 @@ def read_idx(path: Path) -> np.ndarray:
     with opener(path, "rb") as f:
         zero, dtype_code, ndim = struct.unpack(">HBB", f.read(4))
         if zero != 0 or dtype_code != 0x08:
-            raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {zero}, type {dtype_code:#x})")
+            raise DataError(f"{path}: not an unsigned-byte IDX file (magic {zero}, type {dtype_code:#x})")
         dims = struct.unpack(">" + "I" * ndim, f.read(4 * ndim))
         return np.frombuffer(f.read(), dtype=np.uint8).reshape(dims)
 

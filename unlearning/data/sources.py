@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from unlearning.data.registry import Dataset, DatasetMissing, stratified_split, subsample_splits
+from unlearning.data.registry import DataError, Dataset, DatasetMissing, stratified_split, subsample_splits
 
 TABLE_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -51,7 +51,7 @@ def read_table(path: str | Path, id_column: str | None = None) -> pd.DataFrame:
     path = Path(path)
     fmt = TABLE_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise ValueError(f"prepare.table.path = '{path}': prepare.dataset 'table' reads {sorted(TABLE_FORMATS)} files "
+        raise DataError(f"prepare.table.path = '{path}': prepare.dataset 'table' reads {sorted(TABLE_FORMATS)} files "
                          f"(by suffix), not '{path.suffix or path.name}'; convert the table or point prepare.table.path "
                          f"at a .csv or .parquet file")
     if not path.is_file():
@@ -64,7 +64,7 @@ def read_table(path: str | Path, id_column: str | None = None) -> pd.DataFrame:
     except ImportError as e:
         raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow ({e})") from e
     except (ValueError, OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise ValueError(f"prepare.table.path = '{path}': not a readable {fmt} table: {e}") from e
+        raise DataError(f"prepare.table.path = '{path}': not a readable {fmt} table: {e}") from e
 
 
 def _integral(s: pd.Series) -> pd.Series:
@@ -100,7 +100,7 @@ def apply_preprocessing(df: pd.DataFrame, preprocessing: dict) -> np.ndarray:
     """The fitted preprocessing (dataset.json `preprocessing`) applied to rows of a table: [n, d] float32."""
     missing = [c for c in preprocessing["columns"] if c not in df.columns]
     if missing:
-        raise ValueError(f"the table lacks the feature columns {missing} of the preprocessing")
+        raise DataError(f"the table lacks the feature columns {missing} of the preprocessing")
     blocks = []
     for col in preprocessing["columns"]:
         s = df[col]
@@ -109,7 +109,7 @@ def apply_preprocessing(df: pd.DataFrame, preprocessing: dict) -> np.ndarray:
             values = s.map(str).to_numpy()
             unknown = sorted(set(values.tolist()) - set(cats))
             if unknown:
-                raise ValueError(f"column {col!r}: values {_first(unknown)} are not among the fitted categories "
+                raise DataError(f"column {col!r}: values {_first(unknown)} are not among the fitted categories "
                                  f"{_first(cats, 20)}")
             blocks.append((values[:, None] == np.asarray(cats, dtype=object)[None, :]).astype(np.float64))
         else:
@@ -131,10 +131,10 @@ def _columns(df: pd.DataFrame, path: Path, id_column: str, label_column: str, gr
              "split_column": split_column}
     for key, col in roles.items():
         if col is not None and col not in df.columns:
-            raise ValueError(f"prepare.table.{key} = {col!r}: {path.name} has no such column; its columns: {available}")
+            raise DataError(f"prepare.table.{key} = {col!r}: {path.name} has no such column; its columns: {available}")
     used = [c for c in roles.values() if c is not None]
     if len(set(used)) < len(used):
-        raise ValueError(f"prepare.table: id_column, label_column, group_column and split_column must be different "
+        raise DataError(f"prepare.table: id_column, label_column, group_column and split_column must be different "
                          f"columns, got {roles}")
     if feature_columns is None:
         features = [c for c in df.columns if c not in used]
@@ -142,16 +142,16 @@ def _columns(df: pd.DataFrame, path: Path, id_column: str, label_column: str, gr
         features = list(feature_columns)
         unknown = [c for c in features if c not in df.columns]
         if unknown:
-            raise ValueError(f"prepare.table.feature_columns: {unknown} are not columns of {path.name}; "
+            raise DataError(f"prepare.table.feature_columns: {unknown} are not columns of {path.name}; "
                              f"its columns: {available}")
         clash = [c for c in features if c in used]
         if clash:
-            raise ValueError(f"prepare.table.feature_columns = {features}: {clash} is also the id, label, group or "
+            raise DataError(f"prepare.table.feature_columns = {features}: {clash} is also the id, label, group or "
                              f"split column; remove it from feature_columns")
         if len(set(features)) < len(features):
-            raise ValueError(f"prepare.table.feature_columns = {features} lists a column twice")
+            raise DataError(f"prepare.table.feature_columns = {features} lists a column twice")
     if not features:
-        raise ValueError(f"prepare.table: {path.name} has no feature columns besides {used}; "
+        raise DataError(f"prepare.table: {path.name} has no feature columns besides {used}; "
                          f"add columns or set prepare.table.feature_columns")
     return features
 
@@ -171,28 +171,28 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
     if bad.any():
         if missing != "drop":
             cols = [c for c in used if na[c].any()]
-            raise ValueError(f"{path.name}: rows with missing values: {_describe_rows(df[id_column], bad)}; in "
+            raise DataError(f"{path.name}: rows with missing values: {_describe_rows(df[id_column], bad)}; in "
                              f"columns {cols}. Fill them, or set prepare.table.missing: drop to drop these rows")
         df = df.loc[~bad].reset_index(drop=True)
     if df.empty:
-        raise ValueError(f"{path.name}: no rows left (of {n_rows}) after dropping rows with missing values")
+        raise DataError(f"{path.name}: no rows left (of {n_rows}) after dropping rows with missing values")
 
     ids = df[id_column].map(str)
     empty = (ids.str.strip() == "").to_numpy()
     if empty.any():
-        raise ValueError(f"prepare.table.id_column = {id_column!r}: empty ids in rows {_first(np.flatnonzero(empty))} "
+        raise DataError(f"prepare.table.id_column = {id_column!r}: empty ids in rows {_first(np.flatnonzero(empty))} "
                          f"(0-based data rows); every row needs a unique, non-empty id")
     dup = ids[ids.duplicated(keep=False)]
     if len(dup):
         counts = dup.value_counts(sort=False)
-        raise ValueError(f"prepare.table.id_column = {id_column!r}: duplicate ids "
+        raise DataError(f"prepare.table.id_column = {id_column!r}: duplicate ids "
                          f"{_first([f'{i} (x{n})' for i, n in counts.items()])}; ids must be unique")
     for col in features:
         s = df[col]
         _check_feature_column(path, col, s, len(df))
         if not is_categorical(s) and not np.isfinite(s.to_numpy(dtype=np.float64)).all():
             rows = ~np.isfinite(s.to_numpy(dtype=np.float64))
-            raise ValueError(f"{path.name}: column {col!r} has infinite values in rows {_describe_rows(ids, rows)}; "
+            raise DataError(f"{path.name}: column {col!r} has infinite values in rows {_describe_rows(ids, rows)}; "
                              f"replace them with finite numbers")
 
     raw_labels = _integral(df[label_column])
@@ -203,7 +203,7 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
         ordered = sorted(uniq, key=str)
     fine_names = [str(v) for v in ordered]
     if len(set(fine_names)) < len(fine_names):
-        raise ValueError(f"prepare.table.label_column = {label_column!r}: labels {fine_names} collide as text")
+        raise DataError(f"prepare.table.label_column = {label_column!r}: labels {fine_names} collide as text")
     _check_labels(label_column, raw_labels, fine_names)
     index = {n: i for i, n in enumerate(fine_names)}
     fine = raw_labels.map(str).map(index).to_numpy(dtype=np.int64)
@@ -216,15 +216,15 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
         split = df[split_column].map(str).to_numpy(dtype=object)
         wrong = ~np.isin(split, SPLITS)
         if wrong.any():
-            raise ValueError(f"prepare.table.split_column = {split_column!r}: values must be exactly 'train' or 'val'; "
+            raise DataError(f"prepare.table.split_column = {split_column!r}: values must be exactly 'train' or 'val'; "
                              f"found {_first(sorted(set(split[wrong].tolist())))} in rows "
                              f"{_describe_rows(ids, wrong)}")
         if not (split == "train").any():
-            raise ValueError(f"prepare.table.split_column = {split_column!r}: no row is 'train'")
+            raise DataError(f"prepare.table.split_column = {split_column!r}: no row is 'train'")
     else:
         split = stratified_split(fine, val_fraction, rng, ids=ids_arr)
     if not (split == "val").any():
-        raise ValueError(f"{path.name}: the validation split is empty ({len(df)} rows, {len(fine_names)} classes, "
+        raise DataError(f"{path.name}: the validation split is empty ({len(df)} rows, {len(fine_names)} classes, "
                          f"val_fraction {val_fraction}); the gate needs validation rows: raise prepare.val_fraction "
                          f"or give a prepare.table.split_column with some 'val' rows")
     keep = subsample_splits(split, max_train, max_val, rng)
@@ -247,12 +247,12 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
 def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> None:
     """Refuse feature columns that one-hot encoding would silently turn into noise: dates and free text."""
     if pd.api.types.is_datetime64_any_dtype(s) or pd.api.types.is_timedelta64_dtype(s):
-        raise ValueError(f"{path.name}: feature column {col!r} holds dates/times ({s.dtype}); convert it to numbers "
+        raise DataError(f"{path.name}: feature column {col!r} holds dates/times ({s.dtype}); convert it to numbers "
                          f"(e.g. days since a reference date) or leave it out of prepare.table.feature_columns")
     if is_categorical(s) and not pd.api.types.is_bool_dtype(s):
         distinct = int(s.map(str).nunique())
         if distinct > MAX_CATEGORIES or (distinct > 10 and distinct > 0.5 * n_rows):
-            raise ValueError(f"{path.name}: text feature column {col!r} has {distinct} distinct values in {n_rows} "
+            raise DataError(f"{path.name}: text feature column {col!r} has {distinct} distinct values in {n_rows} "
                              f"rows (e.g. {_first(s.map(str).unique()[:3].tolist(), 3)}); one-hot encoding it would "
                              f"add {distinct} features that identify rows rather than describe them. Leave it out "
                              f"of prepare.table.feature_columns (or encode it as numbers yourself); at most "
@@ -262,14 +262,14 @@ def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> No
 def _check_labels(label_column: str, raw: pd.Series, names: list[str]) -> None:
     """A classifier needs at least two classes, and labels that are classes rather than measurements."""
     if len(names) < 2:
-        raise ValueError(f"prepare.table.label_column = {label_column!r}: every row has the label {names[0]!r}; a "
+        raise DataError(f"prepare.table.label_column = {label_column!r}: every row has the label {names[0]!r}; a "
                          f"classifier needs at least two classes")
     if pd.api.types.is_float_dtype(raw) and not (raw % 1 == 0).all():
-        raise ValueError(f"prepare.table.label_column = {label_column!r} holds non-integer numbers (e.g. "
+        raise DataError(f"prepare.table.label_column = {label_column!r} holds non-integer numbers (e.g. "
                          f"{_first(raw.unique()[:3].tolist(), 3)}): this pipeline trains classifiers; bin the "
                          f"target into classes first")
     if len(names) > MAX_CATEGORIES and len(names) > 0.5 * len(raw):
-        raise ValueError(f"prepare.table.label_column = {label_column!r} has {len(names)} distinct values in "
+        raise DataError(f"prepare.table.label_column = {label_column!r} has {len(names)} distinct values in "
                          f"{len(raw)} rows: that is an id or a measurement, not a class label")
 
 
@@ -290,10 +290,10 @@ def scan_image_folder(root: str | Path) -> tuple[str, list[tuple[Path, str | Non
     names = {p.name for p in top if p.is_dir()}
     if names and names <= set(SPLITS):
         if "train" not in names:
-            raise ValueError(f"prepare.image_folder.path = '{root}': has val/ but no train/ folder")
+            raise DataError(f"prepare.image_folder.path = '{root}': has val/ but no train/ folder")
         layout, bases = "split_folders", [(p.name, p) for p in top if p.is_dir()]
     elif names & set(SPLITS):
-        raise ValueError(f"prepare.image_folder.path = '{root}': mixes split folders {sorted(names & set(SPLITS))} with class "
+        raise DataError(f"prepare.image_folder.path = '{root}': mixes split folders {sorted(names & set(SPLITS))} with class "
                          f"folders {sorted(names - set(SPLITS))}; use <path>/<class>/<image> or "
                          f"<path>/train|val/<class>/<image>")
     else:
@@ -315,11 +315,11 @@ def scan_image_folder(root: str | Path) -> tuple[str, list[tuple[Path, str | Non
                 else:
                     entries.append((f, split, cdir.name))
     if problems:
-        raise ValueError(f"prepare.image_folder.path = '{root}': {len(problems)} entries are not images in the layout "
+        raise DataError(f"prepare.image_folder.path = '{root}': {len(problems)} entries are not images in the layout "
                          f"<class>/<image> ({', '.join(IMAGE_SUFFIXES)}, any case): {_first(problems, 10)}; move or "
                          f"delete them (hidden files starting with '.' are ignored)")
     if not entries:
-        raise ValueError(f"prepare.image_folder.path = '{root}': no images found; expected <path>/<class>/<image> or "
+        raise DataError(f"prepare.image_folder.path = '{root}': no images found; expected <path>/<class>/<image> or "
                          f"<path>/train|val/<class>/<image>")
     return layout, entries
 
@@ -327,7 +327,7 @@ def scan_image_folder(root: str | Path) -> tuple[str, list[tuple[Path, str | Non
 def _image_size(image_size) -> tuple[int, int]:
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(int(s) for s in image_size)
     if len(size) != 2 or min(size) <= 0:
-        raise ValueError(f"prepare.image_folder.image_size = {image_size!r}: give [height, width] or one int > 0")
+        raise DataError(f"prepare.image_folder.image_size = {image_size!r}: give [height, width] or one int > 0")
     return size
 
 
@@ -349,7 +349,7 @@ def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root:
             continue
         X[j] = (a if grayscale else a.transpose(2, 0, 1)).reshape(-1) / 255.0
     if bad:
-        raise ValueError(f"{len(bad)} images could not be read: {_first(bad)}; replace or delete them")
+        raise DataError(f"{len(bad)} images could not be read: {_first(bad)}; replace or delete them")
     return X
 
 
@@ -365,14 +365,14 @@ def load_image_folder(path: str | Path, image_size=28, grayscale: bool = True, g
     if (counts > 1).any():
         shared = set(uniq[counts > 1].tolist())
         dups = [f.relative_to(root).as_posix() for f, i in zip(files, ids) if i in shared]
-        raise ValueError(f"prepare.image_folder.path = '{root}': files {_first(dups)} share an id (the path without its "
+        raise DataError(f"prepare.image_folder.path = '{root}': files {_first(dups)} share an id (the path without its "
                          f"suffix); rename one of each pair")
     fine_names = sorted({c for _, _, c in entries})
     if groups is not None:
         unmapped = [c for c in fine_names if c not in groups]
         unknown = sorted(set(groups) - set(fine_names))
         if unmapped or unknown:
-            raise ValueError(f"prepare.image_folder.groups: "
+            raise DataError(f"prepare.image_folder.groups: "
                              + (f"classes {unmapped} have no group; " if unmapped else "")
                              + (f"{unknown} are not class folders; " if unknown else "")
                              + f"map every class folder of {fine_names} to a group (or set groups: null)")

@@ -1,0 +1,72 @@
+"""flows/errors.py: which errors end a command or stage in one line, and the console filter for Prefect's copies."""
+
+import logging
+import sys
+
+import pytest
+
+from flows.errors import EXIT_BAD_INPUT, EXIT_FAILURE, KnownErrorsOnce, exit_code, one_line_errors
+from unlearning.config import ConfigError
+from unlearning.data import DataError
+
+
+def record(msg: str, level=logging.ERROR, exc: BaseException | None = None) -> logging.LogRecord:
+    exc_info = (type(exc), exc, None) if exc is not None else None
+    return logging.LogRecord("prefect.task_runs", level, __file__, 1, msg, None, exc_info)
+
+
+def test_data_errors_are_bad_input_and_unknown_errors_are_not():
+    assert exit_code(DataError("prepare.table: no rows")) == EXIT_BAD_INPUT
+    assert exit_code(FileNotFoundError("x")) == EXIT_BAD_INPUT
+    assert exit_code(ValueError("a bug")) is None and exit_code(KeyError("k")) is None
+
+
+def test_prefects_copies_of_a_known_error_stay_off_the_console(monkeypatch):
+    """The four records Prefect 3 logs for a task failing on a known error (their texts as Prefect writes them)."""
+    monkeypatch.delenv("UNLEARN_DEBUG", raising=False)
+    f = KnownErrorsOnce()
+    err = ConfigError("bad thing: prepare.x = 3")
+    assert not f.filter(record(f"Task run failed with exception: {err!r}", exc=err))
+    assert not f.filter(record(f"Finished in state Failed('Task run encountered an exception ConfigError: {err}')"))
+    assert not f.filter(record(f"Encountered exception during execution: {err!r}", exc=err))
+    assert not f.filter(record(f"Finished in state Failed('Flow run encountered an exception: ConfigError: {err}')",
+                               logging.INFO))
+    # an unexpected error keeps its traceback and its state lines; other records pass
+    bug = ZeroDivisionError("division by zero")
+    assert f.filter(record(f"Task run failed with exception: {bug!r}", exc=bug))
+    assert f.filter(record("Finished in state Failed('Task run encountered an exception ZeroDivisionError: x')"))
+    assert f.filter(record("Beginning flow run 'x' for flow 'prepare'", logging.INFO))
+
+
+def test_debug_keeps_every_record(monkeypatch):
+    monkeypatch.setenv("UNLEARN_DEBUG", "1")
+    err = DataError("rows with missing values")
+    assert KnownErrorsOnce().filter(record(f"Task run failed with exception: {err!r}", exc=err))
+
+
+def test_one_line_errors_exit_with_the_documented_code(capsys, monkeypatch):
+    monkeypatch.delenv("UNLEARN_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as e:
+        with one_line_errors():
+            raise DataError("case.csv: rows with missing values: 'a'; set prepare.table.missing: drop")
+    assert e.value.code == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == "error: case.csv: rows with missing values: 'a'; set prepare.table.missing: drop\n"
+
+    class AfterCommitError(RuntimeError):
+        pass
+
+    with pytest.raises(SystemExit) as e:
+        with one_line_errors():
+            raise AfterCommitError("applied; NOT done: the DVC commit")
+    assert e.value.code == EXIT_FAILURE
+    with pytest.raises(ZeroDivisionError):  # an unexpected error keeps its traceback
+        with one_line_errors():
+            1 / 0
+
+
+def test_the_module_is_stdlib_only():
+    import subprocess
+
+    code = "import sys, flows.errors; print(sorted(m for m in ('prefect', 'pandas', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
