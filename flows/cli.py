@@ -296,7 +296,9 @@ def cmd_status(args) -> int:
         else:
             print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
         return 0
-    champion = json.loads((state_dir / "champion.json").read_text())
+    from unlearning.io import read_json_file
+
+    champion = read_json_file(state_dir / "champion.json")
     notes = []
     if os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
         from flows.common import tracker_for

@@ -31,7 +31,7 @@ def exit_code(e: BaseException) -> int | None:
     if isinstance(e, (FileNotFoundError, PermissionError, ConnectionError)) or any(
             (c.__module__, c.__name__) in BAD_INPUT for c in type(e).__mro__):
         return EXIT_BAD_INPUT
-    return BY_NAME.get(type(e).__name__)
+    return next((BY_NAME[c.__name__] for c in type(e).__mro__ if c.__name__ in BY_NAME), None)
 
 
 def debugging() -> bool:

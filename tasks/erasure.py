@@ -38,7 +38,10 @@ from unlearning.ensembles import id_hashes, trained_on
 from unlearning.erasure import (
     add_tombstones, id_key, is_erased, npy_rows_found, read_tombstones, row_digests,
 )
-from unlearning.io import atomic_save, atomic_write_bytes, atomic_write_json, commit_dir, discard_dir, staging_dir
+from unlearning.io import (
+    atomic_save, atomic_write_bytes, atomic_write_json, commit_dir, discard_dir, load_checkpoint, read_json_file,
+    staging_dir,
+)
 
 
 def in_dvc_stage() -> bool:
@@ -117,10 +120,10 @@ def _replace_original(params: Params, digest: str) -> str | None:
     if not champion.exists():
         return None
     if path.exists():
-        extra = torch.load(path, map_location="cpu", weights_only=False).get("extra", {})
+        extra = load_checkpoint(path).get("extra", {})
         if extra.get("erased_through") == digest:
             return None
-    ckpt = torch.load(champion, map_location="cpu", weights_only=False)
+    ckpt = load_checkpoint(champion)
     ckpt["extra"] = {**ckpt.get("extra", {}), "erased_through": digest, "origin": "champion after erasure"}
     atomic_save(path, lambda tmp: torch.save(ckpt, tmp))
     return str(path)
@@ -307,10 +310,8 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
                         f"rows): {bad[:5]}")
     models = params.path("models_dir")
     if forgotten:
-        import torch
-
         for f in sorted(models.glob("*.pt")) if models.is_dir() else []:
-            extra = torch.load(f, map_location="cpu", weights_only=False).get("extra", {})
+            extra = load_checkpoint(f).get("extra", {})
             clean = extra.get("erased_through") == tombstones_digest(tomb)
             checks.append({"store": "models", "path": str(f), "trained_on_forgotten": not clean})
             if not clean:
@@ -322,7 +323,7 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
         rows = sum(npy_rows_found(f, digests, n_features) for f in root.rglob("*") if f.is_file())
         check(store, root, 0, rows)
     if tracker is not None and forgotten:
-        champion = json.loads((state_dir / "champion.json").read_text()).get("model_version")
+        champion = read_json_file(state_dir / "champion.json").get("model_version")
         versions = tracker.versions(params.tracking.registered_model)
         extra = [v for v in versions if v != str(champion)]
         checks.append({"store": "MLflow registry", "uri": tracker.tracking_uri, "versions": versions})

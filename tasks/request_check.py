@@ -19,7 +19,6 @@ Importing GX alone costs 3-5 s, so a file with a structural defect answers in ab
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from unlearning.io import read_json_file
 from unlearning.ledger import hash_sample_id
 from unlearning.requests import (
     REQUIRED_COLUMNS, RequestValidationError, future_problems, ledger_matches, objective_problems, read_request_file,
@@ -452,7 +452,7 @@ def live_state(params) -> LiveState | None:
     champion_file = state_dir / "champion.json"
     if not (state_dir / "model.pt").exists() or not champion_file.exists():
         return None
-    recorded = json.loads(champion_file.read_text()).get("fingerprint")
+    recorded = read_json_file(champion_file).get("fingerprint")
     if recorded is None or not matches(recorded, prepared_fingerprint(params, prepared.info, prepared.manifest)):
         return None
     return LiveState(read_state_manifest(state_dir / "manifest.csv"), read_ledger(state_dir / "ledger.jsonl"),

@@ -26,7 +26,9 @@ from unlearning.data.store import Prepared, manifest_csv_bytes
 from unlearning.fingerprint import (
     RESET_HINT, RETRAIN_HINT, StateMismatch, matches, mismatch_error, prepared_fingerprint,
 )
-from unlearning.io import atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, recover_dir
+from unlearning.io import (
+    atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, load_checkpoint, read_json_file, recover_dir,
+)
 from unlearning.ledger import ledger_text, read_ledger
 from unlearning.models import load_model, save_model
 
@@ -56,9 +58,7 @@ def current_fingerprint(params: Params, prepared: Prepared) -> dict:
 
 
 def _checkpoint(path: Path) -> dict:
-    import torch
-
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return load_checkpoint(path)
 
 
 def _spec_differences(saved: dict | None, params: Params, prepared: Prepared) -> list[str]:
@@ -156,7 +156,7 @@ def load_state(params: Params, device: str) -> State:
     # Checked before a model is built: a changed architecture fails with what changed, not a load error.
     if (state_dir / "model.pt").exists():
         manifest = read_state_manifest(state_dir / "manifest.csv")
-        champion = json.loads((state_dir / "champion.json").read_text())
+        champion = read_json_file(state_dir / "champion.json")
         saved_spec = None if "fingerprint" in champion else _checkpoint(state_dir / "model.pt").get("spec")
         check_state(params, prepared, champion, saved_spec, manifest, current)
         model, _ = load_model(state_dir / "model.pt", device)
@@ -248,7 +248,7 @@ def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
         sources = [(n, p) for n, p in (("state", state_dir), ("cache", cache_dir)) if p.exists()]
         ledger = read_ledger(state_dir / "ledger.jsonl")
         champion_file = state_dir / "champion.json"
-        champion = json.loads(champion_file.read_text()) if champion_file.exists() else None
+        champion = read_json_file(champion_file) if champion_file.exists() else None
         if not sources:
             return {"archive": None, "moved": {}, "ledger": ledger, "ledger_path": None, "champion": None}
         dest = _unique_dir(params.path("archive_dir"), now.strftime("%Y%m%dT%H%M%SZ"))

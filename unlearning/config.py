@@ -455,7 +455,18 @@ def load_params(path: str | Path = PARAMS_FILE, overrides: dict | None = None) -
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: file not found; run from the project root or pass --params PATH")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}; fix the syntax there") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (base:, prepare:, train:, ...), "
+                          f"not a {type(data).__name__}")
     if overrides:
         data = deep_merge(data, overrides)
     return parse_params(data, root=path.resolve().parent, source=str(path.name))

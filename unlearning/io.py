@@ -13,6 +13,40 @@ import tempfile
 from pathlib import Path
 
 
+RESTORE_HINT = ("restore it with `dvc checkout` (the last state DVC recorded), or start over with `unlearn reset` "
+                "(it archives state/ and cache/, the ledger included)")
+
+
+class StateCorrupt(ValueError):
+    """A pipeline file that cannot be read (truncated, edited by hand, half-copied): said in one line with the
+    file and how to restore it (exit code 1: not the user's input, but no traceback either)."""
+
+
+def read_json_file(path: str | Path) -> dict:
+    """A JSON file the pipeline wrote (state/champion.json, an erasure report); StateCorrupt when unreadable."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StateCorrupt(f"{path}: not valid JSON ({e}); {RESTORE_HINT}") from None
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint the pipeline wrote (models/original.pt, state/model.pt); StateCorrupt when unreadable."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise StateCorrupt(f"{path}: not a readable checkpoint ({first}); {RESTORE_HINT}, or `dvc repro -f train` "
+                           f"for models/original.pt") from None
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +143,7 @@ class exclusive_lock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.timeout
+        waiting = False
         while True:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -116,10 +151,25 @@ class exclusive_lock:
                 os.write(self._fd, str(os.getpid()).encode())
                 return self
             except BlockingIOError:
+                if not waiting:
+                    waiting = True
+                    self._say_waiting()
                 if time.monotonic() > deadline:
                     os.close(self._fd)
                     raise LockTimeout(f"{self.path} is held by another batch for more than {self.timeout:.0f} s") from None
                 time.sleep(self.poll)
+
+    def _say_waiting(self) -> None:
+        """One line on stderr when the lock is taken: a second run must not wait in silence (up to an hour)."""
+        import sys
+
+        try:
+            holder = self.path.read_text().strip()
+        except OSError:
+            holder = ""
+        who = f"process {holder}" if holder.isdigit() else "another process"
+        print(f"waiting for {self.path}: {who} holds it (another batch of this model: `unlearn run`, `dvc repro` or a "
+              f"deployment); up to {self.timeout:.0f} s (operations.lock_timeout_seconds)", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         import fcntl

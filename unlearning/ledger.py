@@ -11,6 +11,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from unlearning.io import StateCorrupt
+
 LEDGER_FIELDS = ("request_id", "sample_id", "batch_id", "request_file", "file_sha256", "reason", "objective",
                  "requested_at", "method", "verdict", "model_version_before", "model_version_after",
                  "processed_at")
@@ -20,7 +22,7 @@ def hash_sample_id(sample_id: str, salt: str) -> str:
     return "sha256:" + hashlib.sha256(f"{salt}:{sample_id}".encode()).hexdigest()
 
 
-class LedgerError(ValueError):
+class LedgerError(StateCorrupt):
     pass
 
 

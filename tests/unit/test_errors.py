@@ -70,3 +70,55 @@ def test_the_module_is_stdlib_only():
     code = "import sys, flows.errors; print(sorted(m for m in ('prefect', 'pandas', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_unreadable_pipeline_files_are_one_line_failures(tmp_path):
+    """Truncated state files: StateCorrupt naming the file and how to restore it (exit 1, no traceback)."""
+    import torch
+
+    from unlearning.data.store import read_state_manifest
+    from unlearning.io import StateCorrupt, load_checkpoint, read_json_file
+    from unlearning.ledger import LedgerError, read_ledger
+
+    (tmp_path / "champion.json").write_text('{"model_version": "3", "fing')
+    (tmp_path / "ledger.jsonl").write_text('{"request_id": "r1"}\n{"request_id": "r')
+    (tmp_path / "manifest.csv").write_text("sample_id,split,label,group,class_name,status,deleted_in_batch\nd-1,tr")
+    torch.save({"extra": {}}, tmp_path / "model.pt")
+    (tmp_path / "model.pt").write_bytes((tmp_path / "model.pt").read_bytes()[:40])
+    for read, name in ((read_json_file, "champion.json"), (read_ledger, "ledger.jsonl"),
+                       (read_state_manifest, "manifest.csv"), (load_checkpoint, "model.pt")):
+        with pytest.raises(StateCorrupt) as e:
+            read(tmp_path / name)
+        assert str(tmp_path / name) in str(e.value) and "\n" not in str(e.value)
+        assert exit_code(e.value) == EXIT_FAILURE
+    assert issubclass(LedgerError, StateCorrupt)
+    with pytest.raises(FileNotFoundError):  # a missing file stays a missing file
+        load_checkpoint(tmp_path / "absent.pt")
+
+
+def test_a_broken_params_yaml_is_a_config_error(tmp_path):
+    from unlearning.config import load_params
+
+    (tmp_path / "params.yaml").write_text("base: [\n  seed: 1\n")
+    with pytest.raises(ConfigError, match=r"params.yaml: not valid YAML at line \d+, column \d+"):
+        load_params(tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text("- base\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_a_second_batch_says_once_that_it_waits_for_the_lock(tmp_path, capsys):
+    import os
+
+    from unlearning.io import LockTimeout, exclusive_lock
+
+    with exclusive_lock(tmp_path / ".state.lock"):
+        with pytest.raises(LockTimeout, match="held by another batch"):
+            with exclusive_lock(tmp_path / ".state.lock", timeout=0.3, poll=0.05):
+                pass
+    err = capsys.readouterr().err
+    assert err.count("waiting for") == 1 and f"process {os.getpid()} holds it" in err
+    assert "operations.lock_timeout_seconds" in err
+    with exclusive_lock(tmp_path / ".state.lock", timeout=0.3):  # free again: taken at once, nothing said
+        pass
+    assert capsys.readouterr().err == ""

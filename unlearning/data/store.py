@@ -174,9 +174,17 @@ def initial_state_manifest(manifest: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_state_manifest(path: str | Path) -> pd.DataFrame:
-    df = pd.read_csv(path, dtype={"sample_id": str, "deleted_in_batch": str}, keep_default_na=False)
-    df["deleted_in_batch"] = df["deleted_in_batch"].replace("", None)
-    return STATE_MANIFEST_SCHEMA.validate(df)
+    """state/manifest.csv, validated; StateCorrupt (one line, how to restore it) when it cannot be read."""
+    from unlearning.io import RESTORE_HINT, StateCorrupt
+
+    try:
+        df = pd.read_csv(path, dtype={"sample_id": str, "deleted_in_batch": str}, keep_default_na=False)
+        df["deleted_in_batch"] = df["deleted_in_batch"].replace("", None)
+        return STATE_MANIFEST_SCHEMA.validate(df)
+    except (pa.errors.SchemaError, pa.errors.SchemaErrors, pd.errors.ParserError, pd.errors.EmptyDataError, KeyError,
+            UnicodeDecodeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StateCorrupt(f"{path}: not a valid state manifest ({first[:200]}); {RESTORE_HINT}") from None
 
 
 def manifest_csv_bytes(df: pd.DataFrame) -> bytes:
