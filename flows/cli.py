@@ -186,12 +186,17 @@ def cmd_validate(args) -> int:
     params = _params(args)
     fc = check_file_for(Path(args.file), params, _live_state(params))
     if args.json:
-        print(json.dumps({"file": fc.path, "status": fc.status, "problems": fc.problems, "conflicts": fc.conflicts,
-                          "n_rows": fc.n_rows, "to_apply": 0 if fc.pending is None else len(fc.pending),
-                          "already_processed": fc.skipped, "manifest_checked": fc.manifest_checked}, indent=2))
+        print(json.dumps(_check_json(fc), indent=2))
     else:
         print(fc.summary(), file=sys.stdout if fc.status != "invalid" else sys.stderr)
     return 0 if fc.status != "invalid" else EXIT_BAD_INPUT
+
+
+def _check_json(fc) -> dict:
+    """A request file's checks as `unlearn validate --json` prints them (and `unlearn audit --json` for a bad file)."""
+    return {"file": fc.path, "status": fc.status, "problems": fc.problems, "conflicts": fc.conflicts,
+            "n_rows": fc.n_rows, "to_apply": 0 if fc.status == "invalid" or fc.pending is None else len(fc.pending),
+            "already_processed": fc.skipped, "manifest_checked": fc.manifest_checked}
 
 
 def cmd_verify_erasure(args) -> int:
@@ -235,6 +240,18 @@ def cmd_erase(args) -> int:
 
 
 def cmd_audit(args) -> int:
+    from tasks.request_check import check_file_for
+
+    # The file's checks first, as `unlearn validate` runs them: a bad file answers in seconds, before the Prefect
+    # server starts, and with --json as JSON (the validate --json object).
+    params = _params(args)
+    fc = check_file_for(Path(args.file), params, _live_state(params))
+    if fc.status == "invalid":
+        if args.json:
+            print(json.dumps(_check_json(fc), indent=2))
+        else:
+            print(fc.summary(), file=sys.stderr)
+        return EXIT_BAD_INPUT
     from flows.audit import audit
     from flows.common import prefect_api
 

@@ -47,7 +47,7 @@ def test_live_state_is_what_load_state_reads(project):  # noqa: F811
 
 def test_validate_and_run_answer_a_bad_file_once_without_heavy_imports(project, tmp_path):  # noqa: F811
     bad = bad_file(tmp_path)
-    for command in ("validate", "run"):
+    for command in ("validate", "run", "audit"):
         result, err = cli("--params", str(project), command, str(bad))
         assert result == {"rc": 2, "heavy": []}, (command, result, err)
         lines = err.strip().splitlines()
@@ -63,3 +63,15 @@ def test_validate_json_says_whether_the_manifest_was_checked(project, tmp_path, 
     assert main(["--params", str(project), "validate", str(bad_file(tmp_path)), "--json"]) == 2
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "invalid" and out["manifest_checked"] is False and len(out["problems"]) == 2
+
+
+def test_audit_json_of_a_bad_file_is_the_validate_json(project, tmp_path, capsys):  # noqa: F811
+    """`unlearn audit --json` on a bad file: the problems as JSON (as validate prints them), exit 2, no server."""
+    from flows.cli import main
+
+    bad = bad_file(tmp_path)
+    assert main(["--params", str(project), "validate", str(bad), "--json"]) == 2
+    validated = json.loads(capsys.readouterr().out)
+    assert main(["--params", str(project), "audit", str(bad), "--json"]) == 2
+    audited = json.loads(capsys.readouterr().out)
+    assert audited == validated and audited["to_apply"] == 0
