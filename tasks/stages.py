@@ -162,7 +162,8 @@ def _ensemble(params: Params, state: State, rows: np.ndarray, seeds: list[int], 
     y = torch.as_tensor(prepared.label[rows], dtype=torch.long)
     ids = prepared.manifest["sample_id"].to_numpy()[rows].tolist()
     futures = [train_ensemble_chunk.submit(model_spec(params, prepared), X, y, ids, recipe(params), chunk,
-                                           str(params.path("cache_dir")), device, label, [str(params.root)])
+                                           str(params.path("cache_dir")), device, label, [str(params.root)],
+                                           progress=params.base.progress)
                for chunk in chunks(seeds, params.validation.chunk_size)]
     parts = [f.result() for f in futures]
     return Ensemble.concat([p[0] for p in parts]), {"cached_chunks": sum(p[1] for p in parts),

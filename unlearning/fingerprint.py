@@ -151,6 +151,10 @@ def matches(recorded: dict | None, current: dict) -> bool:
 
 
 def _flat(value: Any, prefix: str = "") -> dict:
+    """Nested dicts as {"a.b": leaf}; an empty dict has no leaves (kwargs {} then {width: 4} reads as one key
+    added, "kwargs.width was (absent), now 4", not as kwargs itself gone)."""
+    if isinstance(value, dict) and not value and prefix:
+        return {}
     if isinstance(value, dict) and value:
         out = {}
         for k, v in value.items():

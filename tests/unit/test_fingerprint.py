@@ -65,6 +65,13 @@ def test_changed_model_key_is_reported():
     assert lines == ["model: hidden was [32], now [64, 64]"]
 
 
+def test_added_model_kwargs_read_as_added_keys():
+    custom = {"arch": "custom", "factory": "my_model:build"}
+    lines = describe_mismatch(fp(parse_params({"train": {"model": custom}})),
+                              fp(parse_params({"train": {"model": {**custom, "kwargs": {"width": 4, "p": 0.3}}}})))
+    assert sorted(lines) == ["model: kwargs.p was (absent), now 0.3", "model: kwargs.width was (absent), now 4"]
+
+
 def test_changed_dataset_is_reported():
     other = {**INFO, "n_train": 2, "n_val": 2}
     lines = describe_mismatch(fp(), fp(info=other, splits=["train", "train", "val", "val"]))

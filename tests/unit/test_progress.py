@@ -133,3 +133,18 @@ def test_leverage_diagnostics_report_their_stages():
     lines = err.getvalue().splitlines()
     assert lines[0] == "leverage diagnostics: 0/7 stages (0%), 0.0 s elapsed"
     assert lines[-1].startswith("leverage diagnostics [spectral norm]: 7/7 stages (100%)")
+
+
+def test_base_progress_false_silences_the_ensemble_chunks(capsys, tmp_path):
+    """The oracle/shadow chunks follow base.progress: a line per chunk when on, nothing when off."""
+    from tasks.training import train_ensemble_chunk
+    from unlearning.methods import TrainRecipe
+
+    spec = {"arch": "mlp", "in_dim": 3, "hidden": [4], "n_classes": 2}
+    X, y = torch.randn(12, 3), torch.randint(0, 2, (12,))
+    ids = [f"s{i}" for i in range(12)]
+    for progress in (False, True):
+        train_ensemble_chunk.fn(spec, X, y, ids, TrainRecipe(1, 4, 1e-2), [1, 2], None, "cpu", "oracles",
+                                progress=progress)
+        err = capsys.readouterr().err
+        assert ("oracles x2" in err) is progress, err
