@@ -24,7 +24,7 @@ from tasks.clock import computes
 from tasks.dvc_metrics import write_deletion_metrics
 from tasks.lineage import commit_lineage
 from tasks.reporting import run_logger
-from tasks.state import ensure_state, load_state
+from tasks.state import ensure_state, load_state, original_path, stale_unbatched_state
 from tasks.training import recipe
 from unlearning.config import Params, load_params
 from unlearning.history import n_original_train
@@ -245,6 +245,9 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     log = run_logger()
     state_dir, inbox = params.path("state_dir"), params.path("inbox")
     with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), params.operations.lock_timeout_seconds):
+        if stale_unbatched_state(params) and ensure_state(params, device):  # before the alias is reconciled
+            log.info(f"{state_dir} held no batch and was built from other params or data: it now starts from "
+                     f"the retrained {original_path(params)}")
         for note in reconcile_if_started(params):
             log.info(note)
         if request_path is None or in_inbox(Path(request_path), inbox):

@@ -141,6 +141,29 @@ def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_s
                              lines)
 
 
+def stale_unbatched_state(params: Params, prepared: Prepared | None = None, current: dict | None = None) -> bool:
+    """Whether state/ holds no batch (an empty ledger, the champion still the original a first run copied in),
+    was built from other params or data than the current ones, and models/original.pt matches the current
+    ones: the model or data changed before any deletion and the train stage re-ran. Such a state has nothing
+    to keep (no erasure, no unlearned model), so it follows the retrained original instead of failing with a
+    mismatch (and the registry alias with it)."""
+    state_dir = params.path("state_dir")
+    if not (state_dir / "model.pt").exists() or read_ledger(state_dir / "ledger.jsonl"):
+        return False
+    champion = read_json_file(state_dir / "champion.json")
+    if champion.get("method") != "original" or champion.get("batch_id") is not None:
+        return False
+    prepared = prepared or load_prepared(params.path("prepared_dir"))
+    current = current or current_fingerprint(params, prepared)
+    if matches(champion.get("fingerprint") or {}, current):
+        return False
+    try:
+        check_original(params, prepared, current)
+    except (FileNotFoundError, StateMismatch):
+        return False
+    return True
+
+
 # Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once.
 @task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
 @computes
@@ -154,7 +177,7 @@ def load_state(params: Params, device: str) -> State:
     prepared = load_prepared(params.path("prepared_dir"))
     current = current_fingerprint(params, prepared)
     # Checked before a model is built: a changed architecture fails with what changed, not a load error.
-    if (state_dir / "model.pt").exists():
+    if (state_dir / "model.pt").exists() and not stale_unbatched_state(params, prepared, current):
         manifest = read_state_manifest(state_dir / "manifest.csv")
         champion = read_json_file(state_dir / "champion.json")
         saved_spec = None if "fingerprint" in champion else _checkpoint(state_dir / "model.pt").get("spec")
@@ -191,15 +214,16 @@ def write_state(folder: Path, model: Ensemble, manifest: pd.DataFrame, ledger: l
 
 def ensure_state(params: Params, device: str) -> bool:
     """Create the state folder from the trained original when it does not exist yet (an empty inbox on the
-    first run): the state is the deletion stage's DVC output, and `unlearn status` reads it. Returns True
-    when it wrote one. All or nothing, like a batch (staging folder, then swap)."""
+    first run), or when it holds no batch and the original was retrained since (`stale_unbatched_state`): the
+    state is the deletion stage's DVC output, and `unlearn status` reads it. Returns True when it wrote one.
+    All or nothing, like a batch (staging folder, then swap)."""
     from unlearning.io import commit_dir, discard_dir, staging_dir
 
     state_dir = params.path("state_dir")
     recover_dir(state_dir)
-    if (state_dir / "model.pt").exists():
+    if (state_dir / "model.pt").exists() and not stale_unbatched_state(params):
         return False
-    state = load_state.fn(params, device)
+    state = load_state.fn(params, device)  # the trained original (also for a stale state that holds no batch)
     stage = staging_dir(state_dir)
     try:
         write_state(stage, state.model, state.manifest, state.ledger, state.champion, state.fingerprint)

@@ -299,6 +299,50 @@ def test_first_batch_checks_the_original(tmp_path, monkeypatch):
     assert "dvc repro" in str(e.value) and "unlearn train" in str(e.value)
 
 
+def test_a_state_without_batches_follows_the_retrained_original(tmp_path, monkeypatch):
+    """The model changed before any deletion and train re-ran: the state (a copy of the old original, no batch)
+    has nothing to keep, so it is rebuilt from the new original; a state holding a batch still refuses."""
+    from tasks.state import current_fingerprint, ensure_state, load_state, stale_unbatched_state
+    from unlearning.data import load_prepared
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params_path = make_project(tmp_path, inbox_files=False)
+    build_prepared(tmp_path)
+    params = load_params(params_path)
+    old = current_fingerprint(params, load_prepared(params.path("prepared_dir")))
+    stub_models(monkeypatch, {"model_version": "1", "fingerprint": old})
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "original.pt").write_bytes(b"stub")
+    assert ensure_state(params, "cpu")  # the first run's copy of the original
+    assert not stale_unbatched_state(params)
+    change_params(params_path, model={"hidden": [8]})
+    params = load_params(params_path)
+    with pytest.raises(StateMismatch):  # train not re-run yet: the original is stale too -> the retrain hint
+        load_state.fn(params, "cpu")
+    assert not stale_unbatched_state(params)
+    new = current_fingerprint(params, load_prepared(params.path("prepared_dir")))
+    stub_models(monkeypatch, {"model_version": "2", "fingerprint": new})  # train re-ran: original v2
+    assert stale_unbatched_state(params)
+    assert load_state.fn(params, "cpu").champion["model_version"] == "2"  # read-only: follows the original
+    assert ensure_state(params, "cpu")  # and the flow rewrites state/ from it
+    champion = json.loads((tmp_path / "state" / "champion.json").read_text())
+    assert champion["model_version"] == "2" and champion["fingerprint"]["digest"] == new["digest"]
+    assert not stale_unbatched_state(params) and not ensure_state(params, "cpu")
+
+
+def test_a_state_with_a_batch_never_follows_the_original(project, monkeypatch):
+    from tasks.state import current_fingerprint, load_state, stale_unbatched_state
+    from unlearning.data import load_prepared
+
+    change_params(project, epochs=5)
+    params = load_params(project)
+    stub_models(monkeypatch, {"model_version": "9",
+                              "fingerprint": current_fingerprint(params, load_prepared(params.path("prepared_dir")))})
+    assert not stale_unbatched_state(params)  # its ledger holds 3 erasures: a reset is the user's decision
+    with pytest.raises(StateMismatch):
+        load_state.fn(params, "cpu")
+
+
 # --- unlearn reset -----------------------------------------------------------------------------------
 
 
