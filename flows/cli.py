@@ -218,7 +218,12 @@ def cmd_verify_erasure(args) -> int:
             print(f"NOT ERASED: {p}", file=sys.stderr)
         return 1
     print(f"erasure verified{' for ' + args.batch if args.batch else ''}: {len(checks)} store(s) checked, no "
-          f"forgotten raw row or id left")
+          f"forgotten raw row left, and no forgotten id in the data, the state or a model")
+    refs = [f"{c['files_naming_forgotten_ids']} file(s) in {c['store']} ({c['path']})" for c in checks
+            if c.get("files_naming_forgotten_ids")]
+    if refs:
+        print(f"  forgotten ids are still named, as references (no row), by the ledger, the tombstones and "
+              f"{'; '.join(refs)}; `deletion.hash_sample_ids: true` keeps only salted hashes there")
     return 0
 
 

@@ -22,7 +22,6 @@ and the MLflow batch run's `erasure_report.json`) lists every store checked and 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -170,7 +169,8 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
     cache_hashes = set(id_hashes(forget_ids or []))
     cache_hashes |= set(id_hashes(prepared.manifest["sample_id"][hit].tolist()))
     path = reports_dir(params) / f"{batch_id}.json"
-    old = json.loads(path.read_text()) if path.exists() else {}
+    old = read_json_file(path) if path.exists() else {}
+    run_id = run_id or old.get("run_id")  # a later pass (`unlearn erase`) updates the batch's MLflow run too
     digests = sorted(set(digests) | set(old.get("row_digests", [])))
     cache_hashes |= set(old.get("cache_id_hashes", []))
 
@@ -203,10 +203,14 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
             stores.append({"store": "DVC cache", "path": str(_dvc_cache_dir(params)), "pending": True})
         else:
             stores.append({"store": "DVC cache", "path": str(_dvc_cache_dir(params)), **_dvc_gc(params)})
-    report = {"batch_id": batch_id, "erased_at": datetime.now(timezone.utc).isoformat(),
+    # Each pass's stores are kept: the pass inside `dvc repro` purges the ensemble cache and the registry, the
+    # `unlearn erase` after it the rest; the report must say what each one removed, not only the last.
+    earlier = old.get("earlier_passes", []) + ([{k: old[k] for k in ("erased_at", "stores", "pending") if k in old}]
+                                               if old else [])
+    report = {"batch_id": batch_id, "run_id": run_id, "erased_at": datetime.now(timezone.utc).isoformat(),
               "n_ids": len(forget_ids or []) or old.get("n_ids", 0), "n_tombstones": len(tombstones),
-              "hashed_ids": hash_ids, "stores": stores, "pending": pending, "row_digests": digests,
-              "cache_id_hashes": sorted(cache_hashes)}
+              "hashed_ids": hash_ids, "stores": stores, "pending": pending, "earlier_passes": earlier,
+              "row_digests": digests, "cache_id_hashes": sorted(cache_hashes)}
     atomic_write_json(path, report)
     if any(s["store"] == "DVC cache" and s.get("committed") for s in stores):
         dvc_ops.commit(params.root, ["deletion"])  # the report just written is in state/: `dvc status` stays clean
@@ -235,7 +239,7 @@ def erase_pending(params: Params, tracker=None, champion_version: str | None = N
         batches = sorted({e["batch_id"] for e in ledger if str(e["sample_id"]) in set(missing)})
         out.append(erase(params, batches[-1], None, salt, champion_version, tracker, keys=missing))
     for path in sorted(reports_dir(params).glob("*.json")):
-        rep = json.loads(path.read_text())
+        rep = read_json_file(path)
         if rep.get("pending"):
             out.append(erase(params, rep["batch_id"], None, salt, champion_version, tracker))
     if not out and _prepared_holds_tombstoned(params):
@@ -253,9 +257,37 @@ def _prepared_holds_tombstoned(params: Params) -> bool:
     return bool(prepared.manifest["sample_id"].map(erased).any())
 
 
+TEXT_SUFFIXES = {".json", ".csv", ".txt", ".yaml", ".yml", ".html", ".md", ".jsonl", ".parquet"}
+
+
+def id_references(params: Params, forgotten: set[str], max_bytes: int = 50_000_000) -> list[dict]:
+    """Files that still NAME a forgotten id (not its row): the batches' MLflow artifacts (per-sample KLoM,
+    leverage and partition tables) and the applied request files in requests/processed/. With
+    deletion.hash_sample_ids off (the default) they are kept on purpose: the review's and the audit's
+    references to what was forgotten. One entry per store: {"store", "path", "files_naming_forgotten_ids"}."""
+    import re
+
+    if not forgotten:
+        return []
+    pattern = re.compile("|".join(re.escape(i) for i in sorted(forgotten, key=len, reverse=True)).encode())
+    out = []
+    for store, root in (("MLflow artifacts", params.path("mlflow_artifacts")),
+                        ("processed request files", params.path("processed"))):
+        if not root.is_dir():
+            continue
+        files = [f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES
+                 and f.stat().st_size <= max_bytes]
+        n = sum(1 for f in files if pattern.search(f.read_bytes()))
+        out.append({"store": store, "path": str(root), "files_naming_forgotten_ids": n})
+    return out
+
+
 def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tuple[list[str], list[dict]]:
-    """Re-check every store; returns (problems, checks). A problem: a forgotten raw row (by its digest) or a
-    forgotten id left in a store other than the ledger and the tombstones."""
+    """Re-check every store; returns (problems, checks). A problem: a forgotten raw row (by its digest), a
+    forgotten id left in the prepared store or the state manifest, a model or an ensemble trained on it, a
+    registry version beyond erasure.keep_versions. Files that only name a forgotten id (the ledger, the
+    tombstones, MLflow artifacts and applied request files with plain ids: `id_references`) are listed in
+    the checks, not problems: they are the audit trail."""
     from unlearning.ledger import read_ledger
 
     state_dir = params.path("state_dir")
@@ -263,7 +295,7 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
     if batch is not None and not ledger:
         return [f"batch {batch} is not in the ledger ({state_dir / 'ledger.jsonl'})"], []
     forgotten = {str(e["sample_id"]) for e in ledger}
-    reports = [json.loads(p.read_text()) for p in sorted(reports_dir(params).glob("*.json"))]
+    reports = [read_json_file(p) for p in sorted(reports_dir(params).glob("*.json"))]
     digests = set().union(*[set(r.get("row_digests", [])) for r in reports]) if reports else set()
     cache_hashes = set().union(*[set(r.get("cache_id_hashes", [])) for r in reports]) if reports else set()
     problems, checks = [], []
@@ -322,6 +354,8 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
             continue
         rows = sum(npy_rows_found(f, digests, n_features) for f in root.rglob("*") if f.is_file())
         check(store, root, 0, rows)
+    if not params.deletion.hash_sample_ids:  # hashed ids cannot be searched for; plain ones are references
+        checks.extend(id_references(params, forgotten))
     if tracker is not None and forgotten:
         champion = read_json_file(state_dir / "champion.json").get("model_version")
         versions = tracker.versions(params.tracking.registered_model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -78,6 +79,32 @@ def test_every_store_reported_and_verified(erased, capsys):
     assert {"prepared", "state manifest", "tombstones", "ensemble cache", "models", "MLflow registry"} <= stores
     assert main(["--params", str(params_path), "verify-erasure"]) == 0
     assert "erasure verified" in capsys.readouterr().out
+
+
+def test_a_second_pass_keeps_what_the_first_removed(erased):
+    """`unlearn erase` after `dvc repro`'s pass rewrites the report: the earlier pass's stores stay in it, and the
+    batch's MLflow run gets the new report (its run id is kept)."""
+    import json
+
+    import mlflow
+
+    from flows.common import tracker_for
+    from tasks.erasure import erase
+    from unlearning.config import load_params
+
+    root, params_path, *_ = erased
+    (path,) = (root / "state" / "erasure").glob("*.json")
+    first = json.loads(path.read_text())
+    params = load_params(params_path)
+    champion = json.loads((root / "state" / "champion.json").read_text())["model_version"]
+    tracker = tracker_for(params)
+    erase(params, first["batch_id"], None, "digits", champion, tracker)
+    second = json.loads(path.read_text())
+    assert second["run_id"] == first["run_id"] is not None
+    assert second["earlier_passes"][-1]["stores"] == first["stores"]
+    logged = mlflow.MlflowClient(params.mlflow_tracking_uri()).download_artifacts(
+        first["run_id"], "erasure_report.json", str(root / "dl"))
+    assert json.loads(Path(logged).read_text())["erased_at"] == second["erased_at"]
 
 
 def test_re_prepare_keeps_erased_rows_out_and_state_loads(erased):
