@@ -30,7 +30,7 @@ from tasks.reporting import markdown_artifact, run_logger, table_artifact
 from tasks.state import State, write_state
 from tasks.training import model_spec, recipe, train_ensemble_chunk
 from unlearning.batch import BatchRows, batch_rows, eval_logits
-from unlearning.batch_summary import CandidateLine, failing_checks_in_words, summary_markdown
+from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
 from unlearning.ensembles import chunks
 from unlearning.gate import only_statistical_failures
@@ -393,11 +393,11 @@ def erase(batch: BatchRun, params: Params, forget_ids: list[str], salt: str, ver
 
     report = erase_rows(params, batch.batch_id, forget_ids, salt, version, batch.tracker, batch.parent)
     fault("after_erasure")
-    purged = sum(s.get("purged_rows", 0) for s in report["stores"])
+    purged = purged_rows_text(report["stores"])
     table_artifact([{"store": s.get("store", "?"), "purged rows": s.get("purged_rows", 0)} for s in report["stores"]],
                    key=batch.key("erasure"), description=f"erasure of batch {batch.batch_id}")
-    run_logger().info(f"{batch.path.name}: erasure: {purged} row(s) purged from {len(report['stores'])} store(s) "
-                      "checked" + (f"; pending: {'; '.join(report['pending'])}" if report["pending"] else ""))
+    run_logger().info(f"{batch.path.name}: erasure of {len(forget_ids)} sample(s): rows purged: {purged} "
+                      f"({len(report['stores'])} store(s) checked)" + (f"; pending: {'; '.join(report['pending'])}" if report["pending"] else ""))
     return report
 
 

@@ -102,7 +102,14 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
     if not candidates:
         lines.append("| - | not reached | - | - |")
     if erasure is not None:
-        purged = sum(s.get("purged_rows", 0) for s in erasure.get("stores", []))
-        lines += ["", f"**Erasure:** {purged} row(s) purged from {len(erasure.get('stores', []))} store(s) checked"
+        lines += ["", f"**Erasure:** rows purged: {purged_rows_text(erasure.get('stores', []))} "
+                      f"({len(erasure.get('stores', []))} store(s) checked)"
                   + (f"; pending: {'; '.join(erasure['pending'])}" if erasure.get("pending") else "; nothing pending")]
     return "\n".join(lines) + "\n"
+
+
+def purged_rows_text(stores: list[dict]) -> str:
+    """"prepared 15, state manifest 15": per store, since one sample's row lives in several stores (a sum would
+    count it twice); "none" when nothing was purged."""
+    parts = [f"{s.get('store', 'store')} {s['purged_rows']}" for s in stores if s.get("purged_rows")]
+    return ", ".join(parts) or "none"

@@ -196,6 +196,22 @@ def _repeated_requests(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return df.drop(index=drop), problems
 
 
+def _spaced_ids(df: pd.DataFrame) -> list[str]:
+    """Ids with spaces around them: compared exactly, 'digits-0145 ' is an unknown id, and the problem would
+    read as a wrong id rather than as the stray space it is (a spreadsheet's padding, a copy-paste)."""
+    problems = []
+    for col in ("request_id", "sample_id"):
+        if col not in df.columns:
+            continue
+        values = df[col]
+        spaced = [i for i, v in values.items() if isinstance(v, str) and v != v.strip() and v.strip()]
+        if spaced:
+            problems.append(f"column '{col}' {_rows_hint(spaced)}: value {values[spaced[0]]!r}"
+                            f"{' (and others)' if len(spaced) > 1 else ''} has spaces around it; remove them "
+                            f"(ids are compared exactly)")
+    return problems
+
+
 UNIQUE_FIX = {"request_id": "give each request its own request_id",
               "sample_id": "a sample is forgotten once: keep one row for it"}
 
@@ -215,7 +231,7 @@ def structural_problems(df: pd.DataFrame) -> list[str]:
             problems.append("the batch is empty: a request file needs at least one row")
         return problems
     df, repeated = _repeated_requests(df)
-    problems += repeated
+    problems += repeated + _spaced_ids(df)
     try:
         REQUEST_SCHEMA.validate(df, lazy=True)
     except SchemaErrors as err:

@@ -79,12 +79,14 @@ def test_summary_holds_what_a_reviewer_needs():
              CandidateLine("retrain", True, 0.5, {})]
     md = summary_markdown(request_file="r.csv", batch_id="batch-abc", n_forgotten=3, objective="retrain_equivalence",
                           candidates=cands, selection=sel, chosen="retrain", version_before="2", version_after="3",
-                          wall_seconds=12.3, erasure={"stores": [{"purged_rows": 3}, {}], "pending": []},
+                          wall_seconds=12.3, erasure={"stores": [{"store": "prepared", "purged_rows": 3},
+                                                            {"store": "state manifest", "purged_rows": 3}, {}],
+                                                 "pending": []},
                           debt={"batches_since_retrain": 1, "forgotten_since_retrain": 4,
                                 "forgotten_fraction_since_retrain": 0.004})
     for text in ("`r.csv`: applied", "3 sample(s)", "retrain_equivalence", "| `do_nothing` | failed | 1.2",
                  "forget: the KLoM", "| `retrain` | passed | 0.5", "exact retrain is always the last candidate",
-                 "v2 -> v3", "3 row(s) purged from 2 store(s)", "12.3 s", "1 approximate batch(es)"):
+                 "v2 -> v3", "rows purged: prepared 3, state manifest 3 (3 store(s) checked)", "12.3 s", "1 approximate batch(es)"):
         assert text in md, text
     assert "rule `gap_below_noise_floor`" in chosen_rule(sel, "do_nothing")
     rejected = summary_markdown(request_file="r.csv", batch_id="b", n_forgotten=3, objective="retrain_equivalence",

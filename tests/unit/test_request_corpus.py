@@ -75,6 +75,8 @@ CASES = [
      "invalid", ["row 2: 5 field(s)"], None),
     ("short-rows", "a.csv", csv(H + "\nr1,digits-0001\nr2,digits-0002\nr3,digits-0003,2026-11-30,gdpr\n"),
      "invalid", ["rows 1, 2: 2 field(s), but the header has 4"], None),
+    ("spaced-sample-id", "a.csv", csv(H + "\nr1,digits-0001 ,2026-11-30,gdpr\nr2, digits-0002,2026-11-30,gdpr\n"),
+     "invalid", ["column 'sample_id' rows 1, 2: value 'digits-0001 ' (and others) has spaces around it"], None),
     ("quoted-comma-is-one-field", "a.csv", csv(H + '\nr1,digits-0001,2026-11-30,"gdpr, art. 17"\n'), "ok", [], None),
     ("utf16", "a.csv", lambda p: p.write_bytes((H + "\nr1,digits-0001,2026-11-30,gdpr\n").encode("utf-16")),
      "invalid", ["not UTF-8 text", "save it as UTF-8"], None),
