@@ -278,19 +278,27 @@ def test_old_state_with_another_architecture(project, monkeypatch):
         st.load_state.fn(load_params(project), "cpu")
 
 
-def test_first_batch_checks_the_original(tmp_path, monkeypatch):
-    """params changed but train not re-run: the original does not match -> retrain hint."""
-    from tasks.state import current_fingerprint, load_state
+def trained_original(tmp_path, monkeypatch):
+    """A project with prepared data and a (stub) models/original.pt v1 trained under the current params, no state."""
+    from tasks.state import current_fingerprint
     from unlearning.data import load_prepared
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     params_path = make_project(tmp_path, inbox_files=False)
     build_prepared(tmp_path)
     params = load_params(params_path)
-    recorded = current_fingerprint(params, load_prepared(params.path("prepared_dir")))
-    stub_models(monkeypatch, {"model_version": "1", "fingerprint": recorded})
+    stub_models(monkeypatch, {"model_version": "1",
+                              "fingerprint": current_fingerprint(params, load_prepared(params.path("prepared_dir")))})
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "original.pt").write_bytes(b"stub")
+    return params_path, params
+
+
+def test_first_batch_checks_the_original(tmp_path, monkeypatch):
+    """params changed but train not re-run: the original does not match -> retrain hint."""
+    from tasks.state import load_state
+
+    params_path, params = trained_original(tmp_path, monkeypatch)
     assert load_state.fn(params, "cpu").champion["model_version"] == "1"
     change_params(params_path, model={"hidden": [8]})
     with pytest.raises(StateMismatch) as e:
@@ -305,14 +313,7 @@ def test_a_state_without_batches_follows_the_retrained_original(tmp_path, monkey
     from tasks.state import current_fingerprint, ensure_state, load_state, stale_unbatched_state
     from unlearning.data import load_prepared
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    params_path = make_project(tmp_path, inbox_files=False)
-    build_prepared(tmp_path)
-    params = load_params(params_path)
-    old = current_fingerprint(params, load_prepared(params.path("prepared_dir")))
-    stub_models(monkeypatch, {"model_version": "1", "fingerprint": old})
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "original.pt").write_bytes(b"stub")
+    params_path, params = trained_original(tmp_path, monkeypatch)
     assert ensure_state(params, "cpu")  # the first run's copy of the original
     assert not stale_unbatched_state(params)
     change_params(params_path, model={"hidden": [8]})
