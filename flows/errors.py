@@ -79,7 +79,11 @@ class KnownErrorsOnce(logging.Filter):
             return False
         if record.levelno < logging.INFO or not self.seen:
             return True
-        match = _STATE_EXCEPTION.search(str(record.msg))
+        try:
+            text = record.getMessage()
+        except Exception:  # a record whose arguments do not format: leave it to the handler
+            return True
+        match = _STATE_EXCEPTION.search(text)
         return not (match and match.group(1) in self.seen)
 
 
