@@ -226,8 +226,8 @@ def structural_problems(df: pd.DataFrame) -> list[str]:
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         problems.append(f"missing column(s) {missing}; required columns: {list(REQUIRED_COLUMNS)}")
-    if len(df) == 0:  # a header without rows; not said again for a file whose header is the defect (not CSV)
-        if not missing:
+    if len(df) == 0:  # no rows; not said for a "header" that names no request column at all (not a request CSV)
+        if len(missing) < len(REQUIRED_COLUMNS):
             problems.append("the batch is empty: a request file needs at least one row")
         return problems
     df, repeated = _repeated_requests(df)

@@ -149,24 +149,50 @@ def test_bad_file_changes_nothing_and_lists_every_problem(project, tmp_path):
     assert snapshot(project) == before
 
 
-def test_failure_mid_batch_changes_nothing(project):
-    """A fault after validation (bad method args, raised inside the unlearning task) leaves the previous
-    model, manifest and ledger standing, and the MLflow batch run is marked FAILED."""
+def test_failure_mid_batch_changes_nothing(project, monkeypatch):
+    """A fault inside the unlearning task (the method itself raising: the one fault here no input can cause,
+    since bad method args are refused before the batch starts) leaves the previous model, manifest and ledger
+    standing, and the MLflow batch run is marked FAILED."""
+    import dataclasses
+
     from flows.deletion_batch import run
     from tasks.tracking import Tracker
+    from unlearning.methods import REGISTRY
+
+    def broken(ctx, args):
+        raise ValueError("finetune broke mid-batch")
 
     before = snapshot(project)
     req = project / "one.csv"
     (sid,) = fresh_ids(project, 1, skip=100)
     req.write_text(f"request_id,sample_id,requested_at,reason\nfail-1,{sid},2026-11-30T10:00:00Z,gdpr\n")
-    overrides = {"deletion": {"method": "finetune", "method_args": {"finetune": {"no_such_arg": 1}}}}
-    with pytest.raises(ValueError, match="no_such_arg"):
+    overrides = {"deletion": {"method": "finetune"}}
+    monkeypatch.setitem(REGISTRY, "finetune", dataclasses.replace(REGISTRY["finetune"], run=broken))
+    with pytest.raises(ValueError, match="broke mid-batch"):
         run(str(req), str(project / "params.yaml"), overrides)
     assert snapshot(project) == before
     params = load_params(project / "params.yaml")
     tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
     runs = tracker.client.search_runs([tracker.experiment_id], filter_string="tags.request_file = 'one.csv'")
     assert runs and runs[0].info.status == "FAILED" and runs[0].data.tags["gate"] == "error"
+
+
+def test_bad_method_args_are_refused_before_the_batch_starts(project):
+    from flows.deletion_batch import run
+    from tasks.tracking import Tracker
+    from unlearning.config import ConfigError
+
+    before = snapshot(project)
+    req = project / "two.csv"
+    (sid,) = fresh_ids(project, 1, skip=110)
+    req.write_text(f"request_id,sample_id,requested_at,reason\nfail-2,{sid},2026-11-30T10:00:00Z,gdpr\n")
+    overrides = {"deletion": {"method": "finetune", "method_args": {"finetune": {"no_such_arg": 1}}}}
+    with pytest.raises(ConfigError, match="deletion.method_args.finetune: .*no_such_arg"):
+        run(str(req), str(project / "params.yaml"), overrides)
+    assert snapshot(project) == before
+    params = load_params(project / "params.yaml")
+    tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
+    assert not tracker.client.search_runs([tracker.experiment_id], filter_string="tags.request_file = 'two.csv'")
 
 
 def test_audit_changes_nothing(project):
