@@ -223,13 +223,13 @@ def main() -> None:
             print(f"[{i + 1}/{a.repeats}] {r['mode']}: {r['total_s']:.1f} s, overhead {r['overhead_share']:.0%} "
                   f"(load {r['load_avg_1m']:.1f})", flush=True)
     summary = {}
-    print(f"\n{'mode':<6} {'wall':>7} {'compute':>8} {'tracking':>9} {'orchestration':>14} {'overhead':>9}")
+    print(f"\n{'mode':<8} {'wall':>7} {'compute':>8} {'tracking':>9} {'orchestration':>14} {'overhead':>9}")
     for mode in MODES:
         mine = [r for r in runs if r["mode"] == mode]
         summary[mode] = {k: median_of(mine, k) for k in ("total_s", "compute_s", "tracking_s", "orchestration_s",
                                                           "overhead_share")}
         s = summary[mode]
-        print(f"{mode:<6} {s['total_s']:6.1f}s {s['compute_s']:7.1f}s {s['tracking_s']:8.1f}s "
+        print(f"{mode:<8} {s['total_s']:6.1f}s {s['compute_s']:7.1f}s {s['tracking_s']:8.1f}s "
               f"{s['orchestration_s']:13.1f}s {s['overhead_share']:8.0%}")
     ratio = summary["cold"]["total_s"] / summary["warm"]["total_s"]
     print(f"cold / warm wall time: {ratio:.2f}x; warm target <= 45 s: "
