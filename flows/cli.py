@@ -185,18 +185,20 @@ def cmd_validate(args) -> int:
 
     params = _params(args)
     fc = check_file_for(Path(args.file), params, _live_state(params))
-    if args.json:
-        print(json.dumps(_check_json(fc), indent=2))
+    return print_check(fc, args.json)
+
+
+def print_check(fc, as_json: bool) -> int:
+    """A request file's checks as `unlearn validate` prints them (and `unlearn audit` for a bad file): the
+    summary (on stderr when invalid) or the JSON object; returns the exit code (2 when invalid)."""
+    if as_json:
+        print(json.dumps({"file": fc.path, "status": fc.status, "problems": fc.problems, "conflicts": fc.conflicts,
+                          "n_rows": fc.n_rows,
+                          "to_apply": 0 if fc.status == "invalid" or fc.pending is None else len(fc.pending),
+                          "already_processed": fc.skipped, "manifest_checked": fc.manifest_checked}, indent=2))
     else:
         print(fc.summary(), file=sys.stdout if fc.status != "invalid" else sys.stderr)
     return 0 if fc.status != "invalid" else EXIT_BAD_INPUT
-
-
-def _check_json(fc) -> dict:
-    """A request file's checks as `unlearn validate --json` prints them (and `unlearn audit --json` for a bad file)."""
-    return {"file": fc.path, "status": fc.status, "problems": fc.problems, "conflicts": fc.conflicts,
-            "n_rows": fc.n_rows, "to_apply": 0 if fc.status == "invalid" or fc.pending is None else len(fc.pending),
-            "already_processed": fc.skipped, "manifest_checked": fc.manifest_checked}
 
 
 def cmd_verify_erasure(args) -> int:
@@ -252,11 +254,7 @@ def cmd_audit(args) -> int:
     params = _params(args)
     fc = check_file_for(Path(args.file), params, _live_state(params))
     if fc.status == "invalid":
-        if args.json:
-            print(json.dumps(_check_json(fc), indent=2))
-        else:
-            print(fc.summary(), file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return print_check(fc, args.json)
     from flows.audit import audit
     from flows.common import prefect_api
 

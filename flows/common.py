@@ -32,13 +32,11 @@ def use_project_path(params: Params) -> None:
 def params_or_exit(params_path: str) -> str:
     """Stage entry points (`python -m flows.<stage>`, as `dvc repro` runs them) check params.yaml before a
     Prefect server starts: a config error ends the stage at once with one `error:` line and exit code 2."""
-    from unlearning.config import ConfigError, load_params
+    from flows.errors import one_line_errors
+    from unlearning.config import load_params
 
-    try:
+    with one_line_errors():  # a ConfigError: exit 2
         load_params(params_path)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
     return params_path
 
 

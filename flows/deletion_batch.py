@@ -24,7 +24,7 @@ from tasks.clock import computes
 from tasks.dvc_metrics import write_deletion_metrics
 from tasks.lineage import commit_lineage
 from tasks.reporting import run_logger
-from tasks.state import ensure_state, load_state, original_path, stale_unbatched_state
+from tasks.state import ensure_state, load_state, original_path
 from tasks.training import recipe
 from unlearning.config import Params, load_params
 from unlearning.history import n_original_train
@@ -245,7 +245,9 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     log = run_logger()
     state_dir, inbox = params.path("state_dir"), params.path("inbox")
     with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), params.operations.lock_timeout_seconds):
-        if stale_unbatched_state(params) and ensure_state(params, device):  # before the alias is reconciled
+        # A state that holds no batch and was built from other params or data follows the retrained original
+        # (ensure_state rewrites only such a state), before the registry alias is reconciled with it.
+        if (state_dir / "model.pt").exists() and ensure_state(params, device):
             log.info(f"{state_dir} held no batch and was built from other params or data: it now starts from "
                      f"the retrained {original_path(params)}")
         for note in reconcile_if_started(params):
@@ -314,24 +316,9 @@ def run(request_path: str | None = None, params_path: str = "params.yaml", overr
     """Run the flow with the task runner declared in params.yaml (preflight first: an unreachable store fails in
     seconds, before the flow starts a Prefect server or changes anything)."""
     params = load_params(params_path, overrides)
-    check_method_config(params.deletion)
     preflight(params)
     return deletion_batch.with_options(task_runner=task_runner_for(params))(request_path, params_path, overrides,
                                                                             dvc_commit)
-
-
-def methods_or_exit(params_path: str) -> None:
-    """The method names and arguments of params.deletion (unlearning.selection.check_method_config), before a
-    Prefect server starts: one `error:` line and exit code 2, not a failed task after the oracles trained."""
-    import sys
-
-    from unlearning.config import ConfigError
-
-    try:
-        check_method_config(load_params(params_path).deletion)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def main() -> None:
@@ -340,9 +327,11 @@ def main() -> None:
     parser.add_argument("request", nargs="?", help="a request file (default: every file in the inbox)")
     a = parser.parse_args()
     params_or_exit(a.params)
-    methods_or_exit(a.params)
-    with one_line_errors(), prefect_api():  # bad input: exit 2; the gate rejected: 3; after the commit: 1
-        run(a.request, a.params)
+    with one_line_errors():  # bad input: exit 2; the gate rejected: 3; after the commit: 1
+        # the method names and args before a Prefect server starts, not in a failed task after the oracles trained
+        check_method_config(load_params(a.params).deletion)
+        with prefect_api():
+            run(a.request, a.params)
 
 
 if __name__ == "__main__":

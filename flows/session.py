@@ -150,8 +150,8 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
                 current, since = m.group(1), now
             elif SKIPPED_LINE.match(line):
                 stages.append((SKIPPED_LINE.match(line).group(1) + " (skipped)", 0.0))
-            elif STAGE_FAILED_LINE.match(line):
-                stage_rc = int(STAGE_FAILED_LINE.match(line).group(1))
+            elif failed := STAGE_FAILED_LINE.match(line):
+                stage_rc = int(failed.group(1))
     except KeyboardInterrupt:
         try:
             os.killpg(proc.pid, signal.SIGTERM)  # CMD and the stage processes it started

@@ -396,8 +396,9 @@ def erase(batch: BatchRun, params: Params, forget_ids: list[str], salt: str, ver
     purged = purged_rows_text(report["stores"])
     table_artifact([{"store": s.get("store", "?"), "purged rows": s.get("purged_rows", 0)} for s in report["stores"]],
                    key=batch.key("erasure"), description=f"erasure of batch {batch.batch_id}")
+    pending = f"; pending: {'; '.join(report['pending'])}" if report["pending"] else ""
     run_logger().info(f"{batch.path.name}: erasure of {len(forget_ids)} sample(s): rows purged: {purged} "
-                      f"({len(report['stores'])} store(s) checked)" + (f"; pending: {'; '.join(report['pending'])}" if report["pending"] else ""))
+                      f"({len(report['stores'])} store(s) checked){pending}")
     return report
 
 

@@ -111,19 +111,23 @@ def test_default_method_config_passes():
     check_method_config(load_params(ROOT / "params.yaml").deletion)  # no error
 
 
-def test_deletion_stage_exits_2_on_an_unknown_method(tmp_path, capsys):
+def test_deletion_stage_exits_2_on_an_unknown_method(tmp_path, capsys, monkeypatch):
     """`python -m flows.deletion_batch` (the DVC stage) answers an unknown method before a server starts."""
     import yaml
 
-    from flows.deletion_batch import methods_or_exit
+    import flows.deletion_batch as stage
     from tests.helpers import ROOT
+
+    monkeypatch.delenv("UNLEARN_DEBUG", raising=False)
+    monkeypatch.setattr(stage, "prefect_api", lambda: (_ for _ in ()).throw(AssertionError("a server started")))
 
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
     p["deletion"]["fallback"] = ["nosuch_method"]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(p))
+    monkeypatch.setattr("sys.argv", ["flows.deletion_batch", "--params", str(path)])
     with pytest.raises(SystemExit) as e:
-        methods_or_exit(str(path))
+        stage.main()
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [err[0]] and err[0].startswith("error: deletion.fallback[0] = 'nosuch_method'")

@@ -208,8 +208,8 @@ def _out_of_budget(evals_after: torch.Tensor, max_grad_evals: int, frozen: torch
 
 @dataclass
 class _Run:
-    """What the phases of one `run_phases` call share: the model being unlearned (a clone) and its parameters,
-    the per-member budget (`evals` spent so far [N], `out_of_budget` [N]: stopped for good), the optimizers
+    """What the phases of one `run_phases` call share: the model being unlearned (a clone), whether it has
+    BatchNorm, its parameters, the per-member budget (`evals` spent so far [N], `out_of_budget` [N]: stopped for good), the optimizers
     phases share by `share_key`, the keeper of frozen members' buffers, and the progress bar."""
 
     ctx: UnlearnContext
@@ -217,12 +217,12 @@ class _Run:
     method: str
     max_grad_evals: int | None
     bar: object
+    batchnorm: bool  # no one-row train-mode batches (a short last batch joins the one before)
     params: list = field(init=False)
     evals: torch.Tensor = field(init=False)
     out_of_budget: torch.Tensor = field(init=False)
     optimizers: dict[str, MemberOptimizer] = field(default_factory=dict)
     kept: FrozenBuffers = field(init=False)
-    batchnorm: bool = field(init=False)
 
     def __post_init__(self):
         self.params = list(self.model.parameters())
@@ -230,7 +230,6 @@ class _Run:
         self.evals = torch.zeros(n, dtype=torch.long)
         self.out_of_budget = torch.zeros(n, dtype=torch.bool)
         self.kept = FrozenBuffers(self.model)
-        self.batchnorm = has_batchnorm(self.model)  # no one-row train-mode batches (a short last batch joins)
 
     def remaining(self) -> int | None:
         """Gradient evaluations the most-spent live member has left (None: no budget; 0: none left)."""
@@ -344,7 +343,7 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
     batchnorm = has_batchnorm(model)
     total = sum(_phase_bound(ctx, ph, batchnorm, max_grad_evals) for ph in phases)
     with method_progress(ctx, method or "unlearn", total) as bar:
-        run = _Run(ctx, model, method, max_grad_evals, bar)
+        run = _Run(ctx, model, method, max_grad_evals, bar, batchnorm)
         for phase in phases:
             info["phases"].append(_run_phase(run, phase, several=len(phases) > 1))
         steps = sum(ph["steps"] for ph in info["phases"])
