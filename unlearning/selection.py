@@ -89,9 +89,7 @@ def candidate_methods(deletion: Deletion, facts: dict) -> dict:
     from unlearning.methods import REGISTRY
 
     d = deletion
-    for key, name in [("deletion.method", d.method), *[("deletion.fallback", m) for m in d.fallback]]:
-        if name != "auto" and name not in REGISTRY:
-            raise ConfigError(f"{key} = {name!r} is not a registered method; allowed: {sorted(REGISTRY)} or 'auto'")
+    check_method_config(d)  # also for callers that did not check first (the benches)
     fired, skipped = [], []
     if d.method == "auto":
         from unlearning.policy import select_methods
