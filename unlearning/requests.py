@@ -10,6 +10,7 @@ one at a time, so each stage reports every problem it finds, one line each.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -212,6 +213,43 @@ def _spaced_ids(df: pd.DataFrame) -> list[str]:
     return problems
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A time of day without a zone ("2026-11-30T09:00:00") names no instant: it would be taken as UTC, silently.
+# A date alone ("2026-11-30") is a day and stays allowed (its midnight, UTC).
+_TIME_OF_DAY = re.compile(r"\d[T ]\d{1,2}:\d{2}")
+_ZONE_SUFFIX = re.compile(r"(Z|[+-]\d{2}(:?\d{2})?)$")
+
+
+def _control_characters(df: pd.DataFrame) -> list[str]:
+    """Text values holding a line break, tab or other control character (a quoted CSV field may hold a
+    newline): they would enter the append-only ledger and the audit trail as they are."""
+    problems = []
+    for col in ("request_id", "sample_id", "reason", "objective"):
+        if col not in df.columns:
+            continue
+        bad = [i for i, v in df[col].items() if isinstance(v, str) and _CONTROL.search(v)]
+        if bad:
+            problems.append(f"column '{col}' {_rows_hint(bad)}: value {df[col][bad[0]]!r}"
+                            f"{' (and others)' if len(bad) > 1 else ''} holds a control character (a line break "
+                            f"or tab); remove it (ids and reasons are one line of text)")
+    return problems
+
+
+def _zoneless_times(df: pd.DataFrame) -> list[str]:
+    """`requested_at` values with a time of day but no zone: which instant they name depends on where they
+    were written. Unparseable values are the schema's problem (one line there, not two)."""
+    if "requested_at" not in df.columns:
+        return []
+    values = df["requested_at"]
+    bad = [i for i, v in values.items() if isinstance(v, str) and _TIME_OF_DAY.search(v.strip())
+           and not _ZONE_SUFFIX.search(v.strip()) and parse_timestamps(pd.Series([v])).notna().all()]
+    if not bad:
+        return []
+    return [f"column 'requested_at' {_rows_hint(bad)}: value {values[bad[0]]!r}"
+            f"{' (and others)' if len(bad) > 1 else ''} has a time but no time zone; add one "
+            f"(e.g. {values[bad[0]].strip()}Z for UTC, or an offset such as +01:00)"]
+
+
 UNIQUE_FIX = {"request_id": "give each request its own request_id",
               "sample_id": "a sample is forgotten once: keep one row for it"}
 
@@ -231,7 +269,7 @@ def structural_problems(df: pd.DataFrame) -> list[str]:
             problems.append("the batch is empty: a request file needs at least one row")
         return problems
     df, repeated = _repeated_requests(df)
-    problems += repeated + _spaced_ids(df)
+    problems += repeated + _spaced_ids(df) + _control_characters(df) + _zoneless_times(df)
     try:
         REQUEST_SCHEMA.validate(df, lazy=True)
     except SchemaErrors as err:

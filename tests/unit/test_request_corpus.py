@@ -80,6 +80,16 @@ CASES = [
     ("quoted-comma-is-one-field", "a.csv", csv(H + '\nr1,digits-0001,2026-11-30,"gdpr, art. 17"\n'), "ok", [], None),
     ("utf16", "a.csv", lambda p: p.write_bytes((H + "\nr1,digits-0001,2026-11-30,gdpr\n").encode("utf-16")),
      "invalid", ["not UTF-8 text", "save it as UTF-8"], None),
+    # a quoted field may hold a line break: it would enter the append-only ledger as it is
+    ("newline-in-request-id", "a.csv", csv(H + '\n"r1\nr2",digits-0001,2026-11-30,gdpr\n'), "invalid",
+     ["column 'request_id' row 1: value 'r1\\nr2' holds a control character"], None),
+    ("tab-in-reason", "a.csv", csv(H + '\nr1,digits-0001,2026-11-30,"gdpr\tart17"\n'), "invalid",
+     ["column 'reason' row 1", "control character"], None),
+    # a time of day with no zone names no instant; a date alone is a day (its midnight, UTC)
+    ("zoneless-time", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30T09:00:00,gdpr\nr2,digits-0002,2026-11-30 10:15,gdpr\n"),
+     "invalid", ["column 'requested_at' rows 1, 2: value '2026-11-30T09:00:00' (and others) has a time but no time "
+                 "zone", "2026-11-30T09:00:00Z"], None),
+    ("good-compact-offset", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30T09:00:00.5+0130,gdpr\n"), "ok", [], None),
     ("header-only", "a.csv", csv(H + "\n"), "invalid", ["empty"], None),
     ("missing-reason", "a.csv", csv("request_id,sample_id,requested_at\nr1,digits-0001,2026-11-30\n"), "invalid",
      ["missing column", "reason"], None),
