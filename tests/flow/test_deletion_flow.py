@@ -49,7 +49,7 @@ def test_batch_is_applied_then_idempotent(project):
     from tasks.tracking import Tracker
 
     params = load_params(project / "params.yaml")
-    request_file = next((project / "requests" / "inbox").iterdir())
+    request_file = next((project / "requests" / "inbox").glob("*.csv"))
     requests = pd.read_csv(request_file, dtype=str)
     results = run(None, str(project / "params.yaml"))
     assert [r["status"] for r in results] == ["applied"]

@@ -41,7 +41,7 @@ def erased(tmp_path_factory, prefect_harness):
     params_path = make_project(root, {"deletion": {"hash_sample_ids": True}, "diagnostics": {"enabled": False}})
     prepare(str(params_path))
     train(str(params_path))
-    request = next((root / "requests" / "inbox").iterdir())
+    request = next((root / "requests" / "inbox").glob("*.csv"))
     ids = pd.read_csv(request, dtype=str)["sample_id"].tolist()
     before = load_prepared(root / "data" / "prepared")
     rows = np.asarray(before.X)[before.rows(ids)].astype(np.float32)

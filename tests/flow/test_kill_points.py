@@ -58,7 +58,7 @@ def test_kill_point_recovers(trained, tmp_path, point):
     root = tmp_path / "p"
     shutil.copytree(trained, root)
     params_path = root / "params.yaml"
-    request = next((root / "requests" / "inbox").iterdir())
+    request = next((root / "requests" / "inbox").glob("*.csv"))
     ids = pd.read_csv(request, dtype=str)
 
     killed = run_in_subprocess(params_path, point)

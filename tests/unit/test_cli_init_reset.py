@@ -231,7 +231,7 @@ def test_load_state_raises_after_a_params_change(project, capsys):
     assert "recipe: epochs was 12, now 5" in msg and "unlearn reset" in msg and "restore the previous params" in msg
 
     # the CLI maps it to exit code 2 with one error line
-    req = next((project.parent / "requests" / "inbox").iterdir())
+    req = next((project.parent / "requests" / "inbox").glob("*.csv"))
     assert main(["--params", str(project), "validate", str(req)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "epochs was 12, now 5" in err[0]
