@@ -29,16 +29,27 @@ def _table(sample_ids, adjacent: np.ndarray, score: np.ndarray) -> pd.DataFrame:
         "score": np.asarray(score, dtype=float)}))
 
 
+def _declared_groups(groups) -> np.ndarray:
+    """Groups as text, a missing group (None, NaN, empty) as None: "no group" is no group that two samples
+    could share (as text, None and NaN would each become a group of their own, "None" and "nan")."""
+    return np.array([None if g is None or (isinstance(g, float) and np.isnan(g)) or str(g) == "" else str(g)
+                     for g in np.asarray(groups, dtype=object).ravel()], dtype=object)
+
+
 def partition_by_group(retain_ids, retain_groups, forget_groups) -> pd.DataFrame:
-    """score = 1 for a retain sample whose group holds a forget sample, else 0."""
-    adjacent = np.isin(np.asarray(retain_groups, dtype=str), np.unique(np.asarray(forget_groups, dtype=str)))
+    """score = 1 for a retain sample whose group holds a forget sample, else 0. A sample without a group is
+    adjacent to nothing."""
+    retain, forget = _declared_groups(retain_groups), _declared_groups(forget_groups)
+    shared = {g for g in forget if g is not None}
+    adjacent = np.array([g is not None and g in shared for g in retain], dtype=bool)
     return _table(retain_ids, adjacent, adjacent.astype(float))
 
 
 def partition_by_score(retain_ids, score, top_fraction: float) -> pd.DataFrame:
     """The top `top_fraction` of retain samples by `score` (e.g. cross-leverage row norm) are adjacent."""
     score = np.asarray(score, dtype=float)
-    k = int(np.ceil(top_fraction * len(score)))
+    # round first: 0.07 * 100 is 7.000000000000001 in floating point, and its ceiling would mark 8
+    k = int(np.ceil(round(top_fraction * len(score), 9)))
     adjacent = np.zeros(len(score), dtype=bool)
     adjacent[np.argsort(-score, kind="stable")[:k]] = True
     return _table(retain_ids, adjacent, score)
@@ -48,7 +59,10 @@ def knn_scores(retain_features: torch.Tensor, forget_features: torch.Tensor, k: 
     """Embedding mode. retain_features [nR, h], forget_features [nF, h].
 
     Returns (adjacent mask [nR]: among the k nearest retain neighbours of some forget sample,
-    score [nR]: negative distance to the nearest forget sample, so higher = closer)."""
+    score [nR]: negative distance to the nearest forget sample, so higher = closer). No forget sample:
+    nothing is adjacent, every score -inf."""
+    if forget_features.shape[0] == 0:
+        return np.zeros(retain_features.shape[0], dtype=bool), np.full(retain_features.shape[0], -np.inf)
     d = torch.cdist(forget_features.double(), retain_features.double())  # [nF, nR]
     k = min(k, d.shape[1])
     nearest = d.topk(k, dim=1, largest=False).indices  # [nF, k]

@@ -20,6 +20,26 @@ def test_score_partition_takes_top_fraction():
     assert t.loc[t.subset == "adjacent", "sample_id"].tolist() == ["b", "d"]
 
 
+def test_group_partition_missing_group_is_adjacent_to_nothing():
+    # None, NaN and "" are "no group": as text they would be groups "None"/"nan" shared by every such sample
+    t = partition_by_group(["a", "b", "c", "d", "e"], ["x", None, float("nan"), "", "None"], ["x", None, float("nan")])
+    assert t["subset"].tolist() == ["adjacent", "remote", "remote", "remote", "remote"]
+
+
+def test_score_partition_top_fraction_count_is_exact():
+    # 0.07 * 100 = 7.000000000000001 and 0.14 * 50 = 7.000000000000001 in floating point: 7 adjacent, not 8
+    for q, n in ((0.07, 100), (0.14, 50), (0.29, 100), (0.57, 100)):
+        t = partition_by_score([str(i) for i in range(n)], np.arange(n, dtype=float), top_fraction=q)
+        assert subset_sizes(t)["adjacent"] == round(q * n)
+    t = partition_by_score([str(i) for i in range(10)], np.arange(10, dtype=float), top_fraction=0.25)
+    assert subset_sizes(t)["adjacent"] == 3  # a fractional count still rounds up
+
+
+def test_knn_scores_without_forget_samples():
+    adjacent, score = knn_scores(torch.randn(5, 3), torch.zeros(0, 3), k=2)
+    assert not adjacent.any() and np.isneginf(score).all()
+
+
 def test_knn_scores_against_brute_force():
     g = torch.Generator().manual_seed(0)
     retain, forget = torch.randn(30, 4, generator=g), torch.randn(3, 4, generator=g)
