@@ -106,3 +106,14 @@ def test_bad_input_is_named(problem):
         ridge_diagnostics(X, y, [len(y)], lam)
     with pytest.raises(ValueError, match="X must be"):
         ridge_diagnostics(X, y[:-1], [0], lam)
+    dependent = np.column_stack([X, 2.0 * X[:, 0]])  # a linearly dependent column: H_R singular without damping
+    with pytest.raises(ValueError, match="rank 6 < 7 columns"):
+        ridge_diagnostics(dependent, y, [0], 0.0)
+
+
+def test_forget_index_order_and_strides(problem):
+    # a reversed view (negative strides) is a valid index array; outputs follow the given order
+    X, y, forget, lam = problem
+    a, b = ridge_diagnostics(X, y, forget[::-1], lam), ridge_diagnostics(X, y, forget[::-1].copy(), lam)
+    assert np.array_equal(a.forget_idx, forget[::-1])
+    assert np.allclose(a.predicted_gap_forget, b.predicted_gap_forget, rtol=0, atol=0)

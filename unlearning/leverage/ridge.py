@@ -56,12 +56,17 @@ def ridge_diagnostics(X, y, forget_idx, lam: float) -> RidgeLeverage:
     if X.dim() != 2 or X.shape[0] != y.shape[0]:
         raise ValueError(f"X must be [n, d] and y [n], got {tuple(X.shape)} and {tuple(y.shape)}")
     n, d = X.shape
-    f_idx = np.asarray(forget_idx, dtype=np.int64).reshape(-1)
+    f_idx = np.ascontiguousarray(np.asarray(forget_idx, dtype=np.int64).reshape(-1))  # torch refuses negative strides
     if f_idx.size == 0 or f_idx.min() < 0 or f_idx.max() >= n or np.unique(f_idx).size != f_idx.size:
         raise ValueError(f"forget_idx must be distinct row positions in [0, {n}), got {f_idx.tolist()[:10]}")
     if not lam > 0 and n - f_idx.size < d:
         raise ValueError(f"lam={lam} with fewer retain rows than features leaves H_R singular")
     r_idx = np.setdiff1d(np.arange(n), f_idx)
+    if not lam > 0:  # without damping, rank-deficient features (a repeated or constant column) have no solution
+        rank = int(torch.linalg.matrix_rank(X[torch.as_tensor(r_idx)]))
+        if rank < d:
+            raise ValueError(f"lam={lam}: the retain rows' features have rank {rank} < {d} columns, so H_R is "
+                             f"singular; use lam > 0 or drop the linearly dependent columns")
     H_D = X.T @ X + lam * torch.eye(d, dtype=torch.float64)
     theta_D = torch.linalg.solve(H_D, X.T @ y)
 
