@@ -74,7 +74,9 @@ def student_t_quantile(p: float, df: int) -> float:
         total = f(0) + f(top) + sum((4 if k % 2 else 2) * f(k * h) for k in range(1, m))
         return 0.5 + total * h / 3
 
-    lo, hi = 0.0, 1e4
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:  # bracket first: df = 1 at p = 0.99997 is past 1e4
+        lo, hi = hi, hi * 2
     for _ in range(80):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)

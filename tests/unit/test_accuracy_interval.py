@@ -13,6 +13,12 @@ def test_student_t_quantile_matches_scipy(df):
         assert student_t_quantile(p, df) == pytest.approx(st.t.ppf(p, df), abs=1e-5)
 
 
+@pytest.mark.parametrize("df,p", [(1, 0.99997), (1, 0.999999), (2, 0.99999)])
+def test_student_t_quantile_far_tail(df, p):
+    # past the old bisection bracket of 1e4 (df = 1: 1.06e4 and 3.2e5)
+    assert student_t_quantile(p, df) == pytest.approx(st.t.ppf(p, df), rel=1e-4)
+
+
 @pytest.mark.parametrize("n_oracles", [3, 4, 8, 80])
 def test_a_further_retrain_is_rejected_rarely_at_any_n(n_oracles):
     """Simulated retrains: each model's accuracy on a 138-row split varies with its seed (per-model rate
