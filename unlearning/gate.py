@@ -21,11 +21,19 @@ class Verdict:
         return {"passed": self.passed, "objective": self.objective, "failures": self.failures, "checks": self.checks}
 
 
-def _check(checks: dict, failures: list, name: str, value: float, op: str, limit: float) -> None:
+def _check(checks: dict, failures: list, name: str, value: float | None, op: str, limit: float,
+           missing: str = "") -> None:
+    """One bound. A value that is missing (None) or NaN never passes: the failure says which."""
+    value = float("nan") if value is None else value
     ok = (not math.isnan(value)) and (value <= limit if op == "<=" else value >= limit)
     checks[name] = {"value": value, "op": op, "limit": limit, "passed": ok}
     if not ok:
-        failures.append(f"{name} = {value:.4f} (needs {op} {limit})")
+        failures.append(f"{name} = {value:.4f} (needs {op} {limit})" + (f"; {missing}" if missing and
+                                                                       math.isnan(value) else ""))
+
+
+NO_VALIDATION = "not measured: the dataset has no validation rows to measure it on (set the floor to null, or add a 'val' split)"
+NO_FORGET = "not measured: the batch has no forget rows"
 
 
 RETRAIN_DEFECT = ("gate defect: the candidate is an exact retrain (an oracle member judged against oracles it was "
@@ -133,7 +141,8 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
             if f"klom_pvalue/{split}" in metrics:
                 _check(checks, failures, f"klom_pvalue/{split}", metrics[f"klom_pvalue/{split}"], ">=", g.alpha)
         if g.min_validation_accuracy is not None:
-            _check(checks, failures, "acc/validation_min", metrics["acc/validation"], ">=", g.min_validation_accuracy)
+            _check(checks, failures, "acc/validation_min", metrics.get("acc/validation"), ">=",
+                   g.min_validation_accuracy, NO_VALIDATION)
         if g.max_klom_p95_forget is not None and "klom_p95/forget" in metrics:
             _check(checks, failures, "klom_p95/forget", metrics["klom_p95/forget"], "<=", g.max_klom_p95_forget)
         if g.max_klom_to_noise_floor is not None:
@@ -147,12 +156,15 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
             failures.append(RETRAIN_DEFECT)
     elif objective == "suppression":
         g = gate.suppression
-        _check(checks, failures, "acc/forget", metrics["acc/forget"], "<=", g.max_forget_accuracy)
-        if not math.isnan(metrics.get("acc/adjacent", float("nan"))):
-            retention = metrics["acc/adjacent"] / max(metrics["original_acc/adjacent"], 1e-12)
-            _check(checks, failures, "adjacent_retention", retention, ">=", g.min_adjacent_retention)
+        _check(checks, failures, "acc/forget", metrics.get("acc/forget"), "<=", g.max_forget_accuracy, NO_FORGET)
+        adjacent, original = metrics.get("acc/adjacent", float("nan")), metrics.get("original_acc/adjacent")
+        if not math.isnan(adjacent):
+            retention = float("nan") if original is None else adjacent / max(original, 1e-12)
+            _check(checks, failures, "adjacent_retention", retention, ">=", g.min_adjacent_retention,
+                   "not measured: the original model's adjacent accuracy (original_acc/adjacent) is missing")
         if g.min_validation_accuracy is not None:
-            _check(checks, failures, "acc/validation", metrics["acc/validation"], ">=", g.min_validation_accuracy)
+            _check(checks, failures, "acc/validation", metrics.get("acc/validation"), ">=",
+                   g.min_validation_accuracy, NO_VALIDATION)
     else:
         raise ValueError(f"objective {objective!r} is not known; allowed: ['retrain_equivalence', 'suppression']")
     return Verdict(passed=not failures, objective=objective, failures=failures, checks=checks)

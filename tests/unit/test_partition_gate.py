@@ -107,6 +107,19 @@ def test_nan_never_passes():
     assert not v.passed
 
 
+def test_missing_metric_fails_its_check_and_says_why():
+    # no validation rows: a validation floor cannot be met by a value never measured (was a KeyError)
+    m = {k: v for k, v in metrics().items() if not k.endswith("/validation")}
+    g = Gate(retrain_equivalence={"min_validation_accuracy": 0.8}, suppression={"min_validation_accuracy": 0.8})
+    v = evaluate_gate("retrain_equivalence", m, g)
+    assert not v.passed and "no validation rows" in v.failures[0]
+    s = evaluate_gate("suppression", {**m, "acc/forget": 0.0}, g)
+    assert not s.passed and s.failures == [f for f in s.failures if "validation" in f]
+    s = evaluate_gate("suppression", {"acc/adjacent": 0.9}, Gate())
+    assert not s.passed and any("no forget rows" in f for f in s.failures)
+    assert any("original_acc/adjacent" in f for f in s.failures)
+
+
 def test_unknown_objective():
     with pytest.raises(ValueError, match="allowed"):
         evaluate_gate("oops", metrics(), Gate())
