@@ -39,7 +39,7 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
         forget_ids = coerce_requests(df)["sample_id"].tolist()
         report, tables = leverage_diagnostics(params.diagnostics, params.train.weight_decay, params.base.seed,
                                               params.base.progress, state.prepared, state.manifest, forget_ids,
-                                              state.model, device)
+                                              state.model, device, params.train.label_smoothing)
         log_diagnostics(tracker, run_id, report, tables)
         tracker.end_run(run_id)
     except BaseException:

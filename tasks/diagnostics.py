@@ -20,9 +20,10 @@ from unlearning.models import Ensemble
 @computes
 def leverage_diagnostics(cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, prepared: Prepared,
                          state_manifest: pd.DataFrame, forget_ids: list[str], model: Ensemble,
-                         device: str) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
+                         device: str, label_smoothing: float = 0.0) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
     """Diagnostics of the production model for this forget set; retain = retained training rows minus F.
-    `cfg`: params.diagnostics; `weight_decay`: train.weight_decay (the damping); `seed`, `progress`: base.*."""
+    `cfg`: params.diagnostics; `weight_decay`: train.weight_decay (the damping); `seed`, `progress`: base.*;
+    `label_smoothing`: train.label_smoothing (the loss the model was trained on)."""
     m = state_manifest
     f_rows, r_rows, v_rows = prepared.rows(forget_ids), retain_rows(m, forget_ids), validation_rows(m)
     X = prepared.tensor()
@@ -30,7 +31,8 @@ def leverage_diagnostics(cfg: Diagnostics, weight_decay: float, seed: int, progr
     report = compute_diagnostics(model.cpu(), X[f_rows], y[f_rows], X[r_rows], y[r_rows], X[v_rows], y[v_rows],
                                  lam=cfg.damping(len(f_rows) + len(r_rows), weight_decay), solver=cfg.solver,
                                  device=device, proj_dim=cfg.proj_dim, check_subset=cfg.check_subset, seed=seed,
-                                 progress="leverage diagnostics" if progress else False)
+                                 progress="leverage diagnostics" if progress else False,
+                                 label_smoothing=label_smoothing)
     ids = m["sample_id"].to_numpy()
     tables = {
         "forget": pd.DataFrame({"sample_id": ids[f_rows], "group": m["group"].to_numpy()[f_rows],

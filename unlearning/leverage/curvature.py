@@ -27,9 +27,15 @@ def check_loss(loss: str) -> str:
     return loss
 
 
-def make_targets(y: torch.Tensor, n_outputs: int, loss: str, dtype: torch.dtype, device) -> torch.Tensor:
+def make_targets(y: torch.Tensor, n_outputs: int, loss: str, dtype: torch.dtype, device,
+                 label_smoothing: float = 0.0) -> torch.Tensor:
     """Targets in the form the loss needs: class indices [n] (long) for "ce"; real targets [n, C] for
-    "mse" (y [n] with C = 1 is a column; integer y with C > 1 becomes one-hot)."""
+    "mse" (y [n] with C = 1 is a column; integer y with C > 1 becomes one-hot).
+
+    "ce" with label smoothing eps (the recipe's `train.label_smoothing`) gives the smoothed distribution
+    [n, C] = (1 - eps) one_hot(y) + eps / C instead: the model minimized that loss, so its gradients
+    (residuals p - t) are the ones the Newton step and the predicted gaps need; the curvature (diag(p) - pp^T)
+    does not depend on the targets."""
     check_loss(loss)
     y = y.to(device)
     if loss == "ce":
@@ -37,6 +43,10 @@ def make_targets(y: torch.Tensor, n_outputs: int, loss: str, dtype: torch.dtype,
             raise ValueError(f"loss='ce' needs integer class labels of shape [n], got {tuple(y.shape)} {y.dtype}")
         if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_outputs):
             raise ValueError(f"labels must lie in [0, {n_outputs}), got [{int(y.min())}, {int(y.max())}]")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing = {label_smoothing!r} must be in [0, 1)")
+        if label_smoothing:
+            return (1.0 - label_smoothing) * F.one_hot(y.long(), n_outputs).to(dtype) + label_smoothing / n_outputs
         return y.long()
     if y.dim() == 1 and n_outputs == 1:
         return y.to(dtype).unsqueeze(1)
@@ -49,7 +59,7 @@ def make_targets(y: torch.Tensor, n_outputs: int, loss: str, dtype: torch.dtype,
 
 
 def loss_values(f: torch.Tensor, t: torch.Tensor, loss: str) -> torch.Tensor:
-    """Per-sample loss [b] of outputs f [b, C]."""
+    """Per-sample loss [b] of outputs f [b, C]; "ce" takes class indices [b] or a target distribution [b, C]."""
     if loss == "ce":
         return F.cross_entropy(f, t, reduction="none")
     return 0.5 * ((f - t) ** 2).sum(1)
@@ -58,7 +68,8 @@ def loss_values(f: torch.Tensor, t: torch.Tensor, loss: str) -> torch.Tensor:
 def residual(f: torch.Tensor, t: torch.Tensor, loss: str) -> torch.Tensor:
     """g = dloss/df [b, C]."""
     if loss == "ce":
-        return torch.softmax(f, 1) - F.one_hot(t, f.shape[1]).to(f.dtype)
+        target = t.to(f.dtype) if t.is_floating_point() else F.one_hot(t, f.shape[1]).to(f.dtype)
+        return torch.softmax(f, 1) - target
     return f - t
 
 

@@ -342,20 +342,23 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
                         dtype: torch.dtype = torch.float64, proj_dim: int = 2048, proj_kind: str = "gaussian",
                         cg_iters: int = 500, cg_tol: float = 1e-10, check_subset: int = 16,
                         exact_max_params: int = EXACT_MAX_PARAMS, chunk: int | None = None, seed: int = 0,
-                        keep_cross_matrix: bool = False, progress: bool | str | None = False) -> LeverageReport:
+                        keep_cross_matrix: bool = False, progress: bool | str | None = False,
+                        label_smoothing: float = 0.0) -> LeverageReport:
     """Leverage diagnostics (DESIGN §4.1) of member `member` of `model_member` for a forget set.
 
     The model was trained on D = retain u forget. `lam` is the L2 coefficient of the sum-of-losses
     objective L = sum_i loss_i + lam/2 ||theta||^2 (for a mean loss with weight decay wd: lam = n * wd).
     `solver`: "exact" | "projected" | "cg" | "auto" (by parameter count, see `solvers.choose_solver`);
     non-exact solvers also report `approx_error` against a reference on `check_subset` forget samples.
-    `device`: "auto" uses CUDA when present. `progress`: see `diagnose`. The model is never modified."""
+    `device`: "auto" uses CUDA when present. `progress`: see `diagnose`. `label_smoothing`: the recipe's, so the
+    gradients are those of the loss the model was trained on (`curvature.make_targets`). The model is never
+    modified."""
     fn = StackedMemberFunction(model_member, member, dtype=dtype, device=device)
     C = fn.n_outputs
     if X_val is None:
         X_val = X_forget[:0]
         y_val = y_forget[:0]
-    tg = lambda y: curvature.make_targets(y, C, loss, dtype, fn.device)  # noqa: E731
+    tg = lambda y: curvature.make_targets(y, C, loss, dtype, fn.device, label_smoothing)  # noqa: E731
     slv = make_solver(solver, lam, p=fn.p, proj_dim=proj_dim, proj_kind=proj_kind, seed=seed, cg_iters=cg_iters,
                       cg_tol=cg_tol, exact_max_params=exact_max_params)
     return diagnose(fn, fn.theta0, X_forget, tg(y_forget), X_retain, tg(y_retain), X_val, tg(y_val), lam, loss, slv,

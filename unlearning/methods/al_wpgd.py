@@ -100,8 +100,8 @@ def run(ctx: UnlearnContext, args: AlWpgdArgs) -> UnlearnResult:
 
     def constraint(model, X, y, idx):  # per-sample l_rem(theta) - l_rem(theta_0) on the same rows: [N, b]
         with torch.no_grad():
-            base = per_sample_loss(original(X), y, "ce")
-        return per_sample_loss(model(X), y, "ce") - base
+            base = per_sample_loss(original(X), y, "ce", ctx.label_smoothing)
+        return per_sample_loss(model(X), y, "ce", ctx.label_smoothing) - base
 
     al = AugmentedLagrangian(args.mu, args.lam0, args.cap)
     stage1 = Phase("stage1", forget=Term("forget", args.forget_batch_size),

@@ -36,6 +36,11 @@ class UnlearnContext:
     progress: bool | str | None = False
 
     @property
+    def label_smoothing(self) -> float:
+        """The recipe's label smoothing: the training loss is CE with it (terms on true labels use it)."""
+        return float(getattr(self.recipe, "label_smoothing", 0.0) or 0.0)
+
+    @property
     def X_adjacent(self) -> torch.Tensor:
         return self.X_retain[self.adjacent_mask]
 

@@ -133,7 +133,7 @@ class FrozenBuffers:
 
 
 def default_loss(ctx: UnlearnContext) -> TermLoss:
-    return lambda model, X, y, idx: per_sample_loss(model(X), y, ctx.loss)
+    return lambda model, X, y, idx: per_sample_loss(model(X), y, ctx.loss, ctx.label_smoothing)
 
 
 def _phase_bound(ctx: UnlearnContext, phase: Phase, batchnorm: bool, max_grad_evals: int | None) -> int:

@@ -31,15 +31,17 @@ def mse_targets(y: torch.Tensor, n_outputs: int, dtype: torch.dtype) -> torch.Te
     return y.unsqueeze(-1).to(dtype)
 
 
-def per_sample_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "ce") -> torch.Tensor:
+def per_sample_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "ce", label_smoothing: float = 0.0
+                    ) -> torch.Tensor:
     """Loss of every member on every sample: logits [N, b, C], y [N, b] (or [N, b, C] floats) -> [N, b].
 
-    "ce": cross-entropy; "mse": 0.5 * ||z - t||^2 (the 1/2 makes the gradient the residual, as in the
-    ridge closed form of DESIGN §4.1)."""
+    "ce": cross-entropy, with the recipe's label smoothing where the term is the training loss (so
+    fine-tuning continues the training the model had); "mse": 0.5 * ||z - t||^2 (the 1/2 makes the gradient
+    the residual, as in the ridge closed form of DESIGN §4.1)."""
     _check_kind(kind)
     n, b, c = logits.shape
     if kind == "ce":
-        return cross_entropy(logits, y)
+        return cross_entropy(logits, y, label_smoothing)
     t = mse_targets(y, c, logits.dtype)
     return 0.5 * (logits - t).pow(2).sum(-1)
 

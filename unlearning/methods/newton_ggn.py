@@ -108,9 +108,10 @@ def run(ctx: UnlearnContext, args: NewtonGGNArgs) -> UnlearnResult:
         for k in range(model.n_models):
             bar.stage(f"member {k + 1}/{model.n_models}, {solver}")
             fn = StackedMemberFunction(model, k, dtype=torch.float64)
-            t = make_targets(ctx.y_retain, fn.n_outputs, ctx.loss, torch.float64, fn.device)
+            t = make_targets(ctx.y_retain, fn.n_outputs, ctx.loss, torch.float64, fn.device, ctx.label_smoothing)
             if args.gradient == "forget":
-                t_f = make_targets(ctx.y_forget, fn.n_outputs, ctx.loss, torch.float64, fn.device)
+                t_f = make_targets(ctx.y_forget, fn.n_outputs, ctx.loss, torch.float64, fn.device,
+                                   ctx.label_smoothing)
                 theta, info = influence_removal_step(fn, fn.theta0, ctx.X_retain, t, ctx.X_forget, t_f, ctx.loss,
                                                      lam, damping=args.damping, step_size=args.step_size,
                                                      solver=solver, cg_iters=args.cg_iters, cg_tol=args.cg_tol)

@@ -111,8 +111,8 @@ class W2Projection(SpanProjection):
 
     def _forget_losses(self, model: Ensemble) -> torch.Tensor:
         ctx = self.ctx
-        return clip_loss(per_sample_loss(model(ctx.X_forget), ctx.y_forget.expand(model.n_models, -1), ctx.loss),
-                         self.cap)  # [N, nF]
+        return clip_loss(per_sample_loss(model(ctx.X_forget), ctx.y_forget.expand(model.n_models, -1), ctx.loss,
+                                         ctx.label_smoothing), self.cap)  # [N, nF]
 
     def start(self, model: Ensemble, ctx: UnlearnContext) -> int:
         self.ctx = ctx
@@ -132,5 +132,5 @@ class W2Projection(SpanProjection):
         if len(self.remote) == 0:
             return [first], self._evals
         idx = self.remote.next()  # [N, b]
-        rem = per_sample_loss(model(ctx.X_retain[idx]), ctx.y_retain[idx], ctx.loss).mean(1)
+        rem = per_sample_loss(model(ctx.X_retain[idx]), ctx.y_retain[idx], ctx.loss, ctx.label_smoothing).mean(1)
         return [first, rem], self._evals

@@ -48,7 +48,7 @@ def run(ctx: UnlearnContext, args: ScrubArgs) -> UnlearnResult:
         z = model(X)
         with torch.no_grad():
             t = teacher(X)
-        return args.alpha * kl_teacher_student(z, t, T) + args.gamma * per_sample_loss(z, y, "ce")
+        return args.alpha * kl_teacher_student(z, t, T) + args.gamma * per_sample_loss(z, y, "ce", ctx.label_smoothing)
 
     opt = args.optimizer_spec(share_key="scrub")
     phases = []
