@@ -111,11 +111,16 @@ def cmd_run(args) -> int:
     for r in results:
         print(json.dumps({k: v for k, v in r.items() if k != "metrics"}))
     rejected = [r for r in results if r["status"] == "rejected"]
+    changed = [r["file"] for r in results if r["status"] == "changed"]
+    if changed:
+        print(f"error: {changed} changed while being processed (not dropped atomically): they stay in the inbox, "
+              f"with what was applied of them in the ledger; run again once they are complete", file=sys.stderr)
     if rejected:
         print(f"error: {len(rejected)} file(s) rejected and moved to requests/rejected/ with an error report: "
               f"{[r['file'] for r in rejected]}", file=sys.stderr)
-        return EXIT_BAD_INPUT if any(r.get("reason") == "validation" for r in rejected) else EXIT_GATE_REJECTED
-    return 0
+    if changed or any(r.get("reason") != "gate" for r in rejected):
+        return EXIT_BAD_INPUT
+    return EXIT_GATE_REJECTED if rejected else 0
 
 
 def cmd_prepare(args) -> int:

@@ -252,11 +252,11 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
                      f"the retrained {original_path(params)}")
         for note in reconcile_if_started(params):
             log.info(note)
-        if request_path is None or in_inbox(Path(request_path), inbox):
-            reject_unreadable_entries(inbox, params)
-        results = [process_inbox_file(f, params, device, inbox) for f in files_to_process(request_path, inbox)]
+        results = (reject_unreadable_entries(inbox, params)
+                   if request_path is None or in_inbox(Path(request_path), inbox) else [])
+        results += [process_inbox_file(f, params, device, inbox) for f in files_to_process(request_path, inbox)]
         created = ensure_state(params, device)  # every file rejected on a first run: the state (a DVC output) exists
-        if not results:
+        if not any(r["status"] != "rejected" or r["reason"] != "not a request file" for r in results):
             log.info(f"no request files in {inbox}; nothing to do"
                      + ("; state initialised from the trained original" if created else ""))
         write_deletion_metrics(params)
@@ -276,29 +276,58 @@ def reconcile_if_started(params: Params) -> list[str]:
     return []
 
 
-def reject_unreadable_entries(inbox: Path, params: Params) -> None:
-    """Inbox entries that are not request files (unknown suffix, folder, symlink out): moved, with the reason."""
+def reject_unreadable_entries(inbox: Path, params: Params) -> list[dict]:
+    """Inbox entries that are not request files (unknown suffix, folder, symlink out): moved, with the reason;
+    one result each, like a rejected request file (`unlearn run` exits 2 for them too)."""
+    results = []
     for entry, why in scan_inbox(inbox)[1]:
         dest = reject(entry, params, why)
-        run_logger().info(f"{entry.name}: {why}; moved to {dest}")
+        run_logger().warning(f"{entry.name}: {why}; moved to {dest}")
+        results.append({"file": entry.name, "status": "rejected", "error": why, "moved_to": str(dest),
+                        "reason": "not a request file"})
+    return results
 
 
 def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> dict:
-    """One file; an inbox file that fails validation or the gate moves to rejected/ and later files proceed."""
+    """One file; an inbox file that fails validation or the gate moves to rejected/ and later files proceed.
+
+    An inbox file whose content changed while it was processed (a writer still appending: not an atomic drop)
+    is neither moved nor rejected: it stays in the inbox with what was applied of it recorded in the ledger,
+    and the next run (the watcher announces it again once it stops changing) applies the rest."""
     from_inbox = in_inbox(f, inbox)
+    before = file_sha256(f) if from_inbox and f.is_file() else None
     try:
         r = process_request_file(f, params, device)
     except (RequestValidationError, BatchRejected) as e:
         if not from_inbox:
             raise
+        if changed_since(f, before):
+            return still_changing(f, {"file": f.name, "status": "changed", "error": str(e)}, "checked")
         dest = reject(f, params, e)
         run_logger().info(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); "
                           f"later files proceed")
         return {"file": f.name, "status": "rejected", "error": str(e), "moved_to": str(dest),
                 "reason": "gate" if isinstance(e, BatchRejected) else "validation"}
     if from_inbox:
+        if changed_since(f, before):
+            return still_changing(f, {**r, "status": "changed", "applied_status": r["status"]}, "processed")
         r["moved_to"] = str(processed(f, params))
     return r
+
+
+def changed_since(path: Path, sha256: str | None) -> bool:
+    return sha256 is not None and path.is_file() and file_sha256(path) != sha256
+
+
+def still_changing(path: Path, result: dict, what: str) -> dict:
+    """The result for a file that changed while it was being checked or processed: it stays in the inbox."""
+    applied = result.get("applied_status") == "applied"
+    run_logger().warning(
+        f"{path.name} changed while it was {what} (a writer is still appending: drop files atomically, write a "
+        f"dot-file and rename it): it stays in {path.parent}; "
+        + (f"batch {result.get('batch_id')} applied the rows read (the ledger records them), the next run "
+           f"applies the rest" if applied else "nothing of it was applied; the next run checks it again"))
+    return {**result, "moved_to": None}
 
 
 def commit_applied(params: Params, results: list[dict]) -> None:

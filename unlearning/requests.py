@@ -387,9 +387,11 @@ def scan_inbox(inbox: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """(request files in processing order, [(entry, why it is not a request file)]).
 
     Request files: regular files named *.csv / *.parquet (any case), in name order (use sortable, timestamped
-    names), or symlinks to such files INSIDE the inbox. Reported, never silently skipped: other suffixes,
-    directories, dangling symlinks and symlinks that leave the inbox. Dot-files (temporary names of atomic
-    writes, .gitkeep) are ignored."""
+    names), or symlinks to such a file INSIDE the inbox under a dot-name (a staged file). Reported, never
+    silently skipped: other suffixes, directories, dangling symlinks, symlinks that leave the inbox, and
+    symlinks to another listed inbox file (a second name for the same requests: the target is processed
+    under its own name, and the link would then dangle). Dot-files (temporary names of atomic writes,
+    .gitkeep) are ignored."""
     inbox = Path(inbox)
     if not inbox.is_dir():
         return [], []
@@ -405,6 +407,10 @@ def scan_inbox(inbox: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
                 continue
             if target.parent != root:
                 odd.append((p, f"a symlink leaving the inbox (to {target}); refused: copy the file into the inbox"))
+                continue
+            if not target.name.startswith("."):
+                odd.append((p, f"a symlink to {target.name}, which is in the inbox itself: a second name for the "
+                               f"same requests; refused (its target is processed under its own name)"))
                 continue
         if p.is_dir():
             odd.append((p, "a directory, not a request file; put request files directly in the inbox"))

@@ -235,7 +235,10 @@ def test_inbox_rejects_bad_files_and_later_files_proceed(project):
     (inbox / "c_dir.csv").mkdir()
     (inbox / "d_good.CSV").write_text(f"request_id,sample_id,requested_at,reason\ngood-1,{a},2026-11-30T10:00:00Z,gdpr\n")
     results = run(None, str(project / "params.yaml"), {"diagnostics": {"enabled": False}})
-    assert [(r["file"], r["status"]) for r in results] == [("a_bad.csv", "rejected"), ("d_good.CSV", "applied")]
+    # the entries that are no request files first (each a result of its own: `unlearn run` exits 2 for them)
+    assert [(r["file"], r["status"], r.get("reason")) for r in results] == [
+        ("b_notes.txt", "rejected", "not a request file"), ("c_dir.csv", "rejected", "not a request file"),
+        ("a_bad.csv", "rejected", "validation"), ("d_good.CSV", "applied", None)]
     for name in ("a_bad.csv", "b_notes.txt", "c_dir.csv"):
         assert (rejected / name).exists() and (rejected / f"{name}.error.json").exists()
     assert "digits-9999" in (rejected / "a_bad.csv.error.json").read_text()
@@ -249,3 +252,35 @@ def test_inbox_rejects_bad_files_and_later_files_proceed(project):
     results = run(None, str(project / "params.yaml"), strict)
     assert [r["status"] for r in results] == ["rejected"]
     assert (rejected / "e_gate.csv.error.json").exists() and snapshot(project) == before
+
+
+def test_a_file_still_being_written_stays_in_the_inbox_until_complete(project, monkeypatch):
+    """A writer that appends to the file while its batch runs (not an atomic drop): what was read is applied
+    and recorded, the file is neither filed as processed nor rejected, and the next run applies the rest."""
+    import flows.deletion_batch as db
+
+    inbox = project / "requests" / "inbox"
+    a, b = fresh_ids(project, 2, skip=430)
+    path = inbox / "f_slow.csv"
+    path.write_text(f"request_id,sample_id,requested_at,reason\nslow-1,{a},2026-11-30T10:00:00Z,gdpr\n")
+    original = db.process_request_file
+
+    def writer_appends_meanwhile(f, params, device):
+        out = original(f, params, device)
+        with open(f, "a") as fh:
+            fh.write(f"slow-2,{b},2026-11-30T10:00:05Z,gdpr\n")
+        return out
+
+    monkeypatch.setattr(db, "process_request_file", writer_appends_meanwhile)
+    quick = {"diagnostics": {"enabled": False}, "deletion": {"method": "retrain"}}
+    (first,) = db.run(None, str(project / "params.yaml"), quick)
+    assert first["status"] == "changed" and first["applied_status"] == "applied" and first["moved_to"] is None
+    assert path.exists() and not (project / "requests" / "processed" / "f_slow.csv").exists()
+    ledger = [json.loads(line) for line in (project / "state" / "ledger.jsonl").read_text().splitlines()]
+    assert [e["request_id"] for e in ledger if e["request_id"].startswith("slow-")] == ["slow-1"]
+
+    monkeypatch.setattr(db, "process_request_file", original)
+    (second,) = db.run(None, str(project / "params.yaml"), quick)
+    assert second["status"] == "applied" and not path.exists()
+    ledger = [json.loads(line) for line in (project / "state" / "ledger.jsonl").read_text().splitlines()]
+    assert [e["request_id"] for e in ledger if e["request_id"].startswith("slow-")] == ["slow-1", "slow-2"]

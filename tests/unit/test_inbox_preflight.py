@@ -23,11 +23,13 @@ def test_scan_inbox_reports_everything_that_is_not_a_request_file(tmp_path):
     os.symlink(tmp_path / "outside.csv", inbox / "leave.csv")
     os.symlink(inbox / "b.csv", inbox / "inside.csv")
     os.symlink(tmp_path / "missing.csv", inbox / "dangling.csv")
+    os.symlink(inbox / ".tmp.csv", inbox / "staged.csv")  # the only listed name of a staged dot-file
     files, odd = scan_inbox(inbox)
-    assert [p.name for p in files] == ["A.CSV", "b.csv", "c.Parquet", "inside.csv"]
+    assert [p.name for p in files] == ["A.CSV", "b.csv", "c.Parquet", "staged.csv"]
     why = {p.name: w for p, w in odd}
-    assert set(why) == {"notes.txt", "dir.csv", "leave.csv", "dangling.csv"}
+    assert set(why) == {"notes.txt", "dir.csv", "leave.csv", "dangling.csv", "inside.csv"}
     assert "leaving the inbox" in why["leave.csv"] and "dangling" in why["dangling.csv"]
+    assert "a symlink to b.csv, which is in the inbox itself" in why["inside.csv"]
     assert "directory" in why["dir.csv"] and "'.txt'" in why["notes.txt"]
 
 
