@@ -33,7 +33,7 @@ from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
 from unlearning.ensembles import chunks
-from unlearning.gate import only_statistical_failures
+from unlearning.gate import only_statistical_failures, smallest_klom_pvalue
 from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
 from unlearning.ledger import appended, hash_sample_id
@@ -185,6 +185,12 @@ def references(batch: BatchRun, params: Params, state: State, rows: BatchRows) -
                                     "oracles_cached_chunks": o["cached_chunks"], "shadows_cached_chunks": s["cached_chunks"],
                                     "n_oracles": oracles.n_models, "n_shadows": shadows.n_models})
     batch.close()
+    g = params.gate.retrain_equivalence
+    floor = smallest_klom_pvalue(shadows.n_models, oracles.n_models, g.n_permutations)
+    if floor > g.alpha:  # a test that cannot fail certifies nothing: say so in every batch it happens in
+        run_logger().warning(f"the KLoM permutation test cannot fail with {shadows.n_models} shadows and "
+                             f"{oracles.n_models} oracles: its smallest p-value is about {floor:.3f}, above alpha = "
+                             f"{g.alpha}; raise validation.n_oracles and n_shadows (the default is 80 each)")
     table_artifact([{"ensemble": name, "members": m.n_models, "chunks": info["chunks"],
                      "from cache": info["cached_chunks"], "seconds": round(info["seconds"], 2)}
                     for name, m, info in (("oracles", oracles, o), ("shadows", shadows, s))],

@@ -250,6 +250,17 @@ class RetrainEquivalenceGate(Strict):
         None, gt=0, description="optional extra bound: KLoM P95 of each split <= this x the same-size noise floor "
                                 "(median of the permutation null) P95 (null = off)")
 
+    @model_validator(mode="after")
+    def _test_can_fail(self):
+        # The smallest p-value the permutation test can give is 1 / (1 + n_permutations): above alpha, no
+        # candidate could ever fail the test, whatever it did.
+        if 1 / (1 + self.n_permutations) > self.alpha:
+            need = int(-(-1 // self.alpha)) - 1
+            raise ValueError(f"n_permutations = {self.n_permutations} cannot give a p-value below alpha = "
+                             f"{self.alpha} (its smallest is 1/(1 + n) = {1 / (1 + self.n_permutations):.4f}), so the "
+                             f"KLoM test could never fail: set n_permutations >= {need} or raise alpha")
+        return self
+
 
 class SuppressionGate(Strict):
     max_forget_accuracy: float = Field(0.05, ge=0, le=1)
@@ -271,14 +282,75 @@ class Tracking(Strict):
     alias: str = "champion"
 
 
+CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
+CRON_NAMES = {3: ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"],
+              4: ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]}
+CRON_MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@hourly")
+
+
+def cron_problem(expr: str) -> str | None:
+    """Why `expr` is not a 5-field cron expression (minute hour day-of-month month day-of-week; each field
+    `*`, a value, a range `a-b`, a step `*/n` or `a-b/n`, or a comma list of those; month and weekday names
+    allowed) or a macro such as @daily; None when it is one. Checked at load, so `unlearn serve` fails with
+    the key before it starts (the same forms Prefect's cron schedule takes, without its random/hash forms)."""
+    text = expr.strip().lower()
+    if text in CRON_MACROS:
+        return None
+    parts = text.split()
+    if len(parts) != 5:
+        return f"has {len(parts)} field(s); a cron expression has 5 (minute hour day-of-month month day-of-week)"
+    for k, (part, (name, lo, hi)) in enumerate(zip(parts, CRON_FIELDS)):
+        names = CRON_NAMES.get(k, [])
+
+        def value(v: str) -> int | None:
+            if v in names:
+                return names.index(v) + (1 if k == 3 else 0)
+            return int(v) if v.isdigit() and lo <= int(v) <= hi else None
+
+        for item in part.split(","):
+            rng, _, step = item.partition("/")
+            if step and not (step.isdigit() and int(step) > 0):
+                return f"{name} field {part!r}: step {step!r} must be a positive whole number"
+            if rng == "*":
+                continue
+            ends = rng.split("-")
+            if len(ends) > 2 or any(value(v) is None for v in ends):
+                return f"{name} field {part!r}: {rng!r} is not a value or range within {lo}-{hi}"
+            if len(ends) == 2 and value(ends[0]) > value(ends[1]):
+                return f"{name} field {part!r}: range {rng!r} runs backwards"
+    return None
+
+
 class Operations(Strict):
     """Unattended operation: `unlearn serve` deployments, the inbox watcher, the batch lock, DVC lineage."""
 
     cron: str = "0 2 * * *"
     timezone: str = "UTC"
     lock_timeout_seconds: float = Field(3600, gt=0)
+    inbox_settle_seconds: float = Field(2.0, ge=0, le=600, description="the inbox watcher announces an entry once "
+                                                                       "it has not changed for this long")
     dvc_commit: bool = Field(True, description="deployment runs commit state to the DVC cache afterwards")
     dvc_remote: str | None = Field("dvc-remote", description="local folder or DVC remote name for `dvc push`; null = no push")
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        problem = cron_problem(v)
+        if problem:
+            raise ValueError(f"not a cron expression: it {problem}" if problem.startswith("has") else
+                             f"not a cron expression: {problem} (e.g. '0 2 * * *' is 02:00 every day)")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError("not an IANA time zone name (UTC, Europe/Berlin, America/New_York, ...)") from None
+        return v
 
 
 class Erasure(Strict):
@@ -436,7 +508,7 @@ def _format(err: ValidationError, source: str) -> str:
         elif e["type"] == "value_error" and isinstance(e.get("input"), dict):  # a section-level check
             lines.append(f"{source}: {key}: {e['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"{source}: {key} = {e.get('input')!r}: {e['msg']}")
+            lines.append(f"{source}: {key} = {e.get('input')!r}: {e['msg'].removeprefix('Value error, ')}")
     return "\n".join(lines)
 
 

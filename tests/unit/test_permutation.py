@@ -2,6 +2,7 @@
 calibrated under the null (false-reject rate <= alpha), powerful when the distributions differ."""
 
 import numpy as np
+import pytest
 
 from unlearning.metrics import klom, split_summary
 from unlearning.metrics.permutation import UNDEFINED, klom_permutation_test, permutation_masks
@@ -64,3 +65,20 @@ def test_small_pvalue_when_distributions_differ():
     q = mu + rng.standard_normal((40, n))
     r = klom_permutation_test(p, q, np.array(["forget"] * n), n_permutations=99, seed=0)["forget"]
     assert r["pvalue"] == 0.01 and r["p95"] > r["null_p95"] > r["null_median"] > 0
+
+
+def test_smallest_pvalue_with_few_models_bounds_the_test():
+    # 2 unlearned vs 2 oracle models: only C(4, 2) = 6 relabelings, so a draw repeats the observed one about
+    # 1 time in 6, and even the most extreme observed labeling gets p >= ~(1 + P/6) / (1 + P), far above
+    # alpha = 0.01 (here the mirror labeling is as extreme too: p ~ 2/6). The floor is a lower bound.
+    from unlearning.gate import smallest_klom_pvalue
+
+    rng = np.random.default_rng(3)
+    n = 30
+    mu = rng.normal(0, 3, size=n)
+    p, q = mu + 6.0 + 0.1 * rng.standard_normal((2, n)), mu + 0.1 * rng.standard_normal((2, n))
+    pvals = [klom_permutation_test(p, q, np.array(["forget"] * n), n_permutations=600, seed=s)["forget"]["pvalue"]
+             for s in range(5)]
+    floor = smallest_klom_pvalue(2, 2, 600)
+    assert 0.14 < floor < 0.17 and min(pvals) > floor - 0.04, (pvals, floor)
+    assert smallest_klom_pvalue(80, 80, 200) == pytest.approx(1 / 201)
