@@ -11,12 +11,13 @@ report keeps digests, never the rows, so `unlearn verify-erasure` can search eve
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
-from unlearning.io import atomic_write_text
+from unlearning.io import StateCorrupt, atomic_write_text
 from unlearning.ledger import hash_sample_id
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -27,11 +28,32 @@ def id_key(hash_ids: bool, salt: str) -> Callable[[str], str]:
     return (lambda s: hash_sample_id(str(s), salt)) if hash_ids else (lambda s: str(s))
 
 
+# Each id is written as a JSON string, one a line, so any id survives: one starting with "#", holding a line
+# break, or with spaces at its ends. The first version wrote ids bare (and read them stripped, skipping lines
+# that start with "#"): a file without this marker line is read that way, and rewritten in this form.
+TOMBSTONE_FORMAT = "# format: one JSON string per line"
+
+
 def read_tombstones(path: str | Path) -> set[str]:
     path = Path(path)
     if not path.exists():
         return set()
-    return {line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if TOMBSTONE_FORMAT not in lines[:3]:  # the first version's bare ids
+        return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    keys = set()
+    for n, line in enumerate(lines, 1):
+        if line.startswith("#") or not line.strip():
+            continue
+        try:
+            key = json.loads(line)
+        except json.JSONDecodeError:
+            key = None
+        if not isinstance(key, str):
+            raise StateCorrupt(f"{path}: line {n} is not a JSON string ({line[:60]!r}); the tombstone list was "
+                               f"edited by hand or truncated: restore it from git or a backup")
+        keys.add(key)
+    return keys
 
 
 def add_tombstones(path: str | Path, keys: Iterable[str]) -> int:
@@ -40,8 +62,9 @@ def add_tombstones(path: str | Path, keys: Iterable[str]) -> int:
     new = sorted(set(map(str, keys)) - have)
     if new:
         header = ("# erased sample ids (hashed when deletion.hash_sample_ids): prepare leaves these rows out. "
-                  "Append-only; never edit by hand.\n")
-        atomic_write_text(path, header + "".join(f"{k}\n" for k in sorted(have | set(new))))
+                  f"Append-only; never edit by hand.\n{TOMBSTONE_FORMAT}\n")
+        atomic_write_text(path, header + "".join(json.dumps(k, ensure_ascii=False) + "\n"
+                                                 for k in sorted(have | set(new))))
     return len(new)
 
 

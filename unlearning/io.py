@@ -47,10 +47,23 @@ def load_checkpoint(path: str | Path) -> dict:
                            f"for models/original.pt") from None
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+# mkstemp and mkdtemp create 0600 files and 0700 folders: renamed into place, a report or the state folder
+# would be readable by its owner alone, unlike every file the project writes plainly (0644 under umask 022).
+UMASK = _umask()
+FILE_MODE, DIR_MODE = 0o666 & ~UMASK, 0o777 & ~UMASK
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -75,6 +88,7 @@ def atomic_save(path: str | Path, writer) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, FILE_MODE)
     os.close(fd)
     try:
         writer(tmp)
@@ -89,6 +103,7 @@ def staging_dir(target: str | Path) -> Path:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.staging-"))
+    stage.chmod(DIR_MODE)
     if target.exists():
         shutil.copytree(target, stage, dirs_exist_ok=True)
     return stage

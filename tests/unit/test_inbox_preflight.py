@@ -43,6 +43,44 @@ def test_tombstones_are_idempotent_and_hashed(tmp_path):
     assert is_erased(hashed, True, "ds")("a") and not is_erased(hashed, True, "ds")("b")
 
 
+def test_tombstones_keep_any_id(tmp_path):
+    # ids starting with "#", holding a line break or a tab, with spaces at the ends: the first version wrote
+    # them bare and read lines stripped, skipping "#" lines, so "#000" was never tombstoned (and came back)
+    path, odd = tmp_path / "t.txt", ["#000", "a\nb", "x\ty ", " lead", "ünï-7", 'q"6,x', ""]
+    assert add_tombstones(path, odd) == len(odd)
+    assert read_tombstones(path) == set(odd)
+    assert all(is_erased(read_tombstones(path), False, "ds")(s) for s in odd)
+    assert add_tombstones(path, ["#000"]) == 0
+
+
+def test_first_version_tombstones_are_read_and_rewritten(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("# erased sample ids ...\ndigits-0003\ndigits-0008\n")  # bare ids, no format line
+    assert read_tombstones(path) == {"digits-0003", "digits-0008"}
+    assert add_tombstones(path, ["#9"]) == 1
+    assert read_tombstones(path) == {"digits-0003", "digits-0008", "#9"}
+    assert '"digits-0003"' in path.read_text()
+
+
+def test_a_hand_edited_tombstone_line_is_named(tmp_path):
+    from unlearning.io import StateCorrupt
+
+    path = tmp_path / "t.txt"
+    add_tombstones(path, ["a"])
+    path.write_text(path.read_text() + "b\n")
+    with pytest.raises(StateCorrupt, match="line 4 is not a JSON string"):
+        read_tombstones(path)
+
+
+def test_atomic_writes_get_the_usual_file_modes(tmp_path):
+    # mkstemp's 0600 would make a rejected file's report unreadable to anyone but its writer
+    from unlearning.io import DIR_MODE, FILE_MODE, atomic_write_json, staging_dir
+
+    atomic_write_json(tmp_path / "r.json", {"a": 1})
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == FILE_MODE
+    assert staging_dir(tmp_path / "state").stat().st_mode & 0o777 == DIR_MODE
+
+
 def test_rewrite_without_keeps_the_dataset_identity(tmp_path):
     from unlearning.data import load_dataset, load_prepared, write_prepared
     from unlearning.data.store import rewrite_without
