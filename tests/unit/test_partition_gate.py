@@ -135,3 +135,14 @@ def test_klom_relative_to_noise_floor():
     v = evaluate_gate("retrain_equivalence", m, on)
     assert v.failures == ["klom_p95/forget = 3.5000 (needs <= 3.0)"]
     assert evaluate_gate("retrain_equivalence", m, Gate()).passed  # off by default
+
+
+def test_accuracy_on_its_printed_bound_passes():
+    from unlearning.gate import accuracy_interval
+
+    lo, hi = accuracy_interval(1.0, 1.0, 1.0, 3, 2.0, 0.0, 8)
+    assert lo > 2 / 3  # by one rounding step: the check must not fail on it
+    m = metrics(**{"acc/forget": 2 / 3, "oracle_acc_min/forget": 1.0, "oracle_acc_max/forget": 1.0,
+                   "oracle_acc/forget": 1.0, "n/forget": 3, "oracle_acc_std/forget": 0.0, "oracle_n/forget": 8})
+    v = evaluate_gate("retrain_equivalence", m, Gate())
+    assert v.checks["acc/forget"]["passed"], v.checks["acc/forget"]
