@@ -638,6 +638,10 @@ def _main(argv: list[str] | None) -> int:
 
             load_params(args.params)
         return args.fn(args)
+    except BrokenPipeError:  # `unlearn status | head -1`: the reader left; no message, as for any Unix tool
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail on the closed pipe again
+        return EXIT_FAILURE
     except Exception as e:
         code = exit_code(e)
         if code is None or args.debug:

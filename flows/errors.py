@@ -23,11 +23,13 @@ BY_NAME = {"TrackingUnavailable": EXIT_BAD_INPUT, "LockTimeout": EXIT_BAD_INPUT,
 # load pandas and pandera (0.7 s) on the error path of a config typo.
 BAD_INPUT = {("unlearning.config", "ConfigError"), ("unlearning.requests", "RequestValidationError"),
              ("unlearning.fingerprint", "StateMismatch"), ("flows.scaffold", "ScaffoldError"),
-             ("unlearning.data.registry", "DataError")}
+             ("unlearning.data.registry", "DataError"), ("unlearning.erasure", "UnknownBatch")}
 
 
 def exit_code(e: BaseException) -> int | None:
     """The documented exit code of an error reported in one line, or None for an unexpected one (traceback)."""
+    if isinstance(e, BrokenPipeError):  # a closed pipe is the reader's choice, not bad input
+        return None
     if isinstance(e, (FileNotFoundError, PermissionError, ConnectionError)) or any(
             (c.__module__, c.__name__) in BAD_INPUT for c in type(e).__mro__):
         return EXIT_BAD_INPUT
@@ -64,6 +66,10 @@ class KnownErrorsOnce(logging.Filter):
     off the console (the Prefect API handler still sends them to the run's logs in the UI); every other record,
     and every record under UNLEARN_DEBUG, passes."""
 
+    # The known errors by class name: a task's Failed-state record can come before any record that carries
+    # the exception itself (a failure in the flow's first task), so `seen` alone would let it through.
+    KNOWN = {name for _, name in BAD_INPUT} | set(BY_NAME) | {"FileNotFoundError", "PermissionError"}
+
     def __init__(self):
         super().__init__()
         self.seen: set[str] = set()  # class names of the known errors left out so far
@@ -77,14 +83,14 @@ class KnownErrorsOnce(logging.Filter):
                 return True
             self.seen.add(type(exc).__name__)
             return False
-        if record.levelno < logging.INFO or not self.seen:
+        if record.levelno < logging.INFO:
             return True
         try:
             text = record.getMessage()
         except Exception:  # a record whose arguments do not format: leave it to the handler
             return True
         match = _STATE_EXCEPTION.search(text)
-        return not (match and match.group(1) in self.seen)
+        return not (match and match.group(1) in self.seen | self.KNOWN)
 
 
 def quiet_known_errors_on_console() -> None:

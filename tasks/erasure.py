@@ -35,7 +35,7 @@ from unlearning.data import load_prepared, read_state_manifest
 from unlearning.data.store import manifest_csv_bytes, rewrite_without
 from unlearning.ensembles import id_hashes, trained_on
 from unlearning.erasure import (
-    add_tombstones, id_key, is_erased, npy_rows_found, read_tombstones, row_digests,
+    UnknownBatch, add_tombstones, id_key, is_erased, npy_rows_found, read_tombstones, row_digests,
 )
 from unlearning.io import (
     atomic_save, atomic_write_bytes, atomic_write_json, commit_dir, discard_dir, load_checkpoint, read_json_file,
@@ -293,7 +293,10 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
     state_dir = params.path("state_dir")
     ledger = [e for e in read_ledger(state_dir / "ledger.jsonl") if batch is None or e["batch_id"] == batch]
     if batch is not None and not ledger:
-        return [f"batch {batch} is not in the ledger ({state_dir / 'ledger.jsonl'})"], []
+        known = list(dict.fromkeys(e["batch_id"] for e in read_ledger(state_dir / "ledger.jsonl")))
+        raise UnknownBatch(f"batch {batch!r} is not in the ledger {state_dir / 'ledger.jsonl'}; "
+                           + (f"its batches: {known[-10:]}{' (the 10 newest)' if len(known) > 10 else ''}" if known
+                              else "it holds no batch yet") + " (`unlearn status` lists them)")
     forgotten = {str(e["sample_id"]) for e in ledger}
     reports = [read_json_file(p) for p in sorted(reports_dir(params).glob("*.json"))]
     digests = set().union(*[set(r.get("row_digests", [])) for r in reports]) if reports else set()

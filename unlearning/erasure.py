@@ -23,6 +23,10 @@ from unlearning.ledger import hash_sample_id
 NPY_MAGIC = b"\x93NUMPY"
 
 
+class UnknownBatch(LookupError):
+    """A batch id that no ledger entry has (a typo, or a batch of an archived state): bad input, exit 2."""
+
+
 def id_key(hash_ids: bool, salt: str) -> Callable[[str], str]:
     """How an id is written to the ledger and the tombstones: itself, or salted-hashed."""
     return (lambda s: hash_sample_id(str(s), salt)) if hash_ids else (lambda s: str(s))

@@ -38,6 +38,42 @@ def test_prefects_copies_of_a_known_error_stay_off_the_console(monkeypatch):
     assert f.filter(record("Beginning flow run 'x' for flow 'prepare'", logging.INFO))
 
 
+def test_a_state_record_before_the_exception_record_is_left_out_too(monkeypatch):
+    # a failure in the flow's first task: its Failed-state line came first, when nothing was "seen" yet
+    monkeypatch.delenv("UNLEARN_DEBUG", raising=False)
+    f = KnownErrorsOnce()
+    assert not f.filter(record("Finished in state Failed('Task run encountered an exception StateMismatch: "
+                               "state/ was built from other params: recipe: epochs was 30, now 5')"))
+    assert f.filter(record("Finished in state Failed('Task run encountered an exception KeyError: x')"))
+
+
+def test_a_closed_pipe_is_not_bad_input(tmp_path, capfd):
+    # `unlearn status | head -1`: BrokenPipeError is a ConnectionError, which counted as bad input (exit 2)
+    import os
+    import subprocess
+
+    assert exit_code(BrokenPipeError(32, "Broken pipe")) is None
+    assert exit_code(ConnectionRefusedError("x")) == EXIT_BAD_INPUT
+    r, w = os.pipe()
+    os.close(r)
+    proc = subprocess.run([sys.executable, "-c", "from flows.cli import main; raise SystemExit(main(['methods']))"],
+                          stdout=w, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(w)
+    assert proc.returncode == EXIT_FAILURE and "Broken pipe" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_unknown_batch_is_bad_input(tmp_path):
+    from tasks.erasure import verify_erasure
+    from tests.helpers import make_project
+    from unlearning.config import load_params
+    from unlearning.erasure import UnknownBatch
+
+    params = load_params(make_project(tmp_path, inbox_files=False))
+    with pytest.raises(UnknownBatch, match="batch 'batch-000000000000' is not in the ledger .* holds no batch yet"):
+        verify_erasure(params, "batch-000000000000", None)
+    assert exit_code(UnknownBatch("x")) == EXIT_BAD_INPUT
+
+
 def test_debug_keeps_every_record(monkeypatch):
     monkeypatch.setenv("UNLEARN_DEBUG", "1")
     err = DataError("rows with missing values")
