@@ -74,6 +74,8 @@ test-all: setup ## every tier except gpu
 	$(BIN)/python -m pytest -m "not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 ui: setup ## MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project's store
+	@# a taken port: one line and a non-zero exit (mlflow ui would log the bind error and still exit 0)
+	@$(BIN)/python -c "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); 	  sys.exit(0 if s.connect_ex(('127.0.0.1', $(MLFLOW_PORT))) else 'error: port $(MLFLOW_PORT) is taken (another MLflow UI or server?): stop it, or make ui MLFLOW_PORT=5001')"
 	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}" \
 	  --default-artifact-root "file://$(CURDIR)/mlartifacts" --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1
 

@@ -83,7 +83,8 @@ class NewtonGGNArgs(MethodArgs):
 
 
 @register("newton_ggn", NewtonGGNArgs,
-          "GGN/Newton steps on the retain objective per member (lands on the retrain for ridge)")
+          "one GGN-Newton removal step per member: the influence of the forget rows (default gradient: forget), "
+          "or Newton steps on the retain objective (gradient: retain); lands on the retrain for ridge")
 def run(ctx: UnlearnContext, args: NewtonGGNArgs) -> UnlearnResult:
     start = time.perf_counter()
     model = ctx.model
