@@ -13,7 +13,8 @@ commit retry it, tasks/retry.py); any other DVC error raises `DvcFailed` naming 
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
+import sys
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 
@@ -43,8 +44,14 @@ def _repo(root: Path, what: str):
     logger = logging.getLogger("dvc.output")
     if not any(isinstance(f, _NoEmptyInboxWarning) for f in logger.filters):
         logger.addFilter(_NoEmptyInboxWarning())
+    # DVC's messages ("Updating lock file 'dvc.lock'", "Removed 13 objects from repo cache.") go to stdout, by
+    # its console handlers (dvc.logger.setup, streams taken when they were made) and by dvc.ui; here they are
+    # diagnostics, and `unlearn run`'s stdout is its JSON lines (`unlearn run | jq`)
+    for handler in logging.getLogger("dvc").handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is not sys.stderr:
+            handler.stream = sys.stderr  # not setStream: it flushes the old stream, which may be closed
     try:
-        with Repo(str(root)) as repo:
+        with redirect_stdout(sys.stderr), Repo(str(root)) as repo:
             yield repo
     except LockError as e:
         raise DvcLockBusy(f"dvc {what} in {root}: the repository is locked by another DVC process ({e})") from e
