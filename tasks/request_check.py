@@ -392,6 +392,19 @@ class FileCheck:
         return str(self.error()) + docs
 
 
+def nothing_left_problems(manifest: pd.DataFrame, pending: pd.DataFrame) -> list[str]:
+    """A batch that names every training row still retained: no retrain (the oracles, the exact retrain
+    candidate) has a row to learn from, and the "model" it promoted would be a random initialisation."""
+    if "sample_id" not in pending.columns or not len(pending):
+        return []
+    retained = manifest.loc[(manifest["split"] == "train") & (manifest["status"] == "retained"), "sample_id"]
+    if len(retained) and retained.astype(str).isin(set(pending["sample_id"].astype(str))).all():
+        return [f"batch: it names all {len(retained)} training rows still retained, so nothing would be left to "
+                f"train or retrain on; keep some rows (split the request), or start over on new data "
+                f"(`unlearn reset`)"]
+    return []
+
+
 def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash_ids: bool = False,
                        salt: str = "", max_clock_skew_seconds: float = 300.0, now=None,
                        tombstoned: set[str] | None = None, gx: bool = True,
@@ -421,6 +434,8 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
     pending = rows.reset_index(drop=True)
     pending.attrs = dict(df.attrs)
     problems = [*conflicts, *check.problems]
+    if not problems and check.manifest_checked:
+        problems += nothing_left_problems(manifest, pending)
     return FileCheck(path, "invalid" if problems else "ok", problems, pending, skipped=len(same), n_rows=n,
                      gx_result=check.gx_result, conflicts=conflicts, manifest_checked=check.manifest_checked,
                      data_docs=check.data_docs)

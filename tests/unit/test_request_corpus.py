@@ -200,6 +200,9 @@ CASES = [
      [], "plain"),
     ("hashed-ledger-same-content", "a.csv", csv(H + "\nold-1,digits-0007,2026-11-01T11:00:00+01:00,gdpr\n"),
      "already_processed", [], "hashed"),
+    # a batch naming every retained training row (0-6 of the manifest; 7 is deleted, 8-9 are validation rows)
+    ("nothing-left", "a.csv", csv(H + "".join(f"\nr{i},digits-000{i},2026-11-30,gdpr" for i in range(7)) + "\n"),
+     "invalid", ["names all 7 training rows still retained"], None),
     ("ledger-partial-overlap", "a.csv", csv(H + "\nold-1,digits-0007,2026-11-01T10:00:00Z,gdpr\n"
                                             "r2,digits-0002,2026-11-30,gdpr\n"), "ok", [], "plain"),
 ]
