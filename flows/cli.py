@@ -189,8 +189,17 @@ def cmd_validate(args) -> int:
     from tasks.request_check import check_file_for
 
     params = _params(args)
-    fc = check_file_for(Path(args.file), params, _live_state(params))
+    fc = check_file_for(_request_file(args.file), params, _live_state(params))
     return print_check(fc, args.json)
+
+
+def _request_file(name: str) -> Path:
+    """The request file a command names; a missing one is a one-line error (exit 2) before anything else is
+    read (not a "rejected" file, and not a complaint about the project's prepared data)."""
+    path = Path(name)
+    if not path.exists():
+        raise FileNotFoundError(f"{name}: no such request file")
+    return path
 
 
 def print_check(fc, as_json: bool) -> int:
@@ -257,7 +266,7 @@ def cmd_audit(args) -> int:
     # The file's checks first, as `unlearn validate` runs them: a bad file answers in seconds, before the Prefect
     # server starts, and with --json as JSON (the validate --json object).
     params = _params(args)
-    fc = check_file_for(Path(args.file), params, _live_state(params))
+    fc = check_file_for(_request_file(args.file), params, _live_state(params))
     if fc.status == "invalid":
         return print_check(fc, args.json)
     from flows.audit import audit
@@ -308,6 +317,36 @@ def cmd_methods(args) -> int:
     return 0
 
 
+STATUS_KEYS = ("champion", "state_dir", "retraining_debt", "debt_bounds", "registered_model", "alias", "n_samples",
+               "n_deleted", "n_requests", "n_batches", "n_erased", "mlflow_tracking_uri", "notes", "warnings")
+
+
+def _state_against_params(params, champion: dict) -> tuple[list[str], str | None]:
+    """(warnings, note): whether the next batch can run on state/ with the current params and data. A state
+    built from other ones stops the next batch (the warning names what changed), except a state that holds
+    no batch yet: that follows the retrained original at the next batch (the note says so), and the registry
+    alias must not be moved back to it meanwhile."""
+    from unlearning.data import load_prepared
+    from unlearning.fingerprint import describe_mismatch, matches
+
+    recorded = champion.get("fingerprint")
+    if recorded is None or not (params.path("prepared_dir") / "dataset.json").exists():
+        return [], None
+    from tasks.state import current_fingerprint, original_path, stale_unbatched_state
+
+    prepared = load_prepared(params.path("prepared_dir"))
+    current = current_fingerprint(params, prepared)
+    if matches(recorded, current):
+        return [], None
+    if stale_unbatched_state(params, prepared, current):
+        return [], (f"{params.path('state_dir')} holds no batch and was built from other params or data: the next "
+                    f"batch starts from the retrained {original_path(params)}, and @{params.tracking.alias} "
+                    f"follows it then")
+    return [f"the next batch will stop: {params.path('state_dir')} was built from other params or data than the "
+            f"current ones: {'; '.join(describe_mismatch(recorded, current))}; restore them, or start over with "
+            f"`unlearn reset`"], None
+
+
 def cmd_status(args) -> int:
     from unlearning.data import read_state_manifest
     from unlearning.erasure import read_tombstones
@@ -316,16 +355,20 @@ def cmd_status(args) -> int:
     params = _params(args)
     state_dir = params.path("state_dir")
     if not (state_dir / "champion.json").exists():
-        if args.json:
-            print(json.dumps({"champion": None, "state_dir": str(state_dir)}))
+        if args.json:  # the same keys as for a project with a state: a script reads one shape
+            print(json.dumps({**dict.fromkeys(STATUS_KEYS), "champion": None, "state_dir": str(state_dir),
+                              "notes": [], "warnings": [], "mlflow_tracking_uri": params.mlflow_tracking_uri()},
+                             indent=2))
         else:
             print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
         return 0
     from unlearning.io import read_json_file
 
     champion = read_json_file(state_dir / "champion.json")
-    notes = []
-    if os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
+    notes, warnings, follows_original = [], *_state_against_params(params, champion)
+    if follows_original:
+        notes.append(follows_original)
+    elif os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
         from flows.common import tracker_for
         from tasks.tracking import preflight
 
@@ -339,18 +382,21 @@ def cmd_status(args) -> int:
     from unlearning.history import n_original_train, retraining_debt
 
     debt = retraining_debt(ledger, n_original_train(manifest, ledger))
-    status = {"champion": champion, "retraining_debt": debt,
+    status = {"champion": champion, "state_dir": str(state_dir), "retraining_debt": debt,
               "debt_bounds": params.deletion.debt.model_dump(), "registered_model": params.tracking.registered_model,
               "alias": params.tracking.alias, "n_samples": len(manifest),
               "n_deleted": int((manifest["status"] == "deleted").sum()), "n_requests": len(ledger),
               "n_batches": len({e["batch_id"] for e in ledger}),
               "n_erased": len(read_tombstones(params.path("tombstones"))),
-              "mlflow_tracking_uri": params.mlflow_tracking_uri(), "notes": notes}
+              "mlflow_tracking_uri": params.mlflow_tracking_uri(), "notes": notes, "warnings": warnings}
+    assert set(status) == set(STATUS_KEYS)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
         return 0
     for note in notes:
         print(note)
+    for warning in warnings:
+        print(f"warning: {warning}")
     print(f"champion: {status['registered_model']} v{champion['model_version']} (@{status['alias']}), "
           f"method {champion['method']}, batch {champion['batch_id']}")
     print(f"manifest: {status['n_samples']} samples, {status['n_deleted']} deleted; ledger: {status['n_requests']} "
@@ -647,6 +693,8 @@ def _main(argv: list[str] | None) -> int:
         if code is None or args.debug:
             raise
         print(f"error: {e}", file=sys.stderr)
+        if getattr(args, "json", False):  # a `--json` reader gets JSON on stdout whatever happened
+            print(json.dumps({"error": str(e), "exit_code": code}))
         return code
 
 

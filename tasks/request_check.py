@@ -299,7 +299,7 @@ def problem_lines(run: SuiteRun, lk: Lookup) -> list[str]:
         if rule == "exists" and n > 1 and len(rows) == n:
             lines.append(f"manifest: column 'sample_id' rows 1-{n} (all): none of the {n} sample ids (e.g. "
                          f"{[lk.value[r] for r in rows[:3]]}) is in this dataset's manifest, whose ids look like "
-                         f"{lk.example_ids}: the file is probably for another dataset; move it out of the inbox")
+                         f"{lk.example_ids}: the file is probably for another dataset (if it sits in the inbox, move it out)")
             continue
         lines += [f"manifest: {_rule_line(rule, r, lk)}" for r in rows[:MAX_ROW_LINES]]
         rest = rows[MAX_ROW_LINES:]

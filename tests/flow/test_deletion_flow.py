@@ -284,3 +284,24 @@ def test_a_file_still_being_written_stays_in_the_inbox_until_complete(project, m
     assert second["status"] == "applied" and not path.exists()
     ledger = [json.loads(line) for line in (project / "state" / "ledger.jsonl").read_text().splitlines()]
     assert [e["request_id"] for e in ledger if e["request_id"].startswith("slow-")] == ["slow-1", "slow-2"]
+
+
+def test_status_warns_that_the_next_batch_would_stop(project, capsys):
+    """`unlearn status` with params the state was not built from: the batch would stop; status says so."""
+    import yaml
+
+    from flows.cli import main
+    from flows.deletion_batch import run
+
+    if not (project / "state" / "champion.json").exists():
+        run(None, str(project / "params.yaml"), {"diagnostics": {"enabled": False}})
+    other = yaml.safe_load((project / "params.yaml").read_text())
+    other["train"]["epochs"] += 1
+    (project / "params-other.yaml").write_text(yaml.safe_dump(other, sort_keys=False))
+    capsys.readouterr()
+    assert main(["--params", str(project / "params-other.yaml"), "status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert len(status["warnings"]) == 1 and "the next batch will stop" in status["warnings"][0]
+    assert f"epochs was {other['train']['epochs'] - 1}, now {other['train']['epochs']}" in status["warnings"][0]
+    assert main(["--params", str(project / "params.yaml"), "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []

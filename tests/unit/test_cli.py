@@ -14,6 +14,16 @@ def test_global_options_work_before_and_after_the_subcommand(tmp_path, capsys):
     before = json.loads(capsys.readouterr().out)
     assert main(["status", "--params", str(params), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == before and before["champion"] is None
+    from flows.cli import STATUS_KEYS
+
+    assert tuple(before) == STATUS_KEYS  # the keys a state's status has too: one shape for scripts
+
+
+def test_json_commands_print_json_on_error(tmp_path, capsys):
+    missing = str(tmp_path / "nope" / "params.yaml")
+    assert main(["status", "--params", missing, "--json"]) == EXIT_BAD_INPUT
+    out = json.loads(capsys.readouterr().out)
+    assert out["exit_code"] == EXIT_BAD_INPUT and "file not found" in out["error"]
 
 
 def test_every_subcommand_has_a_description_and_examples():
@@ -45,3 +55,12 @@ def test_exit_codes_are_the_documented_ones():
     assert exit_code(AfterCommitError("applied, then")) == EXIT_FAILURE == 1
     assert exit_code(RuntimeError("unexpected")) is None  # a real bug keeps its traceback
     assert "3 the gate rejected" in build_parser().epilog
+
+
+def test_a_missing_request_file_is_named_before_anything_else(tmp_path, capsys):
+    # a fresh project (no prepared data): the missing file is the error, not the missing features.npy
+    params = make_project(tmp_path, inbox_files=False)
+    for command in ("validate", "audit"):
+        assert main(["--params", str(params), command, str(tmp_path / "nope.csv")]) == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert err == f"error: {tmp_path / 'nope.csv'}: no such request file\n", err
