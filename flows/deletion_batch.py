@@ -30,7 +30,9 @@ from unlearning.config import Params, load_params
 from unlearning.history import n_original_train
 from unlearning.io import atomic_write_json, exclusive_lock, move_unique
 from unlearning.ledger import hash_sample_id
-from unlearning.requests import RequestValidationError, file_sha256, in_inbox, read_request_file, scan_inbox
+from unlearning.requests import (
+    RequestValidationError, file_sha256, in_inbox, leftover_dot_files, read_request_file, scan_inbox,
+)
 from unlearning.selection import check_method_config
 
 
@@ -280,6 +282,10 @@ def reject_unreadable_entries(inbox: Path, params: Params) -> list[dict]:
     """Inbox entries that are not request files (unknown suffix, folder, symlink out): moved, with the reason;
     one result each, like a rejected request file (`unlearn run` exits 2 for them too)."""
     results = []
+    for entry, age in leftover_dot_files(inbox):
+        run_logger().warning(f"{entry.name} in {inbox}: a temporary file left unchanged for {age / 60:.0f} min, "
+                             f"never processed: if its writer stopped, rename it (without the leading dot) to "
+                             f"drop it, or delete it")
     for entry, why in scan_inbox(inbox)[1]:
         dest = reject(entry, params, why)
         run_logger().warning(f"{entry.name}: {why}; moved to {dest}")

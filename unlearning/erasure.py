@@ -1,8 +1,8 @@
 """Erasure bookkeeping (DESIGN §3): the tombstone list and fingerprints of forgotten rows.
 
-The tombstone list (`base.paths.tombstones`, one id a line, salted-hashed with `deletion.hash_sample_ids`)
-lies outside every DVC stage's outs: the deletion flow appends to it, prepare reads it and leaves those
-rows out, so neither `dvc repro` nor a forced re-prepare brings an erased row back.
+The tombstone list (`base.paths.tombstones`, one id a line as a JSON string, salted-hashed with
+`deletion.hash_sample_ids`) lies outside every DVC stage's outs: the deletion flow appends to it, prepare
+reads it and leaves those rows out, so neither `dvc repro` nor a forced re-prepare brings an erased row back.
 
 Forgotten rows are recognised later by `row_digest` (sha256 of the row's float32 bytes): the erasure
 report keeps digests, never the rows, so `unlearn verify-erasure` can search every store for them.

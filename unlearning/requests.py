@@ -423,6 +423,28 @@ def scan_inbox(inbox: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     return files, odd
 
 
+LEFTOVER_AGE_SECONDS = 600.0
+KEEP_FILES = (".gitkeep", ".keep")
+
+
+def leftover_dot_files(inbox: str | Path, min_age_seconds: float = LEFTOVER_AGE_SECONDS) -> list[tuple[Path, float]]:
+    """Dot-files in the inbox unchanged for `min_age_seconds` or more, with their age: the temporary name of an
+    atomic drop whose writer never renamed it (it crashed, or wrote to the wrong name). Never processed and
+    never moved (a writer may still own it): only reported, so a request does not wait there unseen."""
+    import time
+
+    inbox = Path(inbox)
+    if not inbox.is_dir():
+        return []
+    now, out = time.time(), []
+    for p in sorted(inbox.iterdir()):
+        if p.name.startswith(".") and p.name not in KEEP_FILES and p.is_file():
+            age = now - p.stat().st_mtime
+            if age >= min_age_seconds:
+                out.append((p, age))
+    return out
+
+
 def list_request_files(inbox: str | Path) -> list[Path]:
     """Request files in the inbox, in processing order (see `scan_inbox`)."""
     return scan_inbox(inbox)[0]

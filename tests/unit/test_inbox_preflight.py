@@ -138,3 +138,16 @@ def test_prefect_api_preflight_fails_in_seconds_with_the_fix(tmp_path, monkeypat
     with pytest.raises(ConnectionError, match=r"Prefect API http://127.0.0.1:9/api is unreachable.*prefect server start"):
         preflight(params)
     assert time.perf_counter() - start < 10
+
+
+def test_leftover_dot_files_are_reported_after_a_while(tmp_path):
+    from unlearning.requests import leftover_dot_files
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for name in (".old.csv", ".new.csv", ".gitkeep", "a.csv"):
+        (inbox / name).write_text("x")
+    old = time.time() - 3600
+    os.utime(inbox / ".old.csv", (old, old))
+    os.utime(inbox / ".gitkeep", (old, old))
+    assert [(p.name, round(age / 60)) for p, age in leftover_dot_files(inbox)] == [(".old.csv", 60)]
