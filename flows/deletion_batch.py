@@ -24,7 +24,7 @@ from tasks.clock import computes
 from tasks.dvc_metrics import write_deletion_metrics
 from tasks.lineage import commit_lineage
 from tasks.reporting import run_logger
-from tasks.state import ensure_state, load_state, original_path
+from tasks.state import ensure_state, load_state, original_path, stale_unbatched_state
 from tasks.training import recipe
 from unlearning.config import Params, load_params
 from unlearning.history import n_original_train
@@ -183,7 +183,9 @@ def reconcile(params: Params, tracker) -> list[str]:
     champion_file = params.path("state_dir") / "champion.json"
     version = _json.loads(champion_file.read_text()).get("model_version") if champion_file.exists() else None
     name, alias = params.tracking.registered_model, params.tracking.alias
-    if version is not None:
+    # a batch-less state built from other params follows the retrained original at the next batch (ensure_state):
+    # until then the alias stays on that original (`unlearn erase` after `dvc repro train` moved it back)
+    if version is not None and not stale_unbatched_state(params):
         before, changed = tracker.reconcile_alias(name, alias, str(version))
         if changed:
             notes.append(f"reconciled {name}@{alias}: v{before} -> v{version} (state/champion.json decides)")

@@ -153,6 +153,8 @@ def stale_unbatched_state(params: Params, prepared: Prepared | None = None, curr
     champion = read_json_file(state_dir / "champion.json")
     if champion.get("method") != "original" or champion.get("batch_id") is not None:
         return False
+    if prepared is None and not (params.path("prepared_dir") / "dataset.json").exists():
+        return False  # nothing prepared to compare with: the next prepare decides
     prepared = prepared or load_prepared(params.path("prepared_dir"))
     current = current or current_fingerprint(params, prepared)
     if matches(champion.get("fingerprint") or {}, current):

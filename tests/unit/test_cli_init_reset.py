@@ -324,6 +324,25 @@ def test_a_state_without_batches_follows_the_retrained_original(tmp_path, monkey
     new = current_fingerprint(params, load_prepared(params.path("prepared_dir")))
     stub_models(monkeypatch, {"model_version": "2", "fingerprint": new})  # train re-ran: original v2
     assert stale_unbatched_state(params)
+    from flows.deletion_batch import reconcile
+
+    class Registry:  # what reconcile asks of the tracker (`unlearn erase`, `unlearn status` run it too)
+        def __init__(self):
+            self.alias_moves = []
+
+        def reconcile_alias(self, *a):
+            self.alias_moves.append(a)
+            return None, False
+
+        def fail_stale_runs(self):
+            return []
+
+        def tag_unpromoted(self, *a):
+            return []
+
+    registry = Registry()
+    reconcile(load_params(params_path, {"erasure": {"enabled": False}}), registry)
+    assert registry.alias_moves == []  # @champion stays on the retrained original, not back on state/'s v1
     assert load_state.fn(params, "cpu").champion["model_version"] == "2"  # read-only: follows the original
     assert ensure_state(params, "cpu")  # and the flow rewrites state/ from it
     champion = json.loads((tmp_path / "state" / "champion.json").read_text())
