@@ -267,7 +267,21 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
         if dvc_commit and params.operations.dvc_commit and any(r["status"] == "applied" for r in results):
             commit_applied(params, results)
     log.info(ui_hint(params, tracker_for(params).batches_url_hint() if results else ""))
-    return results
+    return final_state(results)
+
+
+def final_state(results: list[dict]):
+    """The results, or, when a file was rejected or left in the inbox, a Completed state named so: a deployment
+    run shows "Completed with rejections" in the Prefect UI (not a plain green "Completed" an operator would
+    pass over), with the files in its message; the caller still gets the results."""
+    from prefect.states import Completed
+
+    held = [f"{r['file']} ({r['status']}{': ' + r['reason'] if r.get('reason') else ''})" for r in results
+            if r["status"] in ("rejected", "changed")]
+    if not held:
+        return results
+    return Completed(name="Completed with rejections", data=results,
+                     message=f"{len(held)} of {len(results)} file(s) not applied: {'; '.join(held)}")
 
 
 def reconcile_if_started(params: Params) -> list[str]:

@@ -307,3 +307,17 @@ def test_status_warns_that_the_next_batch_would_stop(project, capsys):
     assert f"epochs was {other['train']['epochs'] - 1}, now {other['train']['epochs']}" in status["warnings"][0]
     assert main(["--params", str(project / "params.yaml"), "status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["warnings"] == []
+
+
+def test_a_run_that_rejects_a_file_says_so_in_its_state(project):
+    """The deployment's run of a rejected file: Completed with rejections (its message names the file), not a
+    plain Completed an operator would pass over; the caller still gets the results."""
+    from flows.deletion_batch import deletion_batch
+
+    inbox = project / "requests" / "inbox"
+    (inbox / "g_bad.csv").write_text("request_id,sample_id,requested_at,reason\nbad-9,digits-9999,2026-11-30,gdpr\n")
+    state = deletion_batch(None, str(project / "params.yaml"), {"diagnostics": {"enabled": False}},
+                           return_state=True)
+    assert state.is_completed() and state.name == "Completed with rejections"
+    assert "g_bad.csv (rejected: validation)" in state.message
+    assert [r["status"] for r in state.result()] == ["rejected"]
