@@ -138,8 +138,14 @@ def _columns(path: Path) -> list[str] | None:
     """The column names of a CSV/TSV or Parquet file (None when the format is not readable here)."""
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv", ".txt"):
-        with open(path, newline="") as f:
-            return next(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","), [])
+        # utf-8-sig: Excel's "CSV UTF-8" starts with a byte order mark, which would otherwise glue itself to the
+        # first column's name ('\ufeffid'); prepare's reader (unlearning/data/sources.py) skips it the same way.
+        try:
+            with open(path, newline="", encoding="utf-8-sig") as f:
+                return next(csv.reader(f, delimiter="\t" if suffix == ".tsv" else ","), [])
+        except UnicodeDecodeError as e:
+            raise ScaffoldError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the table as UTF-8 "
+                                f"(\"CSV UTF-8\" in a spreadsheet)") from None
     if suffix in (".parquet", ".pq"):
         import pyarrow.parquet as pq
 

@@ -126,6 +126,23 @@ def test_init_outside_data_path_is_absolute(tmp_path):
     assert yaml.safe_load((tmp_path / "p" / "dvc.yaml").read_text())["stages"]["prepare"]["deps"] == [
         "${prepare.table.path}"]
 
+@pytest.mark.skipif(not HAS_TABLE, reason="prepare.table (TableSource) is not in unlearning/config.py yet")
+def test_init_and_prepare_read_excels_csv_utf8_alike(tmp_path, capsys):
+    """Excel's "CSV UTF-8" starts with a byte order mark: init read the first column as '\\ufeffcustomer'."""
+    from unlearning.data import load_dataset
+
+    plain = write_csv(tmp_path / "plain.csv", n=20)
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert main(init_args(tmp_path / "p", bom, "--no-vcs")) == 0
+    table = load_params(tmp_path / "p" / "params.yaml").prepare.table
+    ds = load_dataset("table", **{**table.model_dump(), "path": str(bom)})
+    assert ds.sample_id[0] == "c000" and ds.meta["preprocessing"]["columns"] == ["age", "spend"]
+    bom.write_bytes("customer,churned\nc\xe9,1\n".encode("latin-1"))
+    assert main(init_args(tmp_path / "q", bom, "--no-vcs")) == 2
+    assert "not UTF-8 text" in capsys.readouterr().err and not (tmp_path / "q").exists()
+
+
 
 @pytest.mark.skipif(not HAS_IMAGE_FOLDER, reason="prepare.image_folder is not in unlearning/config.py yet")
 def test_init_image_folder(tmp_path):

@@ -1,7 +1,9 @@
 """Your own data: a table (CSV or Parquet) or a folder of images, as a `Dataset` with stable ids.
 
 - `table`: one row per sample. The id column gives the sample ids (as strings), the label column the classes
-  (any dtype; class names = the sorted unique values as strings; label index = position in that list).
+  (any dtype; class names = the unique values as text, in numeric order when every one is a whole number,
+  else sorted as text; label index = position in that list). The id, label, group and split columns of a
+  CSV are read as text: '01' and '1' are two classes, an id or class 'NA' is a value, not a gap.
   Non-numeric feature columns (object/string/category/bool) are one-hot encoded (`col=value`, categories
   sorted, fitted on all rows); numeric ones are standardized with the mean/std of the training rows. The
   fitted `preprocessing` is recorded in dataset.json and re-applied by `apply_preprocessing`.
@@ -9,12 +11,18 @@
   the id is the path relative to `<root>` without its suffix. Images are converted to L or RGB, resized
   (bilinear), scaled to [0, 1] and flattened channel-first.
 
-Neither loader skips anything silently: missing values, bad split values, duplicate ids and files that
-are not images are errors that name the rows or files and the fix.
+Missing values in a CSV: an empty cell; and, in a column whose other values are all numbers (or all
+booleans), pandas' missing-value markers (`NA`, `null`, `None`, `N/A`, `nan`, ...). In text columns those
+markers are values (Namibia's code is 'NA'): only an empty cell is missing there.
+
+Neither loader skips anything silently: missing values, bad split values, duplicate or padded ids, an index
+column written with the rows, features that do not fit float32, and files that are not images are errors
+that name the rows or files and the fix.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -28,6 +36,14 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SPLITS = ("train", "val")
 SHOW = 5  # rows / values named in an error message
 MAX_CATEGORIES = 100  # distinct values of a text feature column above which one-hot encoding is refused
+# pandas' default missing-value markers (read_csv `na_values`, less the empty cell): missing only in number
+# and boolean columns, see `read_table`.
+NA_MARKERS = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+                        "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
+# The rule of request files (unlearning/requests.py): an id holding one of these can never be requested.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A whole number in pandas' float format ('3.0'): how an integer column with gaps is written by df.to_csv.
+_WHOLE_FLOAT = r"-?(?:0|[1-9][0-9]*)\.0+"
 
 
 def _first(items: Sequence, n: int = SHOW) -> str:
@@ -46,9 +62,16 @@ def _labels(fine: np.ndarray, fine_names: list[str], group: np.ndarray, targets:
 
 
 # ----------------------------------------------------------------------------------------------- tables
-def read_table(path: str | Path, id_column: str | None = None) -> pd.DataFrame:
-    """A CSV or Parquet file (by suffix) as a DataFrame; the id column of a CSV is read as text."""
+def read_table(path: str | Path, text_columns: str | Sequence[str | None] = ()) -> pd.DataFrame:
+    """A CSV or Parquet file (by suffix) as a DataFrame.
+
+    CSV: `text_columns` (the id, label, group and split columns) are read as text, so '007' and '7' stay two
+    values. An empty cell is missing; pandas' markers (`NA_MARKERS`: 'NA', 'null', 'None', 'N/A', 'nan', ...)
+    are missing only in a column whose other values are all numbers or all booleans, where they can mean
+    nothing else; anywhere else they are text ('NA' is Namibia, North America, a class). A UTF-8 byte order
+    mark (Excel's "CSV UTF-8") is skipped. Parquet columns keep their stored types and nulls."""
     path = Path(path)
+    text = [c for c in ([text_columns] if isinstance(text_columns, str) else text_columns) if c is not None]
     fmt = TABLE_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise DataError(f"prepare.table.path = '{path}': prepare.dataset 'table' reads {sorted(TABLE_FORMATS)} files "
@@ -59,12 +82,44 @@ def read_table(path: str | Path, id_column: str | None = None) -> pd.DataFrame:
                              f"params.yaml); point prepare.table.path at your .csv or .parquet table")
     try:
         if fmt == "csv":
-            return pd.read_csv(path, dtype={id_column: str} if id_column else None)
+            return _read_csv(path, text)
         return pd.read_parquet(path)
     except ImportError as e:
         raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow ({e})") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"prepare.table.path = '{path}': not UTF-8 text ({e.reason} at byte {e.start}); save the "
+                         f"table as UTF-8 (\"CSV UTF-8\" in a spreadsheet)") from None
     except (ValueError, OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise DataError(f"prepare.table.path = '{path}': not a readable {fmt} table: {e}") from e
+
+
+def _read_csv(path: Path, text_columns: list[str]) -> pd.DataFrame:
+    # keep_default_na=False: pandas would otherwise read the id 'NA' or the class 'None' as a gap. utf-8-sig
+    # skips Excel's byte order mark (pandas' utf-8 does too; said here so flows/scaffold.py reads alike).
+    df = pd.read_csv(path, dtype={c: str for c in text_columns}, keep_default_na=False, na_values=[""],
+                     encoding="utf-8-sig")
+    return _markers_as_missing(path, df, set(text_columns))
+
+
+def _markers_as_missing(path: Path, df: pd.DataFrame, text_columns: set[str]) -> pd.DataFrame:
+    """Columns that are numbers (or booleans) but for markers such as 'NA' or 'null' are re-read with pandas'
+    default markers, so they stay numbers with gaps (what prepare read before markers became text in text
+    columns). Only the columns holding a marker are read again: a table without any costs nothing more."""
+    candidates = [i for i, c in enumerate(df.columns)
+                  if c not in text_columns and not pd.api.types.is_numeric_dtype(df[c])
+                  and df[c].isin(NA_MARKERS).any()]
+    if not candidates:
+        return df
+    default = pd.read_csv(path, usecols=candidates, encoding="utf-8-sig")  # by position: safe with odd names
+    df = df.copy()
+    for i in candidates:
+        s = default.iloc[:, candidates.index(i)]
+        values = s.dropna()
+        numbers = pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
+        booleans = len(values) > 0 and values.map(lambda v: isinstance(v, (bool, np.bool_))).all()
+        if (numbers and len(values) > 0) or booleans:
+            df[df.columns[i]] = s.to_numpy()
+    return df
 
 
 def _integral(s: pd.Series) -> pd.Series:
@@ -78,6 +133,34 @@ def is_categorical(s: pd.Series) -> bool:
     return pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s)
 
 
+def _mean_std(x: np.ndarray) -> tuple[float, float]:
+    """Mean and (population) std in float64. Values beyond ~1e154 overflow the squares of the plain formula;
+    those columns are measured in units of their largest magnitude instead (the plain formula stays first,
+    so ordinary columns keep the exact statistics that earlier prepares recorded)."""
+    if x.size == 0:
+        return 0.0, 1.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = float(x.mean()), float(x.std())
+    if not (np.isfinite(mean) and np.isfinite(std)):
+        scale = float(np.abs(x).max())
+        y = x / scale
+        mean, std = scale * float(y.mean()), scale * float(y.std())
+    return mean, std
+
+
+def _standardize(x: np.ndarray, mean: float, std: float) -> np.ndarray:
+    """(x - mean) / std in float64; where x - mean overflows (values near the float64 limit) the same quotient
+    is taken in scaled units. A result still out of range stays inf for `_check_finite` to name."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = (x - mean) / std
+    redo = ~np.isfinite(z) & np.isfinite(x)
+    if redo.any():
+        scale = max(abs(mean), std, float(np.abs(x[redo]).max()))
+        with np.errstate(over="ignore", invalid="ignore"):
+            z[redo] = (x[redo] / scale - mean / scale) / (std / scale)
+    return z
+
+
 def fit_preprocessing(df: pd.DataFrame, columns: list[str], train_mask: np.ndarray) -> dict:
     """One-hot categories from all rows of `df` (stable whatever the split or subsample), mean/std (std 0 -> 1)
     from the rows in `train_mask` only."""
@@ -87,8 +170,7 @@ def fit_preprocessing(df: pd.DataFrame, columns: list[str], train_mask: np.ndarr
         if is_categorical(s):
             categories[col] = sorted(set(s.map(str)))
         else:
-            x = s.to_numpy(dtype=np.float64)[train_mask]
-            mean, std = float(x.mean()), float(x.std())
+            mean, std = _mean_std(s.to_numpy(dtype=np.float64)[train_mask])
             means[col], stds[col] = mean, (std if std > 0 and np.isfinite(std) else 1.0)
     names = [n for col in columns
              for n in ([f"{col}={v}" for v in categories[col]] if col in categories else [col])]
@@ -96,12 +178,15 @@ def fit_preprocessing(df: pd.DataFrame, columns: list[str], train_mask: np.ndarr
             "categories": categories}
 
 
-def apply_preprocessing(df: pd.DataFrame, preprocessing: dict) -> np.ndarray:
-    """The fitted preprocessing (dataset.json `preprocessing`) applied to rows of a table: [n, d] float32."""
+def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | None = None) -> np.ndarray:
+    """The fitted preprocessing (dataset.json `preprocessing`) applied to rows of a table: [n, d] float32.
+    Raises DataError naming the column and rows (by `ids`, else by position) when a feature is not a finite
+    float32: training on it would give a NaN model."""
     missing = [c for c in preprocessing["columns"] if c not in df.columns]
     if missing:
         raise DataError(f"the table lacks the feature columns {missing} of the preprocessing")
-    blocks = []
+    blocks, numeric = [], {}  # numeric: column -> its position in the feature matrix
+    width = 0
     for col in preprocessing["columns"]:
         s = df[col]
         if col in preprocessing["categories"]:
@@ -113,9 +198,32 @@ def apply_preprocessing(df: pd.DataFrame, preprocessing: dict) -> np.ndarray:
                                  f"{_first(cats, 20)}")
             blocks.append((values[:, None] == np.asarray(cats, dtype=object)[None, :]).astype(np.float64))
         else:
+            numeric[col] = width
             x = s.to_numpy(dtype=np.float64)
-            blocks.append(((x - preprocessing["means"][col]) / preprocessing["stds"][col])[:, None])
-    return np.ascontiguousarray(np.concatenate(blocks, axis=1), dtype=np.float32)
+            blocks.append(_standardize(x, preprocessing["means"][col], preprocessing["stds"][col])[:, None])
+        width += blocks[-1].shape[1]
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: inf, named just below
+        X = np.ascontiguousarray(np.concatenate(blocks, axis=1), dtype=np.float32)
+    _check_finite(df, X, numeric, preprocessing, ids)
+    return X
+
+
+def _check_finite(df: pd.DataFrame, X: np.ndarray, numeric: dict, preprocessing: dict, ids) -> None:
+    """Every numeric feature a finite float32 (|value| < 3.4e38 after standardizing)."""
+    bad = [col for col, j in numeric.items() if not np.isfinite(X[:, j]).all()]
+    if not bad:
+        return
+    labels = pd.Series(list(ids) if ids is not None else [f"row {i}" for i in range(len(df))])
+    parts = []
+    for col in bad:
+        rows = ~np.isfinite(X[:, numeric[col]])
+        raw = df[col].to_numpy(dtype=np.float64)[rows]
+        mean, std = preprocessing["means"][col], preprocessing["stds"][col]
+        parts.append(f"{col!r} (values such as {raw[0]:.3g} in rows {_describe_rows(labels, rows)}; training "
+                     f"mean {mean:.3g}, std {std:.3g})")
+    raise DataError(f"numeric feature column(s) {', '.join(parts)} do not fit a float32 feature once standardized "
+                     f"(|value| must stay below 3.4e38), so training would yield NaN. Rescale the column(s) in "
+                     f"your table (e.g. take the log), or leave them out via prepare.table.feature_columns")
 
 
 def _describe_rows(ids: pd.Series, mask: np.ndarray) -> str:
@@ -161,32 +269,16 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
                missing: str = "error", seed: int = 0, val_fraction: float = 0.2, max_train=None, max_val=None,
                targets: str = "fine", **_) -> Dataset:
     path = Path(path)
-    df = read_table(path, id_column)
+    df = read_table(path, (id_column, label_column, group_column, split_column))
     n_rows = len(df)
     features = _columns(df, path, id_column, label_column, group_column, split_column, feature_columns)
+    if feature_columns is None:  # a column the user listed is theirs to keep
+        _check_index_column(df, path, features)
     used = [c for c in (id_column, label_column, group_column, split_column) if c is not None] + features
-
-    na = df[used].isna()
-    bad = na.any(axis=1).to_numpy()
-    if bad.any():
-        if missing != "drop":
-            cols = [c for c in used if na[c].any()]
-            raise DataError(f"{path.name}: rows with missing values: {_describe_rows(df[id_column], bad)}; in "
-                             f"columns {cols}. Fill them, or set prepare.table.missing: drop to drop these rows")
-        df = df.loc[~bad].reset_index(drop=True)
-    if df.empty:
-        raise DataError(f"{path.name}: no rows left (of {n_rows}) after dropping rows with missing values")
+    df, file_rows = _drop_missing(df, path, id_column, used, missing)
 
     ids = df[id_column].map(str)
-    empty = (ids.str.strip() == "").to_numpy()
-    if empty.any():
-        raise DataError(f"prepare.table.id_column = {id_column!r}: empty ids in rows {_first(np.flatnonzero(empty))} "
-                         f"(0-based data rows); every row needs a unique, non-empty id")
-    dup = ids[ids.duplicated(keep=False)]
-    if len(dup):
-        counts = dup.value_counts(sort=False)
-        raise DataError(f"prepare.table.id_column = {id_column!r}: duplicate ids "
-                         f"{_first([f'{i} (x{n})' for i, n in counts.items()])}; ids must be unique")
+    _check_ids(id_column, ids, file_rows)
     for col in features:
         s = df[col]
         _check_feature_column(path, col, s, len(df))
@@ -195,19 +287,12 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
             raise DataError(f"{path.name}: column {col!r} has infinite values in rows {_describe_rows(ids, rows)}; "
                              f"replace them with finite numbers")
 
-    raw_labels = _integral(df[label_column])
-    uniq = list(pd.unique(raw_labels))
-    try:
-        ordered = sorted(uniq)
-    except TypeError:  # mixed types: order by text
-        ordered = sorted(uniq, key=str)
-    fine_names = [str(v) for v in ordered]
-    if len(set(fine_names)) < len(fine_names):
-        raise DataError(f"prepare.table.label_column = {label_column!r}: labels {fine_names} collide as text")
-    _check_labels(label_column, raw_labels, fine_names)
+    labels = _label_text(label_column, df[label_column])
+    fine_names = _class_names(label_column, labels)
+    _check_labels(label_column, labels, fine_names)
     index = {n: i for i, n in enumerate(fine_names)}
-    fine = raw_labels.map(str).map(index).to_numpy(dtype=np.int64)
-    group = (_integral(df[group_column]).map(str).to_numpy(dtype=object) if group_column
+    fine = labels.map(index).to_numpy(dtype=np.int64)
+    group = (_as_text(df[group_column]).to_numpy(dtype=object) if group_column
              else np.array([fine_names[c] for c in fine], dtype=object))
 
     rng = np.random.default_rng(seed)
@@ -231,7 +316,7 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
     train_rows = np.zeros(len(df), dtype=bool)
     train_rows[keep[split[keep] == "train"]] = True
     prep = fit_preprocessing(df, features, train_rows)
-    X = apply_preprocessing(df.iloc[keep], prep)
+    X = apply_preprocessing(df.iloc[keep], prep, ids=ids_arr[keep])
     split = split[keep].astype(str)
     label, class_names = _labels(fine[keep], fine_names, group[keep], targets)
     source = {"type": "table", "path": str(path), "format": TABLE_FORMATS[path.suffix.lower()],
@@ -241,7 +326,117 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
         name="table", X=X, label=label, fine_label=fine[keep], sample_id=ids_arr[keep], split=split,
         group=group[keep], class_names=class_names, fine_class_names=fine_names, image_shape=None,
         in_shape=(X.shape[1],),
-        meta={"source": source, "targets": targets, "n_dropped_missing": int(bad.sum()), "preprocessing": prep})
+        meta={"source": source, "targets": targets, "n_dropped_missing": int(n_rows - len(df)),
+              "preprocessing": prep})
+
+
+def _drop_missing(df: pd.DataFrame, path: Path, id_column: str, used: list[str],
+                  missing: str) -> tuple[pd.DataFrame, np.ndarray]:
+    """`df` without rows missing a value in a used column (missing: drop), or DataError naming them (error);
+    with the file's (0-based) data row of every row left, for messages about them."""
+    na = df[used].isna()
+    bad = na.any(axis=1).to_numpy()
+    if bad.any():
+        if missing != "drop":
+            cols = [c for c in used if na[c].any()]
+            raise DataError(f"{path.name}: rows with missing values: {_describe_rows(df[id_column], bad)}; in "
+                             f"columns {cols} (an empty cell, or a marker such as 'NA' in a column of numbers; in "
+                             f"text columns 'NA' is a value). Fill them, or set prepare.table.missing: drop to drop "
+                             f"these rows")
+        df = df.loc[~bad].reset_index(drop=True)
+    if df.empty:
+        raise DataError(f"{path.name}: no rows left (of {len(bad)}) after dropping rows with missing values")
+    return df, np.flatnonzero(~bad)
+
+
+def _check_index_column(df: pd.DataFrame, path: Path, features: list[str]) -> None:
+    """A pandas index saved with the rows (`df.to_csv(path)` without index=False: a nameless first column of
+    row numbers) must not become a feature: it encodes the row order, and so whatever the rows were sorted
+    by, the label included."""
+    first = df.columns[0]
+    if str(first) not in ("", "Unnamed: 0") or first not in features:
+        return
+    s = df[first]
+    # Not only 0..n-1: a filtered frame's index has gaps, a concatenated one repeats; all are row numbers.
+    if not pd.api.types.is_integer_dtype(s) or pd.api.types.is_bool_dtype(s) or (s < 0).any():
+        return
+    raise DataError(f"{path.name}: the first column has no name ({str(first)!r}) and holds row numbers "
+                     f"({_first(s.tolist())}): a pandas index written with the table, not a feature "
+                     f"(it would encode the row order). Write the table with df.to_csv(path, index=False), or "
+                     f"list the features in prepare.table.feature_columns")
+
+
+def _rows_with(ids: pd.Series, file_rows: np.ndarray, mask: np.ndarray) -> str:
+    """The ids at `mask`, exactly (repr shows spaces and line breaks), with their data row in the file."""
+    pos = np.flatnonzero(mask)
+    shown = ", ".join(f"{ids.iloc[i]!r} (row {file_rows[i]})" for i in pos[:SHOW])
+    return shown + (f", ... ({len(pos)} in all)" if len(pos) > SHOW else "")
+
+
+def _check_ids(id_column: str, ids: pd.Series, file_rows: np.ndarray) -> None:
+    """Ids that a deletion request could not name are refused here, by the rules of request files
+    (unlearning/requests.py): no control character (line break, tab), no spaces around the id. Such a row
+    would be trained on and could never be erased. And ids must be non-empty and unique."""
+    key = f"prepare.table.id_column = {id_column!r}"
+    empty = (ids.str.strip() == "").to_numpy()
+    if empty.any():
+        raise DataError(f"{key}: empty ids in rows {_first(file_rows[empty])} (0-based data rows); every row "
+                         f"needs a unique, non-empty id")
+    control = ids.str.contains(_CONTROL).to_numpy(dtype=bool)
+    if control.any():
+        raise DataError(f"{key}: ids {_rows_with(ids, file_rows, control)} (0-based data rows) hold a control "
+                         f"character (a line break or tab); deletion requests refuse such ids, so these rows could "
+                         f"never be erased: remove the characters from the ids in your table")
+    spaced = (ids != ids.str.strip()).to_numpy(dtype=bool)
+    if spaced.any():
+        raise DataError(f"{key}: ids {_rows_with(ids, file_rows, spaced)} (0-based data rows) have spaces around "
+                         f"them; deletion requests compare ids exactly and refuse padded ones, so these rows could "
+                         f"never be erased: strip the spaces from the ids in your table")
+    dup = ids[ids.duplicated(keep=False)]
+    if len(dup):
+        counts = dup.value_counts(sort=False)
+        raise DataError(f"{key}: duplicate ids {_first([f'{i} (x{n})' for i, n in counts.items()])}; ids must be "
+                         f"unique")
+
+
+def _as_text(s: pd.Series) -> pd.Series:
+    """Class or group values as the text naming them. Numbers (Parquet) as `str`, whole floats as ints (an
+    int column with gaps is float); text as written ('007' and '7' stay two values), except a column written
+    wholly in pandas' float format of whole numbers ('3.0', from df.to_csv of such a column) loses the '.0'
+    when no two values merge by it."""
+    if not is_categorical(s):
+        return _integral(s).map(str)
+    text = s.map(str)
+    if len(text) and text.str.fullmatch(_WHOLE_FLOAT).all():
+        short = text.str.replace(r"\.0+$", "", regex=True)
+        if short.nunique() == text.nunique():
+            return short
+    return text
+
+
+def _label_text(label_column: str, raw: pd.Series) -> pd.Series:
+    """The label column as text; DataError when two different values read the same (1 and '1' in an object
+    column of a Parquet file)."""
+    text = _as_text(raw)
+    if raw.nunique() > text.nunique():
+        raise DataError(f"prepare.table.label_column = {label_column!r}: labels {_first(sorted(set(text)))} "
+                         f"collide as text (e.g. the number 1 and the text '1'); give every class one spelling")
+    return text
+
+
+def _class_names(label_column: str, labels: pd.Series) -> list[str]:
+    """The classes in a fixed order: by value when every label is a number (0, 2, 10: the order a CSV's
+    integer labels had when they were read as numbers; '01' before '1' on a tie), else sorted as text.
+    Numbers that are not whole are a measurement, not a class: DataError."""
+    names = list(pd.unique(labels))
+    values = pd.to_numeric(pd.Series(names, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+    if not np.isfinite(values).all():
+        return sorted(names)
+    if (values % 1 != 0).any():
+        raise DataError(f"prepare.table.label_column = {label_column!r} holds non-integer numbers (e.g. "
+                         f"{_first(names[:3], 3)}): this pipeline trains classifiers; bin the target into classes "
+                         f"first")
+    return [names[i] for i in sorted(range(len(names)), key=lambda i: (values[i], names[i]))]
 
 
 def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> None:
@@ -259,18 +454,14 @@ def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> No
                              f"{MAX_CATEGORIES} categories are one-hot encoded")
 
 
-def _check_labels(label_column: str, raw: pd.Series, names: list[str]) -> None:
-    """A classifier needs at least two classes, and labels that are classes rather than measurements."""
+def _check_labels(label_column: str, labels: pd.Series, names: list[str]) -> None:
+    """A classifier needs at least two classes, and labels that are classes rather than ids."""
     if len(names) < 2:
         raise DataError(f"prepare.table.label_column = {label_column!r}: every row has the label {names[0]!r}; a "
                          f"classifier needs at least two classes")
-    if pd.api.types.is_float_dtype(raw) and not (raw % 1 == 0).all():
-        raise DataError(f"prepare.table.label_column = {label_column!r} holds non-integer numbers (e.g. "
-                         f"{_first(raw.unique()[:3].tolist(), 3)}): this pipeline trains classifiers; bin the "
-                         f"target into classes first")
-    if len(names) > MAX_CATEGORIES and len(names) > 0.5 * len(raw):
+    if len(names) > MAX_CATEGORIES and len(names) > 0.5 * len(labels):
         raise DataError(f"prepare.table.label_column = {label_column!r} has {len(names)} distinct values in "
-                         f"{len(raw)} rows: that is an id or a measurement, not a class label")
+                         f"{len(labels)} rows: that is an id or a measurement, not a class label")
 
 
 # ----------------------------------------------------------------------------------------------- images

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 
-from unlearning.data.registry import Dataset
+from unlearning.data.registry import DataError, Dataset
 from unlearning.io import atomic_save, atomic_write_json
 
 MANIFEST_SCHEMA = pa.DataFrameSchema(
@@ -36,6 +36,15 @@ STATE_MANIFEST_SCHEMA = MANIFEST_SCHEMA.add_columns({
     "status": pa.Column(str, pa.Check.isin(["retained", "deleted"])),
     "deleted_in_batch": pa.Column(str, nullable=True),
 })
+
+
+# The text columns of a manifest CSV, read as written: a sample id 'NA' or a group '01' is a value, not a gap
+# or the number 1 (pandas' default reading would make it NaN or 1, and the schema's coercion then 'nan' / '1').
+_TEXT = {"sample_id": str, "split": str, "group": str, "class_name": str}
+
+
+def _read_manifest_csv(path, **extra) -> pd.DataFrame:
+    return pd.read_csv(path, dtype={**_TEXT, **extra}, keep_default_na=False)
 
 
 def manifest_of(ds: Dataset) -> pd.DataFrame:
@@ -83,10 +92,25 @@ def erased_info(info: dict, manifest: pd.DataFrame, keep: np.ndarray) -> dict:
     return out
 
 
+def _check_finite(ds: Dataset) -> None:
+    """The last guard before features.npy: a NaN or inf feature trains a NaN model without another word. The
+    loaders name the column and rows first (unlearning/data/sources.py); this names the feature."""
+    if ds.X.size == 0 or (np.isfinite(ds.X.min()) and np.isfinite(ds.X.max())):  # NaN propagates: no mask needed
+        return
+    finite = np.isfinite(ds.X)
+    cols = np.flatnonzero(~finite.all(axis=0))
+    names = ds.meta.get("preprocessing", {}).get("feature_names") or []
+    shown = [names[c] if c < len(names) else f"feature {c}" for c in cols[:5]]
+    raise DataError(f"dataset {ds.name!r}: {int((~finite).any(axis=1).sum())} rows have NaN or infinite features "
+                    f"in {shown}{' and more' if len(cols) > 5 else ''}; nothing was written. Rescale or drop "
+                    f"those columns (prepare.table.feature_columns) or fix the rows")
+
+
 def write_prepared(ds: Dataset, folder: str | Path, erased=None) -> dict:
     """Write the prepared store. `erased`: a predicate on sample ids (the tombstones): those rows are left
     out, so a re-run of prepare never brings erased rows back (DESIGN §3, "Erasure vs the DVC DAG")."""
     folder = Path(folder)
+    _check_finite(ds)
     manifest = manifest_of(ds)
     info = _info(ds)
     X, label = ds.X, ds.label
@@ -162,7 +186,7 @@ def load_prepared(folder: str | Path) -> Prepared:
     else:
         raise FileNotFoundError(f"{folder}/features.npy not found: run the prepare stage first "
                                 f"(`dvc repro prepare` or `python -m flows.prepare`)")
-    manifest = MANIFEST_SCHEMA.validate(pd.read_csv(folder / "manifest.csv", dtype={"sample_id": str}))
+    manifest = MANIFEST_SCHEMA.validate(_read_manifest_csv(folder / "manifest.csv"))
     return Prepared(X=X, label=label, manifest=manifest, info=json.loads((folder / "dataset.json").read_text()))
 
 
@@ -178,7 +202,7 @@ def read_state_manifest(path: str | Path) -> pd.DataFrame:
     from unlearning.io import RESTORE_HINT, StateCorrupt
 
     try:
-        df = pd.read_csv(path, dtype={"sample_id": str, "deleted_in_batch": str}, keep_default_na=False)
+        df = _read_manifest_csv(path, deleted_in_batch=str)
         df["deleted_in_batch"] = df["deleted_in_batch"].replace("", None)
         return STATE_MANIFEST_SCHEMA.validate(df)
     except (pa.errors.SchemaError, pa.errors.SchemaErrors, pd.errors.ParserError, pd.errors.EmptyDataError, KeyError,
