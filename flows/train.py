@@ -13,6 +13,7 @@ from tasks.state import current_fingerprint, original_path
 from tasks.training import model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
 from unlearning.models import param_count
+from unlearning.models.training import trainable_param_count
 from unlearning.serving import input_example
 
 
@@ -26,8 +27,10 @@ def train(params_path: str = "params.yaml") -> dict:
     fingerprint = current_fingerprint(params, prepared)  # what the original is built from (load_state checks it)
     tracker = tracker_for(params)
     run_id = tracker.start_run("train-original", tags={"stage": "train", "dataset": prepared.info["name"]})
+    n_params, n_trainable = param_count(model), trainable_param_count(model)  # frozen parameters count in n_params
     tracker.log_params(run_id, {"train": params.train.model_dump(), "dataset": prepared.info["name"],
-                                "seed": params.base.seed, "device": device, "n_params": param_count(model)})
+                                "seed": params.base.seed, "device": device, "n_params": n_params,
+                                "n_trainable_params": n_trainable})
     tracker.log_metrics(run_id, metrics)
     version = tracker.log_model(run_id, model.cpu(), params.tracking.registered_model,
                                 input_example=input_example(prepared.X, prepared.manifest),
@@ -42,7 +45,8 @@ def train(params_path: str = "params.yaml") -> dict:
                     {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics,
                      "fingerprint": fingerprint})
     how = "trained" if model.origin == "trained" else f"loaded ({model.origin}, not retrained)"
-    run_logger().info(f"{how} {params.train.model.arch} ({param_count(model)} params) on {metrics['n_train']} samples: "
+    counted = f"{n_params} params" + (f", {n_trainable} trainable" if n_trainable != n_params else "")
+    run_logger().info(f"{how} {params.train.model.arch} ({counted}) on {metrics['n_train']} samples: "
           f"val accuracy {metrics['val_accuracy']:.3f}; registered {params.tracking.registered_model} "
           f"v{version} as @{params.tracking.alias}")
     return {**metrics, "model_version": version}

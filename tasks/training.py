@@ -19,6 +19,7 @@ from unlearning.data.store import Prepared
 from unlearning.ensembles import cached_ensemble
 from unlearning.io import atomic_save
 from unlearning.models import Ensemble, TrainRecipe, accuracy, build_model, fit, load_module_state, save_model
+from unlearning.models.training import TrainingDiverged, nonfinite_members
 from unlearning.models.zoo import arch_kwargs
 
 
@@ -90,6 +91,11 @@ def train_original(params: Params, prepared: Prepared, device: str) -> tuple[Ens
     else:
         cost = fit(model, X_train, y_train, recipe(params), progress="train original" if params.base.progress else False)
         seconds = cost.seconds
+    # fit and load_module_state stop on inf/NaN themselves; this guard keeps a NaN original from ever reaching
+    # the registry as @champion (flows/train.py registers what this returns) whatever produced it.
+    if nonfinite_members(model):
+        raise TrainingDiverged(f"the original ({source}) holds inf/NaN weights; lower train.lr (now "
+                               f"{params.train.lr:g}) or check the model for operations that overflow")
     X_val = torch.as_tensor(np.asarray(prepared.X[val_rows]), dtype=torch.float32)
     y_val = torch.as_tensor(np.asarray(prepared.label[val_rows]), dtype=torch.long)
     metrics = {"train_accuracy": float(accuracy(model, X_train, y_train)[0]),

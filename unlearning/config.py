@@ -135,7 +135,8 @@ class ModelCfg(Strict):
     factory: str | None = Field(None, description="custom: 'module.path:callable' (project folder or a package)")
     kwargs: dict[str, Any] = Field({}, description="custom: keyword arguments passed to the factory")
     feature_layer: str | None = Field(None, description="layer whose INPUT is the penultimate feature "
-                                                        "(embedding partition); null = the last nn.Linear")
+                                                        "(embedding partition); null = the last nn.Linear the "
+                                                        "forward calls (the last registered if none is called)")
 
     @field_validator("hidden", "channels", "widths")
     @classmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 
@@ -19,3 +20,106 @@ def bn_dropout_mlp(in_shape, n_classes, hidden: int = 8, p: float = 0.3):
     """Linear -> BatchNorm1d -> ReLU -> Dropout -> Linear: buffers AND per-member randomness."""
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), hidden, bias=False), nn.BatchNorm1d(hidden),
                          nn.ReLU(), nn.Dropout(p), nn.Linear(hidden, n_classes))
+
+
+class Tied(nn.Module):
+    """Linear -> tanh -> Linear whose weight IS the first one's (tied, square), plus a head."""
+
+    def __init__(self, d: int, n_classes: int):
+        super().__init__()
+        self.a = nn.Linear(d, d)
+        self.b = nn.Linear(d, d)
+        self.b.weight = self.a.weight  # one tensor, two names
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.b(torch.tanh(self.a(x.flatten(1))))))
+
+
+def tied(in_shape, n_classes):
+    return Tied(math.prod(in_shape), n_classes)
+
+
+def frozen_first(in_shape, n_classes, hidden: int = 4):
+    """A frozen feature layer (requires_grad=False, e.g. pretrained) under a trained head."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), hidden), nn.Tanh(), nn.Linear(hidden, n_classes))
+    net[1].requires_grad_(False)
+    return net
+
+
+class NoLinear(nn.Module):
+    """Logits from a raw parameter matmul: no nn.Linear anywhere (an Identity layer to name as feature layer)."""
+
+    def __init__(self, d: int, n_classes: int):
+        super().__init__()
+        self.pre = nn.Identity()
+        self.w = nn.Parameter(torch.randn(d, n_classes) * 0.1)
+
+    def forward(self, x):
+        return self.pre(x.flatten(1)) @ self.w
+
+
+def no_linear(in_shape, n_classes):
+    return NoLinear(math.prod(in_shape), n_classes)
+
+
+class HeadFirst(nn.Module):
+    """Registers its head BEFORE its body: the last Linear registered (body) is not the last one called (head)."""
+
+    def __init__(self, d: int, n_classes: int, hidden: int = 4):
+        super().__init__()
+        self.head = nn.Linear(hidden, n_classes)
+        self.body = nn.Linear(d, hidden)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x.flatten(1))))
+
+
+def head_first(in_shape, n_classes):
+    return HeadFirst(math.prod(in_shape), n_classes)
+
+
+class ReturnsTuple(nn.Module):
+    def __init__(self, d, n_classes, as_dict=False):
+        super().__init__()
+        self.lin, self.as_dict = nn.Linear(d, n_classes), as_dict
+
+    def forward(self, x):
+        z = self.lin(x.flatten(1))
+        return {"logits": z, "features": x} if self.as_dict else (z, x)
+
+
+def returns_tuple(in_shape, n_classes):
+    return ReturnsTuple(math.prod(in_shape), n_classes)
+
+
+def returns_dict(in_shape, n_classes):
+    return ReturnsTuple(math.prod(in_shape), n_classes, as_dict=True)
+
+
+def ignores_n_classes(in_shape, n_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), 10))  # hard-coded width
+
+
+def raises_runtime_error(in_shape, n_classes):
+    raise RuntimeError("CUDA is required for this model")
+
+
+def raises_key_error(in_shape, n_classes, **kwargs):
+    return nn.Linear(math.prod(in_shape), kwargs["width"])
+
+
+def seeds_itself(in_shape, n_classes):
+    """Calls torch.manual_seed itself: every member starts from the same weights."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), n_classes))
+
+
+_SHARED: dict = {}
+
+
+def shared_instance(in_shape, n_classes):
+    """Returns one module for every call: every member starts from the same weights."""
+    if "m" not in _SHARED:
+        _SHARED["m"] = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), n_classes))
+    return _SHARED["m"]

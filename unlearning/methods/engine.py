@@ -262,8 +262,9 @@ def _take_step(run: _Run, phase: Phase, terms: dict, losses: dict, opt: MemberOp
     if phase.param_mask is not None:  # exact zero outside the mask, whatever the optimizer does
         update = [u * m for u, m in zip(update, phase.param_mask)]
     with torch.no_grad():
-        for p, u in zip(run.params, update):
-            p.sub_(u)
+        for p, u, trainable in zip(run.params, update, run.model.trainable_mask()):
+            if trainable:  # a frozen parameter (requires_grad=False in the team's module) never moves
+                p.sub_(u)
     run.kept.restore(saved, ~active)
     run.evals[active] += cost
     phase.weighting.after_step({k: v.detach() for k, v in reduced.items()}, active)
@@ -352,7 +353,7 @@ def run_phases(ctx: UnlearnContext, phases: list[Phase], *, max_grad_evals: int 
             if reasons:
                 bar.stop(max(sorted(set(reasons)), key=reasons.count))
 
-    model.eval()
+    model.restore_requires_grad().eval()  # every parameter required grad for autograd.grad; frozen again
     info["gradient_evals_per_member"] = run.evals.tolist()
     cost = MethodCost(gradient_evals=int(run.evals.sum()), steps=steps, seconds=time.perf_counter() - start)
     return UnlearnResult(model=model, cost=cost, info=info)

@@ -78,8 +78,16 @@ def _rng_seed(seed: int) -> int:
     return (int(seed) * 2_654_435_761 + 91) % (2**63)
 
 
+# (builder) whose identical-members warning was given: once per factory and process.
+_WARNED_IDENTICAL: set = set()
+
+
 class Ensemble(nn.Module):
-    """N members of one architecture. `parameters()` / `buffers()` are the stacked tensors [N, ...]."""
+    """N members of one architecture. `parameters()` / `buffers()` are the stacked tensors [N, ...].
+
+    A parameter keeps the module's own `requires_grad` (a frozen parameter stays frozen: training leaves it
+    as built), and weights tied in the module (`b.weight = a.weight`) are ONE stacked tensor, tied again in
+    every member's forward and in `module_of`."""
 
     def __init__(self, spec: dict, seeds: Sequence[int], *, builder: Callable[..., nn.Module] | None = None,
                  search_paths: Sequence[str | Path] = (), modules: Sequence[nn.Module] | None = None):
@@ -92,28 +100,74 @@ class Ensemble(nn.Module):
             modules = [self._build_member(seed) for seed in self.seeds]
         elif len(modules) != len(self.seeds):
             raise ValueError(f"{len(modules)} modules for {len(self.seeds)} seeds")
-        zoo.check_output_shape(modules[0], s["in_shape"], s["n_classes"])
-        params, buffers = stack_module_state(list(modules))
+        field = zoo.model_field(self._builder)
+        self._called_linears = zoo.check_output_shape(modules[0], s["in_shape"], s["n_classes"], field)
+        try:
+            params, buffers = stack_module_state(list(modules))
+        except RuntimeError as e:  # members of different classes, modes or requires_grad flags
+            raise zoo.ModelError(f"{field}: the members it builds differ in structure ({zoo.one_line(e)}); the "
+                                 f"factory must build the same architecture for every seed") from e
         self._param_names = list(params)
         self._buffer_names = list(buffers)
         for name in self._param_names:
-            self.register_parameter(_key(name), nn.Parameter(params[name].detach().clone()))
+            # stack_module_state stacks requires_grad as the members declare it: keep it (frozen stays frozen)
+            self.register_parameter(_key(name), nn.Parameter(params[name].detach().clone(),
+                                                             requires_grad=params[name].requires_grad))
         for name in self._buffer_names:
             self.register_buffer(_key(name), buffers[name].detach().clone())
+        self._trainable = {n: bool(params[n].requires_grad) for n in self._param_names}
         # The template the members are called through: no storage of its own (meta device), never registered
-        # as a submodule, so it adds nothing to parameters() / state_dict().
-        object.__setattr__(self, "_base", copy.deepcopy(modules[0]).to("meta"))
-        self.feature_layer = s["feature_layer"] or zoo.last_linear(self._base)
-        if self.feature_layer not in dict(self._base.named_modules()):
-            raise ValueError(f"train.model.feature_layer = {self.feature_layer!r} is not a layer of "
-                             f"{type(self._base).__name__}; layers: {[n for n, _ in self._base.named_modules() if n]}")
+        # as a submodule, so it adds nothing to parameters() / state_dict(). `.to("meta")` gives every
+        # parameter a new Parameter per module, which unties shared weights; functional_call maps every alias
+        # of a tied tensor only while the template still shares it, so the ties are put back.
+        self._ties = _alias_groups(modules[0])
+        object.__setattr__(self, "_base", _tie(copy.deepcopy(modules[0]).to("meta"), self._ties))
+        # The feature layer is resolved when features are first needed (`feature_layer`): a module without
+        # nn.Linear trains and serves; only the embedding partition needs it. A named one must exist now.
+        self._feature_layer = s["feature_layer"] or None  # "" like null: the default, as before
+        if self._feature_layer is not None and self._feature_layer not in dict(self._base.named_modules()):
+            raise zoo.ModelError(
+                f"train.model.feature_layer = {self._feature_layer!r} is not a layer of {type(self._base).__name__}; "
+                f"layers: {[n for n, _ in self._base.named_modules() if n]}")
         self.stochastic = _is_stochastic(self._base)
         self._rng_states: list[torch.Tensor] | None = None
+        if self.n_models > 1:
+            self._warn_if_identical(modules, params)
         key = (self._builder, json.dumps(s, sort_keys=True, default=str))
         if key not in _VMAP_PROBES:  # one probe per architecture and process: every cached ensemble loads again
             _VMAP_PROBES[key] = self._probe_vmap()
         self.vectorized, self.vmap_error = _VMAP_PROBES[key]
         self.eval()
+
+    @property
+    def feature_layer(self) -> str:
+        """The layer whose INPUT is the penultimate feature: `train.model.feature_layer`, or by default the last
+        nn.Linear the forward pass calls (ModelError, when first needed, for a module without one)."""
+        if self._feature_layer is None:
+            self._feature_layer = zoo.feature_layer_of(self._base, self._called_linears)
+        return self._feature_layer
+
+    def _warn_if_identical(self, modules: Sequence[nn.Module], params: dict[str, torch.Tensor]) -> None:
+        """Members with different seeds but equal initial parameters: the factory ignores the pipeline's
+        seeding (it calls torch.manual_seed itself, or returns one shared instance), so the N oracles / shadows
+        would be N copies of one model and their spread, which the certificate measures, would be zero."""
+        distinct = {}
+        for k, seed in enumerate(self.seeds):
+            distinct.setdefault(seed, k)
+        members = list(distinct.values())
+        if len(members) < 2 or not params:
+            return
+        same = [k for k in members[1:] if all(torch.equal(t[k], t[members[0]]) for t in params.values())]
+        if not same or self._builder in _WARNED_IDENTICAL:
+            return
+        _WARNED_IDENTICAL.add(self._builder)
+        shared = any(modules[k] is modules[members[0]] for k in same)
+        cause = ("it returns one shared module instance on every call; build a new module in each call" if shared
+                 else "it probably calls torch.manual_seed itself (or loads fixed weights); leave the seeding to "
+                      "the pipeline, which seeds each member with torch.manual_seed(seed_k) before calling it")
+        log.warning("%s: members with different seeds start identical (%d of %d equal member %d's initial "
+                    "parameters): %s. The ensembles of oracles and shadows would be copies of one model",
+                    zoo.model_field(self._builder), len(same), len(members), members[0], cause)
 
     def _probe_vmap(self) -> tuple[bool, str | None]:
         """Does the module run under vmap, forward and backward, in train and eval mode? Some modules do not
@@ -192,6 +246,16 @@ class Ensemble(nn.Module):
         self._base.train(mode)
         return self
 
+    def trainable_mask(self) -> list[bool]:
+        """Per parameter, in `parameters()` order: does the module train it (its own requires_grad)?"""
+        return [self._trainable[n] for n in self._param_names]
+
+    def restore_requires_grad(self) -> "Ensemble":
+        """Set every parameter's requires_grad back to the module's own flag (after e.g. `frozen_copy`)."""
+        for n in self._param_names:
+            getattr(self, _key(n)).requires_grad_(self._trainable[n])
+        return self
+
     def _stacked(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         params = {n: getattr(self, _key(n)) for n in self._param_names}
         buffers = {n: getattr(self, _key(n)) for n in self._buffer_names}
@@ -207,9 +271,10 @@ class Ensemble(nn.Module):
         return functional_call(self._base, (params, buffers), (x.reshape(x.shape[0], *self.in_shape),))
 
     def module_of(self, k: int) -> nn.Module:
-        """A plain, standalone copy of member k (the team's own module class, with its weights)."""
+        """A plain, standalone copy of member k (the team's own module class, with its weights, its tied
+        weights tied and its frozen parameters frozen)."""
         p = next(self.parameters())
-        module = copy.deepcopy(self._base).to_empty(device=p.device).to(p.dtype)
+        module = _tie(copy.deepcopy(self._base).to_empty(device=p.device).to(p.dtype), self._ties)
         params, buffers = self.member_state(k)
         module.load_state_dict({**{n: t.detach().clone() for n, t in params.items()},
                                 **{n: t.detach().clone() for n, t in buffers.items()}}, strict=False)
@@ -278,9 +343,11 @@ class Ensemble(nn.Module):
         nn.Module.__init__(out)
         out._spec, out.seeds, out._builder = copy.deepcopy(self._spec), [int(s) for s in seeds], self._builder
         out._param_names, out._buffer_names = list(self._param_names), list(self._buffer_names)
-        out.feature_layer, out.stochastic, out._rng_states = self.feature_layer, self.stochastic, None
+        out._feature_layer, out._called_linears = self._feature_layer, list(self._called_linears)
+        out._trainable, out._ties = dict(self._trainable), [list(g) for g in self._ties]
+        out.stochastic, out._rng_states = self.stochastic, None
         out.vectorized, out.vmap_error = self.vectorized, self.vmap_error
-        object.__setattr__(out, "_base", copy.deepcopy(self._base))
+        object.__setattr__(out, "_base", copy.deepcopy(self._base))  # deepcopy keeps the ties
         for n in out._param_names:
             out.register_parameter(_key(n), nn.Parameter(params[n], requires_grad=getattr(self, _key(n)).requires_grad))
         for n in out._buffer_names:
@@ -312,6 +379,35 @@ class Ensemble(nn.Module):
         out = Ensemble(self._spec, self.seeds if seeds is None else seeds, builder=self._builder)
         p = next(self.parameters())
         return out.to(device=p.device, dtype=p.dtype)
+
+
+def _alias_groups(module: nn.Module) -> list[list[str]]:
+    """Names that share one tensor (tied weights, shared buffers), first name first (the name
+    `named_parameters()` / `stack_module_state` keeps); only groups of two or more."""
+    groups: dict[int, list[str]] = {}
+    for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+        if t is not None:
+            groups.setdefault(id(t), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def _tie(module: nn.Module, groups: list[list[str]]) -> nn.Module:
+    """Make every alias in `groups` the same tensor as the group's first name again (in place)."""
+    for first, *aliases in groups:
+        owner, leaf = _split(module, first)
+        tensor = owner._parameters.get(leaf) if leaf in owner._parameters else owner._buffers.get(leaf)
+        for alias in aliases:
+            sub, name = _split(module, alias)
+            if name in sub._parameters:
+                sub._parameters[name] = tensor
+            else:
+                sub._buffers[name] = tensor
+    return module
+
+
+def _split(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, leaf = name.rpartition(".")
+    return (module.get_submodule(path) if path else module), leaf
 
 
 def _member(params: dict, buffers: dict, k: int) -> tuple[dict, dict]:

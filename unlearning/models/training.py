@@ -8,9 +8,11 @@ and the shadows all train with.
 
 from __future__ import annotations
 
+import math
+import pickle
+import re
 import threading
 import time
-import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -18,6 +20,7 @@ import torch
 
 from unlearning.models import fused_mlp
 from unlearning.models.ensemble import Ensemble
+from unlearning.models.zoo import ModelError, one_line
 from unlearning.progress import Progress
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -52,6 +55,12 @@ class TrainRecipe:
         if self.schedule == "cosine" and total_steps > 0:
             return self.lr * 0.5 * (1.0 + math.cos(math.pi * step / total_steps))
         return self.lr
+
+
+class TrainingDiverged(ModelError):
+    """The declared recipe drove the loss or the weights to inf / NaN: the recipe is the team's input
+    (train.lr, train.optimizer, ...), so this is bad input (exit code 2, one line) and nothing is registered
+    or cached."""
 
 
 def order_generator(seed: int) -> torch.Generator:
@@ -147,7 +156,8 @@ def train_ensemble(
     recipe = TrainRecipe(epochs, batch_size, lr, weight_decay, optimizer, momentum, schedule, label_smoothing)
     if kernel not in ("auto", "fused", "autograd"):
         raise ValueError(f"kernel={kernel!r} is not known; allowed: ['auto', 'fused', 'autograd']")
-    fused = kernel == "fused" or (kernel == "auto" and fused_mlp.supports(model))
+    # the fused kernel updates one flat tensor of every parameter: frozen parameters need the generic path
+    fused = kernel == "fused" or (kernel == "auto" and fused_mlp.supports(model) and all(model.trainable_mask()))
     if fused and not fused_mlp.supports(model):
         raise ValueError(f"kernel='fused' supports MLP ensembles only, got {model.module_class}; use 'autograd'")
     with intra_op_threads(threads if X.device.type == "cpu" else None), flush_denormals(X.device.type == "cpu"):
@@ -218,7 +228,9 @@ def _train(model: Ensemble, X, y, recipe: TrainRecipe, progress, fused) -> Train
     desc = progress if isinstance(progress, str) else f"train x{model.n_models}"
     model.train()
     with Progress(total_steps, desc, unit="steps", enabled=bool(progress)) as bar:
-        for _ in range(recipe.epochs):
+        for epoch in range(recipe.epochs):
+            # the epoch's per-member loss sum, on the device: one finiteness check (one sync) per epoch
+            epoch_loss = torch.zeros(model.n_models, device=device) if kernel is None else None
             perms = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)  # [N, n]
             for lo, hi in bounds:
                 if recipe.schedule != "constant":
@@ -230,17 +242,54 @@ def _train(model: Ensemble, X, y, recipe: TrainRecipe, progress, fused) -> Train
                     kernel.loss_and_grad(kernel.gather(X, flat, model.n_models), yb)  # overwrites theta.grad
                 else:
                     xb = X.index_select(0, flat).view(*idx.shape, -1)  # [N, b, d]; faster than X[idx]
-                    loss = per_member_loss(model, xb, yb, recipe.label_smoothing).sum()
+                    member_loss = per_member_loss(model, xb, yb, recipe.label_smoothing)
+                    epoch_loss += member_loss.detach()
                     opt.zero_grad(set_to_none=True)
-                    loss.backward()
+                    member_loss.sum().backward()
                 opt.step()
                 steps += 1
                 bar.update()
+            _stop_if_diverged(model, kernel, epoch_loss, epoch, recipe)
     if kernel is not None:
         kernel.write_back(model)
     model.eval()
     return TrainCost(epochs=recipe.epochs, steps=steps, gradient_evals=recipe.epochs * n * model.n_models,
                      seconds=time.perf_counter() - start)
+
+
+def nonfinite_members(model: Ensemble, losses: torch.Tensor | None = None) -> list[int]:
+    """The members whose parameters, floating buffers (BatchNorm statistics) or `losses` [N] hold inf or NaN."""
+    n = model.n_models
+    tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point() and t.numel()]
+    if not tensors and losses is None:
+        return []
+    flags = [~torch.isfinite(t.detach().reshape(n, -1)).all(1) for t in tensors]
+    if losses is not None:
+        flags.append(~torch.isfinite(losses.detach().to(tensors[0].device if tensors else losses.device)))
+    bad = torch.stack(flags).any(0)
+    return torch.nonzero(bad).flatten().tolist() if bool(bad.any()) else []
+
+
+def _stop_if_diverged(model: Ensemble, kernel, epoch_loss: torch.Tensor | None, epoch: int,
+                      recipe: TrainRecipe) -> None:
+    """Raise TrainingDiverged when the epoch left a non-finite loss or weight: a NaN model must not go on to
+    be registered as the champion (or cached as an oracle) with exit code 0."""
+    if kernel is not None:  # the fused kernel's weights live in one flat tensor until write_back
+        if bool(torch.isfinite(kernel.theta).all()):
+            return
+        kernel.write_back(model)
+        members = nonfinite_members(model) or list(range(model.n_models))
+    else:
+        members = nonfinite_members(model, epoch_loss)
+        if not members:
+            return
+    which = (f"member{'s' if len(members) > 1 else ''} {members[:8]} of {model.n_models} (seeds "
+             f"{[model.seeds[k] for k in members[:8]]})" if model.n_models > 1 else f"seed {model.seeds[0]}")
+    raise TrainingDiverged(
+        f"training diverged in epoch {epoch + 1} of {recipe.epochs}: the loss or the weights of {which} became "
+        f"inf/NaN with train.optimizer = {recipe.optimizer!r}, train.lr = {recipe.lr:g}, train.schedule = "
+        f"{recipe.schedule!r}; lower train.lr (e.g. to {recipe.lr / 10:g}), or check the model for operations that "
+        f"overflow")
 
 
 def _set_lr(opt, lr: float) -> None:
@@ -295,24 +344,57 @@ def load_model(path, device: str | torch.device = "cpu", search_paths: Sequence 
 
 def load_module_state(model: Ensemble, path, device: str | torch.device = "cpu") -> Ensemble:
     """An N = 1 ensemble holding a team's own trained module: `path` is a `state_dict` of the module the
-    architecture builds (`torch.save(module.state_dict(), path)`)."""
+    architecture builds (`torch.save(module.state_dict(), path)`). Every misfit is a ModelError naming
+    train.init_checkpoint, the file and the fix."""
     from unlearning.models.ensemble import from_modules
 
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or "state_dict" in state and "spec" in state:
-        raise ValueError(f"train.init_checkpoint = {path}: expected a module state_dict "
-                         f"(torch.save(module.state_dict(), path)), got a {type(state).__name__}"
-                         + (" pipeline checkpoint" if isinstance(state, dict) else ""))
+    field = f"train.init_checkpoint = {path}"
+    state = _read_state_dict(path, field)
     module = model._build_member(model.seeds[0])
+    name = type(module).__name__
     try:
         missing, unexpected = module.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shape mismatches
-        raise ValueError(f"train.init_checkpoint = {path} does not fit {type(module).__name__} built from "
-                         f"train.model: {str(e).splitlines()[-1].strip()}") from None
+        raise ModelError(f"{field} does not fit {name} built from train.model: "
+                         f"{one_line(str(e).splitlines()[-1].strip())}; save the state_dict of the module that "
+                         f"train.model builds (same factory, same train.model.kwargs)") from e
     if missing or unexpected:
-        raise ValueError(f"train.init_checkpoint = {path} does not fit {type(module).__name__} built from "
-                         f"train.model: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
-    return from_modules(model.spec(), [module], model.seeds[:1], builder=model._builder).to(device)
+        hint = ("; its keys start with 'module.' (saved from a DataParallel / DistributedDataParallel wrapper): save "
+                "model.module.state_dict()" if unexpected and all(k.startswith("module.") for k in state)
+                else "; save the state_dict of the module that train.model builds (same factory, same kwargs)")
+        raise ModelError(f"{field} does not fit {name} built from train.model: missing keys {missing[:5]}, "
+                         f"unexpected keys {unexpected[:5]}{hint}")
+    out = from_modules(model.spec(), [module], model.seeds[:1], builder=model._builder).to(device)
+    if nonfinite_members(out):
+        raise ModelError(f"{field}: the checkpoint holds inf/NaN weights or buffers; save a state_dict of a "
+                         f"model that trained without diverging")
+    return out
+
+
+def _read_state_dict(path, field: str) -> dict:
+    """torch.load(weights_only=True): a plain state_dict, never code. A whole pickled module (torch.save(model))
+    or any other file is a ModelError saying how to save a state_dict."""
+    fix = "save a state_dict: torch.save(model.state_dict(), path)"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a pickled object, or not a torch.save file at all (truncated, text)
+        # torch's own advice for a pickled object (add_safe_globals / weights_only=False) would run its code
+        found = isinstance(e, pickle.UnpicklingError) and re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
+        if found:
+            raise ModelError(f"{field}: the file holds a pickled {found.group(1)} object (torch.save(model) saves "
+                             f"the whole module), not a state_dict; {fix}") from e
+        raise ModelError(f"{field}: not a file torch.load can read as a state_dict ({type(e).__name__}: "
+                         f"{one_line(e, 120)}); {fix}") from e
+    if not isinstance(state, dict) or "state_dict" in state and "spec" in state:
+        got = "a pipeline checkpoint (models/*.pt); take its module with Ensemble.module_of(0)" \
+            if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise ModelError(f"{field}: expected a module state_dict, got {got}; {fix}")
+    # a module's get_extra_state() may store a non-tensor under "<prefix>_extra_state": that is a state_dict too
+    bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor) and not str(k).endswith("_extra_state")][:5]
+    if bad:
+        raise ModelError(f"{field}: expected a module state_dict (names -> tensors), but {bad} are not tensors "
+                         f"(a training checkpoint with optimizer state?); {fix}")
+    return state
 
 
 def clone_model(model: Ensemble) -> Ensemble:
@@ -333,11 +415,17 @@ def flat_params(model: Ensemble) -> torch.Tensor:
 
 
 def param_count(model: Ensemble) -> int:
-    """Parameters of one member."""
+    """Parameters of one member (all of them, frozen ones included; see `trainable_param_count`)."""
     return sum(p[0].numel() for p in model.parameters())
+
+
+def trainable_param_count(model: Ensemble) -> int:
+    """Parameters of one member that training changes (the module's own requires_grad)."""
+    return sum(p[0].numel() for p, t in zip(model.parameters(), model.trainable_mask()) if t)
 
 
 __all__: Sequence[str] = [
     "TrainRecipe", "fit", "load_module_state", "make_optimizer", "batch_bounds", "TrainCost", "train_ensemble", "predict_logits", "accuracy", "seeds_for", "save_model", "load_model",
     "per_member_loss", "order_generator", "clone_model", "frozen_copy", "flat_params", "param_count",
+    "trainable_param_count", "nonfinite_members", "TrainingDiverged",
 ]

@@ -14,15 +14,54 @@ the project needs to know which architecture it holds:
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import sys
+import sysconfig
+import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
+from unlearning.config import ConfigError
+
 Builder = Callable[..., nn.Module]
+
+
+class ModelError(ConfigError):
+    """The team's model breaks the contract: `train.model` (its factory, its model file, its kwargs, its
+    forward), or `train.init_checkpoint`. Bad input: reported in ONE line that names the field, the value and
+    the fix (exit code 2; a subclass of ConfigError, so flows/errors.py's BAD_INPUT already covers it). The
+    original exception is kept as `__cause__` (`--debug` shows its traceback)."""
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """An exception's text on one line (the `error:` line), cut to `limit` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+# Frames that are not the team's code: the stdlib (importlib), installed packages (torch), this package.
+_LIBRARY_DIRS = [sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")]
+_NOT_TEAM_CODE = tuple({str(Path(p).resolve()) for p in (*_LIBRARY_DIRS, Path(__file__).parents[1])})
+
+
+def where(e: BaseException) -> str:
+    """' (my_model.py, line 7)': the team's line that raised `e` (the innermost frame outside the stdlib,
+    installed packages and this project's package), or '' when there is none."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f" ({Path(e.filename).name}, line {e.lineno})"
+    frames = traceback.extract_tb(e.__traceback__)
+    team = [f for f in frames if not f.filename.startswith("<")
+            and not str(Path(f.filename).resolve()).startswith(_NOT_TEAM_CODE)]
+    return f" ({Path(team[-1].filename).name}, line {team[-1].lineno})" if team else ""
+
+
+def describe(e: BaseException) -> str:
+    """'KeyError: 'width' (my_model.py, line 7)': what the team's code raised, on one line."""
+    return f"{type(e).__name__}: {one_line(e)}{where(e)}"
 
 
 class MLP(nn.Module):
@@ -131,71 +170,172 @@ def copy_value(v):
 def import_factory(ref: str, search_paths: Sequence[str | Path] = ()) -> Builder:
     """`"module.path:callable"` -> the callable. `search_paths` (the project folder) are tried first."""
     if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")):
-        raise ValueError(f"train.model.factory = {ref!r}: expected 'module.path:callable', e.g. 'my_model:build'")
+        raise ModelError(f"train.model.factory = {ref!r}: expected 'module.path:callable', e.g. 'my_model:build'")
     module_name, attr = ref.split(":")
     for p in reversed([str(Path(p).resolve()) for p in search_paths]):
         if p not in sys.path:
             sys.path.insert(0, p)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"train.model.factory = {ref!r}: cannot import module {module_name!r} ({e}). Put "
-                         f"{module_name.replace('.', '/')}.py in the project folder (beside params.yaml) or install "
-                         f"the package that provides it") from None
+    module = _import_model_file(ref, module_name, search_paths)
     fn = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
         if fn is None:
-            raise ValueError(f"train.model.factory = {ref!r}: module {module_name!r} has no attribute {attr!r}")
+            raise ModelError(f"train.model.factory = {ref!r}: module {module_name!r} has no attribute {attr!r}; "
+                             f"name a function (or class) defined in {module_name.replace('.', '/')}.py")
     if not callable(fn):
-        raise ValueError(f"train.model.factory = {ref!r}: {attr!r} is not callable")
+        raise ModelError(f"train.model.factory = {ref!r}: {attr!r} is not callable; name the function that "
+                         f"builds the module")
     return fn
+
+
+def _import_model_file(ref: str, module_name: str, search_paths: Sequence[str | Path]):
+    """Import the factory's module; every failure is a ModelError saying WHICH import failed: the model file
+    itself (missing), a package it imports (not installed), or its own code (SyntaxError, NameError, ...)."""
+    file = f"{module_name.replace('.', '/')}.py"
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        # e.name is the module that was not found: the model file (or a package of its dotted path), or a
+        # dependency the file imports; "Put my_model.py in the project folder" only fits the first case.
+        missing = e.name or module_name
+        if module_name == missing or module_name.startswith(missing + "."):
+            folder = f" ({Path(search_paths[0]).resolve()})" if search_paths else ""
+            raise ModelError(f"train.model.factory = {ref!r}: cannot import module {module_name!r} (no module "
+                             f"named {missing!r}). Put {file} in the project folder{folder}, beside params.yaml, or "
+                             f"install the package that provides it") from e
+        raise ModelError(f"train.model.factory = {ref!r}: {file} was found, but importing it failed: it imports "
+                         f"{missing!r}, which is not installed{where(e)} (nor a module beside it); install the "
+                         f"package that provides {missing!r} in the project's environment, put "
+                         f"{missing.replace('.', '/')}.py beside {file}, or remove the import") from e
+    except Exception as e:  # noqa: BLE001 - the team's file: SyntaxError, NameError, ImportError, anything at import
+        raise ModelError(f"train.model.factory = {ref!r}: importing {file} failed with {describe(e)}; fix the "
+                         f"model file") from e
 
 
 def builder_for(arch: str, factory: str | None = None, search_paths: Sequence[str | Path] = ()) -> Builder:
     if arch == "custom":
         if not factory:
-            raise ValueError("train.model.arch = 'custom' needs train.model.factory: 'module.path:callable'")
+            raise ModelError("train.model.arch = 'custom' needs train.model.factory: 'module.path:callable'")
         return import_factory(factory, search_paths)
     if arch not in ARCHITECTURES:
-        raise ValueError(f"train.model.arch = {arch!r} is not known; allowed: {[*sorted(ARCHITECTURES), 'custom']}")
+        raise ModelError(f"train.model.arch = {arch!r} is not known; allowed: {[*sorted(ARCHITECTURES), 'custom']}")
     return ARCHITECTURES[arch]
 
 
+def model_field(builder: Builder) -> str:
+    """How an error names the model setting: `train.model.arch = 'mlp'` or `train.model.factory = 'm:build'`."""
+    for arch, b in ARCHITECTURES.items():
+        if builder is b:
+            return f"train.model.arch = {arch!r}"
+    return f"train.model.factory = '{getattr(builder, '__module__', '?')}:{getattr(builder, '__qualname__', builder)}'"
+
+
+def _builder_name(builder: Builder) -> str:
+    return getattr(builder, "__qualname__", repr(builder))
+
+
 def checked_module(builder: Builder, in_shape: Sequence[int], n_classes: int, kwargs: dict) -> nn.Module:
-    """Call the builder and check the contract: an nn.Module mapping [B, *in_shape] -> [B, n_classes]."""
-    name = getattr(builder, "__qualname__", repr(builder))
+    """Call the builder and check the contract: an nn.Module mapping [B, *in_shape] -> [B, n_classes].
+    Whatever the builder raises becomes a ModelError naming the setting (its cause kept)."""
+    name, field = _builder_name(builder), model_field(builder)
+    shape = tuple(int(s) for s in in_shape)
+    _check_kwargs(builder, shape, n_classes, kwargs)
     try:
-        module = builder(in_shape=tuple(int(s) for s in in_shape), n_classes=int(n_classes), **kwargs)
-    except TypeError as e:
-        raise ValueError(f"model builder {name}(in_shape, n_classes, **train.model.kwargs={kwargs}) failed: {e}") from None
+        module = builder(in_shape=shape, n_classes=int(n_classes), **kwargs)
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the team's factory: report whatever it raised, in one line
+        if isinstance(e, TypeError) and any(repr(str(k)) in str(e) for k in kwargs):  # passed on by **kwargs
+            raise _kwargs_error(builder, kwargs, e) from e
+        if field.startswith("train.model.arch"):  # the built-in architectures' errors name the field already
+            raise ModelError(one_line(e)) from e
+        raise ModelError(f"{field}: {name}(in_shape={shape}, n_classes={int(n_classes)}, **train.model.kwargs="
+                         f"{kwargs}) raised {describe(e)}; fix the factory (it gets in_shape, n_classes and "
+                         f"train.model.kwargs and returns a new nn.Module)") from e
     if not isinstance(module, nn.Module):
-        raise ValueError(f"model builder {name} returned {type(module).__name__}, expected a torch.nn.Module")
+        raise ModelError(f"{field}: model builder {name} returned {type(module).__name__}, expected a "
+                         f"torch.nn.Module; return the module itself (e.g. `return nn.Sequential(...)`)")
     return module
 
 
-def check_output_shape(module: nn.Module, in_shape: Sequence[int], n_classes: int) -> None:
+def _check_kwargs(builder: Builder, in_shape: tuple, n_classes: int, kwargs: dict) -> None:
+    """The factory's signature takes (in_shape, n_classes, **kwargs): checked before the call, so a TypeError
+    raised INSIDE the factory is reported as the factory's own error, not as a kwargs mismatch."""
+    try:
+        sig = inspect.signature(builder)
+    except (TypeError, ValueError):  # no signature to read (a C callable): the call will tell
+        return
+    try:
+        sig.bind(in_shape=in_shape, n_classes=int(n_classes), **kwargs)
+    except TypeError as e:
+        raise _kwargs_error(builder, kwargs, e, sig) from e
+
+
+def _kwargs_error(builder: Builder, kwargs: dict, e: TypeError, sig: inspect.Signature | None = None) -> ModelError:
+    signature = f"; its signature is ({', '.join(str(p) for p in sig.parameters.values())})" if sig else ""
+    return ModelError(f"train.model.kwargs = {kwargs}: model builder {_builder_name(builder)}(in_shape, n_classes, "
+                      f"**train.model.kwargs={kwargs}) failed: {one_line(e)}{where(e)}{signature}: the factory must "
+                      f"take in_shape, n_classes and every key of train.model.kwargs; rename or drop the keys it "
+                      f"does not take")
+
+
+def check_output_shape(module: nn.Module, in_shape: Sequence[int], n_classes: int,
+                       field: str = "train.model") -> list[str]:
+    """Run the module once on zeros [2, *in_shape] (eval mode, no grad) and check it returns logits
+    [2, n_classes]. Returns the names of its nn.Linear layers in the order the forward pass CALLED them
+    (a layer called twice counts where it was called last): the default feature layer is the last one."""
     was_training = module.training
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.get_default_dtype())
+    names = {m: n for n, m in module.named_modules() if isinstance(m, nn.Linear)}
+    called: list[str] = []
+    hooks = [m.register_forward_hook(lambda m, _i, _o: called.append(names[m])) for m in names]
     module.eval()
     try:
         with torch.no_grad():
-            out = module(torch.zeros(2, *in_shape))
+            out = module(torch.zeros(2, *in_shape, dtype=dtype))
     except Exception as e:  # noqa: BLE001 - the user's module: report whatever it raised
-        raise ValueError(f"{type(module).__name__} failed on an input of shape [2, {', '.join(map(str, in_shape))}] "
-                         f"(the prepared data's in_shape): {type(e).__name__}: {e}") from None
+        raise ModelError(f"{field}: {type(module).__name__} failed on an input of shape [2, "
+                         f"{', '.join(map(str, in_shape))}] (the prepared data's in_shape): {describe(e)}; its "
+                         f"forward must map [B, *in_shape] to [B, n_classes] logits") from e
     finally:
+        for h in hooks:
+            h.remove()
         module.train(was_training)
+    if not isinstance(out, torch.Tensor):
+        what = (f"a dict with keys {list(out)[:5]}" if isinstance(out, dict) else
+                f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else
+                f"a {type(out).__name__}")
+        raise ModelError(f"{field}: {type(module).__name__}.forward returned {what}, not a tensor; the pipeline needs "
+                         f"the logits alone, one tensor [B, n_classes] = [2, {n_classes}]: return only the logits "
+                         f"(e.g. `return logits`, not `return logits, features`)")
     if tuple(out.shape) != (2, int(n_classes)):
-        raise ValueError(f"{type(module).__name__} maps [2, *{list(in_shape)}] to {list(out.shape)}; the pipeline "
-                         f"needs [B, n_classes] = [2, {n_classes}] logits")
+        raise ModelError(f"{field}: {type(module).__name__} maps [2, *{list(in_shape)}] to {list(out.shape)}; the "
+                         f"pipeline needs [B, n_classes] = [2, {n_classes}] logits: size the last layer with the "
+                         f"factory's n_classes argument (here {n_classes})")
+    seen: dict[str, None] = {}
+    for n in called:  # last call wins: order by each layer's last call
+        seen.pop(n, None)
+        seen[n] = None
+    return list(seen)
+
+
+def feature_layer_of(module: nn.Module, called_linears: Sequence[str]) -> str:
+    """The default feature layer: the last nn.Linear the forward pass called (the one whose INPUT is the
+    penultimate feature); the last one registered when the probe saw none called."""
+    if called_linears:
+        return called_linears[-1]
+    return last_linear(module)
 
 
 def last_linear(module: nn.Module) -> str:
     """Name of the last nn.Linear in module order (whose INPUT is the default penultimate feature)."""
     names = [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
     if not names:
-        raise ValueError(f"{type(module).__name__} has no nn.Linear layer; set train.model.feature_layer to the "
-                         f"name of the layer whose input is the penultimate feature (see module.named_modules())")
+        layers = [n for n, _ in module.named_modules() if n][:12]
+        raise ModelError(f"train.model.feature_layer = null: {type(module).__name__} has no nn.Linear layer, so "
+                         f"the penultimate feature (deletion.partition.mode: embedding) is not defined; set "
+                         f"train.model.feature_layer to the name of the layer whose INPUT is that feature "
+                         f"(one of {layers}) or use another partition mode")
     return names[-1]
 
 

@@ -1,0 +1,278 @@
+"""A team's own module that is unusual (tied or frozen weights, no nn.Linear) trains as the README promises,
+and a team's model MISTAKE ends in one `error:` line and exit code 2 (flows/errors.py), not a traceback.
+
+Factories live in tests/unit/custom_modules.py; model files with import-time mistakes are written to tmp_path.
+float64 and tiny sizes: member k is compared with a plain PyTorch run to 1e-10."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from flows.errors import EXIT_BAD_INPUT, exit_code, one_line_errors
+from unlearning.models import build_model, load_model, load_module_state, save_model, train_ensemble
+from unlearning.models.training import (
+    TrainingDiverged, batch_bounds, frozen_copy, order_generator, param_count, trainable_param_count,
+)
+from unlearning.models.zoo import ModelError
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the module the factories "custom_modules:<fn>" import (search_paths=[HERE])
+import custom_modules  # noqa: E402
+D, C = 4, 3
+RECIPE = dict(epochs=3, batch_size=8, lr=0.05, weight_decay=0.01)
+
+
+def spec(factory: str, **extra) -> dict:
+    return {"arch": "custom", "factory": f"custom_modules:{factory}", "in_shape": [D], "n_classes": C, **extra}
+
+
+def data(n=27, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, D, generator=g, dtype=torch.float64)
+    return X, (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
+
+
+def alone(factory, seed: int, X, y, *, epochs, batch_size, lr, weight_decay):
+    """Member `seed` trained ALONE by a plain PyTorch loop: built under torch.manual_seed(seed), AdamW, the
+    member's data-order stream."""
+    torch.manual_seed(seed)
+    module = factory((D,), C).double()
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
+    order = order_generator(seed)
+    module.train()
+    for _ in range(epochs):
+        perm = torch.randperm(len(y), generator=order)
+        for lo, hi in batch_bounds(len(y), batch_size):
+            idx = perm[lo:hi]
+            loss = F.cross_entropy(module(X[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return module.eval()
+
+
+def assert_same_state(a: dict, b: dict, atol=1e-10):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+# --- 1. tied weights ---------------------------------------------------------------------------------------
+def test_tied_weights_train_vectorised_and_member_k_equals_the_module_trained_alone(tmp_path, caplog):
+    X, y = data()
+    seeds = [0, 5]
+    ens = build_model(spec("tied"), seeds, search_paths=[HERE]).double()
+    assert ens.vectorized and "vmap" not in caplog.text  # no fallback, no misleading warning
+    assert "b__weight" not in dict(ens.named_parameters())  # one stacked tensor for the tie
+    train_ensemble(ens, X, y, **RECIPE)
+    for k, seed in enumerate(seeds):
+        ref = alone(custom_modules.tied, seed, X, y, **RECIPE)
+        member = ens.module_of(k)
+        assert member.b.weight is member.a.weight  # the tie holds in the plain copy
+        assert_same_state(member.state_dict(), ref.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(ens(X)[k], ref(X), atol=1e-10, rtol=0)
+    save_model(ens, tmp_path / "m.pt")
+    loaded, _ = load_model(tmp_path / "m.pt", search_paths=[HERE])  # rebuilt in float32, as the pipeline runs
+    one = loaded.module_of(1)
+    assert one.b.weight is one.a.weight
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(X.float()), ens(X).float(), atol=1e-6, rtol=0)
+        torch.testing.assert_close(ens.select([1])(X)[0], ens(X)[1], atol=0, rtol=0)
+
+
+# --- 2. frozen parameters ----------------------------------------------------------------------------------
+def test_frozen_parameters_stay_frozen_and_the_count_says_so():
+    X, y = data()
+    ens = build_model(spec("frozen_first"), [1, 2], search_paths=[HERE]).double()
+    params = dict(ens.named_parameters())
+    assert not params["1__weight"].requires_grad and params["3__weight"].requires_grad
+    assert ens.trainable_mask() == [False, False, True, True]
+    before = {n: p.detach().clone() for n, p in params.items()}
+    train_ensemble(ens, X, y, **RECIPE)
+    assert torch.equal(params["1__weight"], before["1__weight"]) and torch.equal(params["1__bias"], before["1__bias"])
+    assert not torch.equal(params["3__weight"], before["3__weight"])
+    ref = alone(custom_modules.frozen_first, 2, X, y, **RECIPE)
+    assert_same_state(ens.module_of(1).state_dict(), ref.state_dict())
+    assert not ens.module_of(1)[1].weight.requires_grad
+    assert (param_count(ens), trainable_param_count(ens)) == (4 * 4 + 4 + 4 * 3 + 3, 4 * 3 + 3)
+    # a frozen copy (every parameter off) comes back to the module's own flags
+    copy = frozen_copy(ens).restore_requires_grad()
+    assert [p.requires_grad for p in copy.parameters()] == [False, False, True, True]
+
+
+
+@pytest.mark.parametrize("method", ["finetune", "gradient_ascent", "descent_ascent", "scrub", "salun", "al_wpgd"])
+def test_the_engines_methods_never_move_a_frozen_parameter(method):
+    from unlearning.methods import TrainRecipe, UnlearnContext, run_method
+
+    X, y = data()
+    ens = build_model(spec("frozen_first"), [1, 2], search_paths=[HERE]).double()
+    train_ensemble(ens, X, y, **RECIPE)
+    ctx = UnlearnContext(model=ens, X_forget=X[:4], y_forget=y[:4], X_retain=X[4:], y_retain=y[4:],
+                         adjacent_mask=torch.arange(len(y) - 4) < 8, recipe=TrainRecipe(**RECIPE), loss="ce")
+    out = run_method(method, ctx, {}).model
+    new, old = dict(out.named_parameters()), dict(ens.named_parameters())
+    assert torch.equal(new["1__weight"], old["1__weight"]) and torch.equal(new["1__bias"], old["1__bias"])
+    assert not torch.equal(new["3__weight"], old["3__weight"])  # the trainable layer did move
+    assert out.trainable_mask() == [False, False, True, True]
+    assert [p.requires_grad for p in out.parameters()] == [False, False, True, True]
+
+# --- 3. feature layer, lazily --------------------------------------------------------------------------------
+def test_a_module_without_linear_trains_and_only_features_need_a_feature_layer():
+    X, y = data()
+    ens = build_model(spec("no_linear"), [0, 1], search_paths=[HERE]).double()
+    train_ensemble(ens, X, y, **RECIPE)
+    assert ens(X).shape == (2, len(y), C)
+    with pytest.raises(ModelError, match=r"train.model.feature_layer = null: NoLinear has no nn.Linear layer"):
+        ens.features(X)
+    named = build_model(spec("no_linear", feature_layer="pre"), [0], search_paths=[HERE]).double()
+    torch.testing.assert_close(named.features(X)[0], X, atol=0, rtol=0)  # the input of `pre`
+
+
+def test_the_default_feature_layer_is_the_last_linear_called_not_the_last_registered():
+    X, _ = data()
+    ens = build_model(spec("head_first"), [0, 1], search_paths=[HERE]).double()
+    assert [n for n, m in ens.module_of(0).named_modules() if isinstance(m, torch.nn.Linear)][-1] == "body"
+    assert ens.feature_layer == "head" and ens.select([1]).feature_layer == "head"
+    seen = []
+    member = ens.module_of(1)
+    member.head.register_forward_hook(lambda _m, i, _o: seen.append(i[0]))
+    with torch.no_grad():
+        member(X)
+    torch.testing.assert_close(ens.features(X)[1], seen[0], atol=1e-12, rtol=0)
+
+
+# --- 4. the team's model mistakes: one line, exit 2 ----------------------------------------------------------
+def model_file(tmp_path: Path, source: str) -> str:
+    """A model file in a project folder of its own, under a fresh module name (no sys.modules reuse)."""
+    name = f"team_model_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(source)
+    return name
+
+
+def assert_one_line_bad_input(e: BaseException, *needles: str):
+    text = str(e)
+    assert "\n" not in text and exit_code(e) == EXIT_BAD_INPUT, text
+    for needle in needles:
+        assert needle in text, f"{needle!r} not in {text!r}"
+
+
+@pytest.mark.parametrize("factory, kwargs, needles", [
+    ("no_such_model_xyz:build", {}, ["train.model.factory = 'no_such_model_xyz:build'", "Put no_such_model_xyz.py"]),
+    ("custom_modules:tied", {"width": 3}, ["train.model.kwargs = {'width': 3}", "width"]),
+    ("custom_modules:raises_key_error", {}, ["train.model.factory", "raised KeyError: 'width'",
+                                             "custom_modules.py, line"]),
+    ("custom_modules:raises_runtime_error", {}, ["raised RuntimeError: CUDA is required", "fix the factory"]),
+    ("custom_modules:ignores_n_classes", {}, ["maps [2, *[4]] to [2, 10]", "n_classes argument (here 3)"]),
+    ("custom_modules:returns_tuple", {}, ["forward returned a tuple of 2, not a tensor", "return only the logits"]),
+    ("custom_modules:returns_dict", {}, ["returned a dict with keys ['logits', 'features']"]),
+])
+def test_factory_mistakes_are_one_line_bad_input(factory, kwargs, needles):
+    with pytest.raises(ModelError) as info:
+        build_model({**spec("tied"), "factory": factory, "kwargs": kwargs}, [0], search_paths=[HERE])
+    assert_one_line_bad_input(info.value, *needles)
+    assert info.value.__cause__ is not None or "ignores" in factory or "returns" in factory
+
+
+@pytest.mark.parametrize("source, needles, cause", [
+    ("from torch import nn\ndef build(in_shape, n_classes)\n    return nn.Linear(4, 3)\n",
+     ["importing", "failed with SyntaxError", "line 2", "fix the model file"], SyntaxError),
+    ("from torch import nn\nLAYER = nn.Lineer\n", ["AttributeError", "'Lineer'", "line 2"], AttributeError),
+    ("import not_installed_pkg_xyz\n", ["imports 'not_installed_pkg_xyz', which is not installed", "line 1"],
+     ModuleNotFoundError),
+    ("from torch import nn\nundefined_name\n", ["NameError: name 'undefined_name' is not defined", "line 2"],
+     NameError),
+])
+def test_model_file_mistakes_at_import_name_the_failing_import(tmp_path, source, needles, cause):
+    name = model_file(tmp_path, source)
+    with pytest.raises(ModelError) as info:
+        build_model({**spec("tied"), "factory": f"{name}:build"}, [0], search_paths=[tmp_path])
+    assert_one_line_bad_input(info.value, f"train.model.factory = '{name}:build'", *needles)
+    assert isinstance(info.value.__cause__, cause)
+    assert "Put " not in str(info.value)  # the file IS there: never "put it in the folder"
+
+
+def test_a_model_mistake_in_a_stage_is_one_error_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as done, one_line_errors():
+        build_model({**spec("returns_tuple")}, [0], search_paths=[HERE])
+    assert done.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: train.model.factory = 'custom_modules:returns_tuple'")
+
+
+def test_init_checkpoint_mistakes_are_one_line_bad_input(tmp_path):
+    model = build_model(spec("tied"), [0], search_paths=[HERE])
+    module = model.module_of(0)
+    cases = {
+        "whole.pt": (lambda p: torch.save(module, p),
+                     ["holds a pickled custom_modules.Tied object", "torch.save(model.state_dict(), path)"]),
+        "keys.pt": (lambda p: torch.save({"x.weight": torch.zeros(2)}, p), ["missing keys", "unexpected keys"]),
+        "shapes.pt": (lambda p: torch.save({**module.state_dict(), "head.weight": torch.zeros(5, 5)}, p),
+                      ["does not fit Tied", "size mismatch"]),
+        "junk.pt": (lambda p: p.write_text("not a checkpoint"), ["not a file torch.load can read"]),
+        "wrapped.pt": (lambda p: torch.save({f"module.{k}": v for k, v in module.state_dict().items()}, p),
+                       ["model.module.state_dict()"]),
+        "nan.pt": (lambda p: torch.save({k: v * float("nan") for k, v in module.state_dict().items()}, p),
+                   ["inf/NaN"]),
+    }
+    for file, (write, needles) in cases.items():
+        write(tmp_path / file)
+        with pytest.raises(ModelError) as info:
+            load_module_state(model, tmp_path / file)
+        assert_one_line_bad_input(info.value, f"train.init_checkpoint = {tmp_path / file}", *needles)
+
+
+# --- 5. divergence ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model_spec, kernel", [
+    ({"arch": "mlp", "in_shape": [D], "n_classes": C, "kwargs": {"hidden": [4]}}, "fused"),
+    ({"arch": "mlp", "in_shape": [D], "n_classes": C, "kwargs": {"hidden": [4]}}, "autograd"),
+    (spec("frozen_first"), "autograd"),
+])
+def test_training_that_diverges_stops_with_a_clear_error(model_spec, kernel):
+    X, y = data()
+    ens = build_model(model_spec, [0, 1, 2], search_paths=[HERE]).double()
+    with pytest.raises(TrainingDiverged) as info:  # float64 overflows at lr ~1e160 (float32 at ~1e6)
+        train_ensemble(ens, X, y, epochs=4, batch_size=8, lr=1e200, optimizer="sgd", kernel=kernel)
+    assert_one_line_bad_input(info.value, "diverged in epoch 1 of 4", "train.lr = 1e+200", "lower train.lr")
+    train_ensemble(build_model(model_spec, [0], search_paths=[HERE]).double(), X, y, epochs=2, batch_size=8,
+                   lr=0.05, optimizer="sgd", kernel=kernel)  # a sane lr trains
+
+
+def test_the_train_stage_does_not_return_a_diverged_original(tmp_path):
+    from tasks.training import prepare_dataset, train_original
+    from tests.helpers import make_project
+    from unlearning.config import load_params
+    from unlearning.data import load_prepared
+
+    params = load_params(make_project(tmp_path, {"train": {"model": {"hidden": [7]}, "epochs": 2, "optimizer": "sgd",
+                                                           "lr": 1e12}}, inbox_files=False))
+    prepare_dataset.fn(params)
+    with pytest.raises(TrainingDiverged, match=r"train.lr = 1e\+12"):
+        train_original.fn(params, load_prepared(params.path("prepared_dir")), "cpu")
+
+
+# --- 6. identical members ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("factory, cause", [("seeds_itself", "calls torch.manual_seed itself"),
+                                            ("shared_instance", "one shared module instance")])
+def test_a_factory_that_ignores_the_seeding_is_warned_about_once(factory, cause, caplog):
+    with caplog.at_level(logging.WARNING, logger="unlearning.models.ensemble"):
+        build_model(spec(factory), [0, 1, 2], search_paths=[HERE])
+        build_model(spec(factory), [3, 4], search_paths=[HERE])
+    warned = [r.getMessage() for r in caplog.records if "start identical" in r.getMessage()]
+    assert len(warned) == 1 and cause in warned[0] and f"custom_modules:{factory}" in warned[0]
+    assert "2 of 3 equal member 0" in warned[0]
+
+
+def test_members_built_by_a_well_behaved_factory_are_not_warned_about(caplog):
+    with caplog.at_level(logging.WARNING):
+        build_model(spec("tied"), [0, 1], search_paths=[HERE])
+        build_model(spec("tied"), [4, 4], search_paths=[HERE])  # the same seed twice: equal on purpose
+    assert "start identical" not in caplog.text
