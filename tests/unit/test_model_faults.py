@@ -200,7 +200,8 @@ def test_model_file_mistakes_at_import_name_the_failing_import(tmp_path, source,
     assert "Put " not in str(info.value)  # the file IS there: never "put it in the folder"
 
 
-def test_a_model_mistake_in_a_stage_is_one_error_line_and_exit_2(capsys):
+def test_a_model_mistake_in_a_stage_is_one_error_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.delenv("UNLEARN_DEBUG", raising=False)  # an earlier `unlearn --debug` test may have set it
     with pytest.raises(SystemExit) as done, one_line_errors():
         build_model({**spec("returns_tuple")}, [0], search_paths=[HERE])
     assert done.value.code == EXIT_BAD_INPUT
