@@ -256,11 +256,13 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
                      f"the retrained {original_path(params)}")
         for note in reconcile_if_started(params):
             log.info(note)
-        results = (reject_unreadable_entries(inbox, params)
-                   if request_path is None or in_inbox(Path(request_path), inbox) else [])
+        in_scope = request_path is None or in_inbox(Path(request_path), inbox)
+        if in_scope:
+            report_leftover_dot_files(inbox)
+        results = reject_unreadable_entries(inbox, params) if in_scope else []
         results += [process_inbox_file(f, params, device, inbox) for f in files_to_process(request_path, inbox)]
         created = ensure_state(params, device)  # every file rejected on a first run: the state (a DVC output) exists
-        if not any(r["status"] != "rejected" or r["reason"] != "not a request file" for r in results):
+        if all(r.get("reason") == "not a request file" for r in results):  # no request file was among them
             log.info(f"no request files in {inbox}; nothing to do"
                      + ("; state initialised from the trained original" if created else ""))
         write_deletion_metrics(params)
@@ -294,14 +296,19 @@ def reconcile_if_started(params: Params) -> list[str]:
     return []
 
 
-def reject_unreadable_entries(inbox: Path, params: Params) -> list[dict]:
-    """Inbox entries that are not request files (unknown suffix, folder, symlink out): moved, with the reason;
-    one result each, like a rejected request file (`unlearn run` exits 2 for them too)."""
-    results = []
+def report_leftover_dot_files(inbox: Path) -> None:
+    """Temporary dot-files left unchanged in the inbox (a writer that never renamed its file): never processed
+    nor moved, so each run says so rather than leaving a request there unseen."""
     for entry, age in leftover_dot_files(inbox):
         run_logger().warning(f"{entry.name} in {inbox}: a temporary file left unchanged for {age / 60:.0f} min, "
                              f"never processed: if its writer stopped, rename it (without the leading dot) to "
                              f"drop it, or delete it")
+
+
+def reject_unreadable_entries(inbox: Path, params: Params) -> list[dict]:
+    """Inbox entries that are not request files (unknown suffix, folder, symlink out): moved, with the reason;
+    one result each, like a rejected request file (`unlearn run` exits 2 for them too)."""
+    results = []
     for entry, why in scan_inbox(inbox)[1]:
         dest = reject(entry, params, why)
         run_logger().warning(f"{entry.name}: {why}; moved to {dest}")

@@ -17,6 +17,8 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.errors import SchemaErrors
 
+from unlearning.ids import CONTROL_CHARACTERS
+
 OBJECTIVES = ("retrain_equivalence", "suppression")
 REQUIRED_COLUMNS = ("request_id", "sample_id", "requested_at", "reason")
 REQUEST_SUFFIXES = (".csv", ".parquet")
@@ -197,23 +199,25 @@ def _repeated_requests(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return df.drop(index=drop), problems
 
 
+def _text_rows(df: pd.DataFrame, col: str, bad) -> list:
+    """The rows of column `col` whose text value `bad(value)` flags (none when the column is absent)."""
+    return [i for i, v in df[col].items() if isinstance(v, str) and bad(v)] if col in df.columns else []
+
+
+def _value_line(df: pd.DataFrame, col: str, rows: list, says: str) -> str:
+    """One problem line for the flagged rows of a column: the rows, the first value, and what is wrong."""
+    return (f"column '{col}' {_rows_hint(rows)}: value {df[col][rows[0]]!r}"
+            f"{' (and others)' if len(rows) > 1 else ''} {says}")
+
+
 def _spaced_ids(df: pd.DataFrame) -> list[str]:
     """Ids with spaces around them: compared exactly, 'digits-0145 ' is an unknown id, and the problem would
     read as a wrong id rather than as the stray space it is (a spreadsheet's padding, a copy-paste)."""
-    problems = []
-    for col in ("request_id", "sample_id"):
-        if col not in df.columns:
-            continue
-        values = df[col]
-        spaced = [i for i, v in values.items() if isinstance(v, str) and v != v.strip() and v.strip()]
-        if spaced:
-            problems.append(f"column '{col}' {_rows_hint(spaced)}: value {values[spaced[0]]!r}"
-                            f"{' (and others)' if len(spaced) > 1 else ''} has spaces around it; remove them "
-                            f"(ids are compared exactly)")
-    return problems
+    return [_value_line(df, col, rows, "has spaces around it; remove them (ids are compared exactly)")
+            for col in ("request_id", "sample_id")
+            if (rows := _text_rows(df, col, lambda v: v != v.strip() and v.strip()))]
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # A time of day without a zone ("2026-11-30T09:00:00") names no instant: it would be taken as UTC, silently.
 # A date alone ("2026-11-30") is a day and stays allowed (its midnight, UTC).
 _TIME_OF_DAY = re.compile(r"\d[T ]\d{1,2}:\d{2}")
@@ -223,31 +227,22 @@ _ZONE_SUFFIX = re.compile(r"(Z|[+-]\d{2}(:?\d{2})?)$")
 def _control_characters(df: pd.DataFrame) -> list[str]:
     """Text values holding a line break, tab or other control character (a quoted CSV field may hold a
     newline): they would enter the append-only ledger and the audit trail as they are."""
-    problems = []
-    for col in ("request_id", "sample_id", "reason", "objective"):
-        if col not in df.columns:
-            continue
-        bad = [i for i, v in df[col].items() if isinstance(v, str) and _CONTROL.search(v)]
-        if bad:
-            problems.append(f"column '{col}' {_rows_hint(bad)}: value {df[col][bad[0]]!r}"
-                            f"{' (and others)' if len(bad) > 1 else ''} holds a control character (a line break "
-                            f"or tab); remove it (ids and reasons are one line of text)")
-    return problems
+    return [_value_line(df, col, rows, "holds a control character (a line break or tab); remove it (ids and "
+                                       "reasons are one line of text)")
+            for col in ("request_id", "sample_id", "reason", "objective")
+            if (rows := _text_rows(df, col, CONTROL_CHARACTERS.search))]
 
 
 def _zoneless_times(df: pd.DataFrame) -> list[str]:
     """`requested_at` values with a time of day but no zone: which instant they name depends on where they
     were written. Unparseable values are the schema's problem (one line there, not two)."""
-    if "requested_at" not in df.columns:
+    rows = _text_rows(df, "requested_at", lambda v: bool(_TIME_OF_DAY.search(v.strip())) and not
+                      _ZONE_SUFFIX.search(v.strip()) and parse_timestamps(pd.Series([v])).notna().all())
+    if not rows:
         return []
-    values = df["requested_at"]
-    bad = [i for i, v in values.items() if isinstance(v, str) and _TIME_OF_DAY.search(v.strip())
-           and not _ZONE_SUFFIX.search(v.strip()) and parse_timestamps(pd.Series([v])).notna().all()]
-    if not bad:
-        return []
-    return [f"column 'requested_at' {_rows_hint(bad)}: value {values[bad[0]]!r}"
-            f"{' (and others)' if len(bad) > 1 else ''} has a time but no time zone; add one "
-            f"(e.g. {values[bad[0]].strip()}Z for UTC, or an offset such as +01:00)"]
+    example = df["requested_at"][rows[0]].strip()
+    return [_value_line(df, "requested_at", rows, f"has a time but no time zone; add one (e.g. {example}Z for UTC, "
+                                                  f"or an offset such as +01:00)")]
 
 
 UNIQUE_FIX = {"request_id": "give each request its own request_id",

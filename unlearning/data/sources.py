@@ -22,7 +22,6 @@ that name the rows or files and the fix.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Sequence
 
@@ -30,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from unlearning.data.registry import DataError, Dataset, DatasetMissing, stratified_split, subsample_splits
+from unlearning.ids import CONTROL_CHARACTERS
 
 TABLE_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -41,7 +41,6 @@ MAX_CATEGORIES = 100  # distinct values of a text feature column above which one
 NA_MARKERS = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
                         "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
 # The rule of request files (unlearning/requests.py): an id holding one of these can never be requested.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # A whole number in pandas' float format ('3.0'): how an integer column with gaps is written by df.to_csv.
 _WHOLE_FLOAT = r"-?(?:0|[1-9][0-9]*)\.0+"
 
@@ -382,7 +381,7 @@ def _check_ids(id_column: str, ids: pd.Series, file_rows: np.ndarray) -> None:
     if empty.any():
         raise DataError(f"{key}: empty ids in rows {_first(file_rows[empty])} (0-based data rows); every row "
                          f"needs a unique, non-empty id")
-    control = ids.str.contains(_CONTROL).to_numpy(dtype=bool)
+    control = ids.str.contains(CONTROL_CHARACTERS).to_numpy(dtype=bool)
     if control.any():
         raise DataError(f"{key}: ids {_rows_with(ids, file_rows, control)} (0-based data rows) hold a control "
                          f"character (a line break or tab); deletion requests refuse such ids, so these rows could "
