@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+
 from flows.errors import EXIT_BAD_INPUT, exit_code, one_line_errors
 from unlearning.models import build_model, load_model, load_module_state, save_model, train_ensemble
 from unlearning.models.training import (
@@ -124,6 +125,77 @@ def test_the_engines_methods_never_move_a_frozen_parameter(method):
     assert not torch.equal(new["3__weight"], old["3__weight"])  # the trainable layer did move
     assert out.trainable_mask() == [False, False, True, True]
     assert [p.requires_grad for p in out.parameters()] == [False, False, True, True]
+
+def _frozen_head_problem():
+    """frozen_first trained, its fixed features phi = tanh(W1 x + b1) and the ridge design A = [phi, 1]."""
+    X, y = data(n=40)
+    ens = build_model(spec("frozen_first"), [1, 2], search_paths=[HERE]).double()
+    train_ensemble(ens, X, y, **RECIPE)
+    first = ens.module_of(1)[1]
+    with torch.no_grad():
+        phi = torch.tanh(first(X))
+    return X, y, ens, torch.cat([phi, torch.ones(len(y), 1, dtype=torch.float64)], 1)
+
+
+def test_newton_ggn_moves_only_the_trainable_head_and_lands_on_its_ridge_solution():
+    """With the first layer frozen the model is linear in its TRAINABLE parameters (the head on fixed features
+    phi), so with squared loss one Newton step is exact: each output's head row and bias become the ridge
+    solution (A_R^T A_R + lam I)^-1 A_R^T Y_R, and the frozen layer is untouched (it used to move with the
+    rest: the flat vector held every parameter)."""
+    from unlearning.methods import TrainRecipe, UnlearnContext, run_method
+
+    X, y, ens, A = _frozen_head_problem()
+    forget, retain = torch.arange(0, 6), torch.arange(6, len(y))
+    lam = 0.3
+    ctx = UnlearnContext(model=ens, X_forget=X[forget], y_forget=y[forget], X_retain=X[retain],
+                         y_retain=y[retain], adjacent_mask=torch.zeros(len(retain), dtype=torch.bool),
+                         recipe=TrainRecipe(**RECIPE), loss="mse")
+    out = run_method("newton_ggn", ctx, {"gradient": "retain", "lam": lam, "solver": "exact"}).model
+    new, old = dict(out.named_parameters()), dict(ens.named_parameters())
+    assert torch.equal(new["1__weight"], old["1__weight"]) and torch.equal(new["1__bias"], old["1__bias"])
+    Y = F.one_hot(y[retain], C).double()
+    gram = A[retain].T @ A[retain] + lam * torch.eye(A.shape[1], dtype=torch.float64)
+    theta = torch.linalg.solve(gram, A[retain].T @ Y)  # [hidden + 1, C]: head rows, then the bias
+    # member 1's frozen layer built A (member 0 has frozen features of its own)
+    torch.testing.assert_close(new["3__weight"][1], theta[:-1].T, atol=1e-9, rtol=0)
+    torch.testing.assert_close(new["3__bias"][1], theta[-1], atol=1e-9, rtol=0)
+    assert out.trainable_mask() == [False, False, True, True]
+
+
+def test_leverage_of_a_frozen_backbone_is_the_ridge_leverage_of_its_features():
+    """Self-leverage in the trainable coordinates: for squared loss, J_i = I_C (x) a_i^T, so
+    h_i = C * a_i^T (A_R^T A_R + lam I)^-1 a_i on the frozen features (DESIGN 4.1)."""
+    from unlearning.leverage import StackedMemberFunction, compute_diagnostics
+
+    X, y, ens, A = _frozen_head_problem()
+    forget, retain = torch.arange(0, 6), torch.arange(6, len(y))
+    lam = 0.3
+    fn = StackedMemberFunction(ens, 1, dtype=torch.float64, device="cpu")
+    assert fn.p == 4 * 3 + 3 and fn.chain is None  # the head only; the MLP closed forms need every parameter
+    rep = compute_diagnostics(ens, X[forget], y[forget], X[retain], y[retain], lam=lam, solver="exact",
+                              device="cpu", loss="mse", member=1)
+    assert rep.n_params == 15
+    gram = A[retain].T @ A[retain] + lam * torch.eye(A.shape[1], dtype=torch.float64)
+    H = A[forget] @ torch.linalg.solve(gram, A[forget].T)
+    torch.testing.assert_close(torch.as_tensor(rep.self_leverage), C * H.diagonal(), atol=1e-10, rtol=1e-9)
+    # write_into writes the head and leaves the frozen layer alone
+    copy = ens.select([0, 1])
+    frozen_before = copy.get_parameter("1__weight").detach().clone()
+    fn.write_into(copy, 0, torch.zeros(fn.p, dtype=torch.float64))
+    assert torch.equal(copy.get_parameter("1__weight"), frozen_before)
+    assert torch.count_nonzero(copy.get_parameter("3__weight")[0]) == 0
+
+
+def test_a_model_without_trainable_parameters_is_refused_by_the_leverage_function():
+    from unlearning.leverage import StackedMemberFunction
+
+    ens = build_model(spec("frozen_first"), [1], search_paths=[HERE]).double()
+    for p in ens.parameters():
+        p.requires_grad_(False)
+    ens._trainable = dict.fromkeys(ens._trainable, False)
+    with pytest.raises(ValueError, match="no trainable parameter"):
+        StackedMemberFunction(ens, 0)
+
 
 # --- 3. feature layer, lazily --------------------------------------------------------------------------------
 def test_a_module_without_linear_trains_and_only_features_need_a_feature_layer():

@@ -63,10 +63,13 @@ class StackedMemberFunction(OutputFunction):
     """Member `member` of an ensemble as a function of its own flat parameters (any module).
 
     A private single-member copy (`model.select(member)`) in `dtype` on `device`, in eval mode (BatchNorm
-    uses its running statistics, dropout is off), is used, so the caller's model is never touched. Flat
-    order = `model.parameters()` order, each parameter without its leading member dimension (the same order
-    as `unlearning.models.flat_params`). For ReLU MLPs (`Ensemble.linear_chain()`) the Jacobian products
-    have closed forms (plain batched matmuls, no torch.func overhead per call)."""
+    uses its running statistics, dropout is off), is used, so the caller's model is never touched. theta
+    holds the TRAINABLE parameters only (`model.trainable_mask()`): a frozen parameter (the module's own
+    requires_grad=False, e.g. a pretrained backbone) is a constant of f, like a buffer, because neither
+    training nor a retrain moves it; so the GGN, the leverage and a Newton step live in the trainable
+    coordinates. Flat order = `model.parameters()` order of the trainable parameters, each without its
+    leading member dimension. For ReLU MLPs (`Ensemble.linear_chain()`) with every parameter trainable the
+    Jacobian products have closed forms (plain batched matmuls, no torch.func overhead per call)."""
 
     def __init__(self, model: Ensemble, member: int = 0, *, dtype: torch.dtype = torch.float64,
                  device: str | torch.device | None = None):
@@ -76,13 +79,21 @@ class StackedMemberFunction(OutputFunction):
         self.dtype = dtype
         self.module = model.select(member).to(device=self.device, dtype=dtype).eval()
         params, buffers = self.module.member_state(0)
-        self.names = list(params)
-        self.shapes = [tuple(p.shape) for p in params.values()]  # without the member dimension
-        self.sizes = [p.numel() for p in params.values()]
-        self.buffers = {n: b.detach() for n, b in buffers.items()}
+        self.trainable = model.trainable_mask()  # per parameter, in parameters() order
+        trainable = dict(zip(params, self.trainable))
+        if not any(self.trainable):
+            raise ValueError("the model has no trainable parameter (every parameter has requires_grad=False): "
+                             "leverage and Newton steps need at least one")
+        self.names = [n for n in params if trainable[n]]
+        self.shapes = [tuple(params[n].shape) for n in self.names]  # without the member dimension
+        self.sizes = [params[n].numel() for n in self.names]
+        # frozen parameters enter f as constants (like the buffers)
+        self.constants = {**{n: b.detach() for n, b in buffers.items()},
+                          **{n: p.detach() for n, p in params.items() if not trainable[n]}}
         self.p = sum(self.sizes)
-        self.theta0 = torch.cat([p.detach().reshape(-1) for p in params.values()]).clone()
-        self.chain = self.module.linear_chain()
+        self.theta0 = torch.cat([params[n].detach().reshape(-1) for n in self.names]).clone()
+        # the closed forms differentiate every Linear of the chain: only when nothing is frozen
+        self.chain = self.module.linear_chain() if all(self.trainable) else None
         # one forward pass on a zero sample: output width, and every layer's output size (activation_size)
         sizes: list[int] = []
         hooks = [mod.register_forward_hook(lambda _m, _i, o: sizes.append(o.numel()))
@@ -103,7 +114,7 @@ class StackedMemberFunction(OutputFunction):
         return self._activation_size
 
     def outputs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        return self.module.call_member(self.unflatten(theta), self.buffers, X)  # [b, C]
+        return self.module.call_member(self.unflatten(theta), self.constants, X)  # [b, C]
 
     # --- closed forms for ReLU MLPs -------------------------------------------------------------------
     def _layers(self, theta: torch.Tensor) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -133,9 +144,11 @@ class StackedMemberFunction(OutputFunction):
         return {n: v.T.reshape(m, *s) for n, v, s in zip(self.names, torch.split(V, self.sizes), self.shapes)}
 
     def write_into(self, model: Ensemble, member: int, theta: torch.Tensor) -> None:
-        """Copy a flat parameter vector into member `member` of `model` (in the model's dtype/device)."""
+        """Copy a flat (trainable) parameter vector into member `member` of `model` (in the model's
+        dtype/device); frozen parameters are left as they are."""
+        trainable = [p for p, t in zip(model.parameters(), model.trainable_mask()) if t]
         with torch.no_grad():
-            for p, t in zip(model.parameters(), torch.split(theta, self.sizes)):
+            for p, t in zip(trainable, torch.split(theta, self.sizes), strict=True):
                 p[member].copy_(t.view(p.shape[1:]).to(device=p.device, dtype=p.dtype))
 
 

@@ -33,7 +33,7 @@ from unlearning.leverage.solvers import EXACT_MAX_PARAMS
 from unlearning.methods.args import DataSizes, MethodArgs
 from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult, method_progress
 from unlearning.methods.registry import register
-from unlearning.models.training import clone_model, param_count
+from unlearning.models.training import clone_model, trainable_param_count
 
 
 class NewtonGGNArgs(MethodArgs):
@@ -53,7 +53,7 @@ class NewtonGGNArgs(MethodArgs):
     cg_iters: int = Field(500, ge=1)
     cg_tol: float = Field(1e-10, gt=0)
     max_params: int = Field(EXACT_MAX_PARAMS, ge=1, description="auto: exact (dense float64) up to this many "
-                            "parameters per member, CG beyond")
+                            "trainable parameters per member, CG beyond")
     max_grad_evals: int | None = Field(None, ge=0, description="per-member budget of per-sample gradient evals")
 
     def step_bound(self, n_retain: int, n_outputs: int, solver: str) -> int:
@@ -95,7 +95,7 @@ def run(ctx: UnlearnContext, args: NewtonGGNArgs) -> UnlearnResult:
     solver = args.solver
     if solver == "auto":
         # choose here so that `max_params` decides between the two allowed solvers
-        solver = "exact" if param_count(model) <= args.max_params else "cg"
+        solver = "exact" if trainable_param_count(model) <= args.max_params else "cg"
     out = clone_model(model)  # never mutate ctx.model
     n_outputs = int(model.n_classes)
     steps = args.steps_within_budget(n_retain, n_outputs, solver)
