@@ -152,7 +152,7 @@ def _live_state(params):
         from tasks.state import load_state
 
         state = load_state.fn(params, "cpu")
-        live = LiveState(state.manifest, state.ledger, state.prepared.info["name"])
+        live = LiveState(state.manifest, state.ledger, state.prepared.info)
     return live
 
 

@@ -61,7 +61,7 @@ def check_file(path: Path, params: Params, state) -> "FileCheck":
     decides whether a batch (and its MLflow run) opens at all; `stages.validate` logs it to the batch's run."""
     from tasks.request_check import LiveState, check_file_for
 
-    return check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info["name"]))
+    return check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info))
 
 
 def process_request_file(path: Path, params: Params, device: str) -> dict:

@@ -74,10 +74,11 @@ class Lookup:
     deleted_by: dict[int, str | None]
     erased: dict[int, bool]
     example_ids: list[str]
+    left_out: str = ""  # left_out_note: rows prepare left out (an absent id may be one of them)
 
 
 def lookup_frame(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s, tombstoned: set[str] | None = None,
-                 ledger: list[dict] | None = None) -> Lookup:
+                 ledger: list[dict] | None = None, left_out: str = "") -> Lookup:
     """One row per request (df's index + 1 = the file's row number): where its sample id stands in the live
     manifest and the tombstones. `key`: the ledger's id form (the salted hash with deletion.hash_sample_ids),
     used for the tombstones and for the ids GX (its results, its Data Docs) gets to see."""
@@ -103,7 +104,7 @@ def lookup_frame(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s, tomb
         b = b if isinstance(b, str) and b else ledger_batch.get(key(s))
         batches[r] = b
     return Lookup(frame, dict(zip(rows, ids)), batches, dict(zip(rows, erased.tolist())),
-                  manifest["sample_id"].astype(str).iloc[:2].tolist())
+                  manifest["sample_id"].astype(str).iloc[:2].tolist(), left_out)
 
 
 @dataclass
@@ -272,7 +273,7 @@ def _rule_line(rule: str, row: int, lk: Lookup) -> str:
     value = lk.value[row]
     if rule == "exists":
         return (f"column 'sample_id' row {row}: value {value!r} is not in the manifest (this dataset's ids look like "
-                f"{lk.example_ids}); correct the id or remove the row")
+                f"{lk.example_ids}{lk.left_out}); correct the id or remove the row")
     if rule == "training_sample":
         split = lk.frame.loc[lk.frame["row"] == row, "split"].iloc[0]
         return (f"column 'sample_id' row {row}: value {value!r} is a {split!r} sample, not a training sample "
@@ -299,7 +300,8 @@ def problem_lines(run: SuiteRun, lk: Lookup) -> list[str]:
         if rule == "exists" and n > 1 and len(rows) == n:
             lines.append(f"manifest: column 'sample_id' rows 1-{n} (all): none of the {n} sample ids (e.g. "
                          f"{[lk.value[r] for r in rows[:3]]}) is in this dataset's manifest, whose ids look like "
-                         f"{lk.example_ids}: the file is probably for another dataset (if it sits in the inbox, move it out)")
+                         f"{lk.example_ids}{lk.left_out}: the file is probably for another dataset (if it sits in the "
+                         f"inbox, move it out)")
             continue
         lines += [f"manifest: {_rule_line(rule, r, lk)}" for r in rows[:MAX_ROW_LINES]]
         rest = rows[MAX_ROW_LINES:]
@@ -311,9 +313,10 @@ def problem_lines(run: SuiteRun, lk: Lookup) -> list[str]:
 
 def manifest_problems(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s,
                       tombstoned: set[str] | None = None, ledger: list[dict] | None = None,
-                      gx_dir: str | Path | None = None, run_name: str = "request") -> tuple[list[str], dict, str | None]:
+                      gx_dir: str | Path | None = None, run_name: str = "request",
+                      left_out: str = "") -> tuple[list[str], dict, str | None]:
     """Stage 2: the GX suite on the lookup frame; (problem lines, GX result, Data Docs folder)."""
-    lk = lookup_frame(df, manifest, key, tombstoned, ledger)
+    lk = lookup_frame(df, manifest, key, tombstoned, ledger, left_out)
     run = run_suite(lk.frame, gx_dir, run_name)
     return problem_lines(run, lk), run.described, run.data_docs
 
@@ -333,7 +336,7 @@ class RequestCheck:
 def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame, cheap: list[str] | None = None,
                         gx: bool = True, *, key=lambda s: s, tombstoned: set[str] | None = None,
                         ledger: list[dict] | None = None, gx_dir: str | Path | None = None,
-                        run_name: str = "request") -> RequestCheck:
+                        run_name: str = "request", left_out: str = "") -> RequestCheck:
     """pandera, then (when it and the `cheap` problems found nothing, and `gx`) the GX suite. Rows are
     named by `df`'s index + 1 (keep the file's index when rows were left out)."""
     problems = [*(f"schema: {p}" for p in structural_problems(df)), *(cheap or [])]
@@ -342,7 +345,7 @@ def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame, cheap: list[st
         return RequestCheck(problems=problems, manifest_checked=False)
     if not len(df.columns):
         return RequestCheck(problems=[])
-    lines, described, docs = manifest_problems(df, manifest, key, tombstoned, ledger, gx_dir, run_name)
+    lines, described, docs = manifest_problems(df, manifest, key, tombstoned, ledger, gx_dir, run_name, left_out)
     return RequestCheck(problems=lines, gx_result=described, data_docs=docs)
 
 
@@ -408,7 +411,7 @@ def nothing_left_problems(manifest: pd.DataFrame, pending: pd.DataFrame) -> list
 def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash_ids: bool = False,
                        salt: str = "", max_clock_skew_seconds: float = 300.0, now=None,
                        tombstoned: set[str] | None = None, gx: bool = True,
-                       gx_dir: str | Path | None = None) -> FileCheck:
+                       gx_dir: str | Path | None = None, left_out: str = "") -> FileCheck:
     """Read and validate one request file against the ledger and the live manifest: stage 1 (ledger,
     structure and types, mixed objectives, future times), then, when it found nothing and `gx`, stage 2
     (the GX suite: exists, training row, not deleted or erased). `gx=False` runs stage 1 only (the CLI's
@@ -430,7 +433,7 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
     cheap = [f"schema: {p}" for p in objective_problems(rows)]
     cheap += [f"schema: {p}" for p in future_problems(rows, max_clock_skew_seconds, now)]
     check = check_request_frame(rows, manifest, cheap, gx=gx and not conflicts, key=key, tombstoned=tombstoned,
-                                ledger=ledger, gx_dir=gx_dir, run_name=Path(path).name)
+                                ledger=ledger, gx_dir=gx_dir, run_name=Path(path).name, left_out=left_out)
     pending = rows.reset_index(drop=True)
     pending.attrs = dict(df.attrs)
     problems = [*conflicts, *check.problems]
@@ -447,7 +450,29 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
 class LiveState:
     manifest: pd.DataFrame
     ledger: list[dict]
-    salt: str  # the prepared dataset's name: the salt of hashed ids in the ledger and tombstones
+    info: dict  # the prepared dataset.json
+
+    @property
+    def salt(self) -> str:
+        """The prepared dataset's name: the salt of hashed ids in the ledger and tombstones."""
+        return self.info["name"]
+
+
+def left_out_note(params, info: dict) -> str:
+    """Why an id of the team's raw data can be missing from the manifest without being a typo: prepare left
+    its row out, so no model ever trained on it. '' when prepare left nothing out."""
+    reasons = []
+    dropped = int(info.get("n_dropped_missing") or 0)
+    if dropped:
+        reasons.append(f"{dropped} row(s) with a missing value (prepare.table.missing: drop)")
+    caps = [f"prepare.{k} = {v}" for k, v in (("max_train", params.prepare.max_train),
+                                               ("max_val", params.prepare.max_val)) if v is not None]
+    if caps:
+        reasons.append(f"the rows past {' and '.join(caps)} (a fixed subsample)")
+    if not reasons:
+        return ""
+    return (f"; prepare left out {' and '.join(reasons)}: an id of those was never trained on, so nothing is "
+            f"left to forget")
 
 
 def live_state(params) -> LiveState | None:
@@ -471,7 +496,7 @@ def live_state(params) -> LiveState | None:
     if recorded is None or not matches(recorded, prepared_fingerprint(params, prepared.info, prepared.manifest)):
         return None
     return LiveState(read_state_manifest(state_dir / "manifest.csv"), read_ledger(state_dir / "ledger.jsonl"),
-                     prepared.info["name"])
+                     prepared.info)
 
 
 def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True) -> FileCheck:
@@ -481,10 +506,10 @@ def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True) -
     return check_request_file(path, live.manifest, live.ledger, hash_ids=params.deletion.hash_sample_ids,
                               salt=live.salt, max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,
                               tombstoned=read_tombstones(params.path("tombstones")), gx=gx,
-                              gx_dir=params.path("gx_dir"))
+                              gx_dir=params.path("gx_dir"), left_out=left_out_note(params, live.info))
 
 
 __all__ = ["RequestCheck", "FileCheck", "RequestConflict", "LiveState", "Lookup", "SuiteRun", "check_request_file",
-           "check_request_frame", "check_file_for", "create_gx_project", "live_state", "lookup_frame",
+           "check_request_frame", "check_file_for", "create_gx_project", "left_out_note", "live_state", "lookup_frame",
            "manifest_problems", "problem_lines", "raise_if_invalid", "run_suite", "REQUIRED_COLUMNS",
            "MANIFEST_NOT_CHECKED", "MANIFEST_RULES"]

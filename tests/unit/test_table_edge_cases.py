@@ -179,3 +179,30 @@ def test_the_store_never_writes_a_non_finite_feature(tmp_path):
     with pytest.raises(DataError, match=r"1 rows have NaN or infinite features in \['x'\]"):
         write_prepared(ds, tmp_path / "prep")
     assert not (tmp_path / "prep" / "features.npy").exists()
+
+
+def test_a_request_for_a_row_prepare_left_out_says_why_it_is_not_in_the_manifest(tmp_path):
+    """A row dropped by `missing: drop` (or past max_train) was never trained on; a request naming it is still
+    refused (there is no row to forget), but the message says that prepare left rows out, instead of only
+    suggesting a typo."""
+    from types import SimpleNamespace
+
+    from tasks.request_check import check_request_file, left_out_note
+
+    ds = csv(tmp_path, "id,x,y\n" + lines(lambda i: f"r{i},{'' if i in (2, 4) else i},{i % 2}"), missing="drop")
+    info = {"name": "table", **ds.meta}
+    caps = lambda **kw: SimpleNamespace(prepare=SimpleNamespace(**{"max_train": None, "max_val": None, **kw}))  # noqa
+    note = left_out_note(caps(), info)
+    assert "2 row(s) with a missing value (prepare.table.missing: drop)" in note and "never trained on" in note
+    assert "prepare.max_train = 7" in left_out_note(caps(max_train=7), info)
+    assert left_out_note(caps(), {"name": "digits"}) == ""  # nothing left out: no note
+    manifest = pd.DataFrame({"sample_id": ds.sample_id, "split": ds.split, "label": ds.label, "status": "retained"})
+    request = tmp_path / "req.csv"
+    request.write_text("request_id,sample_id,requested_at,reason\nq1,r0,2026-11-30T09:00:00Z,gdpr\n"
+                       "q2,r2,2026-11-30T09:00:00Z,gdpr\n")
+    with warnings.catch_warnings():  # Great Expectations' own import warnings (not under test)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import great_expectations  # noqa: F401
+    fc = check_request_file(request, manifest, [], left_out=note)
+    assert fc.status == "invalid" and len(fc.problems) == 1, fc.problems
+    assert "row 2: value 'r2' is not in the manifest" in fc.problems[0] and note in fc.problems[0]
