@@ -47,9 +47,13 @@ def _repo(root: Path, what: str):
     # DVC's messages ("Updating lock file 'dvc.lock'", "Removed 13 objects from repo cache.") go to stdout, by
     # its console handlers (dvc.logger.setup, streams taken when they were made) and by dvc.ui; here they are
     # diagnostics, and `unlearn run`'s stdout is its JSON lines (`unlearn run | jq`)
-    for handler in logging.getLogger("dvc").handlers:
+    dvc_logger = logging.getLogger("dvc")
+    own = [h for h in dvc_logger.handlers if type(h).__module__.startswith("dvc")]  # dvc.logger.LoggerHandler
+    for handler in own:
         if isinstance(handler, logging.StreamHandler) and handler.stream is not sys.stderr:
             handler.stream = sys.stderr  # not setStream: it flushes the old stream, which may be closed
+    # DVC prints its lines itself: passed on to the root logger (Prefect's console handler) each came twice
+    propagate, dvc_logger.propagate = dvc_logger.propagate, dvc_logger.propagate and not own
     try:
         with redirect_stdout(sys.stderr), Repo(str(root)) as repo:
             yield repo
@@ -57,6 +61,8 @@ def _repo(root: Path, what: str):
         raise DvcLockBusy(f"dvc {what} in {root}: the repository is locked by another DVC process ({e})") from e
     except DvcException as e:
         raise DvcFailed(f"dvc {what} in {root} failed: {e}") from e
+    finally:
+        dvc_logger.propagate = propagate
 
 
 def commit(root: Path, stages: list[str]) -> list[str]:

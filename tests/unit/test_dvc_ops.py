@@ -67,3 +67,17 @@ def test_an_unknown_stage_fails_naming_the_operation_and_a_held_lock_is_busy(pro
     finally:
         holder.lock.unlock()
         holder.close()
+
+
+def test_dvc_lines_are_printed_once_when_the_root_logger_prints_too(project):
+    """In `unlearn erase` Prefect's console handler sits on the root logger; DVC's own handlers print each line
+    and the record propagated to the root printed it a second time ("Updating lock file" twice per commit)."""
+    (project / "out.txt").write_text("four\n")
+    code = ("import logging, sys; from pathlib import Path; from tasks import dvc_ops; "
+            "logging.basicConfig(stream=sys.stderr, format='ROOT %(message)s', level=logging.INFO); "
+            f"dvc_ops.commit(Path({str(project)!r}), ['make'])")
+    from tests.helpers import ROOT
+
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("Updating lock file") == 1, out.stderr
