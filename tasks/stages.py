@@ -155,6 +155,15 @@ def partition(batch: BatchRun, cfg: Partition, state: State, forget_ids: list[st
 
 
 # 4. references: oracle and shadow ensembles --------------------------------------------------------------
+def chunk_labels(label: str, sizes: list[int]) -> list[str]:
+    """One progress label per chunk: chunks run side by side, so each says which members it trains
+    ("oracles 1-32 of 80"); a single chunk is "oracles x80"."""
+    if len(sizes) == 1:
+        return [f"{label} x{sizes[0]}"]
+    ends = np.cumsum(sizes).tolist()
+    return [f"{label} {end - size + 1}-{end} of {ends[-1]}" for size, end in zip(sizes, ends)]
+
+
 def _ensemble(params: Params, state: State, rows: np.ndarray, seeds: list[int], device: str,
               label: str) -> tuple[Ensemble, dict]:
     """Train (or load from the cache) one ensemble on `rows`, in chunks submitted as Prefect tasks."""
@@ -162,10 +171,11 @@ def _ensemble(params: Params, state: State, rows: np.ndarray, seeds: list[int], 
     X = torch.as_tensor(prepared.X[rows], dtype=torch.float32)
     y = torch.as_tensor(prepared.label[rows], dtype=torch.long)
     ids = prepared.manifest["sample_id"].to_numpy()[rows].tolist()
+    parts_of = chunks(seeds, params.validation.chunk_size)
     futures = [train_ensemble_chunk.submit(model_spec(params, prepared), X, y, ids, recipe(params), chunk,
-                                           str(params.path("cache_dir")), device, label, [str(params.root)],
+                                           str(params.path("cache_dir")), device, text, [str(params.root)],
                                            progress=params.base.progress)
-               for chunk in chunks(seeds, params.validation.chunk_size)]
+               for chunk, text in zip(parts_of, chunk_labels(label, [len(c) for c in parts_of]))]
     parts = [f.result() for f in futures]
     return Ensemble.concat([p[0] for p in parts]), {"cached_chunks": sum(p[1] for p in parts),
                                                     "chunks": len(parts), "seconds": sum(p[2] for p in parts)}

@@ -118,9 +118,10 @@ def train_ensemble_chunk(spec: dict, X: torch.Tensor, y: torch.Tensor, sample_id
                          search_paths: list[str] | None = None, progress: bool = True) -> tuple[Ensemble, bool, float]:
     """One chunk of an oracle/shadow ensemble; content-hash cached so re-runs and later batches reuse it.
     `search_paths`: the project folder, so a custom model factory imports in a Dask worker process too;
-    `progress`: base.progress (a line per chunk, or nothing)."""
+    `label`: the chunk's progress label (tasks.stages.chunk_labels); `progress`: base.progress (its lines, or
+    nothing)."""
     start = time.perf_counter()
     model, cached = cached_ensemble(cache_dir, spec, X, y, sample_ids, recipe, seeds, device,
-                                    progress=f"{label} x{len(seeds)}" if progress else False,
+                                    progress=label if progress else False,
                                     search_paths=search_paths or ())
     return model.cpu(), cached, time.perf_counter() - start

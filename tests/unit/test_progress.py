@@ -144,7 +144,15 @@ def test_base_progress_false_silences_the_ensemble_chunks(capsys, tmp_path):
     X, y = torch.randn(12, 3), torch.randint(0, 2, (12,))
     ids = [f"s{i}" for i in range(12)]
     for progress in (False, True):
-        train_ensemble_chunk.fn(spec, X, y, ids, TrainRecipe(1, 4, 1e-2), [1, 2], None, "cpu", "oracles",
+        train_ensemble_chunk.fn(spec, X, y, ids, TrainRecipe(1, 4, 1e-2), [1, 2], None, "cpu", "oracles 3-4 of 4",
                                 progress=progress)
         err = capsys.readouterr().err
-        assert ("oracles x2" in err) is progress, err
+        assert ("oracles 3-4 of 4: " in err) is progress, err
+
+
+def test_chunks_that_run_side_by_side_say_which_members_they_train():
+    """Two chunks of 32 both printed "oracles x32: 0/690 steps", which read as one line printed twice."""
+    from tasks.stages import chunk_labels
+
+    assert chunk_labels("oracles", [32, 32, 16]) == ["oracles 1-32 of 80", "oracles 33-64 of 80", "oracles 65-80 of 80"]
+    assert chunk_labels("shadows", [8]) == ["shadows x8"]
