@@ -235,6 +235,11 @@ def cmd_verify_erasure(args) -> int:
         return 1
     print(f"erasure verified{' for ' + args.batch if args.batch else ''}: {len(checks)} store(s) checked, no "
           f"forgotten raw row left, and no forgotten id in the data, the state or a model")
+    for c in checks:
+        if c.get("forgotten_rows_at_the_source"):
+            print(f"  note: your source table {c['path']} still holds {c['forgotten_rows_at_the_source']} forgotten "
+                  f"row(s): the pipeline never rewrites prepare.table.path (the tombstones keep them out of every "
+                  f"prepared store); delete them at the source if your policy requires it")
     refs = [f"{c['files_naming_forgotten_ids']} file(s) in {c['store']} ({c['path']})" for c in checks
             if c.get("files_naming_forgotten_ids")]
     if refs:

@@ -28,7 +28,7 @@ from tasks.state import ensure_state, load_state, original_path, stale_unbatched
 from tasks.training import recipe
 from unlearning.config import Params, load_params
 from unlearning.history import n_original_train
-from unlearning.io import atomic_write_json, exclusive_lock, move_unique
+from unlearning.io import atomic_write_bytes, atomic_write_json, exclusive_lock, move_unique, read_json_file
 from unlearning.ledger import hash_sample_id
 from unlearning.requests import (
     RequestValidationError, file_sha256, in_inbox, leftover_dot_files, read_request_file, scan_inbox,
@@ -165,13 +165,27 @@ def reject(path: Path, params: Params, error: BaseException | str) -> Path:
 
 
 def processed(path: Path, params: Params) -> Path:
-    """Move an applied (or already applied) inbox file to requests/processed/."""
+    """Move an applied (or already applied) inbox file to requests/processed/. With deletion.hash_sample_ids
+    its sample ids are written in their keyed form (the ledger's), so no forgotten id stays there in plain text."""
     dest_dir = params.path("processed")
+    keyed = _keyed_request_bytes(path, params) if params.deletion.hash_sample_ids else None
     same = dest_dir / path.name
-    if same.is_file() and not path.is_symlink() and file_sha256(same) == file_sha256(path):
+    if same.is_file() and not path.is_symlink() and file_sha256(same) == (
+            hashlib.sha256(keyed).hexdigest() if keyed is not None else file_sha256(path)):
         path.unlink()  # the same file was processed before: keep one copy
         return same
-    return move_unique(path, dest_dir)
+    dest = move_unique(path, dest_dir)
+    if keyed is not None:
+        atomic_write_bytes(dest, keyed)
+    return dest
+
+
+def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
+    from unlearning.erasure import id_key
+    from unlearning.requests import redacted_request_bytes
+
+    salt = read_json_file(params.path("prepared_dir") / "dataset.json")["name"]
+    return redacted_request_bytes(path, id_key(True, salt))
 
 
 def reconcile(params: Params, tracker) -> list[str]:

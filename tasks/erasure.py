@@ -41,6 +41,10 @@ from unlearning.io import (
     atomic_save, atomic_write_bytes, atomic_write_json, commit_dir, discard_dir, load_checkpoint, read_json_file,
     staging_dir,
 )
+from unlearning.requests import REQUEST_SUFFIXES, kept_request_suffix, plain_forgotten_ids, redacted_request_bytes
+
+# Request files the pipeline keeps: the applied ones and the rejected ones (beside their .error.json)
+REQUEST_FOLDERS = (("processed request files", "processed"), ("rejected request files", "rejected"))
 
 
 def in_dvc_stage() -> bool:
@@ -128,6 +132,31 @@ def _replace_original(params: Params, digest: str) -> str | None:
     return str(path)
 
 
+def kept_request_files(params: Params):
+    """(store, folder, request files) of requests/processed/ and requests/rejected/."""
+    for store, name in REQUEST_FOLDERS:
+        folder = params.path(name)
+        files = sorted(f for f in folder.iterdir() if f.is_file() and kept_request_suffix(f) in REQUEST_SUFFIXES) \
+            if folder.is_dir() else []
+        yield store, folder, files
+
+
+def _redact_request_files(params: Params, key, tombstones: set[str]) -> list[dict]:
+    """With deletion.hash_sample_ids: the kept request files name no forgotten id in plain text. An applied
+    file is written with keyed ids when it is moved (flows.deletion_batch.processed); this pass covers a
+    rejected file naming an id a later batch erased, and a file moved before it could be rewritten."""
+    out = []
+    for store, folder, files in kept_request_files(params):
+        redacted = []
+        for f in files:
+            data = redacted_request_bytes(f, key, tombstones)
+            if data is not None:
+                atomic_write_bytes(f, data)
+                redacted.append(f.name)
+        out.append({"store": store, "path": str(folder), "redacted_files": redacted})
+    return out
+
+
 def _dvc_gc(params: Params) -> dict:
     root = params.root
     from tasks.dvc_metrics import ensure_metrics
@@ -186,6 +215,8 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
         stores.append({"store": "state manifest", "path": str(params.path("state_dir") / "manifest.csv"),
                        "purged_rows": m})
     stores.append({"store": "tombstones", "path": str(params.path("tombstones")), "entries": len(tombstones)})
+    if hash_ids:
+        stores.extend(_redact_request_files(params, key, tombstones))
     stores.append({"store": "ensemble cache", "path": str(params.path("cache_dir") / "ensembles"),
                    "purged_files": _purge_ensembles(params, cache_hashes)})
     if not dvc_locked:
@@ -214,6 +245,7 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
     atomic_write_json(path, report)
     if any(s["store"] == "DVC cache" and s.get("committed") for s in stores):
         dvc_ops.commit(params.root, ["deletion"])  # the report just written is in state/: `dvc status` stays clean
+        dvc_ops.gc_workspace(params.root)  # that commit left the deletion stage's previous objects unreferenced
     if tracker is not None and run_id is not None:
         tracker.log_json(run_id, {k: v for k, v in report.items() if k not in ("row_digests", "cache_id_hashes")},
                          "erasure_report.json")
@@ -280,6 +312,25 @@ def id_references(params: Params, forgotten: set[str], max_bytes: int = 50_000_0
         n = sum(1 for f in files if pattern.search(f.read_bytes()))
         out.append({"store": store, "path": str(root), "files_naming_forgotten_ids": n})
     return out
+
+
+def source_table_checks(params: Params, prepared, key, forgotten: set[str]) -> list[dict]:
+    """The team's own table (prepare.table.path): the pipeline never rewrites a team's source data, and the
+    tombstones keep its forgotten rows out of every prepared store; the check says how many are still there,
+    so that they can be deleted at the source too (`unlearn verify-erasure` prints it as a note)."""
+    from unlearning.data.registry import DataError
+    from unlearning.data.sources import read_table
+
+    source = (prepared.info.get("source") or {}) if prepared is not None else {}
+    if source.get("type") != "table" or not forgotten or not Path(source.get("path", "")).is_file():
+        return []
+    path, column = Path(source["path"]), source.get("id_column")
+    try:
+        ids = read_table(path, [column])[column]  # as prepare read it (ids as text)
+    except (DataError, KeyError) as e:
+        return [{"store": "source table", "path": str(path), "unreadable": str(e)}]
+    n = int(ids.dropna().astype(str).map(lambda s: key(s) in forgotten).sum())
+    return [{"store": "source table", "path": str(path), "forgotten_rows_at_the_source": n}]
 
 
 def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tuple[list[str], list[dict]]:
@@ -357,8 +408,13 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
             continue
         rows = sum(npy_rows_found(f, digests, n_features) for f in root.rglob("*") if f.is_file())
         check(store, root, 0, rows)
-    if not params.deletion.hash_sample_ids:  # hashed ids cannot be searched for; plain ones are references
+    if not params.deletion.hash_sample_ids:  # plain ids are references (the audit trail)
         checks.extend(id_references(params, forgotten))
+    else:  # hashed ids promise no plain forgotten id: the kept request files are read and their ids keyed
+        for store, folder, files in kept_request_files(params):
+            check(store, folder, sum(plain_forgotten_ids(f, key, forgotten) for f in files),
+                  note=" in plain text (`unlearn erase` rewrites them with hashed ids)")
+    checks.extend(source_table_checks(params, prepared, key, forgotten))
     if tracker is not None and forgotten:
         champion = read_json_file(state_dir / "champion.json").get("model_version")
         versions = tracker.versions(params.tracking.registered_model)

@@ -408,6 +408,21 @@ def nothing_left_problems(manifest: pd.DataFrame, pending: pd.DataFrame) -> list
     return []
 
 
+def keyed_mentions(lines: list[str], sample_ids, key) -> list[str]:
+    """With deletion.hash_sample_ids the problem lines (logged to MLflow and Prefect, written beside a rejected
+    file) name each of the file's sample ids by its keyed form: an id erased earlier and named again must not
+    come back in plain text. The lines quote ids with repr(), so repr(id) is what is replaced; the row
+    numbers still say which row is meant."""
+    ids = sorted({s for s in sample_ids if isinstance(s, str) and s and not s.startswith("sha256:")},
+                 key=len, reverse=True)
+    out = []
+    for line in lines:
+        for s in ids:
+            line = line.replace(repr(s), repr(key(s)))
+        out.append(line)
+    return out
+
+
 def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash_ids: bool = False,
                        salt: str = "", max_clock_skew_seconds: float = 300.0, now=None,
                        tombstoned: set[str] | None = None, gx: bool = True,
@@ -439,6 +454,8 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
     problems = [*conflicts, *check.problems]
     if not problems and check.manifest_checked:
         problems += nothing_left_problems(manifest, pending)
+    if hash_ids:
+        problems = keyed_mentions(problems, df["sample_id"] if "sample_id" in df.columns else [], key)
     return FileCheck(path, "invalid" if problems else "ok", problems, pending, skipped=len(same), n_rows=n,
                      gx_result=check.gx_result, conflicts=conflicts, manifest_checked=check.manifest_checked,
                      data_docs=check.data_docs)
@@ -510,6 +527,6 @@ def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True) -
 
 
 __all__ = ["RequestCheck", "FileCheck", "RequestConflict", "LiveState", "Lookup", "SuiteRun", "check_request_file",
-           "check_request_frame", "check_file_for", "create_gx_project", "left_out_note", "live_state", "lookup_frame",
+           "check_request_frame", "check_file_for", "create_gx_project", "keyed_mentions", "left_out_note", "live_state", "lookup_frame",
            "manifest_problems", "problem_lines", "raise_if_invalid", "run_suite", "REQUIRED_COLUMNS",
            "MANIFEST_NOT_CHECKED", "MANIFEST_RULES"]

@@ -76,11 +76,12 @@ def _parquet_type_problems(raw: pd.DataFrame) -> list[str]:
     return problems
 
 
-def read_request_file(path: str | Path) -> pd.DataFrame:
+def read_request_file(path: str | Path, suffix: str | None = None) -> pd.DataFrame:
     """Read a request file with every column as text (ids stay strings; types are checked later). Parquet
-    columns that are not text are noted in `df.attrs["type_problems"]` (reported by `structural_problems`)."""
+    columns that are not text are noted in `df.attrs["type_problems"]` (reported by `structural_problems`).
+    `suffix`: the format, when the name does not end in it (a kept copy `a.csv.2`, see `kept_request_suffix`)."""
     path = Path(path)
-    suffix = path.suffix.lower()
+    suffix = suffix or path.suffix.lower()
     if suffix not in REQUEST_SUFFIXES:
         raise RequestValidationError(path, [f"file type '{path.suffix}' is not supported; use .csv or .parquet"])
     type_problems: list[str] = []
@@ -443,3 +444,59 @@ def leftover_dot_files(inbox: str | Path, min_age_seconds: float = LEFTOVER_AGE_
 def list_request_files(inbox: str | Path) -> list[Path]:
     """Request files in the inbox, in processing order (see `scan_inbox`)."""
     return scan_inbox(inbox)[0]
+
+
+def kept_request_suffix(path: str | Path) -> str:
+    """The format of a request file kept in requests/processed/ or rejected/: a second file of the same name is
+    kept as `a.csv.2` (unlearning.io.move_unique), whose format is still .csv."""
+    path = Path(path)
+    if path.suffix[1:].isdigit():
+        path = path.with_suffix("")
+    return path.suffix.lower()
+
+
+def _write_request_frame(df: pd.DataFrame, suffix: str) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    if suffix == ".csv":
+        df.to_csv(buffer, index=False)
+    else:
+        df.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def redacted_request_bytes(path: str | Path, key, forgotten: set[str] | None = None) -> bytes | None:
+    """The request file with its sample ids in their keyed form (`key`: the ledger's salted hash, with
+    deletion.hash_sample_ids): every id, or with `forgotten` (keyed ids) only those whose key is in it. None
+    when there is nothing to replace, or the file cannot be read as a request file (nothing to parse ids from).
+    Ids already in the keyed form (`sha256:...`) stay as they are."""
+    suffix = kept_request_suffix(path)
+    try:
+        df = read_request_file(path, suffix)
+    except RequestValidationError:
+        return None
+    if "sample_id" not in df.columns:
+        return None
+    ids = df["sample_id"]
+    keyed = ids.map(lambda s: s if not isinstance(s, str) or s.startswith("sha256:") else key(s))
+    hit = (keyed != ids) & ids.map(lambda s: isinstance(s, str))
+    if forgotten is not None:
+        hit &= keyed.isin(forgotten)
+    if not hit.any():
+        return None
+    df = df.copy()
+    df.loc[hit, "sample_id"] = keyed[hit]
+    return _write_request_frame(df, suffix)
+
+
+def plain_forgotten_ids(path: str | Path, key, forgotten: set[str]) -> int:
+    """How many sample ids of a request file are forgotten (`key(id)` in `forgotten`) and written in plain text."""
+    try:
+        df = read_request_file(path, kept_request_suffix(path))
+    except RequestValidationError:
+        return 0
+    if "sample_id" not in df.columns:
+        return 0
+    return int(sum(1 for s in df["sample_id"] if isinstance(s, str) and not s.startswith("sha256:")
+                   and key(s) in forgotten))

@@ -88,9 +88,12 @@ def test_the_project_is_created_when_missing_and_ids_stay_hashed(tmp_path):
     tomb = {hash_sample_id("digits-0005", "digits")}
     fc = rc.check_request_file(path, manifest(), [], hash_ids=True, salt="digits", tombstoned=tomb, gx_dir=gx_dir)
     assert (gx_dir / "great_expectations.yml").is_file() and committed(gx_dir).keys() == committed(ROOT / "gx").keys()
-    assert [p.split(": value ")[1].split(" ")[0] for p in fc.problems] == ["'digits-0009'", "'digits-0005'"]
-    assert "erased already" in fc.problems[1]
-    # the raw ids are in the problem lines only: GX's result and its Data Docs carry the salted hashes
+    # the problem lines (MLflow, Prefect, the .error.json of a rejected file) name the ids by their salted hashes
+    # too: an erased id named again (digits-0005) must not come back in plain text; the row numbers say which
+    assert [p.split(": value ")[1].split(" ")[0] for p in fc.problems] == [
+        repr(hash_sample_id("digits-0009", "digits")), repr(hash_sample_id("digits-0005", "digits"))]
+    assert "erased already" in fc.problems[1] and "row 2" in fc.problems[1]
+    # GX's result and its Data Docs carry the salted hashes
     shown = json.dumps(fc.gx_result, default=str) + "".join(p.read_text() for p in Path(fc.data_docs).rglob("*.html"))
     assert "digits-0009" not in shown and hash_sample_id("digits-0009", "digits") in shown
 
