@@ -239,7 +239,9 @@ def cmd_verify_erasure(args) -> int:
         if c.get("forgotten_rows_at_the_source"):
             print(f"  note: your source table {c['path']} still holds {c['forgotten_rows_at_the_source']} forgotten "
                   f"row(s): the pipeline never rewrites prepare.table.path (the tombstones keep them out of every "
-                  f"prepared store); delete them at the source if your policy requires it")
+                  f"prepared store). If your policy requires deleting them there too: delete them, then `unlearn "
+                  f"reset` and `dvc repro` (the state was built from a table that had them: the next batch would "
+                  f"stop with 'built from other params or data'; a fresh original is trained without them)")
     refs = [f"{c['files_naming_forgotten_ids']} file(s) in {c['store']} ({c['path']})" for c in checks
             if c.get("files_naming_forgotten_ids")]
     if refs:
