@@ -9,7 +9,10 @@ Pure: standard library only (the prepared folder is read with `json` and `csv`).
 
 Components (each `{"digest": ..., "value": ...}`):
 - `dataset`: the prepared dataset's identity, from `dataset.json` without volatile keys (timestamps,
-  durations) plus `manifest_digest`, a digest of the sorted (sample_id, split, label) rows of its manifest;
+  durations) and without one-hot category values (each column's count of categories instead: any value may
+  later belong only to erased rows, and this identity outlives an erasure in the state, the original's
+  checkpoint and `erasure.identity`), plus `manifest_digest`, a digest of the sorted (sample_id, split, label)
+  rows of its manifest;
 - `model`: `params.train.model.model_dump()`;
 - `recipe`: every other key of `params.train` (`model_dump(exclude={"model"})`, so keys added later count
   too) plus `seed` (`base.seed`: the original is trained with it).
@@ -64,14 +67,27 @@ def _without_volatile(d: dict) -> dict:
             if not _VOLATILE.search(str(k).lower())}
 
 
+def _without_category_values(value: dict) -> dict:
+    """The identity's `preprocessing` with each one-hot column's count of categories for its values, and no
+    `feature_names` (which spell them out). The identity recorded before an erasure must still match after it,
+    when the values only forgotten rows had are gone from dataset.json (`<erased k>`): so it holds none. Also
+    turns an identity recorded with values (before this rule) into today's form. Idempotent."""
+    prep = value.get("preprocessing")
+    if not isinstance(prep, dict) or not isinstance(prep.get("categories"), dict):
+        return value
+    counts = {col: len(v) if isinstance(v, list) else v for col, v in prep["categories"].items()}
+    prep = {k: v for k, v in prep.items() if k != "feature_names"}
+    return {**value, "preprocessing": {**prep, "categories": counts}}
+
+
 def dataset_identity(info: dict, sample_ids: Iterable, splits: Iterable | None = None,
                      labels: Iterable | None = None) -> dict:
     """The `dataset` component's value from `dataset.json`'s content and the manifest columns. A store with
     erased rows records the identity it had before the erasure (`erasure.identity`): erasing rows does not
     make the state "built from other data"."""
     if isinstance(info.get("erasure"), dict) and info["erasure"].get("identity"):
-        return info["erasure"]["identity"]
-    value = _without_volatile(info)
+        return _without_category_values(info["erasure"]["identity"])
+    value = _without_category_values(_without_volatile(info))
     value["manifest_digest"] = manifest_digest(sample_ids, splits, labels)
     return value
 
@@ -146,7 +162,23 @@ def prepared_fingerprint(params, info: dict, manifest) -> dict:
     return params_fingerprint(params, dataset)
 
 
+def _current_form(recorded: dict | None) -> dict | None:
+    """A recorded fingerprint whose dataset identity still holds category values (recorded before identities
+    left them out) as it reads today: the same data then still matches, and a mismatch report does not print
+    the values. Digests are recomputed from the recorded value; other fingerprints come back as they are."""
+    component = ((recorded or {}).get("components") or {}).get("dataset")
+    if not isinstance(component, dict) or not isinstance(component.get("value"), dict):
+        return recorded
+    value = _without_category_values(component["value"])
+    if value == component["value"]:
+        return recorded
+    components = {**recorded["components"], "dataset": {"digest": digest(value), "value": value}}
+    return {**recorded, "digest": digest({n: c.get("digest") for n, c in components.items()}),
+            "components": components}
+
+
 def matches(recorded: dict | None, current: dict) -> bool:
+    recorded = _current_form(recorded)
     return bool(recorded) and recorded.get("digest") == current.get("digest")
 
 
@@ -176,6 +208,7 @@ def describe_mismatch(recorded: dict | None, current: dict) -> list[str]:
     differ (`recipe: epochs was 30, now 5`). Empty when the fingerprints match."""
     if matches(recorded, current):
         return []
+    recorded = _current_form(recorded)
     rec = (recorded or {}).get("components") or {}
     cur = current.get("components") or {}
     lines = []

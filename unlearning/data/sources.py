@@ -6,7 +6,9 @@
   CSV are read as text: '01' and '1' are two classes, an id or class 'NA' is a value, not a gap.
   Non-numeric feature columns (object/string/category/bool) are one-hot encoded (`col=value`, categories
   sorted, fitted on all rows); numeric ones are standardized with the mean/std of the training rows. The
-  fitted `preprocessing` is recorded in dataset.json and re-applied by `apply_preprocessing`.
+  fitted `preprocessing` is recorded in dataset.json and re-applied by `apply_preprocessing`. A category that
+  only erased rows had is a raw value of theirs: the store keeps its one-hot column (all zeros, the input
+  width stays) under the placeholder `<erased k>` (`erase_categories`), which no value ever matches.
 - `image_folder`: `<root>/<class>/<image>` (seeded stratified split) or `<root>/train|val/<class>/<image>`;
   the id is the path relative to `<root>` without its suffix. Images are converted to L or RGB, resized
   (bilinear), scaled to [0, 1] and flattened channel-first.
@@ -22,6 +24,7 @@ that name the rows or files and the fix.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -43,6 +46,10 @@ NA_MARKERS = frozenset({"#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN"
 # The rule of request files (unlearning/requests.py): an id holding one of these can never be requested.
 # A whole number in pandas' float format ('3.0'): how an integer column with gaps is written by df.to_csv.
 _WHOLE_FLOAT = r"-?(?:0|[1-9][0-9]*)\.0+"
+# The name of a one-hot category whose rows are all erased: k numbers the erased values of its column (1-based,
+# in category order). Not a hash of the value: a hash of a short string is reversed by guessing.
+ERASED_CATEGORY = "<erased {}>"
+_ERASED_CATEGORY = re.compile(r"<erased [0-9]+>")
 
 
 def _first(items: Sequence, n: int = SHOW) -> str:
@@ -162,7 +169,8 @@ def _standardize(x: np.ndarray, mean: float, std: float) -> np.ndarray:
 
 def fit_preprocessing(df: pd.DataFrame, columns: list[str], train_mask: np.ndarray) -> dict:
     """One-hot categories from all rows of `df` (stable whatever the split or subsample), mean/std (std 0 -> 1)
-    from the rows in `train_mask` only."""
+    from the rows in `train_mask` only. Rows erased later still count here (the raw table holds them): the
+    store renames the categories only they had (`erase_categories`); the means and stds stay as fitted."""
     categories, means, stds = {}, {}, {}
     for col in columns:
         s = df[col]
@@ -171,10 +179,54 @@ def fit_preprocessing(df: pd.DataFrame, columns: list[str], train_mask: np.ndarr
         else:
             mean, std = _mean_std(s.to_numpy(dtype=np.float64)[train_mask])
             means[col], stds[col] = mean, (std if std > 0 and np.isfinite(std) else 1.0)
-    names = [n for col in columns
-             for n in ([f"{col}={v}" for v in categories[col]] if col in categories else [col])]
-    return {"columns": list(columns), "feature_names": names, "means": means, "stds": stds,
-            "categories": categories}
+    return {"columns": list(columns), "feature_names": _feature_names(columns, categories), "means": means,
+            "stds": stds, "categories": categories}
+
+
+def _feature_names(columns: Sequence[str], categories: dict) -> list[str]:
+    """One name per feature column, in the order of the feature matrix: `col=value` per category, else `col`."""
+    return [n for col in columns
+            for n in ([f"{col}={v}" for v in categories[col]] if col in categories else [col])]
+
+
+def is_erased_category(value: str) -> bool:
+    """Whether a category name is the placeholder of a value that only erased rows had."""
+    return bool(_ERASED_CATEGORY.fullmatch(value))
+
+
+def erase_categories(preprocessing: dict, X: np.ndarray, keep: np.ndarray) -> dict:
+    """`preprocessing` (dataset.json's) once the rows outside `keep` are dropped from the features X [n, d] it
+    produced: every one-hot category that a dropped row has and no kept row has is renamed `<erased k>` in place,
+    and so are the placeholders of earlier erasures (k: the position among the erased values of the column).
+    Such a value is a raw value of forgotten rows; in place, the feature columns (the model's input width) stay,
+    all zeros for every kept row as before. Read off X alone, so the store rewritten at an erasure and a fresh
+    prepare of the raw table with the same tombstones name the same placeholders."""
+    if not preprocessing.get("categories"):
+        return preprocessing
+    held = np.asarray(X) != 0  # [n, d]: which one-hot feature each row has
+    kept, dropped = held[keep].any(axis=0), held[~keep].any(axis=0)  # [d] each
+    categories, start = {}, 0
+    for col in preprocessing["columns"]:
+        cats = preprocessing["categories"].get(col)
+        if cats is None:  # a numeric column: one feature
+            start += 1
+            continue
+        end = start + len(cats)
+        categories[col] = _erased_in_place(cats, kept[start:end], dropped[start:end])
+        start = end
+    if start != held.shape[1]:
+        raise DataError(f"the features have {held.shape[1]} columns, the preprocessing describes {start}; the "
+                        f"prepared store is inconsistent: re-run the prepare stage")
+    return {**preprocessing, "categories": categories,
+            "feature_names": _feature_names(preprocessing["columns"], categories)}
+
+
+def _erased_in_place(cats: list[str], kept: np.ndarray, dropped: np.ndarray) -> list[str]:
+    """The categories of one column with those only dropped rows had (or already placeholders) renumbered as
+    `<erased 1>`, `<erased 2>`, ... in their places."""
+    erased = [is_erased_category(c) or bool(d and not k) for c, k, d in zip(cats, kept, dropped)]
+    number = np.cumsum(erased)
+    return [ERASED_CATEGORY.format(n) if e else c for c, e, n in zip(cats, erased, number.tolist())]
 
 
 def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | None = None) -> np.ndarray:
@@ -190,12 +242,14 @@ def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | N
         s = df[col]
         if col in preprocessing["categories"]:
             cats = preprocessing["categories"][col]
+            # An erased value (and its placeholder's text) is unknown like any value never seen: its column stays 0.
+            known = [None if is_erased_category(c) else c for c in cats]
             values = s.map(str).to_numpy()
-            unknown = sorted(set(values.tolist()) - set(cats))
+            unknown = sorted(set(values.tolist()) - set(known))
             if unknown:
                 raise DataError(f"column {col!r}: values {_first(unknown)} are not among the fitted categories "
-                                 f"{_first(cats, 20)}")
-            blocks.append((values[:, None] == np.asarray(cats, dtype=object)[None, :]).astype(np.float64))
+                                 f"{_first([c for c in known if c is not None], 20)}")
+            blocks.append((values[:, None] == np.asarray(known, dtype=object)[None, :]).astype(np.float64))
         else:
             numeric[col] = width
             x = s.to_numpy(dtype=np.float64)
@@ -444,6 +498,11 @@ def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> No
         raise DataError(f"{path.name}: feature column {col!r} holds dates/times ({s.dtype}); convert it to numbers "
                          f"(e.g. days since a reference date) or leave it out of prepare.table.feature_columns")
     if is_categorical(s) and not pd.api.types.is_bool_dtype(s):
+        reserved = sorted(v for v in s.map(str).unique() if is_erased_category(v))
+        if reserved:
+            raise DataError(f"{path.name}: text feature column {col!r} holds the values {_first(reserved)}, which "
+                             f"read as placeholders of erased categories ({ERASED_CATEGORY.format('k')}); rename "
+                             f"those values in your table")
         distinct = int(s.map(str).nunique())
         if distinct > MAX_CATEGORIES or (distinct > 10 and distinct > 0.5 * n_rows):
             raise DataError(f"{path.name}: text feature column {col!r} has {distinct} distinct values in {n_rows} "

@@ -18,6 +18,7 @@ import pandas as pd
 import pandera.pandas as pa
 
 from unlearning.data.registry import DataError, Dataset
+from unlearning.data.sources import erase_categories
 from unlearning.io import atomic_save, atomic_write_json
 
 MANIFEST_SCHEMA = pa.DataFrameSchema(
@@ -76,9 +77,12 @@ def _write_arrays(folder: Path, X: np.ndarray, label: np.ndarray, manifest: pd.D
     atomic_write_json(folder / "dataset.json", info)
 
 
-def erased_info(info: dict, manifest: pd.DataFrame, keep: np.ndarray) -> dict:
-    """dataset.json after dropping rows: counts of what is left, and under `erasure` the dataset identity of
-    the store before any erasure (so the state fingerprint survives an erasure, see fingerprint.py)."""
+def erased_info(info: dict, manifest: pd.DataFrame, keep: np.ndarray, X: np.ndarray) -> dict:
+    """dataset.json after dropping rows (X [n, d]: the features of the `manifest` rows; `keep` [n]): counts of
+    what is left, one-hot categories that only dropped rows had renamed `<erased k>` in place (their raw values
+    must not outlive the rows: `erase_categories`), and under `erasure` the dataset identity of the store before
+    any erasure (so the state fingerprint survives an erasure; it holds no category values, see fingerprint.py).
+    The prepare stage (write_prepared) and an erasure (rewrite_without) both come here: they write the same."""
     from unlearning.fingerprint import dataset_identity
 
     identity = dataset_identity(info, manifest["sample_id"].tolist(), manifest["split"].tolist(),
@@ -88,6 +92,8 @@ def erased_info(info: dict, manifest: pd.DataFrame, keep: np.ndarray) -> dict:
     out = {k: v for k, v in info.items() if k != "erasure"}
     out.update(n_samples=int(len(kept)), n_train=int((kept["split"] == "train").sum()),
                n_val=int((kept["split"] == "val").sum()))
+    if isinstance(out.get("preprocessing"), dict):
+        out["preprocessing"] = erase_categories(out["preprocessing"], X, keep)
     out["erasure"] = {"identity": identity, "n_erased": before + int((~keep).sum())}
     return out
 
@@ -117,7 +123,7 @@ def write_prepared(ds: Dataset, folder: str | Path, erased=None) -> dict:
     if erased is not None:
         keep = ~manifest["sample_id"].map(erased).to_numpy(dtype=bool)
         if not keep.all():
-            info = erased_info(info, manifest, keep)
+            info = erased_info(info, manifest, keep, ds.X)
             X, label = ds.X[keep], ds.label[keep]
             manifest = manifest[keep].reset_index(drop=True)
     _write_arrays(folder, X, label, manifest, info)
@@ -131,7 +137,7 @@ def rewrite_without(folder: str | Path, dest: str | Path, erased) -> int:
     keep = ~p.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
     if keep.all():
         return 0
-    info = erased_info(p.info, p.manifest, keep)
+    info = erased_info(p.info, p.manifest, keep, p.X)
     _write_arrays(Path(dest), np.asarray(p.X)[keep], np.asarray(p.label)[keep],
                   p.manifest[keep].reset_index(drop=True), info)
     return int((~keep).sum())
