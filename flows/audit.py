@@ -6,18 +6,51 @@ the per-sample tables and the plots to MLflow. Model, manifest and ledger stay u
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Callable
 
-from prefect import flow
+import pandas as pd
+from prefect import flow, task
 
 from flows.common import base_parser, device_of, params_or_exit, prefect_api, tracker_for, use_project_path
 from flows.errors import one_line_errors
+from tasks.clock import computes
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 from tasks.state import load_state
-from tasks.validation import raise_if_invalid, validate_request
-from unlearning.config import load_params
+from tasks.validation import RequestCheck, check_request_frame, raise_if_invalid
+from unlearning.config import Params, load_params
+from unlearning.erasure import id_key
 from unlearning.requests import coerce_requests, read_request_file
 from tasks.reporting import run_logger
+
+
+@task(name="validate-request")
+@computes
+def validate_request(path: str, df: pd.DataFrame, manifest: pd.DataFrame, gx_dir: str | Path | None,
+                     key: Callable[[str], str]) -> RequestCheck:
+    """tasks.validation.validate_request with the ledger's id form (`key`), as the deletion batch checks a
+    file: under deletion.hash_sample_ids GX sees hashed ids only, so its result and its Data Docs (both logged
+    to the audit's MLflow run) name no plain id."""
+    return check_request_frame(df, manifest, gx_dir=gx_dir, run_name=Path(path).name, key=key)
+
+
+def audit_redaction(params: Params, key: Callable[[str], str], manifest: pd.DataFrame,
+                    requests: pd.DataFrame) -> dict | None:
+    """The tracker's redaction (plain id -> hashed id) under deletion.hash_sample_ids, else None: the live
+    manifest's ids, as the deletion batch's (flows/deletion_batch.open_batch), and the file's own ids, which
+    an erased or unknown id is not among (ids already in the hashed form stay as they are)."""
+    if not params.deletion.hash_sample_ids:
+        return None
+    named = requests["sample_id"].tolist() if "sample_id" in requests.columns else []
+    ids = [*manifest["sample_id"].astype(str), *(s for s in named if isinstance(s, str) and s)]
+    return {s: key(s) for s in ids if not s.startswith("sha256:")}
+
+
+def keyed_check(check: RequestCheck, tracker) -> RequestCheck:
+    """The check with its problem lines naming ids as the run does (quoted ids hashed under redaction): they
+    become the flow's error, which Prefect logs."""
+    return dataclasses.replace(check, problems=tracker.redact(list(check.problems)))
 
 
 @flow(name="audit")
@@ -28,14 +61,16 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
     state = load_state(params, device)
     path = Path(request_path)
     df = read_request_file(path)
-    check = validate_request(str(path), df, state.manifest, gx_dir=params.path("gx_dir"))
+    key = id_key(params.deletion.hash_sample_ids, state.prepared.info["name"])
+    check = validate_request(str(path), df, state.manifest, params.path("gx_dir"), key)
     tracker = tracker_for(params)
+    tracker.redaction = audit_redaction(params, key, state.manifest, df)  # as the batch: hashed ids only
     run_id = tracker.start_run(f"audit-{path.stem}", tags={"stage": "audit", "request_file": path.name})
     try:
         tracker.log_json(run_id, check.gx_result, "gx_result.json")
         if check.data_docs:
             tracker.log_dir(run_id, check.data_docs, "data_docs")
-        raise_if_invalid(str(path), check)
+        raise_if_invalid(str(path), keyed_check(check, tracker))
         forget_ids = coerce_requests(df)["sample_id"].tolist()
         report, tables = leverage_diagnostics(params.diagnostics, params.train.weight_decay, params.base.seed,
                                               params.base.progress, state.prepared, state.manifest, forget_ids,
@@ -46,7 +81,7 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
         tracker.end_run(run_id, ok=False)
         raise
     summary = report.to_dict()
-    top = tables["forget"].sort_values("self_leverage", ascending=False).head(5)
+    top = tracker.redact_frame(tables["forget"].sort_values("self_leverage", ascending=False).head(5))
     run_logger().info(f"audit of {path.name}: {len(forget_ids)} sample(s); solver {report.solver}, "
           f"leakage ratio {report.leakage_ratio:.3f}, ||S_F|| {report.self_leverage_spectral_norm:.3f}, "
           f"predicted gap of do_nothing {report.predicted_gap_do_nothing:.4f}; nothing was changed")

@@ -304,8 +304,9 @@ def log_candidate_figures(tracker, run_id: str, out: CandidateOutcome, alpha: fl
                                   {s: out.metrics[f"klom_pvalue/{s}"] for s in present if f"klom_pvalue/{s}" in out.metrics},
                                   alpha, f"{method}: KLoM per sample vs retrains", passed)
     tracker.log_figure(run_id, fig, "klom_per_split.png"); plots.close(fig)
-    if out.worst.get("names"):
-        fig = plots.margin_distributions(out.worst["unlearned"], out.worst["oracle"], out.worst["names"],
+    if out.worst.get("names"):  # panels titled as the run names the samples (hashed under redaction)
+        names = [tracker.display_id(str(n)) for n in out.worst["names"]]
+        fig = plots.margin_distributions(out.worst["unlearned"], out.worst["oracle"], names,
                                          f"{method}: margins of the worst forget samples")
         tracker.log_figure(run_id, fig, "worst_forget_margins.png"); plots.close(fig)
 

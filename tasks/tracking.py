@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -80,14 +81,37 @@ def preflight(tracking_uri: str, timeout: float = 5.0) -> None:
                                       f"permissions or set MLFLOW_TRACKING_URI; nothing was changed")
 
 
+# An id quoted inside a longer text: repr() in problem lines and error messages ('id', "id"), markdown (`id`).
+_QUOTED = re.compile(r"""(['"`])([^'"`\s]+)\1""")
+HASH_PREFIX = "sha256:"  # unlearning.ledger.hash_sample_id's form
+DISPLAY_HEX = 12  # hex digits of a hashed id shown where space is short (a figure's panel title)
+
+
+def _redact_text(text: str, mapping: dict) -> str:
+    """The text itself when it is a plain id, else the text with each QUOTED plain id replaced: error messages
+    and problem lines quote the ids they name. Unquoted words stay as they are, so a number in a sentence is
+    not rewritten where the dataset's ids are numbers too."""
+    if text in mapping:
+        return mapping[text]
+    return _QUOTED.sub(lambda m: m.group(1) + mapping.get(m.group(2), m.group(2)) + m.group(1), text)
+
+
 def _redact(value, mapping: dict):
     if isinstance(value, str):
-        return mapping.get(value, value)
+        return _redact_text(value, mapping)
     if isinstance(value, dict):
-        return {k: _redact(v, mapping) for k, v in value.items()}
+        return {_redact(k, mapping) if isinstance(k, str) else k: _redact(v, mapping) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_redact(v, mapping) for v in value]
     return value
+
+
+def display_form(hashed: str) -> str:
+    """A hashed id cut to its first DISPLAY_HEX hex digits, for a figure's panel title: still no plain id, and
+    enough to find the sample's full hash in the run's tables (any other value is returned as it is)."""
+    if hashed.startswith(HASH_PREFIX):
+        return hashed[:len(HASH_PREFIX) + DISPLAY_HEX]
+    return hashed
 
 
 @tracks
@@ -114,7 +138,8 @@ class Tracker:
 
     # runs -------------------------------------------------------------------------------------
     def start_run(self, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
-        tags = dict(tags or {})
+        tags = {k: str(self._r(v)) for k, v in (tags or {}).items()}
+        name = str(self._r(name))
         if parent_id:
             tags["mlflow.parentRunId"] = parent_id
         return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
@@ -141,6 +166,18 @@ class Tracker:
 
     def _r(self, value):
         return _redact(value, self.redaction) if self.redaction else value
+
+    def redact(self, value):
+        """`value` as this tracker logs it (plain ids hashed under deletion.hash_sample_ids): for what the flow
+        shows elsewhere (Prefect log lines, an error's message), so it names the ids the way the run does."""
+        return self._r(value)
+
+    def display_id(self, sample_id: str) -> str:
+        """How a figure names a sample: its hashed id cut for display (`display_form`) under redaction, else
+        the id itself (figures are pixels, which the redaction of logged text cannot reach)."""
+        if not self.redaction or sample_id not in self.redaction:
+            return sample_id
+        return display_form(self.redaction[sample_id])
 
     # values -----------------------------------------------------------------------------------
     def log_params(self, run_id: str, params: dict) -> None:
@@ -190,6 +227,10 @@ class Tracker:
         so `artifact_file` ends in `.json` (MLflow refuses other names; logging a name again appends rows)."""
         self.client.log_table(run_id, self._redact_frame(df), artifact_file)
 
+    def redact_frame(self, df):
+        """The frame as `log_table` logs it: for a table the flow also shows elsewhere (a Prefect log line)."""
+        return self._redact_frame(df)
+
     def _redact_frame(self, df):
         """The frame with every plain id in its text columns (any text dtype) replaced by its hash."""
         if not self.redaction:
@@ -225,7 +266,21 @@ class Tracker:
         self.client.log_inputs(run_id, datasets=inputs)
 
     def log_figure(self, run_id: str, fig, artifact_file: str) -> None:
+        """The figure as an image artifact. Under redaction a text of the figure that is a plain id (a panel
+        titled with a sample) is replaced by `display_id` before it is rendered: once in pixels, no later
+        check could find it (the caller closes the figure; its texts are changed in place)."""
+        self._redact_figure(fig)
         self.client.log_figure(run_id, fig, artifact_file)
+
+    def _redact_figure(self, fig) -> None:
+        if not self.redaction:
+            return
+        from matplotlib.text import Text
+
+        for text in fig.findobj(Text):
+            shown = text.get_text()
+            if shown in self.redaction:
+                text.set_text(self.display_id(shown))
 
     def log_dir(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         """Every file under the folder `path` (e.g. a Great Expectations Data Docs site)."""
