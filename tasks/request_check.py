@@ -269,6 +269,21 @@ def run_suite(frame: pd.DataFrame, gx_dir: str | Path | None = None, run_name: s
     return SuiteRun(failures, result.describe_dict(), docs)
 
 
+def rule_failures(frame: pd.DataFrame) -> list[tuple[str, list[int], str | None, str]]:
+    """MANIFEST_RULES evaluated with pandas on the lookup frame, as the GX suite evaluates its expectations
+    (ExpectColumnValuesToBeInSet: a null is skipped, never a failure): (rule, failing rows, column, '') per
+    failed rule, in the suite's order. No import of Great Expectations (3-5 s): the CLI's checks reject a bad
+    file with it in about a second; a file it passes still goes through the suite, which stays authoritative
+    (it holds any expectation a team added to gx/expectations)."""
+    failures = []
+    for rule, (column, allowed, _notes) in MANIFEST_RULES.items():
+        values = frame[column]
+        bad = values.notna() & ~values.isin(allowed)
+        if bad.any():
+            failures.append((rule, [int(r) for r in frame.loc[bad, "row"]], column, ""))
+    return failures
+
+
 def _rule_line(rule: str, row: int, lk: Lookup) -> str:
     value = lk.value[row]
     if rule == "exists":
@@ -314,9 +329,16 @@ def problem_lines(run: SuiteRun, lk: Lookup) -> list[str]:
 def manifest_problems(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s,
                       tombstoned: set[str] | None = None, ledger: list[dict] | None = None,
                       gx_dir: str | Path | None = None, run_name: str = "request",
-                      left_out: str = "") -> tuple[list[str], dict, str | None]:
-    """Stage 2: the GX suite on the lookup frame; (problem lines, GX result, Data Docs folder)."""
+                      left_out: str = "", gx_when_invalid: bool = True) -> tuple[list[str], dict, str | None]:
+    """Stage 2: the GX suite on the lookup frame; (problem lines, GX result, Data Docs folder).
+    `gx_when_invalid=False` (the CLI): the rules are first evaluated with pandas (`rule_failures`); a file
+    they reject gets its lines without the suite (no GX result, no Data Docs); the batch's own check keeps
+    the default and records the suite's result for every file."""
     lk = lookup_frame(df, manifest, key, tombstoned, ledger, left_out)
+    if not gx_when_invalid:
+        failures = rule_failures(lk.frame)
+        if failures:
+            return problem_lines(SuiteRun(failures), lk), {}, None
     run = run_suite(lk.frame, gx_dir, run_name)
     return problem_lines(run, lk), run.described, run.data_docs
 
@@ -336,7 +358,8 @@ class RequestCheck:
 def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame, cheap: list[str] | None = None,
                         gx: bool = True, *, key=lambda s: s, tombstoned: set[str] | None = None,
                         ledger: list[dict] | None = None, gx_dir: str | Path | None = None,
-                        run_name: str = "request", left_out: str = "") -> RequestCheck:
+                        run_name: str = "request", left_out: str = "",
+                        gx_when_invalid: bool = True) -> RequestCheck:
     """pandera, then (when it and the `cheap` problems found nothing, and `gx`) the GX suite. Rows are
     named by `df`'s index + 1 (keep the file's index when rows were left out)."""
     problems = [*(f"schema: {p}" for p in structural_problems(df)), *(cheap or [])]
@@ -345,7 +368,8 @@ def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame, cheap: list[st
         return RequestCheck(problems=problems, manifest_checked=False)
     if not len(df.columns):
         return RequestCheck(problems=[])
-    lines, described, docs = manifest_problems(df, manifest, key, tombstoned, ledger, gx_dir, run_name, left_out)
+    lines, described, docs = manifest_problems(df, manifest, key, tombstoned, ledger, gx_dir, run_name, left_out,
+                                               gx_when_invalid)
     return RequestCheck(problems=lines, gx_result=described, data_docs=docs)
 
 
@@ -426,12 +450,14 @@ def keyed_mentions(lines: list[str], sample_ids, key) -> list[str]:
 def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash_ids: bool = False,
                        salt: str = "", max_clock_skew_seconds: float = 300.0, now=None,
                        tombstoned: set[str] | None = None, gx: bool = True,
-                       gx_dir: str | Path | None = None, left_out: str = "") -> FileCheck:
+                       gx_dir: str | Path | None = None, left_out: str = "",
+                       gx_when_invalid: bool = True) -> FileCheck:
     """Read and validate one request file against the ledger and the live manifest: stage 1 (ledger,
     structure and types, mixed objectives, future times), then, when it found nothing and `gx`, stage 2
     (the GX suite: exists, training row, not deleted or erased). `gx=False` runs stage 1 only (the CLI's
     pre-check). `gx_dir`: the project's GX folder (base.paths.gx_dir; created when missing; Data Docs are
-    built there); None runs the same suite in memory, without Data Docs."""
+    built there); None runs the same suite in memory, without Data Docs. `gx_when_invalid=False`: a file the
+    manifest rules reject (evaluated with pandas first) is answered without the suite (`manifest_problems`)."""
     path = str(path)
     try:
         df = read_request_file(path)
@@ -448,7 +474,8 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
     cheap = [f"schema: {p}" for p in objective_problems(rows)]
     cheap += [f"schema: {p}" for p in future_problems(rows, max_clock_skew_seconds, now)]
     check = check_request_frame(rows, manifest, cheap, gx=gx and not conflicts, key=key, tombstoned=tombstoned,
-                                ledger=ledger, gx_dir=gx_dir, run_name=Path(path).name, left_out=left_out)
+                                ledger=ledger, gx_dir=gx_dir, run_name=Path(path).name, left_out=left_out,
+                                gx_when_invalid=gx_when_invalid)
     pending = rows.reset_index(drop=True)
     pending.attrs = dict(df.attrs)
     problems = [*conflicts, *check.problems]
@@ -516,17 +543,20 @@ def live_state(params) -> LiveState | None:
                      prepared.info)
 
 
-def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True) -> FileCheck:
-    """`check_request_file` with the arguments the deletion flow passes (flows.deletion_batch.check_file)."""
+def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True,
+                   gx_when_invalid: bool = True) -> FileCheck:
+    """`check_request_file` with the arguments the deletion flow passes (flows.deletion_batch.check_file);
+    the CLI passes `gx_when_invalid=False` (a bad file answers before Great Expectations is imported)."""
     from unlearning.erasure import read_tombstones
 
     return check_request_file(path, live.manifest, live.ledger, hash_ids=params.deletion.hash_sample_ids,
                               salt=live.salt, max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,
                               tombstoned=read_tombstones(params.path("tombstones")), gx=gx,
-                              gx_dir=params.path("gx_dir"), left_out=left_out_note(params, live.info))
+                              gx_dir=params.path("gx_dir"), left_out=left_out_note(params, live.info),
+                              gx_when_invalid=gx_when_invalid)
 
 
 __all__ = ["RequestCheck", "FileCheck", "RequestConflict", "LiveState", "Lookup", "SuiteRun", "check_request_file",
-           "check_request_frame", "check_file_for", "create_gx_project", "keyed_mentions", "left_out_note", "live_state", "lookup_frame",
+           "check_request_frame", "check_file_for", "create_gx_project", "keyed_mentions", "left_out_note", "live_state", "lookup_frame", "rule_failures",
            "manifest_problems", "problem_lines", "raise_if_invalid", "run_suite", "REQUIRED_COLUMNS",
            "MANIFEST_NOT_CHECKED", "MANIFEST_RULES"]
