@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from unlearning.io import atomic_save
+from unlearning.io import StateCorrupt, atomic_save
 from unlearning.models import Ensemble, TrainRecipe, build_model, fit, load_model, save_model
 
 
@@ -66,8 +67,11 @@ def cached_ensemble(cache_dir: str | Path | None, spec: dict, X: torch.Tensor, y
     key = ensemble_key(ids_digest(sample_ids), spec, recipe, seeds)
     path = Path(cache_dir) / "ensembles" / f"{key}.pt" if cache_dir else None
     if path is not None and path.exists():
-        model, _ = load_model(path, device, search_paths=search_paths)
-        return model, True
+        try:
+            model, _ = load_model(path, device, search_paths=search_paths)
+            return model, True
+        except StateCorrupt as e:  # a cache is derived data: a truncated or damaged file is trained again
+            warnings.warn(f"ensemble cache: {e}; training it again", stacklevel=2)
     model = train_fresh(spec, X, y, recipe, seeds, device, progress, search_paths)
     if path is not None:
         from unlearning.io import atomic_write_json

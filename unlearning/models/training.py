@@ -329,9 +329,10 @@ def save_model(model: Ensemble, path, extra: dict | None = None) -> None:
 
 def load_model(path, device: str | torch.device = "cpu", search_paths: Sequence = ()) -> tuple[Ensemble, dict]:
     """Load a checkpoint written by `save_model` (`search_paths`: where a custom factory's module lives)."""
+    from unlearning.io import load_checkpoint
     from unlearning.models.ensemble import build_model
 
-    ckpt = torch.load(path, map_location=device, weights_only=False)
+    ckpt = load_checkpoint(path)  # StateCorrupt (one line: the file and how to restore it) when unreadable
     if not isinstance(ckpt, dict) or "spec" not in ckpt or "state_dict" not in ckpt:
         raise ValueError(f"{path}: not a pipeline checkpoint (no 'spec'/'state_dict'). To start from a model you "
                          f"trained yourself, save its state_dict (torch.save(module.state_dict(), path)) and set "
