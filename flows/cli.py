@@ -81,19 +81,14 @@ def _params(args):
 
 
 def _preflight_tracking(args) -> None:
-    """Before the heavy imports: an unreachable tracking server fails in seconds, with the fix."""
-    import urllib.request
+    """Before the heavy imports: an unreachable tracking server or a damaged SQLite store fails in a second,
+    with the fix (exit 2)."""
+    from tasks.store_check import tracking_store_problem
+    from unlearning.config import load_params
 
-    from unlearning.config import is_tracking_server, load_params
-
-    uri = load_params(args.params).mlflow_tracking_uri()
-    if is_tracking_server(uri):
-        try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
-        except Exception as e:
-            raise ConnectionError(f"MLflow tracking server {uri} is unreachable ({getattr(e, 'reason', e)}); start it "
-                                  f"(`make ui`, or `mlflow server --host 127.0.0.1 --port 5000 ...`) or unset "
-                                  f"MLFLOW_TRACKING_URI to use the project's SQLite store; nothing was changed") from None
+    problem = tracking_store_problem(load_params(args.params).mlflow_tracking_uri())
+    if problem:
+        raise ConnectionError(problem)
 
 
 def cmd_run(args) -> int:

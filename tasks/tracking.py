@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import tempfile
 import warnings
@@ -20,7 +19,6 @@ from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
 from tasks.clock import tracks
-from unlearning.config import is_tracking_server
 
 PIP_REQUIREMENTS = ["torch==2.13.0"]  # given explicitly: inferring them costs ~10 s per model
 
@@ -59,26 +57,13 @@ class TrackingUnavailable(RuntimeError):
 
 @tracks
 def preflight(tracking_uri: str, timeout: float = 5.0) -> None:
-    """Fail fast (well within 10 s, no retries) when the tracking store is unreachable, with the fix."""
-    if is_tracking_server(tracking_uri):
-        import urllib.request
+    """Fail fast (well within 10 s, no retries) when the tracking store is unusable, with the fix
+    (tasks.store_check: an unreachable server, an unwritable folder, a damaged SQLite file)."""
+    from tasks.store_check import tracking_store_problem
 
-        url = tracking_uri.rstrip("/") + "/health"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:
-                if r.status >= 400:
-                    raise OSError(f"HTTP {r.status}")
-        except Exception as e:
-            raise TrackingUnavailable(
-                f"MLflow tracking server {tracking_uri} is unreachable ({getattr(e, 'reason', e)}); start it "
-                f"(`make ui`, or `mlflow server --host 127.0.0.1 --port 5000 ...`) or unset MLFLOW_TRACKING_URI to "
-                f"use the project's SQLite store; nothing was changed") from None
-    elif tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
-        folder = db.parent if db.parent.exists() else None
-        if folder is None or not os.access(folder, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
-            raise TrackingUnavailable(f"MLflow store {tracking_uri} is not writable (folder {db.parent}); fix the "
-                                      f"permissions or set MLFLOW_TRACKING_URI; nothing was changed")
+    problem = tracking_store_problem(tracking_uri, timeout)
+    if problem:
+        raise TrackingUnavailable(problem)
 
 
 # An id quoted inside a longer text: repr() in problem lines and error messages ('id', "id"), markdown (`id`).

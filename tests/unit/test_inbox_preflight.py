@@ -125,6 +125,36 @@ def test_tracking_preflight_sqlite_not_writable(tmp_path):
         preflight(f"sqlite:///{tmp_path}/missing-folder/mlflow.db")
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not_a_database"])
+def test_a_damaged_sqlite_store_is_one_line_before_anything_starts(tmp_path, monkeypatch, capsys, damage):
+    """A truncated or overwritten mlflow.db: `unlearn run` answers in one line with the fix (exit 2) before the
+    Prefect server starts or MLflow is imported; the flows' own preflight says the same."""
+    import sqlite3
+
+    from flows.cli import main
+    from tasks.tracking import TrackingUnavailable, preflight
+    from tests.helpers import make_project
+
+    params = make_project(tmp_path, inbox_files=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    db = tmp_path / "mlflow.db"
+    con = sqlite3.connect(db)
+    con.executescript("CREATE TABLE t (x TEXT);" + "INSERT INTO t VALUES (hex(randomblob(500)));" * 50)
+    con.close()
+    raw = db.read_bytes()
+    db.write_bytes(raw[:4096] if damage == "truncated" else b"garbage, not SQLite" * 100)
+    start = time.perf_counter()
+    assert main(["--params", str(params), "run"]) == 2
+    assert time.perf_counter() - start < 10
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a readable SQLite database" in err and f"mv {db}" in err
+    assert not (tmp_path / "state").exists()
+    with pytest.raises(TrackingUnavailable, match="not a readable SQLite database"):
+        preflight(f"sqlite:///{db}")
+    db.unlink()
+    preflight(f"sqlite:///{db}")  # no file yet: MLflow creates the store
+
+
 def test_prefect_api_preflight_fails_in_seconds_with_the_fix(tmp_path, monkeypatch):
     import time
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pandera.errors
 import pandera.pandas as pa
 
 from unlearning.data.registry import DataError, Dataset
 from unlearning.data.sources import erase_categories
+from unlearning.io import StateCorrupt
 from unlearning.io import atomic_save, atomic_write_json
 
 MANIFEST_SCHEMA = pa.DataFrameSchema(
@@ -180,9 +183,45 @@ class Prepared:
         return pos
 
 
+PREPARED_RESTORE = ("restore it with `dvc checkout data/prepared` (the last store DVC recorded), or prepare it again "
+                    "(`dvc repro -f prepare`)")
+
+
 def load_prepared(folder: str | Path) -> Prepared:
-    """X is memory-mapped read-only (opening does not read the features); use `Prepared.tensor` for torch."""
+    """X is memory-mapped read-only (opening does not read the features); use `Prepared.tensor` for torch.
+    A damaged store (a truncated array, an edited manifest or dataset.json, files of different lengths) is
+    StateCorrupt: one line naming the file and how to restore it."""
     folder = Path(folder)
+    try:
+        prepared = _load_prepared(folder)
+    except FileNotFoundError:
+        raise
+    except (pandera.errors.SchemaError, pandera.errors.SchemaErrors) as e:
+        raise StateCorrupt(f"{folder}: the prepared store is damaged (manifest.csv does not match the manifest "
+                           f"schema: {_schema_failures(e)}); {PREPARED_RESTORE}") from None
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise StateCorrupt(f"{folder}: the prepared store is damaged ({type(e).__name__}: {first}); "
+                           f"{PREPARED_RESTORE}") from None
+    lengths = {"features": len(prepared.X), "labels": len(prepared.label), "manifest.csv": len(prepared.manifest)}
+    if len(set(lengths.values())) > 1:
+        raise StateCorrupt(f"{folder}: the prepared store is damaged (its files have different row counts: "
+                           f"{lengths}); {PREPARED_RESTORE}")
+    return prepared
+
+
+def _schema_failures(e: Exception, shown: int = 3) -> str:
+    """The first failure cases of a pandera error, on one line: "column: check (value)"."""
+    cases = getattr(e, "failure_cases", None)
+    if isinstance(e, pandera.errors.SchemaError) or not isinstance(cases, pd.DataFrame) or not len(cases):
+        first = (str(e).splitlines() or [type(e).__name__])[0]  # "Column 'split' failed ... failure cases: x, y"
+        return first if len(first) <= 240 else first[:240] + "..."
+    parts = [f"{r.get('column')}: {r.get('check')} ({r.get('failure_case')!r})" for r in cases.head(shown).to_dict("records")]
+    more = f"; {len(cases) - shown} more" if len(cases) > shown else ""
+    return "; ".join(parts) + more
+
+
+def _load_prepared(folder: Path) -> Prepared:
     if (folder / "features.npy").exists():
         X = np.load(folder / "features.npy", mmap_mode="r", allow_pickle=False)
         label = np.load(folder / "labels.npy", allow_pickle=False)
