@@ -318,6 +318,14 @@ class Tracker:
         except Exception:  # no such model or alias yet
             return None
 
+    def has_version(self, name: str, version: str) -> bool:
+        """Whether the registry holds `name` version `version` (not after mlflow.db was replaced by a new one)."""
+        try:
+            self.client.get_model_version(name, str(version))
+            return True
+        except Exception:  # no such model or version in this store
+            return False
+
     # reconciliation and erasure ------------------------------------------------------------------
     def reconcile_alias(self, name: str, alias: str, version: str | None) -> tuple[str | None, bool]:
         """Point name@alias at `version` (what state/champion.json says) unless it already does; tag the
@@ -325,6 +333,8 @@ class Tracker:
         if version is None:
             return self.alias_version(name, alias), False
         before = self.alias_version(name, alias)
+        if not self.has_version(name, version):  # a new (or another) store: nothing to point at, until a promotion
+            return before, False
         changed = before != str(version)
         if changed:
             self.client.set_registered_model_alias(name, alias, str(version))

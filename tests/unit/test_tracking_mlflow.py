@@ -226,3 +226,16 @@ def test_log_datasets_lists_forget_and_retain_with_digests(store):
     assert "sample_id" in by_context["retain"].schema
     stored = json.dumps([i.dataset.to_dictionary() for i in inputs])
     assert "s-1" not in stored and "h-1" not in stored  # digest, schema and profile: no rows
+
+
+def test_reconcile_alias_on_a_store_without_the_version(store, tmp_path):
+    """mlflow.db replaced by a new, empty store (the README's fix for a damaged one) while state/champion.json
+    still names v2: reconciling changes nothing and raises nothing (the next promotion registers v1 there); on
+    the store that has the version, it points the alias at it."""
+    fresh = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "tracking-test", tmp_path / "mlartifacts")
+    assert fresh.reconcile_alias("clf", "champion", "2") == (None, False)
+    assert not fresh.has_version("clf", "1")
+    tracker = store["tracker"]
+    assert tracker.has_version("clf", "1") and not tracker.has_version("clf", "7")
+    assert tracker.reconcile_alias("clf", "champion", "7") == ("1", False)  # no such version: alias stays
+    assert tracker.reconcile_alias("clf", "champion", "1") == ("1", False)
