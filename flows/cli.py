@@ -661,6 +661,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands that do not read params.yaml; every other one checks it first, before any heavy import or server,
 # so a config error answers in about a second.
 NO_PARAMS = {"init", "methods"}
+COMPUTES = {"run", "prepare", "train", "audit", "serve"}  # the commands that run models on base.device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -684,9 +685,12 @@ def _main(argv: list[str] | None) -> int:
         os.environ[ENV_DEBUG] = "1"  # Prefect's console keeps the tracebacks too (flows.errors.KnownErrorsOnce)
     try:
         if args.command not in NO_PARAMS:
-            from unlearning.config import load_params
+            from unlearning.config import ConfigError, device_problem, load_params
 
-            load_params(args.params)
+            params = load_params(args.params)
+            problem = device_problem(params) if args.command in COMPUTES else None
+            if problem:  # before a server starts or torch is imported
+                raise ConfigError(problem)
         return args.fn(args)
     except BrokenPipeError:  # `unlearn status | head -1`: the reader left; no message, as for any Unix tool
         devnull = os.open(os.devnull, os.O_WRONLY)

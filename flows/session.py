@@ -239,13 +239,12 @@ def params_problem(cmd: list[str], path: str = "params.yaml") -> str | None:
     typo answers in about a second instead of after the server's start and the stage's imports."""
     if os.path.basename(cmd[0]) != "dvc" or "repro" not in cmd[1:] or not os.path.exists(path):
         return None
-    from unlearning.config import ConfigError, load_params  # pydantic + yaml: ~0.4 s
+    from unlearning.config import ConfigError, device_problem, load_params  # pydantic + yaml: ~0.4 s
 
     try:
-        load_params(path)
+        return device_problem(load_params(path))
     except ConfigError as e:
         return str(e)
-    return None
 
 
 def split_commands(args: list[str]) -> tuple[list[list[str]], bool]:

@@ -552,6 +552,20 @@ def deep_merge(a: dict, b: dict) -> dict:
     return out
 
 
+# Device nodes a CUDA (or ROCm, or WSL GPU) device shows up as; none of them: torch cannot find one either.
+GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
+
+
+def device_problem(params: Params) -> str | None:
+    """`base.device: cuda` on a machine with no GPU device node at all: said before any server starts or torch
+    is imported (2-3 s); where a node exists, torch decides later (resolve_device)."""
+    import glob
+
+    if params.base.device != "cuda" or any(glob.glob(p) for p in GPU_DEVICE_NODES):
+        return None
+    return "base.device = 'cuda' but this machine has no GPU device (no /dev/nvidia*); use 'auto' or 'cpu'"
+
+
 def resolve_device(device: str) -> str:
     """base.device as a device name (unlearning/devices.py decides); no CUDA for 'cuda' is a ConfigError."""
     from unlearning.devices import DeviceUnavailable, resolve_device as resolve

@@ -64,3 +64,28 @@ def test_a_missing_request_file_is_named_before_anything_else(tmp_path, capsys):
         assert main(["--params", str(params), command, str(tmp_path / "nope.csv")]) == EXIT_BAD_INPUT
         err = capsys.readouterr().err
         assert err == f"error: {tmp_path / 'nope.csv'}: no such request file\n", err
+
+
+def test_cuda_on_a_machine_without_a_gpu_is_one_line_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """base.device: cuda where no GPU device node exists: the computing commands and `make run`'s session
+    answer in one line (exit 2) before a server starts or torch is imported; `status` still reads the state."""
+    import time
+
+    import flows.session as session
+    import unlearning.config as config
+
+    monkeypatch.setattr(config, "GPU_DEVICE_NODES", (str(tmp_path / "no-such-device*"),))
+    params = make_project(tmp_path, inbox_files=False)
+    params.write_text(params.read_text().replace("  device: auto", "  device: cuda", 1))
+    assert "device: cuda" in params.read_text()
+    for command in (["run"], ["prepare"], ["train"]):
+        start = time.perf_counter()
+        assert main(["--params", str(params), *command]) == EXIT_BAD_INPUT
+        assert time.perf_counter() - start < 5
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "base.device = 'cuda'" in err[0] and "'cpu'" in err[0], err
+    assert main(["--params", str(params), "status", "--json"]) == 0
+    monkeypatch.chdir(params.parent)
+    assert "base.device = 'cuda'" in session.params_problem(["dvc", "repro", "deletion"])
+    monkeypatch.setattr(config, "GPU_DEVICE_NODES", (str(params),))  # a node exists: torch decides later
+    assert session.params_problem(["dvc", "repro", "deletion"]) is None
