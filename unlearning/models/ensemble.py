@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -80,6 +81,11 @@ def _rng_seed(seed: int) -> int:
 
 # (builder) whose identical-members warning was given: once per factory and process.
 _WARNED_IDENTICAL: set = set()
+# torch's default CPU generator is one per process: seeding it and drawing from it (a member's initialisation,
+# a stochastic forward) must not interleave with another thread doing the same, or members draw each other's
+# numbers (validation.task_runner: threads builds and trains oracle chunks side by side). Reentrant: a
+# factory may build an Ensemble itself.
+_GLOBAL_RNG = threading.RLock()
 
 
 class Ensemble(nn.Module):
@@ -184,11 +190,8 @@ class Ensemble(nn.Module):
 
         was_training = self._base.training
         try:
-            for mode in (True, False):
-                self._base.train(mode)
-                out = vmap(call, in_dims=(0, 0, None), randomness="different")(p, b, x)
-                if mode and any(t.requires_grad for t in p.values()):
-                    out.sum().backward()
+            with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):  # a dropout probe draws: not from a member's stream
+                self._probe_modes(call, p, b, x)
         except Exception as e:  # noqa: BLE001 - any failure under vmap means: run member by member
             log.warning("%s does not run under torch.func.vmap (%s: %s); its ensembles run member by member "
                         "(slower, same numbers)", type(self._base).__name__, type(e).__name__, str(e)[:200])
@@ -197,10 +200,17 @@ class Ensemble(nn.Module):
             self._base.train(was_training)
         return True, None
 
+    def _probe_modes(self, call, p, b, x) -> None:
+        for mode in (True, False):
+            self._base.train(mode)
+            out = vmap(call, in_dims=(0, 0, None), randomness="different")(p, b, x)
+            if mode and any(t.requires_grad for t in p.values()):
+                out.sum().backward()
+
     # --- identity ------------------------------------------------------------------------------------
     def _build_member(self, seed: int) -> nn.Module:
         s = self._spec
-        with torch.random.fork_rng(devices=[]):
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             return zoo.checked_module(self._builder, s["in_shape"], s["n_classes"], s["kwargs"])
 
@@ -310,7 +320,7 @@ class Ensemble(nn.Module):
         outs = []
         devices = [device] if device.type == "cuda" else []
         for k in range(self.n_models):
-            with torch.random.fork_rng(devices=devices, device_type=device.type):
+            with _GLOBAL_RNG, torch.random.fork_rng(devices=devices, device_type=device.type):
                 _set_rng_state(device, self._rng_states[k])
                 outs.append(functional_call(self._base, _member(params, buffers, k),
                                             (xs if x_dim is None else xs[k],)))
