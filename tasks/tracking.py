@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -99,12 +101,32 @@ def display_form(hashed: str) -> str:
     return hashed
 
 
+@contextmanager
+def fluent_store(tracking_uri: str):
+    """`Model.log` is MLflow's fluent API: it writes to the process-wide tracking URI, and
+    `mlflow.set_tracking_uri` also exports it as MLFLOW_TRACKING_URI (which this project reads as an override of
+    every params file). So the URI is set for the call only and both are put back: a second project in the
+    same process (a test, a notebook, a server serving two projects) keeps writing to its own store."""
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    before = getattr(tracking_utils, "_tracking_uri", None)
+    before_env = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+        if before_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before_env
+
+
 @tracks
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: str | Path | None = None):
         self.tracking_uri = tracking_uri
         self.redaction: dict | None = None  # plain id -> hashed id (deletion.hash_sample_ids): nothing plain is logged
-        mlflow.set_tracking_uri(tracking_uri)
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -294,15 +316,16 @@ class Tracker:
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = serving.write_checkpoint(model, Path(tmp), names)
             logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=run_id)
-            info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id,
-                             model_id=logged.model_id,
-                             registered_model_name=registered_name, loader_module=serving.__name__,
-                             data_path=str(checkpoint), code_paths=[str(p) for p in serving.code_paths(model)],
-                             signature=model_signature(model.in_dim, names), input_example=example,
-                             pip_requirements=PIP_REQUIREMENTS,
-                             metadata={"output": "class probabilities [B, C], one column per class",
-                                       "input": f"features [B, {model.in_dim}] (the prepared store's columns)",
-                                       "n_members": model.n_models, "arch": model.arch})
+            with fluent_store(self.tracking_uri):
+                info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id,
+                                 model_id=logged.model_id,
+                                 registered_model_name=registered_name, loader_module=serving.__name__,
+                                 data_path=str(checkpoint), code_paths=[str(p) for p in serving.code_paths(model)],
+                                 signature=model_signature(model.in_dim, names), input_example=example,
+                                 pip_requirements=PIP_REQUIREMENTS,
+                                 metadata={"output": "class probabilities [B, C], one column per class",
+                                           "input": f"features [B, {model.in_dim}] (the prepared store's columns)",
+                                           "n_members": model.n_models, "arch": model.arch})
         return str(info.registered_model_version)
 
     def set_alias(self, name: str, alias: str, version: str) -> None:

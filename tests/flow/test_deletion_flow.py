@@ -84,13 +84,16 @@ def test_batch_is_applied_then_idempotent(project):
     unlearn_run = next(c for c in children if c.info.run_name == f"unlearn-{r['method']}")
     artifacts = {a.path for a in tracker.client.list_artifacts(unlearn_run.info.run_id)}
     assert {"accuracy_per_split.png", "gate_verdict.json", "per_sample_klom.json"} <= artifacts
-    table = tracker.client.load_table(tracker.experiment_id, "per_sample_klom.json",
-                                      run_ids=[unlearn_run.info.run_id])  # an MLflow table, not CSV text
-    assert len(table) > 0
     import mlflow
+
+    from tasks.tracking import fluent_store
     from unlearning.data import load_prepared
 
-    served = mlflow.pyfunc.load_model(f"models:/{params.tracking.registered_model}@champion")  # the pyfunc champion
+    with fluent_store(tracker.tracking_uri):  # load_table and `models:/` URIs read the process-wide tracking URI
+        table = tracker.client.load_table(tracker.experiment_id, "per_sample_klom.json",
+                                          run_ids=[unlearn_run.info.run_id])  # an MLflow table, not CSV text
+        served = mlflow.pyfunc.load_model(f"models:/{params.tracking.registered_model}@champion")  # the pyfunc champion
+    assert len(table) > 0
     prep = load_prepared(project / "data" / "prepared")
     probs = served.predict(pd.DataFrame(np.asarray(prep.X[:3], dtype="float64")))
     assert probs.shape == (3, len(prep.info["class_names"])) and np.allclose(probs.sum(axis=1), 1, atol=1e-5)

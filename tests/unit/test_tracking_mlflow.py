@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tasks.tracking import Tracker, frame_digest
+from tasks.tracking import Tracker, fluent_store, frame_digest
 from unlearning.models import build_model, train_ensemble
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,11 +155,12 @@ def test_champion_loads_in_a_fresh_process_without_the_repository(store):
 def test_model_has_a_signature_and_an_input_example(store):
     import mlflow
 
-    info = mlflow.models.get_model_info("models:/clf@champion")
+    with fluent_store(store["tracker"].tracking_uri):  # `models:/` URIs read the process-wide tracking URI
+        info = mlflow.models.get_model_info("models:/clf@champion")
+        model = mlflow.pyfunc.load_model("models:/clf@champion")
     assert len(info.signature.inputs.inputs) == D and not info.signature.inputs.has_input_names()
     assert info.signature.outputs.input_names() == CLASSES
     assert info.saved_input_example_info is not None
-    model = mlflow.pyfunc.load_model("models:/clf@champion")
     example = np.asarray(model.input_example, dtype=np.float32)
     np.testing.assert_allclose(example, store["X"][:2].numpy(), atol=1e-6)
     version = store["tracker"].client.get_model_version("clf", "1")
@@ -198,7 +199,8 @@ def test_log_table_is_an_mlflow_table_with_redacted_ids(store):
         tracker.log_table(run_id, df, "per_sample_klom.json")
     finally:
         tracker.redaction = None
-    back = tracker.client.load_table(tracker.experiment_id, "per_sample_klom.json", run_ids=[run_id])
+    with fluent_store(tracker.tracking_uri):  # MlflowClient.load_table searches runs through the fluent API
+        back = tracker.client.load_table(tracker.experiment_id, "per_sample_klom.json", run_ids=[run_id])
     assert back["sample_id"].tolist() == ["h-1", "h-2"] and back["klom"].tolist() == [0.5, 1.5]
     path = Path(tracker.client.download_artifacts(run_id, "per_sample_klom.json", str(store["root"])))
     assert b"s-1" not in path.read_bytes()
@@ -239,3 +241,24 @@ def test_reconcile_alias_on_a_store_without_the_version(store, tmp_path):
     assert tracker.has_version("clf", "1") and not tracker.has_version("clf", "7")
     assert tracker.reconcile_alias("clf", "champion", "7") == ("1", False)  # no such version: alias stays
     assert tracker.reconcile_alias("clf", "champion", "1") == ("1", False)
+
+
+def test_two_stores_in_one_process_each_get_their_own_runs_and_models(store, tmp_path, monkeypatch):
+    """A Tracker no longer exports its store as MLFLOW_TRACKING_URI (mlflow.set_tracking_uri does, and the
+    project reads that variable as an override of every params file): a second project in the same process
+    logs its model to its own store, and the first store gains nothing."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first = store["tracker"]
+    versions_before = {m.version for m in first.client.search_model_versions("name = 'clf'")}
+    other = Tracker(f"sqlite:///{tmp_path}/other.db", "tracking-test", tmp_path / "mlartifacts")
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    run_id = other.start_run("train")
+    version = other.log_model(run_id, store["mlp"], "clf")
+    other.end_run(run_id)
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    assert version == "1" and other.has_version("clf", "1")
+    assert {m.version for m in first.client.search_model_versions("name = 'clf'")} == versions_before
+    assert other.client.get_run(run_id).info.experiment_id == other.experiment_id
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", first.tracking_uri)  # a variable the user set stays as it was
+    other.log_model(other.start_run("again"), store["mlp"], "clf")
+    assert os.environ["MLFLOW_TRACKING_URI"] == first.tracking_uri
