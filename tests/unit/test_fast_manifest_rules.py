@@ -13,16 +13,7 @@ import pytest
 
 import tasks.request_check as rc
 from tests.helpers import ROOT
-
-H = "request_id,sample_id,requested_at,reason"
-
-
-def manifest() -> pd.DataFrame:
-    ids = [f"digits-{i:04d}" for i in range(10)]
-    return pd.DataFrame({"sample_id": ids, "split": ["train"] * 8 + ["val"] * 2, "label": list(range(10)),
-                         "status": ["retained"] * 7 + ["deleted"] + ["retained"] * 2,
-                         "deleted_in_batch": [None] * 7 + ["batch-old"] + [None] * 2})
-
+from tests.unit.test_gx_suite import H, manifest  # the suite's own test data
 
 def frame(sample_ids: list[str]) -> pd.DataFrame:
     return pd.DataFrame({"request_id": [f"r{i}" for i in range(len(sample_ids))], "sample_id": sample_ids,

@@ -22,20 +22,25 @@ def build(in_shape, n_classes):
 '''
 
 
-def build_side_by_side(spec, chunks, **kwargs):
-    barrier = threading.Barrier(len(chunks))
-    out = [None] * len(chunks)
+def side_by_side(work, n: int) -> list:
+    """work(i) for i < n, each in its own thread, all released at once; the results in order."""
+    barrier = threading.Barrier(n)
+    out = [None] * n
 
-    def work(i):
+    def run(i):
         barrier.wait()
-        out[i] = build_model(spec, chunks[i], **kwargs)
+        out[i] = work(i)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(chunks))]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     return out
+
+
+def build_side_by_side(spec, chunks, **kwargs):
+    return side_by_side(lambda i: build_model(spec, chunks[i], **kwargs), len(chunks))
 
 
 def test_members_built_in_threads_equal_the_ones_built_alone():
@@ -53,21 +58,12 @@ def test_stochastic_forwards_in_threads_draw_each_members_own_stream(tmp_path):
     X = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
 
     def outputs(models):
-        res = [None] * len(models)
-        barrier = threading.Barrier(len(models))
-
         def work(i):
-            barrier.wait()
             models[i].train()
             with torch.no_grad():
-                res[i] = torch.stack([models[i](X) for _ in range(20)])
+                return torch.stack([models[i](X) for _ in range(20)])
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return res
+        return side_by_side(work, len(models))
 
     seeds = [[1, 2], [3, 4], [5, 6]]
     together = outputs([build_model(spec, s, search_paths=[tmp_path]) for s in seeds])
