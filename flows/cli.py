@@ -331,17 +331,17 @@ def _state_against_params(params, champion: dict) -> tuple[list[str], str | None
     no batch yet: that follows the retrained original at the next batch (the note says so), and the registry
     alias must not be moved back to it meanwhile."""
     from unlearning.data import load_prepared
-    from unlearning.fingerprint import describe_mismatch, matches
+    from unlearning.fingerprint import describe_mismatch, matches, prepared_fingerprint
 
     recorded = champion.get("fingerprint")
     if recorded is None or not (params.path("prepared_dir") / "dataset.json").exists():
         return [], None
-    from tasks.state import current_fingerprint, original_path, stale_unbatched_state
-
     prepared = load_prepared(params.path("prepared_dir"))
-    current = current_fingerprint(params, prepared)
+    current = prepared_fingerprint(params, prepared.info, prepared.manifest)  # tasks.state.current_fingerprint
     if matches(recorded, current):
         return [], None
+    from tasks.state import original_path, stale_unbatched_state  # torch and Prefect (3-5 s): a mismatch only
+
     if stale_unbatched_state(params, prepared, current):
         return [], (f"{params.path('state_dir')} holds no batch and was built from other params or data: the next "
                     f"batch starts from the retrained {original_path(params)}, and @{params.tracking.alias} "
