@@ -161,3 +161,19 @@ def test_spearman():
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 1, 2, 3], [1, 1, 2, 3]) == pytest.approx(1.0)  # ties: average ranks
     assert np.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_past_exact_max_params_the_check_is_skipped_and_says_why(setup):
+    """No dense reference past exact_max_params: a matrix-free one cost over 40 min on a 9,098-parameter CNN
+    (Fashion-MNIST, 300 rows) after 10 s of diagnostics. The report says the check was skipped and why; the
+    diagnostics themselves are those of the same solver with the check."""
+    from unlearning.leverage import diagnostics as diag
+
+    model, X, y, F, R, V = setup
+    args = (model, X[F], y[F], X[R], y[R], X[V], y[V], 0.2)
+    checked = compute_diagnostics(*args, solver="projected", proj_dim=12, device="cpu", check_subset=8)
+    rep = compute_diagnostics(*args, solver="projected", proj_dim=12, device="cpu", check_subset=8,
+                              exact_max_params=10)  # every model is "large"
+    assert checked.approx_error["reference"] == "exact"
+    assert rep.approx_error == {"reference": None, "subset_size": 0, "skipped": diag.UNCHECKED_LARGE}
+    np.testing.assert_allclose(rep.self_leverage, checked.self_leverage, rtol=1e-12)
