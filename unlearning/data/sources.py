@@ -89,7 +89,7 @@ def read_table(path: str | Path, text_columns: str | Sequence[str | None] = ()) 
     try:
         if fmt == "csv":
             return _read_csv(path, text)
-        return pd.read_parquet(path)
+        return _decimals_as_numbers(pd.read_parquet(path), set(text))
     except ImportError as e:
         raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow ({e})") from e
     except UnicodeDecodeError as e:
@@ -126,6 +126,24 @@ def _markers_as_missing(path: Path, df: pd.DataFrame, text_columns: set[str]) ->
         if (numbers and len(values) > 0) or booleans:
             df[df.columns[i]] = s.to_numpy()
     return df
+
+
+def _decimals_as_numbers(df: pd.DataFrame, text_columns: set[str]) -> pd.DataFrame:
+    """Parquet decimal columns (a database's NUMERIC/DECIMAL, e.g. money) arrive as Python `Decimal` objects in
+    an object column; they are numbers, not categories: as float64 they are standardized like any number
+    column (a CSV of the same table reads them as numbers too). Text columns (id, label, group, split) stay."""
+    import decimal
+
+    out = None
+    for col in df.columns:
+        s = df[col]
+        if col in text_columns or s.dtype != object:
+            continue
+        values = s.dropna()
+        if len(values) and values.map(lambda v: isinstance(v, decimal.Decimal)).all():
+            out = df.copy() if out is None else out
+            out[col] = s.astype(np.float64)
+    return df if out is None else out
 
 
 def _integral(s: pd.Series) -> pd.Series:
@@ -389,6 +407,12 @@ def _drop_missing(df: pd.DataFrame, path: Path, id_column: str, used: list[str],
     with the file's (0-based) data row of every row left, for messages about them."""
     na = df[used].isna()
     bad = na.any(axis=1).to_numpy()
+    empty = [c for c in used if len(df) and na[c].all()]
+    if empty:  # `missing: drop` would drop every row, and "no rows left" would not say why
+        raise DataError(f"{path.name}: columns {empty} have no value in any of the {len(df)} rows (prepare.table."
+                         f"missing: drop would drop every row); fill them, or "
+                         f"leave the feature columns among them out via prepare.table.feature_columns (list "
+                         f"the columns to use)")
     if bad.any():
         if missing != "drop":
             cols = [c for c in used if na[c].any()]
