@@ -141,6 +141,9 @@ def test_a_broken_params_yaml_is_a_config_error(tmp_path):
     (tmp_path / "params.yaml").write_text("- base\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_params(tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text("base:\n\tseed: 0\n")  # libyaml does not name the tab itself
+    with pytest.raises(ConfigError, match=r"line 2, column 1: .*\(a tab: YAML indents with spaces only\)"):
+        load_params(tmp_path / "params.yaml")
 
 
 def test_a_second_batch_says_once_that_it_waits_for_the_lock(tmp_path, capsys):
