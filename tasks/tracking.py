@@ -361,10 +361,7 @@ class Tracker:
         changed = before != str(version)
         if changed:
             self.client.set_registered_model_alias(name, alias, str(version))
-        try:
-            self.client.set_model_version_tag(name, str(version), "promoted", "true")
-        except Exception:  # the version is gone from the registry (another store): nothing to tag
-            pass
+        self.client.set_model_version_tag(name, str(version), "promoted", "true")
         return before, changed
 
     def fail_stale_runs(self, stage: str = "deletion_batch") -> list[str]:

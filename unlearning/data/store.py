@@ -21,8 +21,7 @@ import pandera.pandas as pa
 
 from unlearning.data.registry import DataError, Dataset
 from unlearning.data.sources import erase_categories
-from unlearning.io import StateCorrupt
-from unlearning.io import atomic_save, atomic_write_json
+from unlearning.io import StateCorrupt, atomic_save, atomic_write_json
 
 MANIFEST_SCHEMA = pa.DataFrameSchema(
     {

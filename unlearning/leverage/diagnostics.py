@@ -200,8 +200,6 @@ UNCHECKED_LARGE = ("the model has more parameters than diagnostics exact_max_par
                    "bench/leverage.py measures the projected solver's error against exact on models that fit")
 
 
-
-
 def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_retain, t_retain, X_val, t_val,
              lam: float, loss: str, solver: GGNSolver, *, chunk: int | None = None, check_subset: int = 16,
              exact_max_params: int = EXACT_MAX_PARAMS, keep_cross_matrix: bool = False,
@@ -289,15 +287,14 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
     self_lev = _block_traces(S_F, nF, r)
     means = [float(g[0][0].mean()) for g in gaps.values() if g[0].shape[1]]
     approx = None
-    if solver.name != "exact" and check_subset > 0 and p > exact_max_params:
-        approx = {"reference": None, "subset_size": 0, "skipped": UNCHECKED_LARGE}
-        bar.update()
-    elif solver.name != "exact" and check_subset > 0:
-        t0 = time.perf_counter()
-        bar.stage("approximation check")
-        approx = _approx_check(solver, rs_R, rs_F, A_F3, self_lev, delta, grad_R, lam, check_subset,
-                               exact_max_params)
-        timings["approx_check"] = time.perf_counter() - t0
+    if solver.name != "exact" and check_subset > 0:
+        if p > exact_max_params:
+            approx = {"reference": None, "subset_size": 0, "skipped": UNCHECKED_LARGE}
+        else:
+            t0 = time.perf_counter()
+            bar.stage("approximation check")
+            approx = _approx_check(solver, rs_R, rs_F, A_F3, self_lev, delta, grad_R, check_subset)
+            timings["approx_check"] = time.perf_counter() - t0
         bar.update()
 
     bar.stage("spectral norm")
@@ -322,7 +319,7 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
     )
 
 
-def _approx_check(solver, rs_R, rs_F, A_F3, self_lev, delta, grad_R, lam, m, exact_max_params) -> dict:
+def _approx_check(solver, rs_R, rs_F, A_F3, self_lev, delta, grad_R, m) -> dict:
     """Error of a non-exact solver against the dense float64 reference on up to m forget samples (evenly
     spaced) and on the Newton step."""
     nF, r, p = A_F3.shape
