@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import decimal
 
 import numpy as np
@@ -62,3 +63,79 @@ def test_all_missing_column_left_out_via_feature_columns_loads(tmp_path):
     df.to_csv(tmp_path / "t.csv", index=False)
     ds = load_table(path=tmp_path / "t.csv", id_column="id", label_column="label", feature_columns=["x"])
     assert ds.X.shape == (len(df), 1)
+
+
+def _write(df: pd.DataFrame, path) -> None:
+    df.to_csv(path, index=False) if str(path).endswith(".csv") else df.to_parquet(path, index=False)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+@pytest.mark.parametrize("dates", [
+    lambda n: [f"2024-01-{1 + i % 3:02d}" for i in range(n)],          # few distinct: was one-hot encoded (CSV)
+    lambda n: [f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}" for i in range(n)],  # many: was "identifies rows"
+    lambda n: [f"2024-01-05T{i % 24:02d}:30:00Z" for i in range(n)],
+    lambda n: [f"{1 + i % 12}/{1 + i % 28}/2023" for i in range(n)],
+    lambda n: [f"{8 + i % 3:02d}:30" for i in range(n)],
+], ids=["iso-few", "iso-many", "iso-time-zone", "us-slashes", "time-of-day"])
+def test_date_text_is_refused_as_dates_in_csv_and_parquet(tmp_path, fmt, dates):
+    # A CSV date column is text to pandas: it was one-hot encoded silently (few distinct dates) or refused with
+    # "identify rows" (many), while the same dates from Parquet were refused as dates. Now both say dates.
+    df = _table()
+    df["seen"] = dates(len(df))
+    _write(df, tmp_path / f"t.{fmt}")
+    with pytest.raises(DataError, match=r"'seen' holds dates/times .*days since a reference date"):
+        load_table(path=tmp_path / f"t.{fmt}", id_column="id", label_column="label")
+
+
+@pytest.mark.parametrize("values", [
+    lambda n: [datetime.date(2024, 1, 1 + i % 3) for i in range(n)],  # Parquet DATE (a database's DATE column)
+    lambda n: [datetime.time(8 + i % 3, 30) for i in range(n)],      # Parquet TIME
+], ids=["date32", "time64"])
+def test_parquet_date_and_time_objects_are_refused_as_dates(tmp_path, values):
+    df = _table()
+    df["seen"] = values(len(df))
+    df.to_parquet(tmp_path / "t.parquet", index=False)
+    with pytest.raises(DataError, match=r"'seen' holds dates/times \((date|time) values\)"):
+        load_table(path=tmp_path / "t.parquet", id_column="id", label_column="label")
+
+
+@pytest.mark.parametrize("values", [
+    lambda n: [f"v{i % 3}" for i in range(n)],
+    lambda n: [f"2024-Q{1 + i % 4}" for i in range(n)],   # the fix the message suggests
+    lambda n: ["12:30" if i else "lunch" for i in range(n)],  # not every value is a time
+    lambda n: [f"{i % 4}-{i % 3}" for i in range(n)],          # two numbers with a dash: a code, not a date
+], ids=["plain", "quarters", "mixed", "code"])
+def test_categories_that_are_not_dates_still_load(tmp_path, values):
+    df = _table()
+    df["kind"] = values(len(df))
+    _write(df, tmp_path / "t.csv")
+    ds = load_table(path=tmp_path / "t.csv", id_column="id", label_column="label")
+    assert any(name.startswith("kind=") for name in ds.meta["preprocessing"]["feature_names"])
+
+
+@pytest.mark.parametrize("cell", [lambda i: [i, i + 1], lambda i: {"a": i}, lambda i: b"\x00\x01"],
+                         ids=["list", "struct", "binary"])
+def test_parquet_nested_and_binary_columns_are_refused(tmp_path, cell):
+    # A Parquet list column was one-hot encoded by the text of each list ("[0 1]"), a struct by its repr.
+    df = _table()
+    df["tags"] = [cell(i % 3) for i in range(len(df))]
+    df.to_parquet(tmp_path / "t.parquet", index=False)
+    with pytest.raises(DataError, match=r"'tags' holds (ndarray|dict|bytes) values .*flatten it"):
+        load_table(path=tmp_path / "t.parquet", id_column="id", label_column="label")
+
+
+@pytest.mark.parametrize("grayscale", [True, False])
+def test_transparent_pixels_read_as_black_whatever_colour_they_store(tmp_path, grayscale):
+    # An RGBA image lost its alpha: a transparent pixel read as the colour it happened to store (white here).
+    from PIL import Image
+
+    from unlearning.data.sources import read_images
+
+    a = np.zeros((4, 4, 4), dtype=np.uint8)
+    a[..., :3] = 255          # every pixel stores white ...
+    a[:2, :, 3] = 255         # ... the top half is opaque, the bottom half fully transparent
+    Image.fromarray(a, "RGBA").save(tmp_path / "a.png")
+    Image.fromarray(a[..., [0, 3]], "LA").save(tmp_path / "b.png")
+    X = read_images([tmp_path / "a.png", tmp_path / "b.png"], 4, grayscale=grayscale)
+    img = X.reshape(2, 1 if grayscale else 3, 4, 4)
+    assert np.allclose(img[:, :, :2], 1.0) and np.allclose(img[:, :, 2:], 0.0)

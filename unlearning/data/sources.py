@@ -10,8 +10,8 @@
   only erased rows had is a raw value of theirs: the store keeps its one-hot column (all zeros, the input
   width stays) under the placeholder `<erased k>` (`erase_categories`), which no value ever matches.
 - `image_folder`: `<root>/<class>/<image>` (seeded stratified split) or `<root>/train|val/<class>/<image>`;
-  the id is the path relative to `<root>` without its suffix. Images are converted to L or RGB, resized
-  (bilinear), scaled to [0, 1] and flattened channel-first.
+  the id is the path relative to `<root>` without its suffix. Images are converted to L or RGB (a transparent
+  pixel becomes black, see `_flatten_alpha`), resized (bilinear), scaled to [0, 1] and flattened channel-first.
 
 Missing values in a CSV: an empty cell; and, in a column whose other values are all numbers (or all
 booleans), pandas' missing-value markers (`NA`, `null`, `None`, `N/A`, `nan`, ...). In text columns those
@@ -517,10 +517,19 @@ def _class_names(label_column: str, labels: pd.Series) -> list[str]:
 
 
 def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> None:
-    """Refuse feature columns that one-hot encoding would silently turn into noise: dates and free text."""
-    if pd.api.types.is_datetime64_any_dtype(s) or pd.api.types.is_timedelta64_dtype(s):
-        raise DataError(f"{path.name}: feature column {col!r} holds dates/times ({s.dtype}); convert it to numbers "
-                         f"(e.g. days since a reference date) or leave it out of prepare.table.feature_columns")
+    """Refuse feature columns that one-hot encoding would silently turn into noise: dates, nested values and free
+    text. Dates are refused however they arrive (a datetime dtype, Parquet DATE/TIME objects, or CSV text such
+    as '2024-01-05' or '08:30'), so one table gives the same answer as CSV and as Parquet."""
+    dates = _dates_in(s)
+    if dates:
+        raise DataError(f"{path.name}: feature column {col!r} holds dates/times ({dates}); convert it to numbers "
+                         f"(e.g. days since a reference date) or to categories of your own (e.g. '2024-Q1'), or "
+                         f"leave it out of prepare.table.feature_columns")
+    nested = _nested_in(s)
+    if nested:
+        raise DataError(f"{path.name}: feature column {col!r} holds {nested} values (e.g. {_first(_examples(s), 2)}); "
+                         f"prepare reads one number or one category per cell: flatten it into columns of its own, "
+                         f"or leave it out of prepare.table.feature_columns")
     if is_categorical(s) and not pd.api.types.is_bool_dtype(s):
         reserved = sorted(v for v in s.map(str).unique() if is_erased_category(v))
         if reserved:
@@ -534,6 +543,53 @@ def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> No
                              f"add {distinct} features that identify rows rather than describe them. Leave it out "
                              f"of prepare.table.feature_columns (or encode it as numbers yourself); at most "
                              f"{MAX_CATEGORIES} categories are one-hot encoded")
+
+
+# Text that is a date or a time of day (every value of a column must be one for the column to count as dates):
+# ISO 8601 dates with an optional time and zone, d/m/y or m/d/y with '/', '.' or '-', and hh:mm[:ss[.f]] [am/pm].
+_DATE_TEXT = re.compile(
+    r"\s*(?:"
+    r"\d{4}-\d{1,2}-\d{1,2}(?:[ T]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|\d{4}/\d{1,2}/\d{1,2}(?: \d{1,2}:\d{2}(?::\d{2})?)?"
+    r"|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}(?: \d{1,2}:\d{2}(?::\d{2})?(?: ?[AaPp][Mm])?)?"
+    r"|\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?: ?[AaPp][Mm])?"
+    r")\s*")
+
+
+def _examples(s: pd.Series, n: int = 2) -> list[str]:
+    return [str(v) for v in s.dropna().head(n).tolist()]
+
+
+def _dates_in(s: pd.Series) -> str:
+    """How a column holds dates or times ('' when it does not): its dtype, date objects, or date text."""
+    import datetime
+
+    if pd.api.types.is_datetime64_any_dtype(s) or pd.api.types.is_timedelta64_dtype(s):
+        return str(s.dtype)
+    if pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s):
+        return ""
+    values = s.dropna()
+    if not len(values):
+        return ""
+    kinds = (datetime.date, datetime.time, datetime.timedelta, np.datetime64, np.timedelta64)
+    first = values.iloc[0]  # most columns answer here: their first value is neither a date nor date text
+    if not isinstance(first, kinds) and not (isinstance(first, str) and _DATE_TEXT.fullmatch(first)):
+        return ""
+    if values.map(lambda v: isinstance(v, kinds)).all():
+        return f"{type(values.iloc[0]).__name__} values"
+    if values.map(lambda v: isinstance(v, str) and _DATE_TEXT.fullmatch(v) is not None).all():
+        return f"text such as {values.iloc[0]!r}"
+    return ""
+
+
+def _nested_in(s: pd.Series) -> str:
+    """'list' (or 'dict', 'bytes', ...) when some cell of an object column holds a container, else ''."""
+    if s.dtype != object:
+        return ""
+    for v in s.dropna():
+        if isinstance(v, (list, tuple, set, dict, np.ndarray, bytes, bytearray)):
+            return type(v).__name__
+    return ""
 
 
 def _check_labels(label_column: str, labels: pd.Series, names: list[str]) -> None:
@@ -604,8 +660,24 @@ def _image_size(image_size) -> tuple[int, int]:
     return size
 
 
+def _flatten_alpha(im):
+    """An image with transparency (RGBA, LA, a palette or tRNS transparency) composited over black.
+
+    Converting to L or RGB alone drops the alpha channel and keeps whatever colour the transparent pixels happen
+    to store (often black, sometimes white or noise from an editor), so two images that look the same could
+    reach the model differently. Over black, a transparent pixel is 0 whatever it stores: "no ink", as in
+    MNIST-style data."""
+    from PIL import Image
+
+    if im.mode not in ("RGBA", "LA", "PA", "La", "RGBa") and "transparency" not in im.info:
+        return im
+    rgba = im.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba)
+
+
 def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root: Path | None = None) -> np.ndarray:
-    """[n, C*H*W] float32 in [0, 1]: L or RGB, bilinear resize to (H, W), channel-first, row-major."""
+    """[n, C*H*W] float32 in [0, 1]: L or RGB (transparency composited over black), bilinear resize to (H, W),
+    channel-first, row-major."""
     from PIL import Image, UnidentifiedImageError  # lazy: only image folders need Pillow
 
     h, w = _image_size(image_size)
@@ -616,6 +688,7 @@ def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root:
     for j, f in enumerate(files):
         try:
             with Image.open(f) as im:
+                im = _flatten_alpha(im)
                 a = np.asarray(im.convert("L" if grayscale else "RGB").resize((w, h), bilinear), dtype=np.float32)
         except (UnidentifiedImageError, OSError, ValueError) as e:
             bad.append(f"{f.relative_to(root).as_posix() if root else f} ({e})")
