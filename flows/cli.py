@@ -512,13 +512,18 @@ def cmd_reset(args) -> int:
         from tasks.tracking import reset_alias
 
         try:
-            before, after = reset_alias(params.mlflow_tracking_uri(), name, alias, original_version)
+            before, after, missing = reset_alias(params.mlflow_tracking_uri(), name, alias, original_version)
         except Exception as e:  # the store is unreachable: the archive is done, say what is left
             print(f"MLflow: could not change {name}@{alias} ({e}); move or remove it by hand")
             rc = 1
         else:
             was = f"was v{before}" if before else "was unset"
-            if after:
+            if missing:
+                print(f"MLflow: v{original_version}, the trained original, is no longer in the registry (an erasure "
+                      f"purged it: it was trained on erased rows); "
+                      + (f"removed {name}@{alias} ({was})" if before else f"{name} has no @{alias}")
+                      + "; the next promoted batch or `unlearn train` sets it")
+            elif after:
                 print(f"MLflow: {name}@{alias} now points to v{after}, the trained original ({was})")
             elif before:
                 print(f"MLflow: removed {name}@{alias} ({was}); the next promoted batch or `unlearn train` sets it")

@@ -450,20 +450,32 @@ def batches_url_hint(experiment_id: str) -> str:
 
 
 @tracks
-def reset_alias(tracking_uri: str, name: str, alias: str, version: str | None = None) -> tuple[str | None, str | None]:
+def reset_alias(tracking_uri: str, name: str, alias: str,
+                version: str | None = None) -> tuple[str | None, str | None, bool]:
     """Point `name@alias` at `version`, or remove the alias when `version` is None (`unlearn reset`).
-    Returns (version before, version after); creates no experiment and no registered model."""
+
+    A `version` the registry no longer holds (an erasure purges the versions trained on erased rows, the
+    trained original among them) is treated as None: the alias is removed rather than left on a model that
+    remembers erased rows (MLflow's set_registered_model_alias would fail there, and may drop the alias first).
+    Returns (version before, version after, whether `version` was missing); creates no experiment and no
+    registered model."""
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         before = str(client.get_model_version_by_alias(name, alias).version)
     except Exception:  # no such model or alias
         before = None
+    missing = False
+    if version is not None:
+        try:
+            client.get_model_version(name, str(version))
+        except Exception:  # no such model or version in this store
+            missing, version = True, None
     if version is not None:
         client.set_registered_model_alias(name, alias, str(version))
-        return before, str(version)
+        return before, str(version), False
     if before is not None:
         client.delete_registered_model_alias(name, alias)
-    return before, None
+    return before, None, missing
 
 
 def model_signature(in_dim: int, class_names: list[str]):

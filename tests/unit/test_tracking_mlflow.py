@@ -262,3 +262,21 @@ def test_two_stores_in_one_process_each_get_their_own_runs_and_models(store, tmp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", first.tracking_uri)  # a variable the user set stays as it was
     other.log_model(other.start_run("again"), store["mlp"], "clf")
     assert os.environ["MLFLOW_TRACKING_URI"] == first.tracking_uri
+
+
+def test_reset_alias_to_a_purged_original_removes_the_alias(store):
+    """`unlearn reset` after an erasure: the trained original's version (here 7) was purged with the rows it was
+    trained on, so the alias cannot go back to it. It used to fail with 'Model Version ... not found' (and
+    MLflow had dropped the alias on the way); now the alias is removed and the caller is told why."""
+    from tasks.tracking import reset_alias
+
+    uri = store["tracker"].tracking_uri
+    try:
+        assert reset_alias(uri, "clf", "champion", "7") == ("1", None, True)
+        assert store["tracker"].alias_version("clf", "champion") is None
+        assert reset_alias(uri, "clf", "champion", "1") == (None, "1", False)
+        assert reset_alias(uri, "clf", "champion", "7") == ("1", None, True)
+        assert reset_alias(uri, "clf", "champion", "7") == (None, None, True)  # nothing left to remove
+    finally:
+        store["tracker"].set_alias("clf", "champion", "1")
+    assert store["tracker"].alias_version("clf", "champion") == "1"
