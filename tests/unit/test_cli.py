@@ -89,3 +89,15 @@ def test_cuda_on_a_machine_without_a_gpu_is_one_line_before_anything_starts(tmp_
     assert "base.device = 'cuda'" in session.params_problem(["dvc", "repro", "deletion"])
     monkeypatch.setattr(config, "GPU_DEVICE_NODES", (str(params),))  # a node exists: torch decides later
     assert session.params_problem(["dvc", "repro", "deletion"]) is None
+
+
+def test_ui_hint_names_make_ui_only_where_a_makefile_has_it(tmp_path):
+    # A project of `unlearn init` has no Makefile: its batches said "`make ui` (or mlflow ui ...)".
+    from flows.common import ui_route
+    from unlearning.config import parse_params
+
+    params = parse_params({}, root=tmp_path)
+    assert ui_route(params).startswith("`mlflow ui --backend-store-uri sqlite:///")
+    assert "make ui" not in ui_route(params)
+    (tmp_path / "Makefile").write_text("run:\n\techo\nui: ## the MLflow UI\n\tmlflow ui\n")
+    assert ui_route(params, "#/x").startswith("`make ui` (or `mlflow ui") and ui_route(params, "#/x").endswith("/#/x")
