@@ -454,6 +454,29 @@ def _inbox_coverage(params, request_ids: set[str]) -> tuple[int, int]:
     return len(files), len(request_ids & found)
 
 
+def _finish_pending_erasures(params) -> int:
+    """What `unlearn erase` does, before `unlearn reset` archives the state: inside `dvc repro` the erasure of
+    models/original.pt (replaced by the champion) and of the prepared store is left pending, and once state/
+    is archived no champion is left to replace the original with. A fresh state would then start from the
+    original the erased rows were forgotten from. Returns how many pending erasures were finished."""
+    if not params.erasure.enabled or not (params.path("state_dir") / "champion.json").exists():
+        return 0
+    import json as _json
+
+    from tasks.erasure import erase_pending
+    from unlearning.io import exclusive_lock
+
+    state_dir = params.path("state_dir")
+    tracker = None
+    if os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
+        from flows.common import tracker_for
+
+        tracker = tracker_for(params)
+    with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), 10):
+        version = _json.loads((state_dir / "champion.json").read_text()).get("model_version")
+        return len(erase_pending(params, tracker, version))
+
+
 def cmd_reset(args) -> int:
     import os
 
@@ -482,10 +505,23 @@ def cmd_reset(args) -> int:
     from unlearning.io import LockTimeout
 
     try:
+        try:
+            finished = _finish_pending_erasures(params)
+        except LockTimeout:
+            raise
+        except Exception as e:  # a damaged state (reset is its documented fix): the archive goes on, and no
+            # state starts from an original that holds tombstoned rows (tasks/state.py refuses it, with the fix)
+            finished = 0
+            print(f"erasure: could not finish the pending erasure first ({type(e).__name__}: {e}); if "
+                  f"{original_path(params)} was trained on the erased rows, the next batch refuses to start from "
+                  f"it and says how to retrain it without them")
         result = archive_state(params)
     except LockTimeout as e:
         print(f"error: a deletion batch is running ({e}); nothing changed, try again when it ends", file=sys.stderr)
         return 2
+    if finished:
+        print(f"erasure: finished {finished} pending erasure(s) first (`unlearn erase`): {original_path(params)} is "
+              f"now the champion, clean of the erased rows, so the fresh state starts from a model without them")
     for src, dest in result["moved"].values():
         print(f"archived {src} -> {dest}")
     ledger = result["ledger"]
@@ -524,7 +560,7 @@ def cmd_reset(args) -> int:
                       + (f"removed {name}@{alias} ({was})" if before else f"{name} has no @{alias}")
                       + "; the next promoted batch or `unlearn train` sets it")
             elif after:
-                print(f"MLflow: {name}@{alias} now points to v{after}, the trained original ({was})")
+                print(f"MLflow: {name}@{alias} now points to v{after}, the version of {original_path(params)} ({was})")
             elif before:
                 print(f"MLflow: removed {name}@{alias} ({was}); the next promoted batch or `unlearn train` sets it")
             else:

@@ -10,7 +10,7 @@ from flows.errors import one_line_errors
 from unlearning.config import load_params
 from tasks.reporting import run_logger
 from tasks.state import current_fingerprint, original_path
-from tasks.training import model_spec, save_checkpoint, train_original
+from tasks.training import clean_of_erased, model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
 from unlearning.models import param_count
 from unlearning.models.training import trainable_param_count
@@ -23,6 +23,7 @@ def train(params_path: str = "params.yaml") -> dict:
     use_project_path(params)
     device = device_of(params)
     prepared = load_prepared(params.path("prepared_dir"))
+    erased = clean_of_erased(params, prepared)  # before training: a store with erased rows left in is refused
     model, metrics = train_original(params, prepared, device)
     fingerprint = current_fingerprint(params, prepared)  # what the original is built from (load_state checks it)
     tracker = tracker_for(params)
@@ -43,7 +44,7 @@ def train(params_path: str = "params.yaml") -> dict:
     write_train_metrics(params, metrics)
     save_checkpoint(model.cpu(), original_path(params),
                     {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics,
-                     "fingerprint": fingerprint})
+                     "fingerprint": fingerprint, **erased})
     how = "trained" if model.origin == "trained" else f"loaded ({model.origin}, not retrained)"
     counted = f"{n_params} params" + (f", {n_trainable} trainable" if n_trainable != n_params else "")
     run_logger().info(f"{how} {params.train.model.arch} ({counted}) on {metrics['n_train']} samples: "

@@ -21,7 +21,6 @@ and the MLflow batch run's `erasure_report.json`) lists every store checked and 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,7 +34,8 @@ from unlearning.data import load_prepared, read_state_manifest
 from unlearning.data.store import manifest_csv_bytes, rewrite_without
 from unlearning.ensembles import id_hashes, trained_on
 from unlearning.erasure import (
-    UnknownBatch, add_tombstones, id_key, is_erased, npy_rows_found, read_tombstones, row_digests,
+    UnknownBatch, add_tombstones, clean_of_tombstones, id_key, is_erased, npy_rows_found, read_tombstones,
+    row_digests, state_is_clean, tombstones_digest,
 )
 from unlearning.io import (
     atomic_save, atomic_write_bytes, atomic_write_json, commit_dir, discard_dir, load_checkpoint, read_json_file,
@@ -53,10 +53,6 @@ def in_dvc_stage() -> bool:
 
 def is_dvc_repo(params: Params) -> bool:
     return (params.root / ".dvc").is_dir()
-
-
-def tombstones_digest(keys: set[str]) -> str:
-    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
 
 
 def reports_dir(params: Params) -> Path:
@@ -111,6 +107,22 @@ def _purge_ensembles(params: Params, cache_hashes: set[str]) -> list[str]:
             f.with_suffix(".ids.json").unlink(missing_ok=True)
             removed.append(f.name)
     return removed
+
+
+STATE_HOLDS_ERASED = ("the state's champion holds erased rows (a state started, before this check existed, from an "
+                      "original trained before them): it does not replace models/original.pt; `unlearn reset`, then "
+                      "`dvc repro -f prepare` retrains the original without them")
+
+
+def _state_clean(params: Params, tombstones: set[str]) -> bool:
+    """Whether state/'s champion holds none of the tombstoned rows (unlearning/erasure.py, state_is_clean)."""
+    from unlearning.ledger import read_ledger
+
+    state_dir = params.path("state_dir")
+    if not (state_dir / "champion.json").exists():
+        return True
+    ledger_keys = {str(e["sample_id"]) for e in read_ledger(state_dir / "ledger.jsonl")}
+    return state_is_clean(read_json_file(state_dir / "champion.json"), ledger_keys, tombstones)
 
 
 def _replace_original(params: Params, digest: str) -> str | None:
@@ -219,7 +231,10 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
         stores.extend(_redact_request_files(params, key, tombstones))
     stores.append({"store": "ensemble cache", "path": str(params.path("cache_dir") / "ensembles"),
                    "purged_files": _purge_ensembles(params, cache_hashes)})
-    if not dvc_locked:
+    if not dvc_locked and not _state_clean(params, tombstones):
+        stores.append({"store": "models", "path": str(params.path("models_dir")), "replaced": None,
+                       "refused": STATE_HOLDS_ERASED})
+    elif not dvc_locked:
         stores.append({"store": "models", "path": str(params.path("models_dir")),
                        "replaced": _replace_original(params, tombstones_digest(tombstones))})
     if tracker is not None:
@@ -349,6 +364,9 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
                            + (f"its batches: {known[-10:]}{' (the 10 newest)' if len(known) > 10 else ''}" if known
                               else "it holds no batch yet") + " (`unlearn status` lists them)")
     forgotten = {str(e["sample_id"]) for e in ledger}
+    tomb = read_tombstones(params.path("tombstones"))
+    if batch is None:  # every erased id, also those of a ledger `unlearn reset` archived (the tombstones stay)
+        forgotten |= tomb
     reports = [read_json_file(p) for p in sorted(reports_dir(params).glob("*.json"))]
     digests = set().union(*[set(r.get("row_digests", [])) for r in reports]) if reports else set()
     cache_hashes = set().union(*[set(r.get("cache_id_hashes", [])) for r in reports]) if reports else set()
@@ -360,7 +378,7 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
     salt = prepared.info["name"] if prepared is not None else ""
     key = id_key(params.deletion.hash_sample_ids, salt)
     n_features = int(prepared.X.shape[1]) if prepared is not None else -1
-    if forgotten and not reports:
+    if ledger and not reports:
         problems.append("no erasure report in state/erasure/: the erasure never ran (run `unlearn erase`)")
     for r in reports:
         for p in r.get("pending", []):
@@ -373,7 +391,6 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
         if rows:
             problems.append(f"{store} ({path}): {rows} forgotten raw row(s) remain{note}")
 
-    tomb = read_tombstones(params.path("tombstones"))
     check("tombstones", params.path("tombstones"), ids=0)
     missing = forgotten - tomb
     if missing:
@@ -398,10 +415,15 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
     if forgotten:
         for f in sorted(models.glob("*.pt")) if models.is_dir() else []:
             extra = load_checkpoint(f).get("extra", {})
-            clean = extra.get("erased_through") == tombstones_digest(tomb)
+            clean = clean_of_tombstones(extra, tomb)
             checks.append({"store": "models", "path": str(f), "trained_on_forgotten": not clean})
             if not clean:
                 problems.append(f"models ({f}): a checkpoint trained before the last erasure remains")
+    if tomb and (state_dir / "champion.json").exists():
+        clean = _state_clean(params, tomb)
+        checks.append({"store": "state model", "path": str(state_dir / "model.pt"), "trained_on_forgotten": not clean})
+        if not clean:
+            problems.append(f"state model ({state_dir / 'model.pt'}): {STATE_HOLDS_ERASED}")
     for store, root in (("DVC cache", _dvc_cache_dir(params)), ("DVC remote", _remote_folder(params)),
                         ("MLflow artifacts", params.path("mlflow_artifacts"))):
         if root is None or not root.is_dir():

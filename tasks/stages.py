@@ -369,7 +369,9 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
             validation_accuracy=outcome.metrics.get("acc/validation", float("nan")),
             output_gap=float(outcome.per_sample["output_gap"].mean()), model_version=version, processed_at=now)]
         champion = {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
-                    "promoted_at": now, "n_retained_train": int(len(rows.retain)), "history": history}
+                    "promoted_at": now, "n_retained_train": int(len(rows.retain)), "history": history,
+                    # what the state's first model was clean of (unlearning/erasure.py, state_is_clean)
+                    **({k: state.champion[k] for k in ("started_clean_of",) if k in state.champion})}
         write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion, state.fingerprint)
         fault("before_commit")
         commit_dir(stage_dir, params.path("state_dir"))

@@ -23,6 +23,7 @@ from tasks.retry import transient_io_only
 from unlearning.config import Params
 from unlearning.data import initial_state_manifest, load_prepared, read_state_manifest
 from unlearning.data.store import Prepared, manifest_csv_bytes
+from unlearning.erasure import clean_of_tombstones, read_tombstones, tombstones_digest
 from unlearning.fingerprint import (
     RESET_HINT, RETRAIN_HINT, StateMismatch, matches, mismatch_error, prepared_fingerprint,
 )
@@ -166,6 +167,22 @@ def stale_unbatched_state(params: Params, prepared: Prepared | None = None, curr
     return True
 
 
+def check_original_is_erased(params: Params, extra: dict) -> str:
+    """Refuse to start a state from a models/original.pt that was trained on rows erased since (after `unlearn
+    reset` with an erasure still pending, models/original.pt is the model the erased rows were forgotten FROM):
+    the fresh state would hold them again and the tombstones would keep them from ever being requested.
+    Returns the digest of the tombstones the original is clean of (champion.json's `started_clean_of`)."""
+    tombstones = read_tombstones(params.path("tombstones"))
+    if not clean_of_tombstones(extra, tombstones):
+        raise StateMismatch(
+            f"{original_path(params)} was trained before rows that are erased now ({len(tombstones)} tombstoned "
+            f"id(s) in {params.path('tombstones')}): a state started from it would hold them again. To go on: "
+            f"`unlearn erase` when state/ still holds the champion (it replaces the original with it); otherwise "
+            f"(after `unlearn reset`) retrain the original without them: `dvc repro -f prepare` (prepare leaves "
+            f"tombstoned rows out, train follows), or `unlearn prepare && unlearn train`")
+    return tombstones_digest(tombstones)
+
+
 # Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once.
 @task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
 @computes
@@ -191,9 +208,11 @@ def load_state(params: Params, device: str) -> State:
                                     f"(`dvc repro train` or `python -m flows.train`)")
         ckpt = _checkpoint(original_path(params))
         check_original(params, prepared, current, {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
+        clean_of = check_original_is_erased(params, ckpt.get("extra", {}))
         model, extra = load_model(original_path(params), device)
         manifest = initial_state_manifest(prepared.manifest)
-        champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None}
+        champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None,
+                    "started_clean_of": clean_of}
     return State(prepared=prepared, model=model, manifest=manifest, ledger=read_ledger(state_dir / "ledger.jsonl"),
                  champion=champion, fingerprint=current)
 

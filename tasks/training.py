@@ -10,6 +10,7 @@ import torch
 from prefect import task
 
 from tasks.clock import computes
+from tasks.reporting import run_logger
 from tasks.retry import transient_io_only
 
 from unlearning.batch import validation_rows
@@ -17,6 +18,7 @@ from unlearning.config import Params
 from unlearning.data import load_dataset, write_prepared
 from unlearning.data.store import Prepared
 from unlearning.ensembles import cached_ensemble
+from unlearning.fingerprint import StateMismatch
 from unlearning.io import atomic_save
 from unlearning.models import Ensemble, TrainRecipe, accuracy, build_model, fit, load_module_state, save_model
 from unlearning.models.training import TrainingDiverged, nonfinite_members
@@ -69,6 +71,29 @@ def prepare_dataset(params: Params) -> dict:
     tombstones = read_tombstones(params.path("tombstones"))
     erased = is_erased(tombstones, params.deletion.hash_sample_ids, ds.name) if tombstones else None
     return write_prepared(ds, params.path("prepared_dir"), erased=erased)
+
+
+def clean_of_erased(params: Params, prepared: Prepared) -> dict:
+    """What models/original.pt records about the tombstones: {"clean_of": digest} (tasks/state.py starts a
+    state only from an original clean of every tombstoned row), {} when nothing is tombstoned. Refuses to train
+    on a prepared store that still holds tombstoned rows (an erasure left pending by `dvc repro`): the original,
+    registered as @champion, would hold rows the pipeline certified as forgotten."""
+    from unlearning.erasure import is_erased, read_tombstones, tombstones_digest
+
+    tombstones = read_tombstones(params.path("tombstones"))
+    if not tombstones:
+        return {}
+    erased = is_erased(tombstones, params.deletion.hash_sample_ids, prepared.info["name"])
+    n = int(prepared.manifest["sample_id"].map(erased).sum())
+    if n:
+        raise StateMismatch(f"{params.path('prepared_dir')} still holds {n} erased row(s) (their erasure is pending: "
+                            f"`dvc repro` leaves the rewrite of the prepared store to `unlearn erase`); an original "
+                            f"trained on it would hold them. To go on: `unlearn erase`, then run the train stage again")
+    if params.train.init_checkpoint:
+        run_logger().warning(f"train.init_checkpoint = {params.train.init_checkpoint}: {len(tombstones)} row(s) of this dataset are erased (tombstoned); the "
+                             f"pipeline cannot tell whether your checkpoint was trained on them and takes it as "
+                             f"clean of them: load a checkpoint trained without them")
+    return {"clean_of": tombstones_digest(tombstones)}
 
 
 @task(name="train-original")

@@ -72,6 +72,34 @@ def add_tombstones(path: str | Path, keys: Iterable[str]) -> int:
     return len(new)
 
 
+def tombstones_digest(keys: set[str]) -> str:
+    """A short digest of the whole tombstone list: what a checkpoint records it is clean of."""
+    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
+
+
+def clean_of_tombstones(extra: dict, tombstones: set[str]) -> bool:
+    """Whether a checkpoint (its saved `extra`) holds none of the tombstoned rows: there are none, it was
+    trained (or loaded by the train stage) on a prepared store without any of them (`clean_of`, written by the
+    train stage), or it is the champion that replaced models/original.pt at the erasure of all of them
+    (`erased_through`). A checkpoint from before later erasures matches neither digest: it was trained on
+    rows erased since, and a state started from it would hold them again."""
+    if not tombstones:
+        return True
+    digest = tombstones_digest(tombstones)
+    return digest in (extra.get("erased_through"), extra.get("clean_of"))
+
+
+def state_is_clean(champion: dict, ledger_keys: set[str], tombstones: set[str]) -> bool:
+    """Whether the state's champion holds none of the tombstoned rows.
+
+    A state starts from an original clean of the tombstones of that moment, T0 (tasks/state.py refuses any
+    other, and records tombstones_digest(T0) as champion.json's `started_clean_of`); its batches forget the
+    ledger's rows and tombstone them. So the champion is clean of T exactly when T less the ledger's keys is T0.
+    A state from before that record counts as started with T0 empty: clean when every tombstone is its own."""
+    started = champion.get("started_clean_of", tombstones_digest(set()))
+    return tombstones_digest(set(tombstones) - set(ledger_keys)) == started
+
+
 def is_erased(tombstones: set[str], hash_ids: bool, salt: str) -> Callable[[str], bool]:
     key = id_key(hash_ids, salt)
     return lambda s: key(s) in tombstones

@@ -427,10 +427,14 @@ def test_reset_then_load_state_starts_over(project, monkeypatch):
     from tasks.state import current_fingerprint, load_state
     from unlearning.data import load_prepared
 
+    from unlearning.erasure import read_tombstones, tombstones_digest
+
     change_params(project, epochs=5)
     assert main(["--params", str(project), "reset", "--yes"]) == 0
     params = load_params(project)
-    stub_models(monkeypatch, {"model_version": "7",
+    # the original the train stage retrains for the new params, clean of what reset's erasure tombstoned
+    clean_of = tombstones_digest(read_tombstones(params.path("tombstones")))
+    stub_models(monkeypatch, {"model_version": "7", "clean_of": clean_of,
                               "fingerprint": current_fingerprint(params, load_prepared(params.path("prepared_dir")))})
     (project.parent / "models").mkdir()
     (project.parent / "models" / "original.pt").write_bytes(b"stub")
