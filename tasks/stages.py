@@ -37,6 +37,8 @@ from unlearning.gate import only_statistical_failures, smallest_klom_pvalue
 from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
 from unlearning.ledger import appended, hash_sample_id
+from unlearning.metrics.exchangeability import exchangeability_test
+from unlearning.metrics.margins import margins
 from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble
 from unlearning.partition import subset_sizes
@@ -194,7 +196,10 @@ def references(batch: BatchRun, params: Params, state: State, rows: BatchRows) -
     batch.tracker.log_metrics(run, {"oracles_seconds": o["seconds"], "shadows_seconds": s["seconds"],
                                     "oracles_cached_chunks": o["cached_chunks"], "shadows_cached_chunks": s["cached_chunks"],
                                     "n_oracles": oracles.n_models, "n_shadows": shadows.n_models})
+    check = recipe_check(state, rows, shadows, batch.device)
+    batch.tracker.log_metrics(run, {f"recipe_check/{k}": v for k, v in check.items()})
     batch.close()
+    warn_if_not_the_recipe(check, params, state)
     g = params.gate.retrain_equivalence
     floor = smallest_klom_pvalue(shadows.n_models, oracles.n_models, g.n_permutations)
     if floor > g.alpha:  # a test that cannot fail certifies nothing: say so in every batch it happens in
@@ -206,6 +211,34 @@ def references(batch: BatchRun, params: Params, state: State, rows: BatchRows) -
                     for name, m, info in (("oracles", oracles, o), ("shadows", shadows, s))],
                    key=batch.key("ensembles"), description="oracle and shadow ensembles")
     return oracles, shadows
+
+
+def recipe_check(state: State, rows: BatchRows, shadows: Ensemble, device: str) -> dict[str, float]:
+    """Is the production model exchangeable with the shadow originals (the declared recipe on the same rows)?
+    Margins on every evaluated row (forget, retain, validation); unlearning/metrics/exchangeability.py."""
+    eval_rows, _ = rows.eval_rows()
+    labels = state.prepared.label[eval_rows]
+    production = margins(eval_logits(state.model.to(device), state.prepared, eval_rows).numpy(), labels)
+    reference = margins(eval_logits(shadows, state.prepared, eval_rows).numpy(), labels)
+    return exchangeability_test(production.mean(axis=0), reference)
+
+
+def warn_if_not_the_recipe(check: dict[str, float], params: Params, state: State) -> None:
+    """Say so when the production model lies beyond every shadow original (p = 1 / (N + 1), the smallest)."""
+    if check["rank"] < check["n_pool"]:
+        return
+    n = int(check["n_pool"]) - 1
+    if params.train.init_checkpoint and not state.ledger:
+        why = (f"train.init_checkpoint ({params.train.init_checkpoint}) was probably not trained by the declared "
+               f"recipe (optimizer, schedule, lr, weight decay, epochs, batch size, label smoothing): KLoM compares "
+               f"retrains of that recipe, so the certificate speaks for your checkpoint only if the recipe is how it "
+               f"was trained; set train.* to it, or let the gate promote a retrain")
+    else:
+        why = ("after approximate unlearning this can be accumulated error (deletion.debt bounds it); a model the "
+               "recipe trained lands here by chance 1 time in {}".format(n + 1))
+    run_logger().warning(f"recipe check: the production model lies beyond all {n} shadow originals (score "
+                         f"{check['statistic']:.2f} against a shadow median of {check['reference_median']:.2f}, "
+                         f"p = {check['pvalue']:.3f}); {why}")
 
 
 # 5. select -----------------------------------------------------------------------------------------------

@@ -1,0 +1,49 @@
+"""The recipe check (unlearning/metrics/exchangeability.py): exact, in float64, on tiny pools."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unlearning.metrics.exchangeability import exchangeability_test, pool_scores
+
+
+def test_scores_by_hand():
+    # 3 models, 2 rows. Row 0: margins 0, 1, 2 (mean 1, std sqrt(2/3)); row 1: all 5 (no spread: left out).
+    pool = np.array([[0.0, 5.0], [1.0, 5.0], [2.0, 5.0]])
+    z2 = np.array([1.0, 0.0, 1.0]) / (2.0 / 3.0)
+    np.testing.assert_allclose(pool_scores(pool), z2, rtol=0, atol=1e-15)
+
+
+def test_an_outlier_is_last_of_the_pool():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(20, 50))
+    out = exchangeability_test(ref.mean(0) + 3.0, ref)
+    assert out["rank"] == 21 and out["n_pool"] == 21 and out["pvalue"] == pytest.approx(1 / 21)
+    central = exchangeability_test(ref.mean(0), ref)
+    assert central["rank"] == 1 and central["pvalue"] == 1.0
+
+
+def test_each_member_in_turn_gives_every_rank_once():
+    # Exchangeability made exact: scoring each member of one pool against the others yields the ranks 1..M,
+    # each once, so p = k / M has probability exactly 1 / M under the null (the false-alarm rate of the check).
+    rng = np.random.default_rng(1)
+    pool = rng.normal(size=(9, 30)) * rng.uniform(0.5, 2.0, size=30)
+    ranks = sorted(exchangeability_test(pool[j], np.delete(pool, j, axis=0))["rank"] for j in range(9))
+    assert ranks == list(range(1, 10))
+
+
+def test_ties_are_conservative():
+    ref = np.tile(np.array([[0.0, 1.0]]), (4, 1))
+    out = exchangeability_test(np.array([0.0, 1.0]), ref)  # identical to every reference: no spread at all
+    assert out["pvalue"] == 1.0 and out["rank"] == 1
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(model_margins=np.zeros((2, 3)), reference_margins=np.zeros((4, 3))), "expected shape"),
+    (dict(model_margins=np.zeros(3), reference_margins=np.zeros((4, 2))), "3 rows but"),
+    (dict(model_margins=np.array([np.nan, 0, 0]), reference_margins=np.zeros((4, 3))), "pool_margins"),
+])
+def test_bad_input_names_the_argument(bad, match):
+    with pytest.raises(ValueError, match=match):
+        exchangeability_test(**bad)
