@@ -106,6 +106,7 @@ bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/ensembles.py
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/newton_removal.py
+	$(BIN)/python bench/recipe_check.py
 	$(BIN)/python bench/session_overhead.py
 
 reset: setup ## start over: `unlearn reset` archives state/ and cache/ (ledger kept, asks first)
