@@ -7,6 +7,7 @@ Prefect tasks run in worker threads where the flow's active run is invisible (ST
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -316,7 +317,9 @@ class Tracker:
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = serving.write_checkpoint(model, Path(tmp), names)
             logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=run_id)
-            with fluent_store(self.tracking_uri):
+            # MLflow's INFO "Validating input example against model signature" on every registration is noise; a
+            # failed validation is a WARNING and still shows.
+            with fluent_store(self.tracking_uri), _logger_level("mlflow.pyfunc", logging.WARNING):
                 info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id,
                                  model_id=logged.model_id,
                                  registered_model_name=registered_name, loader_module=serving.__name__,
@@ -450,6 +453,18 @@ def batches_url_hint(experiment_id: str) -> str:
 
 
 @tracks
+@contextmanager
+def _logger_level(name: str, level: int):
+    """Raise one third-party logger's level for the block (never lowers it, never touches the root logger)."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(max(level, before))
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
 def reset_alias(tracking_uri: str, name: str, alias: str,
                 version: str | None = None) -> tuple[str | None, str | None, bool]:
     """Point `name@alias` at `version`, or remove the alias when `version` is None (`unlearn reset`).

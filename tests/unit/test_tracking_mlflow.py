@@ -280,3 +280,25 @@ def test_reset_alias_to_a_purged_original_removes_the_alias(store):
     finally:
         store["tracker"].set_alias("clf", "champion", "1")
     assert store["tracker"].alias_version("clf", "champion") == "1"
+
+
+def test_log_model_prints_no_input_example_validation_line(store):
+    """MLflow logged "Validating input example against model signature" (INFO) at every registration."""
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("mlflow.pyfunc")
+    handler, level = Keep(level=logging.DEBUG), logger.level
+    logger.addHandler(handler)
+    try:
+        tracker = store["tracker"]
+        run_id = tracker.start_run("quiet")
+        tracker.log_model(run_id, store["mlp"], "clf-quiet", input_example=store["X"][:2].numpy())
+        tracker.end_run(run_id)
+    finally:
+        logger.removeHandler(handler)
+    assert not any("Validating input example" in m for m in seen), seen
+    assert logger.level == level
