@@ -47,3 +47,31 @@ def test_ties_are_conservative():
 def test_bad_input_names_the_argument(bad, match):
     with pytest.raises(ValueError, match=match):
         exchangeability_test(**bad)
+
+
+def test_the_batch_scores_a_seeded_sample_of_a_large_table(monkeypatch):
+    """tasks/stages.recipe_check: past RECIPE_CHECK_ROWS evaluated rows, a sample seeded by base.seed (N + 1
+    forward passes over every row of a large table cost as much as a candidate's evaluation)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import tasks.stages as S
+
+    n, seen = 5000, []
+
+    def fake_logits(model, prepared, rows):
+        seen.append(np.asarray(rows))
+        return torch.zeros(model.k, len(rows), 3) + torch.arange(model.k)[:, None, None] * 0.01
+
+    monkeypatch.setattr(S, "eval_logits", fake_logits)
+    prepared = SimpleNamespace(label=np.zeros(n, dtype=np.int64))
+    model = SimpleNamespace(k=1, to=lambda device: model)
+    state = SimpleNamespace(prepared=prepared, model=model)
+    rows = SimpleNamespace(eval_rows=lambda: (np.arange(n), np.array(["remote"] * n)))
+    out = S.recipe_check(state, rows, SimpleNamespace(k=8), "cpu", seed=3)
+    assert out["n_pool"] == 9
+    assert len(seen[0]) == S.RECIPE_CHECK_ROWS and np.array_equal(seen[0], seen[1])
+    assert np.all(np.diff(seen[0]) > 0)
+    S.recipe_check(state, rows, SimpleNamespace(k=8), "cpu", seed=3)
+    assert np.array_equal(seen[2], seen[0])  # the same sample for the same seed
