@@ -252,12 +252,12 @@ def cmd_erase(args) -> int:
     from flows.common import tracker_for
     from flows.deletion_batch import reconcile
     from tasks.tracking import preflight
-    from unlearning.io import exclusive_lock
+    from tasks.state import batch_lock
 
     params = _params(args)
     preflight(params.mlflow_tracking_uri())
     state_dir = params.path("state_dir")
-    with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), 10):
+    with batch_lock(params, 10):
         notes = reconcile(params, tracker_for(params)) if (state_dir / "champion.json").exists() else []
     for n in notes or ["nothing pending"]:
         print(n)
@@ -459,27 +459,28 @@ def _finish_pending_erasures(params) -> int:
     models/original.pt (replaced by the champion) and of the prepared store is left pending, and once state/
     is archived no champion is left to replace the original with. A fresh state would then start from the
     original the erased rows were forgotten from. Returns how many pending erasures were finished."""
-    if not params.erasure.enabled or not (params.path("state_dir") / "champion.json").exists():
+    champion_file = params.path("state_dir") / "champion.json"
+    if not params.erasure.enabled or not champion_file.exists():
         return 0
-    import json as _json
-
     from tasks.erasure import erase_pending
-    from unlearning.io import exclusive_lock
+    from tasks.state import batch_lock
+    from unlearning.io import read_json_file
 
-    state_dir = params.path("state_dir")
     tracker = None
-    if os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
+    if _has_tracking_store(params):
         from flows.common import tracker_for
 
         tracker = tracker_for(params)
-    with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), 10):
-        version = _json.loads((state_dir / "champion.json").read_text()).get("model_version")
-        return len(erase_pending(params, tracker, version))
+    with batch_lock(params, 10):
+        return len(erase_pending(params, tracker, read_json_file(champion_file).get("model_version")))
+
+
+def _has_tracking_store(params) -> bool:
+    """A tracking server named by MLFLOW_TRACKING_URI, or the project's SQLite store once it exists."""
+    return bool(os.environ.get("MLFLOW_TRACKING_URI")) or params.path("mlflow_db").exists()
 
 
 def cmd_reset(args) -> int:
-    import os
-
     from unlearning.ledger import read_ledger
 
     params = _params(args)
@@ -542,7 +543,7 @@ def cmd_reset(args) -> int:
     name, alias = params.tracking.registered_model, params.tracking.alias
     if args.keep_alias:
         print(f"MLflow: {name}@{alias} left as is (--keep-alias); it is not rolled back automatically")
-    elif not os.environ.get("MLFLOW_TRACKING_URI") and not params.path("mlflow_db").exists():
+    elif not _has_tracking_store(params):
         print(f"MLflow: no store at {params.path('mlflow_db')}; no @{alias} alias to change")
     else:
         from tasks.tracking import reset_alias

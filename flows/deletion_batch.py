@@ -24,11 +24,11 @@ from tasks.clock import computes
 from tasks.dvc_metrics import write_deletion_metrics
 from tasks.lineage import commit_lineage
 from tasks.reporting import run_logger
-from tasks.state import ensure_state, load_state, original_path, stale_unbatched_state
+from tasks.state import batch_lock, ensure_state, load_state, original_path, stale_unbatched_state
 from tasks.training import recipe
 from unlearning.config import Params, load_params
 from unlearning.history import n_original_train
-from unlearning.io import atomic_write_bytes, atomic_write_json, exclusive_lock, move_unique, read_json_file
+from unlearning.io import atomic_write_bytes, atomic_write_json, move_unique, read_json_file
 from unlearning.ledger import hash_sample_id
 from unlearning.requests import (
     RequestValidationError, file_sha256, in_inbox, leftover_dot_files, read_request_file, scan_inbox,
@@ -262,7 +262,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     preflight(params)
     log = run_logger()
     state_dir, inbox = params.path("state_dir"), params.path("inbox")
-    with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), params.operations.lock_timeout_seconds):
+    with batch_lock(params, params.operations.lock_timeout_seconds):
         # A state that holds no batch and was built from other params or data follows the retrained original
         # (ensure_state rewrites only such a state), before the registry alias is reconciled with it.
         if (state_dir / "model.pt").exists() and ensure_state(params, device):

@@ -231,12 +231,12 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
         stores.extend(_redact_request_files(params, key, tombstones))
     stores.append({"store": "ensemble cache", "path": str(params.path("cache_dir") / "ensembles"),
                    "purged_files": _purge_ensembles(params, cache_hashes)})
-    if not dvc_locked and not _state_clean(params, tombstones):
-        stores.append({"store": "models", "path": str(params.path("models_dir")), "replaced": None,
-                       "refused": STATE_HOLDS_ERASED})
-    elif not dvc_locked:
-        stores.append({"store": "models", "path": str(params.path("models_dir")),
-                       "replaced": _replace_original(params, tombstones_digest(tombstones))})
+    if not dvc_locked:
+        models = {"store": "models", "path": str(params.path("models_dir"))}
+        if _state_clean(params, tombstones):
+            stores.append({**models, "replaced": _replace_original(params, tombstones_digest(tombstones))})
+        else:
+            stores.append({**models, "replaced": None, "refused": STATE_HOLDS_ERASED})
     if tracker is not None:
         name = params.tracking.registered_model
         others = [v for v in tracker.versions(name) if v != str(champion_version)]
@@ -299,9 +299,15 @@ def _prepared_holds_tombstoned(params: Params) -> bool:
         prepared = load_prepared(params.path("prepared_dir"))
     except FileNotFoundError:
         return False
-    erased = is_erased(read_tombstones(params.path("tombstones")), params.deletion.hash_sample_ids,
-                       prepared.info["name"])
-    return bool(prepared.manifest["sample_id"].map(erased).any())
+    return tombstoned_rows(params, prepared).any()
+
+
+def tombstoned_rows(params: Params, prepared, tombstones: set[str] | None = None) -> np.ndarray:
+    """[n] bool: the prepared store's rows whose id is tombstoned (read from data/tombstones.txt unless given)."""
+    if tombstones is None:
+        tombstones = read_tombstones(params.path("tombstones"))
+    erased = is_erased(tombstones, params.deletion.hash_sample_ids, prepared.info["name"])
+    return prepared.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
 
 
 TEXT_SUFFIXES = {".json", ".csv", ".txt", ".yaml", ".yml", ".html", ".md", ".jsonl", ".parquet"}

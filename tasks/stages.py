@@ -241,8 +241,8 @@ def warn_if_not_the_recipe(check: dict[str, float], params: Params, state: State
                f"retrains of that recipe, so the certificate speaks for your checkpoint only if the recipe is how it "
                f"was trained; set train.* to it, or let the gate promote a retrain")
     else:
-        why = ("after approximate unlearning this can be accumulated error (deletion.debt bounds it); a model the "
-               "recipe trained lands here by chance 1 time in {}".format(n + 1))
+        why = (f"after approximate unlearning this can be accumulated error (deletion.debt bounds it); a model the "
+               f"recipe trained lands here by chance 1 time in {n + 1}")
     run_logger().warning(f"recipe check: the production model lies beyond all {n} shadow originals (score "
                          f"{check['statistic']:.2f} against a shadow median of {check['reference_median']:.2f}, "
                          f"p = {check['pvalue']:.3f}); {why}")
@@ -411,7 +411,8 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         champion = {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
                     "promoted_at": now, "n_retained_train": int(len(rows.retain)), "history": history,
                     # what the state's first model was clean of (unlearning/erasure.py, state_is_clean)
-                    **({k: state.champion[k] for k in ("started_clean_of",) if k in state.champion})}
+                    **({"started_clean_of": state.champion["started_clean_of"]}
+                       if "started_clean_of" in state.champion else {})}
         write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion, state.fingerprint)
         fault("before_commit")
         commit_dir(stage_dir, params.path("state_dir"))

@@ -277,6 +277,15 @@ def _unique_dir(parent: Path, name: str) -> Path:
     return out
 
 
+def batch_lock(params: Params, timeout: float):
+    """The one lock of a project's state (state/ and what a batch writes beside it): a batch, `unlearn erase`
+    and `unlearn reset` hold it, so none of them runs under another."""
+    from unlearning.io import exclusive_lock
+
+    state_dir = params.path("state_dir")
+    return exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), timeout)
+
+
 def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
     """`unlearn reset`: move the state folder and the ensemble cache to archive/<UTC time>/ (under the batch
     lock, so never under a running batch). Nothing is deleted: the ledger of applied erasures stays in the
@@ -284,11 +293,9 @@ def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
     import shutil
     from datetime import datetime, timezone
 
-    from unlearning.io import exclusive_lock
-
     now = now or datetime.now(timezone.utc)
     state_dir, cache_dir = params.path("state_dir"), params.path("cache_dir")
-    with exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), lock_timeout):
+    with batch_lock(params, lock_timeout):
         recover_dir(state_dir)
         sources = [(n, p) for n, p in (("state", state_dir), ("cache", cache_dir)) if p.exists()]
         ledger = read_ledger(state_dir / "ledger.jsonl")

@@ -339,18 +339,11 @@ class Tracker:
             self.client.set_model_version_tag(name, version, k, str(v))
 
     def alias_version(self, name: str, alias: str) -> str | None:
-        try:
-            return str(self.client.get_model_version_by_alias(name, alias).version)
-        except Exception:  # no such model or alias yet
-            return None
+        return _alias_version(self.client, name, alias)
 
     def has_version(self, name: str, version: str) -> bool:
         """Whether the registry holds `name` version `version` (not after mlflow.db was replaced by a new one)."""
-        try:
-            self.client.get_model_version(name, str(version))
-            return True
-        except Exception:  # no such model or version in this store
-            return False
+        return _has_version(self.client, name, version)
 
     # reconciliation and erasure ------------------------------------------------------------------
     def reconcile_alias(self, name: str, alias: str, version: str | None) -> tuple[str | None, bool]:
@@ -452,7 +445,21 @@ def batches_url_hint(experiment_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={BATCHES_VIEW}&workflowType=machine_learning"
 
 
-@tracks
+def _alias_version(client: MlflowClient, name: str, alias: str) -> str | None:
+    try:
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except Exception:  # no such model or alias yet
+        return None
+
+
+def _has_version(client: MlflowClient, name: str, version: str) -> bool:
+    try:
+        client.get_model_version(name, str(version))
+        return True
+    except Exception:  # no such model or version in this store
+        return False
+
+
 @contextmanager
 def _logger_level(name: str, level: int):
     """Raise one third-party logger's level for the block (never lowers it, never touches the root logger)."""
@@ -465,6 +472,7 @@ def _logger_level(name: str, level: int):
         logger.setLevel(before)
 
 
+@tracks
 def reset_alias(tracking_uri: str, name: str, alias: str,
                 version: str | None = None) -> tuple[str | None, str | None, bool]:
     """Point `name@alias` at `version`, or remove the alias when `version` is None (`unlearn reset`).
@@ -475,16 +483,10 @@ def reset_alias(tracking_uri: str, name: str, alias: str,
     Returns (version before, version after, whether `version` was missing); creates no experiment and no
     registered model."""
     client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        before = str(client.get_model_version_by_alias(name, alias).version)
-    except Exception:  # no such model or alias
-        before = None
-    missing = False
-    if version is not None:
-        try:
-            client.get_model_version(name, str(version))
-        except Exception:  # no such model or version in this store
-            missing, version = True, None
+    before = _alias_version(client, name, alias)
+    missing = version is not None and not _has_version(client, name, version)
+    if missing:
+        version = None
     if version is not None:
         client.set_registered_model_alias(name, alias, str(version))
         return before, str(version), False

@@ -78,21 +78,22 @@ def clean_of_erased(params: Params, prepared: Prepared) -> dict:
     state only from an original clean of every tombstoned row), {} when nothing is tombstoned. Refuses to train
     on a prepared store that still holds tombstoned rows (an erasure left pending by `dvc repro`): the original,
     registered as @champion, would hold rows the pipeline certified as forgotten."""
-    from unlearning.erasure import is_erased, read_tombstones, tombstones_digest
+    from tasks.erasure import tombstoned_rows
+    from unlearning.erasure import read_tombstones, tombstones_digest
 
     tombstones = read_tombstones(params.path("tombstones"))
     if not tombstones:
         return {}
-    erased = is_erased(tombstones, params.deletion.hash_sample_ids, prepared.info["name"])
-    n = int(prepared.manifest["sample_id"].map(erased).sum())
+    n = int(tombstoned_rows(params, prepared, tombstones).sum())
     if n:
         raise StateMismatch(f"{params.path('prepared_dir')} still holds {n} erased row(s) (their erasure is pending: "
                             f"`dvc repro` leaves the rewrite of the prepared store to `unlearn erase`); an original "
                             f"trained on it would hold them. To go on: `unlearn erase`, then run the train stage again")
     if params.train.init_checkpoint:
-        run_logger().warning(f"train.init_checkpoint = {params.train.init_checkpoint}: {len(tombstones)} row(s) of this dataset are erased (tombstoned); the "
-                             f"pipeline cannot tell whether your checkpoint was trained on them and takes it as "
-                             f"clean of them: load a checkpoint trained without them")
+        run_logger().warning(f"train.init_checkpoint = {params.train.init_checkpoint}: {len(tombstones)} row(s) of "
+                             f"this dataset are erased (tombstoned); the pipeline cannot tell whether your checkpoint "
+                             f"was trained on them and takes it as clean of them: load a checkpoint trained without "
+                             f"them")
     return {"clean_of": tombstones_digest(tombstones)}
 
 
