@@ -303,17 +303,20 @@ def timing_split(rows: list[tuple[str, float]], timings: dict[str, dict], total:
 
 
 def timing_table(split: dict) -> list[str]:
-    """`timing_split` as the table the session prints."""
+    """`timing_split` as the table the session prints (the stage column as wide as its longest name)."""
+    width = max([len("stage"), len("total")] + [len(s["stage"]) for s in split["stages"]])
+
+    def row(name: str, wall: float, compute: float, tracking: float, orchestration: float) -> str:
+        return f"  {name:<{width}} {wall:6.1f}s {compute:7.1f}s {tracking:8.1f}s {orchestration:13.1f}s"
+
     lines = ["", "wall time per stage (compute: task bodies; tracking: MLflow calls and review figures; "
                  "orchestration: the rest: process start, Prefect, DVC):",
-             f"  {'stage':<26} {'wall':>7} {'compute':>8} {'tracking':>9} {'orchestration':>14}"]
+             f"  {'stage':<{width}} {'wall':>7} {'compute':>8} {'tracking':>9} {'orchestration':>14}"]
     for s in split["stages"]:
-        lines.append(f"  {s['stage']:<26} {s['wall_s']:6.1f}s {s['compute_s']:7.1f}s {s['tracking_s']:8.1f}s "
-                     f"{s['orchestration_s']:13.1f}s")
+        lines.append(row(s["stage"], s["wall_s"], s["compute_s"], s["tracking_s"], s["orchestration_s"]))
         if os.environ.get("UNLEARN_TIMING_DETAIL"):
             lines.extend(f"      {key:<60} {sec:6.2f}s" for key, sec in s["largest"])
-    lines.append(f"  {'total':<26} {split['total_s']:6.1f}s {split['compute_s']:7.1f}s {split['tracking_s']:8.1f}s "
-                 f"{split['orchestration_s']:13.1f}s")
+    lines.append(row("total", split["total_s"], split["compute_s"], split["tracking_s"], split["orchestration_s"]))
     up = split["prefect_server_up_s"]
     lines.append(f"  overhead (tracking + orchestration): {split['overhead_share']:.0%} of the wall time"
                  + (f"; the Prefect server answered after {up:.1f} s" if up is not None else ""))

@@ -1,5 +1,6 @@
 """flows.session: stage timing from DVC's output, and CMD passed through (no server when one is configured)."""
 
+import re
 import sys
 
 import pytest
@@ -71,6 +72,11 @@ def test_the_table_splits_each_stage_into_compute_tracking_and_orchestration():
     assert train.split()[1:] == ["4.0s", "1.0s", "1.5s", "1.5s"]
     total = next(line for line in lines if line.strip().startswith("total"))
     assert total.split()[1:] == ["20.0s", "10.0s", "4.5s", "5.5s"]
+    # Every row's numbers end in the same columns as the header's names, the longest stage name included.
+    header = next(line for line in lines if line.strip().startswith("stage"))
+    ends = [header.index(name) + len(name) for name in ("wall", "compute", "tracking", "orchestration")]
+    for line in lines[3:-1]:
+        assert [m.end() for m in re.finditer(r"\S+", line)][-4:] == ends, line
     assert "overhead (tracking + orchestration): 50% of the wall time; the Prefect server answered after 8.5 s" \
         in lines[-1]
 
