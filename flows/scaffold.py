@@ -355,7 +355,13 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
     except ConfigError as e:
         raise ConfigError(f"the params.yaml for {target} would not be valid (nothing written):\n{e}") from None
     factory_file = _factory_file(factory, target) if factory else None
-    extra_deps = [_project_path(factory_file, target)] if factory_file else []
+    # The README's order: `unlearn init`, then copy the model file (lying beside, in the current folder) into
+    # the project. It is a dependency of train either way: without it an edited model file left train
+    # skipped, and the deletion stage's "re-run the train stage" advice (`dvc repro`) went round in circles.
+    beside = _factory_file(factory, Path.cwd()) if factory and factory_file is None else None
+    to_copy = target / beside.resolve().relative_to(Path.cwd().resolve()) if beside else None
+    model_dep = factory_file or to_copy
+    extra_deps = [_project_path(model_dep, target)] if model_dep else []
 
     # Everything is validated: write.
     done = []
@@ -385,7 +391,10 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
         gi.write_text(ignore)
         done.append(f"wrote {gi}")
     done.append(_scaffold_gx(params.path("gx_dir")))
-    if factory and factory_file is None:
+    if to_copy is not None:
+        done.append(f"note: copy {beside} to {to_copy} (it is imported from the project folder; the train stage "
+                    f"depends on it, so an edit re-trains the original)")
+    elif factory and factory_file is None:
         done.append(f"note: write {factory.split(':')[0].replace('.', '/')}.py with {factory.split(':')[1]}(...) "
                     f"in {target} (it is imported from the project folder)")
     if vcs:

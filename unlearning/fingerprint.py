@@ -35,7 +35,8 @@ _VOLATILE = re.compile(r"(^|_)(at|time|timestamp|date|datetime|seconds|duration|
 RESET_HINT = ("`unlearn reset` archives the state (the ledger of applied erasures is kept in the archive) and "
               "starts over from the current params; or restore the previous params")
 RETRAIN_HINT = ("re-run the train stage for the current params (`dvc repro`, or `unlearn prepare` and "
-                "`unlearn train`); or restore the previous params")
+                "`unlearn train`; `dvc repro -f train` when only your model file changed and dvc.yaml does not "
+                "list it under the train stage's deps); or restore the previous params")
 
 
 class StateMismatch(ValueError):

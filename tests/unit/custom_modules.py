@@ -123,3 +123,74 @@ def shared_instance(in_shape, n_classes):
     if "m" not in _SHARED:
         _SHARED["m"] = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), n_classes))
     return _SHARED["m"]
+
+
+class SequenceRNN(nn.Module):
+    """The features read as a sequence of 2-wide steps by an nn.LSTM / nn.GRU (a leaf returning a tuple)."""
+
+    def __init__(self, in_shape, n_classes, cell: str = "lstm", hidden: int = 5):
+        super().__init__()
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(2, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, n_classes)
+
+    def forward(self, x):
+        out, _ = self.rnn(x.flatten(1).reshape(x.shape[0], -1, 2))
+        return self.head(out[:, -1])
+
+
+def lstm(in_shape, n_classes):
+    return SequenceRNN(in_shape, n_classes, "lstm")
+
+
+def gru(in_shape, n_classes):
+    return SequenceRNN(in_shape, n_classes, "gru")
+
+
+class Attention(nn.Module):
+    """A TransformerEncoderLayer over 2-wide feature tokens (eval mode takes PyTorch's fused fast path)."""
+
+    def __init__(self, in_shape, n_classes, width: int = 4):
+        super().__init__()
+        self.embed = nn.Linear(2, width)
+        self.layer = nn.TransformerEncoderLayer(width, 2, dim_feedforward=6, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(width, n_classes)
+
+    def forward(self, x):
+        tokens = self.embed(x.flatten(1).reshape(x.shape[0], -1, 2))
+        return self.head(self.layer(tokens).mean(1))
+
+
+def attention(in_shape, n_classes):
+    return Attention(in_shape, n_classes)
+
+
+class ScaledByBuffer(nn.Module):
+    """A non-persistent buffer (not in state_dict) that the forward reads."""
+
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.register_buffer("scale", torch.full((in_shape[0],), 0.5), persistent=False)
+        self.lin = nn.Linear(in_shape[0], n_classes)
+
+    def forward(self, x):
+        return self.lin(x * self.scale)
+
+
+def scaled_by_buffer(in_shape, n_classes):
+    return ScaledByBuffer(in_shape, n_classes)
+
+
+class MixedDtype(nn.Module):
+    """A float64 parameter beside float32 ones."""
+
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(in_shape[0], n_classes, dtype=torch.float64))
+        self.lin = nn.Linear(in_shape[0], n_classes)
+
+    def forward(self, x):
+        return self.lin(x) + (x.double() @ self.w).to(x.dtype)
+
+
+def mixed_dtype(in_shape, n_classes):
+    return MixedDtype(in_shape, n_classes)

@@ -440,3 +440,22 @@ def test_reset_then_load_state_starts_over(project, monkeypatch):
     (project.parent / "models" / "original.pt").write_bytes(b"stub")
     state = load_state.fn(params, "cpu")
     assert state.ledger == [] and state.champion["model_version"] == "7"
+
+
+@pytest.mark.skipif(not HAS_TABLE, reason="prepare.table (TableSource) is not in unlearning/config.py yet")
+def test_init_makes_the_model_file_a_dependency_of_train_wherever_it_lies(tmp_path, capsys, monkeypatch):
+    """README order: the model file lies in the current folder at `unlearn init` and is copied in after. An
+    edited model file must re-run train (it changes the fingerprint the deletion stage checks)."""
+    csv = write_csv(tmp_path / "t.csv")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_model.py").write_text("def build(in_shape, n_classes):\n    raise NotImplementedError\n")
+    for name, place in (("beside", tmp_path), ("inside", tmp_path / "inside")):
+        if name == "inside":
+            place.mkdir()
+            (place / "my_model.py").write_text((tmp_path / "my_model.py").read_text())
+        target = tmp_path / name if name == "beside" else place
+        assert main(init_args(target, csv, "--arch", "custom", "--factory", "my_model:build", "--no-vcs")) == 0
+        out = capsys.readouterr().out
+        train = yaml.safe_load((target / "dvc.yaml").read_text())["stages"]["train"]
+        assert "my_model.py" in train["deps"], (name, train["deps"])
+        assert ("note: copy" in out) == (name == "beside"), out

@@ -17,6 +17,18 @@ from unlearning.models import Ensemble
 from unlearning.devices import resolve_device  # noqa: E402,F401  (re-exported: unlearning.leverage.resolve_device)
 
 
+
+def _tensor_numel(output) -> int:
+    """Elements of a layer's output: a tensor, or the tensors inside the tuple / list / dict a layer such as
+    nn.LSTM (out, (h, c)) or nn.MultiheadAttention (out, weights) returns; anything else counts 0."""
+    if isinstance(output, torch.Tensor):
+        return output.numel()
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        return sum(_tensor_numel(o) for o in output)
+    return 0
+
 class OutputFunction:
     """f(theta [p], X [b, d]) -> outputs [b, C]; derivatives via torch.func unless overridden."""
 
@@ -25,6 +37,16 @@ class OutputFunction:
     dtype: torch.dtype
     device: torch.device
     theta0: torch.Tensor  # [p] the parameters the function was built from
+    vectorized: bool = True  # False for a module that does not run under vmap (nn.LSTM, nn.GRU): loop instead
+
+    def _map(self, fn, in_dims: tuple, *args: torch.Tensor) -> torch.Tensor:
+        """vmap(fn, in_dims)(*args), or the same map as a loop over the mapped dimension for a module without
+        batching rules (`Ensemble.vectorized` False): the same numbers, slower."""
+        if self.vectorized:
+            return vmap(fn, in_dims=in_dims)(*args)
+        n = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+        return torch.stack([fn(*[a if d is None else a.select(d, i) for a, d in zip(args, in_dims)])
+                            for i in range(n)])
 
     def outputs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -35,7 +57,7 @@ class OutputFunction:
 
     def jacobians(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """Per-sample Jacobians [b, C, p]: reverse mode per output, vectorized over samples."""
-        return vmap(jacrev(self._single), in_dims=(None, 0))(theta, X)
+        return self._map(jacrev(self._single), (None, 0), theta, X)
 
     def weighted_jacobians(self, theta: torch.Tensor, X: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
         """Per-sample left [b, r, C] times J [b, C, p] -> [b, r, p] (the Lambda-weighted rows)."""
@@ -44,12 +66,12 @@ class OutputFunction:
     def jvp(self, theta: torch.Tensor, X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
         """J V for all samples: V [p, m] -> [m, b, C] (forward mode, one pass per column, vectorized)."""
         f = lambda t: self.outputs(t, X)  # noqa: E731
-        return vmap(lambda v: jvp(f, (theta,), (v,))[1])(V.T.contiguous())
+        return self._map(lambda v: jvp(f, (theta,), (v,))[1], (0,), V.T.contiguous())
 
     def vjp(self, theta: torch.Tensor, X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
         """J^T U summed over samples: U [m, b, C] -> [m, p]."""
         _, pull = vjp(lambda t: self.outputs(t, X), theta)
-        return vmap(lambda u: pull(u)[0])(U)
+        return self._map(lambda u: pull(u)[0], (0,), U)
 
     def cast(self, X: torch.Tensor) -> torch.Tensor:
         return X.to(device=self.device, dtype=self.dtype)
@@ -78,6 +100,7 @@ class StackedMemberFunction(OutputFunction):
         self.device = resolve_device(device if device is not None else next(model.parameters()).device)
         self.dtype = dtype
         self.module = model.select(member).to(device=self.device, dtype=dtype).eval()
+        self.vectorized = self.module.vectorized
         params, buffers = self.module.member_state(0)
         self.trainable = model.trainable_mask()  # per parameter, in parameters() order
         trainable = dict(zip(params, self.trainable))
@@ -96,7 +119,7 @@ class StackedMemberFunction(OutputFunction):
         self.chain = self.module.linear_chain() if all(self.trainable) else None
         # one forward pass on a zero sample: output width, and every layer's output size (activation_size)
         sizes: list[int] = []
-        hooks = [mod.register_forward_hook(lambda _m, _i, o: sizes.append(o.numel()))
+        hooks = [mod.register_forward_hook(lambda _m, _i, o: sizes.append(_tensor_numel(o)))
                  for mod in self.module._base.modules() if not list(mod.children())]
         try:
             with torch.no_grad():

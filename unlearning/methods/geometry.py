@@ -88,7 +88,12 @@ def _per_sample_grad_sq_mean(model: Ensemble, params: dict, X: torch.Tensor, y: 
         logits = functional_call(model, p, (x.unsqueeze(1),))  # [N, 1, C]
         return per_sample_loss(logits, t.unsqueeze(1), loss).sum()
 
-    per_sample = vmap(grad(loss_one), in_dims=(None, 1, 1))
+    if model.vectorized:
+        per_sample = vmap(grad(loss_one), in_dims=(None, 1, 1))
+    else:  # a module without batching rules (nn.LSTM, nn.GRU): one sample at a time, the same numbers
+        def per_sample(p, xs, ts):
+            grads = [grad(loss_one)(p, xs[:, j], ts[:, j]) for j in range(xs.shape[1])]
+            return {k: torch.stack([g[k] for g in grads]) for k in p}
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     m = X.shape[1]
     for i in range(0, m, chunk):

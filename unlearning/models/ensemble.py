@@ -19,6 +19,7 @@ reshaped to in_shape before the module sees them. Outputs are logits [N, B, C].
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -86,6 +87,35 @@ _WARNED_IDENTICAL: set = set()
 # numbers (validation.task_runner: threads builds and trains oracle chunks side by side). Reentrant: a
 # factory may build an Ensemble itself.
 _GLOBAL_RNG = threading.RLock()
+
+# Fused attention kernels (nn.TransformerEncoderLayer's and nn.MultiheadAttention's fast path, CPU flash
+# attention) have no forward-mode derivative, so `call_member` under jvp (the leverage diagnostics, the
+# Newton step) raised NotImplementedError on any attention model. They are switched off while a member is
+# called functionally: the math kernels compute the same function. Process-wide flags, so counted across
+# threads: the first caller switches them off, the last one restores them.
+_KERNELS_LOCK = threading.Lock()
+_kernels_state: dict = {"depth": 0, "fastpath": None, "sdpa": None}
+
+
+@contextlib.contextmanager
+def _differentiable_kernels():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with _KERNELS_LOCK:
+        if _kernels_state["depth"] == 0:
+            _kernels_state["fastpath"] = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(False)
+            _kernels_state["sdpa"] = sdpa_kernel(SDPBackend.MATH)
+            _kernels_state["sdpa"].__enter__()
+        _kernels_state["depth"] += 1
+    try:
+        yield
+    finally:
+        with _KERNELS_LOCK:
+            _kernels_state["depth"] -= 1
+            if _kernels_state["depth"] == 0:
+                _kernels_state["sdpa"].__exit__(None, None, None)
+                torch.backends.mha.set_fastpath_enabled(_kernels_state["fastpath"])
 
 
 class Ensemble(nn.Module):
@@ -277,8 +307,10 @@ class Ensemble(nn.Module):
 
     def call_member(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                     x: torch.Tensor) -> torch.Tensor:
-        """The wrapped module on one member's state: flat x [B, d] -> [B, C]."""
-        return functional_call(self._base, (params, buffers), (x.reshape(x.shape[0], *self.in_shape),))
+        """The wrapped module on one member's state: flat x [B, d] -> [B, C] (attention on its math kernels:
+        this call is differentiated in forward mode)."""
+        with _differentiable_kernels():
+            return functional_call(self._base, (params, buffers), (x.reshape(x.shape[0], *self.in_shape),))
 
     def module_of(self, k: int) -> nn.Module:
         """A plain, standalone copy of member k (the team's own module class, with its weights, its tied
@@ -286,8 +318,12 @@ class Ensemble(nn.Module):
         p = next(self.parameters())
         module = _tie(copy.deepcopy(self._base).to_empty(device=p.device).to(p.dtype), self._ties)
         params, buffers = self.member_state(k)
-        module.load_state_dict({**{n: t.detach().clone() for n, t in params.items()},
-                                **{n: t.detach().clone() for n, t in buffers.items()}}, strict=False)
+        # copied tensor by tensor, not by load_state_dict: that skips non-persistent buffers, which then
+        # kept to_empty's uninitialised memory
+        targets = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        with torch.no_grad():
+            for name, t in {**params, **buffers}.items():
+                targets[name].copy_(t)
         return module.train(self.training)
 
     # --- forward -------------------------------------------------------------------------------------

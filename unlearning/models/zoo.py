@@ -285,6 +285,19 @@ def check_output_shape(module: nn.Module, in_shape: Sequence[int], n_classes: in
     [2, n_classes]. Returns the names of its nn.Linear layers in the order the forward pass CALLED them
     (a layer called twice counts where it was called last): the default feature layer is the last one."""
     was_training = module.training
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for name, p in module.named_parameters():
+        if p.is_floating_point():
+            by_dtype.setdefault(p.dtype, []).append(name)
+    if len(by_dtype) > 1:
+        # the ensemble, its copies and the data move to ONE dtype: a float64 parameter beside float32 ones was
+        # cast silently (or the probe below failed in the team's forward with a dtype error that blamed it)
+        kinds = "; ".join(f"{str(d).replace('torch.', '')}: {names[:4]}{' ...' if len(names) > 4 else ''}"
+                          for d, names in by_dtype.items())
+        raise ModelError(f"{field}: {type(module).__name__}'s parameters have more than one floating dtype "
+                         f"({kinds}); the pipeline trains, unlearns and evaluates the model in one dtype (it moves "
+                         f"every parameter and the data to it): build every parameter in the same dtype "
+                         f"(float32: drop the .double() or dtype=torch.float64 of those parameters)")
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.get_default_dtype())
     names = {m: n for n, m in module.named_modules() if isinstance(m, nn.Linear)}
     called: list[str] = []

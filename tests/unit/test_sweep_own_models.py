@@ -1,0 +1,55 @@
+"""Team modules that the leverage code, `module_of` or the build check got wrong (found by a sweep of own
+models): a recurrent leaf returning a tuple, attention on PyTorch's fused kernels (no forward-mode AD), a
+non-persistent buffer, parameters of two dtypes. float64, tiny sizes: forward mode equals reverse mode."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from unlearning.leverage.functions import StackedMemberFunction
+from unlearning.models import build_model
+from unlearning.models.zoo import ModelError
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+D, C = 6, 3
+
+
+def spec(factory: str) -> dict:
+    return {"arch": "custom", "factory": f"custom_modules:{factory}", "in_shape": [D], "n_classes": C}
+
+
+@pytest.mark.parametrize("factory", ["lstm", "gru", "attention"])
+def test_leverage_functions_of_recurrent_and_attention_modules_agree_in_both_modes(factory):
+    ens = build_model(spec(factory), [0, 1], search_paths=[HERE]).double()
+    # building it probes every leaf's output size: an LSTM's (out, (h, c)) tuple raised AttributeError
+    f = StackedMemberFunction(ens, member=1)
+    assert f.n_outputs == C and f.activation_size() > 0
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(5, D, generator=g, dtype=torch.float64)
+    V = torch.randn(f.p, 3, generator=g, dtype=torch.float64)
+    # forward mode (the output gaps, the Newton step): the fused attention kernels raised NotImplementedError
+    forward = f.jvp(f.theta0, X, V)                                   # [m, b, C]
+    reverse = torch.einsum("bcp,pm->mbc", f.jacobians(f.theta0, X), V)
+    torch.testing.assert_close(forward, reverse, atol=1e-10, rtol=1e-8)
+    # and the fused fast path is back on for everything else afterwards
+    assert torch.backends.mha.get_fastpath_enabled()
+
+
+def test_a_members_module_keeps_its_non_persistent_buffers():
+    ens = build_model(spec("scaled_by_buffer"), [0, 1], search_paths=[HERE]).double().eval()
+    X = torch.randn(4, D, dtype=torch.float64)
+    member = ens.module_of(1).eval()
+    torch.testing.assert_close(member.scale, torch.full((D,), 0.5, dtype=torch.float64))
+    with torch.no_grad():
+        torch.testing.assert_close(member(X), ens(X)[1], atol=1e-12, rtol=0)
+
+
+def test_parameters_of_two_dtypes_are_refused_by_name():
+    with pytest.raises(ModelError, match=r"more than one floating dtype \(.*float64: \['w'\].*float32: "
+                                         r"\['lin.weight', 'lin.bias'\]"):
+        build_model(spec("mixed_dtype"), [0], search_paths=[HERE])
