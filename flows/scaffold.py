@@ -359,7 +359,7 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
     # the project. It is a dependency of train either way: without it an edited model file left train
     # skipped, and the deletion stage's "re-run the train stage" advice (`dvc repro`) went round in circles.
     beside = _factory_file(factory, Path.cwd()) if factory and factory_file is None else None
-    to_copy = target / beside.resolve().relative_to(Path.cwd().resolve()) if beside else None
+    to_copy = target / beside.relative_to(Path.cwd()) if beside else None
     model_dep = factory_file or to_copy
     extra_deps = [_project_path(model_dep, target)] if model_dep else []
 

@@ -9,13 +9,10 @@ outputs, plus its per-sample Jacobians J_i = d f(x_i) / d theta [C, p] and Jacob
 from __future__ import annotations
 
 import torch
-from torch.func import functional_call, jacrev, jvp, vjp, vmap
+from torch.func import functional_call, jacrev, jvp, vjp
 
-from unlearning.models import Ensemble
-
-
-from unlearning.devices import resolve_device  # noqa: E402,F401  (re-exported: unlearning.leverage.resolve_device)
-
+from unlearning.devices import resolve_device  # noqa: F401  (re-exported: unlearning.leverage.resolve_device)
+from unlearning.models import Ensemble, vmap_or_loop
 
 
 def _tensor_numel(output) -> int:
@@ -29,6 +26,7 @@ def _tensor_numel(output) -> int:
         return sum(_tensor_numel(o) for o in output)
     return 0
 
+
 class OutputFunction:
     """f(theta [p], X [b, d]) -> outputs [b, C]; derivatives via torch.func unless overridden."""
 
@@ -40,13 +38,7 @@ class OutputFunction:
     vectorized: bool = True  # False for a module that does not run under vmap (nn.LSTM, nn.GRU): loop instead
 
     def _map(self, fn, in_dims: tuple, *args: torch.Tensor) -> torch.Tensor:
-        """vmap(fn, in_dims)(*args), or the same map as a loop over the mapped dimension for a module without
-        batching rules (`Ensemble.vectorized` False): the same numbers, slower."""
-        if self.vectorized:
-            return vmap(fn, in_dims=in_dims)(*args)
-        n = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
-        return torch.stack([fn(*[a if d is None else a.select(d, i) for a, d in zip(args, in_dims)])
-                            for i in range(n)])
+        return vmap_or_loop(fn, in_dims, self.vectorized)(*args)
 
     def outputs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

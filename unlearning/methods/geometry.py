@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad
 
 from unlearning.methods.base import UnlearnContext
 from unlearning.methods.losses import per_sample_loss
 from unlearning.methods.memberwise import Vec, flatten, member_generators, member_view
-from unlearning.models import Ensemble
+from unlearning.models import Ensemble, vmap_or_loop
 
 
 class Geometry:
@@ -88,12 +88,7 @@ def _per_sample_grad_sq_mean(model: Ensemble, params: dict, X: torch.Tensor, y: 
         logits = functional_call(model, p, (x.unsqueeze(1),))  # [N, 1, C]
         return per_sample_loss(logits, t.unsqueeze(1), loss).sum()
 
-    if model.vectorized:
-        per_sample = vmap(grad(loss_one), in_dims=(None, 1, 1))
-    else:  # a module without batching rules (nn.LSTM, nn.GRU): one sample at a time, the same numbers
-        def per_sample(p, xs, ts):
-            grads = [grad(loss_one)(p, xs[:, j], ts[:, j]) for j in range(xs.shape[1])]
-            return {k: torch.stack([g[k] for g in grads]) for k in p}
+    per_sample = vmap_or_loop(grad(loss_one), (None, 1, 1), model.vectorized)
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     m = X.shape[1]
     for i in range(0, m, chunk):

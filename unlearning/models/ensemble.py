@@ -118,6 +118,23 @@ def _differentiable_kernels():
                 torch.backends.mha.set_fastpath_enabled(_kernels_state["fastpath"])
 
 
+def vmap_or_loop(fn: Callable, in_dims: tuple, vectorized: bool) -> Callable:
+    """`vmap(fn, in_dims)`, or, for a module without batching rules (`Ensemble.vectorized` False: nn.LSTM,
+    nn.GRU), the same map as a Python loop over the mapped dimension: the same numbers, slower. fn returns a
+    tensor or a dict of tensors; the loop stacks them along a new leading dimension, as vmap does."""
+    if vectorized:
+        return vmap(fn, in_dims=in_dims)
+
+    def looped(*args):
+        n = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+        outs = [fn(*[a if d is None else a.select(d, i) for a, d in zip(args, in_dims)]) for i in range(n)]
+        if isinstance(outs[0], dict):
+            return {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
+        return torch.stack(outs)
+
+    return looped
+
+
 class Ensemble(nn.Module):
     """N members of one architecture. `parameters()` / `buffers()` are the stacked tensors [N, ...].
 
