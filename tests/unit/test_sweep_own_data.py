@@ -139,3 +139,31 @@ def test_transparent_pixels_read_as_black_whatever_colour_they_store(tmp_path, g
     X = read_images([tmp_path / "a.png", tmp_path / "b.png"], 4, grayscale=grayscale)
     img = X.reshape(2, 1 if grayscale else 3, 4, 4)
     assert np.allclose(img[:, :, :2], 1.0) and np.allclose(img[:, :, 2:], 0.0)
+
+
+@pytest.mark.parametrize("grayscale", [True, False])
+def test_16_bit_grey_png_is_scaled_not_clipped(tmp_path, grayscale):
+    # A 16-bit PNG (mode I;16) read as almost all white: Pillow's convert("L") clips every value above 255.
+    from PIL import Image
+
+    from unlearning.data.sources import read_images
+
+    a = (np.arange(16, dtype=np.float64).reshape(4, 4) / 15 * 65535).round().astype(np.uint16)
+    Image.fromarray(a).save(tmp_path / "deep.png")
+    assert Image.open(tmp_path / "deep.png").mode in ("I;16", "I")
+    Image.fromarray((a // 257).astype(np.uint8)).save(tmp_path / "flat.png")  # the same picture in 8 bits
+    X = read_images([tmp_path / "deep.png", tmp_path / "flat.png"], 4, grayscale=grayscale)
+    assert np.allclose(X[0], np.tile((a / 65535.0).reshape(-1), 1 if grayscale else 3), atol=1e-6)
+    assert np.allclose(X[0], X[1], atol=1 / 255)
+
+
+def test_float_image_outside_unit_range_is_refused_by_name(tmp_path):
+    from PIL import Image
+
+    from unlearning.data.sources import read_images
+
+    Image.fromarray(np.full((4, 4), 3.5, dtype=np.float32), mode="F").save(tmp_path / "hdr.tiff")
+    Image.fromarray(np.full((4, 4), 0.25, dtype=np.float32), mode="F").save(tmp_path / "ok.tiff")
+    assert np.allclose(read_images([tmp_path / "ok.tiff"], 4), 0.25)
+    with pytest.raises(DataError, match=r"hdr\.tiff .*\[3\.5, 3\.5\], outside \[0, 1\]"):
+        read_images([tmp_path / "hdr.tiff"], 4)

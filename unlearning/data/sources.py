@@ -675,9 +675,35 @@ def _flatten_alpha(im):
     return Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba)
 
 
+# Single-channel modes deeper than 8 bits, and the full scale of each. Pillow's convert("L") CLIPS them to 255
+# instead of scaling (a 16-bit PNG became almost all white), so they are scaled here. "I" is how Pillow opens
+# 16-bit PNGs in some versions; in other formats it is 32-bit data with no known full scale (refused).
+_DEEP_MODES = {"I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0, "I;16N": 65535.0}
+
+
+def _unit_pixels(im, grayscale: bool, size: tuple[int, int], resample) -> np.ndarray:
+    """One image as float32 in [0, 1], resized to size (w, h): [h, w] grey or [h, w, 3] RGB."""
+    from PIL import Image
+
+    if im.mode in _DEEP_MODES or im.mode in ("I", "F"):
+        a = np.asarray(im, dtype=np.float64)
+        if im.mode in _DEEP_MODES or (im.mode == "I" and im.format == "PNG"):
+            a = a / _DEEP_MODES.get(im.mode, 65535.0)
+        elif im.mode == "I":
+            raise ValueError("32-bit integer pixels have no known full scale; save the image as 8- or 16-bit")
+        if a.size and (a.min() < 0 or a.max() > 1):
+            raise ValueError(f"{im.mode} pixels range over [{a.min():g}, {a.max():g}], outside [0, 1] (float "
+                             f"images must hold intensities in [0, 1]); save the image as 8- or 16-bit")
+        grey = np.asarray(Image.fromarray(a.astype(np.float32), mode="F").resize(size, resample), dtype=np.float32)
+        grey = grey.clip(0.0, 1.0)  # bilinear stays in range; the clip only absorbs float rounding
+        return grey if grayscale else np.repeat(grey[:, :, None], 3, axis=2)
+    rgb_or_l = im.convert("L" if grayscale else "RGB").resize(size, resample)
+    return np.asarray(rgb_or_l, dtype=np.float32) / 255.0
+
+
 def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root: Path | None = None) -> np.ndarray:
     """[n, C*H*W] float32 in [0, 1]: L or RGB (transparency composited over black), bilinear resize to (H, W),
-    channel-first, row-major."""
+    channel-first, row-major. 16-bit grey images are scaled by their full scale (65535), not clipped."""
     from PIL import Image, UnidentifiedImageError  # lazy: only image folders need Pillow
 
     h, w = _image_size(image_size)
@@ -688,12 +714,11 @@ def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root:
     for j, f in enumerate(files):
         try:
             with Image.open(f) as im:
-                im = _flatten_alpha(im)
-                a = np.asarray(im.convert("L" if grayscale else "RGB").resize((w, h), bilinear), dtype=np.float32)
+                a = _unit_pixels(_flatten_alpha(im), grayscale, (w, h), bilinear)
         except (UnidentifiedImageError, OSError, ValueError) as e:
             bad.append(f"{f.relative_to(root).as_posix() if root else f} ({e})")
             continue
-        X[j] = (a if grayscale else a.transpose(2, 0, 1)).reshape(-1) / 255.0
+        X[j] = (a if grayscale else a.transpose(2, 0, 1)).reshape(-1)
     if bad:
         raise DataError(f"{len(bad)} images could not be read: {_first(bad)}; replace or delete them")
     return X
