@@ -94,7 +94,7 @@ def _preflight_tracking(args) -> None:
 def cmd_run(args) -> int:
     _precheck_request(args)
     _preflight_tracking(args)
-    from flows.deletion_batch import run
+    from flows.deletion_batch import report_results, run
     from flows.common import prefect_api
     from unlearning.config import load_params
     from unlearning.selection import check_method_config
@@ -105,17 +105,7 @@ def cmd_run(args) -> int:
         results = run(args.request, args.params)
     for r in results:
         print(json.dumps({k: v for k, v in r.items() if k != "metrics"}))
-    rejected = [r for r in results if r["status"] == "rejected"]
-    changed = [r["file"] for r in results if r["status"] == "changed"]
-    if changed:
-        print(f"error: {changed} changed while being processed (not dropped atomically): they stay in the inbox, "
-              f"with what was applied of them in the ledger; run again once they are complete", file=sys.stderr)
-    if rejected:
-        print(f"error: {len(rejected)} file(s) rejected and moved to requests/rejected/ with an error report: "
-              f"{[r['file'] for r in rejected]}", file=sys.stderr)
-    if changed or any(r.get("reason") != "gate" for r in rejected):
-        return EXIT_BAD_INPUT
-    return EXIT_GATE_REJECTED if rejected else 0
+    return report_results(results)
 
 
 def cmd_prepare(args) -> int:

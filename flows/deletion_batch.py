@@ -9,6 +9,7 @@ and the model was registered; any failure leaves the previous model, manifest an
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,7 +19,7 @@ from prefect import flow
 from flows.common import (
     base_parser, device_of, params_or_exit, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path,
 )
-from flows.errors import one_line_errors
+from flows.errors import EXIT_BAD_INPUT, EXIT_GATE_REJECTED, one_line_errors
 from tasks import stages as S
 from tasks.clock import computes
 from tasks.dvc_metrics import write_deletion_metrics
@@ -393,6 +394,23 @@ def run(request_path: str | None = None, params_path: str = "params.yaml", overr
                                                                             dvc_commit)
 
 
+def report_results(results: list[dict]) -> int:
+    """One `error:` line on stderr per kind of file not applied, and the exit code of the batch: 2 when a file was
+    bad input (or changed while it was processed), 3 when the gate rejected it, else 0. `unlearn run` and the
+    DVC stage answer alike, so `dvc repro` fails (and a scheduler sees it) when a file was not applied."""
+    rejected = [r for r in results if r["status"] == "rejected"]
+    changed = [r["file"] for r in results if r["status"] == "changed"]
+    if changed:
+        print(f"error: {changed} changed while being processed (not dropped atomically): they stay in the inbox, "
+              f"with what was applied of them in the ledger; run again once they are complete", file=sys.stderr)
+    if rejected:
+        print(f"error: {len(rejected)} file(s) rejected and moved to requests/rejected/ with an error report: "
+              f"{[r['file'] for r in rejected]}", file=sys.stderr)
+    if changed or any(r.get("reason") != "gate" for r in rejected):
+        return EXIT_BAD_INPUT
+    return EXIT_GATE_REJECTED if rejected else 0
+
+
 def main() -> None:
     """`python -m flows.deletion_batch` (and `python -m flows.warm run flows.deletion_batch` in a DVC stage)."""
     parser = base_parser(__doc__)
@@ -403,7 +421,9 @@ def main() -> None:
         # the method names and args before a Prefect server starts, not in a failed task after the oracles trained
         check_method_config(load_params(a.params).deletion)
         with prefect_api():
-            run(a.request, a.params)
+            code = report_results(run(a.request, a.params))
+    if code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":
