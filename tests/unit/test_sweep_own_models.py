@@ -53,3 +53,25 @@ def test_parameters_of_two_dtypes_are_refused_by_name():
     with pytest.raises(ModelError, match=r"more than one floating dtype \(.*float64: \['w'\].*float32: "
                                          r"\['lin.weight', 'lin.bias'\]"):
         build_model(spec("mixed_dtype"), [0], search_paths=[HERE])
+
+
+@pytest.mark.parametrize("name", ["salun", "scrub", "newton_ggn"])
+def test_engine_methods_run_on_an_attention_module(name):
+    # SalUn's saliency differentiates an eval-mode forward with torch.func.grad, which hides requires_grad from
+    # nn.TransformerEncoderLayer's check, so its fused fast path ran: "derivative for
+    # aten::_transformer_encoder_layer_fwd is not implemented" (exit 1 on any attention model).
+    from unlearning.methods import TrainRecipe, UnlearnContext, run_method
+    from unlearning.models import train_ensemble
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(30) % C
+    X = torch.randn(C, D, generator=g)[y] * 2 + torch.randn(30, D, generator=g)
+    model = build_model(spec("attention"), [0, 1], search_paths=[HERE])
+    train_ensemble(model, X, y, epochs=2, batch_size=10, lr=1e-2)
+    adjacent = torch.zeros(24, dtype=torch.bool)
+    adjacent[:6] = True
+    ctx = UnlearnContext(model, X[:6], y[:6], X[6:], y[6:], adjacent, TrainRecipe(epochs=1, batch_size=10, lr=1e-2),
+                         seed=3)
+    result = run_method(name, ctx, {})
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+    assert torch.backends.mha.get_fastpath_enabled()  # inference keeps the fused kernels afterwards

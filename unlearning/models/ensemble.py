@@ -88,34 +88,48 @@ _WARNED_IDENTICAL: set = set()
 # factory may build an Ensemble itself.
 _GLOBAL_RNG = threading.RLock()
 
-# Fused attention kernels (nn.TransformerEncoderLayer's and nn.MultiheadAttention's fast path, CPU flash
-# attention) have no forward-mode derivative, so `call_member` under jvp (the leverage diagnostics, the
-# Newton step) raised NotImplementedError on any attention model. They are switched off while a member is
-# called functionally: the math kernels compute the same function. Process-wide flags, so counted across
-# threads: the first caller switches them off, the last one restores them.
+# Fused attention kernels have no derivative for torch.func: nn.TransformerEncoderLayer's and
+# nn.MultiheadAttention's eval-mode fast path has none at all (it checks `requires_grad`, which a torch.func.grad
+# transform hides, so SalUn's saliency raised "derivative for aten::_transformer_encoder_layer_fwd is not
+# implemented"), and CPU flash attention has no forward-mode one (`call_member` under jvp: the leverage
+# diagnostics, the Newton step). They are switched off while a forward may be differentiated: the math kernels
+# compute the same function. Process-wide flags, so counted across threads: the first caller switches them off,
+# the last one restores them.
 _KERNELS_LOCK = threading.Lock()
-_kernels_state: dict = {"depth": 0, "fastpath": None, "sdpa": None}
+_kernels_state: dict = {"fastpath_depth": 0, "fastpath": None, "sdpa_depth": 0, "sdpa": None}
 
 
 @contextlib.contextmanager
-def _differentiable_kernels():
+def _differentiable_kernels(forward_mode: bool = True):
+    """No fused attention fast path; with forward_mode also scaled-dot-product attention on its math kernel."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with _KERNELS_LOCK:
-        if _kernels_state["depth"] == 0:
+        if _kernels_state["fastpath_depth"] == 0:
             _kernels_state["fastpath"] = torch.backends.mha.get_fastpath_enabled()
             torch.backends.mha.set_fastpath_enabled(False)
-            _kernels_state["sdpa"] = sdpa_kernel(SDPBackend.MATH)
-            _kernels_state["sdpa"].__enter__()
-        _kernels_state["depth"] += 1
+        _kernels_state["fastpath_depth"] += 1
+        if forward_mode:
+            if _kernels_state["sdpa_depth"] == 0:
+                _kernels_state["sdpa"] = sdpa_kernel(SDPBackend.MATH)
+                _kernels_state["sdpa"].__enter__()
+            _kernels_state["sdpa_depth"] += 1
     try:
         yield
     finally:
         with _KERNELS_LOCK:
-            _kernels_state["depth"] -= 1
-            if _kernels_state["depth"] == 0:
-                _kernels_state["sdpa"].__exit__(None, None, None)
+            if forward_mode:
+                _kernels_state["sdpa_depth"] -= 1
+                if _kernels_state["sdpa_depth"] == 0:
+                    _kernels_state["sdpa"].__exit__(None, None, None)
+            _kernels_state["fastpath_depth"] -= 1
+            if _kernels_state["fastpath_depth"] == 0:
                 torch.backends.mha.set_fastpath_enabled(_kernels_state["fastpath"])
+
+
+def _if_differentiated():
+    """`_differentiable_kernels` (reverse mode) when grad mode is on, else nothing: inference keeps the fast path."""
+    return _differentiable_kernels(forward_mode=False) if torch.is_grad_enabled() else contextlib.nullcontext()
 
 
 def vmap_or_loop(fn: Callable, in_dims: tuple, vectorized: bool) -> Callable:
@@ -356,13 +370,14 @@ class Ensemble(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xs, x_dim = self._per_member(x)
         params, buffers = self._stacked()
-        if (self.training and self.stochastic) or not self.vectorized:
-            return self._forward_each(params, buffers, xs, x_dim)
+        with _if_differentiated():
+            if (self.training and self.stochastic) or not self.vectorized:
+                return self._forward_each(params, buffers, xs, x_dim)
 
-        def call(p, b, xx):
-            return functional_call(self._base, (p, b), (xx,))
+            def call(p, b, xx):
+                return functional_call(self._base, (p, b), (xx,))
 
-        return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
+            return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
 
     def _forward_each(self, params, buffers, xs, x_dim) -> torch.Tensor:
         """Member by member, each with its own dropout generator (exact per-member randomness)."""
