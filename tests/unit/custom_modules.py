@@ -194,3 +194,49 @@ class MixedDtype(nn.Module):
 
 def mixed_dtype(in_shape, n_classes):
     return MixedDtype(in_shape, n_classes)
+
+
+class FunctionalDropout(nn.Module):
+    """Dropout as a function call (F.dropout), no nn.Dropout module to find."""
+
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.hidden = nn.Linear(in_shape[0], 8)
+        self.head = nn.Linear(8, n_classes)
+
+    def forward(self, x):
+        return self.head(nn.functional.dropout(torch.relu(self.hidden(x)), 0.3, self.training))
+
+
+def functional_dropout(in_shape, n_classes):
+    return FunctionalDropout(in_shape, n_classes)
+
+
+class InputNoise(nn.Module):
+    """Gaussian input noise while training (torch.randn_like): a random op that is no module at all."""
+
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.lin = nn.Linear(in_shape[0], n_classes)
+
+    def forward(self, x):
+        return self.lin(x + 0.1 * torch.randn_like(x) if self.training else x)
+
+
+def input_noise(in_shape, n_classes):
+    return InputNoise(in_shape, n_classes)
+
+
+class NoisyInEval(nn.Module):
+    """Noise in every mode: an eval forward that is not a function of its input."""
+
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.lin = nn.Linear(in_shape[0], n_classes)
+
+    def forward(self, x):
+        return self.lin(x + 0.1 * torch.randn_like(x))
+
+
+def noisy_in_eval(in_shape, n_classes):
+    return NoisyInEval(in_shape, n_classes)

@@ -75,3 +75,33 @@ def test_engine_methods_run_on_an_attention_module(name):
     result = run_method(name, ctx, {})
     assert all(torch.isfinite(p).all() for p in result.model.parameters())
     assert torch.backends.mha.get_fastpath_enabled()  # inference keeps the fused kernels afterwards
+
+
+@pytest.mark.parametrize("factory", ["functional_dropout", "input_noise"])
+def test_random_draws_in_forward_without_a_dropout_module_train_member_by_member(factory):
+    # F.dropout or torch.randn_like noise: no nn.Dropout module to find, so the members ran under vmap's
+    # randomness="error" and training crashed ("vmap: called random operation while in randomness error mode").
+    from unlearning.models import train_ensemble
+
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(30, D, generator=g), torch.arange(30) % C
+
+    def trained(seeds):
+        model = build_model(spec(factory), seeds, search_paths=[HERE])
+        assert model.stochastic
+        train_ensemble(model, X, y, epochs=2, batch_size=10, lr=1e-2)
+        return model
+
+    both, again, second = trained([1, 2]), trained([1, 2]), trained([2])
+    for a, b, c in zip(both.parameters(), again.parameters(), second.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)       # the same seeds draw the same numbers
+        torch.testing.assert_close(a[1], c[0], atol=1e-6, rtol=1e-5)  # and member 1 draws its own stream
+    # eval mode is deterministic: the two members' outputs do not change between calls
+    with torch.no_grad():
+        torch.testing.assert_close(both.eval()(X), both(X), atol=0, rtol=0)
+
+
+def test_a_forward_that_draws_random_numbers_in_eval_mode_is_refused_by_name():
+    with pytest.raises(ModelError, match=r"custom_modules:noisy_in_eval.*NoisyInEval's forward draws random "
+                                         r"numbers in eval mode.*conditional on self.training"):
+        build_model(spec("noisy_in_eval"), [0], search_paths=[HERE])

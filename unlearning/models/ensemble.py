@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 # (builder, spec) -> (vectorized, vmap error): whether an architecture runs under vmap does not depend on
 # the members' seeds or weights.
 _VMAP_PROBES: dict[tuple, tuple[bool, str | None]] = {}
+# (builder, spec) -> whether the train-mode forward draws random numbers (the eval-mode one must not).
+_RANDOM_PROBES: dict[tuple, bool] = {}
 
 _SPEC_KEYS = ("arch", "in_shape", "n_classes", "kwargs", "factory", "feature_layer")
 
@@ -196,12 +198,16 @@ class Ensemble(nn.Module):
             raise zoo.ModelError(
                 f"train.model.feature_layer = {self._feature_layer!r} is not a layer of {type(self._base).__name__}; "
                 f"layers: {[n for n, _ in self._base.named_modules() if n]}")
-        self.stochastic = _is_stochastic(self._base)
         self._rng_states: list[torch.Tensor] | None = None
         if self.n_models > 1:
             self._warn_if_identical(modules, params)
         key = (self._builder, json.dumps(s, sort_keys=True, default=str))
-        if key not in _VMAP_PROBES:  # one probe per architecture and process: every cached ensemble loads again
+        if key not in _RANDOM_PROBES:  # one probe per architecture and process: every cached ensemble loads again
+            _RANDOM_PROBES[key] = self._probe_randomness()
+        # nn.Dropout modules, and any other random draw in forward (F.dropout, torch.randn_like noise, nn.LSTM's
+        # dropout between layers): such members run one by one, each on its own stream
+        self.stochastic = _is_stochastic(self._base) or _RANDOM_PROBES[key]
+        if key not in _VMAP_PROBES:
             _VMAP_PROBES[key] = self._probe_vmap()
         self.vectorized, self.vmap_error = _VMAP_PROBES[key]
         self.eval()
@@ -235,6 +241,37 @@ class Ensemble(nn.Module):
         log.warning("%s: members with different seeds start identical (%d of %d equal member %d's initial "
                     "parameters): %s. The ensembles of oracles and shadows would be copies of one model",
                     zoo.model_field(self._builder), len(same), len(members), members[0], cause)
+
+    def _probe_randomness(self) -> bool:
+        """Does member 0's forward draw from torch's random generator, in train mode (allowed: the members then run
+        one by one, as with nn.Dropout) or in eval mode (refused: oracles, KLoM and leverage compare eval outputs,
+        which must be a function of the input)? Seen as a change of the generator's state, whatever op draws.
+        On forked generators and copied buffers: no member's stream or state moves."""
+        params, buffers = _member(*self._stacked(), 0)
+        buffers = {n: t.clone() for n, t in buffers.items()}  # train mode writes BatchNorm's running statistics
+        p = next(iter(params.values()), None)
+        device = p.device if p is not None else torch.device("cpu")
+        x = torch.zeros(2, *self.in_shape, dtype=p.dtype if p is not None and p.is_floating_point() else None,
+                        device=device)
+        devices = [device] if device.type == "cuda" else []
+        draws = {}
+        was_training = self._base.training
+        try:
+            with _GLOBAL_RNG, torch.random.fork_rng(devices=devices, device_type=device.type), torch.no_grad():
+                for mode in (True, False):
+                    self._base.train(mode)
+                    before = _get_rng_state(device)
+                    functional_call(self._base, (params, buffers), (x,))
+                    draws[mode] = not torch.equal(before, _get_rng_state(device))
+        finally:
+            self._base.train(was_training)
+        if draws[False]:
+            raise zoo.ModelError(
+                f"{zoo.model_field(self._builder)}: {type(self._base).__name__}'s forward draws random numbers in eval "
+                f"mode; the oracles, KLoM and the leverage diagnostics compare eval-mode outputs, which must depend on "
+                f"the input only. Make the randomness conditional on self.training (as nn.Dropout and "
+                f"F.dropout(x, p, self.training) are)")
+        return draws[True]
 
     def _probe_vmap(self) -> tuple[bool, str | None]:
         """Does the module run under vmap, forward and backward, in train and eval mode? Some modules do not
