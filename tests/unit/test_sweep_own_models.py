@@ -105,3 +105,23 @@ def test_a_forward_that_draws_random_numbers_in_eval_mode_is_refused_by_name():
     with pytest.raises(ModelError, match=r"custom_modules:noisy_in_eval.*NoisyInEval's forward draws random "
                                          r"numbers in eval mode.*conditional on self.training"):
         build_model(spec("noisy_in_eval"), [0], search_paths=[HERE])
+
+
+def test_a_float64_module_trains_and_unlearns_on_the_float32_data():
+    # Every parameter float64: training failed with torch's raw "expected scalar type Double but found Float",
+    # which blames the team's forward for the pipeline's float32 data.
+    from unlearning.methods import TrainRecipe, UnlearnContext, run_method
+    from unlearning.models import train_ensemble
+
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(30, D, generator=g), torch.arange(30) % C
+    model = build_model(spec("all_float64"), [0, 1], search_paths=[HERE])
+    train_ensemble(model, X, y, epochs=2, batch_size=10, lr=1e-2)
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    with torch.no_grad():
+        out = model.eval()(X)
+        torch.testing.assert_close(out[1], model.module_of(1)(X.double()), atol=1e-12, rtol=0)
+    adjacent = torch.zeros(24, dtype=torch.bool)
+    ctx = UnlearnContext(model, X[:6], y[:6], X[6:], y[6:], adjacent, TrainRecipe(epochs=1, batch_size=10, lr=1e-2),
+                         seed=3)
+    assert next(run_method("finetune", ctx, {}).model.parameters()).dtype == torch.float64

@@ -378,7 +378,8 @@ class Ensemble(nn.Module):
         """The wrapped module on one member's state: flat x [B, d] -> [B, C] (attention on its math kernels:
         this call is differentiated in forward mode)."""
         with _differentiable_kernels():
-            return functional_call(self._base, (params, buffers), (x.reshape(x.shape[0], *self.in_shape),))
+            return functional_call(self._base, (params, buffers),
+                                   (self._as_model_dtype(x).reshape(x.shape[0], *self.in_shape),))
 
     def module_of(self, k: int) -> nn.Module:
         """A plain, standalone copy of member k (the team's own module class, with its weights, its tied
@@ -395,7 +396,14 @@ class Ensemble(nn.Module):
         return module.train(self.training)
 
     # --- forward -------------------------------------------------------------------------------------
+    def _as_model_dtype(self, x: torch.Tensor) -> torch.Tensor:
+        """Floating inputs in the parameters' dtype: the data are float32, a team's module may be float64 (or
+        bfloat16) throughout. Integer inputs (token ids) stay as they are."""
+        p = next((t for t in self.parameters() if t.is_floating_point()), None)
+        return x.to(p.dtype) if p is not None and x.is_floating_point() and x.dtype != p.dtype else x
+
     def _per_member(self, x: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+        x = self._as_model_dtype(x)
         if x.dim() == 2:
             return x.reshape(x.shape[0], *self.in_shape), None
         if x.dim() != 3:
