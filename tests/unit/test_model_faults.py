@@ -288,8 +288,18 @@ def test_init_checkpoint_mistakes_are_one_line_bad_input(tmp_path):
         "whole.pt": (lambda p: torch.save(module, p),
                      ["holds a pickled custom_modules.Tied object", "torch.save(model.state_dict(), path)"]),
         "keys.pt": (lambda p: torch.save({"x.weight": torch.zeros(2)}, p), ["missing keys", "unexpected keys"]),
-        "shapes.pt": (lambda p: torch.save({**module.state_dict(), "head.weight": torch.zeros(5, 5)}, p),
-                      ["does not fit Tied", "size mismatch"]),
+        # every mismatched tensor named, with both shapes (torch's last line named only the last one)
+        "shapes.pt": (lambda p: torch.save({**module.state_dict(), "head.weight": torch.zeros(5, 5),
+                                            "head.bias": torch.zeros(5)}, p),
+                      ["does not fit Tied", "2 shape mismatch(es), checkpoint vs module: head.weight [5, 5] vs [",
+                       "head.bias [5] vs ["]),
+        # PyTorch Lightning's checkpoint: the weights sit under 'state_dict', each name prefixed 'model.'
+        "lightning.pt": (lambda p: torch.save({"epoch": 3, "global_step": 90, "state_dict": {
+                             f"model.{k}": v for k, v in module.state_dict().items()}}, p),
+                         ["a training checkpoint (entries ['epoch', 'global_step', 'state_dict'])",
+                          "its 'state_dict' entry holds the weights (names prefixed 'model.')",
+                          "sd = torch.load(path)['state_dict']; torch.save({k.removeprefix('model.'): v for k, v in "
+                          "sd.items()}, path)"]),
         "junk.pt": (lambda p: p.write_text("not a checkpoint"), ["not a file torch.load can read"]),
         "wrapped.pt": (lambda p: torch.save({f"module.{k}": v for k, v in module.state_dict().items()}, p),
                        ["model.module.state_dict()"]),

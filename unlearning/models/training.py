@@ -353,9 +353,15 @@ def load_module_state(model: Ensemble, path, device: str | torch.device = "cpu")
     state = _read_state_dict(path, field)
     module = model._build_member(model.seeds[0])
     name = type(module).__name__
+    mismatched = _shape_mismatches(module, state)
+    if mismatched:  # torch's own error lists them over many lines; its last line named only the last one
+        raise ModelError(f"{field} does not fit {name} built from train.model: {len(mismatched)} shape "
+                         f"mismatch(es), checkpoint vs module: {'; '.join(mismatched[:5])}"
+                         f"{' ...' if len(mismatched) > 5 else ''}; save the state_dict of the module that "
+                         f"train.model builds (same factory, same train.model.kwargs: a width or a class count?)")
     try:
         missing, unexpected = module.load_state_dict(state, strict=False)
-    except RuntimeError as e:  # shape mismatches
+    except RuntimeError as e:  # anything the shape check above did not foresee
         raise ModelError(f"{field} does not fit {name} built from train.model: "
                          f"{one_line(str(e).splitlines()[-1].strip())}; save the state_dict of the module that "
                          f"train.model builds (same factory, same train.model.kwargs)") from e
@@ -370,6 +376,27 @@ def load_module_state(model: Ensemble, path, device: str | torch.device = "cpu")
         raise ModelError(f"{field}: the checkpoint holds inf/NaN weights or buffers; save a state_dict of a "
                          f"model that trained without diverging")
     return out
+
+
+def _shape_mismatches(module: torch.nn.Module, state: dict) -> list[str]:
+    """'name [checkpoint shape] vs [module shape]' for every tensor the two hold under one name with two shapes."""
+    own = module.state_dict()
+    return [f"{k} {list(v.shape)} vs {list(own[k].shape)}" for k, v in state.items()
+            if k in own and isinstance(v, torch.Tensor) and isinstance(own[k], torch.Tensor) and v.shape != own[k].shape]
+
+
+def _nested_state_dict(state: dict) -> tuple[str, str] | None:
+    """(key, common prefix) of the entry that holds the weights in a training checkpoint (PyTorch Lightning's
+    {'state_dict': {'model.layer.weight': ...}, 'epoch': ...}, or {'model_state_dict': ..., 'optimizer_state_dict':
+    ...}): the largest dict of tensors in it; the prefix is the first name component all its keys share."""
+    nested = [(k, v) for k, v in state.items()
+              if isinstance(v, dict) and v and all(isinstance(t, torch.Tensor) for t in v.values())]
+    if not nested:
+        return None
+    key, inner = max(nested, key=lambda kv: sum(t.numel() for t in kv[1].values()))
+    heads = {str(k).split(".", 1)[0] for k in inner}
+    prefix = f"{heads.pop()}." if len(heads) == 1 and all("." in str(k) for k in inner) else ""
+    return str(key), prefix
 
 
 def _read_state_dict(path, field: str) -> dict:
@@ -393,6 +420,13 @@ def _read_state_dict(path, field: str) -> dict:
     # a module's get_extra_state() may store a non-tensor under "<prefix>_extra_state": that is a state_dict too
     bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor) and not str(k).endswith("_extra_state")][:5]
     if bad:
+        found = _nested_state_dict(state)
+        if found:
+            key, prefix = found
+            strip = f"{{k.removeprefix({prefix!r}): v for k, v in sd.items()}}" if prefix else "sd"
+            raise ModelError(f"{field}: a training checkpoint (entries {bad}), not a module state_dict; its "
+                             f"{key!r} entry holds the weights" + (f" (names prefixed {prefix!r})" if prefix else "")
+                             + f": sd = torch.load(path)[{key!r}]; torch.save({strip}, path)")
         raise ModelError(f"{field}: expected a module state_dict (names -> tensors), but {bad} are not tensors "
                          f"(a training checkpoint with optimizer state?); {fix}")
     return state
