@@ -33,7 +33,7 @@ from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
 from unlearning.ensembles import chunks
-from unlearning.gate import only_statistical_failures, smallest_klom_pvalue
+from unlearning.gate import only_statistical_failures, smallest_klom_pvalue, verdict_summary
 from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
 from unlearning.ledger import appended, hash_sample_id
@@ -312,9 +312,7 @@ def unlearn_and_certify(batch: BatchRun, method: str, method_args: dict, gate: G
                       + ("\n".join(f"- {f}" for f in failures) or "- every check passed")
                       + f"\n\n{out.cost.get('wall_seconds', 0.0):.1f} s", key=batch.key(f"{method}-verdict"),
                       description=f"gate verdict of {method} for {batch.path.name}")
-    pvals = ", ".join(f"{s} {out.metrics[f'klom_pvalue/{s}']:.3f}" for s in SPLITS if f"klom_pvalue/{s}" in out.metrics)
-    run_logger().info(f"  {method}: gate {'passed' if out.verdict.passed else 'failed: ' + '; '.join(out.verdict.failures)}"
-                      f" (KLoM permutation p-values: {pvals}; alpha {gate.retrain_equivalence.alpha})")
+    run_logger().info(f"  {method}: {verdict_summary(out.verdict, out.metrics, gate.retrain_equivalence.alpha)}")
     return out
 
 

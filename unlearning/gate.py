@@ -103,6 +103,17 @@ def smallest_klom_pvalue(n_unlearned: int, n_oracles: int, n_permutations: int) 
     return (1 + n_permutations / distinct) / (1 + n_permutations)
 
 
+def verdict_summary(verdict: Verdict, metrics: dict[str, float], alpha: float) -> str:
+    """The verdict in one line, naming what was gated: retrain_equivalence by the KLoM permutation p-values
+    (against alpha), suppression by its absolute bounds (KLoM is not gated there, so it is not quoted)."""
+    outcome = "passed" if verdict.passed else "failed: " + "; ".join(verdict.failures)
+    if verdict.objective == "retrain_equivalence":
+        pvals = ", ".join(f"{s} {metrics[f'klom_pvalue/{s}']:.3f}" for s in SPLITS if f"klom_pvalue/{s}" in metrics)
+        return f"gate {outcome} (KLoM permutation p-values: {pvals}; alpha {alpha})"
+    bounds = ", ".join(f"{name} {c['value']:.3f} {c['op']} {c['limit']}" for name, c in verdict.checks.items())
+    return f"gate {outcome} ({verdict.objective} checks: {bounds})"
+
+
 # The checks that compare a candidate with the oracles statistically: an exact retrain fails them only by
 # chance (at the measured false-reject rate). The absolute bounds (floors, gaps, KLoM caps) are business rules.
 STATISTICAL_CHECKS = ("klom_pvalue/", "acc/forget", "acc/adjacent", "acc/remote", "acc/validation")

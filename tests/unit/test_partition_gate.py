@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from unlearning.config import Gate
-from unlearning.gate import evaluate_gate
+from unlearning.gate import evaluate_gate, verdict_summary
 from unlearning.partition import knn_scores, partition_by_group, partition_by_score, subset_sizes
 
 
@@ -100,6 +100,18 @@ def test_suppression_gate():
     assert evaluate_gate("suppression", ok, Gate()).passed
     bad = evaluate_gate("suppression", metrics(**{"acc/forget": 0.3, "acc/adjacent": 0.5}), Gate())
     assert len(bad.failures) == 2
+
+
+def test_the_verdict_line_names_what_was_gated():
+    # A suppression batch's log said "gate passed (KLoM permutation p-values ...)": KLoM is not gated there.
+    m = metrics(**{"acc/forget": 0.01, "acc/adjacent": 0.85, "klom_pvalue/forget": 0.002})
+    line = verdict_summary(evaluate_gate("suppression", m, Gate()), m, 0.01)
+    assert line.startswith("gate passed (suppression checks: acc/forget 0.010 <= ") and "adjacent_retention" in line
+    assert "KLoM" not in line
+    m = metrics(**{"klom_pvalue/forget": 0.5, "klom_pvalue/remote": 0.002})
+    line = verdict_summary(evaluate_gate("retrain_equivalence", m, Gate()), m, 0.01)
+    assert line.startswith("gate failed: klom_pvalue/remote = 0.0020 (needs >= 0.01)")
+    assert line.endswith("(KLoM permutation p-values: forget 0.500, remote 0.002; alpha 0.01)")
 
 
 def test_nan_never_passes():
