@@ -94,8 +94,9 @@ _GLOBAL_RNG = threading.RLock()
 # nn.MultiheadAttention's eval-mode fast path has none at all (it checks `requires_grad`, which a torch.func.grad
 # transform hides, so SalUn's saliency raised "derivative for aten::_transformer_encoder_layer_fwd is not
 # implemented"), and CPU flash attention has no forward-mode one (`call_member` under jvp: the leverage
-# diagnostics, the Newton step). They are switched off while a forward may be differentiated: the math kernels
-# compute the same function. Process-wide flags, so counted across threads: the first caller switches them off,
+# diagnostics, the Newton step). Neither has a vmap batching rule (torch falls back to a slow per-sample loop,
+# with a warning). They are switched off while a forward may be differentiated or runs under vmap: the math
+# kernels compute the same function. Process-wide flags, so counted across threads: the first caller switches them off,
 # the last one restores them.
 _KERNELS_LOCK = threading.Lock()
 _kernels_state: dict = {"fastpath_depth": 0, "fastpath": None, "sdpa_depth": 0, "sdpa": None}
@@ -288,7 +289,8 @@ class Ensemble(nn.Module):
 
         was_training = self._base.training
         try:
-            with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):  # a dropout probe draws: not from a member's stream
+            # a dropout probe draws: not from a member's stream; the kernels the vmapped forward runs on
+            with _GLOBAL_RNG, torch.random.fork_rng(devices=[]), _differentiable_kernels():
                 self._probe_modes(call, p, b, x)
         except Exception as e:  # noqa: BLE001 - any failure under vmap means: run member by member
             log.warning("%s does not run under torch.func.vmap (%s: %s); its ensembles run member by member "
@@ -415,13 +417,14 @@ class Ensemble(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xs, x_dim = self._per_member(x)
         params, buffers = self._stacked()
-        with _if_differentiated():
-            if (self.training and self.stochastic) or not self.vectorized:
+        if (self.training and self.stochastic) or not self.vectorized:
+            with _if_differentiated():
                 return self._forward_each(params, buffers, xs, x_dim)
 
-            def call(p, b, xx):
-                return functional_call(self._base, (p, b), (xx,))
+        def call(p, b, xx):
+            return functional_call(self._base, (p, b), (xx,))
 
+        with _differentiable_kernels():  # under vmap too: the fused kernels have no batching rule (a slow fallback)
             return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
 
     def _forward_each(self, params, buffers, xs, x_dim) -> torch.Tensor:
@@ -458,7 +461,8 @@ class Ensemble(nn.Module):
         if not self.vectorized:
             return torch.stack([call(*_member(params, buffers, k), xs if x_dim is None else xs[k])
                                 for k in range(self.n_models)])
-        return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
+        with _differentiable_kernels():
+            return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
 
     # --- membership ---------------------------------------------------------------------------------
     def _like(self, seeds: Sequence[int], params: dict, buffers: dict) -> "Ensemble":
