@@ -167,3 +167,22 @@ def test_float_image_outside_unit_range_is_refused_by_name(tmp_path):
     assert np.allclose(read_images([tmp_path / "ok.tiff"], 4), 0.25)
     with pytest.raises(DataError, match=r"hdr\.tiff .*\[3\.5, 3\.5\], outside \[0, 1\]"):
         read_images([tmp_path / "hdr.tiff"], 4)
+
+
+def test_an_exif_rotated_photo_reads_as_a_viewer_shows_it(tmp_path):
+    # A phone photo stores its pixels sideways with an EXIF orientation tag: read as stored, a class whose
+    # photos came from two phones held differently was two different pictures.
+    from PIL import Image
+
+    from unlearning.data.sources import read_images
+
+    stored = np.zeros((6, 6), dtype=np.uint8)
+    stored[:, 0] = 255                        # stored: the left column white
+    im = Image.fromarray(stored)
+    exif = im.getexif()
+    exif[0x0112] = 6                          # "rotate 90 degrees clockwise to display"
+    im.save(tmp_path / "phone.jpg", exif=exif.tobytes(), quality=100)
+    shown = np.rot90(stored, -1)              # displayed: the top row white
+    Image.fromarray(np.ascontiguousarray(shown)).save(tmp_path / "plain.png")
+    X = read_images([tmp_path / "phone.jpg", tmp_path / "plain.png"], 6)
+    assert np.abs(X[0] - X[1]).max() < 0.1 and X[0].reshape(6, 6)[0].mean() > 0.9

@@ -703,8 +703,9 @@ def _unit_pixels(im, grayscale: bool, size: tuple[int, int], resample) -> np.nda
 
 def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root: Path | None = None) -> np.ndarray:
     """[n, C*H*W] float32 in [0, 1]: L or RGB (transparency composited over black), bilinear resize to (H, W),
-    channel-first, row-major. 16-bit grey images are scaled by their full scale (65535), not clipped."""
-    from PIL import Image, UnidentifiedImageError  # lazy: only image folders need Pillow
+    channel-first, row-major. 16-bit grey images are scaled by their full scale (65535), not clipped; an EXIF
+    orientation tag is applied (the image as a viewer shows it)."""
+    from PIL import Image, ImageOps, UnidentifiedImageError  # lazy: only image folders need Pillow
 
     h, w = _image_size(image_size)
     c = 1 if grayscale else 3
@@ -714,7 +715,8 @@ def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root:
     for j, f in enumerate(files):
         try:
             with Image.open(f) as im:
-                a = _unit_pixels(_flatten_alpha(im), grayscale, (w, h), bilinear)
+                # as a viewer shows it: a phone photo stores its pixels sideways plus an EXIF orientation tag
+                a = _unit_pixels(_flatten_alpha(ImageOps.exif_transpose(im)), grayscale, (w, h), bilinear)
         except (UnidentifiedImageError, OSError, ValueError) as e:
             bad.append(f"{f.relative_to(root).as_posix() if root else f} ({e})")
             continue
