@@ -96,14 +96,14 @@ _GLOBAL_RNG = threading.RLock()
 # implemented"), and CPU flash attention has no forward-mode one (`call_member` under jvp: the leverage
 # diagnostics, the Newton step). Neither has a vmap batching rule (torch falls back to a slow per-sample loop,
 # with a warning). They are switched off while a forward may be differentiated or runs under vmap: the math
-# kernels compute the same function. Process-wide flags, so counted across threads: the first caller switches them off,
-# the last one restores them.
+# kernels compute the same function. Process-wide flags, so counted across threads: the first caller switches
+# them off, the last one restores them.
 _KERNELS_LOCK = threading.Lock()
 _kernels_state: dict = {"fastpath_depth": 0, "fastpath": None, "sdpa_depth": 0, "sdpa": None}
 
 
 @contextlib.contextmanager
-def _differentiable_kernels(forward_mode: bool = True):
+def _transform_safe_kernels(forward_mode: bool = True):
     """No fused attention fast path; with forward_mode also scaled-dot-product attention on its math kernel."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -131,8 +131,9 @@ def _differentiable_kernels(forward_mode: bool = True):
 
 
 def _if_differentiated():
-    """`_differentiable_kernels` (reverse mode) when grad mode is on, else nothing: inference keeps the fast path."""
-    return _differentiable_kernels(forward_mode=False) if torch.is_grad_enabled() else contextlib.nullcontext()
+    """`_transform_safe_kernels` (reverse mode) when grad mode is on, else nothing: a member-by-member inference
+    keeps the fast path."""
+    return _transform_safe_kernels(forward_mode=False) if torch.is_grad_enabled() else contextlib.nullcontext()
 
 
 def vmap_or_loop(fn: Callable, in_dims: tuple, vectorized: bool) -> Callable:
@@ -290,7 +291,7 @@ class Ensemble(nn.Module):
         was_training = self._base.training
         try:
             # a dropout probe draws: not from a member's stream; the kernels the vmapped forward runs on
-            with _GLOBAL_RNG, torch.random.fork_rng(devices=[]), _differentiable_kernels():
+            with _GLOBAL_RNG, torch.random.fork_rng(devices=[]), _transform_safe_kernels():
                 self._probe_modes(call, p, b, x)
         except Exception as e:  # noqa: BLE001 - any failure under vmap means: run member by member
             log.warning("%s does not run under torch.func.vmap (%s: %s); its ensembles run member by member "
@@ -379,7 +380,7 @@ class Ensemble(nn.Module):
                     x: torch.Tensor) -> torch.Tensor:
         """The wrapped module on one member's state: flat x [B, d] -> [B, C] (attention on its math kernels:
         this call is differentiated in forward mode)."""
-        with _differentiable_kernels():
+        with _transform_safe_kernels():
             return functional_call(self._base, (params, buffers),
                                    (self._as_model_dtype(x).reshape(x.shape[0], *self.in_shape),))
 
@@ -424,7 +425,7 @@ class Ensemble(nn.Module):
         def call(p, b, xx):
             return functional_call(self._base, (p, b), (xx,))
 
-        with _differentiable_kernels():  # under vmap too: the fused kernels have no batching rule (a slow fallback)
+        with _transform_safe_kernels():  # under vmap too: the fused kernels have no batching rule (a slow fallback)
             return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
 
     def _forward_each(self, params, buffers, xs, x_dim) -> torch.Tensor:
@@ -461,7 +462,7 @@ class Ensemble(nn.Module):
         if not self.vectorized:
             return torch.stack([call(*_member(params, buffers, k), xs if x_dim is None else xs[k])
                                 for k in range(self.n_models)])
-        with _differentiable_kernels():
+        with _transform_safe_kernels():
             return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
 
     # --- membership ---------------------------------------------------------------------------------

@@ -382,7 +382,7 @@ def _shape_mismatches(module: torch.nn.Module, state: dict) -> list[str]:
     """'name [checkpoint shape] vs [module shape]' for every tensor the two hold under one name with two shapes."""
     own = module.state_dict()
     return [f"{k} {list(v.shape)} vs {list(own[k].shape)}" for k, v in state.items()
-            if k in own and isinstance(v, torch.Tensor) and isinstance(own[k], torch.Tensor) and v.shape != own[k].shape]
+            if isinstance(v, torch.Tensor) and isinstance(own.get(k), torch.Tensor) and v.shape != own[k].shape]
 
 
 def _nested_state_dict(state: dict) -> tuple[str, str] | None:
