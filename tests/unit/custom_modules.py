@@ -245,3 +245,10 @@ def noisy_in_eval(in_shape, n_classes):
 def all_float64(in_shape, n_classes):
     """Every parameter float64 (a team that trains in double precision)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(in_shape[0], 8), nn.ReLU(), nn.Linear(8, n_classes)).double()
+
+
+def weight_norm(in_shape, n_classes):
+    """torch.nn.utils.parametrizations.weight_norm: its kernel has no forward-mode derivative."""
+    from torch.nn.utils import parametrizations
+
+    return nn.Sequential(parametrizations.weight_norm(nn.Linear(in_shape[0], 8)), nn.Tanh(), nn.Linear(8, n_classes))

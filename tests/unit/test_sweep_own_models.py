@@ -23,7 +23,7 @@ def spec(factory: str) -> dict:
     return {"arch": "custom", "factory": f"custom_modules:{factory}", "in_shape": [D], "n_classes": C}
 
 
-@pytest.mark.parametrize("factory", ["lstm", "gru", "attention"])
+@pytest.mark.parametrize("factory", ["lstm", "gru", "attention", "weight_norm"])
 def test_leverage_functions_of_recurrent_and_attention_modules_agree_in_both_modes(factory):
     ens = build_model(spec(factory), [0, 1], search_paths=[HERE]).double()
     # building it probes every leaf's output size: an LSTM's (out, (h, c)) tuple raised AttributeError
@@ -32,7 +32,8 @@ def test_leverage_functions_of_recurrent_and_attention_modules_agree_in_both_mod
     g = torch.Generator().manual_seed(0)
     X = torch.randn(5, D, generator=g, dtype=torch.float64)
     V = torch.randn(f.p, 3, generator=g, dtype=torch.float64)
-    # forward mode (the output gaps, the Newton step): the fused attention kernels raised NotImplementedError
+    # forward mode (the output gaps, the Newton step): the fused attention kernels raised NotImplementedError,
+    # and weight_norm's kernel has no forward-mode derivative at all (J V then comes from reverse mode twice)
     forward = f.jvp(f.theta0, X, V)                                   # [m, b, C]
     reverse = torch.einsum("bcp,pm->mbc", f.jacobians(f.theta0, X), V)
     torch.testing.assert_close(forward, reverse, atol=1e-10, rtol=1e-8)
@@ -125,3 +126,14 @@ def test_a_float64_module_trains_and_unlearns_on_the_float32_data():
     ctx = UnlearnContext(model, X[:6], y[:6], X[6:], y[6:], adjacent, TrainRecipe(epochs=1, batch_size=10, lr=1e-2),
                          seed=3)
     assert next(run_method("finetune", ctx, {}).model.parameters()).dtype == torch.float64
+
+
+def test_the_reverse_mode_jvp_equals_forward_mode_in_float64():
+    # the fallback for modules without forward-mode derivatives, checked where both modes exist
+    ens = build_model(spec("gru"), [0], search_paths=[HERE]).double()
+    f = StackedMemberFunction(ens, member=0)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(4, D, generator=g, dtype=torch.float64)
+    V = torch.randn(f.p, 3, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(f._jvp_by_double_vjp(f.theta0, X, V), f.jvp(f.theta0, X, V), atol=1e-12, rtol=1e-10)
+    assert f.forward_mode

@@ -55,10 +55,28 @@ class OutputFunction:
         """Per-sample left [b, r, C] times J [b, C, p] -> [b, r, p] (the Lambda-weighted rows)."""
         return torch.bmm(left, self.jacobians(theta, X))
 
+    forward_mode: bool = True  # False once an op of the module turned out to have no forward-mode derivative
+
     def jvp(self, theta: torch.Tensor, X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-        """J V for all samples: V [p, m] -> [m, b, C] (forward mode, one pass per column, vectorized)."""
-        f = lambda t: self.outputs(t, X)  # noqa: E731
-        return self._map(lambda v: jvp(f, (theta,), (v,))[1], (0,), V.T.contiguous())
+        """J V for all samples: V [p, m] -> [m, b, C] (forward mode, one pass per column, vectorized). A module
+        with an op that has no forward-mode derivative (torch.nn.utils.parametrizations.weight_norm's
+        `_weight_norm_interface`) gets the same product by reverse over reverse mode (`_jvp_by_double_vjp`)."""
+        if self.forward_mode:
+            f = lambda t: self.outputs(t, X)  # noqa: E731
+            try:
+                return self._map(lambda v: jvp(f, (theta,), (v,))[1], (0,), V.T.contiguous())
+            except NotImplementedError as e:
+                if "forward AD" not in str(e):
+                    raise
+                self.forward_mode = False  # for the rest of this function's life: the ops do not change
+        return self._jvp_by_double_vjp(theta, X, V)
+
+    def _jvp_by_double_vjp(self, theta: torch.Tensor, X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        """J V without forward mode: u -> J^T u is linear, so its own vjp with cotangent v is (J^T)^T v = J v.
+        Two reverse passes per column instead of one forward pass."""
+        out, pull = vjp(lambda t: self.outputs(t, X), theta)                # out [b, C]
+        _, pull_back = vjp(lambda u: pull(u)[0], torch.zeros_like(out))     # u [b, C] -> J^T u [p]
+        return self._map(lambda v: pull_back(v)[0], (0,), V.T.contiguous())  # each [b, C]
 
     def vjp(self, theta: torch.Tensor, X: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
         """J^T U summed over samples: U [m, b, C] -> [m, p]."""
