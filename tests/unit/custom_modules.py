@@ -252,3 +252,8 @@ def weight_norm(in_shape, n_classes):
     from torch.nn.utils import parametrizations
 
     return nn.Sequential(parametrizations.weight_norm(nn.Linear(in_shape[0], 8)), nn.Tanh(), nn.Linear(8, n_classes))
+
+
+def scripted_head(in_shape, n_classes):
+    """A TorchScript submodule (torch.jit.script) inside a plain module."""
+    return nn.Sequential(nn.Linear(in_shape[0], 8), nn.ReLU(), torch.jit.script(nn.Linear(8, n_classes)))

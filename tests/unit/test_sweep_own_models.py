@@ -137,3 +137,10 @@ def test_the_reverse_mode_jvp_equals_forward_mode_in_float64():
     V = torch.randn(f.p, 3, generator=g, dtype=torch.float64)
     torch.testing.assert_close(f._jvp_by_double_vjp(f.theta0, X, V), f.jvp(f.theta0, X, V), atol=1e-12, rtol=1e-10)
     assert f.forward_mode
+
+
+def test_a_torchscript_submodule_is_refused_by_name():
+    # stack_module_state failed on it with a bare AssertionError ("param must be a Parameter"), exit 1
+    with pytest.raises(ModelError, match=r"custom_modules:scripted_head.*holds TorchScript modules \(\['2'\]\).*"
+                                         r"return the plain nn.Module"):
+        build_model(spec("scripted_head"), [0, 1], search_paths=[HERE])

@@ -284,6 +284,13 @@ def check_output_shape(module: nn.Module, in_shape: Sequence[int], n_classes: in
     """Run the module once on zeros [2, *in_shape] (eval mode, no grad) and check it returns logits
     [2, n_classes]. Returns the names of its nn.Linear layers in the order the forward pass CALLED them
     (a layer called twice counts where it was called last): the default feature layer is the last one."""
+    scripted = [name or "(the module itself)" for name, m in module.named_modules()
+                if isinstance(m, torch.jit.ScriptModule)]
+    if scripted:  # stack_module_state failed on them with a bare AssertionError ("param must be a Parameter")
+        raise ModelError(f"{field}: {type(module).__name__} is or holds TorchScript modules ({scripted[:4]}); the "
+                         f"pipeline stacks and transforms the module with torch.func, which TorchScript does not "
+                         f"support: return the plain nn.Module (drop torch.jit.script / torch.jit.trace; script "
+                         f"the unlearned model for serving afterwards)")
     was_training = module.training
     by_dtype: dict[torch.dtype, list[str]] = {}
     for name, p in module.named_parameters():
