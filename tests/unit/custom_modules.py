@@ -257,3 +257,19 @@ def weight_norm(in_shape, n_classes):
 def scripted_head(in_shape, n_classes):
     """A TorchScript submodule (torch.jit.script) inside a plain module."""
     return nn.Sequential(nn.Linear(in_shape[0], 8), nn.ReLU(), torch.jit.script(nn.Linear(8, n_classes)))
+
+
+class UnusedHead(nn.Module):
+    """An auxiliary head the forward never calls (a leftover of multi-task training)."""
+
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(in_shape[0], n_classes)
+        self.aux = nn.Linear(in_shape[0], 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def unused_head(in_shape, n_classes):
+    return UnusedHead(in_shape, n_classes)

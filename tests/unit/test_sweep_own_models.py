@@ -144,3 +144,17 @@ def test_a_torchscript_submodule_is_refused_by_name():
     with pytest.raises(ModelError, match=r"custom_modules:scripted_head.*holds TorchScript modules \(\['2'\]\).*"
                                          r"return the plain nn.Module"):
         build_model(spec("scripted_head"), [0, 1], search_paths=[HERE])
+
+
+def test_salun_gives_a_parameter_the_forward_never_uses_zero_saliency():
+    # "The differentiated Tensor at index 2 appears to not have been used in the graph" (exit 1)
+    from unlearning.methods.salun import saliency_mask
+
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(8, D, generator=g), torch.arange(8) % C
+    model = build_model(spec("unused_head"), [0, 1], search_paths=[HERE])
+    masks = saliency_mask(model, X, y, fraction=0.5)
+    names = [n for n, _ in model.named_parameters()]
+    unused = [m for n, m in zip(names, masks) if n.startswith("aux")]
+    assert unused and all(not m.any() for m in unused)
+    assert any(m.any() for n, m in zip(names, masks) if n.startswith("fc"))

@@ -42,9 +42,11 @@ def saliency_mask(model: Ensemble, X: torch.Tensor, y: torch.Tensor, fraction: f
     |d L_F / d theta| (mean CE over the rows X [nF, d], y [nF]). Ties at the threshold are kept."""
     params = list(model.parameters())
     loss = per_sample_loss(model(X), y.expand(model.n_models, -1), "ce").mean(1).sum()
-    # a frozen parameter (requires_grad=False in the team's module) has no gradient: saliency 0 (never updated)
-    live = iter(torch.autograd.grad(loss, [p for p in params if p.requires_grad]))
-    g = flatten([next(live).abs() if p.requires_grad else torch.zeros_like(p) for p in params])  # [N, p]
+    # a frozen parameter (requires_grad=False in the team's module), or one the forward never uses (an auxiliary
+    # head), has no gradient: saliency 0 (never updated)
+    live = iter(torch.autograd.grad(loss, [p for p in params if p.requires_grad], allow_unused=True))
+    grads = [next(live) if p.requires_grad else None for p in params]
+    g = flatten([torch.zeros_like(p) if d is None else d.abs() for p, d in zip(params, grads)])  # [N, p]
     k = max(1, int(round(fraction * g.shape[1])))
     thresh = g.topk(k, dim=1).values[:, -1:]  # [N, 1]: member's k-th largest magnitude
     return unflatten((g >= thresh).to(g.dtype), params)
