@@ -273,3 +273,22 @@ class UnusedHead(nn.Module):
 
 def unused_head(in_shape, n_classes):
     return UnusedHead(in_shape, n_classes)
+
+
+class NoParameters(nn.Module):
+    """Logits from a fixed slice of the input: nothing to train."""
+
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.n_classes = n_classes
+
+    def forward(self, x):
+        return x.flatten(1)[:, : self.n_classes]
+
+
+def no_parameters(in_shape, n_classes):
+    return NoParameters(in_shape, n_classes)
+
+
+def all_frozen(in_shape, n_classes):
+    return nn.Linear(in_shape[0], n_classes).requires_grad_(False)

@@ -158,3 +158,10 @@ def test_salun_gives_a_parameter_the_forward_never_uses_zero_saliency():
     unused = [m for n, m in zip(names, masks) if n.startswith("aux")]
     assert unused and all(not m.any() for m in unused)
     assert any(m.any() for n, m in zip(names, masks) if n.startswith("fc"))
+
+
+@pytest.mark.parametrize("factory, cls", [("no_parameters", "NoParameters"), ("all_frozen", "Linear")])
+def test_a_module_with_nothing_to_train_is_refused_at_build(factory, cls):
+    # a bare StopIteration (module_of, training) or "element 0 of tensors does not require grad" (training)
+    with pytest.raises(ModelError, match=rf"custom_modules:{factory}.*{cls} has no trainable parameter"):
+        build_model(spec(factory), [0, 1], search_paths=[HERE])

@@ -173,6 +173,10 @@ class Ensemble(nn.Module):
             raise ValueError(f"{len(modules)} modules for {len(self.seeds)} seeds")
         field = zoo.model_field(self._builder)
         self._called_linears = zoo.check_output_shape(modules[0], s["in_shape"], s["n_classes"], field)
+        if not any(p.requires_grad for p in modules[0].parameters()):  # a bare StopIteration or autograd error later
+            raise zoo.ModelError(f"{field}: {type(modules[0]).__name__} has no trainable parameter (none at all, or "
+                                 f"every one requires_grad=False); the oracles and shadows are trained from scratch "
+                                 f"with it, and unlearning changes parameters: give it at least one trainable one")
         try:
             params, buffers = stack_module_state(list(modules))
         except RuntimeError as e:  # members of different classes, modes or requires_grad flags
