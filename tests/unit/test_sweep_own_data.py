@@ -186,3 +186,16 @@ def test_an_exif_rotated_photo_reads_as_a_viewer_shows_it(tmp_path):
     Image.fromarray(np.ascontiguousarray(shown)).save(tmp_path / "plain.png")
     X = read_images([tmp_path / "phone.jpg", tmp_path / "plain.png"], 6)
     assert np.abs(X[0] - X[1]).max() < 0.1 and X[0].reshape(6, 6)[0].mean() > 0.9
+
+
+def test_a_16_bit_grey_png_with_a_transparent_key_is_scaled_not_clipped(tmp_path):
+    # tRNS transparency sent it through convert("RGBA"), which clipped it to all white
+    from PIL import Image
+
+    from unlearning.data.sources import read_images
+
+    a = np.full((4, 4), 32768, dtype=np.uint16)
+    a[0, 0] = 0
+    Image.fromarray(a).save(tmp_path / "keyed.png", transparency=0)
+    X = read_images([tmp_path / "keyed.png"], 4)
+    assert np.allclose(X[0][1:], 32768 / 65535, atol=1e-6) and X[0][0] == 0

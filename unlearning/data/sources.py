@@ -671,6 +671,9 @@ def _flatten_alpha(im):
 
     if im.mode not in ("RGBA", "LA", "PA", "La", "RGBa") and "transparency" not in im.info:
         return im
+    if im.mode in _DEEP_MODES:  # convert("RGBA") would clip 16 bits to 255 (all white): the key colour goes black
+        return Image.fromarray(np.where(np.asarray(im) == im.info["transparency"], 0, np.asarray(im)).astype(
+            np.asarray(im).dtype))
     rgba = im.convert("RGBA")
     return Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba)
 
