@@ -660,6 +660,13 @@ def _image_size(image_size) -> tuple[int, int]:
     return size
 
 
+# Single-channel 16-bit modes and their full scale. Pillow's convert("L") CLIPS them to 255 instead of scaling
+# (a 16-bit PNG became almost all white), so they are scaled here. "I" is how Pillow opens 16-bit PNGs in some
+# versions; in other formats it is 32-bit data with no known full scale (refused).
+_DEEP_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+_DEEP_FULL_SCALE = 65535.0
+
+
 def _flatten_alpha(im):
     """An image with transparency (RGBA, LA, a palette or tRNS transparency) composited over black.
 
@@ -672,16 +679,10 @@ def _flatten_alpha(im):
     if im.mode not in ("RGBA", "LA", "PA", "La", "RGBa") and "transparency" not in im.info:
         return im
     if im.mode in _DEEP_MODES:  # convert("RGBA") would clip 16 bits to 255 (all white): the key colour goes black
-        return Image.fromarray(np.where(np.asarray(im) == im.info["transparency"], 0, np.asarray(im)).astype(
-            np.asarray(im).dtype))
+        a = np.asarray(im)
+        return Image.fromarray(np.where(a == im.info["transparency"], 0, a).astype(a.dtype))
     rgba = im.convert("RGBA")
     return Image.alpha_composite(Image.new("RGBA", rgba.size, (0, 0, 0, 255)), rgba)
-
-
-# Single-channel modes deeper than 8 bits, and the full scale of each. Pillow's convert("L") CLIPS them to 255
-# instead of scaling (a 16-bit PNG became almost all white), so they are scaled here. "I" is how Pillow opens
-# 16-bit PNGs in some versions; in other formats it is 32-bit data with no known full scale (refused).
-_DEEP_MODES = {"I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0, "I;16N": 65535.0}
 
 
 def _unit_pixels(im, grayscale: bool, size: tuple[int, int], resample) -> np.ndarray:
@@ -691,7 +692,7 @@ def _unit_pixels(im, grayscale: bool, size: tuple[int, int], resample) -> np.nda
     if im.mode in _DEEP_MODES or im.mode in ("I", "F"):
         a = np.asarray(im, dtype=np.float64)
         if im.mode in _DEEP_MODES or (im.mode == "I" and im.format == "PNG"):
-            a = a / _DEEP_MODES.get(im.mode, 65535.0)
+            a = a / _DEEP_FULL_SCALE
         elif im.mode == "I":
             raise ValueError("32-bit integer pixels have no known full scale; save the image as 8- or 16-bit")
         if a.size and (a.min() < 0 or a.max() > 1):

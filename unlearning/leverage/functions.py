@@ -36,6 +36,7 @@ class OutputFunction:
     device: torch.device
     theta0: torch.Tensor  # [p] the parameters the function was built from
     vectorized: bool = True  # False for a module that does not run under vmap (nn.LSTM, nn.GRU): loop instead
+    forward_mode: bool = True  # False once an op of the module turned out to have no forward-mode derivative
 
     def _map(self, fn, in_dims: tuple, *args: torch.Tensor) -> torch.Tensor:
         return vmap_or_loop(fn, in_dims, self.vectorized)(*args)
@@ -54,8 +55,6 @@ class OutputFunction:
     def weighted_jacobians(self, theta: torch.Tensor, X: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
         """Per-sample left [b, r, C] times J [b, C, p] -> [b, r, p] (the Lambda-weighted rows)."""
         return torch.bmm(left, self.jacobians(theta, X))
-
-    forward_mode: bool = True  # False once an op of the module turned out to have no forward-mode derivative
 
     def jvp(self, theta: torch.Tensor, X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
         """J V for all samples: V [p, m] -> [m, b, C] (forward mode, one pass per column, vectorized). A module

@@ -305,7 +305,7 @@ def check_output_shape(module: nn.Module, in_shape: Sequence[int], n_classes: in
                          f"({kinds}); the pipeline trains, unlearns and evaluates the model in one dtype (it moves "
                          f"every parameter and the data to it): build every parameter in the same dtype "
                          f"(float32: drop the .double() or dtype=torch.float64 of those parameters)")
-    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.get_default_dtype())
+    dtype = next(iter(by_dtype), torch.get_default_dtype())
     names = {m: n for n, m in module.named_modules() if isinstance(m, nn.Linear)}
     called: list[str] = []
     hooks = [m.register_forward_hook(lambda m, _i, _o: called.append(names[m])) for m in names]
