@@ -199,3 +199,38 @@ def test_a_16_bit_grey_png_with_a_transparent_key_is_scaled_not_clipped(tmp_path
     Image.fromarray(a).save(tmp_path / "keyed.png", transparency=0)
     X = read_images([tmp_path / "keyed.png"], 4)
     assert np.allclose(X[0][1:], 32768 / 65535, atol=1e-6) and X[0][0] == 0
+
+
+def _image_folder(root, names):
+    from PIL import Image
+
+    for name in names:
+        f = root / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((4, 4), 128, dtype=np.uint8)).save(f)
+
+
+@pytest.mark.parametrize("bad, why", [("cats/trail .png", "spaces around"), (" dogs/lead.png", "spaces around"),
+                                      ("cats/tab\there.png", "control character"),
+                                      ("cats/line\nbreak.png", "control character")])
+def test_image_files_whose_ids_no_request_could_name_are_refused_by_file(tmp_path, bad, why):
+    # The id of an image is its path without the suffix: 'cats/trail ' was trained on, but request files
+    # refuse ids with spaces around them or control characters, so that image could never be erased.
+    from unlearning.data.sources import load_image_folder
+
+    names = [f"cats/c{i}.png" for i in range(6)] + [f"dogs/d{i}.png" for i in range(6)]
+    _image_folder(tmp_path, names + [bad])
+    with pytest.raises(DataError, match=why) as e:
+        load_image_folder(tmp_path, image_size=4)
+    assert repr(bad)[1:-1] in str(e.value) and "rename" in str(e.value)
+    (tmp_path / bad).unlink()
+    assert len(load_image_folder(tmp_path, image_size=4).sample_id) == len(names)
+
+
+def test_inner_spaces_in_image_names_are_kept(tmp_path):
+    # A space inside a name ('cats/my cat', or 'cats/ lead' whose id has no space AROUND it) is a nameable id
+    from unlearning.data.sources import load_image_folder
+
+    _image_folder(tmp_path, [f"cats/my cat {i}.png" for i in range(5)] + [f"dogs/ d{i}.png" for i in range(5)])
+    ids = set(load_image_folder(tmp_path, image_size=4).sample_id)
+    assert "cats/my cat 0" in ids and "dogs/ d0" in ids

@@ -450,21 +450,27 @@ def _rows_with(ids: pd.Series, file_rows: np.ndarray, mask: np.ndarray) -> str:
     return shown + (f", ... ({len(pos)} in all)" if len(pos) > SHOW else "")
 
 
+def unnameable_ids(ids: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(control, spaced): boolean masks of the ids that a deletion request could not name, by the rules of request
+    files (unlearning/requests.py): a control character (line break, tab) or spaces around the id. Such a sample
+    would be trained on and could never be erased."""
+    control = ids.str.contains(CONTROL_CHARACTERS).to_numpy(dtype=bool)
+    spaced = (ids != ids.str.strip()).to_numpy(dtype=bool)
+    return control, spaced
+
+
 def _check_ids(id_column: str, ids: pd.Series, file_rows: np.ndarray) -> None:
-    """Ids that a deletion request could not name are refused here, by the rules of request files
-    (unlearning/requests.py): no control character (line break, tab), no spaces around the id. Such a row
-    would be trained on and could never be erased. And ids must be non-empty and unique."""
+    """A table's ids: nameable by a request (`unnameable_ids`), non-empty and unique."""
     key = f"prepare.table.id_column = {id_column!r}"
     empty = (ids.str.strip() == "").to_numpy()
     if empty.any():
         raise DataError(f"{key}: empty ids in rows {_first(file_rows[empty])} (0-based data rows); every row "
                          f"needs a unique, non-empty id")
-    control = ids.str.contains(CONTROL_CHARACTERS).to_numpy(dtype=bool)
+    control, spaced = unnameable_ids(ids)
     if control.any():
         raise DataError(f"{key}: ids {_rows_with(ids, file_rows, control)} (0-based data rows) hold a control "
                          f"character (a line break or tab); deletion requests refuse such ids, so these rows could "
                          f"never be erased: remove the characters from the ids in your table")
-    spaced = (ids != ids.str.strip()).to_numpy(dtype=bool)
     if spaced.any():
         raise DataError(f"{key}: ids {_rows_with(ids, file_rows, spaced)} (0-based data rows) have spaces around "
                          f"them; deletion requests compare ids exactly and refuse padded ones, so these rows could "
@@ -730,6 +736,19 @@ def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root:
     return X
 
 
+def _check_image_ids(root: Path, files: list[Path], ids: np.ndarray) -> None:
+    """An image's id is its path without the suffix; one that no request could name (`unnameable_ids`: a tab or
+    line break in a name, a space before the suffix or before a class folder's name) is refused by file."""
+    control, spaced = unnameable_ids(pd.Series(ids, dtype=object))
+    for mask, what in ((control, "hold a control character (a tab or line break)"),
+                       (spaced, "have spaces around them (before the suffix, or at the start of a class folder)")):
+        if mask.any():
+            named = [f.relative_to(root).as_posix() for f in np.asarray(files, dtype=object)[mask]]
+            raise DataError(f"prepare.image_folder.path = '{root}': the ids of files {_first(named, 10)} (the path "
+                             f"without its suffix) {what}; deletion requests refuse such ids, so these images could "
+                             f"never be erased: rename the files (or folders)")
+
+
 def load_image_folder(path: str | Path, image_size=28, grayscale: bool = True, groups: dict | None = None,
                       seed: int = 0, val_fraction: float = 0.2, max_train=None, max_val=None,
                       targets: str = "fine", **_) -> Dataset:
@@ -738,6 +757,7 @@ def load_image_folder(path: str | Path, image_size=28, grayscale: bool = True, g
     layout, entries = scan_image_folder(root)
     files = [f for f, _, _ in entries]
     ids = np.array([f.relative_to(root).with_suffix("").as_posix() for f in files], dtype=object)
+    _check_image_ids(root, files, ids)
     uniq, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
         shared = set(uniq[counts > 1].tolist())
