@@ -292,3 +292,58 @@ def no_parameters(in_shape, n_classes):
 
 def all_frozen(in_shape, n_classes):
     return nn.Linear(in_shape[0], n_classes).requires_grad_(False)
+
+
+class StoresActivation(nn.Module):
+    """Keeps its last hidden activation as a plain attribute (for inspection): a common pattern."""
+
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(in_shape[0], 5)
+        self.out = nn.Linear(5, n_classes)
+        self.last_hidden = None
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x.flatten(1)))
+        self.last_hidden = h
+        return self.out(h)
+
+
+def stores_activation(in_shape, n_classes):
+    return StoresActivation(in_shape, n_classes)
+
+
+def old_weight_norm(in_shape, n_classes):
+    """The hook-based torch.nn.utils.weight_norm: a pre-hook sets `weight` as a plain attribute in each forward."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of parametrizations.weight_norm
+        wn = torch.nn.utils.weight_norm(nn.Linear(in_shape[0], 5))
+    return nn.Sequential(wn, nn.Tanh(), nn.Linear(5, n_classes))
+
+
+class ReassignedBuffer(nn.Module):
+    """A running mean kept by REASSIGNING its buffer in train mode (`self.mu = ...`), not in place."""
+
+    def __init__(self, in_shape, n_classes, in_place=False):
+        super().__init__()
+        self.register_buffer("mu", torch.zeros(in_shape[0]))
+        self.fc = nn.Linear(in_shape[0], n_classes)
+        self.in_place = in_place
+
+    def forward(self, x):
+        if self.training:
+            if self.in_place:
+                self.mu.mul_(0.9).add_(0.1 * x.mean(0).detach())
+            else:
+                self.mu = 0.9 * self.mu + 0.1 * x.mean(0).detach()
+        return self.fc(x - self.mu)
+
+
+def reassigned_buffer(in_shape, n_classes):
+    return ReassignedBuffer(in_shape, n_classes)
+
+
+def in_place_buffer(in_shape, n_classes):
+    return ReassignedBuffer(in_shape, n_classes, in_place=True)

@@ -359,3 +359,32 @@ def test_members_built_by_a_well_behaved_factory_are_not_warned_about(caplog):
         build_model(spec("tied"), [0, 1], search_paths=[HERE])
         build_model(spec("tied"), [4, 4], search_paths=[HERE])  # the same seed twice: equal on purpose
     assert "start identical" not in caplog.text
+
+
+# --- a forward that writes to its module -------------------------------------------------------------------
+@pytest.mark.parametrize("factory", ["stores_activation", "old_weight_norm"])
+def test_a_forward_that_keeps_a_tensor_attribute_trains_and_copies(factory):
+    # `self.last_hidden = h` (or the old weight_norm's pre-hook setting `weight`) left a BatchedTensor or a
+    # non-leaf tensor on the ensemble's template: every later deepcopy (module_of, select, the methods) raised
+    X, y = data()
+    ens = build_model(spec(factory), [0, 5], search_paths=[HERE]).double()
+    train_ensemble(ens, X, y, **RECIPE)
+    ref = alone(getattr(custom_modules, factory), 5, X, y, **RECIPE)
+    member = ens.module_of(1)
+    assert_same_state(member.state_dict(), ref.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(member(X), ref(X), atol=1e-10, rtol=0)
+        torch.testing.assert_close(ens.select([1])(X)[0], ens(X)[1], atol=0, rtol=0)
+
+
+def test_a_buffer_reassigned_in_forward_is_refused_and_an_in_place_update_trains():
+    # functional_call puts back the buffers it was given: `self.mu = ...` never reached the ensemble's state,
+    # so the running mean stayed at zero while the plain module's moved (silently different from the module)
+    with pytest.raises(ModelError, match=r"reassigns buffer 'mu'.*Update it in place"):
+        build_model(spec("reassigned_buffer"), [0, 1], search_paths=[HERE])
+    X, y = data()
+    ens = build_model(spec("in_place_buffer"), [0, 1], search_paths=[HERE]).double()
+    train_ensemble(ens, X, y, **RECIPE)
+    ref = alone(custom_modules.in_place_buffer, 1, X, y, **RECIPE)
+    assert ref.mu.abs().sum() > 0
+    assert_same_state(ens.module_of(1).state_dict(), ref.state_dict())

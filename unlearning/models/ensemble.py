@@ -197,6 +197,10 @@ class Ensemble(nn.Module):
         # of a tied tensor only while the template still shares it, so the ties are put back.
         self._ties = _alias_groups(modules[0])
         object.__setattr__(self, "_base", _tie(copy.deepcopy(modules[0]).to("meta"), self._ties))
+        # A forward may write plain attributes on the module it runs on (`self.last_hidden = h`, the hook-based
+        # torch.nn.utils.weight_norm's `weight`): on `_base` that leaves a BatchedTensor or a tensor holding a
+        # graph, which deepcopy refuses. Copies are made from this template, which is never called.
+        object.__setattr__(self, "_pristine", copy.deepcopy(self._base))
         # The feature layer is resolved when features are first needed (`feature_layer`): a module without
         # nn.Linear trains and serves; only the embedding partition needs it. A named one must exist now.
         self._feature_layer = s["feature_layer"] or None  # "" like null: the default, as before
@@ -209,6 +213,7 @@ class Ensemble(nn.Module):
             self._warn_if_identical(modules, params)
         key = (self._builder, json.dumps(s, sort_keys=True, default=str))
         if key not in _RANDOM_PROBES:  # one probe per architecture and process: every cached ensemble loads again
+            self._refuse_reassigned_buffers()
             _RANDOM_PROBES[key] = self._probe_randomness()
         # nn.Dropout modules, and any other random draw in forward (F.dropout, torch.randn_like noise, nn.LSTM's
         # dropout between layers): such members run one by one, each on its own stream
@@ -247,6 +252,30 @@ class Ensemble(nn.Module):
         log.warning("%s: members with different seeds start identical (%d of %d equal member %d's initial "
                     "parameters): %s. The ensembles of oracles and shadows would be copies of one model",
                     zoo.model_field(self._builder), len(same), len(members), members[0], cause)
+
+    def _refuse_reassigned_buffers(self) -> None:
+        """A buffer the forward REASSIGNS (`self.mu = 0.9 * self.mu + ...`) instead of updating in place: the
+        members run through functional_call, which puts back the buffers it was given, so the new value would be
+        lost silently (the module alone would update it, the pipeline's members never would). Seen on a plain
+        copy of member 0, in train and eval mode: a buffer name that holds another tensor object after the call."""
+        module = self.module_of(0)
+        p = next(iter(module.parameters()))
+        x = torch.zeros(2, *self.in_shape, dtype=p.dtype if p.is_floating_point() else None, device=p.device)
+        devices = [p.device] if p.device.type == "cuda" else []
+        reassigned: list[str] = []
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=devices, device_type=p.device.type), torch.no_grad():
+            for mode in (True, False):
+                before = dict(module.named_buffers())
+                module.train(mode)(x)
+                after = dict(module.named_buffers())
+                reassigned += [n for n, t in before.items() if after.get(n) is not t and n not in reassigned]
+        if reassigned:
+            raise zoo.ModelError(
+                f"{zoo.model_field(self._builder)}: {type(self._base).__name__}'s forward reassigns "
+                f"{'buffer' if len(reassigned) == 1 else 'buffers'} {', '.join(map(repr, reassigned))} "
+                f"(`self.name = new_tensor`); the pipeline runs every member on its own stacked buffers and keeps "
+                f"only updates made in place, so this one would never change. Update it in place: "
+                f"`self.name.copy_(new_value)` (or mul_/add_, as BatchNorm's running statistics do)")
 
     def _probe_randomness(self) -> bool:
         """Does member 0's forward draw from torch's random generator, in train mode (allowed: the members then run
@@ -388,11 +417,15 @@ class Ensemble(nn.Module):
             return functional_call(self._base, (params, buffers),
                                    (self._as_model_dtype(x).reshape(x.shape[0], *self.in_shape),))
 
+    def _template(self) -> nn.Module:
+        """A fresh meta-device copy of the module, as built (deepcopy keeps the ties)."""
+        return copy.deepcopy(self._pristine)
+
     def module_of(self, k: int) -> nn.Module:
         """A plain, standalone copy of member k (the team's own module class, with its weights, its tied
         weights tied and its frozen parameters frozen)."""
         p = next(self.parameters())
-        module = _tie(copy.deepcopy(self._base).to_empty(device=p.device).to(p.dtype), self._ties)
+        module = _tie(self._template().to_empty(device=p.device).to(p.dtype), self._ties)
         params, buffers = self.member_state(k)
         # copied tensor by tensor, not by load_state_dict: that skips non-persistent buffers, which then
         # kept to_empty's uninitialised memory
@@ -479,7 +512,7 @@ class Ensemble(nn.Module):
         out._trainable, out._ties = dict(self._trainable), [list(g) for g in self._ties]
         out.stochastic, out._rng_states = self.stochastic, None
         out.vectorized, out.vmap_error = self.vectorized, self.vmap_error
-        object.__setattr__(out, "_base", copy.deepcopy(self._base))  # deepcopy keeps the ties
+        object.__setattr__(out, "_base", self._template())
         for n in out._param_names:
             out.register_parameter(_key(n), nn.Parameter(params[n], requires_grad=getattr(self, _key(n)).requires_grad))
         for n in out._buffer_names:
