@@ -347,3 +347,38 @@ def reassigned_buffer(in_shape, n_classes):
 
 def in_place_buffer(in_shape, n_classes):
     return ReassignedBuffer(in_shape, n_classes, in_place=True)
+
+
+class Hooked(nn.Module):
+    """`fc` followed by a learned per-class scale, applied by a hook registered in one of several ways."""
+
+    def __init__(self, in_shape, n_classes, how="module_arg"):
+        super().__init__()
+        self.fc = nn.Linear(in_shape[0], n_classes)
+        self.scale = nn.Parameter(torch.full((n_classes,), 3.0))
+        self.seen = []
+        scale = self.scale
+        if how == "module_arg":  # works: the hook's module argument is the member's template
+            self.register_forward_hook(lambda m, i, o: o * m.scale)
+        elif how == "bound":     # works: deepcopy binds the method to the copy
+            self.fc.register_forward_hook(self._scale)
+        elif how == "records":   # works: the closure holds self but reads no tensor through it
+            self.fc.register_forward_hook(lambda m, i, o: self.seen.append(o.shape))
+        elif how == "tensor_closure":
+            self.fc.register_forward_hook(lambda m, i, o: o * scale)
+        elif how == "self_closure":
+            self.fc.register_forward_hook(lambda m, i, o: o * self.scale)
+        elif how == "backward":
+            self.fc.register_full_backward_hook(lambda m, gi, go: (gi[0] * 0.0,))
+        elif how == "tensor_grad":
+            self.fc.weight.register_hook(lambda g: g * 0.0)
+
+    def _scale(self, m, i, o):
+        return o * self.scale
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def hooked(in_shape, n_classes, how="module_arg"):
+    return Hooked(in_shape, n_classes, how)

@@ -388,3 +388,26 @@ def test_a_buffer_reassigned_in_forward_is_refused_and_an_in_place_update_trains
     ref = alone(custom_modules.in_place_buffer, 1, X, y, **RECIPE)
     assert ref.mu.abs().sum() > 0
     assert_same_state(ens.module_of(1).state_dict(), ref.state_dict())
+
+
+@pytest.mark.parametrize("how", ["module_arg", "bound", "records"])
+def test_forward_hooks_that_reach_the_members_tensors_train_as_the_module_alone(how):
+    X, y = data()
+    ens = build_model(spec("hooked", kwargs={"how": how}), [0, 3], search_paths=[HERE]).double()
+    train_ensemble(ens, X, y, **RECIPE)
+    ref = alone(lambda i, n: custom_modules.hooked(i, n, how), 3, X, y, **RECIPE)
+    if how != "records":  # (that hook leaves the scale unused)
+        assert not torch.equal(ref.scale, torch.full_like(ref.scale, 3.0))  # the scale trains
+    assert_same_state(ens.module_of(1).state_dict(), ref.state_dict())
+
+
+@pytest.mark.parametrize("how, needle", [
+    ("tensor_closure", r"forward hook on fc holds 'scale' in its closure"),
+    ("self_closure", r"forward hook on fc reads \['scale'\] through a module"),
+    ("backward", r"a backward hook on fc.*gradient hooks would be ignored"),
+    ("tensor_grad", r"a gradient hook on parameter 'fc.weight'"),
+])
+def test_hooks_the_members_cannot_honour_are_refused_by_name(how, needle):
+    # each trained silently wrong: the scale stayed 3.0, or the hooked gradient was not scaled
+    with pytest.raises(ModelError, match=needle):
+        build_model(spec("hooked", kwargs={"how": how}), [0, 1], search_paths=[HERE])

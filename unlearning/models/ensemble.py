@@ -32,6 +32,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from unlearning.models import zoo
+from unlearning.models.hooks import check_hooks
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,7 @@ class Ensemble(nn.Module):
             raise ValueError(f"{len(modules)} modules for {len(self.seeds)} seeds")
         field = zoo.model_field(self._builder)
         self._called_linears = zoo.check_output_shape(modules[0], s["in_shape"], s["n_classes"], field)
+        check_hooks(modules[0], field)
         if not any(p.requires_grad for p in modules[0].parameters()):  # a bare StopIteration or autograd error later
             raise zoo.ModelError(f"{field}: {type(modules[0]).__name__} has no trainable parameter (none at all, or "
                                  f"every one requires_grad=False); the oracles and shadows are trained from scratch "
