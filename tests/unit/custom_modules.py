@@ -382,3 +382,33 @@ class Hooked(nn.Module):
 
 def hooked(in_shape, n_classes, how="module_arg"):
     return Hooked(in_shape, n_classes, how)
+
+
+def lazy(in_shape, n_classes):
+    return nn.Sequential(nn.LazyLinear(5), nn.Tanh(), nn.Linear(5, n_classes))
+
+
+def uninitialised(in_shape, n_classes):
+    """skip_init without reset_parameters keeps whatever memory held: garbage like this, or zeros."""
+    fc = torch.nn.utils.skip_init(nn.Linear, in_shape[0], n_classes)
+    with torch.no_grad():
+        fc.weight.fill_(3e34)
+    return fc
+
+
+class Checkpointed(nn.Module):
+    """Activation checkpointing: the hidden layer is recomputed in backward."""
+
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(in_shape[0], 5)
+        self.out = nn.Linear(5, n_classes)
+
+    def forward(self, x):
+        import torch.utils.checkpoint as cp
+
+        return self.out(cp.checkpoint(lambda t: torch.tanh(self.fc(t)), x, use_reentrant=False))
+
+
+def checkpointed(in_shape, n_classes):
+    return Checkpointed(in_shape, n_classes)

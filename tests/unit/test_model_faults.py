@@ -411,3 +411,29 @@ def test_hooks_the_members_cannot_honour_are_refused_by_name(how, needle):
     # each trained silently wrong: the scale stayed 3.0, or the hooked gradient was not scaled
     with pytest.raises(ModelError, match=needle):
         build_model(spec("hooked", kwargs={"how": how}), [0, 1], search_paths=[HERE])
+
+
+def test_lazy_modules_are_materialised_from_each_members_seed():
+    # nn.LazyLinear raised a bare ValueError at build (stacking an uninitialised parameter)
+    X, y = data()
+    ens = build_model(spec("lazy"), [0, 4], search_paths=[HERE]).double()
+    assert not torch.equal(ens.module_of(0)[0].weight, ens.module_of(1)[0].weight)
+    train_ensemble(ens, X, y, **RECIPE)
+
+    def materialised(in_shape, n_classes):
+        module = custom_modules.lazy(in_shape, n_classes)
+        module(torch.zeros(2, *in_shape))
+        return module
+
+    assert_same_state(ens.module_of(1).state_dict(), alone(materialised, 4, X, y, **RECIPE).state_dict())
+
+
+def test_uninitialised_parameters_are_refused_by_name():
+    with pytest.raises(ModelError, match=r"uninitialised parameters: 'weight' \(max \|value\| 3e\+34\).*reset_parameters"):
+        build_model(spec("uninitialised"), [0, 1], search_paths=[HERE])
+
+
+def test_activation_checkpointing_is_refused_by_name_not_a_meta_device_error():
+    # the recompute in backward ran after functional_call had put the template's meta tensors back
+    with pytest.raises(ModelError, match=r"torch\.utils\.checkpoint"):
+        build_model(spec("checkpointed"), [0, 1], search_paths=[HERE])

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 _VMAP_PROBES: dict[tuple, tuple[bool, str | None]] = {}
 # (builder, spec) -> whether the train-mode forward draws random numbers (the eval-mode one must not).
 _RANDOM_PROBES: dict[tuple, bool] = {}
+# architectures whose member-by-member training step was probed
+_LOOP_PROBES: set[tuple] = set()
 
 _SPEC_KEYS = ("arch", "in_shape", "n_classes", "kwargs", "factory", "feature_layer")
 
@@ -223,6 +225,9 @@ class Ensemble(nn.Module):
         if key not in _VMAP_PROBES:
             _VMAP_PROBES[key] = self._probe_vmap()
         self.vectorized, self.vmap_error = _VMAP_PROBES[key]
+        if not self.vectorized and key not in _LOOP_PROBES:  # the member-by-member path must then train
+            self._refuse_if_backward_leaves_the_member()
+            _LOOP_PROBES.add(key)
         self.eval()
 
     @property
@@ -335,6 +340,32 @@ class Ensemble(nn.Module):
         finally:
             self._base.train(was_training)
         return True, None
+
+    def _refuse_if_backward_leaves_the_member(self) -> None:
+        """One train-mode forward and backward of member 0, member by member as the loop path trains. A forward
+        whose backward reads the module's tensors again (torch.utils.checkpoint recomputes its segment there)
+        runs after functional_call has put the template's own tensors back: torch's error is then about the meta
+        device. Other failures are left to training, which reports them with their context."""
+        params, buffers = _member(*self._stacked(), 0)
+        p = {n: t.detach().clone().requires_grad_(self._trainable[n]) for n, t in params.items()}
+        b = {n: t.detach().clone() for n, t in buffers.items()}
+        x = self._as_model_dtype(torch.zeros(2, *self.in_shape, device=next(iter(p.values())).device))
+        was_training = self._base.training
+        try:
+            with _GLOBAL_RNG, torch.random.fork_rng(devices=[]), _if_differentiated():
+                self._base.train(True)
+                functional_call(self._base, (p, b), (x,)).sum().backward()
+        except RuntimeError as e:
+            if "meta" not in str(e):
+                return
+            raise zoo.ModelError(
+                f"{zoo.model_field(self._builder)}: {type(self._base).__name__}'s backward reads the module's own "
+                f"tensors after its forward returned (torch.utils.checkpoint does: it recomputes its segment in "
+                f"backward; so does an autograd.Function that keeps the module rather than tensors); the pipeline runs "
+                f"every member on stacked copies that exist only during the forward ({zoo.one_line(e, 120)}). "
+                f"Remove activation checkpointing from the forward") from e
+        finally:
+            self._base.train(was_training)
 
     def _probe_modes(self, call, p, b, x) -> None:
         for mode in (True, False):

@@ -255,7 +255,48 @@ def checked_module(builder: Builder, in_shape: Sequence[int], n_classes: int, kw
     if not isinstance(module, nn.Module):
         raise ModelError(f"{field}: model builder {name} returned {type(module).__name__}, expected a "
                          f"torch.nn.Module; return the module itself (e.g. `return nn.Sequential(...)`)")
+    _materialize_lazy(module, shape, field)
+    _check_initial_values(module, field)
     return module
+
+
+def _materialize_lazy(module: nn.Module, in_shape: tuple, field: str) -> None:
+    """Lazy modules (nn.LazyLinear, nn.LazyConv2d, ...) create their parameters on the first forward: run one on
+    zeros here, inside the member's seeded build, so each member's parameters are drawn from its own seed (and
+    stack like any others: stacking an uninitialised parameter raised a bare ValueError)."""
+    if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters()) and not any(
+            isinstance(b, nn.parameter.UninitializedBuffer) for b in module.buffers()):
+        return
+    was_training = module.training
+    try:
+        with torch.no_grad():
+            module.eval()(torch.zeros(2, *in_shape))
+    except Exception as e:  # noqa: BLE001 - the team's forward: report whatever it raised
+        raise ModelError(f"{field}: {type(module).__name__} has lazy parameters, and the first forward that creates "
+                         f"them failed on zeros of shape [2, {', '.join(map(str, in_shape))}] (the prepared data's "
+                         f"in_shape): {describe(e)}") from e
+    finally:
+        module.train(was_training)
+
+
+# Larger than any initialisation draws (|N(0, 1)| > 1e6 never happens): uninitialised memory
+_INIT_LIMIT = 1e6
+
+
+def _check_initial_values(module: nn.Module, field: str) -> None:
+    """Parameters that hold NaN, inf or values beyond _INIT_LIMIT when built: uninitialised memory
+    (torch.nn.utils.skip_init without reset_parameters, torch.empty); training on it diverges or, worse, runs."""
+    bad = []
+    for name, p in module.named_parameters():
+        if p.is_floating_point() and p.numel() and p.device.type != "meta":
+            a = p.detach()
+            if not torch.isfinite(a).all() or a.abs().max() > _INIT_LIMIT:
+                bad.append(f"{name!r} (max |value| {a.abs().max().item():.3g})")
+    if bad:
+        raise ModelError(f"{field}: {type(module).__name__} is built with uninitialised parameters: {', '.join(bad[:4])}"
+                         f"{' ...' if len(bad) > 4 else ''} hold NaN, inf or values above {_INIT_LIMIT:g}; "
+                         f"initialise them in the factory (torch.nn.utils.skip_init needs a reset_parameters() "
+                         f"call; torch.empty needs an nn.init function)")
 
 
 def _check_kwargs(builder: Builder, in_shape: tuple, n_classes: int, kwargs: dict) -> None:
