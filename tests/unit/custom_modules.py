@@ -412,3 +412,21 @@ class Checkpointed(nn.Module):
 
 def checkpointed(in_shape, n_classes):
     return Checkpointed(in_shape, n_classes)
+
+
+class MaxNormEmbedding(nn.Module):
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.emb = nn.Embedding(10, 2, max_norm=0.5)
+        self.out = nn.Linear(2 * in_shape[0], n_classes)
+
+    def forward(self, x):
+        return self.out(self.emb(x.abs().long().clamp(max=9)).flatten(1))
+
+
+def max_norm_embedding(in_shape, n_classes):
+    return MaxNormEmbedding(in_shape, n_classes)
+
+
+def prelu(in_shape, n_classes):
+    return nn.Sequential(nn.Linear(in_shape[0], 5), nn.PReLU(5), nn.Linear(5, n_classes))

@@ -437,3 +437,10 @@ def test_activation_checkpointing_is_refused_by_name_not_a_meta_device_error():
     # the recompute in backward ran after functional_call had put the template's meta tensors back
     with pytest.raises(ModelError, match=r"torch\.utils\.checkpoint"):
         build_model(spec("checkpointed"), [0, 1], search_paths=[HERE])
+
+
+def test_a_forward_that_rewrites_a_parameter_in_place_is_refused_by_name():
+    # nn.Embedding(max_norm=...) renormalises its weight in forward: the leverage diagnostics and newton_ggn
+    # raised raw vmap / autograd errors on it (every deletion batch failed after training had passed)
+    with pytest.raises(ModelError, match=r"changes parameter 'emb.weight' in place .*max_norm"):
+        build_model(spec("max_norm_embedding"), [0, 1], search_paths=[HERE])

@@ -165,3 +165,16 @@ def test_a_module_with_nothing_to_train_is_refused_at_build(factory, cls):
     # a bare StopIteration (module_of, training) or "element 0 of tensors does not require grad" (training)
     with pytest.raises(ModelError, match=rf"custom_modules:{factory}.*{cls} has no trainable parameter"):
         build_model(spec(factory), [0, 1], search_paths=[HERE])
+
+
+def test_per_sample_jacobians_of_prelu_loop_where_the_nested_vmap_breaks(caplog):
+    # torch 2.13: vmap over samples of jacrev through F.prelu raised "The size of tensor a (5) must match";
+    # the leverage rows and newton_ggn failed on a model that trains fine
+    ens = build_model(spec("prelu"), [0, 1], search_paths=[HERE]).double()
+    f = StackedMemberFunction(ens, member=0)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(4, D, generator=g, dtype=torch.float64)
+    V = torch.randn(f.p, 2, generator=g, dtype=torch.float64)
+    J = f.jacobians(f.theta0, X)                                        # [b, C, p]
+    assert J.shape == (4, C, f.p) and not f.jacobians_vectorized and "looping over the samples" in caplog.text
+    torch.testing.assert_close(torch.einsum("bcp,pm->mbc", J, V), f.jvp(f.theta0, X, V), atol=1e-12, rtol=0)

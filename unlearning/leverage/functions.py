@@ -8,11 +8,15 @@ outputs, plus its per-sample Jacobians J_i = d f(x_i) / d theta [C, p] and Jacob
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch.func import functional_call, jacrev, jvp, vjp
 
 from unlearning.devices import resolve_device  # noqa: F401  (re-exported: unlearning.leverage.resolve_device)
 from unlearning.models import Ensemble, vmap_or_loop
+
+log = logging.getLogger(__name__)
 
 
 def _tensor_numel(output) -> int:
@@ -37,6 +41,8 @@ class OutputFunction:
     theta0: torch.Tensor  # [p] the parameters the function was built from
     vectorized: bool = True  # False for a module that does not run under vmap (nn.LSTM, nn.GRU): loop instead
     forward_mode: bool = True  # False once an op of the module turned out to have no forward-mode derivative
+    # False once jacrev under a vmap over samples failed (torch 2.13's batching rule of F.prelu's backward)
+    jacobians_vectorized: bool = True
 
     def _map(self, fn, in_dims: tuple, *args: torch.Tensor) -> torch.Tensor:
         return vmap_or_loop(fn, in_dims, self.vectorized)(*args)
@@ -49,8 +55,18 @@ class OutputFunction:
         return self.outputs(theta, x.unsqueeze(0))[0]
 
     def jacobians(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        """Per-sample Jacobians [b, C, p]: reverse mode per output, vectorized over samples."""
-        return self._map(jacrev(self._single), (None, 0), theta, X)
+        """Per-sample Jacobians [b, C, p]: reverse mode per output, vectorized over samples. Where an op's
+        batching rule breaks under the two nested vmaps (nn.PReLU: "The size of tensor a must match"), a loop over
+        the samples gives the same numbers (each sample's jacrev still vmaps over its C outputs)."""
+        single = jacrev(self._single)
+        if self.vectorized and self.jacobians_vectorized:
+            try:
+                return self._map(single, (None, 0), theta, X)
+            except RuntimeError as e:
+                log.warning("per-sample Jacobians do not run vectorized over samples (%s); looping over the "
+                            "samples instead (slower, same numbers)", str(e)[:160])
+                self.jacobians_vectorized = False  # for this function's life: the ops do not change
+        return vmap_or_loop(single, (None, 0), False)(theta, X)
 
     def weighted_jacobians(self, theta: torch.Tensor, X: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
         """Per-sample left [b, r, C] times J [b, C, p] -> [b, r, p] (the Lambda-weighted rows)."""

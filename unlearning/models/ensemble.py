@@ -217,7 +217,7 @@ class Ensemble(nn.Module):
             self._warn_if_identical(modules, params)
         key = (self._builder, json.dumps(s, sort_keys=True, default=str))
         if key not in _RANDOM_PROBES:  # one probe per architecture and process: every cached ensemble loads again
-            self._refuse_reassigned_buffers()
+            self._refuse_forward_writes()
             _RANDOM_PROBES[key] = self._probe_randomness()
         # nn.Dropout modules, and any other random draw in forward (F.dropout, torch.randn_like noise, nn.LSTM's
         # dropout between layers): such members run one by one, each on its own stream
@@ -260,29 +260,46 @@ class Ensemble(nn.Module):
                     "parameters): %s. The ensembles of oracles and shadows would be copies of one model",
                     zoo.model_field(self._builder), len(same), len(members), members[0], cause)
 
-    def _refuse_reassigned_buffers(self) -> None:
-        """A buffer the forward REASSIGNS (`self.mu = 0.9 * self.mu + ...`) instead of updating in place: the
-        members run through functional_call, which puts back the buffers it was given, so the new value would be
-        lost silently (the module alone would update it, the pipeline's members never would). Seen on a plain
-        copy of member 0, in train and eval mode: a buffer name that holds another tensor object after the call."""
+    def _refuse_forward_writes(self) -> None:
+        """Writes of the forward to its module that the members cannot follow, seen on a plain copy of member 0
+        in train and eval mode, refused by name:
+
+        - a buffer the forward REASSIGNS (`self.mu = 0.9 * self.mu + ...`, a name that holds another tensor
+          object after the call) instead of updating in place: functional_call puts back the buffers it was
+          given, so the update would be lost silently (the module alone would keep it);
+        - a parameter the forward changes in place (its version counter moves: nn.Embedding(max_norm=...)
+          renormalises looked-up rows): training, unlearning and the leverage diagnostics differentiate the
+          forward with respect to parameters that it must not rewrite (vmap refuses the in-place write)."""
         module = self.module_of(0)
         p = next(iter(module.parameters()))
         x = torch.zeros(2, *self.in_shape, dtype=p.dtype if p.is_floating_point() else None, device=p.device)
         devices = [p.device] if p.device.type == "cuda" else []
         reassigned: list[str] = []
+        rewritten: list[str] = []
         with _GLOBAL_RNG, torch.random.fork_rng(devices=devices, device_type=p.device.type), torch.no_grad():
             for mode in (True, False):
                 before = dict(module.named_buffers())
+                versions = {n: t._version for n, t in module.named_parameters()}
                 module.train(mode)(x)
                 after = dict(module.named_buffers())
                 reassigned += [n for n, t in before.items() if after.get(n) is not t and n not in reassigned]
+                rewritten += [n for n, t in module.named_parameters()
+                              if t._version != versions.get(n) and n not in rewritten]
+        field, cls = zoo.model_field(self._builder), type(self._base).__name__
         if reassigned:
             raise zoo.ModelError(
-                f"{zoo.model_field(self._builder)}: {type(self._base).__name__}'s forward reassigns "
-                f"{'buffer' if len(reassigned) == 1 else 'buffers'} {', '.join(map(repr, reassigned))} "
-                f"(`self.name = new_tensor`); the pipeline runs every member on its own stacked buffers and keeps "
-                f"only updates made in place, so this one would never change. Update it in place: "
-                f"`self.name.copy_(new_value)` (or mul_/add_, as BatchNorm's running statistics do)")
+                f"{field}: {cls}'s forward reassigns {'buffer' if len(reassigned) == 1 else 'buffers'} "
+                f"{', '.join(map(repr, reassigned))} (`self.name = new_tensor`); the pipeline runs every member on "
+                f"its own stacked buffers and keeps only updates made in place, so this one would never change. "
+                f"Update it in place: `self.name.copy_(new_value)` (or mul_/add_, as BatchNorm's running "
+                f"statistics do)")
+        if rewritten:
+            raise zoo.ModelError(
+                f"{field}: {cls}'s forward changes {'parameter' if len(rewritten) == 1 else 'parameters'} "
+                f"{', '.join(map(repr, rewritten[:4]))} in place (nn.Embedding(max_norm=...) does: it renormalises "
+                f"the rows it looks up); training, unlearning and the leverage diagnostics differentiate the forward "
+                f"with respect to the parameters, which it must not rewrite. Leave them to the optimiser: drop "
+                f"max_norm, or renormalise out of place (`torch.renorm(rows, 2, 0, max_norm)` on the looked-up rows)")
 
     def _probe_randomness(self) -> bool:
         """Does member 0's forward draw from torch's random generator, in train mode (allowed: the members then run
