@@ -224,6 +224,8 @@ def test_image_files_whose_ids_no_request_could_name_are_refused_by_file(tmp_pat
         load_image_folder(tmp_path, image_size=4)
     assert repr(bad)[1:-1] in str(e.value) and "rename" in str(e.value)
     (tmp_path / bad).unlink()
+    if not any((tmp_path / bad).parent.iterdir()):
+        (tmp_path / bad).parent.rmdir()  # an empty class folder is refused too
     assert len(load_image_folder(tmp_path, image_size=4).sample_id) == len(names)
 
 
@@ -234,3 +236,25 @@ def test_inner_spaces_in_image_names_are_kept(tmp_path):
     _image_folder(tmp_path, [f"cats/my cat {i}.png" for i in range(5)] + [f"dogs/ d{i}.png" for i in range(5)])
     ids = set(load_image_folder(tmp_path, image_size=4).sample_id)
     assert "cats/my cat 0" in ids and "dogs/ d0" in ids
+
+
+def test_an_empty_class_folder_is_named_not_dropped(tmp_path):
+    from unlearning.data.sources import load_image_folder
+
+    _image_folder(tmp_path, [f"cats/c{i}.png" for i in range(4)] + [f"dogs/d{i}.png" for i in range(4)])
+    (tmp_path / "birds").mkdir()
+    (tmp_path / "birds" / ".DS_Store").write_bytes(b"")  # hidden files do not count as images
+    with pytest.raises(DataError, match=r"class folders 'birds/' hold no image"):
+        load_image_folder(tmp_path, image_size=4)
+
+
+def test_a_class_with_val_images_only_is_refused(tmp_path):
+    from unlearning.data.sources import load_image_folder
+
+    _image_folder(tmp_path, [f"train/cats/c{i}.png" for i in range(4)] + [f"train/dogs/d{i}.png" for i in range(4)]
+                  + ["val/cats/v.png", "val/birds/b.png"])
+    with pytest.raises(DataError, match=r"classes 'birds' have images in val/ but none in train/"):
+        load_image_folder(tmp_path, image_size=4)
+    (tmp_path / "val" / "birds" / "b.png").unlink()
+    (tmp_path / "val" / "birds").rmdir()
+    assert set(load_image_folder(tmp_path, image_size=4).fine_class_names) == {"cats", "dogs"}

@@ -633,7 +633,7 @@ def scan_image_folder(root: str | Path) -> tuple[str, list[tuple[Path, str | Non
                          f"<path>/train|val/<class>/<image>")
     else:
         layout, bases = "class_folders", [(None, root)]
-    problems, entries = [], []
+    problems, entries, empty = [], [], []
     problems += [f"{p.relative_to(root).as_posix()} (not inside a class folder)" for p in top if not p.is_dir()]
     for split, base in bases:
         for cdir in _visible(base):
@@ -641,6 +641,8 @@ def scan_image_folder(root: str | Path) -> tuple[str, list[tuple[Path, str | Non
                 if base is not root:
                     problems.append(f"{cdir.relative_to(root).as_posix()} (not inside a class folder)")
                 continue
+            if not _visible(cdir):
+                empty.append(f"{cdir.relative_to(root).as_posix()}/")
             for f in _visible(cdir):
                 rel = f.relative_to(root).as_posix()
                 if f.is_dir():
@@ -656,7 +658,24 @@ def scan_image_folder(root: str | Path) -> tuple[str, list[tuple[Path, str | Non
     if not entries:
         raise DataError(f"prepare.image_folder.path = '{root}': no images found; expected <path>/<class>/<image> or "
                          f"<path>/train|val/<class>/<image>")
+    if empty:  # a class the team expects would be missing from the model (its folder name says it exists)
+        raise DataError(f"prepare.image_folder.path = '{root}': class folders {_first(empty, 10)} hold no image; "
+                         f"add its images or delete the empty folder")
+    _check_every_class_trains(root, layout, entries)
     return layout, entries
+
+
+def _check_every_class_trains(root: Path, layout: str, entries: list) -> None:
+    """With train/ and val/ folders, a class that has val images but no train image would be scored on val
+    and never learnt (its logit trained only to be low)."""
+    if layout != "split_folders":
+        return
+    trained = {c for _, split, c in entries if split == "train"}
+    val_only = sorted({c for _, split, c in entries if split != "train"} - trained)
+    if val_only:
+        raise DataError(f"prepare.image_folder.path = '{root}': classes {_first(val_only, 10)} have images in val/ "
+                         f"but none in train/; the model could never learn them: add train images "
+                         f"(train/<class>/...) or remove them from val/")
 
 
 def _image_size(image_size) -> tuple[int, int]:
