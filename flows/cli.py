@@ -202,6 +202,21 @@ def print_check(fc, as_json: bool) -> int:
     return 0 if fc.status != "invalid" else EXIT_BAD_INPUT
 
 
+def _source_note(check: dict) -> str:
+    """The note for forgotten rows still in the team's own source (a table or an image folder)."""
+    n = check["forgotten_rows_at_the_source"]
+    if check["store"] == "source table":
+        held, field = f"your source table {check['path']} still holds {n} forgotten row(s)", "prepare.table.path"
+    else:
+        shown = ", ".join(check["first_files"]) + (" ..." if n > len(check["first_files"]) else "")
+        held, field = (f"your image folder {check['path']} still holds {n} forgotten image(s) ({shown})",
+                       "prepare.image_folder.path")
+    return (f"{held}: the pipeline never rewrites {field} (the tombstones keep them out of every prepared store). "
+            f"If your policy requires deleting them there too: delete them, then `unlearn reset` and `dvc repro` "
+            f"(the state was built from data that had them: the next batch would stop with 'built from other "
+            f"params or data'; a fresh original is trained without them)")
+
+
 def cmd_verify_erasure(args) -> int:
     from flows.common import tracker_for
     from tasks.erasure import verify_erasure
@@ -224,11 +239,7 @@ def cmd_verify_erasure(args) -> int:
           f"forgotten raw row left, and no forgotten id in the data, the state or a model")
     for c in checks:
         if c.get("forgotten_rows_at_the_source"):
-            print(f"  note: your source table {c['path']} still holds {c['forgotten_rows_at_the_source']} forgotten "
-                  f"row(s): the pipeline never rewrites prepare.table.path (the tombstones keep them out of every "
-                  f"prepared store). If your policy requires deleting them there too: delete them, then `unlearn "
-                  f"reset` and `dvc repro` (the state was built from a table that had them: the next batch would "
-                  f"stop with 'built from other params or data'; a fresh original is trained without them)")
+            print(f"  note: {_source_note(c)}")
     refs = [f"{c['files_naming_forgotten_ids']} file(s) in {c['store']} ({c['path']})" for c in checks
             if c.get("files_naming_forgotten_ids")]
     if refs:

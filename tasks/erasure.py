@@ -354,6 +354,25 @@ def source_table_checks(params: Params, prepared, key, forgotten: set[str]) -> l
     return [{"store": "source table", "path": str(path), "forgotten_rows_at_the_source": n}]
 
 
+def source_folder_checks(params: Params, prepared, key, forgotten: set[str]) -> list[dict]:
+    """The team's own image folder (prepare.image_folder.path), like `source_table_checks`: the pipeline never
+    deletes a team's source images; the check counts the forgotten ones still there and names the first files."""
+    from unlearning.data.registry import DataError
+    from unlearning.data.sources import image_id, scan_image_folder
+
+    source = (prepared.info.get("source") or {}) if prepared is not None else {}
+    if source.get("type") != "image_folder" or not forgotten or not Path(source.get("path", "")).is_dir():
+        return []
+    root = Path(source["path"])
+    try:
+        _, entries = scan_image_folder(root)
+    except DataError as e:
+        return [{"store": "source image folder", "path": str(root), "unreadable": str(e)}]
+    left = [f.relative_to(root).as_posix() for f, _, _ in entries if key(image_id(root, f)) in forgotten]
+    return [{"store": "source image folder", "path": str(root), "forgotten_rows_at_the_source": len(left),
+             "first_files": left[:5]}]
+
+
 def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tuple[list[str], list[dict]]:
     """Re-check every store; returns (problems, checks). A problem: a forgotten raw row (by its digest), a
     forgotten id left in the prepared store or the state manifest, a model or an ensemble trained on it, a
@@ -443,6 +462,7 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
             check(store, folder, sum(plain_forgotten_ids(f, key, forgotten) for f in files),
                   note=" in plain text (`unlearn erase` rewrites them with hashed ids)")
     checks.extend(source_table_checks(params, prepared, key, forgotten))
+    checks.extend(source_folder_checks(params, prepared, key, forgotten))
     if tracker is not None and forgotten:
         champion = read_json_file(state_dir / "champion.json").get("model_version")
         versions = tracker.versions(params.tracking.registered_model)

@@ -112,3 +112,26 @@ def test_the_source_table_is_checked_and_only_reported(tmp_path, fmt):
     assert E.source_table_checks(params, prepared, KEY, {KEY("007")})[0]["forgotten_rows_at_the_source"] == 1
     digits = type("P", (), {"info": {"source": {"type": "digits"}}})()
     assert E.source_table_checks(params, digits, plain, {"x"}) == []
+
+
+def test_the_source_image_folder_is_checked_and_only_reported(tmp_path):
+    # verify-erasure counted forgotten rows left in a source table, but said nothing of a source image folder
+    import numpy as np
+    from PIL import Image
+
+    from flows.cli import _source_note
+
+    root = tmp_path / "images"
+    for name in ["cats/a.png", "cats/ZZSECRET b.png", "dogs/c.png"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.zeros((2, 2), dtype=np.uint8)).save(root / name)
+    prepared = type("P", (), {"info": {"source": {"type": "image_folder", "path": str(root)}}})()
+    params = parse_params({}, root=tmp_path)
+    [check] = E.source_folder_checks(params, prepared, KEY, {KEY("cats/ZZSECRET b"), KEY("dogs/gone")})
+    assert check == {"store": "source image folder", "path": str(root), "forgotten_rows_at_the_source": 1,
+                     "first_files": ["cats/ZZSECRET b.png"]}
+    assert "1 forgotten image(s) (cats/ZZSECRET b.png)" in _source_note(check)
+    assert "prepare.image_folder.path" in _source_note(check)
+    assert E.source_folder_checks(params, prepared, KEY, {KEY("dogs/gone")})[0]["forgotten_rows_at_the_source"] == 0
+    table = type("P", (), {"info": {"source": {"type": "table", "path": str(root)}}})()
+    assert E.source_folder_checks(params, table, KEY, {KEY("cats/a")}) == []

@@ -755,6 +755,11 @@ def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root:
     return X
 
 
+def image_id(root: Path, file: Path) -> str:
+    """An image's sample id: its path inside the folder, without the suffix ('cats/001')."""
+    return file.relative_to(root).with_suffix("").as_posix()
+
+
 def _check_image_ids(root: Path, files: list[Path], ids: np.ndarray) -> None:
     """An image's id is its path without the suffix; one that no request could name (`unnameable_ids`: a tab or
     line break in a name, a space before the suffix or before a class folder's name) is refused by file."""
@@ -775,7 +780,7 @@ def load_image_folder(path: str | Path, image_size=28, grayscale: bool = True, g
     size = _image_size(image_size)
     layout, entries = scan_image_folder(root)
     files = [f for f, _, _ in entries]
-    ids = np.array([f.relative_to(root).with_suffix("").as_posix() for f in files], dtype=object)
+    ids = np.array([image_id(root, f) for f in files], dtype=object)
     _check_image_ids(root, files, ids)
     uniq, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
