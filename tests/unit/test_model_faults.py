@@ -444,3 +444,8 @@ def test_a_forward_that_rewrites_a_parameter_in_place_is_refused_by_name():
     # raised raw vmap / autograd errors on it (every deletion batch failed after training had passed)
     with pytest.raises(ModelError, match=r"changes parameter 'emb.weight' in place .*max_norm"):
         build_model(spec("max_norm_embedding"), [0, 1], search_paths=[HERE])
+
+
+def test_a_class_defined_inside_the_factory_gets_the_fix_not_differ_in_structure():
+    with pytest.raises(ModelError, match=r"defines the class class_inside\.<locals>\.Net inside itself.*module level"):
+        build_model(spec("class_inside"), [0, 1], search_paths=[HERE])

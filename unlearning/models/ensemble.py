@@ -184,6 +184,12 @@ class Ensemble(nn.Module):
         try:
             params, buffers = stack_module_state(list(modules))
         except RuntimeError as e:  # members of different classes, modes or requires_grad flags
+            local = {type(m).__qualname__ for m in modules if "<locals>" in type(m).__qualname__}
+            if local and len({type(m).__qualname__ for m in modules}) == 1:  # one class statement, run per call
+                raise zoo.ModelError(f"{field}: the factory defines the class {local.pop()} inside itself, so every "
+                                     f"call makes a new class and the members cannot be stacked as one "
+                                     f"architecture; define the class at module level (the factory only "
+                                     f"instantiates it)") from e
             raise zoo.ModelError(f"{field}: the members it builds differ in structure ({zoo.one_line(e)}); the "
                                  f"factory must build the same architecture for every seed") from e
         self._param_names = list(params)
