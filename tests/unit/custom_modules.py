@@ -442,3 +442,16 @@ def class_inside(in_shape, n_classes):
             return self.fc(x)
 
     return Net()
+
+
+class BatchSizeBranch(nn.Module):
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(in_shape[0], n_classes)
+
+    def forward(self, x):
+        return self.fc(x) * (1.0 if x.shape[0] > 1 else 2.0)  # a single row is scaled: not a per-sample map
+
+
+def batch_size_branch(in_shape, n_classes):
+    return BatchSizeBranch(in_shape, n_classes)

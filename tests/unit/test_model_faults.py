@@ -449,3 +449,9 @@ def test_a_forward_that_rewrites_a_parameter_in_place_is_refused_by_name():
 def test_a_class_defined_inside_the_factory_gets_the_fix_not_differ_in_structure():
     with pytest.raises(ModelError, match=r"defines the class class_inside\.<locals>\.Net inside itself.*module level"):
         build_model(spec("class_inside"), [0, 1], search_paths=[HERE])
+
+
+def test_eval_outputs_that_depend_on_the_batch_are_refused():
+    # the per-sample Jacobians (one row at a time) then disagreed with the batched J V silently (by 13.9)
+    with pytest.raises(ModelError, match=r"eval-mode outputs depend on the other rows of the batch"):
+        build_model(spec("batch_size_branch"), [0, 1], search_paths=[HERE])

@@ -225,6 +225,7 @@ class Ensemble(nn.Module):
         if key not in _RANDOM_PROBES:  # one probe per architecture and process: every cached ensemble loads again
             self._refuse_forward_writes()
             _RANDOM_PROBES[key] = self._probe_randomness()
+            self._refuse_batch_dependent_outputs()
         # nn.Dropout modules, and any other random draw in forward (F.dropout, torch.randn_like noise, nn.LSTM's
         # dropout between layers): such members run one by one, each on its own stream
         self.stochastic = _is_stochastic(self._base) or _RANDOM_PROBES[key]
@@ -306,6 +307,32 @@ class Ensemble(nn.Module):
                 f"the rows it looks up); training, unlearning and the leverage diagnostics differentiate the forward "
                 f"with respect to the parameters, which it must not rewrite. Leave them to the optimiser: drop "
                 f"max_norm, or renormalise out of place (`torch.renorm(rows, 2, 0, max_norm)` on the looked-up rows)")
+
+    def _refuse_batch_dependent_outputs(self) -> None:
+        """Eval-mode outputs must be per-sample: row i of f(X) depends on x_i only. The per-sample Jacobians
+        (one row at a time), KLoM and the oracles' outputs (any batch) all assume it; a forward that branches on
+        the batch size (`if x.shape[0] > 1`) or mixes rows in eval mode made the leverage diagnostics disagree
+        with the batched products silently. Checked on a plain copy of member 0: 3 rows together vs one by one.
+        A probe the module cannot run (inputs it does not accept) leaves the check to the real data."""
+        module = self.module_of(0).eval()
+        p = next(iter(module.parameters()))
+        g = torch.Generator().manual_seed(0)
+        x = torch.rand(3, *self.in_shape, generator=g, dtype=p.dtype if p.is_floating_point() else None).to(p.device)
+        try:
+            with torch.no_grad():
+                together = module(x)
+                alone = torch.cat([module(x[i:i + 1]) for i in range(len(x))])
+        except Exception:  # noqa: BLE001 - see the docstring
+            return
+        if together.shape != alone.shape:
+            return
+        gap = (together - alone).abs().max().item()
+        if gap > 1e-4 * (1.0 + together.abs().max().item()):
+            raise zoo.ModelError(
+                f"{zoo.model_field(self._builder)}: {type(self._base).__name__}'s eval-mode outputs depend on the "
+                f"other rows of the batch (3 rows together and one by one differ by {gap:.3g}): a branch on the "
+                f"batch size (x.shape[0]) or an op across rows. The leverage diagnostics, KLoM and the oracles "
+                f"need row i's logits to depend on row i only: make the eval forward per-sample")
 
     def _probe_randomness(self) -> bool:
         """Does member 0's forward draw from torch's random generator, in train mode (allowed: the members then run
