@@ -32,7 +32,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from unlearning.models import zoo
-from unlearning.models.hooks import check_hooks
+from unlearning.models import contract
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class Ensemble(nn.Module):
             raise ValueError(f"{len(modules)} modules for {len(self.seeds)} seeds")
         field = zoo.model_field(self._builder)
         self._called_linears = zoo.check_output_shape(modules[0], s["in_shape"], s["n_classes"], field)
-        check_hooks(modules[0], field)
+        contract.check_hooks(modules[0], field)
         if not any(p.requires_grad for p in modules[0].parameters()):  # a bare StopIteration or autograd error later
             raise zoo.ModelError(f"{field}: {type(modules[0]).__name__} has no trainable parameter (none at all, or "
                                  f"every one requires_grad=False); the oracles and shadows are trained from scratch "
@@ -223,9 +223,9 @@ class Ensemble(nn.Module):
             self._warn_if_identical(modules, params)
         key = (self._builder, json.dumps(s, sort_keys=True, default=str))
         if key not in _RANDOM_PROBES:  # one probe per architecture and process: every cached ensemble loads again
-            self._refuse_forward_writes()
-            _RANDOM_PROBES[key] = self._probe_randomness()
-            self._refuse_batch_dependent_outputs()
+            self._on_plain_member(contract.check_forward_writes)
+            _RANDOM_PROBES[key] = self._probe_randomness()  # eval-mode draws are refused by their own message
+            self._on_plain_member(contract.check_per_sample_outputs)
         # nn.Dropout modules, and any other random draw in forward (F.dropout, torch.randn_like noise, nn.LSTM's
         # dropout between layers): such members run one by one, each on its own stream
         self.stochastic = _is_stochastic(self._base) or _RANDOM_PROBES[key]
@@ -267,72 +267,14 @@ class Ensemble(nn.Module):
                     "parameters): %s. The ensembles of oracles and shadows would be copies of one model",
                     zoo.model_field(self._builder), len(same), len(members), members[0], cause)
 
-    def _refuse_forward_writes(self) -> None:
-        """Writes of the forward to its module that the members cannot follow, seen on a plain copy of member 0
-        in train and eval mode, refused by name:
-
-        - a buffer the forward REASSIGNS (`self.mu = 0.9 * self.mu + ...`, a name that holds another tensor
-          object after the call) instead of updating in place: functional_call puts back the buffers it was
-          given, so the update would be lost silently (the module alone would keep it);
-        - a parameter the forward changes in place (its version counter moves: nn.Embedding(max_norm=...)
-          renormalises looked-up rows): training, unlearning and the leverage diagnostics differentiate the
-          forward with respect to parameters that it must not rewrite (vmap refuses the in-place write)."""
+    def _on_plain_member(self, check) -> None:
+        """Run a contract check (unlearning/models/contract.py) on a plain copy of member 0, on a forked
+        generator: no member's stream or state moves."""
         module = self.module_of(0)
         p = next(iter(module.parameters()))
-        x = torch.zeros(2, *self.in_shape, dtype=p.dtype if p.is_floating_point() else None, device=p.device)
         devices = [p.device] if p.device.type == "cuda" else []
-        reassigned: list[str] = []
-        rewritten: list[str] = []
-        with _GLOBAL_RNG, torch.random.fork_rng(devices=devices, device_type=p.device.type), torch.no_grad():
-            for mode in (True, False):
-                before = dict(module.named_buffers())
-                versions = {n: t._version for n, t in module.named_parameters()}
-                module.train(mode)(x)
-                after = dict(module.named_buffers())
-                reassigned += [n for n, t in before.items() if after.get(n) is not t and n not in reassigned]
-                rewritten += [n for n, t in module.named_parameters()
-                              if t._version != versions.get(n) and n not in rewritten]
-        field, cls = zoo.model_field(self._builder), type(self._base).__name__
-        if reassigned:
-            raise zoo.ModelError(
-                f"{field}: {cls}'s forward reassigns {'buffer' if len(reassigned) == 1 else 'buffers'} "
-                f"{', '.join(map(repr, reassigned))} (`self.name = new_tensor`); the pipeline runs every member on "
-                f"its own stacked buffers and keeps only updates made in place, so this one would never change. "
-                f"Update it in place: `self.name.copy_(new_value)` (or mul_/add_, as BatchNorm's running "
-                f"statistics do)")
-        if rewritten:
-            raise zoo.ModelError(
-                f"{field}: {cls}'s forward changes {'parameter' if len(rewritten) == 1 else 'parameters'} "
-                f"{', '.join(map(repr, rewritten[:4]))} in place (nn.Embedding(max_norm=...) does: it renormalises "
-                f"the rows it looks up); training, unlearning and the leverage diagnostics differentiate the forward "
-                f"with respect to the parameters, which it must not rewrite. Leave them to the optimiser: drop "
-                f"max_norm, or renormalise out of place (`torch.renorm(rows, 2, 0, max_norm)` on the looked-up rows)")
-
-    def _refuse_batch_dependent_outputs(self) -> None:
-        """Eval-mode outputs must be per-sample: row i of f(X) depends on x_i only. The per-sample Jacobians
-        (one row at a time), KLoM and the oracles' outputs (any batch) all assume it; a forward that branches on
-        the batch size (`if x.shape[0] > 1`) or mixes rows in eval mode made the leverage diagnostics disagree
-        with the batched products silently. Checked on a plain copy of member 0: 3 rows together vs one by one.
-        A probe the module cannot run (inputs it does not accept) leaves the check to the real data."""
-        module = self.module_of(0).eval()
-        p = next(iter(module.parameters()))
-        g = torch.Generator().manual_seed(0)
-        x = torch.rand(3, *self.in_shape, generator=g, dtype=p.dtype if p.is_floating_point() else None).to(p.device)
-        try:
-            with torch.no_grad():
-                together = module(x)
-                alone = torch.cat([module(x[i:i + 1]) for i in range(len(x))])
-        except Exception:  # noqa: BLE001 - see the docstring
-            return
-        if together.shape != alone.shape:
-            return
-        gap = (together - alone).abs().max().item()
-        if gap > 1e-4 * (1.0 + together.abs().max().item()):
-            raise zoo.ModelError(
-                f"{zoo.model_field(self._builder)}: {type(self._base).__name__}'s eval-mode outputs depend on the "
-                f"other rows of the batch (3 rows together and one by one differ by {gap:.3g}): a branch on the "
-                f"batch size (x.shape[0]) or an op across rows. The leverage diagnostics, KLoM and the oracles "
-                f"need row i's logits to depend on row i only: make the eval forward per-sample")
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=devices, device_type=p.device.type):
+            check(module, self.in_shape, zoo.model_field(self._builder))
 
     def _probe_randomness(self) -> bool:
         """Does member 0's forward draw from torch's random generator, in train mode (allowed: the members then run
