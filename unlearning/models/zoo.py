@@ -267,10 +267,12 @@ def _materialize_lazy(module: nn.Module, in_shape: tuple, field: str) -> None:
     if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters()) and not any(
             isinstance(b, nn.parameter.UninitializedBuffer) for b in module.buffers()):
         return
+    dtype = next((p.dtype for p in module.parameters()
+                  if not isinstance(p, nn.parameter.UninitializedParameter) and p.is_floating_point()), None)
     was_training = module.training
     try:
         with torch.no_grad():
-            module.eval()(torch.zeros(2, *in_shape))
+            module.eval()(torch.zeros(2, *in_shape, dtype=dtype))
     except Exception as e:  # noqa: BLE001 - the team's forward: report whatever it raised
         raise ModelError(f"{field}: {type(module).__name__} has lazy parameters, and the first forward that creates "
                          f"them failed on zeros of shape [2, {', '.join(map(str, in_shape))}] (the prepared data's "
