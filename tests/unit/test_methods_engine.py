@@ -313,3 +313,21 @@ def test_member_equivalence_with_fisher_geometry_target_and_budget(args):
     assert total == ens.cost.gradient_evals
     if "max_grad_evals" in args:
         assert max(ens.info["gradient_evals_per_member"]) <= 60
+
+
+def test_member_adam_in_bfloat16_steps_like_torch_adam():
+    # the bias correction was computed in the parameters' dtype: in bfloat16 0.999 is 1.0, so 1 - 0.999**t was 0
+    # and every step was 0 or NaN (descent_ascent, salun and al_wpgd returned all-NaN bf16 members)
+    g = torch.Generator().manual_seed(0)
+    p0 = torch.randn(2, 4, generator=g).to(torch.bfloat16)
+    grads = [torch.randn(2, 4, generator=g).to(torch.bfloat16) for _ in range(3)]
+    grads[0][:, 0] = 0.0  # a zero gradient: 0 / 0 before
+    ref = torch.nn.Parameter(p0.clone())
+    opt = torch.optim.Adam([ref], lr=1e-2)
+    mine, mopt = p0.clone(), MemberOptimizer(OptimizerSpec(kind="adam", lr=1e-2), 2)
+    for gr in grads:
+        ref.grad = gr.clone()
+        opt.step()
+        mine -= mopt.update([gr], torch.tensor([True, True]))[0]
+    assert torch.isfinite(mine).all() and not torch.equal(mine, p0)
+    torch.testing.assert_close(mine.float(), ref.detach().float(), atol=2e-2, rtol=0)

@@ -58,9 +58,11 @@ class MemberOptimizer:
                 b1, b2 = s.betas
                 m.copy_(torch.where(mask, m * b1 + (1 - b1) * d, m))
                 v.copy_(torch.where(mask, v * b2 + (1 - b2) * d * d, v))
-                t = self.t.to(d.device).clamp_min(1).to(d.dtype)
+                # the bias corrections in float64, as torch.optim.Adam computes them (Python floats): in bfloat16,
+                # 0.999 rounds to 1.0, so 1 - b2**t was exactly 0 and every step inf or NaN
+                t = self.t.to(d.device).clamp_min(1).double()
                 bc1, bc2 = 1 - b1**t, 1 - b2**t  # [N]
-                denom = v.sqrt() / member_view(bc2.sqrt(), v) + s.eps
-                step = member_view(s.lr / bc1, m) * m / denom
+                denom = v.sqrt() / member_view(bc2.sqrt().to(d.dtype), v) + s.eps
+                step = member_view((s.lr / bc1).to(d.dtype), m) * m / denom
             out.append(torch.where(mask, step, torch.zeros_like(step)))
         return out
