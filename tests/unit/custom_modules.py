@@ -455,3 +455,43 @@ class BatchSizeBranch(nn.Module):
 
 def batch_size_branch(in_shape, n_classes):
     return BatchSizeBranch(in_shape, n_classes)
+
+
+class Squeezed(nn.Module):
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(in_shape[0], n_classes)
+
+    def forward(self, x):
+        return self.fc(x.unsqueeze(-1).mean(-1, keepdim=True).transpose(1, 2)).squeeze()  # [1, C] -> [C]
+
+
+def squeezed(in_shape, n_classes):
+    return Squeezed(in_shape, n_classes)
+
+
+class NormalisesInPlace(nn.Module):
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(in_shape[0], n_classes)
+
+    def forward(self, x):
+        return self.fc(x.sub_(0.5).mul_(2.0))  # per-sample, but it rewrites its input
+
+
+def normalises_in_place(in_shape, n_classes):
+    return NormalisesInPlace(in_shape, n_classes)
+
+
+class Autocast(nn.Module):
+    def __init__(self, in_shape, n_classes):
+        super().__init__()
+        self.fc = nn.Linear(in_shape[0], n_classes)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.fc(x)
+
+
+def autocast(in_shape, n_classes):
+    return Autocast(in_shape, n_classes)

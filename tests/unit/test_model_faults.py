@@ -455,3 +455,23 @@ def test_eval_outputs_that_depend_on_the_batch_are_refused():
     # the per-sample Jacobians (one row at a time) then disagreed with the batched J V silently (by 13.9)
     with pytest.raises(ModelError, match=r"eval-mode outputs depend on the other rows of the batch"):
         build_model(spec("batch_size_branch"), [0, 1], search_paths=[HERE])
+
+
+def test_a_forward_that_squeezes_away_the_batch_of_one_row_is_refused():
+    # `.squeeze()` mapped a one-row batch to [C]: jacobians came out [b, p] silently; a last minibatch of one
+    # row, a one-row forget set and the leverage rows raised raw errors deep inside training and the methods
+    with pytest.raises(ModelError, match=r"maps one row \[1, \*in_shape\] to \[3\], not \[1, 3\].*squeeze"):
+        build_model(spec("squeezed"), [0, 1], search_paths=[HERE])
+
+
+def test_a_forward_that_normalises_its_input_in_place_is_refused_for_that_reason():
+    # it rewrote the caller's rows (ens(X) changed X for every later use); the batch check, reusing its input
+    # after the first call, refused it for the wrong reason ("depends on the other rows")
+    with pytest.raises(ModelError, match=r"changes its input in place"):
+        build_model(spec("normalises_in_place"), [0, 1], search_paths=[HERE])
+
+
+def test_autocast_inside_forward_is_refused_by_name():
+    # torch.func ignores autocast: the members trained in float32 while module_of(k) computed in bfloat16
+    with pytest.raises(ModelError, match=r"returns bfloat16 logits from float32 parameters \(torch\.autocast"):
+        build_model(spec("autocast"), [0, 1], search_paths=[HERE])

@@ -11,7 +11,7 @@ later stage:
 - a forward hook whose closure holds the module's parameters (or the module, and reads its parameters through
   it) reads the one tensor built first, not the member's: that parameter never trains. Forward hooks that use
   their `module` argument, or a bound method (`self._hook`), are copied with the module and work;
-- a buffer the forward reassigns, or a parameter it rewrites in place (`check_forward_writes`);
+- a forward that rewrites its input, reassigns a buffer or rewrites a parameter in place (`check_forward_writes`);
 - eval-mode outputs that depend on the other rows of the batch (`check_per_sample_outputs`).
 """
 
@@ -101,6 +101,8 @@ def check_forward_writes(module: nn.Module, in_shape, field: str) -> None:
     """Writes of the forward to its module that the members cannot follow, seen on a plain module (member 0's
     copy) in train and eval mode on zeros [2, *in_shape]:
 
+    - the input changed in place (its version counter moves: `x.sub_(mean)`): the pipeline's stored rows would be
+      rewritten by every forward;
     - a buffer the forward REASSIGNS (`self.mu = 0.9 * self.mu + ...`: the name holds another tensor object after
       the call) instead of updating it in place: functional_call puts back the buffers it was given, so the
       update would be lost silently (the module alone keeps it);
@@ -112,6 +114,7 @@ def check_forward_writes(module: nn.Module, in_shape, field: str) -> None:
     x = torch.zeros(2, *in_shape, dtype=p.dtype if p.is_floating_point() else None, device=p.device)
     reassigned: list[str] = []
     rewritten: list[str] = []
+    input_version = x._version
     was_training = module.training
     try:
         with torch.no_grad():
@@ -128,6 +131,12 @@ def check_forward_writes(module: nn.Module, in_shape, field: str) -> None:
     finally:
         module.train(was_training)
     cls = type(module).__name__
+    if x._version != input_version:
+        raise ModelError(
+            f"{field}: {cls}'s forward changes its input in place (`x.sub_(...)`, `x /= 255`, an inplace=True op on "
+            f"x); the pipeline passes its stored data (the prepared rows, the forget and retain sets) to the "
+            f"forward, which would rewrite them for every later use. Use out-of-place ops on the input "
+            f"(`x = (x - mean) / std`)")
     if reassigned:
         raise ModelError(
             f"{field}: {cls}'s forward reassigns {'buffer' if len(reassigned) == 1 else 'buffers'} "
@@ -156,14 +165,19 @@ def check_per_sample_outputs(module: nn.Module, in_shape, field: str) -> None:
     try:
         with torch.no_grad():
             module.eval()
-            together = module(x)
-            alone = torch.cat([module(x[i:i + 1]) for i in range(len(x))])
+            together = module(x.clone())  # clones: a forward may normalise its input in place
+            each = [module(x[i:i + 1].clone()) for i in range(len(x))]
     except Exception:  # noqa: BLE001 - see the docstring
         return
     finally:
         module.train(was_training)
-    if together.shape != alone.shape:
-        return
+    if tuple(each[0].shape) != (1, together.shape[-1]):  # a squeeze() in forward: [1, C] became [C]
+        raise ModelError(
+            f"{field}: {type(module).__name__} maps one row [1, *in_shape] to {list(each[0].shape)}, not "
+            f"[1, {together.shape[-1]}] (a `.squeeze()` in forward drops the batch dimension of a one-row batch); "
+            f"a last minibatch, a one-row forget set and the per-sample Jacobians all run one row: squeeze only "
+            f"the dimensions you mean (`.flatten(1)`, `.squeeze(-1)`)")
+    alone = torch.cat(each)
     gap = (together - alone).abs().max().item()
     if gap > 1e-4 * (1.0 + together.abs().max().item()):
         raise ModelError(

@@ -375,6 +375,13 @@ def check_output_shape(module: nn.Module, in_shape: Sequence[int], n_classes: in
         raise ModelError(f"{field}: {type(module).__name__} maps [2, *{list(in_shape)}] to {list(out.shape)}; the "
                          f"pipeline needs [B, n_classes] = [2, {n_classes}] logits: size the last layer with the "
                          f"factory's n_classes argument (here {n_classes})")
+    if out.dtype != dtype:
+        d, o = str(dtype).replace("torch.", ""), str(out.dtype).replace("torch.", "")
+        raise ModelError(f"{field}: {type(module).__name__} returns {o} logits from {d} parameters (torch.autocast "
+                         f"inside forward, or a cast of the logits). torch.func, which trains and differentiates the "
+                         f"stacked members, ignores autocast: the members would compute in {d} while the module you "
+                         f"get back computes in {o}. Drop the autocast or cast from forward (run the unlearned "
+                         f"module under autocast when serving it), or build the whole module in {o}")
     seen: dict[str, None] = {}
     for n in called:  # last call wins: order by each layer's last call
         seen.pop(n, None)
