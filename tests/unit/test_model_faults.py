@@ -475,3 +475,14 @@ def test_autocast_inside_forward_is_refused_by_name():
     # torch.func ignores autocast: the members trained in float32 while module_of(k) computed in bfloat16
     with pytest.raises(ModelError, match=r"returns bfloat16 logits from float32 parameters \(torch\.autocast"):
         build_model(spec("autocast"), [0, 1], search_paths=[HERE])
+
+
+def test_a_forward_that_branches_on_its_batched_input_trains_member_by_member():
+    # the vmap probe shared one input between members; training maps a batch per member, where `if x.max() > 1`
+    # is data-dependent control flow: train_ensemble raised a raw vmap error
+    X, y = data()
+    ens = build_model(spec("scales_if_needed"), [0, 2], search_paths=[HERE]).double()
+    assert not ens.vectorized
+    train_ensemble(ens, X, y, **RECIPE)
+    assert_same_state(ens.module_of(1).state_dict(),
+                      alone(custom_modules.scales_if_needed, 2, X, y, **RECIPE).state_dict())

@@ -360,11 +360,17 @@ class Ensemble(nn.Module):
             self._base.train(was_training)
 
     def _probe_modes(self, call, p, b, x) -> None:
+        """Both ways the forward is mapped: one batch shared by every member (evaluation) and a batch per member
+        (training, the methods): with a batched input, ops that query its layout (`x.is_contiguous(memory_format=
+        ...)`) or branch on its values (`if x.max() > 1`) fail under vmap where a shared input did not."""
+        k = next(iter(p.values())).shape[0]
+        per_member = x.unsqueeze(0).expand(k, *x.shape).clone()
         for mode in (True, False):
             self._base.train(mode)
-            out = vmap(call, in_dims=(0, 0, None), randomness="different")(p, b, x)
-            if mode and any(t.requires_grad for t in p.values()):
-                out.sum().backward()
+            for xs, x_dim in ((x, None), (per_member, 0)):
+                out = vmap(call, in_dims=(0, 0, x_dim), randomness="different")(p, b, xs)
+                if mode and any(t.requires_grad for t in p.values()):
+                    out.sum().backward()
 
     # --- identity ------------------------------------------------------------------------------------
     def _build_member(self, seed: int) -> nn.Module:
