@@ -178,3 +178,23 @@ def test_per_sample_jacobians_of_prelu_loop_where_the_nested_vmap_breaks(caplog)
     J = f.jacobians(f.theta0, X)                                        # [b, C, p]
     assert J.shape == (4, C, f.p) and not f.jacobians_vectorized and "looping over the samples" in caplog.text
     torch.testing.assert_close(torch.einsum("bcp,pm->mbc", J, V), f.jvp(f.theta0, X, V), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["gradient_ascent", "descent_ascent", "scrub", "salun", "al_wpgd"])
+def test_a_one_row_forget_set_on_a_batchnorm_module_runs_every_engine_method(name):
+    # one erasure request on the README's own module shape (Linear -> BatchNorm1d -> ...): torch raised "Expected
+    # more than 1 value per channel when training" on the one-row forget batch, and the batch failed (exit 1)
+    from unlearning.methods import TrainRecipe, UnlearnContext, run_method
+    from unlearning.models import train_ensemble
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(30) % C
+    X = torch.randn(30, D, generator=g, dtype=torch.float64) + y[:, None]
+    ens = build_model(spec("bn_mlp"), [0, 1], search_paths=[HERE]).double()
+    train_ensemble(ens, X, y, epochs=2, batch_size=8, lr=0.01)
+    stats = ens.state_dict()
+    adjacent = torch.arange(29) % 3 == 0
+    ctx = UnlearnContext(ens, X[:1], y[:1], X[1:], y[1:], adjacent, TrainRecipe(2, 8, 1e-2), seed=0)
+    out = run_method(name, ctx, {}).model
+    assert all(torch.isfinite(p).all() for p in out.parameters())
+    assert all(torch.equal(t, stats[k]) for k, t in ens.state_dict().items())  # the input model is untouched

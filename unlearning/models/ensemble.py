@@ -139,6 +139,22 @@ def _if_differentiated():
     return _transform_safe_kernels(forward_mode=False) if torch.is_grad_enabled() else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _batchnorm_on_running_stats(module: nn.Module, on: bool):
+    """BatchNorm layers in eval mode (normalising with their running statistics, which they do not update) for
+    a batch of ONE row in training: it has no batch statistics (torch raises "Expected more than 1 value per
+    channel when training" for a BatchNorm over features), and a one-row forget set is the commonest erasure
+    request. The training loops fold a one-row last batch into the one before; a pool of one row has none."""
+    layers = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training] if on else []
+    for m in layers:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.training = True
+
+
 def vmap_or_loop(fn: Callable, in_dims: tuple, vectorized: bool) -> Callable:
     """`vmap(fn, in_dims)`, or, for a module without batching rules (`Ensemble.vectorized` False: nn.LSTM,
     nn.GRU), the same map as a Python loop over the mapped dimension: the same numbers, slower. fn returns a
@@ -485,6 +501,11 @@ class Ensemble(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xs, x_dim = self._per_member(x)
+        one_row = xs.shape[0 if x_dim is None else 1] == 1
+        with _batchnorm_on_running_stats(self._base, self.training and one_row):
+            return self._forward(xs, x_dim)
+
+    def _forward(self, xs: torch.Tensor, x_dim: int | None) -> torch.Tensor:
         params, buffers = self._stacked()
         if (self.training and self.stochastic) or not self.vectorized:
             with _if_differentiated():
