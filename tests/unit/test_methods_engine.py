@@ -331,3 +331,16 @@ def test_member_adam_in_bfloat16_steps_like_torch_adam():
         mine -= mopt.update([gr], torch.tensor([True, True]))[0]
     assert torch.isfinite(mine).all() and not torch.equal(mine, p0)
     torch.testing.assert_close(mine.float(), ref.detach().float(), atol=2e-2, rtol=0)
+
+
+def test_newton_ggn_without_weight_decay_uses_the_zero_decay_lam_and_keeps_an_explicit_zero(caplog):
+    # train.weight_decay = 0 made the default lam 0: a singular GGN whose pseudo-inverse stepped by 1e11 (NaN logits)
+    from unlearning.methods import run_method
+
+    ctx = tiny_ctx()
+    ctx.recipe = TrainRecipe(2, 8, 1e-2, weight_decay=0.0)
+    res = run_method("newton_ggn", ctx, {})
+    assert res.info["lam"] == 1.0 and "train.weight_decay is 0" in caplog.text
+    assert all(torch.isfinite(p).all() for p in res.model.parameters())
+    assert run_method("newton_ggn", ctx, {"zero_decay_lam": 3.0}).info["lam"] == 3.0
+    assert run_method("newton_ggn", ctx, {"lam": 0.0}).info["lam"] == 0.0  # the user's choice stays

@@ -7,7 +7,8 @@ Per member k of the ensemble, in float64 on the model's device:
     G_R = sum_{i in R} J_i^T Lambda_i J_i + lam I.
 
 The sum-of-losses scale matters: a mean loss with (coupled) weight decay wd, mean_R loss + wd/2 ||theta||^2,
-is the same objective divided by |R|, so the default lam = recipe.weight_decay * |R|. (The recipe trains with
+is the same objective divided by |R|, so the default lam = recipe.weight_decay * |R| (zero_decay_lam when
+that is 0: no L2 term leaves the GGN of an overparameterised module singular). (The recipe trains with
 AdamW's decoupled decay, which is not exactly an L2 penalty: set `lam` explicitly to match another objective.)
 For a model linear in theta with squared loss ("mse", e.g. an MLP with hidden=[] and n_classes=1) the GGN is
 the Hessian, so one step with step_size = 1, damping = 0 lands exactly on the ridge solution on [X, 1] with
@@ -19,6 +20,8 @@ worst-case cost would pass `max_grad_evals` (per member; 0 steps leaves the mode
 """
 
 from __future__ import annotations
+
+import logging
 
 import time
 from typing import Literal
@@ -35,6 +38,8 @@ from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult, m
 from unlearning.methods.registry import register
 from unlearning.models.training import clone_model, trainable_param_count
 
+log = logging.getLogger(__name__)
+
 
 class NewtonGGNArgs(MethodArgs):
     # Default by bench/newton_removal.py (issue 12): on 6 digits sets the forget gradient was closer to the
@@ -45,7 +50,12 @@ class NewtonGGNArgs(MethodArgs):
                               "theta + (G_R + lam I)^-1 grad L_F (the same at a minimiser; bench/newton_removal.py)")
     steps: int = Field(1, ge=1, le=100, description="GGN / Newton steps per member (gradient = forget: 1)")
     lam: float | None = Field(None, ge=0, description="L2 coefficient of the sum-of-losses retain objective; "
-                              "None = recipe.weight_decay * |R|")
+                              "None = recipe.weight_decay * |R|, or zero_decay_lam when that is 0")
+    # train.weight_decay = 0 made the default lam 0: the GGN of an overparameterised module is then singular
+    # (rank 23-32 of p = 1391 on a small ResNet) and the step inverted noise-level eigenvalues (step norms 1e11,
+    # NaN logits). 1.0 is the leverage diagnostics' floor (diagnostics.min_lam) for the same matrix.
+    zero_decay_lam: float = Field(1.0, gt=0, description="the default lam when recipe.weight_decay is 0 (an "
+                                  "explicit lam: 0 is kept)")
     damping: float = Field(0.0, ge=0, description="Levenberg-Marquardt term added to the matrix only")
     step_size: float = Field(1.0, gt=0, le=1.0, description="eta; 1 = full Newton step")
     line_search: bool = Field(True, description="backtrack eta (Armijo) so the retain objective decreases")
@@ -92,6 +102,11 @@ def run(ctx: UnlearnContext, args: NewtonGGNArgs) -> UnlearnResult:
     if n_retain == 0:
         raise ValueError("newton_ggn needs a non-empty retain set")
     lam = float(args.lam) if args.lam is not None else float(ctx.recipe.weight_decay) * n_retain
+    if args.lam is None and lam == 0.0:
+        log.warning("newton_ggn: train.weight_decay is 0, so the retain objective has no L2 term and its GGN is "
+                    "singular for an overparameterised module; using lam = %g (zero_decay_lam; set "
+                    "deletion.method_args.newton_ggn.lam to choose)", args.zero_decay_lam)
+        lam = float(args.zero_decay_lam)
     solver = args.solver
     if solver == "auto":
         # choose here so that `max_params` decides between the two allowed solvers
