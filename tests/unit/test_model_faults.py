@@ -486,3 +486,9 @@ def test_a_forward_that_branches_on_its_batched_input_trains_member_by_member():
     train_ensemble(ens, X, y, **RECIPE)
     assert_same_state(ens.module_of(1).state_dict(),
                       alone(custom_modules.scales_if_needed, 2, X, y, **RECIPE).state_dict())
+
+
+def test_batchnorm_without_running_statistics_is_named_as_the_cause():
+    with pytest.raises(ModelError, match=r"depend on the other rows of the batch.*BatchNorm layers \['1'\] have "
+                                         r"track_running_stats=False"):
+        build_model(spec("batch_stats_only"), [0, 1], search_paths=[HERE])

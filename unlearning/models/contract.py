@@ -152,12 +152,23 @@ def check_forward_writes(module: nn.Module, in_shape, field: str) -> None:
             f"renormalise out of place (`torch.renorm(rows, 2, 0, max_norm)` on the looked-up rows)")
 
 
+_PER_SAMPLE_NEED = "the leverage diagnostics, KLoM and the oracles need row i's logits to depend on row i only"
+
+
 def check_per_sample_outputs(module: nn.Module, in_shape, field: str) -> None:
     """Eval-mode outputs must be per-sample: row i of f(X) depends on x_i only. The per-sample Jacobians (one row
     at a time), KLoM and the oracles' outputs (any batch) all assume it; a forward that branches on the batch
     size (`if x.shape[0] > 1`) or mixes rows in eval mode made the leverage diagnostics disagree with the batched
     products silently. Checked on 3 fixed rows in [0, 1), together vs one by one. A probe the module cannot run
     (inputs it does not accept) leaves the check to the real data."""
+    batch_stats = [n for n, m in module.named_modules()
+                   if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats]
+    if batch_stats:  # by construction (the probe below may not even run: one row has no batch statistics)
+        raise ModelError(
+            f"{field}: {type(module).__name__}'s eval-mode outputs depend on the other rows of the batch; "
+            f"{_PER_SAMPLE_NEED}. Cause: BatchNorm layers {batch_stats[:4]} have track_running_stats=False, so "
+            f"they normalise with the batch's own statistics in eval mode too: build them with "
+            f"track_running_stats=True (the default)")
     p = next(iter(module.parameters()))
     g = torch.Generator().manual_seed(0)
     x = torch.rand(3, *in_shape, generator=g, dtype=p.dtype if p.is_floating_point() else None).to(p.device)
@@ -182,6 +193,5 @@ def check_per_sample_outputs(module: nn.Module, in_shape, field: str) -> None:
     if gap > 1e-4 * (1.0 + together.abs().max().item()):
         raise ModelError(
             f"{field}: {type(module).__name__}'s eval-mode outputs depend on the other rows of the batch (3 rows "
-            f"together and one by one differ by {gap:.3g}): a branch on the batch size (x.shape[0]) or an op across "
-            f"rows. The leverage diagnostics, KLoM and the oracles need row i's logits to depend on row i only: "
-            f"make the eval forward per-sample")
+            f"together and one by one differ by {gap:.3g}); {_PER_SAMPLE_NEED}. Cause: a branch on the batch size "
+            f"(x.shape[0]) or an op across rows: make the eval forward per-sample")
