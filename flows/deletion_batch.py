@@ -192,11 +192,10 @@ def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
 def reconcile(params: Params, tracker) -> list[str]:
     """state/ decides: point the registry alias at state/champion.json's version, mark runs of killed batches
     FAILED, tag never-promoted versions, finish pending erasures. Idempotent; returns what it changed."""
-    import json as _json
-
     notes = []
     champion_file = params.path("state_dir") / "champion.json"
-    version = _json.loads(champion_file.read_text()).get("model_version") if champion_file.exists() else None
+    # StateCorrupt (one line, exit 1) for a truncated file, as everywhere else: json.loads raised a traceback
+    version = read_json_file(champion_file).get("model_version") if champion_file.exists() else None
     name, alias = params.tracking.registered_model, params.tracking.alias
     # a batch-less state built from other params follows the retrained original at the next batch (ensure_state):
     # until then the alias stays on that original (`unlearn erase` after `dvc repro train` moved it back)

@@ -161,3 +161,16 @@ def test_a_second_batch_says_once_that_it_waits_for_the_lock(tmp_path, capsys):
     with exclusive_lock(tmp_path / ".state.lock", timeout=0.3):  # free again: taken at once, nothing said
         pass
     assert capsys.readouterr().err == ""
+
+
+def test_reconcile_reports_a_truncated_champion_file_in_one_line(tmp_path):
+    # json.loads raised a JSONDecodeError traceback from the deletion stage and `unlearn erase`
+    from flows.deletion_batch import reconcile
+    from unlearning.config import parse_params
+    from unlearning.io import StateCorrupt
+
+    params = parse_params({}, root=tmp_path)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "champion.json").write_text('{"model_version": "3", "fingerpr')
+    with pytest.raises(StateCorrupt, match=r"champion\.json: not valid JSON"):
+        reconcile(params, tracker=None)
