@@ -29,7 +29,7 @@ from tasks.state import batch_lock, ensure_state, load_state, original_path, sta
 from tasks.training import recipe
 from unlearning.config import Params, load_params
 from unlearning.history import n_original_train
-from unlearning.io import atomic_write_bytes, atomic_write_json, move_unique, read_json_file
+from unlearning.io import atomic_write_bytes, atomic_write_json, move_unique, open_for_writing, read_json_file
 from unlearning.ledger import hash_sample_id
 from unlearning.requests import (
     RequestValidationError, file_sha256, in_inbox, leftover_dot_files, read_request_file, scan_inbox,
@@ -338,6 +338,8 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> dic
     is neither moved nor rejected: it stays in the inbox with what was applied of it recorded in the ledger,
     and the next run (the watcher announces it again once it stops changing) applies the rest."""
     from_inbox = in_inbox(f, inbox)
+    if from_inbox and (writers := open_for_writing(f)):
+        return still_open(f, writers)
     before = file_sha256(f) if from_inbox and f.is_file() else None
     try:
         r = process_request_file(f, params, device)
@@ -360,6 +362,17 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> dic
 
 def changed_since(path: Path, sha256: str | None) -> bool:
     return sha256 is not None and path.is_file() and file_sha256(path) != sha256
+
+
+def still_open(path: Path, writers: list[int]) -> dict:
+    """An inbox file another process still holds open for writing: its last row may be half written (a cut
+    reason still parses), and the writer's later rows would follow the file into processed/ unread. Nothing of it
+    is applied; it stays in the inbox for the next run."""
+    run_logger().warning(f"{path.name} is still open for writing by process(es) {writers}: nothing of it was "
+                         f"applied, it stays in {path.parent}; the next run takes it once it is closed (drop files "
+                         f"atomically: write a dot-file and rename it)")
+    return {"file": path.name, "status": "changed", "reason": f"open for writing by process(es) {writers}",
+            "moved_to": None}
 
 
 def still_changing(path: Path, result: dict, what: str) -> dict:
@@ -400,8 +413,9 @@ def report_results(results: list[dict]) -> int:
     rejected = [r for r in results if r["status"] == "rejected"]
     changed = [r["file"] for r in results if r["status"] == "changed"]
     if changed:
-        print(f"error: {changed} changed while being processed (not dropped atomically): they stay in the inbox, "
-              f"with what was applied of them in the ledger; run again once they are complete", file=sys.stderr)
+        print(f"error: {changed} changed while being processed, or were still open for writing (not dropped "
+              f"atomically): they stay in the inbox, with what was applied of them in the ledger; run again once "
+              f"they are complete", file=sys.stderr)
     if rejected:
         print(f"error: {len(rejected)} file(s) rejected and moved to requests/rejected/ with an error report: "
               f"{[r['file'] for r in rejected]}", file=sys.stderr)

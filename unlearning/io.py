@@ -214,3 +214,31 @@ def move_unique(src: str | Path, folder: str | Path) -> Path:
         dest = folder / f"{src.name}.{n}"
     os.replace(src, dest)
     return dest
+
+
+def open_for_writing(path: str | Path) -> list[int]:
+    """The ids of processes that hold `path` open for writing (Linux: read from /proc; elsewhere, and for
+    processes this user may not inspect, none are seen). A request file still held open by its writer may be
+    complete up to a half-written row: it must not be applied and moved yet."""
+    import os
+
+    proc = Path("/proc")
+    try:
+        target = os.path.realpath(path)
+        pids = [p for p in os.listdir(proc) if p.isdigit() and int(p) != os.getpid()]
+    except OSError:
+        return []
+    writers = []
+    for pid in pids:
+        try:
+            for fd in os.listdir(proc / pid / "fd"):
+                if os.readlink(proc / pid / "fd" / fd) != target:
+                    continue
+                flags = next(line for line in (proc / pid / "fdinfo" / fd).read_text().splitlines()
+                             if line.startswith("flags:"))
+                if int(flags.split()[1], 8) & (os.O_WRONLY | os.O_RDWR):
+                    writers.append(int(pid))
+                    break
+        except (OSError, StopIteration, ValueError):  # the process ended, or is not ours to inspect
+            continue
+    return writers

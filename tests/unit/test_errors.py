@@ -174,3 +174,31 @@ def test_reconcile_reports_a_truncated_champion_file_in_one_line(tmp_path):
     (tmp_path / "state" / "champion.json").write_text('{"model_version": "3", "fingerpr')
     with pytest.raises(StateCorrupt, match=r"champion\.json: not valid JSON"):
         reconcile(params, tracker=None)
+
+
+def test_an_inbox_file_still_open_for_writing_is_left_in_the_inbox(tmp_path):
+    # a writer paused mid-row: the file was applied with its cut last row, moved to processed/, and the rows
+    # written afterwards followed it there unread (4 requests lost, silently)
+    import subprocess
+    import sys
+    import time
+
+    from flows.deletion_batch import process_inbox_file, report_results
+    from unlearning.config import parse_params
+
+    inbox = tmp_path / "requests" / "inbox"
+    inbox.mkdir(parents=True)
+    f = inbox / "2026-12-01T1000_stream.csv"
+    writer = subprocess.Popen([sys.executable, "-c", f"f = open({str(f)!r}, 'w'); f.write('request_id,sample_id\\n'"
+                               f" 'r1,digits-0001\\nr2,dig'); f.flush(); import time; time.sleep(30)"])
+    try:
+        for _ in range(100):
+            if f.exists() and f.stat().st_size:
+                break
+            time.sleep(0.05)
+        r = process_inbox_file(f, parse_params({}, root=tmp_path), "cpu", inbox)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert r["status"] == "changed" and f"process(es) [{writer.pid}]" in r["reason"] and f.exists()
+    assert report_results([r]) == 2
