@@ -356,7 +356,15 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> dic
     if from_inbox:
         if changed_since(f, before):
             return still_changing(f, {**r, "status": "changed", "applied_status": r["status"]}, "processed")
-        r["moved_to"] = str(processed(f, params))
+        try:
+            r["moved_to"] = str(processed(f, params))
+        except OSError as e:  # the batch is in state/ already: not "bad input, nothing changed" (exit 2)
+            if r.get("status") != "applied":
+                raise
+            raise AfterCommitError(f"{f.name}: batch {r.get('batch_id')} WAS applied (state/ holds the new model, "
+                                   f"manifest and ledger); NOT done: moving the file to requests/processed/ "
+                                   f"({type(e).__name__}: {e}). Fix that folder's permissions; the next run finds the "
+                                   f"file processed already, moves it and finishes the erasure") from e
     return r
 
 

@@ -202,3 +202,25 @@ def test_an_inbox_file_still_open_for_writing_is_left_in_the_inbox(tmp_path):
         writer.wait()
     assert r["status"] == "changed" and f"process(es) [{writer.pid}]" in r["reason"] and f.exists()
     assert report_results([r]) == 2
+
+
+def test_a_failed_move_to_processed_after_the_batch_applied_says_it_was_applied(tmp_path, monkeypatch):
+    # requests/processed not writable: the batch was in state/, but the one line said only "Operation not
+    # permitted" with exit 2 ("bad input, nothing changed"). Mocked: as root, chmod does not make a folder unwritable.
+    import flows.deletion_batch as D
+    from flows.errors import EXIT_FAILURE, exit_code
+    from unlearning.config import parse_params
+
+    inbox = tmp_path / "requests" / "inbox"
+    inbox.mkdir(parents=True)
+    f = inbox / "2026-12-01T1000_a.csv"
+    f.write_text("request_id,sample_id\nr1,digits-0001\n")
+    monkeypatch.setattr(D, "process_request_file", lambda *a: {"file": f.name, "status": "applied", "batch_id": "b-1"})
+
+    def refuse(*a):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(D, "processed", refuse)
+    with pytest.raises(D.AfterCommitError, match=r"batch b-1 WAS applied.*NOT done: moving the file") as e:
+        D.process_inbox_file(f, parse_params({}, root=tmp_path), "cpu", inbox)
+    assert exit_code(e.value) == EXIT_FAILURE
