@@ -28,7 +28,8 @@ from unlearning.fingerprint import (
     RESET_HINT, RETRAIN_HINT, StateMismatch, matches, mismatch_error, prepared_fingerprint,
 )
 from unlearning.io import (
-    atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, load_checkpoint, read_json_file, recover_dir,
+    RESTORE_HINT, StateCorrupt, atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, load_checkpoint,
+    read_json_file, recover_dir,
 )
 from unlearning.ledger import ledger_text, read_ledger
 from unlearning.models import load_model, save_model
@@ -183,6 +184,19 @@ def check_original_is_erased(params: Params, extra: dict) -> str:
     return tombstones_digest(tombstones)
 
 
+def check_state_complete(state_dir: Path) -> None:
+    """StateCorrupt when state/ holds some of its files but not the model: a state is written whole (staging
+    folder, then swap), so a missing model.pt beside champion.json or a ledger is damage (a half copy, a hand
+    edit). Taken as "no state yet", it was rebuilt from the original silently: the champion history lost its
+    batches and verify-erasure then failed."""
+    if (state_dir / "model.pt").exists():
+        return
+    present = [n for n in ("champion.json", "ledger.jsonl", "manifest.csv") if (state_dir / n).exists()]
+    if present:
+        raise StateCorrupt(f"{state_dir / 'model.pt'}: missing, while {state_dir} holds {present}; "
+                           f"{RESTORE_HINT.replace('restore it', 'restore the state')}")
+
+
 # Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once.
 @task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
 @computes
@@ -193,6 +207,7 @@ def load_state(params: Params, device: str) -> State:
     or data than the current ones."""
     state_dir = params.path("state_dir")
     recover_dir(state_dir)
+    check_state_complete(state_dir)
     prepared = load_prepared(params.path("prepared_dir"))
     current = current_fingerprint(params, prepared)
     # Checked before a model is built: a changed architecture fails with what changed, not a load error.
@@ -242,6 +257,7 @@ def ensure_state(params: Params, device: str) -> bool:
 
     state_dir = params.path("state_dir")
     recover_dir(state_dir)
+    check_state_complete(state_dir)
     if (state_dir / "model.pt").exists() and not stale_unbatched_state(params):
         return False
     state = load_state.fn(params, device)  # the trained original (also for a stale state that holds no batch)

@@ -224,3 +224,20 @@ def test_a_failed_move_to_processed_after_the_batch_applied_says_it_was_applied(
     with pytest.raises(D.AfterCommitError, match=r"batch b-1 WAS applied.*NOT done: moving the file") as e:
         D.process_inbox_file(f, parse_params({}, root=tmp_path), "cpu", inbox)
     assert exit_code(e.value) == EXIT_FAILURE
+
+
+@pytest.mark.parametrize("left", [["champion.json"], ["ledger.jsonl", "manifest.csv"]])
+def test_a_state_without_its_model_is_damage_not_a_fresh_start(tmp_path, left):
+    # a missing state/model.pt rebuilt the state from the original silently (exit 0): the champion history lost
+    # its batches, and verify-erasure failed afterwards
+    from tasks.state import ensure_state, load_state
+    from unlearning.config import parse_params
+    from unlearning.io import StateCorrupt
+
+    (tmp_path / "state").mkdir()
+    for name in left:
+        (tmp_path / "state" / name).write_text("{}\n")
+    params = parse_params({}, root=tmp_path)
+    for read in (load_state.fn, ensure_state):
+        with pytest.raises(StateCorrupt, match=r"model\.pt: missing, while .* holds .*restore the state"):
+            read(params, "cpu")
