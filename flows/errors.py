@@ -17,7 +17,7 @@ ENV_DEBUG = "UNLEARN_DEBUG"  # `--debug`: tracebacks everywhere
 
 # Errors that end a command with one line: bad input -> 2; by class name (their modules import heavy packages).
 BY_NAME = {"TrackingUnavailable": EXIT_BAD_INPUT, "LockTimeout": EXIT_BAD_INPUT, "BatchRejected": EXIT_GATE_REJECTED,
-           "AfterCommitError": EXIT_FAILURE, "StateCorrupt": EXIT_FAILURE}
+           "AfterCommitError": EXIT_FAILURE, "StateCorrupt": EXIT_FAILURE, "DvcFailed": EXIT_FAILURE}
 
 # The project's bad-input errors, by module and class name (a subclass counts): checking them by import would
 # load pandas and pandera (0.7 s) on the error path of a config typo.

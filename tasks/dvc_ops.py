@@ -65,17 +65,56 @@ def _repo(root: Path, what: str):
         dvc_logger.propagate = propagate
 
 
+def _lock_backup(root: Path) -> Path:
+    return Path(root) / ".dvc" / "tmp" / "dvc.lock.before-commit"  # .dvc/tmp is git-ignored by DVC itself
+
+
+def _restore_interrupted_lock(root: Path) -> None:
+    """DVC rewrites dvc.lock in place: a commit killed while it wrote left the file empty (or cut), and every
+    later DVC call failed on it ("dvc.lock validation failed"), so the erasure could never finish. The copy
+    taken before that commit is put back; the commit then runs again on it (it records the current outputs)."""
+    lock, backup = Path(root) / "dvc.lock", _lock_backup(root)
+    if not backup.exists():
+        return
+    if lock.exists() and lock.stat().st_size and _parses(lock):
+        backup.unlink()  # a commit that ended after writing the lock, before removing its copy
+        return
+    logging.getLogger(__name__).warning("%s was left empty or cut by an interrupted `dvc commit`: restored from the "
+                                        "copy taken before it, and committed again", lock)
+    backup.replace(lock)
+
+
+def _parses(lock: Path) -> bool:
+    import yaml
+
+    try:
+        return isinstance(yaml.safe_load(lock.read_text()), dict)
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return False
+
+
 def commit(root: Path, stages: list[str]) -> list[str]:
-    """`dvc commit -f STAGES`: record the stages' current outputs in dvc.lock and the cache."""
+    """`dvc commit -f STAGES`: record the stages' current outputs in dvc.lock and the cache. dvc.lock is copied
+    first (temp file, then rename) and the copy removed after: `_restore_interrupted_lock` puts it back when a
+    kill left the lock cut."""
+    from unlearning.io import atomic_write_bytes
+
+    _restore_interrupted_lock(root)
+    lock = Path(root) / "dvc.lock"
+    if lock.exists():
+        _lock_backup(root).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(_lock_backup(root), lock.read_bytes())
     with _repo(root, f"commit {' '.join(stages)}") as repo:
         for stage in stages:
             repo.commit(f"{Path(root) / 'dvc.yaml'}:{stage}", force=True)
+    _lock_backup(root).unlink(missing_ok=True)
     return list(stages)
 
 
 def gc_workspace(root: Path, remote: str | None = None) -> None:
     """`dvc gc -w -f` (and with `remote`, `-c -r REMOTE`): drop every cached object the workspace does not use."""
     what = "gc -w" + (f" -c -r {remote}" if remote else "")
+    _restore_interrupted_lock(root)  # gc reads dvc.lock to know what the workspace uses
     with _repo(root, what) as repo:
         repo.gc(workspace=True, force=True, cloud=bool(remote), remote=remote)
 

@@ -81,3 +81,24 @@ def test_dvc_lines_are_printed_once_when_the_root_logger_prints_too(project):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("Updating lock file") == 1, out.stderr
+
+
+def test_a_commit_killed_while_dvc_wrote_the_lock_file_is_recovered(project, caplog):
+    # DVC writes dvc.lock in place: a kill at "Updating lock file" left it empty, and every later DVC call (the
+    # pending erasure's commit and gc) failed with "dvc.lock validation failed", so the erasure never finished
+    (project / "out.txt").write_text("two\n")
+    backup = project / ".dvc" / "tmp" / "dvc.lock.before-commit"
+    backup.parent.mkdir(parents=True, exist_ok=True)
+    backup.write_bytes((project / "dvc.lock").read_bytes())  # what commit() copies before DVC writes
+    (project / "dvc.lock").write_bytes(b"")                    # ... and what the kill left
+    assert dvc_ops.commit(project, ["make"]) == ["make"]
+    assert "restored from the copy" in caplog.text and not backup.exists()
+    dvc_ops.gc_workspace(project)
+    status = subprocess.run([sys.executable, "-m", "dvc", "status", "-q"], cwd=project, capture_output=True)
+    assert status.returncode == 0  # the lock records the current output: clean
+
+
+def test_dvc_failures_end_in_one_line_with_exit_1():
+    from flows.errors import EXIT_FAILURE, exit_code
+
+    assert exit_code(dvc_ops.DvcFailed("dvc commit deletion in /p failed: './dvc.lock' validation failed")) == EXIT_FAILURE
