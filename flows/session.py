@@ -39,6 +39,8 @@ from tasks.clock import ENV_FILE as TIMINGS_FILE
 STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
 # DVC exits 255 whatever the stage's command exited with; the command's documented code is on this line.
 STAGE_FAILED_LINE = re.compile(r"^ERROR: failed to reproduce '[^']+': failed to run: .*, exited with (\d+)\s*$")
+# flows.deletion_batch.report_results: a file was not applied, while the others of the run may have been
+FILES_HELD_LINE = re.compile(r"^error: (\d+ file\(s\) rejected and moved to requests/rejected/|\[.*\] changed while)")
 SKIPPED_LINE = re.compile(r"^Stage '([^']+)' (?:didn't change, skipping|is cached - skipping)")
 
 
@@ -126,9 +128,10 @@ def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
+def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]], bool]:
     """Run `cmd`, pass its output through line by line, and time the stages it announces. Returns the exit code
-    (a failed stage's own, rather than DVC's 255) and the stages' wall times."""
+    (a failed stage's own, rather than DVC's 255), the stages' wall times, and whether it failed because a
+    request file was not applied (rejected, or still being written: the run's other files may be applied)."""
     env = {**env, "PYTHONUNBUFFERED": "1"}  # lines arrive as they are printed, so the stage times are right
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             preexec_fn=_die_with_parent)
@@ -136,6 +139,7 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
     current, since = None, time.perf_counter()
     hint = DvcGitHint()
     stage_rc = None
+    files_held = False
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
@@ -152,6 +156,8 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
                 stages.append((SKIPPED_LINE.match(line).group(1) + " (skipped)", 0.0))
             elif failed := STAGE_FAILED_LINE.match(line):
                 stage_rc = int(failed.group(1))
+            elif FILES_HELD_LINE.match(line):
+                files_held = True
     except KeyboardInterrupt:
         try:
             os.killpg(proc.pid, signal.SIGTERM)  # CMD and the stage processes it started
@@ -166,7 +172,7 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]]]:
         stages.append((current, time.perf_counter() - since))
     if rc != 0 and stage_rc:  # a stage's bad input (2) or gate rejection (3), not DVC's 255
         rc = stage_rc
-    return rc, stages
+    return rc, stages, files_held and rc != 0
 
 
 def prefect_db_is_migrated(env: dict) -> bool:
@@ -356,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, cmd in enumerate(commands):
             label = " ".join(os.path.basename(c) if j == 0 else c for j, c in enumerate(cmd))
             since = time.perf_counter()
-            rc, stages = run_timed(cmd, {**env, "UNLEARN_TIMING_LABEL": label})
+            cmd_rc, stages, files_held = run_timed(cmd, {**env, "UNLEARN_TIMING_LABEL": label})
+            rc = rc or cmd_rc
             if stages:
                 if i == 0:  # before DVC's first stage line: DVC, server, imports
                     first = sum(s for _, s in stages)
@@ -364,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.extend(stages)
             else:
                 rows.append((label, time.perf_counter() - since))
-            if rc != 0:
+            if cmd_rc != 0 and not files_held:
                 break
+            if files_held:  # the other files of the run were applied: their erasure (next command) still runs
+                print(f"{label}: a request file was not applied (exit {cmd_rc}); the next commands still run, for "
+                      f"the files that were", flush=True)
         timings = read_timings(env[TIMINGS_FILE])
     finally:
         for proc in (worker, server.proc if server else None):
