@@ -146,9 +146,16 @@ def field_count_problems(path: str | Path) -> list[str]:
     return problems
 
 
+ROWS_SHOWN = 20  # a problem line names at most this many rows (a 100k-row file made one line of 679 KB)
+
+
 def rows_text(rows: list[int]) -> str:
-    """Data-row numbers as a problem line names them (1 = the first row after the header), in the given order."""
-    return f"row {rows[0]}" if len(rows) == 1 else f"rows {', '.join(map(str, rows))}"
+    """Data-row numbers as a problem line names them (1 = the first row after the header), in the given order;
+    past ROWS_SHOWN, the first ones and how many more."""
+    if len(rows) == 1:
+        return f"row {rows[0]}"
+    more = f" and {len(rows) - ROWS_SHOWN} more" if len(rows) > ROWS_SHOWN else ""
+    return f"rows {', '.join(map(str, rows[:ROWS_SHOWN]))}{more}"
 
 
 def _rows_hint(indices) -> str:

@@ -241,3 +241,10 @@ def test_a_state_without_its_model_is_damage_not_a_fresh_start(tmp_path, left):
     for read in (load_state.fn, ensure_state):
         with pytest.raises(StateCorrupt, match=r"model\.pt: missing, while .* holds .*restore the state"):
             read(params, "cpu")
+
+
+def test_a_problem_line_names_at_most_twenty_rows():
+    from unlearning.requests import rows_text
+
+    assert rows_text([3]) == "row 3" and rows_text([1, 2]) == "rows 1, 2"
+    assert rows_text(list(range(1, 100_001))) == f"rows {', '.join(map(str, range(1, 21)))} and 99980 more"
