@@ -12,6 +12,9 @@ from pathlib import Path
 from unlearning.config import is_tracking_server
 
 
+LOCKED = "locked by another process"
+
+
 def sqlite_problem(db: Path) -> str | None:
     """What makes `db` unreadable as an SQLite database (truncated, overwritten, not a database), or None."""
     try:
@@ -21,7 +24,12 @@ def sqlite_problem(db: Path) -> str | None:
         finally:
             con.close()
     except sqlite3.OperationalError as e:
-        return None if "locked" in str(e) else str(e)  # locked: a writer holds it; MLflow waits for it
+        # locked for the whole 5 s wait: another process holds an exclusive lock (a normal writer's commit takes
+        # milliseconds); MLflow then failed after ~30 s with four sqlalchemy tracebacks
+        if "locked" in str(e):
+            return (f"{LOCKED} for more than 5 s (a long write transaction, or a tool holding it "
+                    f"open: `fuser {db}` names it); wait for it to finish, or stop that process")
+        return str(e)
     except sqlite3.DatabaseError as e:
         return str(e)
     return None
@@ -47,6 +55,8 @@ def tracking_store_problem(tracking_uri: str, timeout: float = 5.0) -> str | Non
         return (f"MLflow store {tracking_uri} is not writable (folder {db.parent}); fix the permissions or set "
                 f"MLFLOW_TRACKING_URI; nothing was changed")
     problem = sqlite_problem(db) if db.exists() else None
+    if problem and problem.startswith(LOCKED):
+        return f"MLflow store {tracking_uri} is {problem}; nothing was changed"
     if problem:
         return (f"MLflow store {tracking_uri} is not a readable SQLite database ({problem}); restore {db.name} from a "
                 f"backup, or move it away (`mv {db} {db}.broken`): the next command creates an empty store; nothing "

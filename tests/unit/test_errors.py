@@ -248,3 +248,29 @@ def test_a_problem_line_names_at_most_twenty_rows():
 
     assert rows_text([3]) == "row 3" and rows_text([1, 2]) == "rows 1, 2"
     assert rows_text(list(range(1, 100_001))) == f"rows {', '.join(map(str, range(1, 21)))} and 99980 more"
+
+
+def test_an_mlflow_store_held_locked_is_named_in_one_line(tmp_path):
+    # another process holding BEGIN EXCLUSIVE: MLflow gave up after ~30 s with four sqlalchemy tracebacks
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    from tasks.store_check import tracking_store_problem
+
+    db = tmp_path / "mlflow.db"
+    sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.close()
+    holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, time; c = sqlite3.connect({str(db)!r}, "
+                               f"isolation_level=None); c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); "
+                               f"time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.perf_counter()
+        problem = tracking_store_problem(f"sqlite:///{db}")
+        assert time.perf_counter() - t0 < 10
+    finally:
+        holder.kill()
+        holder.wait()
+    assert problem.startswith(f"MLflow store sqlite:///{db} is locked by another process") and "fuser" in problem
+    assert tracking_store_problem(f"sqlite:///{db}") is None  # released: usable again
