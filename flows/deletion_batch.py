@@ -210,11 +210,20 @@ def reconcile(params: Params, tracker) -> list[str]:
     if tagged:
         notes.append(f"tagged never-promoted version(s) {tagged} promoted=false")
     if params.erasure.enabled:
-        from tasks.erasure import erase_pending
+        from tasks.erasure import erase_pending, read_tombstones, versions_to_keep
 
         done = erase_pending(params, tracker, version)
         if done:
             notes.append(f"finished {len(done)} pending erasure(s)")
+        if version is not None and read_tombstones(params.path("tombstones")):
+            # a batch that failed after registering its model left a version no erasure ran for: the registry
+            # keeps what an erasure keeps (verify-erasure failed on such an orphan until a later batch's erasure)
+            keep = versions_to_keep(params, tracker, version)
+            orphans = [v for v in tracker.unpromoted_versions(name) if v not in keep]
+            if orphans:
+                tracker.purge_versions(name, set(tracker.versions(name)) - set(orphans))
+                notes.append(f"purged never-promoted version(s) {orphans} (erasure.keep_versions = "
+                             f"{params.erasure.keep_versions})")
     return notes
 
 

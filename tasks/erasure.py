@@ -192,6 +192,13 @@ def _dvc_gc(params: Params) -> dict:
 
 
 @computes
+def versions_to_keep(params: Params, tracker, champion_version) -> set[str]:
+    """The registered versions an erasure keeps: the champion and the `erasure.keep_versions` newest others."""
+    others = [v for v in tracker.versions(params.tracking.registered_model) if v != str(champion_version)]
+    kept = others[len(others) - params.erasure.keep_versions:] if params.erasure.keep_versions else []
+    return {str(champion_version), *kept}
+
+
 def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str, champion_version: str | None,
           tracker=None, run_id: str | None = None, keys: list[str] | None = None) -> dict:
     """Erase every tombstoned row (plus `forget_ids`, added first) from every store; idempotent. Returns the
@@ -239,9 +246,7 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
             stores.append({**models, "replaced": None, "refused": STATE_HOLDS_ERASED})
     if tracker is not None:
         name = params.tracking.registered_model
-        others = [v for v in tracker.versions(name) if v != str(champion_version)]
-        keep = {str(champion_version), *others[len(others) - params.erasure.keep_versions:]} \
-            if params.erasure.keep_versions else {str(champion_version)}
+        keep = versions_to_keep(params, tracker, champion_version)
         stores.append({"store": "MLflow registry", "uri": tracker.tracking_uri,
                        "purged_versions": tracker.purge_versions(name, keep), "kept": sorted(keep)})
     if is_dvc_repo(params) and params.erasure.dvc_gc:

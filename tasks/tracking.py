@@ -389,6 +389,14 @@ class Tracker:
                 tagged.append(str(v.version))
         return tagged
 
+    def unpromoted_versions(self, name: str) -> list[str]:
+        """The versions tagged `promoted=false` (`tag_unpromoted`: registered by batches that failed afterwards)."""
+        try:
+            found = self.client.search_model_versions(f"name = '{name}'")
+        except Exception:
+            return []
+        return sorted((str(v.version) for v in found if (v.tags or {}).get("promoted") == "false"), key=int)
+
     def versions(self, name: str) -> list[str]:
         try:
             return sorted((str(v.version) for v in self.client.search_model_versions(f"name = '{name}'")), key=int)

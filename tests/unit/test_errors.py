@@ -274,3 +274,45 @@ def test_an_mlflow_store_held_locked_is_named_in_one_line(tmp_path):
         holder.wait()
     assert problem.startswith(f"MLflow store sqlite:///{db} is locked by another process") and "fuser" in problem
     assert tracking_store_problem(f"sqlite:///{db}") is None  # released: usable again
+
+
+def test_reconcile_purges_a_never_promoted_version_once_rows_were_erased(tmp_path):
+    # a batch killed after registering its model left v4: `unlearn erase` only tagged it, and verify-erasure
+    # failed ("1 version(s) besides the champion remain") until another batch's erasure ran
+    from flows.deletion_batch import reconcile
+    from unlearning.config import parse_params
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "champion.json").write_text('{"model_version": "2"}')
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tombstones.txt").write_text("digits-0001\n")
+
+    class Registry:
+        def __init__(self):
+            self.all, self.purged = ["1", "2", "4"], []
+
+        def reconcile_alias(self, *a):
+            return "2", False
+
+        def fail_stale_runs(self):
+            return []
+
+        def tag_unpromoted(self, *a):
+            return ["4"]
+
+        def unpromoted_versions(self, name):
+            return ["4"]
+
+        def versions(self, name):
+            return list(self.all)
+
+        def purge_versions(self, name, keep):
+            self.purged = [v for v in self.all if v not in keep]
+            self.all = [v for v in self.all if v in keep]
+            return self.purged
+
+    registry = Registry()
+    params = parse_params({}, root=tmp_path)
+    notes = reconcile(params, registry)
+    assert registry.purged == ["4"] and registry.all == ["1", "2"]  # v1 is left to the erasure's own rule
+    assert any("purged never-promoted version(s) ['4']" in n for n in notes)
