@@ -477,6 +477,9 @@ def exit_fast(code: int) -> NoReturn:
 
 
 def _stop(signum, _frame):
+    # once: a second SIGTERM (the session's, a process-group kill) arriving while the interpreter runs its atexit
+    # handlers raised SystemExit inside one of them ("Exception ignored in atexit callback" and a traceback)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(0)
 
 

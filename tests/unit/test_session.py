@@ -170,3 +170,20 @@ def test_after_a_file_was_not_applied_the_erasure_still_runs_and_the_first_code_
                        "--then", py, "-c", "print('status ran')"])
     out = capsys.readouterr().out
     assert rc == 2 and "erase ran" in out and "status ran" in out and "the next commands still run" in out
+
+
+def test_a_second_sigterm_while_the_worker_shuts_down_prints_no_traceback():
+    # 2 of 8 `make run`s ended with "Exception ignored in atexit callback ... raise SystemExit(0)"
+    import signal
+    import subprocess
+    import time
+
+    script = ("import atexit, signal, sys, time; from flows import warm; signal.signal(signal.SIGTERM, warm._stop); "
+              "atexit.register(time.sleep, 1.0); print('ready', flush=True); time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.4)  # inside the atexit handler now
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "Traceback" not in err and "Exception ignored" not in err, err
