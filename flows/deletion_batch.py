@@ -191,7 +191,8 @@ def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
 
 def reconcile(params: Params, tracker) -> list[str]:
     """state/ decides: point the registry alias at state/champion.json's version, mark runs of killed batches
-    FAILED, tag never-promoted versions, finish pending erasures. Idempotent; returns what it changed."""
+    FAILED, tag never-promoted versions, finish pending erasures, and (once rows were erased) purge the
+    never-promoted versions the erasure's keep rule does not keep. Idempotent; returns what it changed."""
     notes = []
     champion_file = params.path("state_dir") / "champion.json"
     # StateCorrupt (one line, exit 1) for a truncated file, as everywhere else: json.loads raised a traceback
@@ -345,7 +346,8 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> dic
 
     An inbox file whose content changed while it was processed (a writer still appending: not an atomic drop)
     is neither moved nor rejected: it stays in the inbox with what was applied of it recorded in the ledger,
-    and the next run (the watcher announces it again once it stops changing) applies the rest."""
+    and the next run (the watcher announces it again once it stops changing) applies the rest. A file another
+    process still holds open for writing is not read at all (`still_open`)."""
     from_inbox = in_inbox(f, inbox)
     if from_inbox and (writers := open_for_writing(f)):
         return still_open(f, writers)
