@@ -239,9 +239,10 @@ class Ensemble(nn.Module):
             self._warn_if_identical(modules, params)
         key = (self._builder, json.dumps(s, sort_keys=True, default=str))
         if key not in _RANDOM_PROBES:  # one probe per architecture and process: every cached ensemble loads again
-            self._on_plain_member(contract.check_forward_writes)
+            plain = self.module_of(0)  # one copy for both checks (each check leaves its mode as it found it)
+            self._on_plain_member(plain, contract.check_forward_writes)
             _RANDOM_PROBES[key] = self._probe_randomness()  # eval-mode draws are refused by their own message
-            self._on_plain_member(contract.check_per_sample_outputs)
+            self._on_plain_member(plain, contract.check_per_sample_outputs)
         # nn.Dropout modules, and any other random draw in forward (F.dropout, torch.randn_like noise, nn.LSTM's
         # dropout between layers): such members run one by one, each on its own stream
         self.stochastic = _is_stochastic(self._base) or _RANDOM_PROBES[key]
@@ -283,10 +284,9 @@ class Ensemble(nn.Module):
                     "parameters): %s. The ensembles of oracles and shadows would be copies of one model",
                     zoo.model_field(self._builder), len(same), len(members), members[0], cause)
 
-    def _on_plain_member(self, check) -> None:
-        """Run a contract check (unlearning/models/contract.py) on a plain copy of member 0, on a forked
+    def _on_plain_member(self, module: nn.Module, check) -> None:
+        """Run a contract check (unlearning/models/contract.py) on `module`, a plain copy of member 0, on a forked
         generator: no member's stream or state moves."""
-        module = self.module_of(0)
         p = next(iter(module.parameters()))
         devices = [p.device] if p.device.type == "cuda" else []
         with _GLOBAL_RNG, torch.random.fork_rng(devices=devices, device_type=p.device.type):
