@@ -7,9 +7,10 @@ from torch.autograd.functional import jacobian
 
 import unlearning.methods.newton_ggn  # noqa: F401  (registers the preset)
 from unlearning.leverage import StackedMemberFunction
+from unlearning.methods.args import DataSizes
 from unlearning.methods.base import TrainRecipe, UnlearnContext
 from unlearning.methods.registry import REGISTRY, parse_args, run_method
-from unlearning.models import build_model, flat_params
+from unlearning.models import build_model, flat_params, train_ensemble
 
 RECIPE = TrainRecipe(epochs=1, batch_size=8, lr=0.1, weight_decay=0.0)
 
@@ -162,3 +163,53 @@ def test_influence_removal_moves_only_by_the_forget_samples_away_from_a_minimise
 def test_influence_removal_is_one_step():
     with pytest.raises(ValueError, match="one influence-removal step"):
         parse_args("newton_ggn", {"gradient": "forget", "steps": 2})
+
+
+def _two_layer_classifier():
+    """A 5-16-16-3 MLP trained briefly on 30 rows: deep enough that a full influence step at a small lam leaves
+    the region where the outputs move linearly in theta (measured: logits 20 -> 1.2e8 at lam = 1e-3)."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(30) % 3
+    X = torch.randn(30, 5, generator=g) + y[:, None] * 0.5
+    model = build_model({"arch": "mlp", "in_dim": 5, "hidden": [16, 16], "n_classes": 3, "image_shape": None},
+                        [0, 1])
+    train_ensemble(model, X, y, epochs=5, batch_size=8, lr=0.05)
+    ctx = UnlearnContext(model=model, X_forget=X[:6], y_forget=y[:6], X_retain=X[6:], y_retain=y[6:],
+                         adjacent_mask=torch.zeros(24, dtype=torch.bool), recipe=RECIPE, loss="ce")
+    return model, X, ctx
+
+
+def test_influence_step_backtracks_where_the_outputs_leave_their_linear_prediction():
+    model, X, ctx = _two_layer_classifier()
+    with torch.no_grad():
+        before = model(X).abs().max().item()
+    full = run_method("newton_ggn", ctx, {"lam": 1e-3, "max_linearization_error": None})
+    kept = run_method("newton_ggn", ctx, {"lam": 1e-3})
+    with torch.no_grad():
+        full_max, kept_max = full.model(X).abs().max().item(), kept.model(X).abs().max().item()
+    assert full_max > 1e4 * before  # the failure the test guards against
+    assert kept_max < 2 * before
+    for member in kept.info["members"]:
+        assert member["eta"][0] < 1.0 and member["linearization_error"][0] > 1.0
+        assert member["linearization_error"][-1] <= 1.0  # the accepted halving passed the test
+        # each halving halves eta: the accepted eta is 2^-(trials - 1)
+        assert member["eta"][0] == 0.5 ** (len(member["linearization_error"]) - 1)
+    sizes = DataSizes.of(ctx)
+    assert kept.cost.gradient_evals <= parse_args("newton_ggn", {"lam": 1e-3}).budget(sizes)
+
+
+def test_influence_step_is_kept_whole_where_the_outputs_stay_linear():
+    model, X, ctx = _two_layer_classifier()
+    whole = run_method("newton_ggn", ctx, {"lam": 1.0, "max_linearization_error": None})
+    tested = run_method("newton_ggn", ctx, {"lam": 1.0})
+    assert [m["eta"] for m in tested.info["members"]] == [[1.0], [1.0]]
+    assert all(m["linearization_error"][0] <= 1.0 for m in tested.info["members"])
+    torch.testing.assert_close(flat_params(tested.model), flat_params(whole.model), rtol=0, atol=0)
+
+
+def test_influence_step_takes_no_step_when_no_halving_passes():
+    # tau this small is beyond any halving of a nonlinear model's step: the model is left as it was (eta = 0)
+    model, X, ctx = _two_layer_classifier()
+    res = run_method("newton_ggn", ctx, {"lam": 1e-3, "max_linearization_error": 1e-12})
+    assert [m["eta"] for m in res.info["members"]] == [[0.0], [0.0]]
+    torch.testing.assert_close(flat_params(res.model), flat_params(model), rtol=0, atol=0)

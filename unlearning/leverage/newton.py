@@ -97,6 +97,7 @@ def influence_removal_step(fn: OutputFunction, theta: torch.Tensor, X_retain: to
                            X_forget: torch.Tensor, t_forget: torch.Tensor, loss: str, lam: float, *,
                            damping: float = 0.0, step_size: float = 1.0, solver: str = "auto",
                            cg_iters: int = 500, cg_tol: float = 1e-10, exact_max_params: int | None = None,
+                           max_linearization_error: float | None = None,
                            chunk: int | None = None) -> tuple[torch.Tensor, dict]:
     """One influence-removal step (Koh & Liang 2017, §2; DESIGN §4.1):
 
@@ -107,7 +108,16 @@ def influence_removal_step(fn: OutputFunction, theta: torch.Tensor, X_retain: to
     Away from a minimiser (a recipe stopped early, decoupled weight decay) the two differ: the retain gradient
     also carries the residual of the unfinished training, which moves the model toward the retain optimum,
     where the oracles (trained by the same recipe) are not; the forget gradient moves only by the removed
-    samples' contribution. No line search: there is no objective the step must decrease."""
+    samples' contribution. No line search: there is no objective the step must decrease.
+
+    The step is a first-order (influence) prediction, valid while the outputs move linearly in theta: the GGN is
+    the Hessian of the loss of the model linearised at theta (Martens 2020, "New insights and perspectives on
+    the natural gradient method", JMLR 21, its GGN section). With `max_linearization_error` = tau, eta is halved
+    until the outputs on the retain and forget rows satisfy
+        ||f(theta + eta delta) - f(theta) - eta J delta|| <= tau ||eta J delta||   (Frobenius, over rows and outputs),
+    and no step is taken (eta = 0) if 21 tries (down to eta / 2^20) fail. A model linear in theta has error 0
+    and keeps the full step (ridge stays exact); a deep net whose full step would move its
+    logits by 1e8 gets a step where the influence prediction still holds."""
     if lam < 0 or damping < 0:
         raise ValueError(f"lam and damping must be >= 0, got lam={lam}, damping={damping}")
     start = time.perf_counter()
@@ -118,10 +128,37 @@ def influence_removal_step(fn: OutputFunction, theta: torch.Tensor, X_retain: to
     slv = make_solver(solver, lam + damping, p=fn.p, cg_iters=cg_iters, cg_tol=cg_tol, **kw)
     slv.fit(plus=[RowSet(fn, theta, X_retain, t_retain, loss, chunk=chunk)])
     delta = slv.solve(g_forget)
-    theta = theta + step_size * delta
     evals = X_forget.shape[0] + (n * C if slv.name in ("exact", "projected")
                                  else 2 * n * slv.info.get("matvec_columns", 0)
                                  + (n * C if slv.info.get("preconditioner") == "jacobi" else 0))
-    return theta, {"grad_norm": [float(g_forget.norm())], "step_norm": [float(step_size * delta.norm())],
-                   "eta": [step_size], "objective": [], "solver": dict(slv.info), "gradient_evals": evals,
-                   "seconds": time.perf_counter() - start}
+    eta, trust = step_size, {}
+    if max_linearization_error is not None:
+        rows = RowSet(fn, theta, torch.cat([X_retain, X_forget]), torch.cat([t_retain.to(fn.device),
+                      t_forget.to(fn.device)]), loss, chunk=chunk)
+        eta, trust = _linearization_trust(rows, delta, step_size, max_linearization_error)
+        evals += trust["gradient_evals"]
+    theta = theta + eta * delta
+    return theta, {"grad_norm": [float(g_forget.norm())], "step_norm": [float(eta * delta.norm())],
+                   "eta": [eta], "objective": [], "solver": dict(slv.info), "gradient_evals": evals,
+                   "linearization_error": trust.get("errors", []), "seconds": time.perf_counter() - start}
+
+
+def _linearization_trust(rows: RowSet, delta: torch.Tensor, eta: float, tol: float) -> tuple[float, dict]:
+    """The largest eta / 2^k (k < LINE_SEARCH_TRIALS) whose relative linearization error on `rows` (at their
+    theta) is at most tol, or 0.0; info: the error of each trial and the gradient-equivalents spent (one forward
+    and one jvp, then one forward a trial). J delta is computed once: a step eta delta predicts eta J delta."""
+    f0 = rows.outputs()                                  # [n, C]
+    lin = rows.jvp(delta[:, None])[0]                    # [n, C]: J delta
+    lin_norm = float(lin.norm())
+    errors: list[float] = []
+    evals = 2 * rows.n
+    for _ in range(LINE_SEARCH_TRIALS):
+        moved = RowSet(rows.fn, rows.theta + eta * delta, rows.X, rows.t, rows.loss, chunk=rows.chunk).outputs()
+        evals += rows.n
+        err = float((moved - f0 - eta * lin).norm())
+        rel = err / (eta * lin_norm) if lin_norm > 0 else (0.0 if err == 0 else float("inf"))
+        errors.append(rel)
+        if rel <= tol:  # a NaN error (non-finite outputs) fails the test too
+            return eta, {"errors": errors, "gradient_evals": evals}
+        eta /= 2
+    return 0.0, {"errors": errors, "gradient_evals": evals}
