@@ -9,8 +9,8 @@ Pure: standard library only (the prepared folder is read with `json` and `csv`).
 
 Components (each `{"digest": ..., "value": ...}`):
 - `dataset`: the prepared dataset's identity, from `dataset.json` without volatile keys (timestamps,
-  durations) and without one-hot category values (each column's count of categories instead: any value may
-  later belong only to erased rows, and this identity outlives an erasure in the state, the original's
+  durations) and without one-hot category values or, for your own data, class names (counts instead: any value
+  may later belong only to erased rows, and this identity outlives an erasure in the state, the original's
   checkpoint and `erasure.identity`), plus `manifest_digest`, a digest of the sorted (sample_id, split, label)
   rows of its manifest;
 - `model`: `params.train.model.model_dump()`;
@@ -68,11 +68,18 @@ def _without_volatile(d: dict) -> dict:
             if not _VOLATILE.search(str(k).lower())}
 
 
+# the class names of your own data are its label values (or class folders): an erasure may rename them too
+_CLASS_NAME_KEYS = ("class_names", "fine_class_names")
+
+
 def _without_category_values(value: dict) -> dict:
     """The identity's `preprocessing` with each one-hot column's count of categories for its values, and no
-    `feature_names` (which spell them out). The identity recorded before an erasure must still match after it,
-    when the values only forgotten rows had are gone from dataset.json (`<erased k>`): so it holds none. Also
-    turns an identity recorded with values (before this rule) into today's form. Idempotent."""
+    `feature_names` (which spell them out); for your own data (a `source`), the count of class names for the
+    names. The identity recorded before an erasure must still match after it, when the values only forgotten
+    rows had are gone from dataset.json (`<erased k>`): so it holds none. Also turns an identity recorded with
+    values (before this rule) into today's form. Idempotent."""
+    if "source" in value:
+        value = {**value, **{k: len(value[k]) for k in _CLASS_NAME_KEYS if isinstance(value.get(k), list)}}
     prep = value.get("preprocessing")
     if not isinstance(prep, dict) or not isinstance(prep.get("categories"), dict):
         return value

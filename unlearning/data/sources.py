@@ -230,7 +230,7 @@ def erase_categories(preprocessing: dict, X: np.ndarray, keep: np.ndarray) -> di
             start += 1
             continue
         end = start + len(cats)
-        categories[col] = _erased_in_place(cats, kept[start:end], dropped[start:end])
+        categories[col] = erased_in_place(cats, kept[start:end], dropped[start:end])
         start = end
     if start != held.shape[1]:
         raise DataError(f"the features have {held.shape[1]} columns, the preprocessing describes {start}; the "
@@ -239,8 +239,9 @@ def erase_categories(preprocessing: dict, X: np.ndarray, keep: np.ndarray) -> di
             "feature_names": _feature_names(preprocessing["columns"], categories)}
 
 
-def _erased_in_place(cats: list[str], kept: np.ndarray, dropped: np.ndarray) -> list[str]:
-    """The categories of one column with those only dropped rows had (or already placeholders) renumbered as
+def erased_in_place(cats: list[str], kept: np.ndarray, dropped: np.ndarray) -> list[str]:
+    """The categories of one column (or the class names of a dataset) with those only dropped rows had (kept,
+    dropped [len(cats)]: does a kept / dropped row have it), and earlier placeholders, renumbered as
     `<erased 1>`, `<erased 2>`, ... in their places."""
     erased = [is_erased_category(c) or bool(d and not k) for c, k, d in zip(cats, kept, dropped)]
     number = np.cumsum(erased)

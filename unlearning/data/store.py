@@ -20,7 +20,7 @@ import pandera.errors
 import pandera.pandas as pa
 
 from unlearning.data.registry import DataError, Dataset
-from unlearning.data.sources import erase_categories
+from unlearning.data.sources import erase_categories, erased_in_place
 from unlearning.io import StateCorrupt, atomic_save, atomic_write_json
 
 MANIFEST_SCHEMA = pa.DataFrameSchema(
@@ -79,10 +79,49 @@ def _write_arrays(folder: Path, X: np.ndarray, label: np.ndarray, manifest: pd.D
     atomic_write_json(folder / "dataset.json", info)
 
 
+def _held(names: list[str], values: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, dropped) [len(names)]: whether a kept / a dropped row has each name (values [n]: row -> index)."""
+    kept, dropped = np.zeros(len(names), dtype=bool), np.zeros(len(names), dtype=bool)
+    kept[np.unique(values[keep])] = True
+    dropped[np.unique(values[~keep])] = True
+    return kept, dropped
+
+
+def erased_class_names(info: dict, manifest: pd.DataFrame, keep: np.ndarray) -> dict:
+    """`class_names` and `fine_class_names` of a store of your own data (info with a `source`: a table's label
+    values, an image folder's class folders) once the `manifest` rows outside `keep` [n] are dropped: a class that
+    only dropped rows had (a one-row class, a person's name as the label) is renamed `<erased k>` in place, as an
+    erased one-hot category is (erase_categories): the output width and every kept row's label stay. The built-in
+    datasets' class names are their fixed vocabulary, not values of rows: unchanged."""
+    names = {k: list(info[k]) for k in ("class_names", "fine_class_names") if isinstance(info.get(k), list)}
+    if "source" not in info or not names:
+        return names
+    keep = np.asarray(keep, dtype=bool)
+    out = {}
+    if "class_names" in names:
+        labels = manifest["label"].to_numpy(dtype=np.int64)
+        out["class_names"] = erased_in_place(names["class_names"], *_held(names["class_names"], labels, keep))
+    if "fine_class_names" in names and "class_name" in manifest.columns:
+        fine = names["fine_class_names"]
+        index = {c: i for i, c in enumerate(fine)}
+        rows = manifest["class_name"].map(index)
+        known = rows.notna().to_numpy()  # a row whose class was renamed by an earlier erasure is not there
+        out["fine_class_names"] = erased_in_place(fine, *_held(fine, rows[known].to_numpy(dtype=np.int64),
+                                                               keep[known]))
+    return {**names, **out}
+
+
+def class_names_after(info: dict, manifest: pd.DataFrame, keep: np.ndarray) -> list[str]:
+    """The model's output names once the rows outside `keep` are erased (`erased_class_names`): what a batch's
+    champion is registered with, so that the registry holds no class name the erasure removes."""
+    return erased_class_names(info, manifest, keep).get("class_names", list(info.get("class_names", [])))
+
+
 def erased_info(info: dict, manifest: pd.DataFrame, keep: np.ndarray, X: np.ndarray) -> dict:
     """dataset.json after dropping rows (X [n, d]: the features of the `manifest` rows; `keep` [n]): counts of
-    what is left, one-hot categories that only dropped rows had renamed `<erased k>` in place (their raw values
-    must not outlive the rows: `erase_categories`), and under `erasure` the dataset identity of the store before
+    what is left, one-hot categories and class names that only dropped rows had renamed `<erased k>` in place
+    (their raw values must not outlive the rows: `erase_categories`, `erased_class_names`), and under `erasure`
+    the dataset identity of the store before
     any erasure (so the state fingerprint survives an erasure; it holds no category values, see fingerprint.py).
     The prepare stage (write_prepared) and an erasure (rewrite_without) both come here: they write the same."""
     from unlearning.fingerprint import dataset_identity
@@ -96,6 +135,7 @@ def erased_info(info: dict, manifest: pd.DataFrame, keep: np.ndarray, X: np.ndar
                n_val=int((kept["split"] == "val").sum()))
     if isinstance(out.get("preprocessing"), dict):
         out["preprocessing"] = erase_categories(out["preprocessing"], X, keep)
+    out.update(erased_class_names(out, manifest, keep))
     out["erasure"] = {"identity": identity, "n_erased": before + int((~keep).sum())}
     return out
 
