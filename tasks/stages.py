@@ -32,6 +32,7 @@ from tasks.training import model_spec, recipe, train_ensemble_chunk
 from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
+from unlearning.data.store import class_names_after
 from unlearning.ensembles import chunks
 from unlearning.gate import only_statistical_failures, smallest_klom_pvalue, verdict_summary
 from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
@@ -390,16 +391,17 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         fault("before_register")
         version = t.log_model(batch.parent, outcome.model, registered,
                               input_example=input_example(state.prepared.X, state.prepared.manifest),
-                              class_names=state.prepared.info["class_names"])
+                              class_names=names_after_erasure(params, state.prepared, forget_ids))
         # Registry lineage: which batch, method and verdict produced this version, and from which run.
+        verdict = promoted_verdict(outcome)
         t.set_version_tags(registered, version, {
             "fingerprint": state.fingerprint["digest"], "batch_id": batch.batch_id, "method": outcome.method,
-            "verdict": "passed" if outcome.verdict.passed else "promoted_as_gate_false_reject",
+            "verdict": verdict,
             "parent_run_id": batch.parent, "n_forgotten": len(forget_ids), "promoted": "false"})
         fault("after_register")
         entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, state.prepared.info["name"],
                                  objective=objective, method=outcome.method, before=before, after=version, now=now,
-                                 fingerprint=state.fingerprint["digest"])
+                                 fingerprint=state.fingerprint["digest"], verdict=verdict)
         previous = state.champion.get("history", [])
         history = [*previous, history_point(
             previous, batch_id=batch.batch_id, request_file=batch.path.name, method=outcome.method,
@@ -431,6 +433,21 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     return {"version": version, "before": before, "history": history, "n_entries": len(entries)}
 
 
+def promoted_verdict(outcome: CandidateOutcome) -> str:
+    """The verdict the registry tag and the ledger record: `passed`, or `promoted_as_gate_false_reject` for an
+    exact retrain promoted by gate.exact_retrain_overrides although it failed statistical checks only."""
+    return "passed" if outcome.verdict.passed else "promoted_as_gate_false_reject"
+
+
+def names_after_erasure(params: Params, prepared, forget_ids: list[str]) -> list[str]:
+    """The class names the champion is registered with: those the prepared store keeps once this batch's rows
+    and every tombstoned row are erased (a class only they had reads `<erased k>`, as dataset.json will)."""
+    from tasks.erasure import tombstoned_rows
+
+    gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | tombstoned_rows(params, prepared)
+    return class_names_after(prepared.info, prepared.manifest, ~gone)
+
+
 def ledger_entries(requests: pd.DataFrame, batch: BatchRun, hash_ids: bool, salt: str, **fields) -> list[dict]:
     """One ledger entry per request (unlearning/ledger.py's fields); sample ids hashed when `hash_ids`."""
     sha = file_sha256(batch.path)
@@ -438,7 +455,7 @@ def ledger_entries(requests: pd.DataFrame, batch: BatchRun, hash_ids: bool, salt
              "sample_id": hash_sample_id(r.sample_id, salt) if hash_ids else r.sample_id,
              "batch_id": batch.batch_id, "request_file": batch.path.name, "file_sha256": sha, "reason": r.reason,
              "objective": fields["objective"], "requested_at": r.requested_at.isoformat(), "method": fields["method"],
-             "verdict": "passed", "model_version_before": fields["before"], "model_version_after": fields["after"],
+             "verdict": fields["verdict"], "model_version_before": fields["before"], "model_version_after": fields["after"],
              "processed_at": fields["now"], "fingerprint": fields["fingerprint"]}
             for r in requests.itertuples()]
 
