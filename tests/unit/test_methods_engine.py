@@ -240,6 +240,25 @@ def test_saliency_mask_keeps_the_top_fraction_per_member():
     assert torch.all(delta[mask == 0] == 0) and torch.any(delta[mask == 1] != 0)
 
 
+def test_saliency_mask_never_selects_a_weight_of_zero_saliency(caplog):
+    # digits: pixels that are 0 in every forget row give their first-layer weights a zero gradient; with more
+    # zeros than 1 - mask_fraction the threshold was 0 and the mask held every weight (an unmasked SalUn)
+    ctx = tiny_ctx()
+    ctx.X_forget[:, 1:] = 0.0  # inputs 1..3 are 0 in every forget row: 15 of the 5x4 first-layer weights
+    masks = saliency_mask(ctx.model, ctx.X_forget, ctx.y_forget, 0.9)
+    flat, p = flatten(masks), flatten(masks).shape[1]
+    assert flat.sum(1).max() < round(0.9 * p)
+    first_weight = masks[0]  # [N, 5, 4]: the hidden layer's weight
+    assert first_weight.shape[-1] == 4 and not first_weight[..., 1:].any()
+    with caplog.at_level("WARNING", logger="unlearning.methods.salun"):
+        res = run_method("salun", ctx, {"mask_fraction": 0.9, "epochs": 1})
+    realised = res.info["mask_fraction_realised"]
+    assert realised == (flat.sum(1) / p).tolist() and max(realised) < 0.9
+    assert "nonzero forget gradient" in caplog.text
+    delta = flatten([a - b for a, b in zip(res.model.parameters(), ctx.model.parameters())])
+    assert torch.all(delta[flat == 0] == 0)
+
+
 def test_retrain_is_the_oracle_and_mse_is_supported():
     ctx = tiny_ctx(dtype=torch.float32)
     res = run_method("retrain", ctx, {})

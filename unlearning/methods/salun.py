@@ -8,6 +8,7 @@ term toward the random labels, so its weight w_F is negative. CE models only."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -22,6 +23,8 @@ from unlearning.methods.registry import register
 from unlearning.methods.weighting import Weighting
 from unlearning.models import Ensemble
 from unlearning.models.training import clone_model
+
+log = logging.getLogger(__name__)
 
 
 class SalunArgs(IterativeArgs):
@@ -39,7 +42,10 @@ class SalunArgs(IterativeArgs):
 
 def saliency_mask(model: Ensemble, X: torch.Tensor, y: torch.Tensor, fraction: float) -> Vec:
     """0/1 masks shaped like the parameters: per member, 1 on the top `fraction` of weights by
-    |d L_F / d theta| (mean CE over the rows X [nF, d], y [nF]). Ties at the threshold are kept."""
+    |d L_F / d theta| (mean CE over the rows X [nF, d], y [nF]). Ties at the threshold are kept; a weight of
+    saliency 0 never is: on digits the pixels that are 0 in every forget row give their first-layer weights a
+    zero gradient, and a threshold of 0 had selected every weight (an unmasked SalUn, silently). The mask may
+    then hold fewer than `fraction` of the weights (`realised_fractions`)."""
     params = list(model.parameters())
     loss = per_sample_loss(model(X), y.expand(model.n_models, -1), "ce").mean(1).sum()
     # a frozen parameter (requires_grad=False in the team's module), or one the forward never uses (an auxiliary
@@ -49,7 +55,13 @@ def saliency_mask(model: Ensemble, X: torch.Tensor, y: torch.Tensor, fraction: f
     g = flatten([torch.zeros_like(p) if d is None else d.abs() for p, d in zip(params, grads)])  # [N, p]
     k = max(1, int(round(fraction * g.shape[1])))
     thresh = g.topk(k, dim=1).values[:, -1:]  # [N, 1]: member's k-th largest magnitude
-    return unflatten((g >= thresh).to(g.dtype), params)
+    return unflatten(((g >= thresh) & (g > 0)).to(g.dtype), params)
+
+
+def realised_fractions(mask: Vec) -> list[float]:
+    """Per member, the share of the weights the mask lets change."""
+    flat = flatten(mask)  # [N, p]
+    return (flat.sum(1) / flat.shape[1]).tolist()
 
 
 def random_relabels(ctx: UnlearnContext, seeds: list[int], n_classes: int) -> torch.Tensor:
@@ -75,6 +87,10 @@ def run(ctx: UnlearnContext, args: SalunArgs) -> UnlearnResult:
     if n_classes < 2:
         raise ValueError("salun needs at least 2 classes")
     mask = saliency_mask(model, ctx.X_forget, ctx.y_forget, args.mask_fraction)
+    realised = realised_fractions(mask)
+    if min(realised) < args.mask_fraction - 0.5 / max(1, flatten(mask).shape[1]):
+        log.warning("salun: only %.3f of the weights (fewest of the members) have a nonzero forget gradient, "
+                    "fewer than mask_fraction = %g: the mask holds those only", min(realised), args.mask_fraction)
     labels = random_relabels(ctx, model.seeds, n_classes)  # [N, nF]
 
     def relabel_ce(m, X, y, idx):  # CE toward member k's random label of each drawn forget row
@@ -90,4 +106,5 @@ def run(ctx: UnlearnContext, args: SalunArgs) -> UnlearnResult:
     result.cost.seconds = time.perf_counter() - start
     result.info["gradient_evals_per_member"] = [e + saliency_cost for e in result.info["gradient_evals_per_member"]]
     result.info["mask_fraction"] = args.mask_fraction
+    result.info["mask_fraction_realised"] = realised
     return result
