@@ -125,7 +125,11 @@ def only_statistical_failures(verdict: "Verdict") -> bool:
     is `max_forget_accuracy`, its `acc/validation` the floor), whatever the names share."""
     if verdict.objective != "retrain_equivalence":
         return False
-    failed = [name for name, c in verdict.checks.items() if not c["passed"]]
+    return _failed_statistical_checks_only(verdict.checks)
+
+
+def _failed_statistical_checks_only(checks: dict) -> bool:
+    failed = [name for name, c in checks.items() if not c["passed"]]
     return bool(failed) and all(name.startswith("klom_pvalue/") or name in STATISTICAL_CHECKS for name in failed)
 
 
@@ -139,7 +143,8 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
       * `acc/<split>` within `accuracy_interval` of the oracle accuracies (`oracle_acc_min/<split>`,
         `oracle_acc_max/<split>`, split size `n/<split>`), when those keys are given;
       * optional extra bounds: max_accuracy_gap, max_klom_p95_forget, max_klom_to_noise_floor (null = off).
-    `candidate_is_retrain` = 1 marks exact retrain: a failure then also says it is a gate defect."""
+    `candidate_is_retrain` = 1 marks exact retrain: a failure of statistical checks only then also says it is a
+    gate defect."""
     checks: dict[str, dict] = {}
     failures: list[str] = []
     if objective == "retrain_equivalence":
@@ -177,7 +182,9 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
                 if floor is not None and f"klom_p95/{split}" in metrics and not math.isnan(floor):
                     _check(checks, failures, f"klom_p95/{split}", metrics[f"klom_p95/{split}"], "<=",
                            round(g.max_klom_to_noise_floor * floor, 6))
-        if failures and metrics.get("candidate_is_retrain"):
+        # an absolute floor (acc/validation_min, a KLoM P95 bound) binds a retrain too: only a failure of the
+        # statistical checks alone is the gate's false reject
+        if failures and metrics.get("candidate_is_retrain") and _failed_statistical_checks_only(checks):
             failures.append(RETRAIN_DEFECT)
     elif objective == "suppression":
         g = gate.suppression

@@ -93,6 +93,12 @@ def test_klom_pvalue_against_alpha_and_retrain_defect_note():
     m["candidate_is_retrain"] = 1.0
     v = evaluate_gate("retrain_equivalence", m, Gate(retrain_equivalence={"alpha": 0.05}))
     assert len(v.failures) == 2 and v.failures[1].startswith("gate defect: the candidate is an exact retrain")
+    # an absolute floor binds a retrain too: missing it is no gate defect (the note misled the operator)
+    m["acc/validation"] = 0.05
+    v = evaluate_gate("retrain_equivalence", m, Gate(retrain_equivalence={"alpha": 0.05,
+                                                                          "min_validation_accuracy": 0.8}))
+    assert any(f.startswith("acc/validation_min") for f in v.failures)
+    assert not [f for f in v.failures if f.startswith("gate defect")]
 
 
 def test_suppression_gate():
