@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import re
 
 import numpy as np
 import pandas as pd
@@ -258,3 +259,31 @@ def test_a_class_with_val_images_only_is_refused(tmp_path):
     (tmp_path / "val" / "birds" / "b.png").unlink()
     (tmp_path / "val" / "birds").rmdir()
     assert set(load_image_folder(tmp_path, image_size=4).fine_class_names) == {"cats", "dogs"}
+
+
+@pytest.mark.parametrize("stray", ["?", "-", "unknown", "1,5"])
+def test_a_column_of_numbers_with_a_stray_text_cell_is_refused_by_cell(tmp_path, stray):
+    # UCI files mark an unknown age with '?': the column was read as text and one-hot encoded silently (73
+    # features, each age a category of its own)
+    df = _table(200)
+    df["age"] = (np.arange(200) % 60 + 18).astype(object)
+    df.loc[7, "age"] = stray
+    df.to_csv(tmp_path / "t.csv", index=False)
+    with pytest.raises(DataError, match=rf"feature column 'age' holds numbers \(60 distinct\) except for 1 "
+                                        rf"cell\(s\): '{re.escape(stray)}' in rows 'r7'.*Make those cells empty"):
+        load_table(path=tmp_path / "t.csv", id_column="id", label_column="label")
+    df.loc[7, "age"] = None  # the fix the message gives: an empty cell, dropped with missing: drop
+    df.to_csv(tmp_path / "t.csv", index=False)
+    ds = load_table(path=tmp_path / "t.csv", id_column="id", label_column="label", missing="drop")
+    assert ds.meta["preprocessing"]["feature_names"] == ["x", "age"] and len(ds.label) == 199
+
+
+def test_category_codes_with_a_letter_stay_categories(tmp_path):
+    # a few codes (1, 2, 3, 'A') and a text column with numbers among its words are categories as before
+    df = _table(60)
+    df["grade"] = [["1", "2", "3", "A"][i % 4] for i in range(60)]
+    df["size"] = [["S", "M", "L", "10", "12"][i % 5] for i in range(60)]
+    df.to_csv(tmp_path / "t.csv", index=False)
+    ds = load_table(path=tmp_path / "t.csv", id_column="id", label_column="label")
+    names = ds.meta["preprocessing"]["feature_names"]
+    assert "grade=A" in names and "size=10" in names

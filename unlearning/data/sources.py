@@ -354,6 +354,7 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
     for col in features:
         s = df[col]
         _check_feature_column(path, col, s, len(df))
+        _check_stray_text(path, col, s, ids)
         if not is_categorical(s) and not np.isfinite(s.to_numpy(dtype=np.float64)).all():
             rows = ~np.isfinite(s.to_numpy(dtype=np.float64))
             raise DataError(f"{path.name}: column {col!r} has infinite values in rows {_describe_rows(ids, rows)}; "
@@ -550,6 +551,30 @@ def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> No
                              f"add {distinct} features that identify rows rather than describe them. Leave it out "
                              f"of prepare.table.feature_columns (or encode it as numbers yourself); at most "
                              f"{MAX_CATEGORIES} categories are one-hot encoded")
+
+
+STRAY_TEXT_MIN_NUMBERS = 10  # distinct numbers from which a column with a few text cells is a column of numbers
+STRAY_TEXT_MAX_SHARE = 0.05  # at most this share of its cells are text
+
+
+def _check_stray_text(path: Path, col: str, s: pd.Series, ids: pd.Series) -> None:
+    """Refuse a column of numbers with a few text cells ('?', '-', 'unknown', '1,5'): read as text, it would be
+    one-hot encoded, every age or price its own category, without a word. A column counts as numbers when it has
+    at least STRAY_TEXT_MIN_NUMBERS distinct numbers and at most STRAY_TEXT_MAX_SHARE of its cells are not numbers
+    (a handful of category codes such as 1, 2, 3, 'A' stays categorical)."""
+    if not is_categorical(s) or pd.api.types.is_bool_dtype(s):
+        return
+    present = s.notna().to_numpy()
+    numbers = pd.to_numeric(s.where(s.notna(), None).map(lambda v: str(v).strip() if v is not None else v),
+                            errors="coerce")
+    text = present & numbers.isna().to_numpy()
+    if not text.any() or numbers.nunique() < STRAY_TEXT_MIN_NUMBERS or text.sum() > STRAY_TEXT_MAX_SHARE * present.sum():
+        return
+    values = list(dict.fromkeys(s[text].map(str)))
+    raise DataError(f"{path.name}: feature column {col!r} holds numbers ({int(numbers.nunique())} distinct) except "
+                     f"for {int(text.sum())} cell(s): {_first(values)} in rows {_describe_rows(ids, text)}; read as "
+                     f"text, the whole column would be one-hot encoded, each number a category of its own. Make "
+                     f"those cells empty (missing: `prepare.table.missing: drop` drops their rows) or correct them")
 
 
 # Text that is a date or a time of day (every value of a column must be one for the column to count as dates):
