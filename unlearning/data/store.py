@@ -105,7 +105,7 @@ def erased_class_names(info: dict, manifest: pd.DataFrame, keep: np.ndarray) -> 
         fine = names["fine_class_names"]
         index = {c: i for i, c in enumerate(fine)}
         rows = manifest["class_name"].map(index)
-        known = rows.notna().to_numpy()  # a row whose class was renamed by an earlier erasure is not there
+        known = rows.notna().to_numpy()  # every row's class is a fine name; a row that is not counts for none
         out["fine_class_names"] = erased_in_place(fine, *_held(fine, rows[known].to_numpy(dtype=np.int64),
                                                                keep[known]))
     return {**names, **out}
