@@ -291,8 +291,10 @@ def _rule_line(rule: str, row: int, lk: Lookup) -> str:
                 f"{lk.example_ids}{lk.left_out}); correct the id or remove the row")
     if rule == "training_sample":
         split = lk.frame.loc[lk.frame["row"] == row, "split"].iloc[0]
-        return (f"column 'sample_id' row {row}: value {value!r} is a {split!r} sample, not a training sample "
-                f"(never trained on: nothing to forget); remove the row")
+        return (f"column 'sample_id' row {row}: value {value!r} is a {split!r} sample, not a training sample: no "
+                f"model trained on it, so no batch unlearns it, and it stays in the prepared store as validation "
+                f"data; remove the row (to erase its data too, delete it from your source, then `unlearn reset` "
+                f"and `dvc repro` prepare a split without it)")
     by = f" by batch {lk.deleted_by[row]}" if lk.deleted_by.get(row) else ""
     how = "erased" if lk.erased.get(row) else "deleted"
     return (f"column 'sample_id' row {row}: value {value!r} was {how} already{by} (see the ledger); nothing is left "
