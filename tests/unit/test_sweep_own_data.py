@@ -278,6 +278,17 @@ def test_a_column_of_numbers_with_a_stray_text_cell_is_refused_by_cell(tmp_path,
     assert ds.meta["preprocessing"]["feature_names"] == ["x", "age"] and len(ds.label) == 199
 
 
+def test_a_stray_text_cell_is_named_also_where_the_numbers_are_too_many_categories(tmp_path):
+    # 300 distinct prices and one '?': the count-of-categories refusal came first and named no cell
+    df = _table(300)
+    df["price"] = (np.arange(300) * 1.5).astype(object)
+    df.loc[42, "price"] = "?"
+    df.to_csv(tmp_path / "t.csv", index=False)
+    with pytest.raises(DataError, match=r"feature column 'price' holds numbers \(299 distinct\) except for 1 "
+                                        r"cell\(s\): '\?' in rows 'r42'"):
+        load_table(path=tmp_path / "t.csv", id_column="id", label_column="label")
+
+
 def test_category_codes_with_a_letter_stay_categories(tmp_path):
     # a few codes (1, 2, 3, 'A') and a text column with numbers among its words are categories as before
     df = _table(60)

@@ -353,8 +353,7 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
     _check_ids(id_column, ids, file_rows)
     for col in features:
         s = df[col]
-        _check_feature_column(path, col, s, len(df))
-        _check_stray_text(path, col, s, ids)
+        _check_feature_column(path, col, s, ids)
         if not is_categorical(s) and not np.isfinite(s.to_numpy(dtype=np.float64)).all():
             rows = ~np.isfinite(s.to_numpy(dtype=np.float64))
             raise DataError(f"{path.name}: column {col!r} has infinite values in rows {_describe_rows(ids, rows)}; "
@@ -524,10 +523,12 @@ def _class_names(label_column: str, labels: pd.Series) -> list[str]:
     return [names[i] for i in sorted(range(len(names)), key=lambda i: (values[i], names[i]))]
 
 
-def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> None:
-    """Refuse feature columns that one-hot encoding would silently turn into noise: dates, nested values and free
-    text. Dates are refused however they arrive (a datetime dtype, Parquet DATE/TIME objects, or CSV text such
-    as '2024-01-05' or '08:30'), so one table gives the same answer as CSV and as Parquet."""
+def _check_feature_column(path: Path, col: str, s: pd.Series, ids: pd.Series) -> None:
+    """Refuse feature columns that one-hot encoding would silently turn into noise: dates, nested values, numbers
+    with a few text cells and free text (ids [n]: the rows' ids, to name them). Dates are refused however they
+    arrive (a datetime dtype, Parquet DATE/TIME objects, or CSV text such as '2024-01-05' or '08:30'), so one
+    table gives the same answer as CSV and as Parquet."""
+    n_rows = len(ids)
     dates = _dates_in(s)
     if dates:
         raise DataError(f"{path.name}: feature column {col!r} holds dates/times ({dates}); convert it to numbers "
@@ -544,6 +545,7 @@ def _check_feature_column(path: Path, col: str, s: pd.Series, n_rows: int) -> No
             raise DataError(f"{path.name}: text feature column {col!r} holds the values {_first(reserved)}, which "
                              f"read as placeholders of erased categories ({ERASED_CATEGORY.format('k')}); rename "
                              f"those values in your table")
+        _check_stray_text(path, col, s, ids)  # before the count of distinct values: it names the cells
         distinct = int(s.map(str).nunique())
         if distinct > MAX_CATEGORIES or (distinct > 10 and distinct > 0.5 * n_rows):
             raise DataError(f"{path.name}: text feature column {col!r} has {distinct} distinct values in {n_rows} "
@@ -558,20 +560,18 @@ STRAY_TEXT_MAX_SHARE = 0.05  # at most this share of its cells are text
 
 
 def _check_stray_text(path: Path, col: str, s: pd.Series, ids: pd.Series) -> None:
-    """Refuse a column of numbers with a few text cells ('?', '-', 'unknown', '1,5'): read as text, it would be
-    one-hot encoded, every age or price its own category, without a word. A column counts as numbers when it has
-    at least STRAY_TEXT_MIN_NUMBERS distinct numbers and at most STRAY_TEXT_MAX_SHARE of its cells are not numbers
-    (a handful of category codes such as 1, 2, 3, 'A' stays categorical)."""
-    if not is_categorical(s) or pd.api.types.is_bool_dtype(s):
-        return
+    """Refuse a text column that is numbers but for a few cells ('?', '-', 'unknown', '1,5'): one-hot encoded, every
+    age or price would be a category of its own, without a word. A column counts as numbers when it has at least
+    STRAY_TEXT_MIN_NUMBERS distinct numbers and at most STRAY_TEXT_MAX_SHARE of its cells are not numbers (a
+    handful of category codes such as 1, 2, 3, 'A' stays categorical)."""
     present = s.notna().to_numpy()
-    numbers = pd.to_numeric(s.where(s.notna(), None).map(lambda v: str(v).strip() if v is not None else v),
-                            errors="coerce")
+    numbers = pd.to_numeric(s.map(lambda v: str(v).strip(), na_action="ignore"), errors="coerce")
     text = present & numbers.isna().to_numpy()
-    if not text.any() or numbers.nunique() < STRAY_TEXT_MIN_NUMBERS or text.sum() > STRAY_TEXT_MAX_SHARE * present.sum():
+    distinct = int(numbers.nunique())
+    if not text.any() or distinct < STRAY_TEXT_MIN_NUMBERS or text.sum() > STRAY_TEXT_MAX_SHARE * present.sum():
         return
     values = list(dict.fromkeys(s[text].map(str)))
-    raise DataError(f"{path.name}: feature column {col!r} holds numbers ({int(numbers.nunique())} distinct) except "
+    raise DataError(f"{path.name}: feature column {col!r} holds numbers ({distinct} distinct) except "
                      f"for {int(text.sum())} cell(s): {_first(values)} in rows {_describe_rows(ids, text)}; read as "
                      f"text, the whole column would be one-hot encoded, each number a category of its own. Make "
                      f"those cells empty (missing: `prepare.table.missing: drop` drops their rows) or correct them")
