@@ -36,10 +36,10 @@ def table(i: int) -> str:
 CSV = "id,soil,zone,x,y,s\n" + "\n".join(table(i) for i in range(12)) + "\n"
 
 
-def project(tmp_path, hash_ids=False):
-    (tmp_path / "t.csv").write_text(CSV, encoding="utf-8")
+def project(tmp_path, hash_ids=False, csv=CSV, label_column="y"):
+    (tmp_path / "t.csv").write_text(csv, encoding="utf-8")
     return parse_params({"prepare": {"dataset": "table", "table": {
-        "path": "t.csv", "id_column": "id", "label_column": "y", "split_column": "s"}},
+        "path": "t.csv", "id_column": "id", "label_column": label_column, "split_column": "s"}},
         "deletion": {"hash_sample_ids": hash_ids}}, root=tmp_path)
 
 

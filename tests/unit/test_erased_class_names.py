@@ -9,13 +9,13 @@ import pytest
 
 from tasks.stages import names_after_erasure
 from tasks.training import prepare_dataset
-from unlearning.config import parse_params
 from unlearning.data import load_prepared
 from unlearning.data.store import erased_class_names
 from unlearning.erasure import add_tombstones
 from unlearning.fingerprint import describe_mismatch, fingerprint, matches, prepared_fingerprint
 
 from tests.unit.test_erased_categories import assert_no_raw_value, erase
+from tests.unit.test_erased_categories import project as table_project
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -33,10 +33,7 @@ CSV = "id,x,who,s\n" + "\n".join(f"r{i},{0.5 * i},{label(i)},{'val' if i >= 9 el
 
 
 def project(tmp_path, hash_ids=False):
-    (tmp_path / "t.csv").write_text(CSV, encoding="utf-8")
-    return parse_params({"prepare": {"dataset": "table", "table": {
-        "path": "t.csv", "id_column": "id", "label_column": "who", "split_column": "s"}},
-        "deletion": {"hash_sample_ids": hash_ids}}, root=tmp_path)
+    return table_project(tmp_path, hash_ids, csv=CSV, label_column="who")
 
 
 def store(params):
