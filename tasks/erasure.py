@@ -191,7 +191,6 @@ def _dvc_gc(params: Params) -> dict:
     return out
 
 
-@computes
 def versions_to_keep(params: Params, tracker, champion_version) -> set[str]:
     """The registered versions an erasure keeps: the champion and the `erasure.keep_versions` newest others."""
     others = [v for v in tracker.versions(params.tracking.registered_model) if v != str(champion_version)]
@@ -199,6 +198,7 @@ def versions_to_keep(params: Params, tracker, champion_version) -> set[str]:
     return {str(champion_version), *kept}
 
 
+@computes
 def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str, champion_version: str | None,
           tracker=None, run_id: str | None = None, keys: list[str] | None = None) -> dict:
     """Erase every tombstoned row (plus `forget_ids`, added first) from every store; idempotent. Returns the
