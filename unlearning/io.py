@@ -220,8 +220,6 @@ def open_for_writing(path: str | Path) -> list[int]:
     """The ids of processes that hold `path` open for writing (Linux: read from /proc; elsewhere, and for
     processes this user may not inspect, none are seen). A request file still held open by its writer may be
     complete up to a half-written row: it must not be applied and moved yet."""
-    import os
-
     proc = Path("/proc")
     try:
         target = os.path.realpath(path)

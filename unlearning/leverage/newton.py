@@ -116,8 +116,8 @@ def influence_removal_step(fn: OutputFunction, theta: torch.Tensor, X_retain: to
     until the outputs on the retain and forget rows satisfy
         ||f(theta + eta delta) - f(theta) - eta J delta|| <= tau ||eta J delta||   (Frobenius, over rows and outputs),
     and no step is taken (eta = 0) if 21 tries (down to eta / 2^20) fail. A model linear in theta has error 0
-    and keeps the full step (ridge stays exact); a deep net whose full step would move its
-    logits by 1e8 gets a step where the influence prediction still holds."""
+    and keeps the full step (ridge stays exact); a deep net whose full step would move its logits by 1e8 gets a
+    step where the influence prediction still holds."""
     if lam < 0 or damping < 0:
         raise ValueError(f"lam and damping must be >= 0, got lam={lam}, damping={damping}")
     start = time.perf_counter()

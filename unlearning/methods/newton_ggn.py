@@ -17,14 +17,14 @@ This is Newton / influence removal: it lands on the oracle iff P = G_R and eta =
 A backtracking (Armijo) line search on L_R keeps cross-entropy steps from overshooting; it accepts the full
 step on a quadratic, so the ridge case stays exact. The influence step (gradient = forget) has no objective to
 decrease: it backtracks while the outputs move farther from their linear prediction than
-`max_linearization_error` allows (a model linear in theta keeps the full step, so ridge stays exact). Stops after `steps` steps, or earlier when the next step's
-worst-case cost would pass `max_grad_evals` (per member; 0 steps leaves the model as it is).
+`max_linearization_error` allows (a model linear in theta keeps the full step, so ridge stays exact). Stops
+after `steps` steps, or earlier when the next step's worst-case cost would pass `max_grad_evals` (per member;
+0 steps leaves the model as it is).
 """
 
 from __future__ import annotations
 
 import logging
-
 import time
 from typing import Literal
 
