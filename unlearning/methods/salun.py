@@ -88,9 +88,13 @@ def run(ctx: UnlearnContext, args: SalunArgs) -> UnlearnResult:
         raise ValueError("salun needs at least 2 classes")
     mask = saliency_mask(model, ctx.X_forget, ctx.y_forget, args.mask_fraction)
     realised = realised_fractions(mask)
-    if min(realised) < args.mask_fraction - 0.5 / max(1, flatten(mask).shape[1]):
-        log.warning("salun: only %.3f of the weights (fewest of the members) have a nonzero forget gradient, "
-                    "fewer than mask_fraction = %g: the mask holds those only", min(realised), args.mask_fraction)
+    n_weights = flatten(mask).shape[1]
+    asked = max(1, int(round(args.mask_fraction * n_weights)))  # saliency_mask's k
+    held = int(round(min(realised) * n_weights))
+    if held < asked:  # counts, not rounded shares: 0.49997 printed as "0.500, fewer than 0.5" read as a contradiction
+        log.warning("salun: only %d of the %d weights (%.4g; the fewest of the members) have a nonzero forget "
+                    "gradient, fewer than the %d that mask_fraction = %g asks for: the mask holds those only",
+                    held, n_weights, held / n_weights, asked, args.mask_fraction)
     labels = random_relabels(ctx, model.seeds, n_classes)  # [N, nF]
 
     def relabel_ce(m, X, y, idx):  # CE toward member k's random label of each drawn forget row
