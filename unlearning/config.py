@@ -6,6 +6,7 @@ names the key path, the bad value and the allowed values or keys.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -289,37 +290,71 @@ CRON_NAMES = {3: ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep",
 CRON_MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@hourly")
 
 
+def _cron_field_values(part: str, k: int) -> set[int] | str:
+    """The values one field of a cron expression names (field `k` of CRON_FIELDS), or why it is not a field."""
+    name, lo, hi = CRON_FIELDS[k]
+    names = CRON_NAMES.get(k, [])
+
+    def value(v: str) -> int | None:
+        if v in names:
+            return names.index(v) + (1 if k == 3 else 0)
+        return int(v) if v.isdigit() and lo <= int(v) <= hi else None
+
+    out: set[int] = set()
+    for item in part.split(","):
+        rng, _, step = item.partition("/")
+        if step and not (step.isdigit() and int(step) > 0):
+            return f"{name} field {part!r}: step {step!r} must be a positive whole number"
+        if rng == "*":
+            first, last = lo, hi
+        else:
+            ends = rng.split("-")
+            if len(ends) > 2 or any(value(v) is None for v in ends):
+                return f"{name} field {part!r}: {rng!r} is not a value or range within {lo}-{hi}"
+            first, last = value(ends[0]), value(ends[-1])
+            if first > last:
+                return f"{name} field {part!r}: range {rng!r} runs backwards"
+            if len(ends) == 1 and step:  # `a/n` is a..hi every n, as cron reads it
+                last = hi
+        out.update(range(first, last + 1, int(step or 1)))
+    return out
+
+
+MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February 29 exists in leap years
+
+
 def cron_problem(expr: str) -> str | None:
     """Why `expr` is not a 5-field cron expression (minute hour day-of-month month day-of-week; each field
     `*`, a value, a range `a-b`, a step `*/n` or `a-b/n`, or a comma list of those; month and weekday names
     allowed) or a macro such as @daily; None when it is one. Checked at load, so `unlearn serve` fails with
-    the key before it starts (the same forms Prefect's cron schedule takes, without its random/hash forms)."""
+    the key before it starts (the same forms Prefect's cron schedule takes, without its random/hash forms).
+    An expression whose days of the month never occur in its months ('0 0 31 2 *', the 30th of February) is
+    refused too: Prefect's scheduler accepted it and then logged an error on the server, and nothing ran."""
     text = expr.strip().lower()
     if text in CRON_MACROS:
         return None
     parts = text.split()
     if len(parts) != 5:
         return f"has {len(parts)} field(s); a cron expression has 5 (minute hour day-of-month month day-of-week)"
-    for k, (part, (name, lo, hi)) in enumerate(zip(parts, CRON_FIELDS)):
-        names = CRON_NAMES.get(k, [])
-
-        def value(v: str) -> int | None:
-            if v in names:
-                return names.index(v) + (1 if k == 3 else 0)
-            return int(v) if v.isdigit() and lo <= int(v) <= hi else None
-
-        for item in part.split(","):
-            rng, _, step = item.partition("/")
-            if step and not (step.isdigit() and int(step) > 0):
-                return f"{name} field {part!r}: step {step!r} must be a positive whole number"
-            if rng == "*":
-                continue
-            ends = rng.split("-")
-            if len(ends) > 2 or any(value(v) is None for v in ends):
-                return f"{name} field {part!r}: {rng!r} is not a value or range within {lo}-{hi}"
-            if len(ends) == 2 and value(ends[0]) > value(ends[1]):
-                return f"{name} field {part!r}: range {rng!r} runs backwards"
+    values = []
+    for k, part in enumerate(parts):
+        got = _cron_field_values(part, k)
+        if isinstance(got, str):
+            return got
+        values.append(got)
+    days, months = values[2], values[3]
+    # also with a weekday named: Prefect's croniter finds no run time for '0 0 31 2 mon' either
+    if not any(d <= MONTH_DAYS[m - 1] for m in months for d in days):
+        return (f"day of month field {parts[2]!r} names no day that month field {parts[3]!r} has (February has at "
+                f"most 29 days; April, June, September and November 30): the schedule would never fire")
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _available_timezones() -> frozenset[str]:
+    from zoneinfo import available_timezones
+
+    return frozenset(available_timezones())  # a walk of the zone files: once per process
 
 
 class Operations(Strict):
@@ -351,6 +386,11 @@ class Operations(Strict):
             ZoneInfo(v)
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError("not an IANA time zone name (UTC, Europe/Berlin, America/New_York, ...)") from None
+        # ZoneInfo also loads files that are no zone names (posixrules, right/UTC); Prefect's schedule takes only
+        # the names available_timezones() lists and `unlearn serve` died with a traceback on the others
+        if v != "UTC" and v not in _available_timezones():
+            raise ValueError("a time zone file, not one of the IANA zone names a schedule takes (UTC, Europe/Berlin, "
+                             "America/New_York, ...)")
         return v
 
 

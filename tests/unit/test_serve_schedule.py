@@ -59,3 +59,38 @@ def test_scheduled_deployment_carries_the_timezone(tmp_path, monkeypatch):
     (s,) = scheduled.schedules
     assert (s.schedule.cron, s.schedule.timezone, s.active) == ("0 2 * * *", "America/New_York", True)
     assert not triggered.schedules
+
+
+def prefect_next_run(cron: str, timezone: str = "UTC"):
+    """The first run time Prefect's server computes for the schedule, or the error it raises building it."""
+    from prefect.server.schemas.schedules import CronSchedule
+
+    try:
+        dates = CronSchedule(cron=cron, timezone=timezone).get_dates(n=1, start=dt.datetime(2027, 1, 1,
+                                                                                        tzinfo=dt.timezone.utc))
+        if inspect.iscoroutine(dates):
+            dates = asyncio.run(dates)
+    except Exception as e:  # noqa: BLE001 (the reference's own verdict, whatever its type)
+        return e
+    return dates[0] if dates else None
+
+
+@pytest.mark.parametrize("timezone", ["right/UTC", "posixrules"])
+def test_a_zone_file_that_is_no_zone_name_is_refused_at_load_as_prefect_refuses_it(tmp_path, timezone):
+    # ZoneInfo loads these files; Prefect's CronSchedule refused them and `unlearn serve` died with a traceback
+    assert isinstance(prefect_next_run("0 2 * * *", timezone), Exception)
+    with pytest.raises(ValueError, match=f"operations.timezone = '{timezone}': a time zone file, not one of"):
+        params_with(tmp_path, timezone)
+
+
+@pytest.mark.parametrize("cron", ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4,6,9,11 *", "0 0 30-31 feb *",
+                                  "0 0 29 2 *", "0 0 31 2,3 *", "0 0 31 2 mon", "0 0 */10 2 *", "0 0 30/5 4 *",
+                                  "0 0 1/15 2 *", "0 0 31 * *"])
+def test_config_refuses_a_cron_exactly_when_prefect_finds_no_run_time(tmp_path, cron):
+    # '0 0 31 2 *' loaded, serve started, and the server logged "failed to find next date": nothing ever ran
+    fires = isinstance(prefect_next_run(cron), dt.datetime)
+    if fires:
+        assert params_with(tmp_path, "UTC", cron).operations.cron == cron
+    else:
+        with pytest.raises(ValueError, match="operations.cron = .*the schedule would never fire"):
+            params_with(tmp_path, "UTC", cron)
