@@ -83,10 +83,11 @@ def _params(args):
 def _preflight_tracking(args) -> None:
     """Before the heavy imports: an unreachable tracking server or a damaged SQLite store fails in a second,
     with the fix (exit 2)."""
-    from tasks.store_check import tracking_store_problem
+    from tasks.store_check import state_champion_store_problem, tracking_store_problem
     from unlearning.config import load_params
 
-    problem = tracking_store_problem(load_params(args.params).mlflow_tracking_uri())
+    params = load_params(args.params)
+    problem = tracking_store_problem(params.mlflow_tracking_uri()) or state_champion_store_problem(params)[0]
     if problem:
         raise ConnectionError(problem)
 
@@ -257,12 +258,23 @@ def cmd_erase(args) -> int:
 
     params = _params(args)
     preflight(params.mlflow_tracking_uri())
+    _refuse_a_lost_store(params)
     state_dir = params.path("state_dir")
     with batch_lock(params, 10):
         notes = reconcile(params, tracker_for(params)) if (state_dir / "champion.json").exists() else []
     for n in notes or ["nothing pending"]:
         print(n)
     return 0
+
+
+def _refuse_a_lost_store(params) -> None:
+    """The store the champion was registered in no longer holds it (tasks.store_check.champion_store_problem):
+    reconciling would create or change a new registry; one line, exit 2."""
+    from tasks.store_check import state_champion_store_problem
+
+    problem = state_champion_store_problem(params)[0]
+    if problem:
+        raise ConnectionError(problem)
 
 
 def cmd_audit(args) -> int:
@@ -371,13 +383,20 @@ def cmd_status(args) -> int:
 
     champion = read_json_file(state_dir / "champion.json")
     notes, warnings, follows_original = [], *_state_against_params(params, champion)
+    from tasks.store_check import state_champion_store_problem
+
+    problem, note = (None, None) if follows_original else state_champion_store_problem(params)
     if follows_original:
         notes.append(follows_original)
+    elif problem:  # shown (also when mlflow.db is gone), and nothing reconciled into a store not the champion's
+        warnings.append(problem.replace("; nothing was changed", ""))
     elif os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
         from flows.common import tracker_for
         from tasks.tracking import preflight
 
         preflight(params.mlflow_tracking_uri())  # state/ decides: the alias follows champion.json
+        if note:
+            notes.append(note)
         before, changed = tracker_for(params).reconcile_alias(params.tracking.registered_model, params.tracking.alias,
                                                               champion.get("model_version"))
         if changed:

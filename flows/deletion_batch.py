@@ -232,9 +232,15 @@ def preflight(params: Params) -> None:
     """Before any state changes: the tracking store, the DVC cache (and a remote folder) must be usable."""
     import os
 
-    from tasks.tracking import preflight as tracking_preflight
+    from tasks.store_check import state_champion_store_problem
+    from tasks.tracking import TrackingUnavailable, preflight as tracking_preflight
 
     tracking_preflight(params.mlflow_tracking_uri())
+    problem, note = state_champion_store_problem(params)
+    if problem:
+        raise TrackingUnavailable(problem)
+    if note:
+        run_logger().warning(note)
     api = os.environ.get("PREFECT_API_URL")
     if api:  # a deployment's Prefect server: fail in seconds, not after the client's retries
         import urllib.request

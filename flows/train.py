@@ -10,6 +10,7 @@ from flows.errors import one_line_errors
 from unlearning.config import load_params
 from tasks.reporting import run_logger
 from tasks.state import current_fingerprint, original_path
+from tasks.store_check import store_identity
 from tasks.training import clean_of_erased, model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
 from unlearning.models import param_count
@@ -44,6 +45,7 @@ def train(params_path: str = "params.yaml") -> dict:
     write_train_metrics(params, metrics)
     save_checkpoint(model.cpu(), original_path(params),
                     {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics,
+                     "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),
                      "fingerprint": fingerprint, **erased})
     how = "trained" if model.origin == "trained" else f"loaded ({model.origin}, not retrained)"
     counted = f"{n_params} params" + (f", {n_trainable} trainable" if n_trainable != n_params else "")

@@ -28,6 +28,7 @@ from tasks.batch import CandidateOutcome, partition_retain, unlearn_and_validate
 from tasks.clock import computes
 from tasks.reporting import markdown_artifact, run_logger, table_artifact
 from tasks.state import State, write_state
+from tasks.store_check import store_identity
 from tasks.training import model_spec, recipe, train_ensemble_chunk
 from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
@@ -410,6 +411,8 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
             output_gap=float(outcome.per_sample["output_gap"].mean()), model_version=version, processed_at=now)]
         champion = {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
                     "promoted_at": now, "n_retained_train": int(len(rows.retain)), "history": history,
+                    # where `version` is registered: a later run finds a lost store (tasks/store_check.py)
+                    "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),
                     # what the state's first model was clean of (unlearning/erasure.py, state_is_clean)
                     **({"started_clean_of": state.champion["started_clean_of"]}
                        if "started_clean_of" in state.champion else {})}

@@ -227,7 +227,8 @@ def load_state(params: Params, device: str) -> State:
         model, extra = load_model(original_path(params), device)
         manifest = initial_state_manifest(prepared.manifest)
         champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None,
-                    "started_clean_of": clean_of}
+                    "started_clean_of": clean_of,
+                    **({"tracking_store": extra["tracking_store"]} if extra.get("tracking_store") else {})}
     return State(prepared=prepared, model=model, manifest=manifest, ledger=read_ledger(state_dir / "ledger.jsonl"),
                  champion=champion, fingerprint=current)
 
@@ -241,8 +242,10 @@ def write_state(folder: Path, model: Ensemble, manifest: pd.DataFrame, ledger: l
         raise ValueError("write_state needs the fingerprint the state was built from (State.fingerprint)")
     champion = {**champion, "fingerprint": fingerprint}
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_save(folder / "model.pt", lambda tmp: save_model(model, tmp, {"model_version": champion.get("model_version"),
-                                                                          "fingerprint": fingerprint}))
+    # the store the version is registered in travels with the model (the erasure makes it models/original.pt)
+    extra = {"model_version": champion.get("model_version"), "fingerprint": fingerprint,
+             **({"tracking_store": champion["tracking_store"]} if champion.get("tracking_store") else {})}
+    atomic_save(folder / "model.pt", lambda tmp: save_model(model, tmp, extra))
     atomic_write_bytes(folder / "manifest.csv", manifest_csv_bytes(manifest))
     atomic_write_text(folder / "ledger.jsonl", ledger_text(ledger))
     atomic_write_json(folder / "champion.json", champion)

@@ -59,6 +59,99 @@ def tracking_store_problem(tracking_uri: str, timeout: float = 5.0) -> str | Non
         return f"MLflow store {tracking_uri} is {problem}; nothing was changed"
     if problem:
         return (f"MLflow store {tracking_uri} is not a readable SQLite database ({problem}); restore {db.name} from a "
-                f"backup, or move it away (`mv {db} {db}.broken`): the next command creates an empty store; nothing "
-                f"was changed")
+                f"backup, or give the project a new store at another place (base.paths.mlflow_db, or "
+                f"MLFLOW_TRACKING_URI): its registry starts empty; nothing was changed")
     return None
+
+
+def store_identity(tracking_uri: str, root: Path) -> str:
+    """Where a tracking store's registry lives, as state/champion.json records it (`tracking_store`): a SQLite
+    file inside the project as a path relative to it (a copied or moved project keeps its identity), any other
+    URI without its user, password and query (no credentials in the state)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        try:
+            return f"sqlite:{db.resolve().relative_to(Path(root).resolve()).as_posix()}"
+        except ValueError:
+            return f"sqlite:{db.resolve().as_posix()}"
+    parts = urlsplit(tracking_uri)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def registry_holds(tracking_uri: str, name: str, version: str, timeout: float = 5.0) -> bool | None:
+    """Whether the store's registry holds `name` version `version` (not deleted); None when that cannot be told
+    cheaply (another database backend, an unexpected answer). Stdlib only: a missing SQLite file is not created."""
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        if not db.exists():
+            return False
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=timeout)
+            try:
+                # an MLflow deletion keeps the row, marked Deleted_Internal
+                row = con.execute("SELECT 1 FROM model_versions WHERE name = ? AND version = ? AND "
+                                  "(current_stage IS NULL OR current_stage != 'Deleted_Internal')",
+                                  (name, int(version))).fetchone()
+            finally:
+                con.close()
+        except (sqlite3.Error, ValueError) as e:
+            return False if "no such table" in str(e) else None  # no registry at all: a new, empty file
+        return row is not None
+    if is_tracking_server(tracking_uri):
+        import json
+        from urllib.error import HTTPError
+        from urllib.parse import urlencode
+
+        url = (tracking_uri.rstrip("/") + "/api/2.0/mlflow/model-versions/get?"
+               + urlencode({"name": name, "version": str(version)}))
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                return bool(json.load(r).get("model_version"))
+        except HTTPError as e:
+            return False if e.code == 404 else None
+        except Exception:  # unreachable: preflight's tracking_store_problem says so
+            return None
+    return None
+
+
+def champion_store_problem(tracking_uri: str, root: Path, champion: dict, name: str) -> tuple[str | None, str | None]:
+    """(problem, note) for the registry against state/champion.json. A problem: the store the champion was
+    registered in (the same place) no longer holds it, so it was lost or replaced, e.g. mlflow.db moved away
+    while `unlearn serve` ran, or recreated empty by `make setup`; a batch would register its model in a new,
+    empty registry while the old one, once back, kept its alias on a model that still holds the rows this
+    batch erases. A note: the champion lives in ANOTHER store (MLFLOW_TRACKING_URI or base.paths.mlflow_db
+    changed: a move to the team servers, say), where the next promoted batch registers its model."""
+    version, recorded = champion.get("model_version"), champion.get("tracking_store")
+    if version is None or recorded is None:  # no champion yet, or a state from before stores were recorded
+        return None, None
+    if registry_holds(tracking_uri, name, str(version)) is not False:
+        return None, None
+    current = store_identity(tracking_uri, root)
+    if recorded != current:
+        return None, (f"the champion {name} v{version} was registered in the tracking store {recorded}; this store "
+                      f"({current}) does not hold it: the next promoted batch registers its model here")
+    batch = champion.get("batch_id")
+    return (f"MLflow store {tracking_uri} does not hold {name} v{version}, the champion state/champion.json records"
+            f"{f' (batch {batch})' if batch else ''}: the store was lost or replaced by a new one since. Restore "
+            f"it (the store and its artifact folder) from a backup. To go on with a new store on purpose, give it "
+            f"another place (base.paths.mlflow_db, or MLFLOW_TRACKING_URI): the next promoted batch registers its "
+            f"model there, and the old store is no longer reconciled or erased by this pipeline; nothing was "
+            f"changed"), None
+
+
+def state_champion_store_problem(params) -> tuple[str | None, str | None]:
+    """`champion_store_problem` for the project's state/champion.json and tracking store (nothing without a
+    state)."""
+    import json
+
+    champion_file = params.path("state_dir") / "champion.json"
+    try:
+        champion = json.loads(champion_file.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):  # no state yet; a damaged file is StateCorrupt where it is read
+        return None, None
+    return champion_store_problem(params.mlflow_tracking_uri(), params.root, champion,
+                                  params.tracking.registered_model)

@@ -324,3 +324,50 @@ def test_a_run_that_rejects_a_file_says_so_in_its_state(project):
     assert state.is_completed() and state.name == "Completed with rejections"
     assert "g_bad.csv (rejected: validation)" in state.message
     assert [r["status"] for r in state.result()] == ["rejected"]
+
+
+def test_a_lost_mlflow_store_stops_the_batch_instead_of_starting_a_new_registry(project, capsys):
+    """mlflow.db moved away under a promoted state (a sweep of `unlearn serve` did it): the batch registered
+    its model as v1 in a new, empty store, and the old store, once back, kept `@champion` on a model holding
+    the row the batch erased. Now the batch stops before anything changes, and so does a recreated empty
+    store (`make setup` recreates mlflow.db); another store on purpose goes on with a note."""
+    from flows.cli import main
+    from flows.deletion_batch import run
+    from tasks.store_check import state_champion_store_problem
+    from tasks.tracking import TrackingUnavailable
+
+    params_path = str(project / "params.yaml")
+    if not (project / "state" / "champion.json").exists() or \
+            json.loads((project / "state" / "champion.json").read_text()).get("batch_id") is None:
+        run(None, params_path, {"diagnostics": {"enabled": False}})
+    champion = json.loads((project / "state" / "champion.json").read_text())
+    assert champion["tracking_store"] == "sqlite:mlflow.db"
+    req = project / "lost-store.csv"
+    (sid,) = fresh_ids(project, 1, skip=130)
+    req.write_text(f"request_id,sample_id,requested_at,reason\nlost-1,{sid},2026-11-30T10:00:00Z,gdpr\n")
+    db = project / "mlflow.db"
+    db.rename(project / "mlflow.db.away")
+    try:
+        before = snapshot(project)
+        with pytest.raises(TrackingUnavailable, match=f"does not hold unlearning-classifier v{champion['model_version']}"):
+            run(str(req), params_path)
+        assert snapshot(project) == before and not db.exists()  # nothing changed, no new store created
+        capsys.readouterr()
+        assert main(["--params", params_path, "status", "--json"]) == 0
+        warnings = json.loads(capsys.readouterr().out)["warnings"]
+        assert any("lost or replaced" in w for w in warnings) and not db.exists()
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # a new, empty store at the same place
+        with pytest.raises(TrackingUnavailable, match="lost or replaced"):
+            run(str(req), params_path)
+        assert snapshot(project) == before
+        other = project / "elsewhere.db"  # a move on purpose: another place, a note, no refusal
+        params = load_params(project / "params.yaml", {"base": {"paths": {"mlflow_db": str(other)}}})
+        problem, note = state_champion_store_problem(params)
+        assert problem is None and "registered in the tracking store sqlite:mlflow.db" in note
+    finally:
+        db.unlink(missing_ok=True)
+        (project / "mlflow.db.away").rename(db)
+        req.unlink(missing_ok=True)
+    assert state_champion_store_problem(load_params(project / "params.yaml")) == (None, None)
