@@ -296,13 +296,13 @@ def _unique_dir(parent: Path, name: str) -> Path:
     return out
 
 
-def batch_lock(params: Params, timeout: float):
+def batch_lock(params: Params, timeout: float, say_waiting: bool = True):
     """The one lock of a project's state (state/ and what a batch writes beside it): a batch, `unlearn erase`
     and `unlearn reset` hold it, so none of them runs under another."""
     from unlearning.io import exclusive_lock
 
     state_dir = params.path("state_dir")
-    return exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), timeout)
+    return exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), timeout, say_waiting=say_waiting)
 
 
 def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:

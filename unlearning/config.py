@@ -365,6 +365,9 @@ class Operations(Strict):
     lock_timeout_seconds: float = Field(3600, gt=0)
     inbox_settle_seconds: float = Field(2.0, ge=0, le=600, description="the inbox watcher announces an entry once "
                                                                        "it has not changed for this long")
+    inbox_retry_seconds: float = Field(60.0, ge=1, le=86400, description=(
+        "an announced entry still in the inbox while no run is live (its event was lost in a server outage, its "
+        "run failed) is announced again after this long, then after twice as long each time, up to an hour"))
     dvc_commit: bool = Field(True, description="deployment runs commit state to the DVC cache afterwards")
     dvc_remote: str | None = Field("dvc-remote", description="local folder or DVC remote name for `dvc push`; null = no push")
 

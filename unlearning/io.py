@@ -147,8 +147,8 @@ class exclusive_lock:
     Waiters poll every `poll` seconds until `timeout`; the lock dies with its process, so a crashed batch
     never leaves the pipeline locked."""
 
-    def __init__(self, path: str | Path, timeout: float = 3600.0, poll: float = 0.5):
-        self.path, self.timeout, self.poll = Path(path), timeout, poll
+    def __init__(self, path: str | Path, timeout: float = 3600.0, poll: float = 0.5, say_waiting: bool = True):
+        self.path, self.timeout, self.poll, self.say_waiting = Path(path), timeout, poll, say_waiting
         self._fd = None
 
     def __enter__(self):
@@ -168,7 +168,8 @@ class exclusive_lock:
             except BlockingIOError:
                 if not waiting:
                     waiting = True
-                    self._say_waiting()
+                    if self.say_waiting:  # off for a try that does not wait (timeout 0)
+                        self._say_waiting()
                 if time.monotonic() > deadline:
                     os.close(self._fd)
                     raise LockTimeout(f"{self.path} is held by another batch for more than {self.timeout:.0f} s") from None

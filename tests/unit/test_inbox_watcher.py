@@ -93,3 +93,85 @@ def test_watcher_announces_waiting_new_and_odd_entries_after_they_settle(tmp_pat
     finally:
         stop.set()
         t.join(timeout=10)
+
+
+def test_an_announced_entry_still_waiting_is_due_again_after_a_doubling_wait(tmp_path):
+    # a sweep of `unlearn serve`: a file whose event was lost in a server outage, or whose run failed, stayed
+    # in the inbox until the next 02:00 schedule, a later drop or a serve restart, and nothing said so
+    from flows.serve import Retries
+
+    clock, f, g = Clock(), tmp_path / "a.csv", tmp_path / "b.csv"
+    f.write_text("x")
+    g.write_text("y")
+    retries = Retries(60.0, clock)
+    retries.announced(f, fresh=True)
+    retries.announced(g, fresh=True)
+    clock.now = 59.0
+    assert retries.due() == []
+    clock.now = 60.0
+    assert retries.due() == [f, g]
+    retries.announced(f, fresh=False)  # announced again: the next wait doubles
+    g.unlink()  # applied or rejected: it left the inbox, nothing to retry
+    clock.now = 179.0
+    assert retries.due() == [] and g not in retries.pending
+    clock.now = 180.0
+    assert retries.due() == [f]
+    for _ in range(12):  # doubling stops at an hour
+        retries.announced(f, fresh=False)
+    assert retries.pending[f][1] == 3600.0
+    with open(f, "a") as fh:
+        fh.write("more")  # changed: the settle path announces it afresh; no retry of the old content
+    assert retries.due() == [] and f not in retries.pending
+    retries.announced(f, fresh=True)
+    assert retries.pending[f][1] == 60.0
+
+
+def test_watcher_announces_again_only_when_no_run_is_live_and_waits_out_an_outage(tmp_path, capsys):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    f = inbox / "2026-12-01T0900_a.csv"
+    f.write_text("a\n")
+    server_up, live = threading.Event(), threading.Event()
+    server_up.set()
+    live.set()  # a run is live: it may still take the file
+    announced: list[str] = []
+    stop = threading.Event()
+    t = threading.Thread(target=watch_inbox, daemon=True, kwargs=dict(
+        inbox=inbox, stop=stop, settle_seconds=0.2, announce=lambda p: announced.append(p.name),
+        ready_to_announce=server_up.is_set, retry_seconds=1.0, runs_live=lambda: live.is_set()))
+    t.start()
+    try:
+        assert wait_until(lambda: announced == [f.name])
+        time.sleep(2.0)
+        assert announced == [f.name]  # due, but a run is live
+        live.clear()  # no run left and the file is still there: its run failed, or its event was lost
+        assert wait_until(lambda: announced == [f.name] * 2)
+        server_up.clear()  # the server goes down; a new file waits, and the watcher says so once
+        g = inbox / "2026-12-01T1000_b.csv"
+        g.write_text("b\n")
+        time.sleep(2.5)
+        assert announced == [f.name] * 2
+        server_up.set()
+        assert wait_until(lambda: g.name in announced)
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    out = capsys.readouterr().out
+    assert out.count("the Prefect server does not answer") == 1 and "entr(ies) wait" in out
+    assert "the Prefect server answers again" in out and "(again: still in the inbox and no run is live" in out
+
+
+def test_only_runs_that_may_still_take_a_file_count_as_live():
+    import datetime as dt
+
+    from flows.serve import _is_live
+
+    now = dt.datetime(2026, 12, 3, 12, tzinfo=dt.timezone.utc)
+
+    def run(type_, name, when=None):
+        return {"state": {"type": type_, "name": name, "state_details": {"scheduled_time": when}}}
+
+    assert _is_live(run("RUNNING", "Running"), now) and _is_live(run("PENDING", "Pending"), now)
+    assert _is_live(run("SCHEDULED", "AwaitingConcurrencySlot", "2026-12-03T12:00:30Z"), now)
+    assert _is_live(run("SCHEDULED", "Scheduled", "2026-12-03T11:59:59+00:00"), now)  # a triggered run, due
+    assert not _is_live(run("SCHEDULED", "Scheduled", "2026-12-04T02:00:00+00:00"), now)  # the next 02:00
