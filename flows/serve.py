@@ -163,6 +163,7 @@ def watch_inbox(inbox: Path, stop: threading.Event, settle_seconds: float = 2.0,
     for changes in watch(inbox, stop_event=stop, recursive=False, yield_on_timeout=True, rust_timeout=500):
         for _, p in changes:
             entries.touch(Path(p))
+        deployed = deployed or ready_to_announce()  # from here on a failed check is an outage, not the start
         fresh.update(entries.ready())
         due = retries.due()
         again = set(due) - fresh if due and runs_live() is False else set()
@@ -175,7 +176,6 @@ def watch_inbox(inbox: Path, stop: threading.Event, settle_seconds: float = 2.0,
                 print(f"watcher: the Prefect server does not answer: {len(fresh | again)} inbox entr(ies) wait, "
                       f"announced once it answers again", flush=True)
             continue
-        deployed = True
         if waiting_said:
             waiting_said = False
             print("watcher: the Prefect server answers again", flush=True)

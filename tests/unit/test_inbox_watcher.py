@@ -175,3 +175,30 @@ def test_only_runs_that_may_still_take_a_file_count_as_live():
     assert _is_live(run("SCHEDULED", "AwaitingConcurrencySlot", "2026-12-03T12:00:30Z"), now)
     assert _is_live(run("SCHEDULED", "Scheduled", "2026-12-03T11:59:59+00:00"), now)  # a triggered run, due
     assert not _is_live(run("SCHEDULED", "Scheduled", "2026-12-04T02:00:00+00:00"), now)  # the next 02:00
+
+
+def test_an_outage_before_the_first_file_is_said_too(tmp_path, capsys):
+    # the sweep's case: serve up with an empty inbox, the server killed, a file dropped during the outage
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    server_up = threading.Event()
+    server_up.set()
+    announced: list[str] = []
+    stop = threading.Event()
+    t = threading.Thread(target=watch_inbox, daemon=True, kwargs=dict(
+        inbox=inbox, stop=stop, settle_seconds=0.2, announce=lambda p: announced.append(p.name),
+        ready_to_announce=server_up.is_set))
+    t.start()
+    try:
+        time.sleep(1.0)  # the trigger deployment is seen while the inbox is empty
+        server_up.clear()
+        (inbox / "a.csv").write_text("a\n")
+        seen: list[str] = []
+        assert wait_until(lambda: seen.append(capsys.readouterr().out) or "does not answer" in "".join(seen),
+                          timeout=5)
+        assert announced == []
+        server_up.set()
+        assert wait_until(lambda: announced == ["a.csv"])
+    finally:
+        stop.set()
+        t.join(timeout=10)
