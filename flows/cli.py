@@ -230,6 +230,11 @@ def cmd_verify_erasure(args) -> int:
         preflight(params.mlflow_tracking_uri())
         tracker = tracker_for(params)
     problems, checks = verify_erasure(params, args.batch, tracker)
+    from tasks.store_check import state_champion_store_problem
+
+    lost = state_champion_store_problem(params)[0]
+    if lost:  # the registry checked above is not the one the champion (and the purged versions) lived in
+        problems.append("MLflow registry: not verified: " + lost.replace("; nothing was changed", ""))
     for c in checks:
         print(json.dumps(c))
     if problems:

@@ -356,6 +356,9 @@ def test_a_lost_mlflow_store_stops_the_batch_instead_of_starting_a_new_registry(
         assert main(["--params", params_path, "status", "--json"]) == 0
         warnings = json.loads(capsys.readouterr().out)["warnings"]
         assert any("lost or replaced" in w for w in warnings) and not db.exists()
+        # verify-erasure cannot vouch for a registry it cannot see: exit 1, saying which store
+        assert main(["--params", params_path, "verify-erasure"]) == 1
+        assert "NOT ERASED: MLflow registry: not verified: MLflow store" in capsys.readouterr().err
         from mlflow.tracking import MlflowClient
 
         MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # a new, empty store at the same place
