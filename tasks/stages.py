@@ -406,16 +406,14 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         previous = state.champion.get("history", [])
         history = [*previous, history_point(
             previous, batch_id=batch.batch_id, request_file=batch.path.name, method=outcome.method,
-            n_forgotten=len(forget_ids), n_train=n_train,
+            n_forgotten=len(forget_ids), n_train=n_train, model_version=version, processed_at=now,
             validation_accuracy=outcome.metrics.get("acc/validation", float("nan")),
-            output_gap=float(outcome.per_sample["output_gap"].mean()), model_version=version, processed_at=now)]
+            output_gap=float(outcome.per_sample["output_gap"].mean()))]
         champion = {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
                     "promoted_at": now, "n_retained_train": int(len(rows.retain)), "history": history,
-                    # where `version` is registered: a later run finds a lost store (tasks/store_check.py)
-                    "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),
+                    "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),  # lost? store_check
                     # what the state's first model was clean of (unlearning/erasure.py, state_is_clean)
-                    **({"started_clean_of": state.champion["started_clean_of"]}
-                       if "started_clean_of" in state.champion else {})}
+                    **{k: state.champion[k] for k in ("started_clean_of",) if k in state.champion}}
         write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion, state.fingerprint)
         fault("before_commit")
         commit_dir(stage_dir, params.path("state_dir"))
