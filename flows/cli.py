@@ -83,13 +83,14 @@ def _params(args):
 def _preflight_tracking(args) -> None:
     """Before the heavy imports: an unreachable tracking server or a damaged SQLite store fails in a second,
     with the fix (exit 2)."""
-    from tasks.store_check import state_champion_store_problem, tracking_store_problem
+    from tasks.store_check import tracking_store_problem
     from unlearning.config import load_params
 
     params = load_params(args.params)
-    problem = tracking_store_problem(params.mlflow_tracking_uri()) or state_champion_store_problem(params)[0]
+    problem = tracking_store_problem(params.mlflow_tracking_uri())
     if problem:
         raise ConnectionError(problem)
+    _refuse_a_lost_store(params)
 
 
 def cmd_run(args) -> int:

@@ -15,6 +15,11 @@ from unlearning.config import is_tracking_server
 LOCKED = "locked by another process"
 
 
+def sqlite_file(tracking_uri: str) -> Path | None:
+    """The database file of a `sqlite:///...` tracking URI; None for any other kind of store."""
+    return Path(tracking_uri[len("sqlite:///"):]) if tracking_uri.startswith("sqlite:///") else None
+
+
 def sqlite_problem(db: Path) -> str | None:
     """What makes `db` unreadable as an SQLite database (truncated, overwritten, not a database), or None."""
     try:
@@ -48,9 +53,9 @@ def tracking_store_problem(tracking_uri: str, timeout: float = 5.0) -> str | Non
                     f"(`make ui`, or `mlflow server --host 127.0.0.1 --port 5000 ...`) or unset MLFLOW_TRACKING_URI "
                     f"to use the project's SQLite store; nothing was changed")
         return None
-    if not tracking_uri.startswith("sqlite:///"):
+    db = sqlite_file(tracking_uri)
+    if db is None:
         return None
-    db = Path(tracking_uri[len("sqlite:///"):])
     if not db.parent.exists() or not os.access(db.parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
         return (f"MLflow store {tracking_uri} is not writable (folder {db.parent}); fix the permissions or set "
                 f"MLFLOW_TRACKING_URI; nothing was changed")
@@ -70,8 +75,8 @@ def store_identity(tracking_uri: str, root: Path) -> str:
     URI without its user, password and query (no credentials in the state)."""
     from urllib.parse import urlsplit, urlunsplit
 
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
+    db = sqlite_file(tracking_uri)
+    if db is not None:
         try:
             return f"sqlite:{db.resolve().relative_to(Path(root).resolve()).as_posix()}"
         except ValueError:
@@ -85,8 +90,8 @@ def store_identity(tracking_uri: str, root: Path) -> str:
 def registry_holds(tracking_uri: str, name: str, version: str, timeout: float = 5.0) -> bool | None:
     """Whether the store's registry holds `name` version `version` (not deleted); None when that cannot be told
     cheaply (another database backend, an unexpected answer). Stdlib only: a missing SQLite file is not created."""
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
+    db = sqlite_file(tracking_uri)
+    if db is not None:
         if not db.exists():
             return False
         try:
