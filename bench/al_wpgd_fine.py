@@ -1,4 +1,4 @@
-"""al_wpgd stage-2 sweep on Fashion-MNIST (issue 12, item 7).
+"""al_wpgd stage-2 sweep on Fashion-MNIST (fine labels, forget = Shirt).
 
 Setting = bench/entanglement.py (`load_setting`, `evaluate`, the FULL recipe: MLP 784-128-C, 10 epochs),
 with `--targets fine` (the ten original labels; default) or `--targets super`. Forget = every training

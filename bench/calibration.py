@@ -1,4 +1,4 @@
-"""Calibration bench of the retrain-equivalence gate (issue 12) and of the selection policy, on digits with the
+"""Calibration bench of the retrain-equivalence gate and of the selection policy, on digits with the
 default model and recipe (train.* of params.yaml) and the gate of params.yaml.
 
 Per forget set (random sets of sizes 10, 50 and 200, one whole class, the highest-self-leverage rows):

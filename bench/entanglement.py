@@ -1,5 +1,5 @@
 """Entangled-setting benchmark ("Machine Unlearning under Retain-Forget Entanglement"), rebuilt on
-Fashion-MNIST (DESIGN §4.3 unlearner presets, §4.4 partition of the retain set).
+Fashion-MNIST (docs/design.md §4.3 unlearner presets, §4.4 partition of the retain set).
 
 Setting
 - Fashion-MNIST from the Debian package (IDX .gz), trained on the five SUPER-class targets (tops, bottoms,
@@ -26,7 +26,7 @@ Setting
 Writes <out-dir>/entanglement.json and entanglement.md and prints the markdown tables.
 With `--targets fine` the model is trained on the ten original labels (the forget set is the whole class
 Shirt), al_wpgd runs at its defaults (FINE_ARGS), the acceptance is forget <= 5% and remote >= the original's
-- 0.02 (issue 12 item 7), and the files are entanglement_fine.json / .md.
+- 0.02, and the files are entanglement_fine.json / .md.
 Usage: python bench/entanglement.py [--quick] [--targets super|fine] [--threads 2] [--max-train N]
        [--out-dir bench/results]
 """
@@ -66,7 +66,7 @@ METHODS = ["original", "retrain", "finetune", "gradient_ascent", "descent_ascent
            "al_wpgd"]
 ACCEPT_FORGET_MAX = 0.05      # al_wpgd forget accuracy must be below this
 ACCEPT_ADJACENT_RATIO = 0.90  # ... while adjacent accuracy stays >= this times the original's
-ACCEPT_REMOTE_DROP = 0.02     # --targets fine (issue 12 item 7): forget <= 5% and remote >= original's - 0.02
+ACCEPT_REMOTE_DROP = 0.02     # --targets fine: forget <= 5% and remote >= original's - 0.02
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def load_setting(setting: Setting, seed: int, data_dir: str, targets: str = "sup
 
 
 def partition_recovery(model, d: dict, setting: Setting, seed: int) -> dict:
-    """AUC of the leverage and embedding scores for "retain sample is adjacent (tops)" (DESIGN §4.4)."""
+    """AUC of the leverage and embedding scores for "retain sample is adjacent (tops)" (docs/design.md §4.4)."""
     rng = np.random.default_rng(seed + 1)
     nF, nR = len(d["X_forget"]), len(d["X_retain"])
     f_sub = np.sort(rng.choice(nF, size=min(setting.lev_forget, nF), replace=False))
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
         "forget": al["forget"], "adjacent": al["adjacent"], "original_adjacent": orig["adjacent"],
         "adjacent_needed": needed, "forget_max": ACCEPT_FORGET_MAX,
         "passed": bool(al["forget"] < ACCEPT_FORGET_MAX and al["adjacent"] >= needed)}
-    if a.targets == "fine":  # issue 12 item 7: the remote classes must keep their accuracy
+    if a.targets == "fine":  # fine labels: the remote classes must keep their accuracy
         remote_needed = orig["remote"] - ACCEPT_REMOTE_DROP
         results["acceptance"].update({
             "criterion": "fine: forget <= 0.05 and remote >= original's - 0.02", "remote": al["remote"],

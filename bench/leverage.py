@@ -1,4 +1,4 @@
-"""Benchmark of the leverage diagnostics (DESIGN §4.1) on sklearn digits, one run, ratios measured together.
+"""Benchmark of the leverage diagnostics (docs/design.md §4.1) on sklearn digits, one run, ratios measured together.
 
 1. Solvers: exact (dense float64, the reference) vs projected (k = 256, 1024) vs matrix-free CG, at growing
    parameter counts (MLP 64-h-10 for h in --widths), all 1,797 digits (|F| = 20, R = the rest): seconds of

@@ -1,4 +1,4 @@
-"""newton_ggn: influence removal (forget gradient) vs a Newton step on the retain objective (issue 12, item 6).
+"""newton_ggn: influence removal (forget gradient) vs a Newton step on the retain objective.
 
 Both steps use the same matrix, G_R + lam I with lam = train.weight_decay * |R| (the damping matched to the
 recipe, the method's default); they differ in the gradient:

@@ -10,7 +10,7 @@ and review figures; orchestration: the rest) is read from its report (UNLEARN_SE
 runs alternate (`--repeats` pairs; other processes share the 2 cores: the load average is recorded); the
 table shows the median of each mode, and the ratio cold / warm of the wall time.
 
-Targets (issue 13): warm wall time <= 45 s on a quiet 2-core machine; overhead (tracking + orchestration)
+Targets: warm wall time <= 45 s on a quiet 2-core machine; overhead (tracking + orchestration)
 <= 25 % of it.
 
 The floor: with compute C, overhead O <= 25 % of C + O means O <= C / 3. The bench also times, alone on the

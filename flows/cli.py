@@ -309,7 +309,7 @@ def cmd_audit(args) -> int:
     return 0
 
 
-# What each number of `unlearn audit` means, its typical range, and what the pipeline does with it (DESIGN 4.1).
+# What each number of `unlearn audit` means, its typical range, and what the pipeline does with it (docs/design.md §4.1).
 AUDIT_READING = {
     "solver": "How G_R^-1 was applied: exact (a float64 solve, small models), projected (random projection of "
               "per-sample gradients: keeps the ranking, underestimates magnitudes) or cg (matrix-free).",

@@ -1,4 +1,4 @@
-"""Flow `deletion_batch`: one deletion request file through the whole pipeline (DESIGN §1).
+"""Flow `deletion_batch`: one deletion request file through the whole pipeline (docs/design.md §1).
 
 validate -> partition -> diagnose -> select -> unlearn -> validate against oracles -> gate
 -> promote (MLflow alias) -> append to the ledger -> update the manifest.

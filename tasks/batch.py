@@ -24,7 +24,7 @@ from unlearning import metrics as M
 
 def partition_retain(cfg: Partition, prepared: Prepared, state_manifest: pd.DataFrame, forget_ids: list[str],
                      model: Ensemble, cross_leverage: np.ndarray | None = None) -> pd.DataFrame:
-    """Adjacent/remote label per retained training row (DESIGN §4.4); `cfg`: params.deletion.partition."""
+    """Adjacent/remote label per retained training row (docs/design.md §4.4); `cfg`: params.deletion.partition."""
     m = state_manifest
     r_rows = retain_rows(m, forget_ids)
     retain_ids = m["sample_id"].to_numpy()[r_rows]

@@ -1,4 +1,4 @@
-"""Erasure after a promoted batch, and its verification (DESIGN §3, issue 11).
+"""Erasure after a promoted batch, and its verification (docs/design.md §3).
 
 Deleting a row from a model without deleting it from the data is not erasure. After a batch is promoted:
 

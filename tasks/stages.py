@@ -1,4 +1,4 @@
-"""The stages of one deletion batch (DESIGN §1), one Prefect task each, in pipeline order:
+"""The stages of one deletion batch (docs/design.md §1), one Prefect task each, in pipeline order:
 
 validate -> diagnose -> partition -> references (oracle + shadow ensembles) -> select
 -> unlearn-and-certify (per candidate) -> promote -> erase -> report.

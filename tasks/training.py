@@ -65,7 +65,7 @@ def prepare_dataset(params: Params) -> dict:
                       targets=p.targets, **source)
     if section is not None:  # record the path as params.yaml writes it: the output must not depend on the checkout
         ds.meta["source"]["path"] = section.path
-    # Erased rows stay out: the tombstone list lies outside every DVC out (DESIGN §3, "Erasure vs the DVC DAG").
+    # Erased rows stay out: the tombstone list lies outside every DVC out (docs/design.md §3, "Erasure vs the DVC DAG").
     from unlearning.erasure import is_erased, read_tombstones
 
     tombstones = read_tombstones(params.path("tombstones"))

@@ -1,4 +1,4 @@
-"""The batch summary a reviewer reads first (issue 16): markdown for the MLflow run description
+"""The batch summary a reviewer reads first: markdown for the MLflow run description
 (`mlflow.note.content`) and the Prefect flow run's artifact. Pure: built from the batch's facts.
 
 It holds the request file, the number of samples forgotten and the objective, each candidate tried (verdict,

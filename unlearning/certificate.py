@@ -4,7 +4,7 @@ bench/calibration.py so the bench measures exactly what the gate sees).
 * accuracy per split of the candidate, and the spread of the reference oracles' per-member accuracies
   (`oracle_acc`, `oracle_acc_min`, `oracle_acc_max`, `oracle_acc_std`, split size `n`): unlearning/gate.py
   checks the candidate lies in that spread, widened by a binomial term;
-* KLoM of the shadow-unlearned vs the oracle margins (DESIGN §4.2) per split: `klom_p95`, `klom_mean`, and
+* KLoM of the shadow-unlearned vs the oracle margins (docs/design.md §4.2) per split: `klom_p95`, `klom_mean`, and
   the permutation test of metrics/permutation.py: `klom_pvalue`, `noise_floor_p95` (median of the null, the
   same-size N_u-vs-N_o floor) and `noise_floor_null_p95`.
 """

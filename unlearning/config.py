@@ -184,7 +184,7 @@ class Partition(Strict):
 
 
 class Debt(Strict):
-    """Retraining debt (issue 16): approximate deletions accumulate; past either bound the batch's candidate list
+    """Retraining debt: approximate deletions accumulate; past either bound the batch's candidate list
     is exact retrain alone (the oracles trained for validation are exact retrains, so it costs no extra training).
     Counted since the last exact retrain (or the original), from the ledger; null = that bound is off."""
 
@@ -211,7 +211,7 @@ class Deletion(Strict):
 
 
 class Diagnostics(Strict):
-    """Leverage diagnostics (DESIGN §4.1) computed for every batch before unlearning."""
+    """Leverage diagnostics (docs/design.md §4.1) computed for every batch before unlearning."""
 
     enabled: bool = True
     solver: Literal["auto", "exact", "projected", "cg"] = "auto"
@@ -398,7 +398,7 @@ class Operations(Strict):
 
 
 class Erasure(Strict):
-    """Erasure after each promoted batch (DESIGN §3): forgotten rows leave every store, not just the model."""
+    """Erasure after each promoted batch (docs/design.md §3): forgotten rows leave every store, not just the model."""
 
     enabled: bool = Field(True, description="erase the forgotten rows from every store after a promoted batch")
     keep_versions: int = Field(0, ge=0, description="registered versions trained on forgotten rows kept besides the "

@@ -1,4 +1,4 @@
-"""Oracle and shadow ensembles with a content-addressed cache (DESIGN §4.2, §4.5).
+"""Oracle and shadow ensembles with a content-addressed cache (docs/design.md §4.2, §4.5).
 
 An ensemble is identified by what determines it: the ids of its training rows, the model spec, the
 training recipe and the member seeds. The oracles are found again, by key, when the method is `retrain`

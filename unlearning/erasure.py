@@ -1,4 +1,4 @@
-"""Erasure bookkeeping (DESIGN §3): the tombstone list and fingerprints of forgotten rows.
+"""Erasure bookkeeping (docs/design.md §3): the tombstone list and fingerprints of forgotten rows.
 
 The tombstone list (`base.paths.tombstones`, one id a line as a JSON string, salted-hashed with
 `deletion.hash_sample_ids`) lies outside every DVC stage's outs: the deletion flow appends to it, prepare

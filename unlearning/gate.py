@@ -1,4 +1,4 @@
-"""The promotion gate (DESIGN §4.5): validation metrics against declared per-objective thresholds."""
+"""The promotion gate (docs/design.md §4.5): validation metrics against declared per-objective thresholds."""
 
 from __future__ import annotations
 

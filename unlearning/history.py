@@ -1,4 +1,4 @@
-"""The champion's history across batches, and the retraining-debt rule (issue 16).
+"""The champion's history across batches, and the retraining-debt rule.
 
 Approximate unlearners (do_nothing, finetune, newton_ggn, ...) each leave a small, certified-to-noise
 difference from an exact retrain; batch after batch those differences add up while the gate judges every
@@ -13,7 +13,7 @@ retrain costs no training beyond the validation the batch runs anyway.)
 
 The history is one point per promoted batch, kept in state/champion.json (written with the batch, all or
 nothing): step, cumulative forgotten fraction, the champion's validation accuracy and its measured gap to
-the oracles (mean output gap, DESIGN §4.3), the method.
+the oracles (mean output gap, docs/design.md §4.3), the method.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The append-only deletion ledger (DESIGN §3), one JSON object per processed request.
+"""The append-only deletion ledger (docs/design.md §3), one JSON object per processed request.
 
 Keyed by `request_id`: a request id appears at most once, earlier lines are never rewritten, and
 re-processing a file whose requests are all in the ledger is a no-op. Sample ids may be stored hashed

@@ -1,4 +1,4 @@
-"""Partition of the retain set into adjacent (entangled with the forget set) and remote (DESIGN §4.4).
+"""Partition of the retain set into adjacent (entangled with the forget set) and remote (docs/design.md §4.4).
 
 Modes: `group` (a retain sample is adjacent when it shares a declared group with any forget sample),
 `leverage` (top fraction of retain samples by cross-leverage row norm), `embedding` (the k nearest

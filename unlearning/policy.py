@@ -1,4 +1,4 @@
-"""Method selection as a declared, ordered rule list (DESIGN §4.5).
+"""Method selection as a declared, ordered rule list (docs/design.md §4.5).
 
 A rule is `{name, when: {condition: value, ...}, method}`. A condition key is a fact name (equality) or
 a fact name with an operator suffix: `_gt`, `_ge`, `_lt`, `_le`, `_ne`, `_in` (e.g. `leakage_ratio_gt:
@@ -36,7 +36,7 @@ FACTS: dict[str, tuple[str, str]] = {
     "predicted_gap_lt_noise_floor": ("bool", "predicted_gap < noise_floor"),
     "predicted_gap_to_noise": ("num", "predicted_gap / noise_floor (the forget gap in units of its own noise)"),
     "retain_gap_to_noise": ("num", "predicted retain-set gap / noise_floor (leakage, regularized by the noise)"),
-    "leakage_ratio": ("num", "||C_RF g_F|| / ||S_F g_F|| (DESIGN §4.1; raw: fires on vanishing norms, prefer "
+    "leakage_ratio": ("num", "||C_RF g_F|| / ||S_F g_F|| (docs/design.md §4.1; raw: fires on vanishing norms, prefer "
                              "retain_gap_to_noise)"),
     "self_leverage_trace": ("num", "trace of S_F"),
     "self_leverage_norm": ("num", "spectral norm of S_F"),
@@ -184,8 +184,8 @@ def select_methods(rules: SelectionPolicy | Sequence[Rule | dict], facts: dict[s
     return Selection(candidates=retrain_last(candidates), fired=fired, skipped=skipped)
 
 
-# DESIGN §4.5's example list as calibrated by bench/calibration.py (params.yaml declares the same; it may declare
-# its own). Dropped after the bench (issue 12): `high_leakage -> newton_ggn` (the raw leakage ratio fires on
+# docs/design.md §4.5's example list as calibrated by bench/calibration.py (params.yaml declares the same; it may declare
+# its own). Dropped after the calibration bench: `high_leakage -> newton_ggn` (the raw leakage ratio fires on
 # vanishing norms, and newton_ggn was farther from the oracles than do_nothing there) and `privacy_default ->
 # finetune` (failed the calibrated gate on the bench's sets at a cost above a retrain, which the gate's oracles
 # already are: promoting one costs nothing more).

@@ -1,4 +1,4 @@
-"""Deletion requests: reading CSV/Parquet files and the structural pandera schema (DESIGN §3).
+"""Deletion requests: reading CSV/Parquet files and the structural pandera schema (docs/design.md §3).
 
 A request file has `request_id, sample_id, requested_at, reason` and optionally `objective`. The
 structural checks live here (pure core, about a second with the imports); the checks against the manifest

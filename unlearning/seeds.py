@@ -1,4 +1,4 @@
-"""Independent seed streams per role (DESIGN §4.2: "one independent stream per role; no seed shared
+"""Independent seed streams per role (docs/design.md §4.2: "one independent stream per role; no seed shared
 between roles").
 
 Every member seed of every ensemble is derived from the one base seed (`base.seed`) through

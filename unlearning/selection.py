@@ -1,4 +1,4 @@
-"""Which unlearners a batch tries, in order (DESIGN §4.5).
+"""Which unlearners a batch tries, in order (docs/design.md §4.5).
 
 `deletion.method` names one method, or `auto` to walk the ordered rule list `deletion.rules`
 (unlearning/policy.py) over the batch's facts: objective, partition, leverage diagnostics, oracle noise
@@ -47,7 +47,7 @@ def batch_facts(deletion: Deletion, epochs: int, objective: str, rows: BatchRows
         retain_gap = float(np.mean(0.5 * np.square(report.predicted_gap_retain))) if report.predicted_gap_retain.size else 0.0
         if "noise_floor" in facts:
             facts["predicted_gap_lt_noise_floor"] = facts["predicted_gap"] < facts["noise_floor"]
-            # Gaps relative to their own noise (issue 12): the raw leakage ratio ||C_RF g_F|| / ||S_F g_F|| is a
+            # Gaps relative to their own noise (gate calibration): the raw leakage ratio ||C_RF g_F|| / ||S_F g_F|| is a
             # ratio of two norms that both vanish on low-leverage sets (66 there, where newton_ggn was worst);
             # these read each predicted gap in units of the oracle noise floor, so they cannot fire on noise.
             noise = max(facts["noise_floor"], 1e-12)

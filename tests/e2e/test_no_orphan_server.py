@@ -1,4 +1,4 @@
-"""A killed batch leaves no Prefect server behind (issue 11: no leftovers from crashes).
+"""A killed batch leaves no Prefect server behind (no leftovers from crashes).
 
 Without PREFECT_API_URL a flow process starts a temporary Prefect server; Prefect's own outlives a kill -9
 of its parent. flows.common.prefect_api starts it with the parent-death signal instead."""

@@ -103,7 +103,7 @@ def test_batch_is_applied_then_idempotent(project):
     for split in ("forget", "adjacent", "remote", "validation"):
         assert f"acc/{split}" in unlearn_run.data.metrics
     assert "klom_per_split.png" in artifacts
-    # Review in the MLflow UI (issue 16): a readable name, the hash as a tag, the summary as the description,
+    # Review in the MLflow UI: a readable name, the hash as a tag, the summary as the description,
     # the champion's history as step-indexed metrics and a figure; the experiment opens on the runs table.
     assert run_.info.run_name.startswith(request_file.stem + " @ ") and run_.data.tags["batch_id"] == r["batch_id"]
     note = run_.data.tags["mlflow.note.content"]

@@ -1,4 +1,4 @@
-"""The retraining-debt rule (issue 16) on three real batches: approximate, then forced retrain, then
+"""The retraining-debt rule on three real batches: approximate, then forced retrain, then
 approximate again (the retrain cleared the debt); the champion's history is kept across them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The deletion flow reads like the pipeline diagram (issue 14): one Prefect task run per stage, each with
+"""The deletion flow reads like the pipeline diagram (docs/design.md §1): one Prefect task run per stage, each with
 the artifact a reviewer reads in the Prefect UI (selection, the gate verdict, the per-split table, ...)."""
 
 from __future__ import annotations

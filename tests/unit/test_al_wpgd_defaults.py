@@ -1,4 +1,4 @@
-"""al_wpgd stage-2 defaults (issue 12): on a toy problem where a remote class sits next to the adjacent
+"""al_wpgd stage-2 defaults: on a toy problem where a remote class sits next to the adjacent
 class, stage 2 at the defaults repairs the adjacent class without cutting remote accuracy; the former
 defaults (lr 1e-2, momentum 0.9, adjacent batch 64, remote projection batch 128) cut it by > 5 points,
 the failure seen on Fashion-MNIST with fine labels (bench/al_wpgd_fine.py)."""

@@ -1,6 +1,6 @@
-"""al_wpgd step by step against a float64 reference written from DESIGN §4.3 (not from the engine):
+"""al_wpgd step by step against a float64 reference written from docs/design.md §4.3 (not from the engine):
 stage 1 is Adam on -L_F(clipped) + (lam, mu) augmented-Lagrangian terms of c = L_rem(theta) - L_rem(theta_0)
-with the multiplier update lam <- max(0, lam + mu c) (the inequality form, issue 12); stage 2 is SGD (with
+with the multiplier update lam <- max(0, lam + mu c) (the inequality form); stage 2 is SGD (with
 heavy-ball momentum before the projection) on the adjacent loss, projected off span{grad[(1-a) L_F + a W2^2],
 grad L_rem} by a 2 x 2 Gram solve. Full batches, so every step is deterministic; a linear softmax model,
 so the reference computes logits by hand."""

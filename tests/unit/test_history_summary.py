@@ -1,4 +1,4 @@
-"""The retraining-debt rule, the champion's history and the batch summary (issue 16): pure functions."""
+"""The retraining-debt rule, the champion's history and the batch summary: pure functions."""
 
 from __future__ import annotations
 

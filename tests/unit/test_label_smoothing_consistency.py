@@ -1,5 +1,5 @@
 """The leverage diagnostics and the Newton unlearner use the loss the model was trained on, label smoothing
-included (DESIGN §4.1: the geometry must match the recipe). At the minimiser theta_D of
+included (docs/design.md §4.1: the geometry must match the recipe). At the minimiser theta_D of
 sum_D CE_eps + lam/2 ||theta||^2, grad L_R(theta_D) = -grad L_F(theta_D), so the retain-gradient step and the
 influence-removal step are the same step: with the smoothing ignored they are not, and the retain form
 would also "finish training" towards the unsmoothed optimum. A softmax-linear model, float64, converged

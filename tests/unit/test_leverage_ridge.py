@@ -1,4 +1,4 @@
-"""Ridge regression: leverage diagnostics against actual retraining and the identities of DESIGN §4.1."""
+"""Ridge regression: leverage diagnostics against actual retraining and the identities of docs/design.md §4.1."""
 
 import numpy as np
 import pytest
@@ -74,7 +74,7 @@ def test_design_identities(problem):
 
 def test_preconditioned_ascent_step(problem):
     """theta - eta P^-1 X_F^T e_F lands on the oracle iff P = H_R, eta = 1; gradient ascent (P = I) misses
-    F's oracle outputs by (S_F - eta X_F X_F^T) e_F (DESIGN §4.1)."""
+    F's oracle outputs by (S_F - eta X_F X_F^T) e_F (docs/design.md §4.1)."""
     X, y, forget, lam = problem
     r = ridge_diagnostics(X, y, forget, lam)
     XF, XR = X[forget], X[r.retain_idx]

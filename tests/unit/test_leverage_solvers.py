@@ -116,7 +116,7 @@ def test_exact_ggn_and_downdate_match_brute_force(data):
     _, A_R = rs_R.all_weighted()
     Cm = R.cross(A_R.reshape(-1, fn.p), R.leverage_handle(A_F))
     torch.testing.assert_close(Cm.reshape(60, -1).norm(dim=1), C_ref.reshape(60, -1).norm(dim=1))
-    # DESIGN §4.1 with X -> A: S_F = P_F (I - P_F)^-1, P_F the leverage under the original G_D
+    # docs/design.md §4.1 with X -> A: S_F = P_F (I - P_F)^-1, P_F the leverage under the original G_D
     P = D.cross(A_F, D.leverage_handle(A_F))
     torch.testing.assert_close(S, P @ torch.linalg.inv(torch.eye(P.shape[0], dtype=P.dtype) - P), rtol=1e-9, atol=1e-9)
 

@@ -1,4 +1,4 @@
-"""Behaviour of the presets on small problems (DESIGN §4.3): ascent forgets, finetune keeps the retain
+"""Behaviour of the presets on small problems (docs/design.md §4.3): ascent forgets, finetune keeps the retain
 set, al_wpgd suppresses a class while protecting the adjacent classes."""
 
 import functools

@@ -1,4 +1,4 @@
-"""Contract of EVERY registered unlearning method (DESIGN §4.3), parametrized over REGISTRY and over three
+"""Contract of EVERY registered unlearning method (docs/design.md §4.3), parametrized over REGISTRY and over three
 models: the project's MLP (trained on the fused kernel), and a team's own module through the generic torch.func
 adapter, with BatchNorm (stacked running statistics, one vmapped call) and with BatchNorm + Dropout (members run
 one by one on their own dropout streams). Deterministic under a seed, never mutates its input, stops within its

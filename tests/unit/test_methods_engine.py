@@ -1,4 +1,4 @@
-"""Float64 reference tests of the engine's kernels (DESIGN §4.3): projection, W2, diagonal Fisher,
+"""Float64 reference tests of the engine's kernels (docs/design.md §4.3): projection, W2, diagonal Fisher,
 member-wise optimizers, weighting, the augmented Lagrangian, masks and the engine loop itself."""
 
 import numpy as np
@@ -148,7 +148,7 @@ def test_augmented_lagrangian_gradient_and_multiplier_update():
 
 def test_augmented_lagrangian_multiplier_clamped_at_zero():
     """Inequality constraint L_rem <= L_rem(theta_0): a satisfied constraint (c << 0) gets weight 0 and lam
-    stays >= 0 (issue 12: it went to -4.24, rewarding a higher remote loss)."""
+    stays >= 0 (an unclamped multiplier went to -4.24, rewarding a higher remote loss)."""
     theta = torch.tensor([0.3, -0.7], dtype=torch.float64, requires_grad=True)
     lf = theta[:1] ** 2 + 1
     c = theta[1:] * 2 - 0.1  # -1.5: lam + mu c = 0.5 - 4.5 < 0

@@ -1,4 +1,4 @@
-"""KLoM (DESIGN §4.2): hand-computed rule cases, direction, model counts, vectorized vs per-sample loop."""
+"""KLoM (docs/design.md §4.2): hand-computed rule cases, direction, model counts, vectorized vs per-sample loop."""
 
 import math
 import warnings

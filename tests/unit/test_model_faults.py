@@ -164,7 +164,7 @@ def test_newton_ggn_moves_only_the_trainable_head_and_lands_on_its_ridge_solutio
 
 def test_leverage_of_a_frozen_backbone_is_the_ridge_leverage_of_its_features():
     """Self-leverage in the trainable coordinates: for squared loss, J_i = I_C (x) a_i^T, so
-    h_i = C * a_i^T (A_R^T A_R + lam I)^-1 a_i on the frozen features (DESIGN 4.1)."""
+    h_i = C * a_i^T (A_R^T A_R + lam I)^-1 a_i on the frozen features (docs/design.md §4.1)."""
     from unlearning.leverage import StackedMemberFunction, compute_diagnostics
 
     X, y, ens, A = _frozen_head_problem()

@@ -74,7 +74,7 @@ def _with_oracle_spread(n_forget=3, **kw):
 
 
 def test_accuracy_within_oracle_spread_widened_for_tiny_splits():
-    # Issue 12: one flipped sample of three (0.6667) against oracles at 0.85-0.95 is within the noise ...
+    # Gate calibration: one flipped sample of three (0.6667) against oracles at 0.85-0.95 is within the noise ...
     m = _with_oracle_spread(**{"acc/forget": 2 / 3, "oracle_acc/forget": 0.9})
     v = evaluate_gate("retrain_equivalence", m, Gate())
     lo, hi = v.checks["acc/forget"]["limit"]

@@ -1,4 +1,4 @@
-"""Selection policy (DESIGN §4.5): ordered rules, skipping with reasons, retrain last, clear errors."""
+"""Selection policy (docs/design.md §4.5): ordered rules, skipping with reasons, retrain last, clear errors."""
 
 import pytest
 from pydantic import ValidationError

@@ -1,4 +1,4 @@
-"""Independent seed streams per role (unlearning/seeds.py, DESIGN §4.2)."""
+"""Independent seed streams per role (unlearning/seeds.py, docs/design.md §4.2)."""
 
 import itertools
 

@@ -72,7 +72,7 @@ def test_files_to_process_orders_by_name(tmp_path):
 
 
 def test_gap_facts_relative_to_noise():
-    """Issue 12: the rules read each predicted gap in units of the oracle noise floor (never a raw ratio of
+    """The rules read each predicted gap in units of the oracle noise floor (never a raw ratio of
     two vanishing norms)."""
     from types import SimpleNamespace
 

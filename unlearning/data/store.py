@@ -156,7 +156,7 @@ def _check_finite(ds: Dataset) -> None:
 
 def write_prepared(ds: Dataset, folder: str | Path, erased=None) -> dict:
     """Write the prepared store. `erased`: a predicate on sample ids (the tombstones): those rows are left
-    out, so a re-run of prepare never brings erased rows back (DESIGN §3, "Erasure vs the DVC DAG")."""
+    out, so a re-run of prepare never brings erased rows back (docs/design.md §3, "Erasure vs the DVC DAG")."""
     folder = Path(folder)
     _check_finite(ds)
     manifest = manifest_of(ds)

@@ -1,4 +1,4 @@
-"""Leverage diagnostics (DESIGN §4.1): per-sample Jacobians, the Lambda-weighted GGN, exact / projected /
+"""Leverage diagnostics (docs/design.md §4.1): per-sample Jacobians, the Lambda-weighted GGN, exact / projected /
 matrix-free solvers, the downdated retrain geometry G_R = G_D - G_F, and the Newton prediction of the
 retrain. CUDA is used when present (device="auto")."""
 

@@ -1,4 +1,4 @@
-"""Output-space loss pieces of the generalized Gauss-Newton matrix (DESIGN §4.1).
+"""Output-space loss pieces of the generalized Gauss-Newton matrix (docs/design.md §4.1).
 
 For a sample with outputs f [C] and target t:
 - cross-entropy ("ce"): p = softmax(f), residual g = p - onehot(y) = dloss/df, curvature

@@ -1,4 +1,4 @@
-"""Leverage diagnostics of a forget set, computed before any unlearning runs (DESIGN §4.1,
+"""Leverage diagnostics of a forget set, computed before any unlearning runs (docs/design.md §4.1,
 "Loss is Not Behavior").
 
 At the original parameters theta_D (D = R u F), with A_i = F_i J_i the Lambda-weighted Jacobian rows
@@ -350,7 +350,7 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
                         exact_max_params: int = EXACT_MAX_PARAMS, chunk: int | None = None, seed: int = 0,
                         keep_cross_matrix: bool = False, progress: bool | str | None = False,
                         label_smoothing: float = 0.0) -> LeverageReport:
-    """Leverage diagnostics (DESIGN §4.1) of member `member` of `model_member` for a forget set.
+    """Leverage diagnostics (docs/design.md §4.1) of member `member` of `model_member` for a forget set.
 
     The model was trained on D = retain u forget. `lam` is the L2 coefficient of the sum-of-losses
     objective L = sum_i loss_i + lam/2 ||theta||^2 (for a mean loss with weight decay wd: lam = n * wd).

@@ -1,6 +1,6 @@
 """Output functions f(theta, X) -> [b, C] of ONE model, with theta a flat parameter vector [p].
 
-The leverage machinery (DESIGN §4.1) only needs a model as a map from a flat parameter vector to
+The leverage machinery (docs/design.md §4.1) only needs a model as a map from a flat parameter vector to
 outputs, plus its per-sample Jacobians J_i = d f(x_i) / d theta [C, p] and Jacobian-vector products.
 `StackedMemberFunction` wraps one member of any ensemble (`unlearning.models.Ensemble`) with `torch.func`;
 `LinearFunction` is the ridge-regression special case f(x) = x . theta (J_i = x_i, closed form).

@@ -1,4 +1,4 @@
-"""GGN / Newton steps on a retain objective (DESIGN §4.1 and §4.3 geometry P = G_R).
+"""GGN / Newton steps on a retain objective (docs/design.md §4.1 and §4.3 geometry P = G_R).
 
     L_R(theta) = sum_{i in R} loss_i(theta) + lam/2 ||theta||^2
     theta <- theta - eta (G_R(theta) + damping I)^-1 grad L_R(theta),  G_R = sum_R J^T Lambda J + lam I.
@@ -99,7 +99,7 @@ def influence_removal_step(fn: OutputFunction, theta: torch.Tensor, X_retain: to
                            cg_iters: int = 500, cg_tol: float = 1e-10, exact_max_params: int | None = None,
                            max_linearization_error: float | None = None,
                            chunk: int | None = None) -> tuple[torch.Tensor, dict]:
-    """One influence-removal step (Koh & Liang 2017, §2; DESIGN §4.1):
+    """One influence-removal step (Koh & Liang 2017, §2; docs/design.md §4.1):
 
         theta <- theta + eta (G_R(theta) + (lam + damping) I)^-1 grad sum_{i in F} loss_i(theta).
 

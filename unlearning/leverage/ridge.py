@@ -1,4 +1,4 @@
-"""Ridge regression: the exact special case of the leverage diagnostics (DESIGN §4.1).
+"""Ridge regression: the exact special case of the leverage diagnostics (docs/design.md §4.1).
 
 Objective over the given rows (no implicit intercept: add a constant column to X for one):
     L_S(theta) = 0.5 ||X_S theta - y_S||^2 + 0.5 lam ||theta||^2,   H_S = X_S^T X_S + lam I.

@@ -1,6 +1,6 @@
 """A set of samples seen through one output function at fixed parameters, streamed in bounded chunks.
 
-`RowSet` is what enters a GGN sum (DESIGN §4.1): for samples S it yields the Lambda-weighted Jacobian
+`RowSet` is what enters a GGN sum (docs/design.md §4.1): for samples S it yields the Lambda-weighted Jacobian
 rows A_i = F_i J_i ([r, p] per sample, F_i^T F_i = Lambda_i, see `curvature`), computes the gradient
 sum_i J_i^T g_i and the matrix-free product sum_i J_i^T Lambda_i J_i V, all chunk by chunk so that memory
 stays bounded by `chunk` samples. Jacobian chunks are kept in memory only when the whole set fits in

@@ -1,4 +1,4 @@
-"""Three ways to apply the inverse of a damped GGN, behind one interface (DESIGN §4.1).
+"""Three ways to apply the inverse of a damped GGN, behind one interface (docs/design.md §4.1).
 
     G = lam I + sum_{S in plus} sum_{i in S} A_i^T A_i - sum_{S in minus} sum_{i in S} A_i^T A_i
 

@@ -1,4 +1,4 @@
-"""The unlearner engine and its presets (DESIGN §4.3).
+"""The unlearner engine and its presets (docs/design.md §4.3).
 
 Importing this package registers every preset in `REGISTRY`. `run_method(name, ctx, args)` validates
 the args (pydantic, extra="forbid") and runs the method on a clone of ctx.model.

@@ -1,17 +1,17 @@
 """`al_wpgd`: augmented-Lagrangian ascent, then W2-projected gradient descent on the adjacent set
-(DESIGN §4.3; "Machine Unlearning under Retain-Forget Entanglement").
+(docs/design.md §4.3; "Machine Unlearning under Retain-Forget Entanglement").
 
 Stage 1 (Adam) minimizes  -L_F + lam * c + mu/2 * c^2,  c = L_rem(theta) - L_rem(theta_0),
 with L_F the clipped CE (cap 10) on forget batches, L_rem the loss on remote-retain batches (c on the
 same batch at theta and theta_0), and lam <- max(0, lam + mu * c) after each step (per member). The
-constraint is an INEQUALITY, L_rem <= L_rem(theta_0) (issue 12: an unclamped multiplier went to -4.24, which
+constraint is an INEQUALITY, L_rem <= L_rem(theta_0) (an unclamped multiplier went to -4.24, which
 rewards a higher remote loss), so this is the Powell-Hestenes-Rockafellar form: the constraint's gradient
 weight is max(0, lam + mu * c) and lam never goes below 0.
 Stage 2 takes plain SGD steps (momentum 0 by default) on the adjacent-retain gradient and projects them off
 span{grad[(1-a) L_F + a W2^2], grad L_rem} with a 2 x 2 float64 Gram solve per member (a = 0.5; W2^2 =
 mean squared difference of the sorted per-sample forget losses now vs at the end of stage 1), so it
 repairs the adjacent set without undoing the forgetting or moving the remote loss, to first order.
-Stage-2 defaults (issue 12; sweep in bench/al_wpgd_fine.py, Fashion-MNIST fine labels, forget = Shirt):
+Stage-2 defaults (sweep in bench/al_wpgd_fine.py, Fashion-MNIST fine labels, forget = Shirt):
 lr 1e-3, momentum 0, 300 steps, adjacent batch 256, remote batch 1024 for grad L_rem: forget accuracy 0,
 remote within 0.01 of the original's on 60,000 rows (seeds 0 and 1), 10,000 and 3,000 rows. The projection is
 first order only, so the remote loss drifts with the step size, the momentum and the steps: the former

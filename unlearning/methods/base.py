@@ -1,4 +1,4 @@
-"""Shared types of the unlearner engine (DESIGN §4.3).
+"""Shared types of the unlearner engine (docs/design.md §4.3).
 
 A method takes an `UnlearnContext` (the original ensemble, the forget and retain data, the training
 recipe) and returns an `UnlearnResult` (a NEW ensemble plus its compute cost). Methods work member-wise
@@ -20,7 +20,7 @@ class UnlearnContext:
     """Inputs of every unlearner. Tensors are on the model's device.
 
     X_forget [nF, d], y_forget [nF]; X_retain [nR, d], y_retain [nR]; adjacent_mask [nR] (bool) marks the
-    retain rows entangled with the forget set (DESIGN §4.4). `model` is never mutated."""
+    retain rows entangled with the forget set (docs/design.md §4.4). `model` is never mutated."""
 
     model: Ensemble
     X_forget: torch.Tensor

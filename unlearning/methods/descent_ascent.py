@@ -1,5 +1,5 @@
 """`descent_ascent` (NegGrad+, Kurmanji et al. 2023): descend the retain loss and ascend the forget
-loss together, w_R * grad L_R - w_F * grad L_F (DESIGN §4.3). An epoch is a pass over the retain set;
+loss together, w_R * grad L_R - w_F * grad L_F (docs/design.md §4.3). An epoch is a pass over the retain set;
 each step pairs a retain batch with a forget batch (the forget set is cycled)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`do_nothing`: return an unchanged copy of the original (DESIGN §4.3, §4.5).
+"""`do_nothing`: return an unchanged copy of the original (docs/design.md §4.3, §4.5).
 
 The right choice when the predicted output gap is below the oracle noise floor: the original is then
 already indistinguishable from a retrain within what the validation can measure."""

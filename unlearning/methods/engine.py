@@ -1,4 +1,4 @@
-"""The unlearner engine (DESIGN §4.3): one loop, three swappable parts.
+"""The unlearner engine (docs/design.md §4.3): one loop, three swappable parts.
 
 Every step of a phase computes, member-wise,
 

@@ -1,4 +1,4 @@
-"""`finetune`: descend the retain loss only (DESIGN §4.3 with w_F = 0); relies on catastrophic
+"""`finetune`: descend the retain loss only (docs/design.md §4.3 with w_F = 0); relies on catastrophic
 forgetting of the forget set. Cheap, never harms the retain set, forgets slowly."""
 
 from __future__ import annotations

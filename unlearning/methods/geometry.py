@@ -1,4 +1,4 @@
-"""Geometry P of the engine update theta <- theta - eta * P^-1 * Proj(...) (DESIGN §4.3).
+"""Geometry P of the engine update theta <- theta - eta * P^-1 * Proj(...) (docs/design.md §4.3).
 
 A geometry is prepared once per phase at the phase's starting point and then applied to every update
 direction, member-wise. `identity` is plain (stochastic) gradient geometry; `diag_fisher` is the

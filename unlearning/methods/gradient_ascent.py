@@ -1,4 +1,4 @@
-"""`gradient_ascent`: ascend the forget loss only (DESIGN §4.3 with w_R = 0; §4.1: with P = I its
+"""`gradient_ascent`: ascend the forget loss only (docs/design.md §4.3 with w_R = 0; §4.1: with P = I its
 error on F is (S_F - eta X_F X_F^T) e_F, so it lands on the oracle only by accident). Geometry can be
 the diagonal Fisher of the retain loss, a cheap stand-in for H_R."""
 
@@ -15,7 +15,7 @@ from unlearning.methods.weighting import Weighting
 
 class GradientAscentArgs(AscentArgs):
     epochs: int = Field(10, ge=0, description="passes over the forget set")
-    # Defaults that cannot collapse the model (issue 12: uncapped GA turned Fashion-MNIST into a constant
+    # Defaults that cannot collapse the model (measured: uncapped GA turned Fashion-MNIST into a constant
     # predictor): per-sample forget loss clipped at 10 (as al_wpgd stage 1), and a member stops once its forget
     # accuracy reaches the suppression gate's 0.05 (classifiers only: loss 'ce').
     loss_cap: float | None = Field(10.0, gt=0, description="clip per-sample forget loss at this value (null = off)")

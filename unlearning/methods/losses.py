@@ -1,4 +1,4 @@
-"""Per-sample, per-member losses used by the unlearner engine (DESIGN §4.3).
+"""Per-sample, per-member losses used by the unlearner engine (docs/design.md §4.3).
 
 All functions take member logits [N, b, C] and return per-sample losses [N, b], so a method's
 ensemble objective is a sum over members of per-member reductions and members never interact.
@@ -37,7 +37,7 @@ def per_sample_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "ce", lab
 
     "ce": cross-entropy, with the recipe's label smoothing where the term is the training loss (so
     fine-tuning continues the training the model had); "mse": 0.5 * ||z - t||^2 (the 1/2 makes the gradient
-    the residual, as in the ridge closed form of DESIGN §4.1)."""
+    the residual, as in the ridge closed form of docs/design.md §4.1)."""
     _check_kind(kind)
     n, b, c = logits.shape
     if kind == "ce":
@@ -48,7 +48,7 @@ def per_sample_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "ce", lab
 
 def clip_loss(losses: torch.Tensor, cap: float | None) -> torch.Tensor:
     """min(loss, cap) per sample. Above the cap the gradient is zero, so gradient ascent stops pushing a
-    sample whose loss is already large (the clipped CE of al_wpgd, DESIGN §4.3, cap 10)."""
+    sample whose loss is already large (the clipped CE of al_wpgd, docs/design.md §4.3, cap 10)."""
     return losses if cap is None else losses.clamp(max=cap)
 
 

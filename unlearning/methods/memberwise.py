@@ -1,4 +1,4 @@
-"""Member-wise vector algebra on grouped-layer ensembles (DESIGN §4.3).
+"""Member-wise vector algebra on grouped-layer ensembles (docs/design.md §4.3).
 
 Every parameter (and every gradient or update direction) is a tensor with a leading member dimension
 N; a "member vector" is a list of such tensors, one per parameter. The helpers here never mix members:

@@ -1,4 +1,4 @@
-"""`newton_ggn`: one or a few GGN / Newton steps on the retain objective (DESIGN §4.1, §4.3 geometry P = G_R).
+"""`newton_ggn`: one or a few GGN / Newton steps on the retain objective (docs/design.md §4.1, §4.3 geometry P = G_R).
 
 Per member k of the ensemble, in float64 on the model's device:
 
@@ -13,7 +13,7 @@ AdamW's decoupled decay, which is not exactly an L2 penalty: set `lam` explicitl
 For a model linear in theta with squared loss ("mse", e.g. an MLP with hidden=[] and n_classes=1) the GGN is
 the Hessian, so one step with step_size = 1, damping = 0 lands exactly on the ridge solution on [X, 1] with
 the bias penalised like the weights: theta_R = ([X_R, 1]^T [X_R, 1] + lam I)^-1 [X_R, 1]^T y_R.
-This is Newton / influence removal: it lands on the oracle iff P = G_R and eta = 1 (DESIGN §4.1).
+This is Newton / influence removal: it lands on the oracle iff P = G_R and eta = 1 (docs/design.md §4.1).
 A backtracking (Armijo) line search on L_R keeps cross-entropy steps from overshooting; it accepts the full
 step on a quadratic, so the ridge case stays exact. The influence step (gradient = forget) has no objective to
 decrease: it backtracks while the outputs move farther from their linear prediction than
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 
 class NewtonGGNArgs(MethodArgs):
-    # Default by bench/newton_removal.py (issue 12): on 6 digits sets the forget gradient was closer to the
+    # Default by bench/newton_removal.py: on 6 digits sets the forget gradient was closer to the
     # oracles than the retain gradient on 17 of 18 (set, split) pairs, and closer than do_nothing on the forget
     # split on 6 of 6; the retain gradient also undoes the recipe's unfinished training (2-3x the oracle spread).
     gradient: Literal["retain", "forget"] = Field(

@@ -1,4 +1,4 @@
-"""Projection of the engine update direction (DESIGN §4.3): none; off the span of protected gradients;
+"""Projection of the engine update direction (docs/design.md §4.3): none; off the span of protected gradients;
 W2-regularized (al_wpgd stage 2).
 
 All projections work PER MEMBER: member k's direction is projected off the span of member k's
@@ -91,7 +91,7 @@ class SpanProjection(Projection):
 
 
 class W2Projection(SpanProjection):
-    """al_wpgd stage 2 (DESIGN §4.3): project off span{grad[(1-a) L_F + a W2^2], grad L_rem}.
+    """al_wpgd stage 2 (docs/design.md §4.3): project off span{grad[(1-a) L_F + a W2^2], grad L_rem}.
 
     L_F is the mean clipped CE (cap `cap`) on the whole forget set; W2^2 compares the per-sample forget
     losses now with those at the phase start (the stage-1 result), so the step keeps both the mean

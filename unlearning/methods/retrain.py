@@ -1,4 +1,4 @@
-"""`retrain`: exact unlearning and the oracle (DESIGN §4.3, §4.5).
+"""`retrain`: exact unlearning and the oracle (docs/design.md §4.3, §4.5).
 
 A fresh ensemble with the SAME member seeds (same initialisation, same data-order streams) trained
 from scratch on the retain set with the original training recipe. For loss "ce" it is

@@ -1,4 +1,4 @@
-"""Weighting of the engine update: w_R * grad L_R - w_F * grad L_F (DESIGN §4.3).
+"""Weighting of the engine update: w_R * grad L_R - w_F * grad L_F (docs/design.md §4.3).
 
 A weighting turns the per-sample losses of a step ([N, b] per term) into per-member term losses
 ([N]) with loss clipping and per-sample weights, and gives the member weights w_R, w_F ([N] each).

@@ -1,4 +1,4 @@
-"""Metrics of the pure core: margins, KLoM, its permutation test and same-size noise floor (DESIGN §4.2;
+"""Metrics of the pure core: margins, KLoM, its permutation test and same-size noise floor (docs/design.md §4.2;
 permutation.py documents the gate's statistic), accuracy and output gap per
 split, membership inference (loss-threshold AUC, NeurIPS 2023 challenge epsilon), oracle coverage.
 

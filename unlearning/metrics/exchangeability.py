@@ -1,6 +1,6 @@
 """Is one model exchangeable with an ensemble trained by the declared recipe? (the recipe check)
 
-The gate's KLoM test (DESIGN §4.2) compares *shadow originals* unlearned by a method with oracles; both are
+The gate's KLoM test (docs/design.md §4.2) compares *shadow originals* unlearned by a method with oracles; both are
 trained by the declared recipe. It certifies the production model only insofar as that model is itself a
 draw from the recipe's distribution: true for an original the pipeline trained, an assumption for a team's
 own checkpoint (`train.init_checkpoint`) that nothing else tests.

@@ -1,4 +1,4 @@
-"""KLoM: KL divergence of margins between unlearned models and oracle retrains (DESIGN §4.2).
+"""KLoM: KL divergence of margins between unlearned models and oracle retrains (docs/design.md §4.2).
 
 Origin: "Attribute-to-Delete" (Georgiev et al.), used in "Ascent Fails to Forget". The public reference
 implementation is `compute_binned_KL_div` / `kl_from_margins` in RoyRin/data-unlearning-bench
@@ -14,15 +14,15 @@ Per sample s, with p = margins of the unlearned models [N_u] and q = margins of 
   5. q = max(q, 1e-5) where p > 0;
   6. KL = sum over p > 0 of p log(p / q) (natural log), direction KL(unlearned || oracle).
 
-Two cases the DESIGN text does not spell out, decided as the reference implementation behaves:
+Two cases docs/design.md §4.2 does not spell out, decided as the reference implementation behaves:
   * nothing of the unlearned side is counted (all its clipped margins equal hi, i.e. every unlearned
     model sits at one value above all the oracles): the reference returns nan (scipy's entropy of an
     all-zero p). We return nan too; `split_summary` then reports nan p95/mean for that split and counts
     the sample in `n_undefined` (fail closed). This is a real mismatch, not a "0".
   * nothing of the oracle side is counted: q is all zeros, floored to 1e-5 where p > 0, so KL is large.
-The reference passes the floored q to scipy.stats.entropy, which renormalizes q to sum 1; DESIGN §4.2 does
+The reference passes the floored q to scipy.stats.entropy, which renormalizes q to sum 1; docs/design.md §4.2 does
 not renormalize. The difference is at most log(1 + 20 * 1e-5) ~ 2e-4 except when q has no counted mass.
-Default follows DESIGN (`normalize_q=False`); `normalize_q=True` reproduces the reference numbers exactly.
+Default follows docs/design.md §4.2 (`normalize_q=False`); `normalize_q=True` reproduces the reference numbers exactly.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def klom(
     *,
     normalize_q: bool = False,
 ) -> np.ndarray:
-    """KLoM per sample: KL(unlearned || oracle) of binned margins, DESIGN §4.2. Returns float64 [n_samples].
+    """KLoM per sample: KL(unlearned || oracle) of binned margins, docs/design.md §4.2. Returns float64 [n_samples].
 
     unlearned_margins: [N_u, n_samples]; oracle_margins: [N_o, n_samples]; N_u and N_o may differ.
     A sample is nan when none of its unlearned margins falls in a bin (see module docstring).
@@ -123,17 +123,17 @@ def klom(
 def klom_summary(klom_values: Any, split_labels: Any) -> dict[str, dict[str, float]]:
     """Per split present (forget, adjacent, remote, validation, then others): {"p95", "mean", "n", "n_undefined"}.
 
-    DESIGN §4.2 reports the 95th percentile over the samples of each split, plus the mean.
+    docs/design.md §4.2 reports the 95th percentile over the samples of each split, plus the mean.
     """
     return split_summary(klom_values, split_labels)
 
 
 def oracle_half_klom(oracle_margins: Any, seed: int = 0, *, normalize_q: bool = False) -> np.ndarray:
-    """KLoM of oracle half A vs oracle half B, per sample [n_samples] (the noise floor of DESIGN §4.2).
+    """KLoM of oracle half A vs oracle half B, per sample [n_samples] (the noise floor of docs/design.md §4.2).
 
     The N oracle models are permuted with numpy's default_rng(seed); half A is the first N // 2 of the
     permutation, half B the other N - N // 2. Each half holds about N/2 models, so this floor is 2.4-3x the
-    noise of an N-vs-N comparison (issue 12, measured): judging an N-vs-N KLoM against it is LENIENT. The gate
+    noise of an N-vs-N comparison (measured, bench/calibration.py): judging an N-vs-N KLoM against it is LENIENT. The gate
     no longer uses it: it uses the permutation test of metrics/permutation.py, whose null is the same-size floor.
     """
     q = as_model_by_sample(oracle_margins, "oracle_margins")

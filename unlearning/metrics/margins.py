@@ -1,6 +1,6 @@
 """Margins and logit-scaled confidences of classifier outputs.
 
-DESIGN §4.2 (KLoM, "Ascent Fails to Forget" / "Attribute-to-Delete"): the margin of a model on (x, y) is
+docs/design.md §4.2 (KLoM, "Ascent Fails to Forget" / "Attribute-to-Delete"): the margin of a model on (x, y) is
 z_y - logsumexp_{j != y} z_j. It equals log(p_y / (1 - p_y)) with p = softmax(z), i.e. the
 "logit-scaled confidence" of LiRA and of the NeurIPS 2023 Machine Unlearning challenge scorer, so the two
 share one kernel here.

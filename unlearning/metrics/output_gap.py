@@ -1,4 +1,4 @@
-"""Output gap: how far the unlearned models' predictive distributions are from the oracles' (DESIGN §4.1
+"""Output gap: how far the unlearned models' predictive distributions are from the oracles' (docs/design.md §4.1
 reports a predicted output gap; this is the measured one, in KL units)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _as_members(x: Any, name: str) -> np.ndarray:
 def output_gap(unlearned_logits: Any, oracle_logits: Any) -> np.ndarray:
     """Per sample: mean over unlearned members k of KL(softmax(z_k) || mean over oracles of softmax(z_o)).
 
-    Direction KL(unlearned || oracle mixture), the same direction as KLoM (DESIGN §4.2): large when an
+    Direction KL(unlearned || oracle mixture), the same direction as KLoM (docs/design.md §4.2): large when an
     unlearned model puts mass where the oracles (as an ensemble) put almost none. The oracle side is the
     mixture of the oracle members' predictive distributions (the oracles' posterior predictive), so its
     support is wide and the KL stays finite. Natural log, float64, computed in log space.

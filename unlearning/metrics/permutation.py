@@ -1,4 +1,4 @@
-"""Permutation test of retrain-equivalence on KLoM P95 per split (DESIGN §4.2), and its same-size noise floor.
+"""Permutation test of retrain-equivalence on KLoM P95 per split (docs/design.md §4.2), and its same-size noise floor.
 
 The statistic
 -------------
@@ -21,7 +21,7 @@ Why this statistic (and not "KLoM P95 <= c x noise floor")
 ---------------------------------------------------------
 * A fixed factor over a floor has no known error rate: the floor's own noise depends on N, the split size
   and the margins' spread, and a floor computed on different sizes (oracle half vs half, N/2 vs N/2) is
-  2.4-3x the N-vs-N floor the candidate is judged on, which made the old 1.5x gate lenient (issue 12).
+  2.4-3x the N-vs-N floor the candidate is judged on, which made the old 1.5x gate lenient (bench/calibration.py).
 * The permutation null is built from the SAME N_u-vs-N_o comparison the candidate is judged on, so it is
   automatically the right size; its median is logged as the noise floor (`noise_floor_p95/<split>`).
 * It keeps the reported metric (KLoM P95, comparable with published numbers) as the statistic: a failing

@@ -1,4 +1,4 @@
-"""Per-split summaries of per-sample metrics (DESIGN §4.2: 95th percentile and mean for each split)."""
+"""Per-split summaries of per-sample metrics (docs/design.md §4.2: 95th percentile and mean for each split)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from ._arrays import as_f64, as_split_labels
 
-# Canonical split names, in report order (DESIGN §4.2 / §4.4).
+# Canonical split names, in report order (docs/design.md §4.2 / §4.4).
 SPLITS: tuple[str, ...] = ("forget", "adjacent", "remote", "validation")
 
 

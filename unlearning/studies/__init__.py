@@ -1,4 +1,4 @@
-"""Evidence studies (issue 15): the literature's central claims, measured with this library's own models,
+"""Evidence studies: the literature's central claims, measured with this library's own models,
 methods, gate and diagnostics. Pure core (torch/numpy only); `flows/report.py` runs them, logs them to MLflow
 and regenerates the README's results section from their JSON (`unlearning.studies.readme`).
 

@@ -1,4 +1,4 @@
-"""S5, "Loss is Not Behavior" on digits: the leverage diagnostics computed BEFORE unlearning (DESIGN §4.1)
+"""S5, "Loss is Not Behavior" on digits: the leverage diagnostics computed BEFORE unlearning (docs/design.md §4.1)
 against what each method then does, over forget sets of different structure.
 
 Per structure: the diagnostics of the original (predicted output gap, self-leverage trace; the policy's facts,

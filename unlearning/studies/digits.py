@@ -114,7 +114,7 @@ class ForgetSet:
 
 
 def adjacent_by_class(y: np.ndarray, F: np.ndarray, R: np.ndarray) -> np.ndarray:
-    """The group partition of the digits default (group = class, DESIGN §4.4): a retain row is adjacent when
+    """The group partition of the digits default (group = class, docs/design.md §4.4): a retain row is adjacent when
     its class occurs in the forget set."""
     return np.isin(y[R], np.unique(y[F]))
 

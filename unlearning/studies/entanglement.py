@@ -9,7 +9,7 @@ Setting
   so a retrain never predicts it); "super": the five super-classes (tops, bottoms, dresses, footwear,
   bags), the forget rows are labelled "tops" like the rest of their group.
 - Forget = every training Shirt; adjacent = the rest of the super-class "tops" (T-shirt/top, Pullover,
-  Coat), derived with the declared-group partition (DESIGN §4.4); remote = every other retain row.
+  Coat), derived with the declared-group partition (docs/design.md §4.4); remote = every other retain row.
 - The original: the architecture (mlp: `hidden`; cnn: `channels`; resnet: the zoo's defaults) trained
   with the study's recipe (AdamW, `epochs`, `batch_size`, `lr`, `weight_decay`).
 - Methods through `run_method`: `retrain` = the same architecture and member seed trained from scratch on
@@ -47,7 +47,7 @@ ADJACENT_CLASSES = ("T-shirt/top", "Pullover", "Coat")  # the rest of the "tops"
 ACCURACY_KEYS = ("forget", "adjacent", "remote", "validation", "val_shirt", "val_nonshirt")
 FRONTIER_KEYS = ("forget", "adjacent", "remote", "validation")
 
-# --- unlearner presets (DESIGN §4.3) ------------------------------------------------------------------------
+# --- unlearner presets (docs/design.md §4.3) ------------------------------------------------------------------------
 # Baselines run at their preset defaults (args {}); al_wpgd carries the args tuned for the super-class
 # setting (bench/entanglement.py, bench/al_wpgd_fine.py):
 # - stage 1 stops as soon as no forget sample is predicted "tops" (target_forget_acc 0.0) at a small Adam
@@ -58,7 +58,7 @@ FRONTIER_KEYS = ("forget", "adjacent", "remote", "validation")
 #   accuracy back to ~0.99 within 60 steps; lr 5e-3 with momentum 0.5 is stable; a larger adjacent batch
 #   (256) gives a less noisy direction; 2,400 steps end just below 5% forget accuracy (forget accuracy
 #   creeps up with the steps, adjacent accuracy with it).
-# - the stage-2 batch sizes are the method's defaults (issue 12: adjacent 256, remote projection 1024). On
+# - the stage-2 batch sizes are the method's defaults (adjacent 256, remote projection 1024). On
 #   seed 0, 1 thread, the full data: remote projection 128 -> 1024 took forget 0.056 -> 0.030, remote
 #   0.922 -> 0.955, adjacent 0.672 -> 0.639 (bench/al_wpgd_fine.py --targets super; neither meets the
 #   adjacent >= 90% acceptance on that run).
@@ -76,7 +76,7 @@ METHOD_ARGS: dict[str, dict[str, Any]] = {
     # the same run stopped after stage 1: shows what stage 2 has to repair
     "al_wpgd_stage1": {**AL_WPGD_ARGS, "stage2_steps": 0},
 }
-# Fine labels (issue 12 item 7): al_wpgd at the method's own defaults, which were chosen on this setting
+# Fine labels: al_wpgd at the method's own defaults, which were chosen on this setting
 # (bench/al_wpgd_fine.py: forget <= 5% with remote accuracy within 2 points of the original's). The super
 # targets keep the tuned args above: there stage 1 takes adjacent accuracy to ~0, and 100 stage-2 steps at
 # lr 3e-3 gave none of it back (adjacent 0.0004, seed 0), so stage 2 needs thousands of steps.
