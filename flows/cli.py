@@ -219,6 +219,18 @@ def _source_note(check: dict) -> str:
             f"params or data'; a fresh original is trained without them)")
 
 
+def _twin_notes(checks: list[dict]) -> list[str]:
+    """Forgotten rows whose bytes equal a retained row's (a duplicate row in the data: another person's, kept)."""
+    out = []
+    for c in checks:
+        for t in c.get("identical_to_retained", []):
+            more = f" and {t['n_retained'] - len(t['retained'])} more" if t["n_retained"] > len(t["retained"]) else ""
+            out.append(f"forgotten row {t['forgotten']} is identical to retained row {', '.join(t['retained'])}{more} "
+                       f"(kept): the same values belong to a sample that was not forgotten, so their bytes stay in "
+                       f"{c['store']} and its copies; not a failure")
+    return out
+
+
 def cmd_verify_erasure(args) -> int:
     from flows.common import tracker_for
     from tasks.erasure import verify_erasure
@@ -238,6 +250,8 @@ def cmd_verify_erasure(args) -> int:
         problems.append("MLflow registry: not verified: " + lost.replace("; nothing was changed", ""))
     for c in checks:
         print(json.dumps(c))
+    for line in _twin_notes(checks):
+        print(f"  note: {line}")
     if problems:
         for p in problems:
             print(f"NOT ERASED: {p}", file=sys.stderr)

@@ -22,8 +22,10 @@ and the MLflow batch run's `erasure_report.json`) lists every store checked and 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -35,7 +37,7 @@ from unlearning.data.store import manifest_csv_bytes, rewrite_without
 from unlearning.ensembles import id_hashes, trained_on
 from unlearning.erasure import (
     UnknownBatch, add_tombstones, clean_of_tombstones, id_key, is_erased, npy_rows_found, read_tombstones,
-    row_digests, state_is_clean, tombstones_digest,
+    row_digest, state_is_clean, tombstones_digest,
 )
 from unlearning.io import (
     atomic_save, atomic_write_bytes, atomic_write_json, commit_dir, discard_dir, load_checkpoint, read_json_file,
@@ -198,6 +200,33 @@ def versions_to_keep(params: Params, tracker, champion_version) -> set[str]:
     return {str(champion_version), *kept}
 
 
+# The report's fingerprints of the forgotten rows: kept in state/erasure/, not logged to MLflow.
+FINGERPRINT_KEYS = ("row_digests", "row_ids_by_digest", "cache_id_hashes")
+
+
+def _fingerprints(prepared, erased, key, forget_ids: list[str] | None, old: dict) -> tuple[dict, set[str]]:
+    """({row digest: [id keys]}, cache id hashes) of the erased rows still in `prepared`, merged with an earlier
+    pass's report `old`. The ids are kept in their ledger form (salted hashes with deletion.hash_sample_ids), so
+    `verify_erasure` can tell a forgotten row from a retained row with the same bytes, and name it."""
+    hit = prepared.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
+    ids = prepared.manifest["sample_id"][hit].tolist()
+    digest_ids: dict[str, list[str]] = {d: list(v) for d, v in old.get("row_ids_by_digest", {}).items()}
+    for d in old.get("row_digests", []):  # a report from before the ids were recorded
+        digest_ids.setdefault(d, [])
+    for d, s in zip(digest_list(np.asarray(prepared.X)[hit]), ids):
+        digest_ids.setdefault(d, [])
+        if key(s) not in digest_ids[d]:
+            digest_ids[d].append(key(s))
+    cache_hashes = set(id_hashes(forget_ids or [])) | set(id_hashes(ids)) | set(old.get("cache_id_hashes", []))
+    return dict(sorted(digest_ids.items())), cache_hashes
+
+
+def digest_list(X: np.ndarray) -> list[str]:
+    """[n] row digests of X [n, ...] in row order (unlearning/erasure.py's row_digest: sha256 of float32 bytes)."""
+    X = np.ascontiguousarray(np.asarray(X), dtype=np.float32)
+    return [row_digest(r) for r in X.reshape(len(X), -1)]
+
+
 @computes
 def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str, champion_version: str | None,
           tracker=None, run_id: str | None = None, keys: list[str] | None = None) -> dict:
@@ -210,17 +239,12 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
     tombstones = read_tombstones(params.path("tombstones"))
     erased = is_erased(tombstones, hash_ids, salt)
     stores, pending = [], []
-    # Fingerprints of the rows, taken while the rows are still in the prepared store.
-    prepared = load_prepared(params.path("prepared_dir"))
-    hit = prepared.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
-    digests = sorted(row_digests(np.asarray(prepared.X)[hit])) if hit.any() else []
-    cache_hashes = set(id_hashes(forget_ids or []))
-    cache_hashes |= set(id_hashes(prepared.manifest["sample_id"][hit].tolist()))
     path = reports_dir(params) / f"{batch_id}.json"
     old = read_json_file(path) if path.exists() else {}
     run_id = run_id or old.get("run_id")  # a later pass (`unlearn erase`) updates the batch's MLflow run too
-    digests = sorted(set(digests) | set(old.get("row_digests", [])))
-    cache_hashes |= set(old.get("cache_id_hashes", []))
+    # Fingerprints of the rows, taken while the rows are still in the prepared store.
+    digest_ids, cache_hashes = _fingerprints(load_prepared(params.path("prepared_dir")), erased, key, forget_ids, old)
+    digests = sorted(digest_ids)
 
     dvc_locked = in_dvc_stage()
     if dvc_locked:
@@ -261,13 +285,13 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
     report = {"batch_id": batch_id, "run_id": run_id, "erased_at": datetime.now(timezone.utc).isoformat(),
               "n_ids": len(forget_ids or []) or old.get("n_ids", 0), "n_tombstones": len(tombstones),
               "hashed_ids": hash_ids, "stores": stores, "pending": pending, "earlier_passes": earlier,
-              "row_digests": digests, "cache_id_hashes": sorted(cache_hashes)}
+              "row_digests": digests, "row_ids_by_digest": digest_ids, "cache_id_hashes": sorted(cache_hashes)}
     atomic_write_json(path, report)
     if any(s["store"] == "DVC cache" and s.get("committed") for s in stores):
         dvc_ops.commit(params.root, ["deletion"])  # the report just written is in state/: `dvc status` stays clean
         dvc_ops.gc_workspace(params.root)  # that commit left the deletion stage's previous objects unreferenced
     if tracker is not None and run_id is not None:
-        tracker.log_json(run_id, {k: v for k, v in report.items() if k not in ("row_digests", "cache_id_hashes")},
+        tracker.log_json(run_id, {k: v for k, v in report.items() if k not in FINGERPRINT_KEYS},
                          "erasure_report.json")
     return report
 
@@ -378,102 +402,258 @@ def source_folder_checks(params: Params, prepared, key, forgotten: set[str]) -> 
              "first_files": left[:5]}]
 
 
+@dataclass
+class Scope:
+    """What `verify_erasure` checks: the forgotten ids (one batch's, or every erased one), the erasure reports of
+    their batches, and the fingerprints of their rows."""
+
+    ledger: list[dict]  # the ledger entries in scope
+    forgotten: set[str]  # id keys as the ledger writes them (salted hashes with deletion.hash_sample_ids)
+    tombstones: set[str]
+    reports: list[dict]  # state/erasure/<batch>.json of the batches in scope
+    digest_ids: dict[str, list[str]]  # row digest of a forgotten row -> its id keys ([]: a report from before them)
+    cache_hashes: set[str]
+    prepared: Any  # the prepared store (None before prepare)
+    key: Callable[[str], str]
+    # row digest of a forgotten row -> the retained rows (ids) with the same bytes: another person's row, kept
+    kept: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def digests(self) -> set[str]:
+        return set(self.digest_ids)
+
+    @property
+    def n_features(self) -> int:
+        return int(self.prepared.X.shape[1]) if self.prepared is not None else -1
+
+    def row_name(self, digest: str) -> str:
+        """A forgotten row as a person reads it: its id (keyed like the ledger), else its digest."""
+        ids = self.digest_ids.get(digest) or []
+        return "/".join(map(repr, ids)) if ids else f"row digest {digest[:12]}"
+
+
+@dataclass
+class Findings:
+    problems: list[str] = field(default_factory=list)
+    checks: list[dict] = field(default_factory=list)
+
+    def store(self, store: str, path, ids: list[str] = (), rows: list[str] = (), **extra) -> None:
+        """One store's check; a forgotten id or raw row left in it is a problem that names the store and them."""
+        self.checks.append({"store": store, "path": str(path), "forgotten_ids": len(ids), "forgotten_rows": len(rows),
+                            **extra})
+        if ids:
+            self.problems.append(f"{store} ({path}): {len(ids)} forgotten id(s) remain: {_shown(ids)}")
+        if rows:
+            self.problems.append(f"{store} ({path}): {len(rows)} forgotten raw row(s) remain: {_shown(rows)}")
+
+
+def _shown(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
 def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tuple[list[str], list[dict]]:
-    """Re-check every store; returns (problems, checks). A problem: a forgotten raw row (by its digest), a
-    forgotten id left in the prepared store or the state manifest, a model or an ensemble trained on it, a
-    registry version beyond erasure.keep_versions. Files that only name a forgotten id (the ledger, the
-    tombstones, MLflow artifacts and applied request files with plain ids: `id_references`) are listed in
-    the checks, not problems: they are the audit trail."""
+    """Re-check every store; returns (problems, checks). `batch`: only that batch's rows and ids.
+
+    A problem: a forgotten id left in the prepared store or the state manifest, a forgotten raw row (by its
+    digest) in a store, a model or an ensemble trained on it, a registry version beyond erasure.keep_versions.
+    Rows are judged by identity, not by bytes alone: a forgotten row whose bytes equal a retained row's (a
+    duplicate row in the data, another person's) is listed in the checks as `identical_to_retained`, not a
+    problem; a store without ids (the DVC cache, MLflow artifacts) fails only when it holds more copies of such
+    bytes than the prepared store keeps. Files that only name a forgotten id (the ledger, the tombstones, MLflow
+    artifacts and applied request files with plain ids: `id_references`) are listed in the checks, not
+    problems: they are the audit trail."""
+    scope, out = _scope(params, batch), Findings()
+    _check_reports(scope, out)
+    _check_tombstones(params, scope, out)
+    _check_prepared(params, scope, out)
+    _check_state_manifest(params, scope, out)
+    _check_ensembles(params, scope, out)
+    _check_models(params, scope, out)
+    _check_raw_stores(params, scope, out)
+    _check_request_files(params, scope, out)
+    if tracker is not None and scope.forgotten:
+        _check_registry(params, tracker, out)
+    return out.problems, out.checks
+
+
+def _scope(params: Params, batch: str | None) -> Scope:
     from unlearning.ledger import read_ledger
 
-    state_dir = params.path("state_dir")
-    ledger = [e for e in read_ledger(state_dir / "ledger.jsonl") if batch is None or e["batch_id"] == batch]
+    every = read_ledger(params.path("state_dir") / "ledger.jsonl")
+    ledger = [e for e in every if batch is None or e["batch_id"] == batch]
     if batch is not None and not ledger:
-        known = list(dict.fromkeys(e["batch_id"] for e in read_ledger(state_dir / "ledger.jsonl")))
-        raise UnknownBatch(f"batch {batch!r} is not in the ledger {state_dir / 'ledger.jsonl'}; "
-                           + (f"its batches: {known[-10:]}{' (the 10 newest)' if len(known) > 10 else ''}" if known
-                              else "it holds no batch yet") + " (`unlearn status` lists them)")
+        raise UnknownBatch(_unknown_batch(params, batch, every))
+    tombstones = read_tombstones(params.path("tombstones"))
     forgotten = {str(e["sample_id"]) for e in ledger}
-    tomb = read_tombstones(params.path("tombstones"))
     if batch is None:  # every erased id, also those of a ledger `unlearn reset` archived (the tombstones stay)
-        forgotten |= tomb
-    reports = [read_json_file(p) for p in sorted(reports_dir(params).glob("*.json"))]
-    digests = set().union(*[set(r.get("row_digests", [])) for r in reports]) if reports else set()
-    cache_hashes = set().union(*[set(r.get("cache_id_hashes", [])) for r in reports]) if reports else set()
-    problems, checks = [], []
-    try:
-        prepared = load_prepared(params.path("prepared_dir"))
-    except FileNotFoundError:
-        prepared = None
-    salt = prepared.info["name"] if prepared is not None else ""
-    key = id_key(params.deletion.hash_sample_ids, salt)
-    n_features = int(prepared.X.shape[1]) if prepared is not None else -1
-    if ledger and not reports:
-        problems.append("no erasure report in state/erasure/: the erasure never ran (run `unlearn erase`)")
+        forgotten |= tombstones
+    every_report = [read_json_file(p) for p in sorted(reports_dir(params).glob("*.json"))]
+    # a batch whose rows a later pass erased under another name ("recovered") has no report of its own
+    reports = [r for r in every_report if batch is None or r.get("batch_id") == batch] or every_report
+    digest_ids: dict[str, list[str]] = {}
     for r in reports:
+        for d in r.get("row_digests", []):
+            digest_ids.setdefault(d, [])
+        for d, ids in r.get("row_ids_by_digest", {}).items():
+            digest_ids[d] = list(dict.fromkeys(digest_ids.get(d, []) + list(ids)))
+    prepared = _prepared_or_none(params)
+    key = id_key(params.deletion.hash_sample_ids, prepared.info["name"] if prepared is not None else "")
+    scope = Scope(ledger, forgotten, tombstones, reports, digest_ids,
+                  set().union(*[set(r.get("cache_id_hashes", [])) for r in reports]), prepared, key)
+    scope.kept = _retained_twins(scope)
+    return scope
+
+
+def _unknown_batch(params: Params, batch: str, every: list[dict]) -> str:
+    known = list(dict.fromkeys(e["batch_id"] for e in every))
+    return (f"batch {batch!r} is not in the ledger {params.path('state_dir') / 'ledger.jsonl'}; "
+            + (f"its batches: {known[-10:]}{' (the 10 newest)' if len(known) > 10 else ''}" if known
+               else "it holds no batch yet") + " (`unlearn status` lists them)")
+
+
+def _prepared_or_none(params: Params):
+    try:
+        return load_prepared(params.path("prepared_dir"))
+    except FileNotFoundError:
+        return None
+
+
+def _prepared_rows(scope: Scope) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The prepared store's rows: ([n] digests, [n] id keys, [n] bool: the id is forgotten or tombstoned)."""
+    keys = scope.prepared.manifest["sample_id"].map(scope.key).to_numpy(dtype=object)
+    gone = np.array([k in scope.forgotten or k in scope.tombstones for k in keys], dtype=bool)
+    return digest_list(scope.prepared.X) if scope.digest_ids else [""] * len(keys), keys, gone
+
+
+def _retained_twins(scope: Scope) -> dict[str, list[str]]:
+    """{digest of a forgotten row: the retained rows' ids with the same bytes}: a duplicate row in the data is
+    another person's row, kept; its bytes prove nothing about the forgotten one."""
+    if scope.prepared is None or not scope.digest_ids:
+        return {}
+    digests, _, gone = _prepared_rows(scope)
+    ids = scope.prepared.manifest["sample_id"].astype(str).to_numpy(dtype=object)
+    kept: dict[str, list[str]] = {}
+    for d, i, g in zip(digests, ids, gone):
+        if not g and d in scope.digest_ids:
+            kept.setdefault(d, []).append(i)
+    return kept
+
+
+def _twins(scope: Scope) -> list[dict]:
+    return [{"forgotten": scope.row_name(d), "retained": ids[:5], "n_retained": len(ids)}
+            for d, ids in sorted(scope.kept.items())]
+
+
+def _check_reports(scope: Scope, out: Findings) -> None:
+    if scope.ledger and not scope.reports:
+        out.problems.append("no erasure report in state/erasure/: the erasure never ran (run `unlearn erase`)")
+    for r in scope.reports:
         for p in r.get("pending", []):
-            problems.append(f"batch {r['batch_id']}: erasure pending ({p})")
+            out.problems.append(f"batch {r['batch_id']}: erasure pending ({p})")
 
-    def check(store, path, ids=0, rows=0, note=""):
-        checks.append({"store": store, "path": str(path), "forgotten_ids": ids, "forgotten_rows": rows})
-        if ids:
-            problems.append(f"{store} ({path}): {ids} forgotten id(s) remain{note}")
-        if rows:
-            problems.append(f"{store} ({path}): {rows} forgotten raw row(s) remain{note}")
 
-    check("tombstones", params.path("tombstones"), ids=0)
-    missing = forgotten - tomb
+def _check_tombstones(params: Params, scope: Scope, out: Findings) -> None:
+    out.store("tombstones", params.path("tombstones"))
+    missing = sorted(scope.forgotten - scope.tombstones)
     if missing:
-        problems.append(f"tombstones ({params.path('tombstones')}): {len(missing)} forgotten id(s) are not "
-                        f"tombstoned: a re-prepare would bring them back")
-    if prepared is not None:
-        ids = int(prepared.manifest["sample_id"].map(lambda s: key(s) in forgotten).sum())
-        check("prepared store", params.path("prepared_dir"), ids,
-              npy_rows_found(params.path("prepared_dir") / "features.npy", digests, n_features))
-    sm = state_dir / "manifest.csv"
-    if sm.exists():
-        m = read_state_manifest(sm)
-        check("state manifest", sm, int(m["sample_id"].map(lambda s: key(s) in forgotten).sum()))
+        out.problems.append(f"tombstones ({params.path('tombstones')}): {len(missing)} forgotten id(s) are not "
+                            f"tombstoned: a re-prepare would bring them back: {_shown(list(map(repr, missing)))}")
+
+
+def _check_prepared(params: Params, scope: Scope, out: Findings) -> None:
+    """Forgotten ids left in the prepared store, and forgotten rows by identity: a row with a forgotten row's
+    bytes fails only when its own id is forgotten; under a retained id it is that person's row (a twin)."""
+    if scope.prepared is None:
+        return
+    digests, keys, _ = _prepared_rows(scope)
+    hit = [k in scope.forgotten for k in keys]
+    ids = [repr(k) for k, h in zip(keys, hit) if h]
+    rows = [repr(k) for k, h, d in zip(keys, hit, digests) if h and d in scope.digest_ids]
+    twins = _twins(scope)
+    out.store("prepared store", params.path("prepared_dir"), ids, rows,
+              **({"identical_to_retained": twins} if twins else {}))
+
+
+def _check_state_manifest(params: Params, scope: Scope, out: Findings) -> None:
+    path = params.path("state_dir") / "manifest.csv"
+    if path.exists():
+        keys = read_state_manifest(path)["sample_id"].map(scope.key)
+        out.store("state manifest", path, [repr(k) for k in keys if k in scope.forgotten])
+
+
+def _check_ensembles(params: Params, scope: Scope, out: Findings) -> None:
     folder = params.path("cache_dir") / "ensembles"
     bad = [f.name for f in (sorted(folder.glob("*.pt")) if folder.is_dir() else [])
-           if (trained_on(f) is None) or (trained_on(f) & cache_hashes)]
-    checks.append({"store": "ensemble cache", "path": str(folder), "trained_on_forgotten": len(bad)})
+           if (trained_on(f) is None) or (trained_on(f) & scope.cache_hashes)]
+    out.checks.append({"store": "ensemble cache", "path": str(folder), "trained_on_forgotten": len(bad)})
     if bad:
-        problems.append(f"ensemble cache ({folder}): {len(bad)} file(s) trained on forgotten rows (or on unknown "
-                        f"rows): {bad[:5]}")
-    models = params.path("models_dir")
-    if forgotten:
+        out.problems.append(f"ensemble cache ({folder}): {len(bad)} file(s) trained on forgotten rows (or on unknown "
+                            f"rows): {bad[:5]}")
+
+
+def _check_models(params: Params, scope: Scope, out: Findings) -> None:
+    """models/*.pt and the state's champion: none trained on a tombstoned row (whole-list digests: every batch)."""
+    models, state_dir, tomb = params.path("models_dir"), params.path("state_dir"), scope.tombstones
+    if scope.forgotten:
         for f in sorted(models.glob("*.pt")) if models.is_dir() else []:
-            extra = load_checkpoint(f).get("extra", {})
-            clean = clean_of_tombstones(extra, tomb)
-            checks.append({"store": "models", "path": str(f), "trained_on_forgotten": not clean})
+            clean = clean_of_tombstones(load_checkpoint(f).get("extra", {}), tomb)
+            out.checks.append({"store": "models", "path": str(f), "trained_on_forgotten": not clean})
             if not clean:
-                problems.append(f"models ({f}): a checkpoint trained before the last erasure remains")
+                out.problems.append(f"models ({f}): a checkpoint trained before the last erasure remains")
     if tomb and (state_dir / "champion.json").exists():
         clean = _state_clean(params, tomb)
-        checks.append({"store": "state model", "path": str(state_dir / "model.pt"), "trained_on_forgotten": not clean})
+        out.checks.append({"store": "state model", "path": str(state_dir / "model.pt"),
+                           "trained_on_forgotten": not clean})
         if not clean:
-            problems.append(f"state model ({state_dir / 'model.pt'}): {STATE_HOLDS_ERASED}")
+            out.problems.append(f"state model ({state_dir / 'model.pt'}): {STATE_HOLDS_ERASED}")
+
+
+def _check_raw_stores(params: Params, scope: Scope, out: Findings) -> None:
+    """The stores without ids (DVC cache and remote, MLflow artifacts): .npy files searched for the forgotten
+    rows' bytes. A copy of a retained twin's bytes is allowed as many times as the prepared store keeps it."""
     for store, root in (("DVC cache", _dvc_cache_dir(params)), ("DVC remote", _remote_folder(params)),
                         ("MLflow artifacts", params.path("mlflow_artifacts"))):
         if root is None or not root.is_dir():
             continue
-        rows = sum(npy_rows_found(f, digests, n_features) for f in root.rglob("*") if f.is_file())
-        check(store, root, 0, rows)
+        left, twins = [], 0
+        for f in (f for f in root.rglob("*") if f.is_file()):
+            extra, same = _rows_beyond_twins(f, scope)
+            left += [f"{scope.row_name(d)} in {f.relative_to(root)}" for d in extra]
+            twins += same
+        out.store(store, root, rows=left, rows_identical_to_retained=twins)
+
+
+def _rows_beyond_twins(path: Path, scope: Scope) -> tuple[list[str], int]:
+    """(digests of forgotten rows in the .npy file at `path` beyond the retained twins' count, one per extra
+    copy; how many of its rows are a retained twin's bytes)."""
+    from collections import Counter
+
+    if not scope.digest_ids or not npy_rows_found(path, scope.digests, scope.n_features):
+        return [], 0
+    counts = Counter(d for d in digest_list(np.load(path, mmap_mode="r", allow_pickle=False)) if d in scope.digest_ids)
+    extra = [d for d, c in sorted(counts.items()) for _ in range(c - len(scope.kept.get(d, [])))]
+    return extra, sum(counts.values()) - len(extra)
+
+
+def _check_request_files(params: Params, scope: Scope, out: Findings) -> None:
     if not params.deletion.hash_sample_ids:  # plain ids are references (the audit trail)
-        checks.extend(id_references(params, forgotten))
+        out.checks.extend(id_references(params, scope.forgotten))
     else:  # hashed ids promise no plain forgotten id: the kept request files are read and their ids keyed
         for store, folder, files in kept_request_files(params):
-            check(store, folder, sum(plain_forgotten_ids(f, key, forgotten) for f in files),
-                  note=" in plain text (`unlearn erase` rewrites them with hashed ids)")
-    checks.extend(source_table_checks(params, prepared, key, forgotten))
-    checks.extend(source_folder_checks(params, prepared, key, forgotten))
-    if tracker is not None and forgotten:
-        champion = read_json_file(state_dir / "champion.json").get("model_version")
-        versions = tracker.versions(params.tracking.registered_model)
-        extra = [v for v in versions if v != str(champion)]
-        checks.append({"store": "MLflow registry", "uri": tracker.tracking_uri, "versions": versions})
-        if len(extra) > params.erasure.keep_versions:
-            problems.append(f"MLflow registry: {len(extra)} version(s) besides the champion v{champion} remain "
+            n = sum(plain_forgotten_ids(f, scope.key, scope.forgotten) for f in files)
+            out.checks.append({"store": store, "path": str(folder), "forgotten_ids": n, "forgotten_rows": 0})
+            if n:
+                out.problems.append(f"{store} ({folder}): {n} forgotten id(s) remain in plain text (`unlearn erase` "
+                                    f"rewrites them with hashed ids)")
+    out.checks.extend(source_table_checks(params, scope.prepared, scope.key, scope.forgotten))
+    out.checks.extend(source_folder_checks(params, scope.prepared, scope.key, scope.forgotten))
+
+
+def _check_registry(params: Params, tracker, out: Findings) -> None:
+    champion = read_json_file(params.path("state_dir") / "champion.json").get("model_version")
+    versions = tracker.versions(params.tracking.registered_model)
+    extra = [v for v in versions if v != str(champion)]
+    out.checks.append({"store": "MLflow registry", "uri": tracker.tracking_uri, "versions": versions})
+    if len(extra) > params.erasure.keep_versions:
+        out.problems.append(f"MLflow registry: {len(extra)} version(s) besides the champion v{champion} remain "
                             f"(erasure.keep_versions = {params.erasure.keep_versions}): {extra[:10]}")
-    return problems, checks
