@@ -12,6 +12,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export GIT_PYTHON_REFRESH := quiet
+export NO_MKDOCS_2_WARNING := 1
 # A project-local Prefect home: the temporary server's SQLite lives here, not in ~/.prefect.
 export PREFECT_HOME := $(CURDIR)/.prefect
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -23,7 +24,7 @@ TEAM_DIR ?= $(CURDIR)/.team
 TEAM_PG_PORT ?= 54329
 TEAM_PY = deploy/team.py --dir $(TEAM_DIR)
 
-.PHONY: help setup run report test test-slow test-all ui server serve bench clean reset \
+.PHONY: help setup run report test test-slow test-all ui server serve bench docs docs-serve clean reset \
 	team-db team-up team-env team-status team-down
 
 help: ## list the targets
@@ -32,7 +33,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,docs]'
 	touch $(STAMP)
 
 # The Prefect database's migrations run once here, not inside the first `make run` (its temporary server then
@@ -61,8 +62,9 @@ run: setup ## the main job: prepare digits, train, process every request file in
 	@# `unlearn erase` does the part of the erasure a running `dvc repro` cannot (rewrite its outputs, dvc gc).
 	$(BIN)/python -m flows.session $(BIN)/dvc repro deletion --then $(BIN)/unlearn erase --then $(BIN)/unlearn status
 
-report: setup ## the evidence studies (dvc repro report): reports/*.json, MLflow, the README results section
-	$(BIN)/python -m flows.session --cold $(BIN)/dvc repro report   # the studies take minutes: no warm worker
+report: setup ## the evidence studies (dvc repro report/dvc.yaml): reports/*.json, MLflow, docs/evidence.md
+	@# A DAG of its own (report/dvc.yaml), so a plain `dvc repro` never starts these tens of minutes of studies.
+	$(BIN)/python -m flows.session --cold $(BIN)/dvc repro report/dvc.yaml   # the studies take minutes: no warm worker
 
 test: setup ## fast unit + flow tests (the default tier)
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
@@ -109,8 +111,17 @@ bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/recipe_check.py
 	$(BIN)/python bench/session_overhead.py
 
+docs: setup ## build the docs site into site/ (mkdocs build --strict: a broken link or a missing page fails)
+	$(BIN)/python docs/gen_params.py
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: setup ## serve the docs site on 127.0.0.1:8000, rebuilt on every edit
+	$(BIN)/python docs/gen_params.py
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
 reset: setup ## start over: `unlearn reset` archives state/ and cache/ (ledger kept, asks first)
 	$(BIN)/unlearn reset
 
 clean: ## remove every generated file, the MLflow store, the archive and the venv (no undo)
-	rm -rf state .state.* cache mlflow.db mlartifacts archive data/prepared models/original.pt .prefect $(VENV) dvc.lock
+	rm -rf state .state.* cache mlflow.db mlartifacts archive data/prepared models/original.pt .prefect $(VENV) dvc.lock \
+	  report/dvc.lock site

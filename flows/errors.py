@@ -1,6 +1,6 @@
 """Which errors end a command or a DVC stage with one `error:` line, and with which documented exit code.
 
-Exit codes (README, Troubleshooting): 0 done or nothing to do, 2 bad input, 3 the gate rejected every candidate,
+Exit codes (docs/troubleshooting.md): 0 done or nothing to do, 2 bad input, 3 the gate rejected every candidate,
 1 any other failure. Stdlib only: `unlearn` answers a config typo before any heavy import.
 """
 

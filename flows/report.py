@@ -1,10 +1,10 @@
-"""Stage `report` (`dvc repro report`, `make report`): the evidence studies of `report` in params.yaml (S3 random
+"""Stage `report` (report/dvc.yaml, `make report`): the evidence studies of `report` in params.yaml (S3 random
 forget sets, S4 Fashion-MNIST entanglement, S5 diagnostics against outcomes; unlearning.studies), each written to
-reports/<study>.json, logged to ONE MLflow run (metrics, JSON, figures, the markdown), and the README's results
-section regenerated from them.
+reports/<study>.json, logged to ONE MLflow run (metrics, JSON, figures, the markdown), and the results
+section of `report.readme` (docs/evidence.md) regenerated from them.
 
-The JSON of a study that is not re-run (not in report.studies) is read back from reports/, so the README keeps
-every table; a study that fails leaves the files and the README as they were (atomic writes, README last)."""
+The JSON of a study that is not re-run (not in report.studies) is read back from reports/, so the page keeps
+every table; a study that fails leaves the files and the page as they were (atomic writes, the page last)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def report(params_path: str = "params.yaml") -> dict:
             plots.close(fig)
     tracker.set_description(run_id, section, "report.md")
     tracker.end_run(run_id)
-    markdown_artifact(section, "report", "the evidence studies (README results section)")
+    markdown_artifact(section, "report", "the evidence studies (the results section of docs/evidence.md)")
     path = regenerate_readme(params, section)
     run_logger().info(f"report: {len(results)} studies in {time.perf_counter() - t0:.0f} s; MLflow run {run_id}"
           + (f"; regenerated the results section of {path}" if path else ""))

@@ -97,7 +97,7 @@ GIT_HINT = ["\n", "To track the changes with git, run:\n", "\n", None, "\n", "To
 
 class DvcGitHint:
     """DVC ends `dvc repro` with an 8-line block, "To track the changes with git, run: git add dvc.lock" and
-    "To enable auto staging, run: dvc config core.autostage true". This project's policy (README, "dvc.lock"):
+    "To enable auto staging, run: dvc config core.autostage true". This project's policy (docs/getting-started.md, "dvc.lock"):
     the repository ships without dvc.lock, you commit it with your data version when you want to keep a run,
     and auto staging stays off (it would stage files in your git index on every run). The block becomes one
     line saying that; any output that does not match the block exactly passes through unchanged."""
@@ -115,7 +115,7 @@ class DvcGitHint:
             files = self.held[3].strip()[len("git add "):]
             self.held = []
             return [f"DVC updated {files}: it records what this run was built from; commit it with your data "
-                    f"version when you want to keep this run (`git add {files}`; README, \"dvc.lock\")\n"]
+                    f"version when you want to keep this run (`git add {files}`; docs/getting-started.md, \"dvc.lock\")\n"]
         out, self.held = self.held, []
         return out + (self.feed(line) if out else [line])
 
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}\n{USAGE}", file=sys.stderr)
         return 2
     problem = params_problem(commands[0])
-    if problem:  # before any server or worker starts: one line, exit 2 (README, Troubleshooting)
+    if problem:  # before any server or worker starts: one line, exit 2 (docs/troubleshooting.md)
         print(f"error: {problem}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _stop_on_sigterm)

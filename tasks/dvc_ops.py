@@ -28,7 +28,7 @@ class DvcLockBusy(DvcFailed):
 
 class _NoEmptyInboxWarning:
     """DVC warns "'requests/inbox' is empty." whenever it hashes the deletion stage's deps; the batch empties
-    the inbox by design (README, "Operate it"), so in this process that one warning is dropped."""
+    the inbox by design (docs/operations.md), so in this process that one warning is dropped."""
 
     @staticmethod
     def filter(record) -> bool:

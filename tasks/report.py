@@ -1,5 +1,5 @@
-"""Tasks of the `report` flow: run one study, write its JSON atomically, log it to MLflow, regenerate the README
-section. The studies themselves are pure (unlearning.studies)."""
+"""Tasks of the `report` flow: run one study, write its JSON atomically, log it to MLflow, regenerate the results
+section of the evidence page (`report.readme`). The studies themselves are pure (unlearning.studies)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def sample_requests() -> list:
     return list(found.values())
 
 
-# What a run of the checkout writes without git ignoring it (README, "dvc.lock"; the tombstones are kept on
+# What a run of the checkout writes without git ignoring it (docs/getting-started.md, "dvc.lock"; the tombstones are kept on
 # purpose): a copy must not inherit them, or the fresh project would start with the sample's ids erased.
 RUN_OUTPUTS = {"dvc.lock", "data/tombstones.txt"}
 

@@ -407,7 +407,7 @@ class Erasure(Strict):
                                            "`-c` the remote) when the project is a DVC repo")
 
 
-# --- report: the evidence studies (`dvc repro report`; unlearning/studies) -------------------------------------
+# --- report: the evidence studies (`make report`, report/dvc.yaml; unlearning/studies) -------------------------------------
 SweepSetting = dict[str, Any]  # method args of one sweep point, e.g. {lr: 1.0e-4, epochs: 5}
 
 
@@ -484,7 +484,7 @@ class S5Diagnostics(Strict):
 
 class Report(Strict):
     studies: list[Literal["s3", "s4", "s5"]] = Field(["s3", "s4", "s5"], description="studies the report runs")
-    readme: str | None = Field("README.md", description="file whose results section is regenerated (null = none)")
+    readme: str | None = Field("docs/evidence.md", description="file whose results section is regenerated (null = none)")
     threads: int = Field(2, gt=0, description="torch threads")
     s3: S3Random = S3Random()
     s4: S4Entanglement = S4Entanglement()

@@ -1,5 +1,6 @@
-"""`dvc repro report` in a temporary git + DVC copy of the project, with tiny study sizes: the three reports, one
-MLflow run with the figures, and the README section regenerated between its markers (the rest unchanged)."""
+"""`dvc repro report/dvc.yaml` (`make report`) in a temporary git + DVC copy of the project, with tiny study sizes:
+the three reports, one MLflow run with the figures, and the section of docs/evidence.md regenerated between its
+markers (the rest unchanged). A plain `dvc repro` at the root never reaches the report stage."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ TINY_REPORT = {"report": {
 }}
 
 
-def test_dvc_repro_report_regenerates_the_readme_section(tmp_path, monkeypatch):
+def test_dvc_repro_report_regenerates_the_results_page_section(tmp_path, monkeypatch):
     from unlearning.config import deep_merge
 
     if not Path("/usr/share/datasets/fashion-mnist").is_dir():
@@ -36,7 +37,8 @@ def test_dvc_repro_report_regenerates_the_readme_section(tmp_path, monkeypatch):
     copy_project(proj)
     params = deep_merge(deep_merge(yaml.safe_load((proj / "params.yaml").read_text()), FAST), TINY_REPORT)
     (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    before = (proj / "README.md").read_text()
+    page = proj / "docs" / "evidence.md"   # report.readme
+    before = page.read_text()
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -47,7 +49,7 @@ def test_dvc_repro_report_regenerates_the_readme_section(tmp_path, monkeypatch):
     sh([*git, "commit", "-qm", "copy"], proj, env)
     commit = sh(["git", "rev-parse", "--short", "HEAD"], proj, env).strip()
 
-    out = sh([sys.executable, "-m", "dvc", "repro", "report"], proj, env)
+    out = sh([sys.executable, "-m", "dvc", "repro", "report/dvc.yaml"], proj, env)
     assert "regenerated the results section" in out
     assert not (proj / "state").exists() and not (proj / "models" / "original.pt").exists()  # report only
     reports = {n: json.loads((proj / "reports" / f"{n}.json").read_text()) for n in ("s3", "s4", "s5")}
@@ -55,7 +57,7 @@ def test_dvc_repro_report_regenerates_the_readme_section(tmp_path, monkeypatch):
     assert [s["model"] for s in reports["s4"]["settings"]] == ["mlp"]
     assert [r["structure"] for r in reports["s5"]["structures"]] == ["random10", "class"]
 
-    after = (proj / "README.md").read_text()
+    after = page.read_text()
     head, tail = before.split(readme.BEGIN.split(" (")[0])[0], before.split(readme.END)[1]
     assert after.startswith(head) and after.endswith(tail)          # only the section changed
     section = after[len(head):len(after) - len(tail)]
@@ -82,6 +84,14 @@ def test_dvc_repro_report_regenerates_the_readme_section(tmp_path, monkeypatch):
     assert runs[0].data.tags["mlflow.note.content"].startswith(readme.BEGIN)
     assert len(runs[0].data.tags["mlflow.note.content"]) <= 8000
 
-    # nothing changed: DVC runs nothing (README.md is not the stage's dependency)
-    out = sh([sys.executable, "-m", "dvc", "repro", "report"], proj, env)
+    # nothing changed: DVC runs nothing (the page is not the stage's dependency)
+    out = sh([sys.executable, "-m", "dvc", "repro", "report/dvc.yaml"], proj, env)
     assert "didn't change" in out or "up to date" in out
+
+    # a plain `dvc repro` at the root runs the pipeline, never the studies (stand-in inputs so --dry walks it all)
+    (proj / "data" / "prepared").mkdir(parents=True)
+    (proj / "data" / "prepared" / "x").write_text("x")
+    (proj / "models" / "original.pt").parent.mkdir(exist_ok=True)
+    (proj / "models" / "original.pt").write_text("x")
+    dry = sh([sys.executable, "-m", "dvc", "repro", "--dry"], proj, env)
+    assert "'deletion'" in dry and "report" not in dry, dry

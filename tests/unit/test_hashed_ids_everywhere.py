@@ -1,4 +1,4 @@
-"""`deletion.hash_sample_ids`: what the pipeline publishes names hashed ids only (README: "MLflow artifacts, params
+"""`deletion.hash_sample_ids`: what the pipeline publishes names hashed ids only (docs/erasure.md: "MLflow artifacts, params
 and tags carry hashed ids only"), also where the audit found plain ones: `unlearn audit`'s MLflow run and
 Prefect log lines, and the candidate's figure of its worst forget samples (titles rendered into pixels).
 

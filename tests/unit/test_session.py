@@ -88,7 +88,10 @@ def test_every_dvc_stage_runs_through_the_warm_entry_that_records_its_split():
     import yaml
     from pathlib import Path
 
-    stages = yaml.safe_load((Path(session.__file__).parents[1] / "dvc.yaml").read_text())["stages"]
+    root = Path(session.__file__).parents[1]
+    stages = {f"{f}:{name}": s for f in ("dvc.yaml", "report/dvc.yaml")
+              for name, s in yaml.safe_load((root / f).read_text())["stages"].items()}
+    assert "report/dvc.yaml:report" in stages
     wrong = {name: s["cmd"] for name, s in stages.items() if not s["cmd"].startswith("python -m flows.warm run ")}
     assert not wrong
 
@@ -113,7 +116,7 @@ def test_dvc_git_hint_becomes_one_line_on_the_dvc_lock_policy_and_other_output_p
     assert rc == 0 and "autostage" not in out and "To track the changes" not in out
     assert out.splitlines() == ["Updating lock file 'dvc.lock'",
                                 "DVC updated dvc.lock: it records what this run was built from; commit it with your "
-                                "data version when you want to keep this run (`git add dvc.lock`; README, \"dvc.lock\")",
+                                "data version when you want to keep this run (`git add dvc.lock`; docs/getting-started.md, \"dvc.lock\")",
                                 "Use `dvc push` to send your updates."]
     other = "a\n\n\nTo track the changes with git, run:\nsomething else\n"  # not DVC's block: unchanged
     hint_filter = session.DvcGitHint()

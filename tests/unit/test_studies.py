@@ -1,4 +1,4 @@
-"""The evidence studies S3 and S5 (unlearning.studies) on tiny settings, the generated README section, and the
+"""The evidence studies S3 and S5 (unlearning.studies) on tiny settings, the generated results section, and the
 report's params."""
 
 from __future__ import annotations
@@ -152,11 +152,12 @@ def test_the_results_section_is_generated_from_the_reports_and_replaces_only_its
     assert "old numbers" not in new and new.startswith("# T\n\nbefore\n\n") and new.endswith("\n\nafter\n")
     assert readme.replace_section(new, section) == new   # idempotent
     with pytest.raises(ValueError, match="report markers are missing"):
-        readme.replace_section("# no markers\n", section, "README.md")
+        readme.replace_section("# no markers\n", section, "docs/evidence.md")
 
 
-def test_the_readme_has_the_markers():
-    text = (PARAMS.root / "README.md").read_text()
+def test_the_results_page_has_the_markers():
+    """report.readme (docs/evidence.md) holds the generated section: `make report` can swap it in."""
+    text = (PARAMS.root / PARAMS.report.readme).read_text()
     assert readme.replace_section(text, readme.BEGIN + "\nx\n" + readme.END).count(readme.END) == 1
 
 

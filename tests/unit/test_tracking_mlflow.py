@@ -231,7 +231,7 @@ def test_log_datasets_lists_forget_and_retain_with_digests(store):
 
 
 def test_reconcile_alias_on_a_store_without_the_version(store, tmp_path):
-    """mlflow.db replaced by a new, empty store (the README's fix for a damaged one) while state/champion.json
+    """mlflow.db replaced by a new, empty store (docs/troubleshooting.md's fix for a damaged one) while state/champion.json
     still names v2: reconciling changes nothing and raises nothing (the next promotion registers v1 there); on
     the store that has the version, it points the alias at it."""
     fresh = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "tracking-test", tmp_path / "mlartifacts")

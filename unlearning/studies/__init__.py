@@ -1,6 +1,6 @@
 """Evidence studies: the literature's central claims, measured with this library's own models,
 methods, gate and diagnostics. Pure core (torch/numpy only); `flows/report.py` runs them, logs them to MLflow
-and regenerates the README's results section from their JSON (`unlearning.studies.readme`).
+and regenerates the results section of docs/evidence.md from their JSON (`unlearning.studies.readme`).
 
 - S3 `random_sets`: "Ascent Fails to Forget" — random digits forget sets, methods and a GA/GDA sweep, judged
   by the calibrated retrain-equivalence gate against independent oracle retrains.

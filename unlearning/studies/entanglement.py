@@ -19,7 +19,7 @@ Setting
   scratch on retain CE + w x -log(1 - p_y) on the forget rows, i.e. with the suppression objective known
   in advance; its (forget, adjacent) points show what the architecture can reach at all.
 
-`run_s4(cfg, data_dir)` returns a JSON-able dict; `markdown_s4(result)` renders it for the README.
+`run_s4(cfg, data_dir)` returns a JSON-able dict; `markdown_s4(result)` renders it for the evidence page (docs/evidence.md).
 bench/entanglement.py (one MLP, one target setting, plus partition recovery) builds on the same pieces.
 """
 

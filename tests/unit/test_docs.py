@@ -1,0 +1,85 @@
+"""The docs site and the README: `mkdocs build --strict` passes (a broken link, a missing page or a missing anchor
+fails it), every page of the nav is built, the README's links reach existing pages, and the configuration
+reference lists every key of params.yaml's models, no more."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "docs"))
+
+import gen_params  # noqa: E402  (docs/gen_params.py: the generator of the configuration reference)
+
+# The pages a newcomer needs; each is in the nav and built.
+PAGES = ["index.md", "getting-started.md", "own-data.md", "requests.md", "certificate.md", "erasure.md",
+         "operations.md", "review.md", "troubleshooting.md", "configuration.md", "evidence.md", "design.md"]
+
+
+def nav_pages() -> list[str]:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    return [page for entry in config["nav"] for page in entry.values()]
+
+
+def test_the_nav_holds_every_page_and_each_exists():
+    assert sorted(nav_pages()) == sorted(PAGES)
+    missing = [p for p in PAGES if not (ROOT / "docs" / p).is_file()]
+    assert not missing, f"pages in the nav but not in docs/: {missing}"
+
+
+def test_mkdocs_build_strict_builds_every_page(tmp_path):
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for page in PAGES:
+        built = tmp_path / "site" / ("index.html" if page == "index.md" else f"{page[:-3]}/index.html")
+        assert built.is_file(), f"{page} was not built"
+
+
+def test_the_readme_is_short_and_its_links_reach_pages():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert "docs/getting-started.md" in local and "docs/design.md" in local
+    assert not [link for link in local if "shared/" in link]
+    broken = [link for link in local if not (ROOT / link).exists()]
+    assert not broken, f"README links to missing files: {broken}"
+    # the one results table is generated between these markers (bench/batch_cost.py)
+    assert text.index("<!-- bench:batch_cost:begin -->") < text.index("<!-- bench:batch_cost:end -->")
+
+
+def test_the_configuration_reference_lists_every_key_and_no_other():
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z0-9_.]+)` \|", page, flags=re.M))
+    keys = {key for key, _, _ in gen_params.leaf_fields(gen_params.Params)}
+    missing, stale = sorted(keys - listed), sorted(listed - keys)
+    assert not missing and not stale, (f"docs/configuration.md is out of date (missing {missing}, stale {stale}): "
+                                       f"run `python docs/gen_params.py`")
+
+
+def test_every_params_yaml_key_is_a_documented_leaf_or_section():
+    """A key written in params.yaml is either a documented leaf or a section above documented leaves."""
+    keys = {key for key, _, _ in gen_params.leaf_fields(gen_params.Params)}
+    in_yaml = set(gen_params.yaml_comments((ROOT / "params.yaml").read_text()))
+    undocumented = sorted(k for k in in_yaml
+                          if k not in keys and not any(leaf.startswith(k + ".") for leaf in keys)
+                          and not any(k.startswith(leaf + ".") for leaf in keys))   # inside a dict-valued leaf
+    assert not undocumented
+
+
+@pytest.mark.parametrize("marker", ["<!-- report:begin", "<!-- report:end -->"])
+def test_the_evidence_page_holds_the_generated_section(marker):
+    from unlearning.config import load_params
+
+    params = load_params(ROOT / "params.yaml")
+    assert params.report.readme == "docs/evidence.md"
+    assert marker in (ROOT / params.report.readme).read_text()
