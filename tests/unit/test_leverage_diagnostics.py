@@ -163,17 +163,23 @@ def test_spearman():
     assert np.isnan(spearman([1, 1, 1], [1, 2, 3]))
 
 
-def test_past_exact_max_params_the_check_is_skipped_and_says_why(setup):
-    """No dense reference past exact_max_params: a matrix-free one cost over 40 min on a 9,098-parameter CNN
-    (Fashion-MNIST, 300 rows) after 10 s of diagnostics. The report says the check was skipped and why; the
-    diagnostics themselves are those of the same solver with the check."""
-    from unlearning.leverage import diagnostics as diag
-
+def test_past_exact_max_params_the_check_runs_exact_on_a_row_subsample(setup):
+    """No dense reference past exact_max_params (a matrix-free one cost over 40 min on a 9,098-parameter CNN):
+    the check solves exactly on a row subsample instead (Woodbury in its row space). With every retain and
+    forget row in the "subsample" it is the full problem, so its errors equal the dense reference's."""
     model, X, y, F, R, V = setup
     args = (model, X[F], y[F], X[R], y[R], X[V], y[V], 0.2)
     checked = compute_diagnostics(*args, solver="projected", proj_dim=12, device="cpu", check_subset=8)
-    rep = compute_diagnostics(*args, solver="projected", proj_dim=12, device="cpu", check_subset=8,
-                              exact_max_params=10)  # every model is "large"
+    whole = compute_diagnostics(*args, solver="projected", proj_dim=12, device="cpu", check_subset=8,
+                                exact_max_params=10, check_rows=72)  # every model is "large"
+    sub = compute_diagnostics(*args, solver="projected", proj_dim=12, device="cpu", check_subset=8,
+                              exact_max_params=10, check_rows=20)
     assert checked.approx_error["reference"] == "exact"
-    assert rep.approx_error == {"reference": None, "subset_size": 0, "skipped": diag.UNCHECKED_LARGE}
-    np.testing.assert_allclose(rep.self_leverage, checked.self_leverage, rtol=1e-12)
+    err = whole.approx_error
+    assert err["reference"] == "exact_subsample" and err["retain_rows"] == 72 and err["retain_weight"] == 1.0
+    assert err["subset_size"] == 8
+    assert err["self_leverage_rel_err"] == pytest.approx(checked.approx_error["self_leverage_rel_err"], rel=1e-6)
+    assert err["newton_step_rel_err"] == pytest.approx(checked.approx_error["newton_step_rel_err"], rel=1e-6)
+    assert sub.approx_error["retain_rows"] == 20 and sub.approx_error["retain_weight"] == pytest.approx(72 / 20)
+    assert 1e-4 < sub.approx_error["self_leverage_rel_err"] < 1  # k = 12 < p = 43: a real, measured error
+    np.testing.assert_allclose(whole.self_leverage, checked.self_leverage, rtol=1e-12)

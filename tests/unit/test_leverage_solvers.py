@@ -240,9 +240,12 @@ def test_singular_exact_falls_back_to_pseudo_inverse(data):
 
 def test_choose_and_make_solver():
     assert choose_solver(100) == "exact"
-    assert choose_solver(100_000) == "projected"
-    assert choose_solver(10_000_000) == "cg"
+    assert choose_solver(40_000) == "projected"
+    assert choose_solver(100_000) == "last_layer"  # past last_layer_above (50,000)
+    assert choose_solver(100_000, last_layer_above=None) == "projected"
+    assert choose_solver(10_000_000, last_layer_above=None) == "cg"
     assert choose_solver(500, exact_max_params=400) == "projected"
+    assert make_solver("last_layer", 1.0).name == "last_layer"
     assert make_solver("auto", 1.0, p=10).name == "exact"
     assert make_solver("projected", 1.0, proj_dim=8).k_requested == 8
     with pytest.raises(ValueError, match="solver='newton'"):

@@ -27,15 +27,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from unlearning.leverage import curvature
 from unlearning.leverage.functions import OutputFunction, StackedMemberFunction
+from unlearning.leverage.check import DEFAULT_CHECK_ROWS, subsample_check
 from unlearning.leverage.rows import RowSet
-from unlearning.leverage.solvers import EXACT_MAX_PARAMS, ExactSolver, GGNSolver, make_solver
+from unlearning.leverage.cost import Throughput, choose_within_budget, measure_throughput
+from unlearning.leverage.head import HeadOf, LastLayerSolver
+from unlearning.leverage.solvers import (
+    EXACT_MAX_PARAMS, LAST_LAYER_ABOVE, PROJECTED_MAX_PARAMS, ExactSolver, GGNSolver, choose_solver, make_solver,
+)
 from unlearning.models import Ensemble
 from unlearning.progress import Progress
 
@@ -85,7 +90,7 @@ class LeverageReport:
     device: str
     self_leverage: np.ndarray                 # [nF]   trace of each forget sample's block of S_F
     self_leverage_matrix: np.ndarray          # [nF*r, nF*r] S_F (Lambda-weighted)
-    cross_leverage: np.ndarray                # [nR]   Frobenius norm of each retain sample's block row of C_RF
+    cross_leverage: np.ndarray                # [nC]   Frobenius norm of each sampled retain row's block row of C_RF
     self_leverage_spectral_norm: float
     self_leverage_trace: float
     predicted_gap_forget: np.ndarray          # [nF]   Fisher norm of the predicted output gap
@@ -105,7 +110,9 @@ class LeverageReport:
     solver_info: dict = field(default_factory=dict)
     approx_error: dict | None = None          # non-exact solvers: error vs a reference on a forget subset
     timings: dict = field(default_factory=dict)
-    cross_leverage_matrix: np.ndarray | None = None  # [nR*r, nF*r] C_RF when requested
+    cross_leverage_matrix: np.ndarray | None = None  # [nC*r, nF*r] C_RF when requested
+    cross_leverage_rows: np.ndarray | None = None    # [nC] positions in the retain rows; None = every retain row
+    cross_leverage_sampling: dict | None = None      # summary statistics of cross-leverage and their standard errors
 
     @property
     def n_forget(self) -> int:
@@ -125,7 +132,7 @@ class LeverageReport:
         out: dict[str, Any] = {
             "solver": self.solver, "n_params": self.n_params, "n_outputs": self.n_outputs, "lam": self.lam,
             "loss": self.loss, "device": self.device,
-            "n_forget": self.n_forget, "n_retain": int(self.cross_leverage.size),
+            "n_forget": self.n_forget, "n_retain": int(self.predicted_gap_retain.size),
             "n_validation": int(self.predicted_gap_validation.size),
             "self_leverage_spectral_norm": self.self_leverage_spectral_norm,
             "self_leverage_trace": self.self_leverage_trace,
@@ -134,6 +141,7 @@ class LeverageReport:
             "predicted_gap_mean": self.predicted_gap_means(),
             "newton_step_norm": self.newton_step_norm, "retain_grad_norm": self.retain_grad_norm,
             "self_leverage": _stats(self.self_leverage), "cross_leverage": _stats(self.cross_leverage),
+            "cross_leverage_sampling": self.cross_leverage_sampling,
             **{f"predicted_gap_{s}": _stats(getattr(self, f"predicted_gap_{s}")) for s in SPLITS},
             **{f"predicted_removal_gap_{s}": _stats(getattr(self, f"predicted_removal_gap_{s}")) for s in SPLITS},
             "solver_info": self.solver_info, "approx_error": self.approx_error, "timings": self.timings,
@@ -190,46 +198,124 @@ def _output_gaps(rs: RowSet, steps: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return fisher, d
 
 
-# The approximation check compares the solver with the dense float64 solve, which exists only up to
-# exact_max_params. Past it, a matrix-free CG reference costs far more than the diagnostics themselves: with
-# the old tight CG reference (1e-10, 2,000 iterations, 16 samples x C outputs) a 9,098-parameter CNN
-# (Fashion-MNIST, 300 rows) ran for over 40 min after the diagnostics proper took 10 s, and even 4 samples
-# at 1e-6 took minutes per few iterations. So the check is skipped there and the report says why.
-UNCHECKED_LARGE = ("the model has more parameters than diagnostics exact_max_params: no dense reference to "
-                   "check the solver against (a matrix-free one would cost more than the diagnostics); "
-                   "bench/leverage.py measures the projected solver's error against exact on models that fit")
+# The approximation check compares the solver with the dense float64 solve on every row up to
+# exact_max_params. Past it the dense reference is unaffordable (and a matrix-free CG reference cost over 40 min
+# on a 9,098-parameter CNN after 10 s of diagnostics), so the check runs exact on a row subsample instead
+# (`check.subsample_check`: Woodbury in the subsample's row space, the solver under test on the same rows).
+
+
+def cross_leverage_sampling(values: np.ndarray, population: int, seed: int = 0, n_boot: int = 200) -> dict:
+    """Summary of cross-leverage on a simple random sample of `population` retain rows, with standard errors:
+    the mean's from the sample variance with the finite-population correction, the median's and P95's by a
+    seeded bootstrap (the max of a sample is only a lower bound of the population's: reported without one)."""
+    x = np.asarray(values, dtype=np.float64)
+    n = int(x.size)
+    out = {"sampled": n, "of": int(population), "fraction": n / population if population else 1.0}
+    if n == 0:
+        return out
+    if n >= population:  # every row: the statistics are exact
+        return {**out, "mean": float(x.mean()), "se_mean": 0.0, "median": float(np.median(x)), "se_median": 0.0,
+                "p95": float(np.quantile(x, 0.95)), "se_p95": 0.0, "max": float(x.max())}
+    fpc = (1 - n / population) ** 0.5
+    boot = np.random.default_rng(seed).choice(x, size=(n_boot, n), replace=True)
+    return {**out, "mean": float(x.mean()),
+            "se_mean": float(x.std(ddof=1) / n ** 0.5 * fpc) if n > 1 else float("nan"),
+            "median": float(np.median(x)), "se_median": float(np.median(boot, 1).std(ddof=1) * fpc),
+            "p95": float(np.quantile(x, 0.95)), "se_p95": float(np.quantile(boot, 0.95, axis=1).std(ddof=1) * fpc),
+            "max_of_sample": float(x.max())}
+
+
+class _Work:
+    """The diagnostics' progress in work units that track time: a row of a Jacobian pass counts C (one
+    backward pass per output), a row of a product pass (gradient, jvp, GGN row block) counts 1. The plan is made
+    before anything runs and only shrinks (a pass a cache serves is taken off), so the ETA does not grow from
+    mis-planned stages; a line comes at least every 10 s (`Progress` and `tick`)."""
+
+    def __init__(self, bar: Progress, n_outputs: int):
+        self.bar, self.w_jac = bar, max(1, int(n_outputs))
+
+    def units(self, rows: int, kind: str = "product") -> int:
+        return int(rows) * (self.w_jac if kind == "jacobian" else 1)
+
+    def plan(self, units: int) -> None:
+        self.bar.total += int(units)
+        if self.bar._bar is not None:
+            self.bar._bar.total = self.bar.total
+
+    def skip(self, units: int) -> None:
+        self.plan(-int(units))
+
+    def __call__(self, rows: int, kind: str = "product") -> None:
+        self.bar.update(self.units(rows, kind))
+
+    def watch(self, *sets: RowSet, off: bool = False) -> None:
+        for rs in sets:
+            rs.on_rows = None if off else self
 
 
 def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_retain, t_retain, X_val, t_val,
              lam: float, loss: str, solver: GGNSolver, *, chunk: int | None = None, check_subset: int = 16,
              exact_max_params: int = EXACT_MAX_PARAMS, keep_cross_matrix: bool = False,
-             progress: bool | str | None = False) -> LeverageReport:
+             progress: bool | str | None = False, cross_sample: int | None = None, seed: int = 0,
+             check_rows: int = DEFAULT_CHECK_ROWS, check: Callable[[], dict] | None = None,
+             check_units: int = 0, progress_every_s: float = 10.0, progress_stream=None) -> LeverageReport:
     """Leverage diagnostics for an output function at theta (the original parameters theta_D).
 
     Targets t_* are in `curvature.make_targets` form. `solver` is a fresh GGNSolver: it is fitted here on
-    the downdated geometry G_R = G_D - G_F. `progress` (True, a label, or None = the process default): one
-    unit per stage (forget Jacobians, fit, solve, cross-leverage, gaps, approximation check, spectral norm),
-    and a line at least every 10 s from the solver's row and CG loops in between."""
-    n_stages = 6 + (solver.name != "exact" and check_subset > 0)
+    the downdated geometry G_R = G_D - G_F, in one pass over the rows. `cross_sample`: cross-leverage on that
+    many retain rows drawn at random (seeded by `seed`), None = every retain row; the report gives the sample's
+    positions and the standard errors of its summary statistics (`cross_leverage_sampling`). Non-exact solvers
+    are checked against exact (`check_subset` forget rows): on every row up to `exact_max_params`, else on
+    `check_rows` retain rows (`check.subsample_check`); `check` replaces that with the caller's own (the
+    last-layer mode checks against the full model's GGN), `check_units` its planned work. `progress` (True, a
+    label, or None = the process default): a line at least every `progress_every_s`, in work units (`_Work`)."""
     desc = progress if isinstance(progress, str) else "leverage diagnostics"
-    with Progress(n_stages, desc, unit="stages", enabled=None if progress is None else bool(progress)) as bar:
-        return _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver, bar,
-                         chunk=chunk, check_subset=check_subset, exact_max_params=exact_max_params,
-                         keep_cross_matrix=keep_cross_matrix)
+    with Progress(0, desc, unit="units", enabled=None if progress is None else bool(progress),
+                  every_s=progress_every_s, stream=progress_stream) as bar:
+        return _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver,
+                         _Work(bar, fn.n_outputs), chunk=chunk, check_subset=check_subset,
+                         exact_max_params=exact_max_params, keep_cross_matrix=keep_cross_matrix,
+                         cross_sample=cross_sample, seed=seed, check_rows=check_rows, check=check,
+                         check_units=check_units)
 
 
-def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver, bar: Progress, *,
-              chunk, check_subset, exact_max_params, keep_cross_matrix) -> LeverageReport:
+def _cross_set(rs_R: RowSet, cross_sample: int | None, seed: int) -> tuple[RowSet, np.ndarray | None]:
+    """The retain rows whose cross-leverage is computed: all, or a seeded simple random sample (sorted)."""
+    if cross_sample is None or cross_sample >= rs_R.n:
+        return rs_R, None
+    idx = np.sort(np.random.default_rng(seed).choice(rs_R.n, size=int(cross_sample), replace=False))
+    return rs_R.subset(torch.as_tensor(idx)), idx
+
+
+def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver, work: _Work, *,
+              chunk, check_subset, exact_max_params, keep_cross_matrix, cross_sample, seed, check_rows, check,
+              check_units) -> LeverageReport:
     start = time.perf_counter()
     timings: dict[str, float] = {}
+    bar = work.bar
     loss = curvature.check_loss(loss)
     if X_forget.shape[0] == 0:
         raise ValueError("the forget set is empty: nothing to diagnose")
     if loss == "ce" and fn.n_outputs < 2:
         raise ValueError(f"loss='ce' needs at least 2 outputs, the model has {fn.n_outputs}")
+    if cross_sample is not None and cross_sample < 1:
+        raise ValueError(f"diagnostics cross_sample = {cross_sample} must be >= 1 (or null: every retain row)")
     rs_F = RowSet(fn, theta, X_forget, t_forget, loss, chunk=chunk)
     rs_R = RowSet(fn, theta, X_retain, t_retain, loss, chunk=chunk)
     rs_V = RowSet(fn, theta, X_val, t_val, loss, chunk=chunk)
+    rs_C, cross_idx = _cross_set(rs_R, cross_sample, seed)
+    if cross_idx is not None and hasattr(solver, "keep_rows"):
+        solver.keep_rows = False  # the sampled rows are projected again; keeping every retain row buys nothing
+    work.watch(rs_F, rs_R, rs_V, rs_C)
+    nF, nR, nV, nC = rs_F.n, rs_R.n, rs_V.n, rs_C.n
+    checking = solver.name != "exact" and check_subset > 0
+    if checking and check is None:  # dense reference on every row, or exact on a row subsample
+        check_rows_used = nR if fn.p <= exact_max_params else min(check_subset, nF) + min(check_rows, nR)
+        check_units = work.units(check_rows_used, "jacobian")
+    fit_units = work.units(nR, "jacobian") if solver.name != "cg" else 0
+    cross_units = work.units(nC, "jacobian")
+    work.plan(work.units(nF, "jacobian") + fit_units + work.units(nR + nF) + cross_units + work.units(nF + nR + nV)
+              + (check_units if checking else 0))
 
     t0 = time.perf_counter()
     bar.stage("forget Jacobians")
@@ -239,13 +325,11 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
     A_F = A_F3.reshape(nF * r, p)
     g_F = curvature.residual(f_F, rs_F.t, loss)                          # [nF, C]
     timings["forget_jacobians"] = time.perf_counter() - t0
-    bar.update()
 
     t0 = time.perf_counter()
     bar.stage(f"fit {solver.name}")
     solver.fit(plus=[rs_R, rs_F], minus=[rs_F])                         # G_R = G_D - G_F (downdate)
     timings["fit"] = time.perf_counter() - t0
-    bar.update()
 
     t0 = time.perf_counter()
     bar.stage("solve")
@@ -257,19 +341,19 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
     S_F = solver.cross(A_F, handle)
     S_F = 0.5 * (S_F + S_F.T)
     timings["solve"] = time.perf_counter() - t0
-    bar.update()
 
     t0 = time.perf_counter()
-    bar.stage("cross-leverage")
+    bar.stage("cross-leverage" if cross_idx is None else f"cross-leverage ({nC} of {nR} retain rows)")
+    if rs_C._cache is not None or (hasattr(solver, "kept") and solver.kept(rs_C)):
+        work.skip(cross_units)  # served from the fit's pass: no Jacobians again
     cross_norms, cross_rows = [], []
-    for sl, C_b in solver.cross_chunks(rs_R, handle):                  # C_b [b*r, nF*r]
+    for sl, C_b in solver.cross_chunks(rs_C, handle):                  # C_b [b*r, nF*r]
         b = sl.stop - sl.start
         cross_norms.append(C_b.reshape(b, -1).norm(dim=1))
         if keep_cross_matrix:
             cross_rows.append(C_b)
     cross = torch.cat(cross_norms) if cross_norms else torch.zeros(0, dtype=theta.dtype)
     timings["cross"] = time.perf_counter() - t0
-    bar.update()
 
     t0 = time.perf_counter()
     bar.stage("predicted gaps")
@@ -282,24 +366,27 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
     move_F, move_R = removal["forget"].norm(), removal["retain"].norm()
     leakage = float(move_R / move_F) if float(move_F) > 0 else float("nan")
     timings["gaps"] = time.perf_counter() - t0
-    bar.update()
 
     self_lev = _block_traces(S_F, nF, r)
     means = [float(g[0][0].mean()) for g in gaps.values() if g[0].shape[1]]
     approx = None
-    if solver.name != "exact" and check_subset > 0:
-        if p > exact_max_params:
-            approx = {"reference": None, "subset_size": 0, "skipped": UNCHECKED_LARGE}
-        else:
-            t0 = time.perf_counter()
-            bar.stage("approximation check")
+    if checking:
+        t0 = time.perf_counter()
+        bar.stage("approximation check")
+        work.watch(rs_F, rs_R, rs_V, rs_C, off=True)  # counted as planned, in one step below
+        if check is not None:
+            approx = check()
+        elif p <= exact_max_params:
             approx = _approx_check(solver, rs_R, rs_F, A_F3, self_lev, delta, grad_R, check_subset)
-            timings["approx_check"] = time.perf_counter() - t0
-        bar.update()
+        else:
+            approx = subsample_check(fn, theta, rs_F.X, rs_F.t, rs_R.X, rs_R.t, loss, lam, solver.name,
+                                     make_solver=solver.clone, check_subset=check_subset, check_rows=check_rows,
+                                     seed=seed, spearman=spearman)
+        bar.update(check_units)
+        timings["approx_check"] = time.perf_counter() - t0
 
     bar.stage("spectral norm")
     spectral = _spectral_norm_psd(S_F)
-    bar.update()
     np_ = lambda x: x.detach().cpu().numpy()  # noqa: E731
     timings["total"] = time.perf_counter() - start
     return LeverageReport(
@@ -316,6 +403,7 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
         newton_step_norm=float(delta.norm()), retain_grad_norm=float(grad_R.norm()), newton_step=np_(delta),
         solver_info=dict(solver.info), approx_error=approx, timings=timings,
         cross_leverage_matrix=np_(torch.cat(cross_rows)) if keep_cross_matrix and cross_rows else None,
+        cross_leverage_rows=cross_idx, cross_leverage_sampling=cross_leverage_sampling(np_(cross), nR, seed),
     )
 
 
@@ -349,24 +437,82 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
                         cg_iters: int = 500, cg_tol: float = 1e-10, check_subset: int = 16,
                         exact_max_params: int = EXACT_MAX_PARAMS, chunk: int | None = None, seed: int = 0,
                         keep_cross_matrix: bool = False, progress: bool | str | None = False,
-                        label_smoothing: float = 0.0) -> LeverageReport:
+                        label_smoothing: float = 0.0, cross_sample: int | None = None,
+                        check_rows: int = DEFAULT_CHECK_ROWS, last_layer_above: int | None = LAST_LAYER_ABOVE,
+                        budget_seconds: float | None = None, throughput: Throughput | None = None,
+                        progress_every_s: float = 10.0, progress_stream=None) -> LeverageReport:
     """Leverage diagnostics (docs/design.md §4.1) of member `member` of `model_member` for a forget set.
 
     The model was trained on D = retain u forget. `lam` is the L2 coefficient of the sum-of-losses
     objective L = sum_i loss_i + lam/2 ||theta||^2 (for a mean loss with weight decay wd: lam = n * wd).
-    `solver`: "exact" | "projected" | "cg" | "auto" (by parameter count, see `solvers.choose_solver`);
-    non-exact solvers also report `approx_error` against a reference on `check_subset` forget samples.
-    `device`: "auto" uses CUDA when present. `progress`: see `diagnose`. `label_smoothing`: the recipe's, so the
-    gradients are those of the loss the model was trained on (`curvature.make_targets`). The model is never
-    modified."""
+    `solver`: "exact" | "projected" | "cg" | "last_layer" | "auto": by parameter count (`solvers.choose_solver`,
+    last_layer past `last_layer_above`), and with `budget_seconds` (e.g. one retrain) the last-layer mode when
+    the full-model choice's estimated cost (`cost.estimate_diagnostics_seconds`, from `throughput` or a probe)
+    exceeds half of it. "last_layer" diagnoses the head over the penultimate features in float64 (the report's
+    newton_step is then in head space, `head.HeadFunction` order) and checks its agreement with the full GGN on
+    a row subsample. Non-exact solvers report `approx_error` (see `diagnose`). `dtype`: the full model's
+    Jacobians (float32 in production; sums and factorizations are float64 either way). `device`: "auto" uses
+    CUDA when present. `cross_sample`, `check_rows`, `progress`: see `diagnose`. `label_smoothing`: the recipe's,
+    so the gradients are those of the loss the model was trained on. The model is never modified."""
     fn = StackedMemberFunction(model_member, member, dtype=dtype, device=device)
     C = fn.n_outputs
     if X_val is None:
         X_val = X_forget[:0]
         y_val = y_forget[:0]
-    tg = lambda y: curvature.make_targets(y, C, loss, dtype, fn.device, label_smoothing)  # noqa: E731
-    slv = make_solver(solver, lam, p=fn.p, proj_dim=proj_dim, proj_kind=proj_kind, seed=seed, cg_iters=cg_iters,
-                      cg_tol=cg_tol, exact_max_params=exact_max_params)
-    return diagnose(fn, fn.theta0, X_forget, tg(y_forget), X_retain, tg(y_retain), X_val, tg(y_val), lam, loss, slv,
-                    chunk=chunk, check_subset=check_subset, exact_max_params=exact_max_params,
-                    keep_cross_matrix=keep_cross_matrix, progress=progress)
+    auto = None
+    name = solver
+    if solver == "auto":
+        name = choose_solver(fn.p, exact_max_params, PROJECTED_MAX_PARAMS, last_layer_above)
+        auto = {"by_parameter_count": name, "budget_seconds": budget_seconds}
+        if budget_seconds is not None:
+            tp = throughput or measure_throughput(fn, X_retain)
+            head_d = HeadOf(fn).fn.d if name != "last_layer" else None
+            name, est = choose_within_budget(
+                name, budget_seconds, n_rows=X_retain.shape[0] + X_forget.shape[0], n_forget=X_forget.shape[0],
+                n_params=fn.p, n_outputs=C, seconds_per_sample_grad=tp.seconds_per_sample_grad,
+                flops_per_second=tp.flops_per_second, feature_dim=head_d, proj_dim=proj_dim,
+                cross_sample=cross_sample, check_rows=check_rows, check_subset=check_subset,
+                n_validation=X_val.shape[0], loss=loss)
+            auto.update(estimated_seconds=est, seconds_per_sample_grad=tp.seconds_per_sample_grad,
+                        flops_per_second=tp.flops_per_second)
+        auto["picked"] = name
+    if name == "last_layer":
+        rep = _last_layer(fn, X_forget, y_forget, X_retain, y_retain, X_val, y_val, lam, loss, label_smoothing,
+                          chunk=chunk, check_subset=check_subset, keep_cross_matrix=keep_cross_matrix,
+                          progress=progress, cross_sample=cross_sample, seed=seed, check_rows=check_rows,
+                          progress_every_s=progress_every_s, progress_stream=progress_stream)
+    else:
+        tg = lambda y: curvature.make_targets(y, C, loss, dtype, fn.device, label_smoothing)  # noqa: E731
+        slv = make_solver(name, lam, p=fn.p, proj_dim=proj_dim, proj_kind=proj_kind, seed=seed, cg_iters=cg_iters,
+                          cg_tol=cg_tol, exact_max_params=exact_max_params)
+        rep = diagnose(fn, fn.theta0, X_forget, tg(y_forget), X_retain, tg(y_retain), X_val, tg(y_val), lam, loss,
+                       slv, chunk=chunk, check_subset=check_subset, exact_max_params=exact_max_params,
+                       keep_cross_matrix=keep_cross_matrix, progress=progress, cross_sample=cross_sample, seed=seed,
+                       check_rows=check_rows, progress_every_s=progress_every_s, progress_stream=progress_stream)
+    if auto is not None:
+        rep.solver_info["auto"] = auto
+    return rep
+
+
+def _last_layer(fn: StackedMemberFunction, X_forget, y_forget, X_retain, y_retain, X_val, y_val, lam, loss,
+                label_smoothing, *, check_subset, check_rows, seed, **kw) -> LeverageReport:
+    """The head's diagnostics over the penultimate features (float64), checked against the full model's GGN
+    on a row subsample (`check.subsample_check`)."""
+    head = HeadOf(fn, X_retain)
+    hf = head.fn
+    C = fn.n_outputs
+    tg = lambda y, dt: curvature.make_targets(y, C, loss, dt, fn.device, label_smoothing)  # noqa: E731
+    H = {k: head.features(X) for k, X in (("F", X_forget), ("R", X_retain), ("V", X_val))}
+
+    def check() -> dict:
+        return subsample_check(fn, fn.theta0, X_forget, tg(y_forget, fn.dtype), X_retain, tg(y_retain, fn.dtype), loss,
+                               lam, "last_layer", head=head, check_subset=check_subset, check_rows=check_rows,
+                               seed=seed, spearman=spearman)
+
+    units = (min(check_subset, X_forget.shape[0]) + min(check_rows, X_retain.shape[0])) * C
+    rep = diagnose(hf, hf.theta0, H["F"], tg(y_forget, hf.dtype), H["R"], tg(y_retain, hf.dtype), H["V"],
+                   tg(y_val, hf.dtype), lam, loss, LastLayerSolver(lam), check_subset=check_subset,
+                   check_rows=check_rows, seed=seed, check=check if check_subset > 0 else None, check_units=units,
+                   **kw)
+    rep.solver_info.update(full_params=fn.p, head_params=hf.p, features=hf.d, layer=head.layer)
+    return rep

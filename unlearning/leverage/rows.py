@@ -35,6 +35,14 @@ class RowSet:
         self._cache: list[tuple[slice, torch.Tensor, torch.Tensor]] | None = None  # (slice, f, A)
         self.jacobian_passes = 0  # how often per-sample Jacobians were computed (cost accounting)
         self._tangent_budget = 256 * 2**20
+        # progress accounting: called with (rows, kind) after each chunk of a pass ("jacobian" | "product")
+        self.on_rows = None
+
+    def advance(self, rows: int, kind: str = "product") -> None:
+        """A chunk of `rows` is done: count it (the diagnostics' progress) and keep the 10 s lines coming."""
+        if self.on_rows is not None:
+            self.on_rows(rows, kind)
+        tick()
 
     def __len__(self) -> int:
         return self.n
@@ -70,7 +78,7 @@ class RowSet:
             A = self.fn.weighted_jacobians(self.theta, X, curvature.curvature_factor(f, self.loss)).detach()
             if keep is not None:
                 keep.append((s, f, A))
-            tick()  # a long pass over the rows keeps the active progress bar's 10 s lines coming
+            self.advance(s.stop - s.start, "jacobian")
             yield s, f, A
         if keep is not None:
             self._cache = keep
@@ -93,7 +101,7 @@ class RowSet:
         total = torch.zeros(self.p, dtype=self.fn.dtype, device=self.fn.device)
         for s in self.slices():
             total += self.fn.vjp(self.theta, self.X[s], U[s].unsqueeze(0))[0].detach()
-            tick()
+            self.advance(s.stop - s.start)
         return total
 
     def gradient(self) -> torch.Tensor:
@@ -122,4 +130,13 @@ class RowSet:
         """J V for every sample: V [p, m] -> [m, n, C]."""
         if self.n == 0:
             return torch.empty(V.shape[1], 0, self.C, dtype=V.dtype, device=V.device)
-        return torch.cat([self.fn.jvp(self.theta, self.X[s], V).detach() for s in self.slices(V.shape[1])], 1)
+        parts = []
+        for s in self.slices(V.shape[1]):
+            parts.append(self.fn.jvp(self.theta, self.X[s], V).detach())
+            self.advance(s.stop - s.start)
+        return torch.cat(parts, 1)
+
+    def subset(self, idx: torch.Tensor) -> "RowSet":
+        """The rows `idx` (positions) as a RowSet of the same function, parameters, loss and chunk size."""
+        idx = torch.as_tensor(idx, dtype=torch.long, device=self.X.device)
+        return RowSet(self.fn, self.theta, self.X[idx], self.t[idx], self.loss, chunk=self.chunk)

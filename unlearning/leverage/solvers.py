@@ -33,18 +33,25 @@ from unlearning.leverage.cg import conjugate_gradient
 from unlearning.leverage.projection import RandomProjection
 from unlearning.leverage.rows import RowSet
 
-SOLVERS = ("exact", "projected", "cg")
+SOLVERS = ("exact", "projected", "cg", "last_layer")
 
 # `auto` thresholds (parameters of one member). Exact costs ~ n*C*p^2 flops to form G: on 2 CPU cores
 # (~150 GFLOP/s float64) p = 4,810 on all 1,797 digits takes ~3 s (bench/leverage.py).
 EXACT_MAX_PARAMS = 6_000
 PROJECTED_MAX_PARAMS = 2_000_000
+# Past this many parameters the full-model solvers cost more than a retrain on the project's models (and CG
+# hundreds of GB at ResNet-18 size): auto uses the GGN of the head over the penultimate features (`head`).
+LAST_LAYER_ABOVE = 50_000
 
 
 def choose_solver(p: int, exact_max_params: int = EXACT_MAX_PARAMS,
-                  projected_max_params: int = PROJECTED_MAX_PARAMS) -> str:
-    """Solver for `solver="auto"` by parameter count: exact (dense float64) for small models, projected
-    (k x k) up to `projected_max_params`, matrix-free CG beyond (no per-sample Jacobian sketches)."""
+                  projected_max_params: int = PROJECTED_MAX_PARAMS,
+                  last_layer_above: int | None = LAST_LAYER_ABOVE) -> str:
+    """Solver for `solver="auto"` by parameter count: exact (dense) for small models, projected (k x k) up to
+    `projected_max_params`, matrix-free CG beyond; past `last_layer_above` (None = never) the last-layer
+    mode. `cost.choose_within_budget` may then trade a full-model choice for last_layer under a time budget."""
+    if last_layer_above is not None and p > last_layer_above:
+        return "last_layer"
     if p <= exact_max_params:
         return "exact"
     return "projected" if p <= projected_max_params else "cg"
@@ -54,9 +61,11 @@ def _sum_rows(p: int, plus: Sequence[RowSet], minus: Sequence[RowSet], project, 
               n_blocks: int, keep: dict | None = None, keep_bytes: int = 256 * 2**20) -> torch.Tensor:
     """sum_plus A^T A - sum_minus A^T A for (optionally projected) rows, lower block-triangle + mirror.
 
-    With `keep` (a dict) the projected rows of each RowSet are kept there, keyed by id(rowset), while
-    they fit `keep_bytes` in total, so a later pass over the same rows needs no Jacobians or projection."""
-    G = torch.zeros(p, p, dtype=dtype, device=device)
+    Rows stay in their dtype (float32 in production: each chunk's products are exact enough); the sum over
+    chunks accumulates in float64, where cancellation between thousands of chunks and the downdate would
+    cost digits. With `keep` (a dict) the projected rows of each RowSet are kept there, keyed by id(rowset),
+    while they fit `keep_bytes` in total, so a later pass over the same rows needs no Jacobians or projection."""
+    G = torch.zeros(p, p, dtype=torch.float64, device=device)
     edges = [round(i * p / n_blocks) for i in range(n_blocks + 1)]
     kept = 0
     for sign, sets in ((1.0, plus), (-1.0, minus)):
@@ -72,7 +81,10 @@ def _sum_rows(p: int, plus: Sequence[RowSet], minus: Sequence[RowSet], project, 
                     if rows is not None:
                         rows.append((sl, A))
                 for a, b in zip(edges[:-1], edges[1:]):
-                    G[a:b, :b].addmm_(A[:, a:b].T, A[:, :b], alpha=sign)
+                    if A.dtype == torch.float64:
+                        G[a:b, :b].addmm_(A[:, a:b].T, A[:, :b], alpha=sign)
+                    else:
+                        G[a:b, :b].add_((A[:, a:b].T @ A[:, :b]).to(torch.float64), alpha=sign)
             if rows is not None:
                 keep[id(rs)] = (rs, rows)  # the RowSet is held so that its id stays unique
     # mirror the strictly lower triangle
@@ -129,13 +141,14 @@ class _DenseMixin:
 
     def _dense_solve(self, V: torch.Tensor) -> torch.Tensor:
         vec = V.dim() == 1
-        V2 = V.unsqueeze(1) if vec else V
+        V2 = (V.unsqueeze(1) if vec else V).to(torch.float64)  # the factor is float64 (see _sum_rows)
         X = torch.cholesky_solve(V2, self._chol) if self._chol is not None else self._pinv @ V2
+        X = X.to(V.dtype)
         return X[:, 0] if vec else X
 
 
 class ExactSolver(_DenseMixin, GGNSolver):
-    """Dense G (p x p) in the RowSets' dtype; float64 is the reference for every other solver."""
+    """Dense G (p x p) accumulated and factored in float64 (the reference for every other solver)."""
 
     name = "exact"
 
@@ -161,20 +174,25 @@ class ProjectedSolver(_DenseMixin, GGNSolver):
 
     name = "projected"
 
-    def __init__(self, lam: float, k: int = 2048, *, kind: str = "gaussian", seed: int = 0):
+    # the projection is generated once per fit and held while it fits this many bytes (p = 131k at k = 2,048
+    # in float32); past it, blocks are regenerated per use (see `projection`)
+    CACHE_BYTES = 1 << 30
+
+    def __init__(self, lam: float, k: int = 2048, *, kind: str = "gaussian", seed: int = 0, keep_rows: bool = True):
         super().__init__(lam)
-        self.k_requested, self.kind, self.seed = int(k), kind, int(seed)
+        self.k_requested, self.kind, self.seed, self.keep_rows = int(k), kind, int(seed), bool(keep_rows)
 
     def fit(self, plus, minus=()):
         t0 = time.perf_counter()
         ref = (list(plus) + list(minus))[0]
         p, dtype, device = ref.p, ref.fn.dtype, ref.fn.device
         self.k = min(self.k_requested, p)
-        self.proj = RandomProjection(p, self.k, kind=self.kind, seed=self.seed, dtype=dtype, device=device)
+        self.proj = RandomProjection(p, self.k, kind=self.kind, seed=self.seed, dtype=dtype, device=device,
+                                     cache_bytes=self.CACHE_BYTES)
         self._rows: dict = {}  # projected rows kept from this pass (see cross_chunks)
         Gk = _sum_rows(self.k, plus, minus, self.proj.project, dtype, device,
-                       n_blocks=4 if self.k >= 1024 else 1, keep=self._rows)
-        Gk += self.lam * self.proj.gram()
+                       n_blocks=4 if self.k >= 1024 else 1, keep=self._rows if self.keep_rows else None)
+        Gk += self.lam * self.proj.gram().to(torch.float64)
         self.Gk = Gk
         self._factor(Gk)
         self.info.update(p=p, k=self.k, kind=self.kind, seed=self.seed, seconds_fit=time.perf_counter() - t0)
@@ -188,6 +206,14 @@ class ProjectedSolver(_DenseMixin, GGNSolver):
 
     def leverage_handle(self, A_F):
         return self._dense_solve(self.proj.project(A_F).T.contiguous())  # [k, r]
+
+    def clone(self) -> "ProjectedSolver":
+        """A fresh solver with the same projection (k, kind, seed): the subsample check's twin."""
+        return ProjectedSolver(self.lam, self.k_requested, kind=self.kind, seed=self.seed)
+
+    def kept(self, rs) -> bool:
+        """The projected rows of `rs` were kept from the fit (no Jacobians needed again)."""
+        return id(rs) in self._rows
 
     def cross(self, A, handle):
         return self.proj.project(A) @ handle
@@ -229,6 +255,10 @@ class CGSolver(GGNSolver):
                          seconds_fit=time.perf_counter() - t0)
         return self
 
+    def clone(self) -> "CGSolver":
+        """A fresh solver with the same tolerance and iteration cap: the subsample check's twin."""
+        return CGSolver(self.lam, max_iters=self.max_iters, tol=self.tol, precondition=self.precondition)
+
     def matvec(self, V: torch.Tensor) -> torch.Tensor:
         out = self.lam * V
         for rs in self.plus:
@@ -249,16 +279,22 @@ class CGSolver(GGNSolver):
 def make_solver(name: str, lam: float, *, p: int | None = None, proj_dim: int = 2048,
                 proj_kind: str = "gaussian", seed: int = 0, cg_iters: int = 500, cg_tol: float = 1e-10,
                 cg_precondition: bool = False, exact_max_params: int = EXACT_MAX_PARAMS,
-                projected_max_params: int = PROJECTED_MAX_PARAMS) -> GGNSolver:
-    """Build a solver by name; "auto" needs `p` and picks by parameter count (`choose_solver`)."""
+                projected_max_params: int = PROJECTED_MAX_PARAMS,
+                last_layer_above: int | None = LAST_LAYER_ABOVE, keep_rows: bool = True) -> GGNSolver:
+    """Build a solver by name; "auto" needs `p` and picks by parameter count (`choose_solver`). "last_layer"
+    is the head's GGN (`head.LastLayerSolver`): it needs RowSets over the head's function."""
     if name == "auto":
         if p is None:
             raise ValueError("solver='auto' needs the parameter count p")
-        name = choose_solver(p, exact_max_params, projected_max_params)
+        name = choose_solver(p, exact_max_params, projected_max_params, last_layer_above)
     if name == "exact":
         return ExactSolver(lam)
     if name == "projected":
-        return ProjectedSolver(lam, proj_dim, kind=proj_kind, seed=seed)
+        return ProjectedSolver(lam, proj_dim, kind=proj_kind, seed=seed, keep_rows=keep_rows)
     if name == "cg":
         return CGSolver(lam, max_iters=cg_iters, tol=cg_tol, precondition=cg_precondition)
+    if name == "last_layer":
+        from unlearning.leverage.head import LastLayerSolver  # head builds on this module
+
+        return LastLayerSolver(lam)
     raise ValueError(f"solver={name!r} is not known; allowed: {['auto', *SOLVERS]}")
