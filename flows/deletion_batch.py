@@ -86,21 +86,9 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                   if params.diagnostics.enabled or params.deletion.partition.mode == "leverage" else None)
         rows = S.partition(batch, params.deletion.partition, state, forget_ids,
                            report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))
-        oracles, shadows = S.references(batch, params, state, rows)
-        n_train = n_original_train(state.manifest, state.ledger)
-        selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, oracles,
-                             n_train)
-        outcome = None
-        for method in selection["candidates"]:
-            out = S.unlearn_and_certify(batch, method, params.deletion.method_args.get(method, {}), params.gate,
-                                        params.base.seed, params.base.progress, state, rows, shadows, oracles,
-                                        recipe(params), objective)
-            if S.accepted(batch, out, params.gate.exact_retrain_overrides):
-                outcome = out
-                break
-        if outcome is None:
-            raise BatchRejected(f"no candidate passed the gate for {path.name}; the previous champion stays")
-        promoted = S.promote(batch, params, state, requests, objective, outcome, rows, n_train)
+        outcome = plan_and_run(batch, params, state, rows, objective, report)
+        promoted = S.promote(batch, params, state, requests, objective, outcome, rows,
+                             n_original_train(state.manifest, state.ledger))
         erasure = (S.erase(batch, params, forget_ids, state.prepared.info["name"], promoted["version"])
                    if params.erasure.enabled else None)
         S.finish(batch, outcome, promoted, erasure)
@@ -113,6 +101,40 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         raise
     return {"file": path.name, "status": "applied", "batch_id": batch.batch_id, "method": outcome.method,
             "model_version": promoted["version"], "run_id": batch.parent, "metrics": outcome.metrics}
+
+
+def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report):
+    """Select, plan, then train only what the plan needs: each step in order until one is accepted
+    (unlearning/plan.py). Raises BatchRejected when none is."""
+    from tasks.planning import workers_of
+    from tasks.references import ReferencePool
+
+    n_train = n_original_train(state.manifest, state.ledger)
+    batch_index = len(state.champion.get("history", []))
+    selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, None, n_train)
+    the_plan = S.plan(batch, params, state, rows, selection, objective)
+    pool = ReferencePool(params, state, rows, batch.device, batch_index, the_plan.chunk_size, workers_of(params))
+    if S.needs_noise_floor(selection, params.deletion.weigh_cost):
+        # a rule waits for the oracles' noise floor: train the first look's references, then select again
+        first = (params.validation.looks or [params.validation.n_oracles])[0]
+        _, oracles = pool.ensure(min(first, params.validation.n_shadows), min(first, params.validation.n_oracles))
+        selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, oracles,
+                             n_train)
+        the_plan = S.plan(batch, params, state, rows, selection, objective)
+    outcome = None
+    try:
+        for step in the_plan.steps:
+            if step.looks:
+                S.warn_if_the_test_cannot_fail(params, *step.references)
+            out = S.unlearn_and_certify(batch, step, params, state, rows, pool, the_plan, objective, batch_index)
+            if S.accepted(batch, out, params.gate.exact_retrain_overrides):
+                outcome = out
+                break
+    finally:
+        S.references_report(batch, params, state, rows, pool)
+    if outcome is None:
+        raise BatchRejected(f"no candidate passed the gate for {batch.path.name}; the previous champion stays")
+    return outcome
 
 
 def open_batch(path: Path, params: Params, state, pending, device: str, started: float) -> S.BatchRun:

@@ -95,11 +95,23 @@ def unlearn_and_validate(method: str, method_args: dict, gate: Gate, seed: int, 
         shadow_unlearned, oracle_ref = shadow_res.model, oracles
         cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
                 "shadow_gradient_evals": shadow_res.cost.gradient_evals, "shadow_seconds": shadow_res.cost.seconds}
-    eval_rows, splits = rows.eval_rows()
-    labels = prepared.label[eval_rows]
+    eval_rows, _ = rows.eval_rows()
     logits = {name: eval_logits(m, prepared, eval_rows) for name, m in
               (("candidate", candidate), ("original", production), ("oracles", oracles),
                ("shadow_unlearned", shadow_unlearned), ("oracle_ref", oracle_ref), ("accuracy_ref", accuracy_ref))}
+    return outcome_from_logits(method, candidate, logits, prepared, rows, gate, objective, seed, cost, t0,
+                               n_shadows=shadows.n_models)
+
+
+def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torch.Tensor], prepared: Prepared,
+                        rows: BatchRows, gate: Gate, objective: str, seed: int, cost: dict, t0: float,
+                        n_shadows: int) -> CandidateOutcome:
+    """The certificate's metrics and the gate's verdict from the logits on the evaluated rows [N, n, C]:
+    `candidate`, `original`, `oracles` (every oracle), `shadow_unlearned` and `oracle_ref` (the KLoM
+    comparison), `accuracy_ref` (oracles the candidate was not drawn from). `gate.retrain_equivalence`'s alpha
+    and n_permutations are the look's (unlearning/sequential.py)."""
+    eval_rows, splits = rows.eval_rows()
+    labels = prepared.label[eval_rows]
     metrics: dict[str, float] = {}
     for s, v in M.accuracy_by_split(logits["original"], labels, splits).items():
         metrics[f"original_acc/{s}"] = v
@@ -118,8 +130,8 @@ def unlearn_and_validate(method: str, method_args: dict, gate: Gate, seed: int, 
                                         logits["oracle_ref"].numpy(), labels, splits))
     metrics["coverage/forget"] = M.oracle_coverage(M.margins(logits["candidate"].numpy(), labels)[0][splits == "forget"],
                                                    M.margins(logits["oracles"].numpy(), labels)[:, splits == "forget"])
-    metrics["n_oracles"] = float(oracles.n_models)
-    metrics["n_shadows"] = float(shadows.n_models)
+    metrics["n_oracles"] = float(logits["oracles"].shape[0])
+    metrics["n_shadows"] = float(n_shadows)
     verdict = evaluate_gate(objective, metrics, gate)
     cost["wall_seconds"] = time.perf_counter() - t0
     per_sample = pd.DataFrame({"sample_id": prepared.manifest["sample_id"].to_numpy()[eval_rows], "split": splits,

@@ -24,17 +24,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks import plots
-from tasks.batch import CandidateOutcome, partition_retain, unlearn_and_validate
+from tasks.batch import CandidateOutcome, partition_retain
 from tasks.clock import computes
 from tasks.reporting import markdown_artifact, run_logger, table_artifact
 from tasks.state import State, write_state
 from tasks.store_check import store_identity
-from tasks.training import model_spec, recipe, train_ensemble_chunk
 from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
 from unlearning.data.store import class_names_after
-from unlearning.ensembles import chunks
 from unlearning.gate import only_statistical_failures, smallest_klom_pvalue, verdict_summary
 from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
@@ -45,7 +43,6 @@ from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble
 from unlearning.partition import subset_sizes
 from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
-from unlearning.seeds import role_seeds
 from unlearning.serving import input_example
 from unlearning.selection import batch_facts, candidate_methods
 
@@ -158,61 +155,55 @@ def partition(batch: BatchRun, cfg: Partition, state: State, forget_ids: list[st
     return rows
 
 
-# 4. references: oracle and shadow ensembles --------------------------------------------------------------
-def chunk_labels(label: str, sizes: list[int]) -> list[str]:
-    """One progress label per chunk: chunks run side by side, so each says which members it trains
-    ("oracles 1-32 of 80"); a single chunk is "oracles x80"."""
-    if len(sizes) == 1:
-        return [f"{label} x{sizes[0]}"]
-    ends = np.cumsum(sizes).tolist()
-    return [f"{label} {end - size + 1}-{end} of {ends[-1]}" for size, end in zip(sizes, ends)]
+# 4. plan: which candidates, certified how, with which reference models -----------------------------------
+@task(name="plan", **STAGE)
+@computes
+def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selection: dict, objective: str,
+         diagnostics_seconds: float = 0.0):
+    """The batch's plan (unlearning/plan.py) from the selection, a short timing probe and the memory footprint:
+    logged (MLflow `plan.json`, a Prefect artifact, the console) before any model is trained. A plan that
+    cannot fit validation.memory_mb raises PlanRefused, naming the key."""
+    from tasks.planning import batch_plan, probe
+    from unlearning.plan import PlanRefused, plan_lines
+
+    timing, footprint = probe(params, state, rows, batch.device)
+    the_plan = batch_plan(params, selection, objective, timing, footprint, diagnostics_seconds)
+    lines = plan_lines(the_plan)
+    batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.__dict__}, "plan.json")
+    batch.tracker.log_metrics(batch.parent, {f"predicted_seconds/{k}": v for k, v in
+                                             the_plan.predicted_seconds.items()}
+                              | {"predicted_retrains": the_plan.predicted_retrains,
+                                 "predicted_peak_mb": the_plan.peak_bytes / 2**20,
+                                 "retrain_seconds_probe": timing.retrain_seconds})
+    markdown_artifact(f"### Plan for `{batch.path.name}`\n\n" + "\n".join(lines), key=batch.key("plan"),
+                      description=f"plan of {batch.path.name}")
+    log = run_logger()
+    for line in lines:
+        log.info(f"{batch.path.name}: plan: {line}")
+    batch.summary["plan"] = lines
+    if the_plan.refusal:
+        raise PlanRefused(the_plan.refusal)
+    return the_plan
 
 
-def _ensemble(params: Params, state: State, rows: np.ndarray, seeds: list[int], device: str,
-              label: str) -> tuple[Ensemble, dict]:
-    """Train (or load from the cache) one ensemble on `rows`, in chunks submitted as Prefect tasks."""
-    prepared = state.prepared
-    X = torch.as_tensor(prepared.X[rows], dtype=torch.float32)
-    y = torch.as_tensor(prepared.label[rows], dtype=torch.long)
-    ids = prepared.manifest["sample_id"].to_numpy()[rows].tolist()
-    parts_of = chunks(seeds, params.validation.chunk_size)
-    futures = [train_ensemble_chunk.submit(model_spec(params, prepared), X, y, ids, recipe(params), chunk,
-                                           str(params.path("cache_dir")), device, text, [str(params.root)],
-                                           progress=params.base.progress)
-               for chunk, text in zip(parts_of, chunk_labels(label, [len(c) for c in parts_of]))]
-    parts = [f.result() for f in futures]
-    return Ensemble.concat([p[0] for p in parts]), {"cached_chunks": sum(p[1] for p in parts),
-                                                    "chunks": len(parts), "seconds": sum(p[2] for p in parts)}
-
-
-def references(batch: BatchRun, params: Params, state: State, rows: BatchRows) -> tuple[Ensemble, Ensemble]:
-    """N oracles (exact retrains on the retain set) and N shadow originals (trained on the rows before the
-    batch), each from its own seed stream (unlearning/seeds.py: no seed shared between roles or with the
-    original). Reads validation.n_oracles/n_shadows/chunk_size, the model and the recipe."""
+def references_report(batch: BatchRun, params: Params, state: State, rows: BatchRows, pool) -> None:
+    """What the reference models cost (MLflow metrics, a Prefect artifact) and, when shadows were trained,
+    whether the production model is exchangeable with them (recipe_check). Nothing when none were trained."""
+    info = pool.summary() if pool is not None else {}
+    if not info.get("n_oracles") and not info.get("n_shadows"):
+        return
     run = batch.open("ensembles")
-    v = params.validation
-    oracles, o = _ensemble(params, state, rows.retain, role_seeds(params.base.seed, "oracles", v.n_oracles),
-                           batch.device, "oracles")
-    shadows, s = _ensemble(params, state, rows.before, role_seeds(params.base.seed, "shadows", v.n_shadows),
-                           batch.device, "shadows")
-    batch.tracker.log_metrics(run, {"oracles_seconds": o["seconds"], "shadows_seconds": s["seconds"],
-                                    "oracles_cached_chunks": o["cached_chunks"], "shadows_cached_chunks": s["cached_chunks"],
-                                    "n_oracles": oracles.n_models, "n_shadows": shadows.n_models})
-    check = recipe_check(state, rows, shadows, batch.device, params.base.seed)
-    batch.tracker.log_metrics(run, {f"recipe_check/{k}": v for k, v in check.items()})
+    batch.tracker.log_metrics(run, info)
+    shadows = pool.roles["shadows"]
+    if shadows.trained:
+        check = recipe_check(state, rows, shadows.ensemble(), batch.device, params.base.seed)
+        batch.tracker.log_metrics(run, {f"recipe_check/{k}": v for k, v in check.items()})
+        warn_if_not_the_recipe(check, params, state)
     batch.close()
-    warn_if_not_the_recipe(check, params, state)
-    g = params.gate.retrain_equivalence
-    floor = smallest_klom_pvalue(shadows.n_models, oracles.n_models, g.n_permutations)
-    if floor > g.alpha:  # a test that cannot fail certifies nothing: say so in every batch it happens in
-        run_logger().warning(f"the KLoM permutation test cannot fail with {shadows.n_models} shadows and "
-                             f"{oracles.n_models} oracles: its smallest p-value is about {floor:.3f}, above alpha = "
-                             f"{g.alpha}; raise validation.n_oracles and n_shadows (the default is 80 each)")
-    table_artifact([{"ensemble": name, "members": m.n_models, "chunks": info["chunks"],
-                     "from cache": info["cached_chunks"], "seconds": round(info["seconds"], 2)}
-                    for name, m, info in (("oracles", oracles, o), ("shadows", shadows, s))],
+    table_artifact([{"ensemble": name, "members": role.trained, "chunks": role.chunks,
+                     "from cache": role.cached_chunks, "seconds": round(role.seconds, 2)}
+                    for name, role in pool.roles.items()],
                    key=batch.key("ensembles"), description="oracle and shadow ensembles")
-    return oracles, shadows
 
 
 RECIPE_CHECK_ROWS = 2000  # rows scored (a seeded sample past this): the statistic is a mean over rows, and
@@ -250,21 +241,40 @@ def warn_if_not_the_recipe(check: dict[str, float], params: Params, state: State
                          f"p = {check['pvalue']:.3f}); {why}")
 
 
+def warn_if_the_test_cannot_fail(params: Params, n_shadows: int, n_oracles: int) -> None:
+    """A KLoM test that cannot fail certifies nothing: say so in every batch it happens in."""
+    g = params.gate.retrain_equivalence
+    floor = smallest_klom_pvalue(n_shadows, n_oracles, g.n_permutations)
+    if floor > g.alpha:
+        run_logger().warning(f"the KLoM permutation test cannot fail with {n_shadows} shadows and {n_oracles} "
+                             f"oracles: its smallest p-value is about {floor:.3f}, above alpha = {g.alpha}; raise "
+                             f"validation.n_oracles and n_shadows (the default is 80 each)")
+
+
 # 5. select -----------------------------------------------------------------------------------------------
+FLOOR_SAMPLE_SEED = 11  # the same-size validation sample of the noise floor (unlearning/selection.py noise_floor)
+
+
 @task(name="select", **STAGE)
 @computes
 def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows: BatchRows, objective: str,
-           report, oracles: Ensemble, n_train: int) -> dict:
+           report, oracles: Ensemble | None, n_train: int) -> dict:
     """The ordered candidate list: `deletion.method`, or the rules over the batch's facts, then the fallback,
-    retrain last; the retraining debt (`deletion.debt`) overrides it with exact retrain alone."""
-    facts = batch_facts(deletion, epochs, objective, rows, report,
-                        oracle_forget_logits=eval_logits(oracles, state.prepared, rows.forget), device=batch.device)
+    retrain last; the retraining debt (`deletion.debt`) overrides it with exact retrain alone. `oracles`: the
+    references trained so far, for the noise floor (None before any: the rules that need it are skipped)."""
+    logits = floor = None
+    if oracles is not None:
+        logits = eval_logits(oracles, state.prepared, rows.forget)
+        sample = np.random.default_rng(FLOOR_SAMPLE_SEED).permutation(rows.validation)[:len(rows.forget)]
+        floor = eval_logits(oracles, state.prepared, np.sort(sample))
+    facts = batch_facts(deletion, epochs, objective, rows, report, oracle_forget_logits=logits, device=batch.device,
+                        oracle_floor_logits=floor)
     selection = candidate_methods(deletion, facts)
     debt = retraining_debt(state.ledger, n_train)
     forced = debt_reasons(debt, len(rows.forget), deletion.debt.max_forgotten_fraction,
                           deletion.debt.max_batches_since_retrain)
     log = run_logger()
-    if forced:  # the debt is due: exact retrain alone (the oracles already are retrains)
+    if forced:  # the debt is due: exact retrain alone
         selection = force_retrain(selection, forced)
         log.info(f"{batch.path.name}: retraining debt: {'; '.join(forced)}: exact retrain alone")
     batch.summary.update(selection=selection, debt=debt)
@@ -274,8 +284,9 @@ def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows:
                                             "selection.candidates": selection["candidates"]})
     markdown_artifact(selection_markdown(selection, batch.path.name), key=batch.key("selection"),
                       description=f"candidates for {batch.path.name}")
+    rules = "; ".join(f"{name} ({why})" for name, why in selection["fired"]) or "no rule fired"
     log.info(f"{batch.path.name}: {len(rows.forget)} sample(s) to forget, objective {objective}; "
-             f"candidates {selection['candidates']}")
+             f"candidates {selection['candidates']}; rules that fired: {rules}")
     return selection
 
 
@@ -287,34 +298,46 @@ def selection_markdown(selection: dict, request_file: str) -> str:
             f"Rules skipped:\n{skipped}\n")
 
 
+def needs_noise_floor(selection: dict, weigh_cost: bool) -> bool:
+    """Whether a rule was skipped only for want of the oracles' noise floor and could still add a candidate:
+    with deletion.weigh_cost an approximate candidate is never certified per batch, so the floor decides nothing."""
+    return not weigh_cost and any("noise_floor" in why for _, why in selection.get("skipped", []))
+
+
 # 6. unlearn and certify, per candidate -------------------------------------------------------------------
-@task(name="unlearn-and-certify", task_run_name="unlearn-and-certify-{method}", **STAGE)
+@task(name="unlearn-and-certify", task_run_name="unlearn-and-certify-{step.method}", **STAGE)
 @computes
-def unlearn_and_certify(batch: BatchRun, method: str, method_args: dict, gate: Gate, seed: int, progress: bool,
-                        state: State, rows: BatchRows, shadows: Ensemble, oracles: Ensemble, train_recipe,
-                        objective: str) -> CandidateOutcome:
-    """Run `method` on the production model and the shadows, compare with the oracles, apply the gate
-    (`gate`: params.gate); log metrics, the verdict, per-sample KLoM and figures titled with the verdict."""
-    run = batch.open(f"unlearn-{method}", tags={"method": method})
-    out = unlearn_and_validate(method, method_args, gate, seed, progress, state.prepared, rows, state.model,
-                               shadows, oracles, train_recipe, objective, batch.device)
+def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, rows: BatchRows, pool, the_plan,
+                        objective: str, batch_index: int) -> CandidateOutcome:
+    """Run the plan's `step` and certify it as the step says (tasks/certify.py); log metrics, the verdict, the
+    looks, per-sample KLoM and figures titled with the verdict."""
+    from tasks.certify import run_step
+
+    method = step.method
+    run = batch.open(f"unlearn-{method}", tags={"method": method, "certificate": step.certificate})
+    out, looks = run_step(step, params, state, rows, pool, the_plan, batch.device, objective, batch_index)
+    gate = params.gate
     t = batch.tracker
     t.log_metrics(run, out.metrics)
-    t.log_metrics(run, {f"cost/{k}": v for k, v in out.cost.items()})
+    t.log_metrics(run, {f"cost/{k}": float(v) for k, v in out.cost.items()})
     t.log_json(run, out.verdict.to_dict(), "gate_verdict.json")
+    if looks:
+        t.log_json(run, [look.__dict__ for look in looks], "certificate_looks.json")
     t.log_table(run, out.per_sample, "per_sample_klom.json")
-    log_candidate_figures(t, run, out, gate.retrain_equivalence.alpha)
+    log_candidate_figures(t, run, out, out.metrics.get("certificate/alpha", gate.retrain_equivalence.alpha))
     t.set_tags(run, {"gate": "passed" if out.verdict.passed else "failed"})
     batch.close()
     passed = "passed" if out.verdict.passed else "failed"
     table_artifact(split_table(out.metrics), key=batch.key(f"{method}-splits"),
                    description=f"{method}: per-split accuracy and KLoM against the oracles ({passed})")
     failures = failing_checks_in_words(out.verdict.checks)
-    markdown_artifact(f"### Gate verdict for `{method}`: **{passed}**\n\n"
+    markdown_artifact(f"### Gate verdict for `{method}` ({step.certificate}): **{passed}**\n\n"
+                      + ("\n".join(f"- {f}" for f in out.verdict.failures if f.startswith("rejected at")) + "\n"
+                         if looks else "")
                       + ("\n".join(f"- {f}" for f in failures) or "- every check passed")
                       + f"\n\n{out.cost.get('wall_seconds', 0.0):.1f} s", key=batch.key(f"{method}-verdict"),
                       description=f"gate verdict of {method} for {batch.path.name}")
-    run_logger().info(f"  {method}: {verdict_summary(out.verdict, out.metrics, gate.retrain_equivalence.alpha)}")
+    run_logger().info(f"  {method}: {verdict_summary(out.verdict, out.metrics, out.metrics.get('certificate/alpha', gate.retrain_equivalence.alpha))}")
     return out
 
 
@@ -324,21 +347,24 @@ def split_table(metrics: dict) -> list[dict]:
         v = metrics.get(key)
         return None if v is None else round(float(v), 4)
 
-    return [{"split": s, "accuracy": r(f"acc/{s}"), "oracle min": r(f"oracle_acc_min/{s}"),
-             "oracle max": r(f"oracle_acc_max/{s}"), "KLoM P95": r(f"klom_p95/{s}"),
-             "same-size floor": r(f"noise_floor_p95/{s}"), "p-value": r(f"klom_pvalue/{s}")}
+    return [{"split": s, "accuracy": r(f"acc/{s}"), "original": r(f"original_acc/{s}"),
+             "oracle min": r(f"oracle_acc_min/{s}"), "oracle max": r(f"oracle_acc_max/{s}"),
+             "KLoM P95": r(f"klom_p95/{s}"), "same-size floor": r(f"noise_floor_p95/{s}"),
+             "p-value": r(f"klom_pvalue/{s}")}
             for s in SPLITS if f"acc/{s}" in metrics]
 
 
 def log_candidate_figures(tracker, run_id: str, out: CandidateOutcome, alpha: float) -> None:
     """The candidate's figures, each titled with the gate's verdict: accuracy per split against the oracles'
-    spread and the gate interval; KLoM per split against two sets of retrains, with P95 and critical value;
-    margins of the worst forget samples."""
+    spread and the gate interval; KLoM per split against two sets of retrains, with P95 and critical value
+    (when references were trained); margins of the worst forget samples."""
     method, passed = out.method, out.verdict.passed
     fig = plots.accuracy_bars(out.metrics, f"{method}: accuracy per split", out.verdict.checks, passed)
     tracker.log_figure(run_id, fig, "accuracy_per_split.png"); plots.close(fig)
     ps = out.per_sample
     present = [s for s in SPLITS if f"klom_p95/{s}" in out.metrics]
+    if not present:  # an exact retrain or a suppression candidate: no references, no KLoM to draw
+        return
     fig = plots.klom_against_null(ps["klom"].to_numpy(), ps["klom_null_example"].to_numpy(), ps["split"].to_numpy(),
                                   out.klom_null_p95, {s: out.metrics[f"klom_p95/{s}"] for s in present},
                                   {s: out.metrics[f"klom_pvalue/{s}"] for s in present if f"klom_pvalue/{s}" in out.metrics},
@@ -352,17 +378,17 @@ def log_candidate_figures(tracker, run_id: str, out: CandidateOutcome, alpha: fl
 
 
 def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bool) -> bool:
-    """Whether the batch takes this candidate: it passed the gate, or it is exact retrain failing only the
-    statistical comparisons (a false reject of the gate, `gate.exact_retrain_overrides`), which is then
-    promoted and tagged. Records the candidate's line in the summary."""
+    """Whether the batch takes this candidate: it passed the gate, or it is an audited exact retrain failing
+    only the statistical comparisons with the oracles (a false reject of the gate,
+    `gate.exact_retrain_overrides`), which is then promoted and tagged. Records the candidate's line."""
     line = CandidateLine(out.method, out.verdict.passed, float(out.cost.get("wall_seconds", 0.0)), out.verdict.checks)
     batch.summary["candidates"].append(line)
     if out.verdict.passed:
         return True
     if out.method == "retrain" and exact_retrain_overrides and only_statistical_failures(out.verdict):
         # Exact retrain is exact unlearning by construction; failing only the statistical comparisons with the
-        # oracles measures the gate, not the model. Blocking it would leave the batch no way forward. (An
-        # absolute floor it misses, e.g. min_validation_accuracy, still rejects the batch.)
+        # oracles measures the gate, not the model. Blocking it would leave the batch no way forward. (A floor
+        # it misses, e.g. max_validation_drop, still rejects the batch.)
         run_logger().info("  retrain: promoted although the gate rejected it: a false reject of the gate, not an "
                           "unlearning failure (gate.exact_retrain_overrides)")
         batch.tracker.set_tags(batch.parent, {"gate_false_reject": "retrain"})
@@ -375,10 +401,11 @@ def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bo
 @task(name="promote", **STAGE)
 @computes
 def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame, objective: str,
-            outcome: CandidateOutcome, rows: BatchRows, n_train: int) -> dict:
+            outcome: CandidateOutcome, rows: BatchRows, n_train: int, warnings: list[str] | None = None) -> dict:
     """Register the model, then write model, manifest, ledger and champion history to a staging folder and
     swap it in (all or nothing); the registry alias follows state/. Reads base.paths, tracking and
-    deletion.hash_sample_ids. Fault points (tests only) kill the process between the steps."""
+    deletion.hash_sample_ids. `warnings`: tasks/quality.py's announce_quality lines, kept in the champion record
+    (`quality_warnings`) for `unlearn status`. Fault points (tests only) kill the process between the steps."""
     t, registered, alias = batch.tracker, params.tracking.registered_model, params.tracking.alias
     forget_ids = requests["sample_id"].tolist()
     before = t.alias_version(registered, alias) or state.champion.get("model_version")
@@ -412,6 +439,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         champion = {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
                     "promoted_at": now, "n_retained_train": int(len(rows.retain)), "history": history,
                     "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),  # lost? store_check
+                    "quality_warnings": list(warnings or []),
                     # what the state's first model was clean of (unlearning/erasure.py, state_is_clean)
                     **{k: state.champion[k] for k in ("started_clean_of",) if k in state.champion}}
         write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion, state.fingerprint)

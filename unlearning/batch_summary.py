@@ -32,6 +32,9 @@ def check_in_words(name: str, check: dict) -> str:
     if kind == "acc" and op == "in":
         lo, hi = limit
         return f"{split}: accuracy {v} lies outside the range of exact retrains [{lo:.3f}, {hi:.3f}]"
+    if kind == "acc" and split == "validation_drop":
+        return (f"validation accuracy {v} fell below the original's minus the tolerance ({limit}; "
+                f"gate.<objective>.max_validation_drop)")
     if kind == "acc" and split == "validation_min":
         return f"validation accuracy {v} is below the floor gate.retrain_equivalence.min_validation_accuracy = {limit}"
     if kind == "accuracy_gap":
@@ -70,8 +73,11 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
                      candidates: list[CandidateLine], selection: dict, chosen: str | None,
                      version_before: Any, version_after: Any, wall_seconds: float | None,
                      erasure: dict | None = None, debt: dict | None = None, status: str = "applied",
-                     error: str | None = None) -> str:
-    """The batch summary (markdown). `chosen` None: no candidate passed (status "rejected") or an error."""
+                     error: str | None = None, warnings: list[str] | None = None,
+                     plan: list[str] | None = None) -> str:
+    """The batch summary (markdown). `chosen` None: no candidate passed (status "rejected") or an error.
+    `warnings`: what the promoted model costs (unlearning/quality.py), one sentence each; `plan`: the batch's
+    plan in words (unlearning/plan.py plan_lines)."""
     head = {"applied": "applied", "rejected": "REJECTED: no candidate passed the gate; the previous champion stays",
             "error": "FAILED: nothing was applied"}.get(status, status)
     lines = [f"### Deletion batch `{request_file}`: {head}", "",
@@ -93,6 +99,7 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
                  f"{_fmt_version(version_after) if version_after is not None else _fmt_version(version_before) + ' (unchanged)'}")
     if error:
         lines.append(f"- **Error:** {error}")
+    lines += [f"- **Quality warning:** {w}" for w in warnings or []]
     lines += ["", "| candidate | verdict | seconds | failing checks |", "|---|---|---|---|"]
     for c in candidates:
         failing = failing_checks_in_words(c.checks)
@@ -101,6 +108,9 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
         lines.append(f"| `{c.method}` | {verdict} | {c.seconds:.1f} | {'; '.join(failing) or '-'} |")
     if not candidates:
         lines.append("| - | not reached | - | - |")
+    if plan:
+        lines += ["", "**Plan** (before anything was trained):", *[line if line.startswith("- ") else f"- {line}"
+                                                                  for line in plan]]
     if erasure is not None:
         lines += ["", f"**Erasure:** rows purged: {purged_rows_text(erasure.get('stores', []))} "
                       f"({len(erasure.get('stores', []))} store(s) checked)"

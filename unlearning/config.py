@@ -62,9 +62,18 @@ class TableSource(Strict):
     id_column: str | None = Field(None, description="unique, non-empty sample ids (read as text)")
     label_column: str | None = Field(None, description="the class of each row (any dtype; classes = sorted unique)")
     group_column: str | None = Field(None, description="super-class/attribute of each row; null = the class")
+    group_as_feature: bool = Field(False, description="true: the group column is also a model input; false: it only "
+                                                      "groups rows (partition, super-class targets)")
     feature_columns: list[str] | None = Field(None, description="null = every other column")
     split_column: str | None = Field(None, description="values exactly train/val; null = stratified val_fraction")
     missing: Literal["error", "drop"] = Field("error", description="rows with missing values: stop, or drop them")
+
+    @model_validator(mode="after")
+    def _group_input_needs_a_group(self) -> "TableSource":
+        if self.group_as_feature and self.group_column is None:
+            raise ValueError("prepare.table.group_as_feature = true needs prepare.table.group_column (the column to "
+                             "feed to the model); set group_column, or group_as_feature: false")
+        return self
 
 
 class ImageFolderSource(Strict):
@@ -204,6 +213,9 @@ class Deletion(Strict):
     fallback: list[str] = Field([], description="tried after the rule candidates (retrain is always last)")
     method_args: dict[str, dict[str, Any]] = {}
     budget_gradient_evals: int = Field(20_000, gt=0)
+    weigh_cost: bool = Field(True, description="skip an approximate candidate whose certificate costs more than an "
+                                               "exact retrain (it trains oracle retrains), for retrain; false = "
+                                               "certify it anyway (unlearning/plan.py)")
     hash_sample_ids: bool = False
     max_clock_skew_seconds: float = Field(300, ge=0, description="a requested_at later than now + this is rejected")
     partition: Partition = Partition()
@@ -227,12 +239,32 @@ class Diagnostics(Strict):
 
 
 class Validation(Strict):
+    """How candidates are certified against reference models (docs/design.md §4.2, §4.5; unlearning/plan.py)."""
+
     n_oracles: int = Field(80, ge=2)
     n_shadows: int = Field(80, ge=1)
-    chunk_size: int = Field(32, gt=0)
+    chunk_size: int = Field(32, gt=0, description="members trained together at most (the memory budget may "
+                                                  "lower it; chunks are sized to the workers)")
+    looks: list[int] = Field([16, 32], description="references per role at the sequential certificate's interim "
+                                                   "looks (the final look is at n_oracles/n_shadows; looks at or "
+                                                   "past it are not taken); [] = one look")
+    interim_alpha_share: float = Field(0.5, ge=0, lt=1, description="share of the gate's alpha spent on the interim "
+                                                                    "looks, split equally between them")
+    audit_retrain: bool = Field(False, description="certify an exact retrain against oracles too (it is exact by "
+                                                   "construction: by default it trains one model, checked against "
+                                                   "the original's accuracy)")
+    memory_mb: int = Field(4096, ge=64, description="peak memory budget of a batch's training and evaluation (MB)")
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None
     dask_workers: int = Field(2, gt=0)
+
+    @model_validator(mode="after")
+    def _looks_increase(self):
+        # looks at or past the final one (min(n_oracles, n_shadows)) are not taken: a small N keeps one look
+        if any(b <= a for a, b in zip(self.looks, self.looks[1:])) or any(n < 2 for n in self.looks):
+            raise ValueError(f"validation.looks = {self.looks} must increase, each at least 2 (references per role); "
+                             f"e.g. [16, 32], or [] for one look at n_oracles")
+        return self
 
 
 class RetrainEquivalenceGate(Strict):
@@ -244,9 +276,11 @@ class RetrainEquivalenceGate(Strict):
                                                      "oracle accuracies widened by this many binomial std errors")
     max_accuracy_gap: float | None = Field(
         None, ge=0, le=1, description="optional extra bound |acc(candidate) - mean acc(oracles)| per split (null = off)")
+    max_validation_drop: float | None = Field(
+        0.05, ge=0, le=1, description="validation accuracy at least the original's minus this (null = off)")
     min_validation_accuracy: float | None = Field(
-        0.8, ge=0, le=1, description="absolute floor for the candidate's validation accuracy (dataset-specific; "
-                                     "null = off)")
+        None, ge=0, le=1, description="absolute floor for the candidate's validation accuracy (dataset-specific; "
+                                      "null = off)")
     max_klom_p95_forget: float | None = Field(None, ge=0, description="absolute bound on the forget split's KLoM P95")
     max_klom_to_noise_floor: float | None = Field(
         None, gt=0, description="optional extra bound: KLoM P95 of each split <= this x the same-size noise floor "
@@ -267,7 +301,10 @@ class RetrainEquivalenceGate(Strict):
 class SuppressionGate(Strict):
     max_forget_accuracy: float = Field(0.05, ge=0, le=1)
     min_adjacent_retention: float = Field(0.9, ge=0, le=1, description="adjacent acc / original adjacent acc")
-    min_validation_accuracy: float | None = Field(0.5, ge=0, le=1, description="absolute floor (null = off)")
+    max_validation_drop: float | None = Field(
+        0.25, ge=0, le=1, description="validation accuracy at least the original's minus this (null = off); wider "
+                                      "than retrain_equivalence's: suppressing a class costs its validation rows")
+    min_validation_accuracy: float | None = Field(None, ge=0, le=1, description="absolute floor (null = off)")
 
 
 class Gate(Strict):
@@ -407,6 +444,20 @@ class Erasure(Strict):
                                            "`-c` the remote) when the project is a DVC repo")
 
 
+class Quality(Strict):
+    """What a promoted batch cost the model, said out loud (unlearning/quality.py; tasks/quality.py announces it):
+    warnings in the console, the batch's MLflow run, a Prefect artifact and `unlearn status`."""
+
+    max_validation_drop: float | None = Field(
+        0.05, ge=0, le=1, description="warn when the champion's validation accuracy falls by more than this against "
+                                      "the original's (null = off)")
+    max_oracle_spread: float | None = Field(
+        0.15, ge=0, le=1, description="warn when the oracles' validation accuracies (exact retrains, other seeds) "
+                                      "spread wider than this, max - min: an unstable recipe (null = off)")
+    refuse: list[Literal["class_lost", "validation_drop", "unstable_recipe"]] = Field(
+        [], description="warnings that refuse the batch (exit 3, the previous champion stays) instead of warning")
+
+
 # --- report: the evidence studies (`make report`, report/dvc.yaml; unlearning/studies) -------------------------------------
 SweepSetting = dict[str, Any]  # method args of one sweep point, e.g. {lr: 1.0e-4, epochs: 5}
 
@@ -502,6 +553,7 @@ class Params(Strict):
     tracking: Tracking = Tracking()
     operations: Operations = Operations()
     erasure: Erasure = Erasure()
+    quality: Quality = Quality()
     report: Report = Report()
 
     # The folder params.yaml was read from; every relative path resolves against it.

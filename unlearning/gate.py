@@ -107,11 +107,13 @@ def verdict_summary(verdict: Verdict, metrics: dict[str, float], alpha: float) -
     """The verdict in one line, naming what was gated: retrain_equivalence by the KLoM permutation p-values
     (against alpha), suppression by its absolute bounds (KLoM is not gated there, so it is not quoted)."""
     outcome = "passed" if verdict.passed else "failed: " + "; ".join(verdict.failures)
-    if verdict.objective == "retrain_equivalence":
+    if verdict.objective == "retrain_equivalence" and any(k.startswith("klom_pvalue/") for k in metrics):
         pvals = ", ".join(f"{s} {metrics[f'klom_pvalue/{s}']:.3f}" for s in SPLITS if f"klom_pvalue/{s}" in metrics)
         return f"gate {outcome} (KLoM permutation p-values: {pvals}; alpha {alpha})"
     bounds = ", ".join(f"{name} {c['value']:.3f} {c['op']} {c['limit']}" for name, c in verdict.checks.items())
-    return f"gate {outcome} ({verdict.objective} checks: {bounds})"
+    what = ("no reference models, checked against the original" if verdict.objective == "retrain_equivalence"
+            else f"{verdict.objective} checks")
+    return f"gate {outcome} ({what}: {bounds or 'no check applies'})"
 
 
 # The checks that compare a candidate with the oracles statistically: an exact retrain fails them only by
@@ -131,6 +133,19 @@ def only_statistical_failures(verdict: "Verdict") -> bool:
 def _failed_statistical_checks_only(checks: dict) -> bool:
     failed = [name for name, c in checks.items() if not c["passed"]]
     return bool(failed) and all(name.startswith("klom_pvalue/") or name in STATISTICAL_CHECKS for name in failed)
+
+
+def _validation_floors(checks: dict, failures: list, g, metrics: dict[str, float], absolute_name: str) -> None:
+    """The validation-accuracy floors of a gate section `g`: relative to the original (`max_validation_drop`:
+    at least the original's accuracy minus it, check `acc/validation_drop`) and absolute
+    (`min_validation_accuracy`, check `absolute_name`). Both are business rules: they bind an exact retrain too."""
+    if g.max_validation_drop is not None and "original_acc/validation" in metrics:
+        floor = round(metrics["original_acc/validation"] - g.max_validation_drop, 6)
+        _check(checks, failures, "acc/validation_drop", metrics.get("acc/validation"), ">=", floor,
+               NO_VALIDATION)
+    if g.min_validation_accuracy is not None:
+        _check(checks, failures, absolute_name, metrics.get("acc/validation"), ">=", g.min_validation_accuracy,
+               NO_VALIDATION)
 
 
 def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verdict:
@@ -170,9 +185,7 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
                 _check(checks, failures, f"accuracy_gap/{split}", gap, "<=", g.max_accuracy_gap)
             if f"klom_pvalue/{split}" in metrics:
                 _check(checks, failures, f"klom_pvalue/{split}", metrics[f"klom_pvalue/{split}"], ">=", g.alpha)
-        if g.min_validation_accuracy is not None:
-            _check(checks, failures, "acc/validation_min", metrics.get("acc/validation"), ">=",
-                   g.min_validation_accuracy, NO_VALIDATION)
+        _validation_floors(checks, failures, g, metrics, "acc/validation_min")
         if g.max_klom_p95_forget is not None and "klom_p95/forget" in metrics:
             _check(checks, failures, "klom_p95/forget", metrics["klom_p95/forget"], "<=", g.max_klom_p95_forget)
         if g.max_klom_to_noise_floor is not None:
@@ -194,9 +207,7 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
             retention = float("nan") if original is None else adjacent / max(original, 1e-12)
             _check(checks, failures, "adjacent_retention", retention, ">=", g.min_adjacent_retention,
                    "not measured: the original model's adjacent accuracy (original_acc/adjacent) is missing")
-        if g.min_validation_accuracy is not None:
-            _check(checks, failures, "acc/validation", metrics.get("acc/validation"), ">=",
-                   g.min_validation_accuracy, NO_VALIDATION)
+        _validation_floors(checks, failures, g, metrics, "acc/validation")
     else:
         raise ValueError(f"objective {objective!r} is not known; allowed: ['retrain_equivalence', 'suppression']")
     return Verdict(passed=not failures, objective=objective, failures=failures, checks=checks)

@@ -32,7 +32,8 @@ FACTS: dict[str, tuple[str, str]] = {
     "forget_fraction": ("num", "n_forget / (n_forget + n_retain)"),
     "adjacent_fraction": ("num", "adjacent rows / retain rows"),
     "predicted_gap": ("num", "leverage-predicted output gap of the original vs the oracle"),
-    "noise_floor": ("num", "oracle-vs-oracle noise floor of the validation metric"),
+    "noise_floor": ("num", "oracles' output noise on the forget rows, at least their noise on as many validation "
+                           "rows (unlearning/selection.py noise_floor; needs oracles)"),
     "predicted_gap_lt_noise_floor": ("bool", "predicted_gap < noise_floor"),
     "predicted_gap_to_noise": ("num", "predicted_gap / noise_floor (the forget gap in units of its own noise)"),
     "retain_gap_to_noise": ("num", "predicted retain-set gap / noise_floor (leakage, regularized by the noise)"),

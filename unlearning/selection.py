@@ -22,11 +22,27 @@ def _mean_kl_to_mean(logits: torch.Tensor) -> float:
     return float((logp.exp() * (logp - log_mean)).sum(-1).mean())
 
 
+def noise_floor(oracle_forget_logits: torch.Tensor, oracle_floor_logits: torch.Tensor | None = None) -> float:
+    """The oracles' noise on the forget rows, floored by their noise on a same-size sample of validation rows.
+
+    On well-learned (low self-leverage) forget rows every retrain agrees, so their spread, and any predicted gap
+    read in its units, loses its scale: a predicted gap of 6e-6 read as 5.4 times its noise there. Validation
+    rows are held out from the oracles exactly as the forget rows are, so their spread is the noise a held-out
+    row of that size shows: the forget rows' noise is not allowed below it. Logits [N, n, C]."""
+    noise = _mean_kl_to_mean(oracle_forget_logits)
+    if oracle_floor_logits is not None and oracle_floor_logits.shape[0] >= 2 and oracle_floor_logits.shape[1]:
+        noise = max(noise, _mean_kl_to_mean(oracle_floor_logits))
+    return noise
+
+
 def batch_facts(deletion: Deletion, epochs: int, objective: str, rows: BatchRows, report=None,
-                oracle_forget_logits: torch.Tensor | None = None, device: str = "cpu") -> dict:
+                oracle_forget_logits: torch.Tensor | None = None, device: str = "cpu",
+                oracle_floor_logits: torch.Tensor | None = None) -> dict:
     """The facts the selection rules test (names: unlearning.policy.FACTS). Facts that need the leverage
-    report are absent without it, so the rules that use them are skipped with a reason.
-    `deletion`: params.deletion (the budget); `epochs`: train.epochs (a retrain's cost in passes)."""
+    report are absent without it, so the rules that use them are skipped with a reason; so are the facts that
+    need oracles (the noise floor), when the batch trains none.
+    `deletion`: params.deletion (the budget); `epochs`: train.epochs (a retrain's cost in passes);
+    `oracle_floor_logits`: the oracles on a same-size sample of validation rows (`noise_floor`)."""
     n_forget, n_retain = len(rows.forget), len(rows.retain)
     retrain_cost = n_retain * epochs
     facts = {"objective": objective, "n_forget": n_forget, "n_retain": n_retain,
@@ -36,7 +52,7 @@ def batch_facts(deletion: Deletion, epochs: int, objective: str, rows: BatchRows
              "retrain_cost_lt_budget": retrain_cost < deletion.budget_gradient_evals,
              "has_gpu": device == "cuda"}
     if oracle_forget_logits is not None and oracle_forget_logits.shape[0] >= 2:
-        facts["noise_floor"] = _mean_kl_to_mean(oracle_forget_logits)
+        facts["noise_floor"] = noise_floor(oracle_forget_logits, oracle_floor_logits)
     if report is not None:
         # The report's gap is the Fisher norm of the predicted output change; KL ~ 0.5 * Fisher norm^2 for
         # small changes, which puts it in the units of the noise floor above.

@@ -152,7 +152,7 @@ def test_base_progress_false_silences_the_ensemble_chunks(capsys, tmp_path):
 
 def test_chunks_that_run_side_by_side_say_which_members_they_train():
     """Two chunks of 32 both printed "oracles x32: 0/690 steps", which read as one line printed twice."""
-    from tasks.stages import chunk_labels
+    from tasks.references import chunk_labels
 
     assert chunk_labels("oracles", [32, 32, 16]) == ["oracles 1-32 of 80", "oracles 33-64 of 80", "oracles 65-80 of 80"]
     assert chunk_labels("shadows", [8]) == ["shadows x8"]

@@ -1,0 +1,159 @@
+"""One candidate of the plan, run and certified the way its step says (unlearning/plan.py):
+
+- `exact`: one retrain on the retain rows, checked against the original's accuracy (no references);
+- `absolute`: the method on the production model, judged by absolute bounds and the original (suppression);
+- `sequential`: the method on the production model and on the shadows look by look, rejected at the first
+  decisive look, accepted only at the last (unlearning/sequential.py);
+- `audit`: the exact retrain judged against oracles (tasks/batch.py unlearn_and_validate).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from tasks.batch import CandidateOutcome, outcome_from_logits, unlearn_and_validate
+from tasks.references import ReferencePool
+from tasks.reporting import run_logger
+from tasks.training import model_spec, recipe as recipe_of, train_ensemble_chunk
+from unlearning import metrics as M
+from unlearning.batch import BatchRows, eval_logits, unlearn_context
+from unlearning.config import Gate, Params
+from unlearning.gate import evaluate_gate
+from unlearning.methods import run_method
+from unlearning.metrics.summary import SPLITS
+from unlearning.models import Ensemble
+from unlearning.plan import Plan, Step
+from unlearning.seeds import method_seed, reference_seeds
+from unlearning.sequential import Look, look_gate, look_verdict
+
+
+class Evaluator:
+    """Logits on the evaluated rows, streamed under the plan's memory sizes."""
+
+    def __init__(self, prepared, rows: BatchRows, plan: Plan | None):
+        self.prepared, self.rows = prepared, rows
+        self.eval_rows, self.splits = rows.eval_rows()
+        self.labels = prepared.label[self.eval_rows]
+        self.members = plan.eval_members if plan is not None and plan.eval_members else None
+        self.block = plan.eval_block_rows if plan is not None and plan.eval_block_rows else 8192
+
+    def __call__(self, model: Ensemble) -> torch.Tensor:
+        return eval_logits(model, self.prepared, self.eval_rows, members_per_pass=self.members,
+                           rows_per_pass=self.block)
+
+
+def run_step(step: Step, params: Params, state, rows: BatchRows, pool: ReferencePool | None, plan: Plan | None,
+             device: str, objective: str, batch_index: int) -> tuple[CandidateOutcome, list[Look]]:
+    """Run and certify one step; returns the outcome and, for a sequential certificate, its looks."""
+    args = params.deletion.method_args.get(step.method, {})
+    ev = Evaluator(state.prepared, rows, plan)
+    if step.certificate == "exact":
+        return exact_retrain(params, state, rows, device, objective, batch_index, ev), []
+    if step.certificate == "absolute":
+        return absolute(step.method, args, params, state, rows, device, objective, ev), []
+    if step.certificate == "audit":
+        shadows, oracles = pool.ensure(*step.references)
+        return unlearn_and_validate(step.method, args, params.gate, params.base.seed, params.base.progress,
+                                    state.prepared, rows, state.model, shadows, oracles, recipe_of(params),
+                                    objective, device), []
+    return sequential(step, args, params, state, rows, pool, device, objective, ev)
+
+
+def _reference_free_outcome(method: str, model: Ensemble, ev: Evaluator, production: Ensemble, gate: Gate,
+                            objective: str, cost: dict, t0: float) -> CandidateOutcome:
+    """Accuracy per split of the candidate and of the original, and the gate over them (no reference models:
+    KLoM and the output gap to oracles are not measured, NaN in the per-sample table)."""
+    cand, orig = ev(model), ev(production)
+    metrics: dict[str, float] = {}
+    for s, v in M.accuracy_by_split(cand, ev.labels, ev.splits).items():
+        metrics[f"acc/{s}"] = v
+    for s, v in M.accuracy_by_split(orig, ev.labels, ev.splits).items():
+        metrics[f"original_acc/{s}"] = v
+    for s in SPLITS:
+        if (ev.splits == s).any():
+            metrics[f"n/{s}"] = float(np.count_nonzero(ev.splits == s))
+    metrics.update({"candidate_is_retrain": float(method == "retrain"), "n_oracles": 0.0, "n_shadows": 0.0})
+    verdict = evaluate_gate(objective, metrics, gate)
+    cost["wall_seconds"] = time.perf_counter() - t0
+    nan = np.full(len(ev.eval_rows), np.nan)
+    per_sample = pd.DataFrame({"sample_id": ev.prepared.manifest["sample_id"].to_numpy()[ev.eval_rows],
+                               "split": ev.splits, "klom": nan, "klom_null_example": nan, "output_gap": nan,
+                               "margin_unlearned_mean": nan, "margin_oracle_mean": nan})
+    return CandidateOutcome(method=method, model=model.cpu(), metrics=metrics, verdict=verdict, cost=cost,
+                            per_sample=per_sample)
+
+
+def exact_retrain(params: Params, state, rows: BatchRows, device: str, objective: str, batch_index: int,
+                  ev: Evaluator) -> CandidateOutcome:
+    """One model trained from scratch on the retain rows with the recipe: exact unlearning by construction.
+    Its seed is this batch's oracle member 0 (unlearning/seeds.py), so an audit finds the same model."""
+    t0 = time.perf_counter()
+    prepared = state.prepared
+    seed = reference_seeds(params.base.seed, batch_index, 1, 1)[1][0]
+    X = torch.as_tensor(prepared.X[rows.retain], dtype=torch.float32)
+    y = torch.as_tensor(prepared.label[rows.retain], dtype=torch.long)
+    ids = prepared.manifest["sample_id"].to_numpy()[rows.retain].tolist()
+    model, cached, seconds = train_ensemble_chunk.fn(model_spec(params, prepared), X, y, ids, recipe_of(params),
+                                                     [seed], str(params.path("cache_dir")), device, "retrain",
+                                                     [str(params.root)], progress=params.base.progress)
+    cost = {"gradient_evals": 0 if cached else int(len(rows.retain)) * params.train.epochs, "steps": 0,
+            "seconds": seconds, "from_cache": bool(cached), "models_trained": 0 if cached else 1}
+    return _reference_free_outcome("retrain", model, ev, state.model, params.gate, objective, cost, t0)
+
+
+def absolute(method: str, args: dict, params: Params, state, rows: BatchRows, device: str, objective: str,
+             ev: Evaluator) -> CandidateOutcome:
+    """The method on the production model alone, judged by the gate's absolute and original-relative bounds."""
+    t0 = time.perf_counter()
+    label = f"{method} (production)" if params.base.progress else False
+    res = run_method(method, unlearn_context(state.model.to(device), state.prepared, rows, recipe_of(params),
+                                             method_seed(params.base.seed), progress=label), args)
+    cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds}
+    return _reference_free_outcome(method, res.model, ev, state.model, params.gate, objective, cost, t0)
+
+
+def sequential(step: Step, args: dict, params: Params, state, rows: BatchRows, pool: ReferencePool, device: str,
+               objective: str, ev: Evaluator) -> tuple[CandidateOutcome, list[Look]]:
+    """The sequential certificate of an approximate candidate (unlearning/sequential.py). The method runs once
+    on the production model and once on each look's new shadows; each member's logits are computed once."""
+    t0 = time.perf_counter()
+    seed, progress, log = params.base.seed, params.base.progress, run_logger()
+    m_seed, rec = method_seed(seed), recipe_of(params)
+    res = run_method(step.method, unlearn_context(state.model.to(device), state.prepared, rows, rec, m_seed,
+                                                  progress=f"{step.method} (production)" if progress else False), args)
+    logits = {"candidate": ev(res.model), "original": ev(state.model)}
+    unlearned, oracle_parts, done_s, done_o = [], [], 0, 0
+    cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
+            "shadow_gradient_evals": 0, "shadow_seconds": 0.0}
+    looks: list[Look] = []
+    for k, ((n_s, n_o), alpha, n_perm) in enumerate(zip(step.looks, step.alphas, step.permutations)):
+        look_start = time.perf_counter()
+        shadows, oracles = pool.ensure(n_s, n_o)
+        fresh = shadows.select(list(range(done_s, n_s)))
+        label = f"{step.method} (shadows {done_s + 1}-{n_s})" if progress else False
+        shadow_res = run_method(step.method, unlearn_context(fresh.to(device), state.prepared, rows, rec, m_seed,
+                                                             progress=label), args)
+        cost["shadow_gradient_evals"] += shadow_res.cost.gradient_evals
+        cost["shadow_seconds"] += shadow_res.cost.seconds
+        unlearned.append(ev(shadow_res.model))
+        oracle_parts.append(ev(oracles.select(list(range(done_o, n_o)))))
+        done_s, done_o = n_s, n_o
+        both = torch.cat(oracle_parts, 0)
+        logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
+        gate_k = look_gate(params.gate, alpha, n_perm)
+        out = outcome_from_logits(step.method, res.model, logits, state.prepared, rows, gate_k, objective, seed,
+                                  dict(cost), t0, n_s)
+        final = k == len(step.looks) - 1
+        out.verdict, decision, failing = look_verdict(out.metrics, gate_k, objective, alpha, final, k)
+        pvalues = {s: out.metrics[f"klom_pvalue/{s}"] for s in SPLITS if f"klom_pvalue/{s}" in out.metrics}
+        look = Look(n_s, n_o, alpha, pvalues, decision, time.perf_counter() - look_start, failing)
+        looks.append(look)
+        log.info("  " + look.line(step.method, k, len(step.looks)))
+        out.metrics.update({"certificate/looks": float(k + 1), "certificate/alpha": alpha})
+        if decision != "continue":
+            return out, looks
+    raise AssertionError("a sequential step has at least one look")

@@ -1,0 +1,109 @@
+"""The batch's reference models, trained only as far as the plan's looks need them (unlearning/plan.py).
+
+`ReferencePool.ensure(n_shadows, n_oracles)` trains the members still missing, in chunks sized by the plan
+(memory budget, workers) and submitted as Prefect tasks to the flow's task runner (threads or Dask), each
+chunk content-hash cached (unlearning/ensembles.py). Seeds come from the batch's own streams
+(unlearning/seeds.py reference_seeds): batch t+1's shadows are batch t's oracles, found again in the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tasks.reporting import run_logger
+from tasks.training import model_spec, recipe, train_ensemble_chunk
+from unlearning.batch import BatchRows
+from unlearning.config import Params
+from unlearning.models import Ensemble
+from unlearning.plan import balanced_chunks
+from unlearning.seeds import reference_seeds
+
+
+def chunk_labels(label: str, sizes: list[int], start: int = 0, total: int | None = None) -> list[str]:
+    """One progress label per chunk: chunks run side by side, so each says which members it trains
+    ("oracles 17-24 of 32"); a single chunk of every member is "oracles x80"."""
+    ends = (start + np.cumsum(sizes)).tolist()
+    total = total if total is not None else (ends[-1] if ends else 0)
+    if len(sizes) == 1 and start == 0 and sizes[0] == total:
+        return [f"{label} x{sizes[0]}"]
+    return [f"{label} {end - size + 1}-{end} of {total}" for size, end in zip(sizes, ends)]
+
+
+@dataclass
+class RoleModels:
+    """The members of one role trained so far, in seed order."""
+
+    rows: np.ndarray
+    seeds: list[int]
+    models: list[Ensemble] = field(default_factory=list)
+    trained: int = 0
+    cached_chunks: int = 0
+    chunks: int = 0
+    seconds: float = 0.0
+
+    def ensemble(self, n: int | None = None) -> Ensemble:
+        whole = Ensemble.concat(self.models)
+        return whole if n is None or n >= whole.n_models else whole.select(list(range(n)))
+
+
+class ReferencePool:
+    """Oracles (retrains on R) and shadow originals (trained on D) for one batch, grown look by look."""
+
+    def __init__(self, params: Params, state, rows: BatchRows, device: str, batch_index: int, chunk_cap: int,
+                 workers: int):
+        v = params.validation
+        shadow_seeds, oracle_seeds = reference_seeds(params.base.seed, batch_index, v.n_shadows, v.n_oracles)
+        self.params, self.state, self.device = params, state, device
+        self.chunk_cap, self.workers = max(1, chunk_cap), max(1, workers)
+        self.roles = {"shadows": RoleModels(rows.before, shadow_seeds), "oracles": RoleModels(rows.retain, oracle_seeds)}
+
+    def ensure(self, n_shadows: int, n_oracles: int) -> tuple[Ensemble, Ensemble]:
+        """(shadows[:n_shadows], oracles[:n_oracles]), training only the members not trained yet; both roles'
+        chunks are submitted together, so the workers share them."""
+        started = time.perf_counter()
+        futures = {name: self._submit(name, n) for name, n in (("shadows", n_shadows), ("oracles", n_oracles))}
+        for name, submitted in futures.items():
+            role = self.roles[name]
+            for future, size in submitted:
+                model, cached, seconds = future.result()
+                role.models.append(model)
+                role.trained += size
+                role.cached_chunks += int(cached)
+                role.chunks += 1
+                role.seconds += seconds
+        new = sum(len(f) for f in futures.values())
+        if new:
+            run_logger().info(f"references: {n_shadows} shadows and {n_oracles} oracles ready "
+                              f"({time.perf_counter() - started:.1f} s)")
+        return self.roles["shadows"].ensemble(n_shadows), self.roles["oracles"].ensemble(n_oracles)
+
+    def _submit(self, name: str, n: int) -> list[tuple[object, int]]:
+        role = self.roles[name]
+        missing = n - role.trained
+        if missing <= 0:
+            return []
+        prepared, p = self.state.prepared, self.params
+        X = torch.as_tensor(prepared.X[role.rows], dtype=torch.float32)
+        y = torch.as_tensor(prepared.label[role.rows], dtype=torch.long)
+        ids = prepared.manifest["sample_id"].to_numpy()[role.rows].tolist()
+        sizes = balanced_chunks(missing, self.chunk_cap, self.workers)
+        labels = chunk_labels(name, sizes, role.trained, len(role.seeds) if n == len(role.seeds) else n)
+        out, start = [], role.trained
+        for size, text in zip(sizes, labels):
+            seeds = role.seeds[start:start + size]
+            out.append((train_ensemble_chunk.submit(model_spec(p, prepared), X, y, ids, recipe(p), seeds,
+                                                    str(p.path("cache_dir")), self.device, text, [str(p.root)],
+                                                    progress=p.base.progress), size))
+            start += size
+        return out
+
+    def summary(self) -> dict[str, float]:
+        out = {}
+        for name, role in self.roles.items():
+            out.update({f"n_{name}": role.trained, f"{name}_seconds": role.seconds,
+                        f"{name}_chunks": role.chunks, f"{name}_cached_chunks": role.cached_chunks})
+        return out

@@ -1,0 +1,65 @@
+"""The sequential certificate (unlearning/sequential.py): alpha spending keeps a true retrain's false-reject rate
+at most alpha over every look; a far candidate is rejected at the first look."""
+
+import numpy as np
+import pytest
+
+from unlearning.certificate import retrain_equivalence_metrics
+from unlearning.config import Gate
+from unlearning.sequential import alpha_schedule, interim_decision, look_verdict, permutations_for
+from unlearning.metrics.permutation import klom_permutation_test  # noqa: F401  (the test the looks run)
+
+
+def test_alpha_schedule_sums_to_alpha():
+    assert alpha_schedule(0.01, 0, 0.5) == (0.01,)
+    a = alpha_schedule(0.01, 2, 0.5)
+    assert a == pytest.approx((0.0025, 0.0025, 0.005)) and sum(a) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("alpha", [0.0025, 0.005, 0.01, 0.05])
+def test_each_look_can_reject(alpha):
+    p = permutations_for(alpha, 200)
+    assert p >= 200 and 1 / (1 + p) <= alpha / 2
+
+
+def test_interim_rejects_below_alpha_and_nan():
+    assert interim_decision({"forget": 0.002, "validation": 0.5}, 0.0025)[0] == "reject"
+    assert interim_decision({"forget": 0.0025}, 0.0025)[0] == "continue"
+    assert interim_decision({"forget": float("nan")}, 0.0025)[0] == "reject"
+
+
+def _logits(rng, n_models, n, shift=0.0):
+    """[N, n, 3] logits: a per-row mean shared by every model plus model noise; `shift` moves the true class."""
+    base = np.random.default_rng(0).normal(0, 1, (n, 3))
+    z = base[None] + rng.normal(0, 0.7, (n_models, n, 3))
+    z[..., 0] += shift
+    return z
+
+
+def _sequential(rng, shift, alpha, looks=(8, 16, 24), n=30):
+    """Run the looks on fresh draws; -> the look index that rejected, or None."""
+    gate = Gate(retrain_equivalence={"alpha": alpha, "n_permutations": 99, "min_validation_accuracy": None,
+                                     "max_validation_drop": None, "accuracy_z": 50.0})
+    alphas = alpha_schedule(alpha, len(looks) - 1, 0.5)
+    labels, splits = np.zeros(n, dtype=int), np.array(["forget"] * n)
+    unl, orc = _logits(rng, looks[-1], n, shift), _logits(rng, looks[-1], n)
+    for k, (m, a) in enumerate(zip(looks, alphas)):
+        metrics, _ = retrain_equivalence_metrics(orc[:1], unl[:m], orc[:m], orc[:m], labels, splits,
+                                                 n_permutations=permutations_for(a, 99), seed=k)
+        verdict, decision, _ = look_verdict(metrics, gate, "retrain_equivalence", a, k == len(looks) - 1, k)
+        if not verdict.passed:
+            return k
+    return None
+
+
+def test_a_true_retrain_is_rejected_at_most_alpha_over_all_looks():
+    rng = np.random.default_rng(1)
+    trials, alpha = 150, 0.2
+    rejected = sum(_sequential(rng, 0.0, alpha) is not None for _ in range(trials))
+    # binomial: mean <= 0.2 * 150 = 30, sd 4.9; 3 sd above the bound
+    assert rejected <= 30 + 3 * 4.9
+
+
+def test_a_far_candidate_is_rejected_at_the_first_look():
+    rng = np.random.default_rng(2)
+    assert [_sequential(rng, 3.0, 0.01) for _ in range(5)] == [0] * 5

@@ -1,0 +1,292 @@
+"""The batch plan: which candidates a batch tries, how each is certified, which reference models it trains,
+what that costs in units of one retrain of the user's model, and its peak memory (docs/design.md §4.5).
+
+A batch plans before it trains anything. The planner is a pure function of cheap facts: the ordered candidate
+list of the selection rules (unlearning/policy.py), the objective, the config slices, and two measurements of
+this model on this device (`Timing`, `Footprint`: a short probe in tasks/planning.py). It returns a `Plan`
+whose steps the shell executes in order and whose predictions the batch logs beside the actuals.
+
+How a candidate is certified:
+- an exact method (`retrain`) trains ONE model on the retain set. It is exact unlearning by construction, so it
+  needs no oracles or shadows; the gate compares its accuracy with the original's (`certificate = "exact"`).
+  `validation.audit_retrain` certifies it against oracles as well (`"audit"`).
+- under `suppression` every gate check is an absolute bound or relative to the original: no references
+  (`"absolute"`).
+- an approximate candidate under `retrain_equivalence` gets the sequential certificate
+  (unlearning/sequential.py): references in looks (`validation.looks`, then `n_oracles`/`n_shadows`), rejected
+  at the first decisive look, accepted only at the last (`"sequential"`).
+
+The policy weighs cost (`deletion.weigh_cost`): accepting an approximate candidate trains at least
+n_oracles + n_shadows reference models, so when that costs more than the exact retrain it would replace, the
+planner goes straight to retrain and says why. A candidate named explicitly (`deletion.method`) is honoured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from unlearning.config import ConfigError, Gate, Validation
+from unlearning.history import EXACT_METHODS
+from unlearning.sequential import alpha_schedule, permutations_for
+
+MB = 1024 * 1024
+
+
+class PlanRefused(ConfigError):
+    """The plan cannot run within the declared budget: nothing was trained; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of this model on this device (tasks/planning.py measures them with a short probe)."""
+
+    retrain_seconds: float  # one plain retrain of one member on the retain rows, the whole recipe
+    member_seconds: float  # one reference member trained inside an ensemble chunk, the whole recipe
+    eval_seconds_per_member: float  # one member's forward pass over the evaluated rows
+    source: str = "probe"
+
+    @property
+    def member_in_retrains(self) -> float:
+        """A reference member's cost in units of one retrain (< 1 where members train vectorized)."""
+        return self.member_seconds / max(self.retrain_seconds, 1e-9)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes that decide peak memory (tasks/planning.py measures them on one plain member)."""
+
+    n_params: int  # parameters of one member
+    activation_floats_per_row: int  # floats every module's output holds for one input row (one member)
+    data_bytes: int  # the prepared features held in memory
+    baseline_bytes: int  # the process before the batch (interpreter, torch, the stores)
+    batch_size: int  # train.batch_size
+    n_eval_rows: int  # rows the certificate evaluates
+    n_classes: int
+
+    def member_training_bytes(self) -> int:
+        """One member in training: weights, gradients and two optimizer moments (4 x params), plus the
+        activations kept for backward and their gradients (2 x floats per row x batch_size), float32."""
+        return 4 * (4 * self.n_params + 2 * self.activation_floats_per_row * self.batch_size)
+
+    def logits_bytes(self, n_members: int) -> int:
+        """[n_members, n_eval_rows, C] float32 logits held for the certificate."""
+        return 4 * n_members * self.n_eval_rows * self.n_classes
+
+
+@dataclass(frozen=True)
+class Step:
+    """One candidate and how it is certified. `looks`: (shadows, oracles) per look; () = no references."""
+
+    method: str
+    certificate: str  # exact | audit | absolute | sequential
+    looks: tuple[tuple[int, int], ...] = ()
+    alphas: tuple[float, ...] = ()
+    permutations: tuple[int, ...] = ()
+    cost_retrains_reject: float = 0.0  # predicted cost when rejected at the first look
+    cost_retrains_accept: float = 1.0  # predicted cost when accepted (all looks)
+    why: str = ""
+
+    @property
+    def references(self) -> tuple[int, int]:
+        """(shadows, oracles) trained at most."""
+        return self.looks[-1] if self.looks else (0, 0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    objective: str
+    steps: tuple[Step, ...]
+    skipped: tuple[tuple[str, str], ...]  # (method, why) the planner dropped
+    chunk_size: int  # members trained together (memory and workers decide it)
+    eval_members: int  # members evaluated together
+    eval_block_rows: int  # rows per evaluation block
+    predicted_seconds: dict[str, float]  # per stage, when the timing is known
+    predicted_retrains: float  # the batch's predicted cost in retrains, if its first candidate is taken
+    peak_bytes: int
+    memory_mb: int
+    refusal: str | None = None  # why the plan cannot run (names the key to change)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def methods(self) -> list[str]:
+        return [s.method for s in self.steps]
+
+    def models_to_train(self) -> dict[str, int]:
+        """Models the plan trains at most: the exact retrain's one model, oracles and shadows (largest look)."""
+        out = {"retrain": 0, "oracles": 0, "shadows": 0}
+        for s in self.steps:
+            if s.certificate == "exact":  # an audited retrain is oracle member 0: no model of its own
+                out["retrain"] = 1
+            shadows, oracles = s.references
+            out["oracles"], out["shadows"] = max(out["oracles"], oracles), max(out["shadows"], shadows)
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["models_to_train"] = self.models_to_train()
+        d["peak_mb"] = round(self.peak_bytes / MB, 1)
+        return d
+
+
+def certificate_looks(validation: Validation) -> tuple[tuple[int, int], ...]:
+    """(shadows, oracles) per look: the interim looks below the final one, then the final one at
+    n_shadows/n_oracles."""
+    final = (validation.n_shadows, validation.n_oracles)
+    return (*((n, n) for n in validation.looks if n < min(final)), final)
+
+
+def _sequential_step(method: str, validation: Validation, gate: Gate, member: float) -> Step:
+    looks = certificate_looks(validation)
+    g = gate.retrain_equivalence
+    alphas = alpha_schedule(g.alpha, len(looks) - 1, validation.interim_alpha_share)
+    first, last = looks[0], looks[-1]
+    return Step(method, "sequential", looks, alphas, tuple(permutations_for(a, g.n_permutations) for a in alphas),
+                cost_retrains_reject=sum(first) * member, cost_retrains_accept=sum(last) * member,
+                why=f"approximate: references in looks {[o for _, o in looks]} per role, rejected at the first "
+                    f"decisive look, accepted only at the last")
+
+
+def plan_steps(candidates: list[str], objective: str, validation: Validation, gate: Gate, *, weigh_cost: bool,
+               explicit: bool, member_in_retrains: float = 1.0) -> tuple[list[Step], list[tuple[str, str]]]:
+    """The steps for the ordered `candidates` (retrain last) and the candidates skipped, with why.
+
+    `member_in_retrains`: one reference member's cost in retrains (Timing.member_in_retrains; 1 unmeasured)."""
+    steps: list[Step] = []
+    skipped: list[tuple[str, str]] = []
+    for method in candidates:
+        if method in EXACT_METHODS:
+            audit = validation.audit_retrain and objective == "retrain_equivalence"
+            steps.append(_audit_step(method, validation, member_in_retrains) if audit else
+                         Step(method, "exact", why="exact by construction: one model on the retain rows, checked "
+                                                   "against the original's accuracy"))
+            break  # nothing after the exact retrain is ever tried
+        if objective == "suppression":
+            steps.append(Step(method, "absolute", cost_retrains_accept=0.0,
+                              why="suppression: absolute bounds and the original's accuracy, no references"))
+            continue
+        step = _sequential_step(method, validation, gate, member_in_retrains)
+        if weigh_cost and not explicit and step.cost_retrains_accept > 1.0:
+            n_s, n_o = step.references
+            skipped.append((method, f"certifying it trains {n_o} oracles and {n_s} shadows (about "
+                                    f"{step.cost_retrains_accept:.1f} retrains to accept, "
+                                    f"{step.cost_retrains_reject:.1f} to reject at the first look); an exact retrain "
+                                    f"costs 1: straight to retrain (deletion.weigh_cost)"))
+            continue
+        steps.append(step)
+    return steps, skipped
+
+
+def _audit_step(method: str, validation: Validation, member: float) -> Step:
+    n = (validation.n_shadows, validation.n_oracles)
+    return Step(method, "audit", (n,), cost_retrains_reject=sum(n) * member, cost_retrains_accept=sum(n) * member,
+                why="exact retrain audited against oracles (validation.audit_retrain)")
+
+
+def balanced_chunks(n: int, cap: int, workers: int = 1) -> list[int]:
+    """Chunk sizes for `n` members: at most `cap` each, a multiple of `workers` chunks where n allows, sizes
+    differing by at most one, so no worker idles through the last chunk (80 at cap 32 on 2 workers: 4 x 20,
+    not 32/32/16)."""
+    if n <= 0:
+        return []
+    workers = max(1, min(workers, n))
+    k = workers * math.ceil(n / (workers * max(cap, 1)))
+    k = min(k, n)
+    base, extra = divmod(n, k)
+    return [base + 1] * extra + [base] * (k - extra)
+
+
+def fit_memory(footprint: Footprint | None, memory_mb: int, chunk_cap: int, n_members: int
+               ) -> tuple[int, int, int, int, str | None]:
+    """(chunk size, eval members, eval block rows, peak bytes, refusal) under `memory_mb`.
+
+    Peak = baseline + data + the largest of: a training chunk (members x member_training_bytes), the logits the
+    certificate holds plus one evaluation block (members x rows x activation floats). Without a footprint
+    nothing is refused and the configured sizes stand."""
+    if footprint is None:
+        return chunk_cap, max(n_members, 1), 8192, 0, None
+    budget = memory_mb * MB
+    fixed = footprint.baseline_bytes + footprint.data_bytes
+    free = budget - fixed
+    member = footprint.member_training_bytes()
+    if free < member:
+        return 0, 0, 0, fixed + member, (
+            f"validation.memory_mb = {memory_mb} cannot hold the batch: the process and data take "
+            f"{fixed / MB:.0f} MB and one member in training {member / MB:.0f} MB more; raise validation.memory_mb "
+            f"to at least {math.ceil((fixed + member) / MB * 1.1)}, or lower train.batch_size")
+    chunk = max(1, min(chunk_cap, free // member))
+    logits = footprint.logits_bytes(n_members + 2)  # references + candidate + original
+    eval_free = free - logits
+    per_row = 4 * max(footprint.activation_floats_per_row, 1)
+    if eval_free < per_row * 64:
+        return chunk, 0, 0, fixed + logits + per_row * 64, (
+            f"validation.memory_mb = {memory_mb} cannot hold the certificate's logits ({logits / MB:.0f} MB for "
+            f"{n_members} references on {footprint.n_eval_rows} rows); raise validation.memory_mb to at least "
+            f"{math.ceil((fixed + logits) / MB * 1.2)}, or lower validation.n_oracles/n_shadows")
+    eval_members = int(max(1, min(n_members or 1, eval_free // (per_row * 1024))))
+    block = int(max(64, min(8192, eval_free // (per_row * eval_members))))
+    peak = fixed + max(chunk * member, logits + eval_members * block * per_row)
+    return int(chunk), eval_members, block, int(peak), None
+
+
+def plan_batch(candidates: list[str], objective: str, validation: Validation, gate: Gate, *, weigh_cost: bool,
+               explicit: bool, timing: Timing | None = None, footprint: Footprint | None = None,
+               diagnostics_seconds: float = 0.0, workers: int = 1) -> Plan:
+    """The batch's plan (module docstring). `timing`/`footprint` None: predictions and the memory check are
+    left out (said in the notes)."""
+    member = timing.member_in_retrains if timing is not None else 1.0
+    steps, skipped = plan_steps(candidates, objective, validation, gate, weigh_cost=weigh_cost, explicit=explicit,
+                                member_in_retrains=member)
+    n_refs = max((sum(s.references) for s in steps), default=0)
+    chunk, eval_members, block, peak, refusal = fit_memory(footprint, validation.memory_mb, validation.chunk_size,
+                                                           n_refs)
+    notes = []
+    if timing is None:
+        notes.append("no timing probe: costs are in retrains with a reference member counted as one retrain")
+    if footprint is None:
+        notes.append("no memory footprint: the memory budget was not checked")
+    seconds = predicted_seconds(steps[0] if steps else None, timing, diagnostics_seconds, workers)
+    first = steps[0] if steps else None
+    retrains = 0.0 if first is None else (first.cost_retrains_accept if first.certificate != "exact" else 1.0)
+    if timing is not None:
+        retrains += diagnostics_seconds / max(timing.retrain_seconds, 1e-9)
+    return Plan(objective, tuple(steps), tuple(skipped), chunk, eval_members, block, seconds, retrains, peak,
+                validation.memory_mb, refusal, tuple(notes))
+
+
+def predicted_seconds(step: Step | None, timing: Timing | None, diagnostics_seconds: float,
+                      workers: int) -> dict[str, float]:
+    """Seconds per stage if `step` (the first candidate) is taken: diagnostics, references, unlearn, certify."""
+    if timing is None or step is None:
+        return {}
+    shadows, oracles = step.references
+    refs = (shadows + oracles) * timing.member_seconds / max(workers, 1)
+    unlearn = timing.retrain_seconds if step.certificate == "exact" else 0.0
+    certify = (shadows + oracles + 2) * timing.eval_seconds_per_member
+    return {"diagnostics": round(diagnostics_seconds, 3), "references": round(refs, 3),
+            "unlearn": round(unlearn, 3), "certify": round(certify, 3),
+            "total": round(diagnostics_seconds + refs + unlearn + certify, 3)}
+
+
+def plan_lines(plan: Plan) -> list[str]:
+    """The plan in words, one line each (the console, `unlearn plan`, the batch's Prefect artifact)."""
+    lines = [f"objective {plan.objective}; candidates in order: {', '.join(plan.methods) or '(none)'}"]
+    for s in plan.steps:
+        refs = (f"; references per look (shadows, oracles) {list(s.looks)}, alpha per look "
+                f"{[round(a, 5) for a in s.alphas]}" if s.looks else "; no reference models")
+        lines.append(f"- {s.method}: {s.certificate} ({s.why}){refs}; cost {s.cost_retrains_accept:.1f} retrains "
+                     f"to accept" + (f", {s.cost_retrains_reject:.1f} to reject" if s.certificate == "sequential" else ""))
+    for method, why in plan.skipped:
+        lines.append(f"- skipped {method}: {why}")
+    m = plan.models_to_train()
+    lines.append(f"models it trains at most: {m['retrain']} retrain, {m['oracles']} oracles, {m['shadows']} shadows "
+                 f"(in chunks of {plan.chunk_size})")
+    if plan.predicted_seconds:
+        lines.append("predicted seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in plan.predicted_seconds.items())
+                     + f" (about {plan.predicted_retrains:.1f} retrains)")
+    if plan.peak_bytes:
+        lines.append(f"predicted peak memory {plan.peak_bytes / MB:.0f} MB of validation.memory_mb = {plan.memory_mb}")
+    lines += [f"note: {n}" for n in plan.notes]
+    if plan.refusal:
+        lines.append(f"refused: {plan.refusal}")
+    return lines
