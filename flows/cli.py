@@ -355,7 +355,8 @@ def cmd_methods(args) -> int:
 
 
 STATUS_KEYS = ("champion", "state_dir", "retraining_debt", "debt_bounds", "registered_model", "alias", "n_samples",
-               "n_deleted", "n_requests", "n_batches", "n_erased", "mlflow_tracking_uri", "notes", "warnings")
+               "n_deleted", "n_requests", "n_batches", "n_erased", "mlflow_tracking_uri", "notes", "warnings",
+               "quality_warnings", "erasure_pending", "feature_columns")
 
 
 def _state_against_params(params, champion: dict) -> tuple[list[str], str | None]:
@@ -384,6 +385,46 @@ def _state_against_params(params, champion: dict) -> tuple[list[str], str | None
             f"`unlearn reset`"], None
 
 
+def _erasure_pending(params) -> list[str]:
+    if not params.erasure.enabled:
+        return []
+    from tasks.erasure import pending_erasures
+
+    return pending_erasures(params)
+
+
+def _feature_columns(params) -> dict | None:
+    """Which columns feed the model, from dataset.json (a table prepared since it records them), else None."""
+    from unlearning.io import read_json_file
+
+    path = params.path("prepared_dir") / "dataset.json"
+    info = read_json_file(path) if path.exists() else {}
+    if "feature_columns" not in info:
+        return None
+    source = info.get("source") or {}
+    return {"feature_columns": info["feature_columns"], "group_column": source.get("group_column"),
+            "group_as_feature": bool(source.get("group_as_feature"))}
+
+
+def _print_quality_pending_features(status: dict) -> None:
+    """The lines of `unlearn status` a newcomer must not miss: what the champion cost, an unfinished erasure and
+    which columns feed the model."""
+    for w in status["quality_warnings"]:
+        print(f"quality warning (champion's batch): {w}")
+    for line in status["erasure_pending"]:
+        print(f"erasure pending: {line}; run `unlearn erase` to finish it (then `unlearn verify-erasure`)")
+    cols = status["feature_columns"]
+    if cols:
+        group = cols["group_column"]
+        role = "" if not group else (f"; the group column {group!r} is one of them" if cols["group_as_feature"] else
+                                     f"; the group column {group!r} is not (prepare.table.group_as_feature: false)")
+        print(f"model inputs: {len(cols['feature_columns'])} column(s) {_short_list(cols['feature_columns'])}{role}")
+
+
+def _short_list(names: list[str], n: int = 12) -> str:
+    return "[" + ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "") + "]"
+
+
 def cmd_status(args) -> int:
     from unlearning.data import read_state_manifest
     from unlearning.erasure import read_tombstones
@@ -394,8 +435,9 @@ def cmd_status(args) -> int:
     if not (state_dir / "champion.json").exists():
         if args.json:  # the same keys as for a project with a state: a script reads one shape
             print(json.dumps({**dict.fromkeys(STATUS_KEYS), "champion": None, "state_dir": str(state_dir),
-                              "notes": [], "warnings": [], "mlflow_tracking_uri": params.mlflow_tracking_uri()},
-                             indent=2))
+                              "notes": [], "warnings": [], "mlflow_tracking_uri": params.mlflow_tracking_uri(),
+                              "quality_warnings": [], "erasure_pending": [],
+                              "feature_columns": _feature_columns(params)}, indent=2))
         else:
             print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
         return 0
@@ -432,7 +474,9 @@ def cmd_status(args) -> int:
               "n_deleted": int((manifest["status"] == "deleted").sum()), "n_requests": len(ledger),
               "n_batches": len({e["batch_id"] for e in ledger}),
               "n_erased": len(read_tombstones(params.path("tombstones"))),
-              "mlflow_tracking_uri": params.mlflow_tracking_uri(), "notes": notes, "warnings": warnings}
+              "mlflow_tracking_uri": params.mlflow_tracking_uri(), "notes": notes, "warnings": warnings,
+              "quality_warnings": champion.get("quality_warnings", []), "erasure_pending": _erasure_pending(params),
+              "feature_columns": _feature_columns(params)}
     assert set(status) == set(STATUS_KEYS)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
@@ -451,6 +495,7 @@ def cmd_status(args) -> int:
           f"{debt['n_train']} original training rows) since the last exact retrain; bounds: "
           f"max_batches_since_retrain {bounds.max_batches_since_retrain}, "
           f"max_forgotten_fraction {bounds.max_forgotten_fraction} (deletion.debt)")
+    _print_quality_pending_features(status)
     for p in champion.get("history", [])[-5:]:
         print(f"  batch {p['step']}: {p['request_file']} -> {p['method']} v{p['model_version']}, forgotten "
               f"{p['forgotten_fraction']:.2%} in all, validation accuracy {p['champion_validation_accuracy']:.3f}, "

@@ -76,6 +76,7 @@ stages:
       - gate
       - tracking
       - erasure
+      - quality
       - operations
     outs:
       - {state_dir}:
@@ -198,6 +199,7 @@ def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | 
 
     if dataset == "table":
         table = {"path": stored, "id_column": id_column, "label_column": label_column, "group_column": group_column,
+                 "group_as_feature": False,
                  "feature_columns": feature_columns, "split_column": split_column, "missing": "error"}
         prepare = {"dataset": "table", "table": table,
                    "image_folder": ImageFolderSource().model_dump(mode="json"), **prepare}

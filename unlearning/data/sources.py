@@ -305,7 +305,9 @@ def _describe_rows(ids: pd.Series, mask: np.ndarray) -> str:
 
 
 def _columns(df: pd.DataFrame, path: Path, id_column: str, label_column: str, group_column, split_column,
-             feature_columns) -> list[str]:
+             feature_columns, group_as_feature: bool = False) -> list[str]:
+    """The model's input columns, in the table's order (or feature_columns' order). The group column is one
+    of them only with `group_as_feature` (prepare.table.group_as_feature); the id, label and split never are."""
     available = [str(c) for c in df.columns]
     roles = {"id_column": id_column, "label_column": label_column, "group_column": group_column,
              "split_column": split_column}
@@ -316,37 +318,54 @@ def _columns(df: pd.DataFrame, path: Path, id_column: str, label_column: str, gr
     if len(set(used)) < len(used):
         raise DataError(f"prepare.table: id_column, label_column, group_column and split_column must be different "
                          f"columns, got {roles}")
+    group_input = group_column if group_as_feature else None
+    not_inputs = [c for c in used if c != group_input]
     if feature_columns is None:
-        features = [c for c in df.columns if c not in used]
+        features = [c for c in df.columns if c not in not_inputs]
     else:
-        features = list(feature_columns)
-        unknown = [c for c in features if c not in df.columns]
-        if unknown:
-            raise DataError(f"prepare.table.feature_columns: {unknown} are not columns of {path.name}; "
-                             f"its columns: {available}")
-        clash = [c for c in features if c in used]
-        if clash:
-            raise DataError(f"prepare.table.feature_columns = {features}: {clash} is also the id, label, group or "
-                             f"split column; remove it from feature_columns")
-        if len(set(features)) < len(features):
-            raise DataError(f"prepare.table.feature_columns = {features} lists a column twice")
+        features = _listed_features(list(feature_columns), path, available, not_inputs, group_column)
+        if group_input is not None and group_input not in features:
+            features.append(group_input)
     if not features:
         raise DataError(f"prepare.table: {path.name} has no feature columns besides {used}; "
                          f"add columns or set prepare.table.feature_columns")
     return features
 
 
+def _listed_features(features: list[str], path: Path, available: list[str], not_inputs: list[str],
+                     group_column: str | None) -> list[str]:
+    """prepare.table.feature_columns, checked: columns of the table, each once, none of the id/label/split (nor
+    the group column unless group_as_feature)."""
+    unknown = [c for c in features if c not in available]
+    if unknown:
+        raise DataError(f"prepare.table.feature_columns: {unknown} are not columns of {path.name}; "
+                         f"its columns: {available}")
+    if group_column is not None and group_column in features and group_column in not_inputs:
+        raise DataError(f"prepare.table.feature_columns = {features} lists the group column {group_column!r}; set "
+                         f"prepare.table.group_as_feature: true to feed it to the model, or remove it from "
+                         f"feature_columns")
+    clash = [c for c in features if c in not_inputs]
+    if clash:
+        raise DataError(f"prepare.table.feature_columns = {features}: {clash} is also the id, label, group or "
+                         f"split column; remove it from feature_columns")
+    if len(set(features)) < len(features):
+        raise DataError(f"prepare.table.feature_columns = {features} lists a column twice")
+    return features
+
+
 def load_table(path: str | Path, id_column: str, label_column: str, group_column: str | None = None,
                feature_columns: Sequence[str] | None = None, split_column: str | None = None,
                missing: str = "error", seed: int = 0, val_fraction: float = 0.2, max_train=None, max_val=None,
-               targets: str = "fine", **_) -> Dataset:
+               targets: str = "fine", group_as_feature: bool = False, **_) -> Dataset:
     path = Path(path)
     df = read_table(path, (id_column, label_column, group_column, split_column))
     n_rows = len(df)
-    features = _columns(df, path, id_column, label_column, group_column, split_column, feature_columns)
+    features = _columns(df, path, id_column, label_column, group_column, split_column, feature_columns,
+                        group_as_feature)
     if feature_columns is None:  # a column the user listed is theirs to keep
         _check_index_column(df, path, features)
-    used = [c for c in (id_column, label_column, group_column, split_column) if c is not None] + features
+    roles = [c for c in (id_column, label_column, group_column, split_column) if c is not None]
+    used = roles + [c for c in features if c not in roles]
     df, file_rows = _drop_missing(df, path, id_column, used, missing)
 
     ids = df[id_column].map(str)
@@ -394,12 +413,14 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
     source = {"type": "table", "path": str(path), "format": TABLE_FORMATS[path.suffix.lower()],
               "id_column": id_column, "label_column": label_column, "group_column": group_column,
               "split_column": split_column, "missing": missing, "n_rows": int(n_rows)}
+    if group_column is not None:  # recorded where it decides something (a table without a group is as before)
+        source["group_as_feature"] = bool(group_as_feature)
     return Dataset(
         name="table", X=X, label=label, fine_label=fine[keep], sample_id=ids_arr[keep], split=split,
         group=group[keep], class_names=class_names, fine_class_names=fine_names, image_shape=None,
         in_shape=(X.shape[1],),
         meta={"source": source, "targets": targets, "n_dropped_missing": int(n_rows - len(df)),
-              "preprocessing": prep})
+              "feature_columns": [str(c) for c in features], "preprocessing": prep})
 
 
 def _drop_missing(df: pd.DataFrame, path: Path, id_column: str, used: list[str],
