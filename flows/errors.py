@@ -23,7 +23,7 @@ BY_NAME = {"TrackingUnavailable": EXIT_BAD_INPUT, "LockTimeout": EXIT_BAD_INPUT,
 # load pandas and pandera (0.7 s) on the error path of a config typo.
 BAD_INPUT = {("unlearning.config", "ConfigError"), ("unlearning.requests", "RequestValidationError"),
              ("unlearning.fingerprint", "StateMismatch"), ("flows.scaffold", "ScaffoldError"),
-             ("unlearning.data.registry", "DataError"), ("unlearning.erasure", "UnknownBatch")}
+             ("unlearning.data.dataset", "DataError"), ("unlearning.erasure", "UnknownBatch")}
 
 
 def exit_code(e: BaseException) -> int | None:

@@ -78,13 +78,15 @@ def clean_of_erased(params: Params, prepared: Prepared) -> dict:
     state only from an original clean of every tombstoned row), {} when nothing is tombstoned. Refuses to train
     on a prepared store that still holds tombstoned rows (an erasure left pending by `dvc repro`): the original,
     registered as @champion, would hold rows the pipeline certified as forgotten."""
-    from tasks.erasure import tombstoned_rows
-    from unlearning.erasure import read_tombstones, tombstones_digest
+    # the core's is_erased, not tasks.erasure's tombstoned_rows: tasks/erasure imports the state, which imports
+    # this module, so importing it back would close a cycle
+    from unlearning.erasure import is_erased, read_tombstones, tombstones_digest
 
     tombstones = read_tombstones(params.path("tombstones"))
     if not tombstones:
         return {}
-    n = int(tombstoned_rows(params, prepared, tombstones).sum())
+    erased = is_erased(tombstones, params.deletion.hash_sample_ids, prepared.info["name"])
+    n = int(prepared.manifest["sample_id"].map(erased).sum())
     if n:
         raise StateMismatch(f"{params.path('prepared_dir')} still holds {n} erased row(s) (their erasure is pending: "
                             f"`dvc repro` leaves the rewrite of the prepared store to `unlearn erase`); an original "

@@ -1,4 +1,5 @@
-"""The pure core never imports orchestration or tracking; exactly one module imports mlflow."""
+"""The pure core never imports orchestration or tracking; exactly one module imports mlflow; tasks/ never imports
+flows/; and no import cycles among the modules of unlearning/, tasks/ and flows/, imports inside functions included."""
 
 import ast
 from pathlib import Path
@@ -33,3 +34,129 @@ def test_only_tasks_and_flows_import_prefect():
     users = {str(p.relative_to(ROOT)).split("/")[0] for d in ("unlearning", "tasks", "flows", "bench")
              for p in (ROOT / d).rglob("*.py") if imported_roots(p) & {"prefect", "prefect_dask"}}
     assert users <= {"tasks", "flows"}
+
+
+def test_tasks_never_import_flows():
+    """The layers import one way: flows use tasks, never the reverse (imports inside functions count too)."""
+    offenders = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tasks").rglob("*.py") if "flows" in imported_roots(p))
+    assert offenders == []
+
+
+# --- no import cycles among the project's modules ----------------------------------------------------------------
+LAYERS = ("unlearning", "tasks", "flows")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for d in LAYERS for p in (ROOT / d).rglob("*.py")}
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `name` imports, at module level or inside a function: `import a.b`, `from a import b`
+    (b a module or a name in a), relative imports resolved against the package. A name resolves to the most
+    specific module that exists (`from unlearning.data.registry import DataError` -> unlearning.data.registry);
+    the parent packages a dotted import also runs are not counted (their __init__ re-exports would make every
+    package a cycle with its own modules)."""
+
+    def deepest(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {deepest(a.name) for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]) if node.level \
+                else node.module or ""
+            base = base.strip(".")
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else deepest(base) for a in node.names}
+    return {m for m in found if m and m != name}
+
+
+def strongly_connected_components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: the components of more than one module are the import cycles."""
+    index, low, on_stack, stack, components, counter = {}, {}, set(), [], [], 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert strongly_connected_components(graph) == [["a", "b", "c"]]
+    modules = {"pkg": ROOT / "pkg/__init__.py", "pkg.x": ROOT / "pkg/x.py", "pkg.y": ROOT / "pkg/y.py"}
+    source = "def f():\n    from . import y\n    from .y import thing\n    import pkg.x.missing\n"
+    assert imported_modules("pkg.x", _FakePath(source), modules) == {"pkg.y"}   # relative, inside a function
+
+
+class _FakePath:
+    """A module's source without a file: what imported_modules reads of a path."""
+
+    name = "x.py"
+
+    def __init__(self, text: str):
+        self._text = text
+
+    def read_text(self) -> str:
+        return self._text
+
+
+# Cycles known and not broken yet: each entry is a debt, listed so that no NEW cycle can slip in. Remove an entry
+# once the cycle is broken (the test then fails until the entry goes, so the list only shrinks).
+# - leverage.solvers picks LastLayerSolver from leverage.head inside a function, and head builds on solvers'
+#   GGNSolver: move the choice of solver (solvers.py's factory) into a module above both.
+KNOWN_CYCLES = [["unlearning.leverage.head", "unlearning.leverage.solvers"]]
+
+
+def test_no_import_cycles_counting_imports_inside_functions():
+    """An import inside a function only hides a cycle: the modules still depend on each other. Break one by
+    moving the piece both need into a module both import (unlearning/models/losses.py, unlearning/data/dataset.py)."""
+    cycles = strongly_connected_components(import_graph())
+    new = [c for c in cycles if c not in KNOWN_CYCLES]
+    assert new == [], f"import cycles (counting imports inside functions): {new}"
+    broken = [c for c in KNOWN_CYCLES if c not in cycles]
+    assert broken == [], f"no longer a cycle: remove it from KNOWN_CYCLES: {broken}"

@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from unlearning.data.registry import DataError, Dataset, DatasetMissing, stratified_split, subsample_splits
+from unlearning.data.dataset import DataError, Dataset, DatasetMissing, stratified_split, subsample_splits
 from unlearning.ids import CONTROL_CHARACTERS
 
 TABLE_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from unlearning.models.losses import cross_entropy
 
 
 class FusedMLP:
@@ -94,8 +95,6 @@ class FusedMLP:
         eps = self.label_smoothing
         loss = None
         if with_loss:
-            from unlearning.models.training import cross_entropy  # training imports this module
-
             loss = cross_entropy(z.transpose(1, 2), y, eps).mean(1)  # [N]
         dz = self._workspace("dz", z.shape, x)
         torch.ops.aten._softmax.out(z, 1, False, out=dz)

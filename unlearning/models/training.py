@@ -20,6 +20,7 @@ import torch
 
 from unlearning.models import fused_mlp
 from unlearning.models.ensemble import Ensemble
+from unlearning.models.losses import cross_entropy  # callers import it from here too
 from unlearning.models.zoo import ModelError, one_line
 from unlearning.progress import Progress
 
@@ -108,19 +109,6 @@ class intra_op_threads:
                 if intra_op_threads._depth == 0:
                     torch.set_num_threads(intra_op_threads._saved)
         return False
-
-
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Per-sample cross-entropy, logits [..., C], integer y [...] -> [...]: logsumexp(z) - z_y, or with
-    label smoothing eps, logsumexp(z) - (1 - eps) z_y - eps mean_j z_j (F.cross_entropy's definition).
-
-    Same values as F.cross_entropy, about 3x faster for few classes (measured on [100, 64, 10]: 0.6 vs
-    1.8 ms forward + backward), where log_softmax's kernel dominates an ensemble step."""
-    lse = torch.logsumexp(logits, -1)
-    z_y = logits.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-    if not label_smoothing:
-        return lse - z_y
-    return lse - (1.0 - label_smoothing) * z_y - label_smoothing * logits.mean(-1)
 
 
 def per_member_loss(model: Ensemble, x: torch.Tensor, y: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
