@@ -18,7 +18,8 @@ pytestmark = pytest.mark.flow
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, prefect_harness):
-    """prepare + train once for the module; each test copies the trained project."""
+    """prepare + train once for the module. The tests share it in file order: the applied batch below
+    creates the state the later tests pick fresh ids from."""
     import os
 
     os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -44,7 +45,9 @@ def snapshot(root):
     return {str(p.relative_to(state)): p.read_bytes() for p in state.rglob("*") if p.is_file()} if state.exists() else {}
 
 
-def test_batch_is_applied_then_idempotent(project):
+@pytest.fixture(scope="module")
+def applied(project):
+    """The inbox's sample file applied once for the module; the tests below each read one concern of it."""
     from flows.deletion_batch import run
     from tasks.tracking import Tracker
 
@@ -52,59 +55,92 @@ def test_batch_is_applied_then_idempotent(project):
     request_file = next((project / "requests" / "inbox").glob("*.csv"))
     requests = pd.read_csv(request_file, dtype=str)
     results = run(None, str(project / "params.yaml"))
-    assert [r["status"] for r in results] == ["applied"]
+    tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
     r = results[0]
+    children = tracker.client.search_runs([tracker.experiment_id],
+                                          filter_string=f"tags.mlflow.parentRunId = '{r['run_id']}'")
+    return {"params": params, "request_file": request_file, "requests": requests, "results": results, "r": r,
+            "tracker": tracker, "run": tracker.client.get_run(r["run_id"]), "children": children}
+
+
+def child_run(applied, name):
+    return next(c for c in applied["children"] if c.info.run_name == name)
+
+
+def test_the_applied_file_leaves_the_inbox_and_enters_the_ledger(project, applied):
+    r, request_file, requests = applied["r"], applied["request_file"], applied["requests"]
+    assert [x["status"] for x in applied["results"]] == ["applied"]
     # The applied file left the inbox for requests/processed/.
     assert not request_file.exists() and (project / "requests" / "processed" / request_file.name).exists()
     ledger = [json.loads(l) for l in (project / "state" / "ledger.jsonl").read_text().splitlines()]
     assert [e["request_id"] for e in ledger] == requests["request_id"].tolist()
     assert {e["model_version_after"] for e in ledger} == {r["model_version"]}
-    # Erased: the forgotten rows left the prepared store and the live manifest; the ledger and the tombstones
-    # keep the record.
-    manifest = pd.read_csv(project / "state" / "manifest.csv", dtype=str)
-    assert not set(manifest["sample_id"]) & set(requests["sample_id"])
-    prepared = pd.read_csv(project / "data" / "prepared" / "manifest.csv", dtype=str)
-    assert not set(prepared["sample_id"]) & set(requests["sample_id"])
+
+
+def test_the_forgotten_rows_leave_the_prepared_store_and_the_manifest(project, applied):
+    """Erased: the forgotten rows left the prepared store and the live manifest; the ledger and the tombstones
+    keep the record."""
     from unlearning.erasure import read_tombstones
 
-    assert set(requests["sample_id"]) <= read_tombstones(project / "data" / "tombstones.txt")
-    # MLflow: alias moved to the new version, the batch run holds the stage runs and artifacts.
-    tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
+    forgotten = set(applied["requests"]["sample_id"])
+    manifest = pd.read_csv(project / "state" / "manifest.csv", dtype=str)
+    assert not set(manifest["sample_id"]) & forgotten
+    prepared = pd.read_csv(project / "data" / "prepared" / "manifest.csv", dtype=str)
+    assert not set(prepared["sample_id"]) & forgotten
+    assert forgotten <= read_tombstones(project / "data" / "tombstones.txt")
+
+
+def test_the_alias_moves_and_the_batch_run_holds_its_datasets_and_stage_runs(applied):
+    params, tracker, r, run_ = applied["params"], applied["tracker"], applied["r"], applied["run"]
     assert tracker.alias_version(params.tracking.registered_model, "champion") == r["model_version"]
     assert r["model_version"] != "1"
-    run_ = tracker.client.get_run(r["run_id"])
     assert run_.info.status == "FINISHED" and run_.data.tags["gate"] == "passed"
     # The forget and retain sets are the batch run's datasets (MLflow's Datasets panel), with digests.
     contexts = {t.value for i in run_.inputs.dataset_inputs for t in i.tags if t.key == "mlflow.data.context"}
     assert contexts == {"forget", "retain"} and all(i.dataset.digest for i in run_.inputs.dataset_inputs)
-    children = tracker.client.search_runs([tracker.experiment_id],
-                                          filter_string=f"tags.mlflow.parentRunId = '{r['run_id']}'")
-    names = {c.info.run_name for c in children}
+    names = {c.info.run_name for c in applied["children"]}
     assert {"validate", "partition", "ensembles"} <= names and any(n.startswith("unlearn-") for n in names)
-    unlearn_run = next(c for c in children if c.info.run_name == f"unlearn-{r['method']}")
+
+
+def test_the_candidate_run_holds_metrics_figures_and_a_per_sample_table(applied):
+    tracker = applied["tracker"]
+    unlearn_run = child_run(applied, f"unlearn-{applied['r']['method']}")
     artifacts = {a.path for a in tracker.client.list_artifacts(unlearn_run.info.run_id)}
-    assert {"accuracy_per_split.png", "gate_verdict.json", "per_sample_klom.json"} <= artifacts
+    assert {"accuracy_per_split.png", "gate_verdict.json", "per_sample_klom.json", "klom_per_split.png"} <= artifacts
+    for split in ("forget", "adjacent", "remote", "validation"):
+        assert f"acc/{split}" in unlearn_run.data.metrics
+    from tasks.tracking import fluent_store
+
+    with fluent_store(tracker.tracking_uri):  # load_table reads the process-wide tracking URI
+        table = tracker.client.load_table(tracker.experiment_id, "per_sample_klom.json",
+                                          run_ids=[unlearn_run.info.run_id])  # an MLflow table, not CSV text
+    assert len(table) > 0
+
+
+def test_the_champion_loads_as_a_pyfunc_model_returning_probabilities(project, applied):
     import mlflow
 
     from tasks.tracking import fluent_store
     from unlearning.data import load_prepared
 
-    with fluent_store(tracker.tracking_uri):  # load_table and `models:/` URIs read the process-wide tracking URI
-        table = tracker.client.load_table(tracker.experiment_id, "per_sample_klom.json",
-                                          run_ids=[unlearn_run.info.run_id])  # an MLflow table, not CSV text
-        served = mlflow.pyfunc.load_model(f"models:/{params.tracking.registered_model}@champion")  # the pyfunc champion
-    assert len(table) > 0
+    params, tracker = applied["params"], applied["tracker"]
+    with fluent_store(tracker.tracking_uri):  # `models:/` URIs read the process-wide tracking URI
+        served = mlflow.pyfunc.load_model(f"models:/{params.tracking.registered_model}@champion")
     prep = load_prepared(project / "data" / "prepared")
     probs = served.predict(pd.DataFrame(np.asarray(prep.X[:3], dtype="float64")))
     assert probs.shape == (3, len(prep.info["class_names"])) and np.allclose(probs.sum(axis=1), 1, atol=1e-5)
-    validate_run = next(c for c in children if c.info.run_name == "validate")
-    validate_artifacts = {a.path for a in tracker.client.list_artifacts(validate_run.info.run_id)}
+
+
+def test_the_validate_run_holds_the_gx_result_and_its_data_docs(applied):
+    validate_run = child_run(applied, "validate")
+    validate_artifacts = {a.path for a in applied["tracker"].client.list_artifacts(validate_run.info.run_id)}
     assert {"gx_result.json", "data_docs"} <= validate_artifacts  # GX's Data Docs of this validation
-    for split in ("forget", "adjacent", "remote", "validation"):
-        assert f"acc/{split}" in unlearn_run.data.metrics
-    assert "klom_per_split.png" in artifacts
-    # Review in the MLflow UI: a readable name, the hash as a tag, the summary as the description,
-    # the champion's history as step-indexed metrics and a figure; the experiment opens on the runs table.
+
+
+def test_the_batch_reads_well_in_the_mlflow_ui(project, applied):
+    """A readable name, the hash as a tag, the summary as the description, the champion's history as
+    step-indexed metrics and a figure; the experiment opens on the runs table."""
+    tracker, r, run_, request_file = applied["tracker"], applied["r"], applied["run"], applied["request_file"]
     assert run_.info.run_name.startswith(request_file.stem + " @ ") and run_.data.tags["batch_id"] == r["batch_id"]
     note = run_.data.tags["mlflow.note.content"]
     assert f"`{request_file.name}`: applied" in note and f"`{r['method']}` | passed" in note
@@ -113,21 +149,33 @@ def test_batch_is_applied_then_idempotent(project):
     assert [m.step for m in tracker.client.get_metric_history(r["run_id"], "history/forgotten_fraction")] == [1]
     assert tracker.client.get_experiment(tracker.experiment_id).tags["mlflow.experimentKind"] == \
         "custom_model_development"
-    mv_tags = tracker.client.get_model_version(params.tracking.registered_model, r["model_version"]).tags
-    assert mv_tags["batch_id"] == r["batch_id"] and mv_tags["method"] == r["method"]
-    assert mv_tags["parent_run_id"] == r["run_id"] and mv_tags["n_forgotten"] == str(len(requests))
-    assert mv_tags["verdict"] in ("passed", "promoted_as_gate_false_reject")
     champion = json.loads((project / "state" / "champion.json").read_text())
     assert [p["step"] for p in champion["history"]] == [1]
+
+
+def test_the_model_version_is_tagged_with_its_batch(applied):
+    params, r = applied["params"], applied["r"]
+    mv_tags = applied["tracker"].client.get_model_version(params.tracking.registered_model, r["model_version"]).tags
+    assert mv_tags["batch_id"] == r["batch_id"] and mv_tags["method"] == r["method"]
+    assert mv_tags["parent_run_id"] == r["run_id"] and mv_tags["n_forgotten"] == str(len(applied["requests"]))
+    assert mv_tags["verdict"] in ("passed", "promoted_as_gate_false_reject")
+
+
+def test_the_prefect_flow_run_holds_the_batch_summary(applied):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from tasks.reporting import artifact_key
 
+    r = applied["r"]
     with get_client(sync_client=True) as client:
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(r["batch_id"])])))
-    assert arts and arts[0].type == "markdown" and f"`{request_file.name}`: applied" in arts[0].data
+    assert arts and arts[0].type == "markdown" and f"`{applied['request_file'].name}`: applied" in arts[0].data
 
-    # The same file dropped in the inbox again is a no-op that says so, and changes nothing.
+
+def test_the_same_file_again_is_a_no_op_that_changes_nothing(project, applied):
+    from flows.deletion_batch import run
+
+    request_file = applied["request_file"]
     before = snapshot(project)
     shutil.copy(project / "requests" / "processed" / request_file.name, request_file)
     again = run(None, str(project / "params.yaml"))
