@@ -82,7 +82,8 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         forget_ids = requests["sample_id"].tolist()
         log_batch_params(batch, params, objective, forget_ids)
         report = (S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
-                             state, forget_ids, params.train.label_smoothing)
+                             state, forget_ids, params.train.label_smoothing, params.train.epochs,
+                             params.deletion.partition.mode == "leverage")
                   if params.diagnostics.enabled or params.deletion.partition.mode == "leverage" else None)
         rows = S.partition(batch, params.deletion.partition, state, forget_ids,
                            report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))

@@ -20,10 +20,14 @@ from unlearning.models import Ensemble
 @computes
 def leverage_diagnostics(cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, prepared: Prepared,
                          state_manifest: pd.DataFrame, forget_ids: list[str], model: Ensemble,
-                         device: str, label_smoothing: float = 0.0) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
+                         device: str, label_smoothing: float = 0.0, *, epochs: int | None = None,
+                         cross_every_row: bool = False) -> tuple[LeverageReport, dict[str, pd.DataFrame]]:
     """Diagnostics of the production model for this forget set; retain = retained training rows minus F.
     `cfg`: params.diagnostics; `weight_decay`: train.weight_decay (the damping); `seed`, `progress`: base.*;
-    `label_smoothing`: train.label_smoothing (the loss the model was trained on)."""
+    `label_smoothing`: train.label_smoothing (the loss the model was trained on); `epochs`: train.epochs, so that
+    solver auto keeps within diagnostics.max_retrains retrains (None: by parameter count only);
+    `cross_every_row`: cross-leverage on every retain row whatever diagnostics.cross_sample says (the leverage
+    partition ranks every retain row by it)."""
     m = state_manifest
     f_rows, r_rows, v_rows = prepared.rows(forget_ids), retain_rows(m, forget_ids), validation_rows(m)
     X = prepared.tensor()
@@ -32,14 +36,19 @@ def leverage_diagnostics(cfg: Diagnostics, weight_decay: float, seed: int, progr
                                  lam=cfg.damping(len(f_rows) + len(r_rows), weight_decay), solver=cfg.solver,
                                  device=device, proj_dim=cfg.proj_dim, check_subset=cfg.check_subset, seed=seed,
                                  progress="leverage diagnostics" if progress else False,
-                                 label_smoothing=label_smoothing)
+                                 label_smoothing=label_smoothing, dtype=getattr(torch, cfg.dtype),
+                                 cross_sample=None if cross_every_row else cfg.cross_sample, check_rows=cfg.check_rows,
+                                 last_layer_above=cfg.last_layer_above, budget_retrains=cfg.max_retrains,
+                                 epochs=epochs)
     ids = m["sample_id"].to_numpy()
+    cross = np.full(len(r_rows), np.nan)  # NaN: a retain row outside the cross-leverage sample
+    cross[report.cross_leverage_rows if report.cross_leverage_rows is not None else slice(None)] = report.cross_leverage
     tables = {
         "forget": pd.DataFrame({"sample_id": ids[f_rows], "group": m["group"].to_numpy()[f_rows],
                                 "self_leverage": report.self_leverage,
                                 "predicted_gap": report.predicted_gap_forget}),
         "retain": pd.DataFrame({"sample_id": ids[r_rows], "group": m["group"].to_numpy()[r_rows],
-                                "cross_leverage": report.cross_leverage,
+                                "cross_leverage": cross,
                                 "predicted_gap": report.predicted_gap_retain}),
         "validation": pd.DataFrame({"sample_id": ids[v_rows], "predicted_gap": report.predicted_gap_validation}),
     }
@@ -56,13 +65,18 @@ def log_diagnostics(tracker, run_id: str, report: LeverageReport, tables: dict[s
         "self_leverage_trace": report.self_leverage_trace, "leakage_ratio": report.leakage_ratio,
         "predicted_gap_do_nothing": report.predicted_gap_do_nothing,
         **{f"predicted_gap_mean/{k}": v for k, v in report.predicted_gap_means().items()},
+        **{f"cross_leverage/{k}": v for k, v in (report.cross_leverage_sampling or {}).items()
+           if isinstance(v, (int, float)) and np.isfinite(v)},
+        **{f"approx_error/{k}": v for k, v in (report.approx_error or {}).items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)},
         **{f"seconds/{k}": v for k, v in report.timings.items() if isinstance(v, (int, float))}})
     tracker.log_params(run_id, {"solver": report.solver, "n_params": report.n_params, "lam": report.lam,
                                 "device": report.device})
     fig = plots.histograms({"forget self-leverage": report.self_leverage,
                             "retain cross-leverage": report.cross_leverage}, "leverage", "Leverage per sample")
     tracker.log_figure(run_id, fig, "leverage_histograms.png"); plots.close(fig)
-    fig = plots.by_group(tables["retain"], "cross_leverage", "Retain cross-leverage by group")
+    sampled = tables["retain"].dropna(subset=["cross_leverage"])  # the rows of the cross-leverage sample
+    fig = plots.by_group(sampled, "cross_leverage", "Retain cross-leverage by group")
     tracker.log_figure(run_id, fig, "cross_leverage_by_group.png"); plots.close(fig)
     eig = np.linalg.eigvalsh(report.self_leverage_matrix) if report.self_leverage_matrix.size else np.zeros(0)
     fig = plots.spectrum(eig[::-1], "Spectrum of the forget self-leverage S_F")

@@ -111,15 +111,18 @@ def validate(batch: BatchRun, check, pending: pd.DataFrame,
 @task(name="diagnose", **STAGE)
 @computes
 def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, state: State,
-             forget_ids: list[str], label_smoothing: float = 0.0):
+             forget_ids: list[str], label_smoothing: float = 0.0, epochs: int | None = None,
+             cross_every_row: bool = False):
     """Leverage diagnostics of the production model for this forget set, before any unlearning runs; `cfg`:
     params.diagnostics, `weight_decay`: train.weight_decay (the GGN damping), `seed`/`progress`: base.*,
-    `label_smoothing`: train.label_smoothing."""
+    `label_smoothing`: train.label_smoothing, `epochs`: train.epochs (solver auto's budget of max_retrains
+    retrains), `cross_every_row`: deletion.partition.mode is leverage (it ranks every retain row)."""
     from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 
     run = batch.open("diagnostics")
     report, tables = leverage_diagnostics.fn(cfg, weight_decay, seed, progress, state.prepared, state.manifest,
-                                             forget_ids, state.model, batch.device, label_smoothing)
+                                             forget_ids, state.model, batch.device, label_smoothing, epochs=epochs,
+                                             cross_every_row=cross_every_row)
     log_diagnostics(batch.tracker, run, report, tables)
     batch.close()
     table_artifact([{"diagnostic": k, "value": round(float(v), 6)} for k, v in {

@@ -226,11 +226,26 @@ class Diagnostics(Strict):
     """Leverage diagnostics (docs/design.md §4.1) computed for every batch before unlearning."""
 
     enabled: bool = True
-    solver: Literal["auto", "exact", "projected", "cg"] = "auto"
+    solver: Literal["auto", "exact", "projected", "cg", "last_layer"] = "auto"
     lam: float | None = Field(None, gt=0, description="GGN damping; null = n_train * train.weight_decay")
     min_lam: float = Field(1.0, gt=0, description="lower bound of the derived damping")
     proj_dim: int = Field(2048, gt=0)
-    check_subset: int = Field(16, ge=0, description="forget samples checked against exact when the solver is not exact")
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="the full model's Jacobians and projections; sums and factorizations are float64 "
+                               "either way, and the last-layer mode computes in float64")
+    check_subset: int = Field(16, ge=0, description="forget samples checked against exact when the solver is not "
+                                                    "exact (0 = no check)")
+    check_rows: int = Field(64, ge=1, description="past the dense size, the check solves exactly on this many "
+                                                  "random retain rows (weighted to stand for all of them)")
+    cross_sample: int | None = Field(2000, ge=1, description="cross-leverage on this many random retain rows, with "
+                                                             "the standard errors of its summary; null = every row "
+                                                             "(deletion.partition.mode leverage always uses every row)")
+    last_layer_above: int | None = Field(
+        50_000, ge=1, description="solver auto: past this many parameters, the GGN of the head over the penultimate "
+                                  "features (null = never by count)")
+    max_retrains: float | None = Field(
+        1.0, gt=0, description="solver auto: when the full-model solver's estimated cost exceeds this many plain "
+                               "retrains of the model, the last-layer mode instead (null = by parameter count only)")
 
     def damping(self, n_train: int, weight_decay: float) -> float:
         """The GGN damping lam: `lam`, else n_train * weight_decay (the recipe's L2 on a sum-of-losses

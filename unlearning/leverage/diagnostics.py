@@ -26,6 +26,7 @@ forms, see `ridge.ridge_diagnostics`.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
@@ -36,7 +37,7 @@ from unlearning.leverage import curvature
 from unlearning.leverage.functions import OutputFunction, StackedMemberFunction
 from unlearning.leverage.check import DEFAULT_CHECK_ROWS, subsample_check
 from unlearning.leverage.rows import RowSet
-from unlearning.leverage.cost import Throughput, choose_within_budget, measure_throughput
+from unlearning.leverage.cost import Throughput, choose_within_budget, estimate_retrain_seconds, measure_throughput
 from unlearning.leverage.head import HeadOf, LastLayerSolver
 from unlearning.leverage.solvers import (
     EXACT_MAX_PARAMS, LAST_LAYER_ABOVE, PROJECTED_MAX_PARAMS, ExactSolver, GGNSolver, choose_solver, make_solver,
@@ -184,6 +185,16 @@ def _spectral_norm_psd(S: torch.Tensor) -> float:
     return float(v @ (S @ v))
 
 
+def _spectral_norm(S_F: torch.Tensor, A_F: torch.Tensor, solver: GGNSolver) -> float:
+    """||S_F||_2 with S_F = A_F G^-1 A_F^T [nF r, nF r]. A dense solver with p < nF r has the same nonzero
+    eigenvalues on the smaller side: B^T B [p, p] with B = L^-1 A_F^T (G = L L^T), about (nF r / p)^3 cheaper."""
+    chol = getattr(solver, "_chol", None)
+    if solver.name in ("exact", "last_layer") and chol is not None and A_F.shape[1] < A_F.shape[0]:
+        B = torch.linalg.solve_triangular(chol, A_F.T.to(chol.dtype), upper=False)  # [p, nF r]
+        return float(torch.linalg.eigvalsh(B @ B.T)[-1].clamp_min(0))
+    return _spectral_norm_psd(S_F)
+
+
 def _output_gaps(rs: RowSet, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Predicted output changes of a set for parameter steps [p, m]: Fisher norms [m, n] and the output
     changes [m, n, C] (centred for "ce": softmax ignores the common shift)."""
@@ -270,13 +281,14 @@ def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_reta
     last-layer mode checks against the full model's GGN), `check_units` its planned work. `progress` (True, a
     label, or None = the process default): a line at least every `progress_every_s`, in work units (`_Work`)."""
     desc = progress if isinstance(progress, str) else "leverage diagnostics"
-    with Progress(0, desc, unit="units", enabled=None if progress is None else bool(progress),
-                  every_s=progress_every_s, stream=progress_stream) as bar:
+    bar = Progress(0, desc, unit="units", enabled=None if progress is None else bool(progress),
+                   every_s=progress_every_s, stream=progress_stream)
+    with ExitStack() as opened:  # the bar opens once the work is planned (its first line shows the total)
         return _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver,
                          _Work(bar, fn.n_outputs), chunk=chunk, check_subset=check_subset,
                          exact_max_params=exact_max_params, keep_cross_matrix=keep_cross_matrix,
                          cross_sample=cross_sample, seed=seed, check_rows=check_rows, check=check,
-                         check_units=check_units)
+                         check_units=check_units, opened=opened)
 
 
 def _cross_set(rs_R: RowSet, cross_sample: int | None, seed: int) -> tuple[RowSet, np.ndarray | None]:
@@ -289,7 +301,7 @@ def _cross_set(rs_R: RowSet, cross_sample: int | None, seed: int) -> tuple[RowSe
 
 def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver, work: _Work, *,
               chunk, check_subset, exact_max_params, keep_cross_matrix, cross_sample, seed, check_rows, check,
-              check_units) -> LeverageReport:
+              check_units, opened: ExitStack) -> LeverageReport:
     start = time.perf_counter()
     timings: dict[str, float] = {}
     bar = work.bar
@@ -316,6 +328,7 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
     cross_units = work.units(nC, "jacobian")
     work.plan(work.units(nF, "jacobian") + fit_units + work.units(nR + nF) + cross_units + work.units(nF + nR + nV)
               + (check_units if checking else 0))
+    opened.enter_context(bar)
 
     t0 = time.perf_counter()
     bar.stage("forget Jacobians")
@@ -347,11 +360,14 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
     if rs_C._cache is not None or (hasattr(solver, "kept") and solver.kept(rs_C)):
         work.skip(cross_units)  # served from the fit's pass: no Jacobians again
     cross_norms, cross_rows = [], []
-    for sl, C_b in solver.cross_chunks(rs_C, handle):                  # C_b [b*r, nF*r]
-        b = sl.stop - sl.start
-        cross_norms.append(C_b.reshape(b, -1).norm(dim=1))
-        if keep_cross_matrix:
-            cross_rows.append(C_b)
+    if hasattr(solver, "cross_norms") and not keep_cross_matrix:      # the norms without the rows (head mode)
+        cross_norms = [norms for _, norms in solver.cross_norms(rs_C, handle)]
+    else:
+        for sl, C_b in solver.cross_chunks(rs_C, handle):              # C_b [b*r, nF*r]
+            b = sl.stop - sl.start
+            cross_norms.append(C_b.reshape(b, -1).norm(dim=1))
+            if keep_cross_matrix:
+                cross_rows.append(C_b)
     cross = torch.cat(cross_norms) if cross_norms else torch.zeros(0, dtype=theta.dtype)
     timings["cross"] = time.perf_counter() - t0
 
@@ -386,7 +402,7 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
         timings["approx_check"] = time.perf_counter() - t0
 
     bar.stage("spectral norm")
-    spectral = _spectral_norm_psd(S_F)
+    spectral = _spectral_norm(S_F, A_F, solver)
     np_ = lambda x: x.detach().cpu().numpy()  # noqa: E731
     timings["total"] = time.perf_counter() - start
     return LeverageReport(
@@ -439,7 +455,8 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
                         keep_cross_matrix: bool = False, progress: bool | str | None = False,
                         label_smoothing: float = 0.0, cross_sample: int | None = None,
                         check_rows: int = DEFAULT_CHECK_ROWS, last_layer_above: int | None = LAST_LAYER_ABOVE,
-                        budget_seconds: float | None = None, throughput: Throughput | None = None,
+                        budget_seconds: float | None = None, budget_retrains: float | None = None,
+                        epochs: int | None = None, throughput: Throughput | None = None,
                         progress_every_s: float = 10.0, progress_stream=None) -> LeverageReport:
     """Leverage diagnostics (docs/design.md §4.1) of member `member` of `model_member` for a forget set.
 
@@ -448,7 +465,8 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
     `solver`: "exact" | "projected" | "cg" | "last_layer" | "auto": by parameter count (`solvers.choose_solver`,
     last_layer past `last_layer_above`), and with `budget_seconds` (e.g. one retrain) the last-layer mode when
     the full-model choice's estimated cost (`cost.estimate_diagnostics_seconds`, from `throughput` or a probe)
-    exceeds half of it. "last_layer" diagnoses the head over the penultimate features in float64 (the report's
+    exceeds half of it; `budget_retrains` x one retrain (`epochs` over the retain and forget rows, timed by the
+    same probe: `cost.estimate_retrain_seconds`) when no `budget_seconds` is given. "last_layer" diagnoses the head over the penultimate features in float64 (the report's
     newton_step is then in head space, `head.HeadFunction` order) and checks its agreement with the full GGN on
     a row subsample. Non-exact solvers report `approx_error` (see `diagnose`). `dtype`: the full model's
     Jacobians (float32 in production; sums and factorizations are float64 either way). `device`: "auto" uses
@@ -463,12 +481,17 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
     name = solver
     if solver == "auto":
         name = choose_solver(fn.p, exact_max_params, PROJECTED_MAX_PARAMS, last_layer_above)
+        n_rows = X_retain.shape[0] + X_forget.shape[0]
+        tp = None
+        if budget_seconds is None and budget_retrains is not None and epochs is not None:
+            tp = throughput or measure_throughput(fn, X_retain)
+            budget_seconds = budget_retrains * estimate_retrain_seconds(n_rows, epochs, tp.seconds_per_sample_grad)
         auto = {"by_parameter_count": name, "budget_seconds": budget_seconds}
         if budget_seconds is not None:
-            tp = throughput or measure_throughput(fn, X_retain)
+            tp = tp or throughput or measure_throughput(fn, X_retain)
             head_d = HeadOf(fn).fn.d if name != "last_layer" else None
             name, est = choose_within_budget(
-                name, budget_seconds, n_rows=X_retain.shape[0] + X_forget.shape[0], n_forget=X_forget.shape[0],
+                name, budget_seconds, n_rows=n_rows, n_forget=X_forget.shape[0],
                 n_params=fn.p, n_outputs=C, seconds_per_sample_grad=tp.seconds_per_sample_grad,
                 flops_per_second=tp.flops_per_second, feature_dim=head_d, proj_dim=proj_dim,
                 cross_sample=cross_sample, check_rows=check_rows, check_subset=check_subset,

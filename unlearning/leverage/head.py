@@ -18,6 +18,7 @@ with the full GGN on a row subsample.
 from __future__ import annotations
 
 import time
+from typing import Iterator
 import torch
 from torch import nn
 
@@ -86,25 +87,24 @@ class LastLayerSolver(_DenseMixin, GGNSolver):
         if not isinstance(fn, HeadFunction):
             raise TypeError("LastLayerSolver needs RowSets over a HeadFunction (the head on penultimate features)")
         C, d1 = fn.n_outputs, fn.d + 1
-        G4 = torch.zeros(C, d1, C, d1, dtype=torch.float64, device=fn.device)  # blocks (c, e)
+        # sum_i Lambda_i kron h~_i h~_i^T as ONE product per row chunk: (Lambda_i kron h~_i)^T [C C d1, b] times
+        # h~ [b, d1] -> [C, C, d1, d1] (c, e, j, k); rows per chunk keep the [b, C C d1] operand near 64 MB
+        G4 = torch.zeros(C * C * d1, d1, dtype=torch.float64, device=fn.device)
+        step = max(1, (64 << 20) // (8 * C * C * d1))
         for sign, sets in ((1.0, plus), (-1.0, minus)):
             for rs in sets:
-                for s in rs.slices():
-                    Ht = fn.augmented(rs.X[s]).to(torch.float64)                      # [b, d+1]
+                for a in range(0, rs.n, step):
+                    s = slice(a, min(a + step, rs.n))
+                    Ht = fn.augmented(rs.X[s]).to(torch.float64)                      # [b, d1]
                     with torch.no_grad():
                         lam_i = _curvature_matrices(fn.outputs(rs.theta, rs.X[s]).to(torch.float64), rs.loss)
-                    for c in range(C):
-                        for e in range(c + 1):
-                            blk = (Ht * lam_i[:, c, e, None]).T @ Ht                  # [d+1, d+1]
-                            G4[c, :, e, :].add_(blk, alpha=sign)
+                    left = (lam_i[:, :, :, None] * Ht[:, None, None, :]).reshape(Ht.shape[0], -1)  # [b, C C d1]
+                    G4.addmm_(left.T, Ht, alpha=sign)
                     if rs._cache is None:  # rows a cache holds were counted when they were computed
                         rs.advance(s.stop - s.start, "jacobian")
                     else:
                         tick()
-        for c in range(C):  # mirror the lower block-triangle (each block is symmetric: Lambda is)
-            for e in range(c):
-                G4[e, :, c, :] = G4[c, :, e, :]
-        G = G4.reshape(C * d1, C * d1)
+        G = G4.reshape(C, C, d1, d1).permute(0, 2, 1, 3).reshape(C * d1, C * d1).contiguous()
         G.diagonal().add_(self.lam)
         self.G = G
         self._factor(G)
@@ -113,6 +113,33 @@ class LastLayerSolver(_DenseMixin, GGNSolver):
 
     def solve(self, V):
         return self._dense_solve(V)
+
+    def cross_norms(self, rs, handle: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+        """(slice, ||A_i G^-1 A_F^T||_F per row [b]) without forming the rows, when that is cheaper: with
+        M = handle handle^T [p_h, p_h] viewed as M4 [C, d1, C, d1], ||A_i H||_F^2 = tr(Lambda_i T_i) with
+        T_i[c, e] = h~_i^T M4[c, :, e, :] h~_i: C^2 d1^2 per row instead of r C d1 |F| r (rows times handle)."""
+        fn: HeadFunction = rs.fn
+        C, d1, m = fn.n_outputs, fn.d + 1, handle.shape[1]
+        r = C - 1 if rs.loss == "ce" else C
+        if C * d1 >= r * m:  # the rows-times-handle product is cheaper
+            for sl, C_b in self.cross_chunks(rs, handle):
+                yield sl, C_b.reshape(sl.stop - sl.start, -1).norm(dim=1)
+            return
+        H64 = handle.to(torch.float64)
+        M4 = (H64 @ H64.T).reshape(C, d1, C, d1).permute(1, 0, 2, 3).reshape(d1, C * C * d1)  # [j, (c, e, k)]
+        step = max(1, (64 << 20) // (8 * C * C * d1))
+        for a in range(0, rs.n, step):
+            s = slice(a, min(a + step, rs.n))
+            Ht = fn.augmented(rs.X[s]).to(torch.float64)                                  # [b, d1]
+            with torch.no_grad():
+                lam_i = _curvature_matrices(fn.outputs(rs.theta, rs.X[s]).to(torch.float64), rs.loss)
+            T = ((Ht @ M4).reshape(-1, C, C, d1) * Ht[:, None, None, :]).sum(-1)          # [b, C, C]
+            sq = (lam_i * T).sum((1, 2)).clamp_min(0)
+            if rs._cache is None:  # as the rows' pass would count (a cache's rows were counted once)
+                rs.advance(s.stop - s.start, "jacobian")
+            else:
+                tick()
+            yield s, sq.sqrt().to(handle.dtype)
 
 
 def _curvature_matrices(f: torch.Tensor, loss: str) -> torch.Tensor:
