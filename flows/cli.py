@@ -64,7 +64,8 @@ absolute. Refuses to overwrite an existing params.yaml."""
 INIT_EPILOG = """examples:
   unlearn init churn --dataset table --path churn/customers.csv --id-column customer_id \\
       --label-column churned --group-column household --feature-columns age,tenure,spend
-  unlearn init photos --dataset image_folder --path /data/photos      (one sub-folder per class)
+  unlearn init photos --dataset image_folder --path /data/photos --arch cnn   (one sub-folder per class;
+                                       image_size and grayscale are read from the images)
   unlearn init mymodel --dataset table --path t.parquet --id-column id --label-column y \\
       --arch custom --factory my_model:build    (my_model.py in the project folder)
 then: cd DIR && dvc repro && unlearn status
@@ -776,8 +777,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="table: the feature columns, comma-separated; default: every other column")
     s.add_argument("--split-column", metavar="C",
                    help="table: a train/val column; default: a seeded split by prepare.val_fraction")
-    s.add_argument("--arch", choices=["mlp", "custom"], default="mlp",
-                   help="model: the built-in MLP (default), or your own factory (--factory)")
+    s.add_argument("--arch", choices=["mlp", "cnn", "resnet", "custom"], default="mlp",
+                   help="model (train.model.arch): the built-in MLP (default), a CNN or a ResNet (images), or your "
+                        "own factory (--factory)")
     s.add_argument("--factory", metavar="MODULE:FUNCTION",
                    help="--arch custom: the function that builds the model, e.g. my_model:build")
     s.add_argument("--no-vcs", action="store_true", help="skip `git init` and `dvc init`")

@@ -20,9 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 
-from unlearning.config import PARAMS_FILE, ConfigError, Params, parse_params
+from unlearning.config import PARAMS_FILE, ConfigError, ImageFolderSource, Params, parse_params
 
 REPO_PARAMS = Path(__file__).resolve().parents[1] / PARAMS_FILE
 # The request checks' Great Expectations project (suite, data source, validation definition, checkpoint;
@@ -118,6 +119,54 @@ class ScaffoldError(ValueError):
     """`unlearn init` cannot scaffold the folder as asked (nothing was written)."""
 
 
+ARCHS = ("mlp", "cnn", "resnet", "custom")  # train.model.arch (unlearning/config.py ModelCfg)
+IMAGE_ARCHS = ("cnn", "resnet")  # convolutional: [B, C, H, W] inputs, images only
+IMAGE_SAMPLE = 256  # images whose header `unlearn init` reads (evenly spaced in path order)
+MAX_IMAGE_SIDE = 64  # larger images are resized to this longest side (features = C x H x W; edit it for more)
+GRAY_MODES = {"1", "L", "LA", "I", "I;16", "F"}  # Pillow modes read as one channel
+
+
+def read_image_format(root: Path) -> tuple[dict, str]:
+    """({image_size, grayscale} for prepare.image_folder, one line saying what was found) from the headers of a
+    sample of the folder's images: the most common size (resized to MAX_IMAGE_SIDE past it) and the most common
+    mode (gray or color). No image: {} (the defaults stay) and a line saying so."""
+    from collections import Counter
+
+    from PIL import Image
+
+    from unlearning.data.sources import IMAGE_SUFFIXES
+
+    files = sorted(f for f in root.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()
+                   and not any(part.startswith(".") for part in f.relative_to(root).parts))
+    sample = [files[i] for i in sorted({int(k) for k in np.linspace(0, len(files) - 1, IMAGE_SAMPLE)})] if files else []
+    sizes, modes = Counter(), Counter()
+    for f in sample:
+        try:
+            with Image.open(f) as im:  # reads the header only
+                sizes[(im.height, im.width)] += 1
+                modes["gray" if im.mode in GRAY_MODES else "color"] += 1
+        except (OSError, ValueError):  # an unreadable file: prepare names it
+            continue
+    if not sizes:
+        return {}, (f"images: none readable in {root} yet; prepare.image_folder keeps image_size "
+                    f"{list(ImageFolderSource().image_size)} and grayscale {str(ImageFolderSource().grayscale).lower()} "
+                    f"(edit them to match your images)")
+    (h, w), n_size = sizes.most_common(1)[0]
+    gray = modes["gray"] > modes["color"]
+    size = _capped(h, w)
+    found = (f"images: read {sum(sizes.values())} of {len(files)}: {n_size} are {w}x{h} (width x height)"
+             f"{f', {len(sizes) - 1} other size(s)' if len(sizes) > 1 else ''}, {modes['color']} color and "
+             f"{modes['gray']} gray -> image_size {list(size)}, grayscale {str(gray).lower()}")
+    if size != (h, w):
+        found += f" (resized to a longest side of {MAX_IMAGE_SIDE}: set image_size for more detail, and cost)"
+    return {"image_size": list(size), "grayscale": gray}, found
+
+
+def _capped(h: int, w: int) -> tuple[int, int]:
+    scale = min(1.0, MAX_IMAGE_SIDE / max(h, w))
+    return max(1, round(h * scale)), max(1, round(w * scale))
+
+
 def _q(path: str) -> str:
     """A path as a YAML scalar (JSON strings are valid YAML)."""
     return path if re.fullmatch(r"[A-Za-z0-9_./-]+", path) else json.dumps(path)
@@ -186,8 +235,9 @@ def _replace_block(text: str, keys: tuple[str, ...], new: dict) -> str:
 def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | None = None,
                label_column: str | None = None, group_column: str | None = None,
                feature_columns: list[str] | None = None, split_column: str | None = None, arch: str = "mlp",
-               factory: str | None = None) -> tuple[str, Params]:
-    """The params.yaml text for the new project and its validated Params (raises ConfigError/ScaffoldError)."""
+               factory: str | None = None, image_format: dict | None = None) -> tuple[str, Params]:
+    """The params.yaml text for the new project and its validated Params (raises ConfigError/ScaffoldError).
+    `image_format`: image_size and grayscale read from the images (read_image_format)."""
     text = base_params_text()
     data = yaml.safe_load(text) or {}
     stored = _project_path(data_path, target)
@@ -195,7 +245,7 @@ def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | 
                if k in ("val_fraction", "max_train", "max_val")}
     # The data path lives in its section (prepare.table.path / prepare.image_folder.path); the scaffolded
     # dvc.yaml depends on it through ${...}, so it is written once.
-    from unlearning.config import ImageFolderSource, TableSource
+    from unlearning.config import TableSource
 
     if dataset == "table":
         table = {"path": stored, "id_column": id_column, "label_column": label_column, "group_column": group_column,
@@ -205,7 +255,8 @@ def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | 
                    "image_folder": ImageFolderSource().model_dump(mode="json"), **prepare}
     else:
         prepare = {"dataset": "image_folder", "table": TableSource().model_dump(mode="json"),
-                   "image_folder": {**ImageFolderSource().model_dump(mode="json"), "path": stored}, **prepare}
+                   "image_folder": {**ImageFolderSource().model_dump(mode="json"), "path": stored,
+                                    **(image_format or {})}, **prepare}
     data["prepare"] = prepare
     # The absolute validation-accuracy floors in the repo's params are digits numbers; for a new dataset
     # nobody knows them yet, so they start off (null) and the gate judges the candidate against the oracle
@@ -217,6 +268,9 @@ def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | 
     if arch == "custom":
         model = {"arch": "custom", "factory": factory}
         data.setdefault("train", {})["model"] = model
+    elif arch != (data.get("train", {}).get("model") or {}).get("arch", "mlp"):  # cnn, resnet: the rest as it is
+        model = {**(data.setdefault("train", {}).get("model") or {}), "arch": arch}
+        data["train"]["model"] = model
     params = parse_params(data, root=target, source=str(target / PARAMS_FILE))
     try:
         out = _replace_block(text, ("prepare",), prepare)
@@ -311,6 +365,19 @@ def _scaffold_gx(dest: Path) -> str:
     return f"wrote {dest}/ (the Great Expectations suite of the request checks; commit it)"
 
 
+def _check_arch(arch: str, factory: str | None, dataset: str) -> None:
+    if arch not in ARCHS:
+        raise ScaffoldError(f"--arch {arch!r}: expected one of {list(ARCHS)}")
+    if arch in IMAGE_ARCHS and dataset != "image_folder":
+        raise ScaffoldError(f"--arch {arch} is convolutional: it needs images (--dataset image_folder); use --arch "
+                            f"mlp for a table, or --arch custom with your own model")
+    if arch == "custom":
+        if not factory or factory.count(":") != 1 or not all(factory.split(":")):
+            raise ScaffoldError("--arch custom needs --factory module:function, e.g. --factory my_model:build")
+    elif factory:
+        raise ScaffoldError("--factory is only for --arch custom")
+
+
 def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: str | None = None,
              label_column: str | None = None, group_column: str | None = None,
              feature_columns: list[str] | None = None, split_column: str | None = None, arch: str = "mlp",
@@ -345,15 +412,12 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
                                 ("--split-column", split_column)) if v]
         if given:
             raise ScaffoldError(f"{', '.join(given)}: only for --dataset table")
-    if arch == "custom":
-        if not factory or factory.count(":") != 1 or not all(factory.split(":")):
-            raise ScaffoldError("--arch custom needs --factory module:function, e.g. --factory my_model:build")
-    elif factory:
-        raise ScaffoldError("--factory is only for --arch custom")
+    _check_arch(arch, factory, dataset)
+    image_format, found = read_image_format(data_path) if dataset == "image_folder" else ({}, None)
     try:
         text, params = params_for(target, dataset, data_path, id_column=id_column, label_column=label_column,
                                   group_column=group_column, feature_columns=feature_columns,
-                                  split_column=split_column, arch=arch, factory=factory)
+                                  split_column=split_column, arch=arch, factory=factory, image_format=image_format)
     except ConfigError as e:
         raise ConfigError(f"the params.yaml for {target} would not be valid (nothing written):\n{e}") from None
     factory_file = _factory_file(factory, target) if factory else None
@@ -369,7 +433,10 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
     done = []
     target.mkdir(parents=True, exist_ok=True)
     (target / PARAMS_FILE).write_text(text)
-    done.append(f"wrote {target / PARAMS_FILE} (prepare.dataset: {dataset}, data {_project_path(data_path, target)})")
+    done.append(f"wrote {target / PARAMS_FILE} (prepare.dataset: {dataset}, data {_project_path(data_path, target)}, "
+                f"train.model.arch: {params.train.model.arch})")
+    if found:
+        done.append(found)
     data_dep = "${prepare.table.path}" if dataset == "table" else "${prepare.image_folder.path}"
     (target / "dvc.yaml").write_text(dvc_yaml_for(params, data_dep, extra_deps))
     done.append(f"wrote {target / 'dvc.yaml'} (stages prepare -> train -> deletion)")
