@@ -25,6 +25,7 @@ examples:
   unlearn audit FILE                   leverage diagnostics for a proposed forget set, change nothing
   unlearn methods                      list the unlearning methods, their arguments and defaults
   unlearn status                       champion model, deleted samples, ledger
+  unlearn ids --split train --head 5   sample ids a request file may name
   unlearn verify-erasure [BATCH]       re-check every store for forgotten rows; exit 1 if any remain
   unlearn erase                        finish erasures left pending by `dvc repro` or a crash
   unlearn serve                        schedule + inbox-triggered deployments (needs a Prefect server)
@@ -267,6 +268,45 @@ def cmd_verify_erasure(args) -> int:
     if refs:
         print(f"  forgotten ids are still named, as references (no row), by the ledger, the tombstones and "
               f"{'; '.join(refs)}; `deletion.hash_sample_ids: true` keeps only salted hashes there")
+    return 0
+
+
+def trainable_ids(params, split: str) -> list[str]:
+    """The prepared manifest's ids of `split` a request may still name: neither deleted by a batch (the state
+    manifest) nor erased (the tombstones), in manifest order."""
+    import pandas as pd
+
+    from unlearning.erasure import id_key, read_tombstones
+    from unlearning.io import read_json_file
+
+    folder = params.path("prepared_dir")
+    if not (folder / "manifest.csv").exists():
+        raise FileNotFoundError(f"{folder / 'manifest.csv'} not found: run the prepare stage first (`dvc repro "
+                                f"prepare` or `unlearn prepare`)")
+    m = pd.read_csv(folder / "manifest.csv", dtype=str, keep_default_na=False)
+    state = params.path("state_dir") / "manifest.csv"
+    deleted = set()
+    if state.exists():
+        s = pd.read_csv(state, dtype=str, keep_default_na=False)
+        deleted = set(s.loc[s["status"] == "deleted", "sample_id"])
+    key = id_key(params.deletion.hash_sample_ids, read_json_file(folder / "dataset.json").get("name", ""))
+    erased = read_tombstones(params.path("tombstones"))
+    return [i for i, sp in zip(m["sample_id"], m["split"])
+            if sp == split and i not in deleted and key(i) not in erased]
+
+
+def cmd_ids(args) -> int:
+    params = _params(args)
+    ids = trainable_ids(params, args.split)
+    shown = ids[:args.head] if args.head is not None else ids
+    if args.json:
+        print(json.dumps({"split": args.split, "n": len(ids), "ids": shown}, indent=2))
+        return 0
+    for i in shown:
+        print(i)
+    if len(shown) < len(ids):
+        print(f"({len(shown)} of {len(ids)} {args.split} ids; a request file names them in its sample_id column)",
+              file=sys.stderr)
     return 0
 
 
@@ -751,6 +791,14 @@ def build_parser() -> argparse.ArgumentParser:
             "deleted and erased samples, and the ledger.", ["unlearn status", "unlearn status --json"])
     s.add_argument("--json", action="store_true", help="print the status as JSON")
     s.set_defaults(fn=cmd_status)
+    s = add("ids", "list the sample ids a request may name (not deleted, not erased)",
+            "Print the prepared manifest's sample ids of one split, one a line, leaving out those a batch deleted and "
+            "those erased: the ids a first request file can name in its sample_id column (training rows: a request "
+            "names only those).", ["unlearn ids --split train --head 5", "unlearn ids --json"])
+    s.add_argument("--split", choices=["train", "val"], default="train", help="which split (default: train)")
+    s.add_argument("--head", type=int, metavar="N", help="only the first N ids")
+    s.add_argument("--json", action="store_true", help="print {split, n, ids} as JSON")
+    s.set_defaults(fn=cmd_ids)
     s = add("verify-erasure", "re-check every store for forgotten raw rows and ids (exit 1 if any)",
             "Search every store (prepared data, models, state, ensemble cache, MLflow artifacts, DVC cache) for the "
             "raw rows and ids of forgotten samples; exit 1 if any remains.",

@@ -333,8 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
     import tempfile
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["--help"], ["-h"]):  # the session's own help, not a command named --help
+        print(f"{USAGE}\n\n{__doc__.strip()}")
+        return 0
     try:
-        commands, warm = split_commands(list(sys.argv[1:] if argv is None else argv))
+        commands, warm = split_commands(args)
     except ValueError as e:
         print(f"error: {e}\n{USAGE}", file=sys.stderr)
         return 2
