@@ -540,7 +540,8 @@ def cmd_status(args) -> int:
     for p in champion.get("history", [])[-5:]:
         print(f"  batch {p['step']}: {p['request_file']} -> {p['method']} v{p['model_version']}, forgotten "
               f"{p['forgotten_fraction']:.2%} in all, validation accuracy {p['champion_validation_accuracy']:.3f}, "
-              f"output gap to oracles {p['champion_output_gap']:.4f}")
+              + (f"output gap to oracles {p['champion_output_gap']:.4f}" if p['champion_output_gap'] == p['champion_output_gap']
+                 else "exact (no oracles trained)"))
     from flows.common import ui_route
 
     print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: {ui_route(params, '#/experiments')} (the batch runs: "
@@ -701,6 +702,12 @@ def cmd_reset(args) -> int:
     return rc
 
 
+def _cmd_plan(args) -> int:
+    from flows.plan_cli import cmd_plan
+
+    return cmd_plan(args)
+
+
 def _column_list(value: str) -> list[str]:
     cols = [c.strip() for c in value.split(",") if c.strip()]
     if not cols:
@@ -772,6 +779,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_run)
     for name, (help_, description, examples) in SIMPLE.items():
         add(name, help_, description, examples).set_defaults(fn=globals()[f"cmd_{name}"])
+    s = add("plan", "the plan a batch of a request file would follow, before anything runs",
+            "Check the file, select the candidates as the batch would, time a one-epoch probe of the model on this "
+            "machine or device, and print the plan: the candidates in order and how each is certified, the models "
+            "it trains, the predicted seconds per stage (and in units of one retrain) and the predicted peak memory "
+            "against validation.memory_mb. Changes nothing; exit 2 for a bad file or a plan that cannot fit.",
+            ["unlearn plan requests/inbox/2026-12-01T0900_erasure.csv", "unlearn plan FILE --json"])
+    s.add_argument("file", help="the request file (CSV or Parquet)")
+    s.add_argument("--json", action="store_true", help="print the plan as JSON")
+    s.set_defaults(fn=_cmd_plan)
     s = add("validate", "validate a request file without changing anything",
             "Check a request file exactly as `unlearn run` would (schema, ids in the manifest, training rows, not "
             "deleted, ledger conflicts, timestamps); print one line per problem. An already processed file is "

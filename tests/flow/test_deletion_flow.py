@@ -63,6 +63,16 @@ def applied(project):
             "tracker": tracker, "run": tracker.client.get_run(r["run_id"]), "children": children}
 
 
+def _artifact_text(applied, name: str) -> str:
+    """A text artifact of the batch run (downloaded from the MLflow store)."""
+    import mlflow
+
+    from tasks.tracking import fluent_store
+
+    with fluent_store(applied["tracker"].tracking_uri):
+        return mlflow.artifacts.load_text(f"runs:/{applied['r']['run_id']}/{name}")
+
+
 def child_run(applied, name):
     return next(c for c in applied["children"] if c.info.run_name == name)
 
@@ -99,14 +109,20 @@ def test_the_alias_moves_and_the_batch_run_holds_its_datasets_and_stage_runs(app
     contexts = {t.value for i in run_.inputs.dataset_inputs for t in i.tags if t.key == "mlflow.data.context"}
     assert contexts == {"forget", "retain"} and all(i.dataset.digest for i in run_.inputs.dataset_inputs)
     names = {c.info.run_name for c in applied["children"]}
-    assert {"validate", "partition", "ensembles"} <= names and any(n.startswith("unlearn-") for n in names)
+    assert {"validate", "partition"} <= names and any(n.startswith("unlearn-") for n in names)
+    # the sample batch goes to exact retrain: it trains one model and no reference ensemble, as planned
+    assert "ensembles" not in names
+    plan = json.loads(_artifact_text(applied, "plan.json"))
+    assert plan["models_to_train"] == {"retrain": 1, "oracles": 0, "shadows": 0}
+    assert [s["certificate"] for s in plan["steps"]] == ["exact"]
 
 
 def test_the_candidate_run_holds_metrics_figures_and_a_per_sample_table(applied):
     tracker = applied["tracker"]
     unlearn_run = child_run(applied, f"unlearn-{applied['r']['method']}")
     artifacts = {a.path for a in tracker.client.list_artifacts(unlearn_run.info.run_id)}
-    assert {"accuracy_per_split.png", "gate_verdict.json", "per_sample_klom.json", "klom_per_split.png"} <= artifacts
+    assert {"accuracy_per_split.png", "gate_verdict.json", "per_sample_klom.json"} <= artifacts
+    assert "klom_per_split.png" not in artifacts  # an exact retrain is checked against the original, not oracles
     for split in ("forget", "adjacent", "remote", "validation"):
         assert f"acc/{split}" in unlearn_run.data.metrics
     from tasks.tracking import fluent_store
@@ -269,7 +285,9 @@ def test_dask_task_runner_local_cluster(project):
     req = project / "dask.csv"
     (sid,) = fresh_ids(project, 1, skip=300)
     req.write_text(f"request_id,sample_id,requested_at,reason\ndask-1,{sid},2026-11-30T10:00:00Z,gdpr\n")
-    overrides = {"validation": {"task_runner": "dask", "dask_workers": 2}, "diagnostics": {"enabled": False}}
+    # do_nothing named explicitly is certified against references: their chunks run on the Dask workers
+    overrides = {"validation": {"task_runner": "dask", "dask_workers": 2}, "diagnostics": {"enabled": False},
+                 "deletion": {"method": "do_nothing"}}
     results = run(str(req), str(project / "params.yaml"), overrides)
     assert [r["status"] for r in results] == ["applied"]
     assert results[0]["metrics"]["n_oracles"] == 4.0

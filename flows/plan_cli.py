@@ -1,0 +1,90 @@
+"""`unlearn plan FILE`: the plan a batch of FILE would follow, before anything runs (unlearning/plan.py).
+
+It checks the file as `unlearn validate` does, selects the candidates as the batch would (without the leverage
+diagnostics: their rules are listed as skipped, and their cost is bounded by diagnostics.max_retrains), times a
+one-epoch probe of the model on this machine or device, and prints the steps, the models they train, the
+predicted seconds per stage and the predicted peak memory. Changes nothing; exit 2 when the file is bad or the
+plan cannot fit validation.memory_mb.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def batch_plan_for(path: Path, params, device: str):
+    """(plan, timing, selection, notes) for request file `path` on the current state."""
+    from tasks.request_check import LiveState, check_file_for
+    from tasks.planning import batch_plan, probe
+    from tasks.state import load_state
+    from unlearning.batch import batch_rows
+    from unlearning.history import debt_reasons, force_retrain, n_original_train, retraining_debt
+    from unlearning.partition import partition_by_group
+    from unlearning.requests import batch_objective, coerce_requests
+    from unlearning.selection import batch_facts, candidate_methods
+
+    state = load_state.fn(params, device)
+    check = check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info),
+                           gx_when_invalid=False)
+    if check.status == "invalid":
+        raise check.error()
+    requests = coerce_requests(check.pending)
+    objective = batch_objective(requests, params.deletion.objective, path)
+    forget = requests["sample_id"].astype(str).tolist()
+    m = state.manifest
+    notes = []
+    # the plan does not depend on which retain rows are adjacent except through the suppression rules: the group
+    # partition stands in for the other modes (no model, no diagnostics run here)
+    if params.deletion.partition.mode != "group":
+        notes.append(f"deletion.partition.mode = {params.deletion.partition.mode}: the plan uses the group "
+                     f"partition (the batch computes its own)")
+    from unlearning.batch import retain_rows
+
+    r = retain_rows(m, forget)
+    table = partition_by_group(m["sample_id"].to_numpy()[r], m["group"].to_numpy()[r],
+                               m.set_index("sample_id").loc[forget, "group"].to_numpy())
+    rows = batch_rows(state.prepared, m, forget, table)
+    facts = batch_facts(params.deletion, params.train.epochs, objective, rows, None, device=device)
+    selection = candidate_methods(params.deletion, facts)
+    n_train = n_original_train(m, state.ledger)
+    forced = debt_reasons(retraining_debt(state.ledger, n_train), len(rows.forget),
+                          params.deletion.debt.max_forgotten_fraction, params.deletion.debt.max_batches_since_retrain)
+    if forced:
+        selection = force_retrain(selection, forced)
+    timing, footprint = probe(params, state, rows, device)
+    d = params.diagnostics
+    diag = 0.0
+    if d.enabled or params.deletion.partition.mode == "leverage":
+        bound = d.max_retrains if d.max_retrains is not None else 1.0
+        diag = bound * timing.retrain_seconds
+        notes.append(f"diagnostics: at most {bound:g} retrain(s) (diagnostics.max_retrains), counted in full")
+    plan = batch_plan(params, selection, objective, timing, footprint, diag)
+    return plan, timing, selection, notes + [f"forget rows: {len(rows.forget)}, retain rows: {len(rows.retain)}",
+                                             f"timing {timing.source}"]
+
+
+def cmd_plan(args) -> int:
+    """Print the plan of a batch of args.file (see the module docstring)."""
+    from flows.common import device_of
+    from unlearning.config import load_params
+    from unlearning.plan import plan_lines
+
+    params = load_params(args.params)
+    path = Path(args.file)
+    if not path.exists():
+        raise FileNotFoundError(f"{args.file}: no such request file")
+    plan, timing, selection, notes = batch_plan_for(path, params, device_of(params))
+    if args.json:
+        print(json.dumps({**plan.to_dict(), "timing": timing.__dict__, "selection": {
+            "candidates": selection["candidates"], "fired": selection["fired"], "skipped": selection["skipped"]},
+            "notes_cli": notes}, indent=2, default=str))
+    else:
+        print(f"plan for {path.name}:")
+        for line in plan_lines(plan) + [f"note: {n}" for n in notes]:
+            print(f"  {line}")
+    if plan.refusal:
+        print(f"error: {plan.refusal}", file=sys.stderr)
+        return 2
+    return 0

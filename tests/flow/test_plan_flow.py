@@ -1,0 +1,119 @@
+"""The batch plans, then trains only what its decision needs (unlearning/plan.py, tasks/certify.py): an
+approximate candidate is rejected at the first decisive look of its sequential certificate, batch t+1's shadows
+are batch t's oracles (found in the cache), and `unlearn plan` says all of it before anything runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.helpers import make_project
+from unlearning.config import load_params
+
+pytestmark = pytest.mark.flow
+
+# do_nothing named explicitly and certified with looks of 8 and 16 references per role, then 24
+SEQUENTIAL = {"validation": {"n_oracles": 24, "n_shadows": 24, "looks": [8, 16], "chunk_size": 8},
+              "diagnostics": {"enabled": False}, "deletion": {"method": "do_nothing"}}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, prefect_harness):
+    import os
+
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    from flows.prepare import prepare
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("plan_project")
+    params_path = make_project(root, SEQUENTIAL, inbox_files=False)
+    prepare(str(params_path))
+    train(str(params_path))
+    return root
+
+
+def class_request(root, path, label: str, k: int, skip: int = 0) -> None:
+    """A request for k retained training rows of one class: far from a retrain, do_nothing must be rejected."""
+    m = pd.read_csv(root / ("state/manifest.csv" if (root / "state").exists() else "data/prepared/manifest.csv"),
+                    dtype=str)
+    keep = m[(m.split == "train") & (m.get("status", "retained") == "retained") & (m.label == label)]
+    ids = keep["sample_id"].tolist()[skip: skip + k]
+    rows = [f"r-{label}-{skip}-{i},{s},2026-11-30T10:00:00Z,gdpr" for i, s in enumerate(ids)]
+    path.write_text("request_id,sample_id,requested_at,reason\n" + "\n".join(rows) + "\n")
+
+
+def looks_of(tracker, run_id: str) -> list[dict]:
+    import mlflow
+
+    from tasks.tracking import fluent_store
+
+    child = next(c for c in tracker.client.search_runs([tracker.experiment_id],
+                                                       filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
+                 if c.info.run_name == "unlearn-do_nothing")
+    with fluent_store(tracker.tracking_uri):
+        return json.loads(mlflow.artifacts.load_text(f"runs:/{child.info.run_id}/certificate_looks.json"))
+
+
+def ensembles_metrics(tracker, run_id: str) -> dict:
+    child = next(c for c in tracker.client.search_runs([tracker.experiment_id],
+                                                       filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
+                 if c.info.run_name == "ensembles")
+    return child.data.metrics
+
+
+def test_unlearn_plan_says_what_the_batch_will_train_before_anything_runs(project):
+    req = project / "plan.csv"
+    class_request(project, req, "3", 60)
+    before = sorted(p.name for p in (project / "data" / "prepared").iterdir())
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "--params", str(project / "params.yaml"), "plan",
+                          str(req), "--json"], capture_output=True, text=True, cwd=project)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert [s["method"] for s in plan["steps"]] == ["do_nothing", "retrain"]
+    assert plan["steps"][0]["looks"] == [[8, 8], [16, 16], [24, 24]]
+    assert plan["models_to_train"] == {"retrain": 1, "oracles": 24, "shadows": 24}
+    assert plan["predicted_seconds"]["total"] > 0 and plan["peak_mb"] > 0 and plan["refusal"] is None
+    assert sorted(p.name for p in (project / "data" / "prepared").iterdir()) == before
+    assert not (project / "state" / "ledger.jsonl").exists() or not (project / "state" / "ledger.jsonl").read_text()
+
+
+def test_a_plan_that_cannot_fit_the_memory_budget_is_refused_naming_the_key(project):
+    req = project / "tiny_budget.csv"
+    class_request(project, req, "4", 5)
+    params = load_params(project / "params.yaml", {"validation": {"memory_mb": 64}})
+    from flows.plan_cli import batch_plan_for
+
+    plan, *_ = batch_plan_for(req, params, "cpu")
+    assert plan.refusal and "validation.memory_mb = 64" in plan.refusal
+
+
+def test_do_nothing_is_rejected_at_the_first_look_then_its_oracles_are_the_next_shadows(project):
+    """A whole-class forget set: do_nothing is far from a retrain, rejected with 8 + 8 references (the
+    certificate trained no more), and the exact retrain is promoted. The next batch's shadows are those 8
+    oracles: its ensembles come from the cache."""
+    from flows.deletion_batch import run
+    from tasks.tracking import Tracker
+
+    params = load_params(project / "params.yaml")
+    tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
+    req = project / "first.csv"
+    class_request(project, req, "3", 60)
+    (r,) = run(str(req), str(project / "params.yaml"))
+    assert (r["status"], r["method"]) == ("applied", "retrain")
+    (look,) = looks_of(tracker, r["run_id"])
+    assert look["decision"] == "reject" and (look["n_shadows"], look["n_oracles"]) == (8, 8)
+    assert look["pvalues"]["forget"] < look["alpha"]
+    first = ensembles_metrics(tracker, r["run_id"])
+    assert (first["n_oracles"], first["n_shadows"]) == (8, 8)
+
+    req2 = project / "second.csv"
+    class_request(project, req2, "5", 60)
+    (r2,) = run(str(req2), str(project / "params.yaml"))
+    assert r2["status"] == "applied"
+    second = ensembles_metrics(tracker, r2["run_id"])
+    assert second["n_shadows"] >= 8 and second["shadows_cached_chunks"] >= 1  # batch 1's oracles, reused
+    assert second["oracles_cached_chunks"] == 0  # this batch's oracles are new models of a new stream
