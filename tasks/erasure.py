@@ -224,7 +224,7 @@ def _fingerprints(prepared, erased, key, forget_ids: list[str] | None, old: dict
 def digest_list(X: np.ndarray) -> list[str]:
     """[n] row digests of X [n, ...] in row order (unlearning/erasure.py's row_digest: sha256 of float32 bytes)."""
     X = np.ascontiguousarray(np.asarray(X), dtype=np.float32)
-    return [row_digest(r) for r in X.reshape(len(X), -1)]
+    return [row_digest(r) for r in X.reshape(len(X), -1)] if len(X) else []  # no rows: no -1 to infer
 
 
 @computes

@@ -114,3 +114,11 @@ def test_verify_erasure_cli_prints_the_twin_and_exits_0(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "erasure verified for batch-a" in out
     assert "forgotten row 'p1' is identical to retained row p2 (kept)" in out
+
+
+def test_a_second_pass_with_nothing_left_keeps_the_fingerprints(tmp_path):
+    """`unlearn erase` after the rows are gone: no row to fingerprint, the first pass's ids stay in the report."""
+    params = table_project(tmp_path)
+    first = forget(params, "batch-a", ["p1"])
+    again = E.erase(params, "batch-a", None, "table", None)
+    assert again["row_ids_by_digest"] == first["row_ids_by_digest"] and E.digest_list(np.zeros((0, 3))) == []
