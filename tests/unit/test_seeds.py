@@ -30,3 +30,24 @@ def test_bases_differ_and_valid_torch_seeds():
 def test_unknown_role():
     with pytest.raises(ValueError, match="role 'x' is not known"):
         role_seeds(0, "x", 3)
+
+
+def test_batch_t_oracles_are_batch_t_plus_1_shadows_and_no_seed_is_shared_within_a_batch():
+    from unlearning.seeds import batch_role_seeds, reference_seeds
+
+    base, n = 0, 200
+    previous_oracles = None
+    for t in range(6):
+        shadows, oracles = reference_seeds(base, t, n, n)
+        assert not set(shadows) & set(oracles)  # within the batch: two roles, two streams
+        assert original_seed(base) not in set(shadows) | set(oracles)
+        assert len(set(oracles)) == n
+        if previous_oracles is not None:
+            assert shadows == previous_oracles  # reused from the cache, not trained again
+        previous_oracles = oracles
+    # per-batch streams are disjoint from the flat role streams and from each other
+    flat = {s for r in ROLES for s in role_seeds(base, r, n)}
+    per_batch = [set(batch_role_seeds(base, "oracles", n, t)) for t in range(6)]
+    assert not flat & set().union(*per_batch)
+    assert all(not a & b for i, a in enumerate(per_batch) for b in per_batch[i + 1:])
+    assert batch_role_seeds(base, "oracles", 10, 3) == batch_role_seeds(base, "oracles", n, 3)[:10]
