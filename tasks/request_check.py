@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from unlearning.io import read_json_file
 from unlearning.ledger import hash_sample_id
 from unlearning.requests import (
-    REQUIRED_COLUMNS, RequestValidationError, future_problems, ledger_matches, objective_problems, read_request_file,
-    rows_text, structural_problems,
+    REQUIRED_COLUMNS, RequestValidationError, arrow_text, entry_problem, future_problems, ledger_matches, look_alike_forms,
+    objective_problems, read_request_file, rows_text, structural_problems,
 )
 
 # Said under the problems of a file that failed stage 1: the manifest rules have not run yet.
@@ -48,6 +49,8 @@ GX_SOURCE, GX_ASSET, GX_BATCH = "requests", "request_file", "whole_file"
 GX_RESULT_FORMAT = {"result_format": "COMPLETE", "unexpected_index_column_names": ["row", "sample_id"]}
 DOCS_KEEP = 20  # Data Docs folders (and stored validation results) kept in gx/uncommitted; MLflow keeps all
 MAX_ROW_LINES = 20  # per rule; the rest of a rule's rows share one line
+# Great Expectations validates at most this many rows of the lookup frame (a seeded sample past it: gx_sample)
+GX_MAX_ROWS, GX_SAMPLE_SEED = 20_000, 0
 
 # rule -> (column of the lookup frame, allowed values, the expectation's note). An unknown id is null in
 # `split` and `deleted` (GX skips nulls), an erased id is `in_manifest` and null in `split`: so each defect
@@ -68,43 +71,106 @@ MANIFEST_RULES = {
 @dataclass
 class Lookup:
     """What GX checks (`frame`: row, request_id, sample_id keyed like the ledger, in_manifest, split,
-    deleted) and what the problem lines say (by row: the value as written, the batch that deleted it)."""
+    deleted) and what the problem lines say, each a Series by row number: the value as written (`value`), the
+    batch that deleted it (`deleted_by`), whether it was erased (`erased`). `known`: the manifest's ids (the
+    look-alike suggestions of an unknown id look them up)."""
     frame: pd.DataFrame
-    value: dict[int, str]
-    deleted_by: dict[int, str | None]
-    erased: dict[int, bool]
+    value: pd.Series
+    deleted_by: pd.Series
+    erased: pd.Series
     example_ids: list[str]
     left_out: str = ""  # left_out_note: rows prepare left out (an absent id may be one of them)
+    known: ManifestIds | None = None
+    plain_ids: bool = True  # False with hashed ids: a line never names another id in plain text
+
+
+class ManifestIds:
+    """The manifest's ids, asked one id at a time (`id in ids`): a look-alike's normalized forms."""
+
+    def __init__(self, ids):
+        self.ids = ids  # an Arrow string array
+
+    def __contains__(self, value: str) -> bool:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        return bool(pc.is_in(pa.array([value], type=pa.large_string()), value_set=self.ids)[0].as_py())
+
+
+def look_alike(value: str, known: ManifestIds | None) -> tuple[str, str] | None:
+    """(the manifest id `value` imitates, how it differs), or None: `value` is not itself an id of `known`
+    but one of its look-alike forms (unlearning.requests.look_alike_forms) is."""
+    if known is None or not isinstance(value, str):
+        return None
+    for form, how in look_alike_forms(value):
+        if form != value and form in known:
+            return form, how
+    return None
+
+
+KEY_CHUNK = 100_000  # ids keyed at a time: the Python strings of one chunk live at once, not of the whole file
+
+
+def keyed_ids(ids: pd.Series, key) -> pd.Series:
+    """`key` of every id (the salted hash with deletion.hash_sample_ids), as text stored in Arrow: made chunk by
+    chunk, so a 10^6-row file never holds 10^6 Python strings at once. The identity key copies nothing."""
+    if key("x") == "x" and key("sha256:x") == "sha256:x":
+        return ids
+    import pyarrow as pa
+
+    chunks = [pa.array([key(s) for s in ids.iloc[i:i + KEY_CHUNK].tolist()], type=pa.large_string())
+              for i in range(0, len(ids), KEY_CHUNK)]
+    return pa.chunked_array(chunks, type=pa.large_string()).to_pandas().set_axis(ids.index)
 
 
 def lookup_frame(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s, tombstoned: set[str] | None = None,
                  ledger: list[dict] | None = None, left_out: str = "") -> Lookup:
     """One row per request (df's index + 1 = the file's row number): where its sample id stands in the live
     manifest and the tombstones. `key`: the ledger's id form (the salted hash with deletion.hash_sample_ids),
-    used for the tombstones and for the ids GX (its results, its Data Docs) gets to see."""
-    tombstoned = tombstoned or set()
-    ids = df["sample_id"].astype(str)
-    m = manifest.drop_duplicates("sample_id")
-    m = m.set_index(m["sample_id"].astype(str))
-    split = ids.map(m["split"]) if "split" in m else pd.Series(None, index=ids.index)
-    status = ids.map(m["status"]) if "status" in m else pd.Series(None, index=ids.index)
-    by_batch = ids.map(m["deleted_in_batch"]) if "deleted_in_batch" in m else pd.Series(None, index=ids.index)
-    erased = ids.map(lambda s: key(s) in tombstoned).astype(bool)
+    used for the tombstones and for the ids GX (its results, its Data Docs) gets to see. Vectorized, in Arrow:
+    one hash join with the manifest, each id keyed once, no Python string per row (`for_gx` makes the
+    object frame Great Expectations reads, of its rows only)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = arrow_text(df["sample_id"].astype(str)).to_pandas().set_axis(df.index)
+    known_ids = arrow_text(manifest["sample_id"].astype(str))
+    # The manifest row of each id (its first row, for an id the manifest repeats), -1 for an unknown id.
+    at = pc.fill_null(pc.index_in(arrow_text(ids), value_set=known_ids), -1).to_numpy(zero_copy_only=False)
+    found = pa.array(at >= 0)
+    take = pa.array(np.where(at >= 0, at, 0)) if len(known_ids) else None
+
+    def column(name: str) -> pd.Series:  # `name` of each id's manifest row, null for an unknown id
+        if name not in manifest or take is None:
+            return pd.Series(None, index=ids.index, dtype=object)
+        values = pc.if_else(found, pc.take(arrow_text(manifest[name]), take), pa.scalar(None, pa.large_string()))
+        return values.to_pandas().set_axis(ids.index)
+
+    split, status, by_batch = column("split"), column("status"), column("deleted_in_batch")
+    keyed = keyed_ids(ids, key)
+    erased = keyed.isin(tombstoned) if tombstoned else pd.Series(False, index=ids.index)
     known = split.notna() | erased
-    deleted = ((status == "deleted") | erased).where(known, None)
+    deleted = ((status == "deleted").fillna(False) | erased).astype(object).where(known, None)
+    rows = pd.Index(df.index.astype(int) + 1, name="row")
+    # .array: the text columns stay in Arrow (no Python string per row)
+    frame = pd.DataFrame({"row": np.asarray(rows), "request_id": df["request_id"].array if "request_id" in df
+                          else None, "sample_id": keyed.array, "in_manifest": known.to_numpy(dtype=object),
+                          "split": split.array, "deleted": deleted.to_numpy()})
     ledger_batch = {str(e.get("sample_id")): e.get("batch_id") for e in (ledger or [])}
-    rows = [int(i) + 1 for i in df.index]
-    frame = pd.DataFrame({"row": rows, "request_id": df["request_id"].tolist() if "request_id" in df else None,
-                          "sample_id": [key(s) for s in ids], "in_manifest": known.tolist(),
-                          "split": split.where(split.notna(), None).tolist(), "deleted": deleted.tolist()})
-    frame = frame.astype(object).where(frame.notna(), None)
-    frame["row"] = rows
-    batches = {}
-    for r, s, b in zip(rows, ids, by_batch):
-        b = b if isinstance(b, str) and b else ledger_batch.get(key(s))
-        batches[r] = b
-    return Lookup(frame, dict(zip(rows, ids)), batches, dict(zip(rows, erased.tolist())),
-                  manifest["sample_id"].astype(str).iloc[:2].tolist(), left_out)
+    own = by_batch.where(by_batch.notna() & (by_batch != ""), None)  # the manifest's batch, else the ledger's
+    batches = own.where(own.notna(), keyed.map(ledger_batch)) if ledger_batch else own
+    return Lookup(frame, ids.set_axis(rows), batches.set_axis(rows),
+                  pd.Series(erased.to_numpy(dtype=bool), index=rows), known_ids[:2].to_pylist(), left_out,
+                  ManifestIds(known_ids), key("x") == "x")
+
+
+def for_gx(frame: pd.DataFrame) -> pd.DataFrame:
+    """The lookup frame as Great Expectations reads it: object columns, None for a missing value (the rule
+    columns' nulls are skipped by its ExpectColumnValuesToBeInSet)."""
+    out = frame.astype(object)
+    out = out.where(out.notna(), None)
+    out["row"] = frame["row"].astype(int)
+    return out
 
 
 @dataclass
@@ -287,6 +353,13 @@ def rule_failures(frame: pd.DataFrame) -> list[tuple[str, list[int], str | None,
 def _rule_line(rule: str, row: int, lk: Lookup) -> str:
     value = lk.value[row]
     if rule == "exists":
+        alike = look_alike(value, lk.known)
+        if alike is not None:
+            meant, how = alike
+            named = f"did you mean {meant!r}?" if lk.plain_ids else "it is the id of a manifest row once normalized"
+            return (f"column 'sample_id' row {row}: value {value!r} is not in the manifest, but it looks like "
+                    f"one of its ids ({how}): {named} Write the id exactly as in your data (ids are compared "
+                    f"character by character)")
         return (f"column 'sample_id' row {row}: value {value!r} is not in the manifest (this dataset's ids look like "
                 f"{lk.example_ids}{lk.left_out}); correct the id or remove the row")
     if rule == "training_sample":
@@ -314,7 +387,8 @@ def problem_lines(run: SuiteRun, lk: Lookup) -> list[str]:
             lines.append(f"manifest: expectation {rule} on column {column!r}{where} failed{shown}"
                          f"{': ' + detail if detail else ''}")
             continue
-        if rule == "exists" and n > 1 and len(rows) == n:
+        if rule == "exists" and n > 1 and len(rows) == n and not any(
+                look_alike(lk.value[r], lk.known) for r in rows[:MAX_ROW_LINES]):
             lines.append(f"manifest: column 'sample_id' rows 1-{n} (all): none of the {n} sample ids (e.g. "
                          f"{[lk.value[r] for r in rows[:3]]}) is in this dataset's manifest, whose ids look like "
                          f"{lk.example_ids}{lk.left_out}: the file is probably for another dataset (if it sits in the "
@@ -328,6 +402,21 @@ def problem_lines(run: SuiteRun, lk: Lookup) -> list[str]:
     return lines
 
 
+def gx_sample(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The rows Great Expectations validates, and the note that says so when they are a sample: past
+    GX_MAX_ROWS rows its run (10^6 rows: minutes, and gigabytes for a COMPLETE result) cannot keep the pace
+    of the rest, so it validates a seeded random sample of GX_MAX_ROWS rows while the same rules, evaluated
+    with pandas (`rule_failures`), cover every row."""
+    n = len(frame)
+    if n <= GX_MAX_ROWS:
+        return for_gx(frame), ""
+    picked = np.sort(np.random.default_rng(GX_SAMPLE_SEED).choice(n, GX_MAX_ROWS, replace=False))
+    note = (f"Great Expectations validated a seeded random sample of {GX_MAX_ROWS:,} of the {n:,} rows (seed "
+            f"{GX_SAMPLE_SEED}); the manifest rules ({', '.join(MANIFEST_RULES)}) were checked on all {n:,} rows "
+            f"with pandas")
+    return for_gx(frame.iloc[picked].reset_index(drop=True)), note
+
+
 def manifest_problems(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s,
                       tombstoned: set[str] | None = None, ledger: list[dict] | None = None,
                       gx_dir: str | Path | None = None, run_name: str = "request",
@@ -337,11 +426,17 @@ def manifest_problems(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s,
     they reject gets its lines without the suite (no GX result, no Data Docs); the batch's own check keeps
     the default and records the suite's result for every file."""
     lk = lookup_frame(df, manifest, key, tombstoned, ledger, left_out)
-    if not gx_when_invalid:
-        failures = rule_failures(lk.frame)
-        if failures:
-            return problem_lines(SuiteRun(failures), lk), {}, None
-    run = run_suite(lk.frame, gx_dir, run_name)
+    failures = rule_failures(lk.frame) if not gx_when_invalid or len(lk.frame) > GX_MAX_ROWS else []
+    if not gx_when_invalid and failures:
+        return problem_lines(SuiteRun(failures), lk), {}, None
+    sample, note = gx_sample(lk.frame)
+    run = run_suite(sample, gx_dir, run_name)
+    if note:  # the manifest rules' rows come from every row; the sample adds what only GX holds (a team's own rules)
+        pandas_rules = {f[0] for f in failures}
+        run.failures = failures + [f for f in run.failures if f[0] not in pandas_rules]
+        run.described = {**run.described, "sample": {"note": note, "rows_validated_by_gx": len(sample),
+                                                     "rows": len(lk.frame), "seed": GX_SAMPLE_SEED,
+                                                     "rows_checked_by_pandas": len(lk.frame)}}
     return problem_lines(run, lk), run.described, run.data_docs
 
 
@@ -351,6 +446,7 @@ class RequestCheck:
     gx_result: dict = field(default_factory=dict)
     manifest_checked: bool = True
     data_docs: str | None = None  # this run's Great Expectations Data Docs folder (index.html inside)
+    gx_note: str = ""  # said when Great Expectations validated a sample of the rows (gx_sample)
 
     @property
     def ok(self) -> bool:
@@ -372,7 +468,8 @@ def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame, cheap: list[st
         return RequestCheck(problems=[])
     lines, described, docs = manifest_problems(df, manifest, key, tombstoned, ledger, gx_dir, run_name, left_out,
                                                gx_when_invalid)
-    return RequestCheck(problems=lines, gx_result=described, data_docs=docs)
+    return RequestCheck(problems=lines, gx_result=described, data_docs=docs,
+                        gx_note=described.get("sample", {}).get("note", ""))
 
 
 def raise_if_invalid(path: str, check: RequestCheck) -> None:
@@ -404,6 +501,7 @@ class FileCheck:
     conflicts: list[str] = field(default_factory=list)
     manifest_checked: bool = True
     data_docs: str | None = None
+    gx_note: str = ""  # how much of the file Great Expectations validated, when it was a sample
 
     def error(self) -> RequestValidationError:
         cls = RequestConflict if self.conflicts else RequestValidationError
@@ -411,6 +509,7 @@ class FileCheck:
 
     def summary(self) -> str:
         docs = f"\n  data docs: {Path(self.data_docs) / 'index.html'}" if self.data_docs else ""
+        docs += f"\n  note: {self.gx_note}" if self.gx_note else ""
         if self.status == "already_processed":
             return (f"{self.path}: all {self.n_rows} request(s) were processed before with the same content; "
                     f"nothing to do")
@@ -426,7 +525,10 @@ def nothing_left_problems(manifest: pd.DataFrame, pending: pd.DataFrame) -> list
     candidate) has a row to learn from, and the "model" it promoted would be a random initialisation."""
     if "sample_id" not in pending.columns or not len(pending):
         return []
-    retained = manifest.loc[(manifest["split"] == "train") & (manifest["status"] == "retained"), "sample_id"]
+    retained = (manifest["split"] == "train") & (manifest["status"] == "retained")
+    if len(pending) < retained.sum():  # each row names one id (unique): fewer rows cannot name every one
+        return []
+    retained = manifest.loc[retained, "sample_id"]
     if len(retained) and retained.astype(str).isin(set(pending["sample_id"].astype(str))).all():
         return [f"batch: it names all {len(retained)} training rows still retained, so nothing would be left to "
                 f"train or retrain on; keep some rows (split the request), or start over on new data "
@@ -453,14 +555,18 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
                        salt: str = "", max_clock_skew_seconds: float = 300.0, now=None,
                        tombstoned: set[str] | None = None, gx: bool = True,
                        gx_dir: str | Path | None = None, left_out: str = "",
-                       gx_when_invalid: bool = True) -> FileCheck:
+                       gx_when_invalid: bool = True, inbox: str | Path | None = None) -> FileCheck:
     """Read and validate one request file against the ledger and the live manifest: stage 1 (ledger,
     structure and types, mixed objectives, future times), then, when it found nothing and `gx`, stage 2
     (the GX suite: exists, training row, not deleted or erased). `gx=False` runs stage 1 only (the CLI's
     pre-check). `gx_dir`: the project's GX folder (base.paths.gx_dir; created when missing; Data Docs are
     built there); None runs the same suite in memory, without Data Docs. `gx_when_invalid=False`: a file the
-    manifest rules reject (evaluated with pandas first) is answered without the suite (`manifest_problems`)."""
+    manifest rules reject (evaluated with pandas first) is answered without the suite (`manifest_problems`).
+    `inbox`: the project's inbox (a symlink is read only as an inbox entry naming a staged file: entry_problem)."""
     path = str(path)
+    refused = entry_problem(path, inbox)
+    if refused:  # a symlink, a directory, a FIFO: refused before a byte of it is read (or quoted)
+        return FileCheck(path, "invalid", [refused], manifest_checked=False)
     try:
         df = read_request_file(path)
     except RequestValidationError as e:
@@ -470,8 +576,9 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
     n = len(df)
     if n and len(same) == n and not conflicts:
         return FileCheck(path, "already_processed", [], df.iloc[0:0], skipped=n, n_rows=n)
-    skip = set(same)
-    rows = df.iloc[[i for i in range(n) if i not in skip]]  # the file's index: problems name its row numbers
+    keep = np.ones(n, dtype=bool)
+    keep[same] = False
+    rows = df[keep] if len(same) else df  # the file's index: problems name its row numbers
     rows.attrs = dict(df.attrs)
     cheap = [f"schema: {p}" for p in objective_problems(rows)]
     cheap += [f"schema: {p}" for p in future_problems(rows, max_clock_skew_seconds, now)]
@@ -487,7 +594,7 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
         problems = keyed_mentions(problems, df["sample_id"] if "sample_id" in df.columns else [], key)
     return FileCheck(path, "invalid" if problems else "ok", problems, pending, skipped=len(same), n_rows=n,
                      gx_result=check.gx_result, conflicts=conflicts, manifest_checked=check.manifest_checked,
-                     data_docs=check.data_docs)
+                     data_docs=check.data_docs, gx_note=check.gx_note)
 
 
 # --- what the checks need, without torch or Prefect ---------------------------------------------------------
@@ -555,7 +662,7 @@ def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True,
                               salt=live.salt, max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,
                               tombstoned=read_tombstones(params.path("tombstones")), gx=gx,
                               gx_dir=params.path("gx_dir"), left_out=left_out_note(params, live.info),
-                              gx_when_invalid=gx_when_invalid)
+                              gx_when_invalid=gx_when_invalid, inbox=params.path("inbox"))
 
 
 __all__ = ["RequestCheck", "FileCheck", "RequestConflict", "LiveState", "Lookup", "SuiteRun", "check_request_file",

@@ -10,9 +10,9 @@ one at a time, so each stage reports every problem it finds, one line each.
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 from pandera.errors import SchemaErrors
@@ -22,6 +22,7 @@ from unlearning.ids import CONTROL_CHARACTERS
 OBJECTIVES = ("retrain_equivalence", "suppression")
 REQUIRED_COLUMNS = ("request_id", "sample_id", "requested_at", "reason")
 REQUEST_SUFFIXES = (".csv", ".parquet")
+TEXT_COLUMNS = ("request_id", "sample_id", "reason", "objective")
 
 REQUEST_SCHEMA = pa.DataFrameSchema(
     {
@@ -60,20 +61,75 @@ def is_request_file_name(name: str) -> bool:
     return Path(name).suffix.lower() in REQUEST_SUFFIXES
 
 
-def _parquet_type_problems(raw: pd.DataFrame) -> list[str]:
-    """Columns whose Parquet type is not text: ids written as integers lose leading zeros and formatting,
-    bytes are not text at all. Reported like any other problem (the values are still read as text)."""
-    problems = []
-    for col in raw.columns:
-        dtype = raw[col].dtype
-        values = [v for v in raw[col].tolist() if v is not None and v == v]
-        if any(isinstance(v, (bytes, bytearray, memoryview)) for v in values):
-            problems.append(f"column '{col}': Parquet type is bytes (binary); write it as a UTF-8 string column")
-        elif col in ("request_id", "sample_id", "reason", "objective") and (
-                pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype)):
-            problems.append(f"column '{col}': Parquet type is {dtype} (not text); ids and reasons must be strings "
-                            f"(write them as a string column, e.g. df['{col}'].astype(str))")
-    return problems
+PARQUET_MAGIC = b"PAR1"  # a Parquet file starts and ends with it
+
+
+def _signature_problem(path: Path, suffix: str) -> str | None:
+    """A file whose bytes say it is not what its name says, or a truncated Parquet file: one line with the fix
+    (pyarrow's own error names neither). Read from the file's first and last 4 bytes."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(max(size - 4, 0))
+            tail = f.read(4)
+    except OSError:
+        return None  # the reader says what is wrong
+    if suffix == ".csv":
+        return ("this is a Parquet file (it starts with the Parquet signature PAR1), not CSV text: name it "
+                ".parquet") if head == PARQUET_MAGIC else None
+    if size == 0:
+        return None  # the empty-file line
+    if head != PARQUET_MAGIC:
+        return ("not a Parquet file (it does not start with the Parquet signature PAR1): if it is CSV, name it "
+                ".csv; otherwise write it again with a Parquet writer (e.g. df.to_parquet)")
+    if size < 12 or tail != PARQUET_MAGIC:
+        return ("a truncated Parquet file (it has no Parquet footer: its write or copy did not finish); write or "
+                "copy it again")
+    return None
+
+
+def _parquet_type_problem(col: str, dtype) -> str | None:
+    """A Parquet column whose type is not text: ids written as integers lose leading zeros and formatting,
+    bytes are not text at all, a nested column (struct, list, map) holds no single value per row."""
+    import pyarrow.types as pat
+
+    if pat.is_dictionary(dtype):
+        dtype = dtype.value_type
+    if pat.is_string(dtype) or pat.is_large_string(dtype) or pat.is_null(dtype):
+        return None
+    if pat.is_binary(dtype) or pat.is_large_binary(dtype) or pat.is_fixed_size_binary(dtype):
+        return f"column '{col}': Parquet type is bytes (binary); write it as a UTF-8 string column"
+    if pat.is_nested(dtype):
+        return (f"column '{col}': Parquet type is {dtype} (a nested column), not text; a request file has flat "
+                f"columns of text, one value per row: write '{col}' as a string column")
+    if col in TEXT_COLUMNS and (pat.is_integer(dtype) or pat.is_floating(dtype) or pat.is_boolean(dtype)
+                                or pat.is_decimal(dtype)):
+        return (f"column '{col}': Parquet type is {dtype} (not text); ids and reasons must be strings "
+                f"(write them as a string column, e.g. df['{col}'].astype(str))")
+    return None
+
+
+def _read_parquet(path: Path) -> tuple[pd.DataFrame, list[str]]:
+    """Every column as text, and the columns whose Parquet type is not text (reported like any other problem:
+    the values are still read, as text, so the other checks run too). Types are read from the file's schema,
+    not from its values: one look per column, whatever the rows."""
+    import pyarrow.parquet as pq
+    import pyarrow.types as pat
+
+    table = pq.read_table(path)
+    problems = [p for f in table.schema if (p := _parquet_type_problem(f.name, f.type))]
+    columns = {}
+    for f, column in zip(table.schema, table.columns):
+        dtype = f.type.value_type if pat.is_dictionary(f.type) else f.type
+        if pat.is_binary(dtype) or pat.is_large_binary(dtype) or pat.is_fixed_size_binary(dtype):
+            values = [v.decode("utf-8", "replace") if v is not None else None for v in column.to_pylist()]
+            columns[f.name] = pd.Series(values, dtype=object)
+        elif pat.is_nested(dtype):
+            columns[f.name] = pd.Series([None if v is None else str(v) for v in column.to_pylist()], dtype=object)
+        else:
+            columns[f.name] = column.to_pandas().astype("string").astype(object)
+    return pd.DataFrame(columns, columns=table.column_names), problems
 
 
 def read_request_file(path: str | Path, suffix: str | None = None) -> pd.DataFrame:
@@ -85,6 +141,9 @@ def read_request_file(path: str | Path, suffix: str | None = None) -> pd.DataFra
     if suffix not in REQUEST_SUFFIXES:
         raise RequestValidationError(path, [f"file type '{path.suffix}' is not supported; use .csv or .parquet"])
     type_problems: list[str] = []
+    mislabeled = _signature_problem(path, suffix)
+    if mislabeled:
+        raise RequestValidationError(path, [mislabeled])
     if suffix == ".csv":
         widths = field_count_problems(path)
         if widths:  # the columns of those rows cannot be told apart: nothing more is checked
@@ -94,10 +153,7 @@ def read_request_file(path: str | Path, suffix: str | None = None) -> pd.DataFra
             # index_col=False: a row with one field too many must never turn its first field into the index
             df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], index_col=False)
         else:
-            raw = pd.read_parquet(path)
-            type_problems = _parquet_type_problems(raw)
-            df = raw.map(lambda v: v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v)
-            df = df.astype("string").astype(object)
+            df, type_problems = _read_parquet(path)
     except pd.errors.EmptyDataError:
         raise RequestValidationError(path, [f"the file is empty; a request file has the header "
                                             f"{','.join(REQUIRED_COLUMNS)} and one row per request"]) from None
@@ -194,6 +250,11 @@ def _repeated_requests(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     repeats are left out of the per-column uniqueness checks (which would report the same defect twice)."""
     if not {"request_id", "sample_id"} <= set(df.columns) or len(df) < 2:
         return df, []
+    import pyarrow.compute as pc
+
+    # a request repeats only where both ids repeat: one count in Arrow answers the common case (unique ids)
+    if any(pc.count_distinct(_arrow_text(df[c]), mode="all").as_py() == len(df) for c in ("request_id", "sample_id")):
+        return df, []
     keys = df[["request_id", "sample_id"]]
     both = keys.notna().all(axis=1)
     dup = both & keys.duplicated(keep=False)
@@ -207,9 +268,57 @@ def _repeated_requests(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return df.drop(index=drop), problems
 
 
-def _text_rows(df: pd.DataFrame, col: str, bad) -> list:
-    """The rows of column `col` whose text value `bad(value)` flags (none when the column is absent)."""
-    return [i for i, v in df[col].items() if isinstance(v, str) and bad(v)] if col in df.columns else []
+def arrow_text(values: pd.Series):
+    """A text column as an Arrow large_string array (a missing value is null): the checks run as Arrow compute
+    kernels, one pass over the column each, instead of a Python call per value (a 10^6-row file). pandas 3
+    keeps text in Arrow already (the `str` dtype): then nothing is copied, and no Python string is made."""
+    import pyarrow as pa
+
+    try:
+        arr = pa.array(values, from_pandas=True)
+    except (pa.ArrowException, TypeError, ValueError):  # an object column mixing types: each value as text
+        arr = pa.array([None if v is None or v != v else str(v) for v in values], type=pa.large_string())
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_null(arr.type)):
+        arr = pa.array([None if v is None or v != v else str(v) for v in values], type=pa.large_string())
+    return arr.cast(pa.large_string())
+
+
+_arrow_text = arrow_text
+
+
+def _mask(flags) -> np.ndarray:
+    """An Arrow boolean array as a numpy mask (a null value is never flagged)."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(flags, False).to_numpy(zero_copy_only=False)
+
+
+def _matches(text, pattern: str) -> np.ndarray:
+    """Rows whose value matches the RE2 `pattern` (Arrow's regex engine)."""
+    import pyarrow.compute as pc
+
+    return _mask(pc.match_substring_regex(text, pattern))
+
+
+class _Texts:
+    """The frame's text columns as Arrow arrays, converted once for all the checks of one frame."""
+
+    def __init__(self, df: pd.DataFrame):
+        self.df, self._cache = df, {}
+
+    def __contains__(self, col: str) -> bool:
+        return col in self.df.columns
+
+    def __getitem__(self, col: str):
+        if col not in self._cache:
+            self._cache[col] = _arrow_text(self.df[col])
+        return self._cache[col]
+
+    def rows(self, col: str, mask: np.ndarray) -> list:
+        """The index labels of the flagged rows."""
+        return self.df.index[mask].tolist()
 
 
 def _value_line(df: pd.DataFrame, col: str, rows: list, says: str) -> str:
@@ -218,43 +327,131 @@ def _value_line(df: pd.DataFrame, col: str, rows: list, says: str) -> str:
             f"{' (and others)' if len(rows) > 1 else ''} {says}")
 
 
-def _spaced_ids(df: pd.DataFrame) -> list[str]:
+def _spaced_ids(texts: _Texts) -> list[str]:
     """Ids with spaces around them: compared exactly, 'digits-0145 ' is an unknown id, and the problem would
     read as a wrong id rather than as the stray space it is (a spreadsheet's padding, a copy-paste)."""
-    return [_value_line(df, col, rows, "has spaces around it; remove them (ids are compared exactly)")
-            for col in ("request_id", "sample_id")
-            if (rows := _text_rows(df, col, lambda v: v != v.strip() and v.strip()))]
+    import pyarrow.compute as pc
+
+    lines = []
+    for col in ("request_id", "sample_id"):
+        if col not in texts:
+            continue
+        text = texts[col]
+        trimmed = pc.utf8_trim_whitespace(text)
+        spaced = _mask(pc.and_(pc.not_equal(trimmed, text), pc.greater(pc.utf8_length(trimmed), 0)))
+        # a tab or line break at an end is the control-character line's (one problem, one line)
+        rows = texts.rows(col, spaced & ~_matches(text, _CONTROL))
+        if rows:
+            lines.append(_value_line(texts.df, col, rows, "has spaces around it; remove them (ids are compared "
+                                                          "exactly)"))
+    return lines
 
 
 # A time of day without a zone ("2026-11-30T09:00:00") names no instant: it would be taken as UTC, silently.
 # A date alone ("2026-11-30") is a day and stays allowed (its midnight, UTC).
-_TIME_OF_DAY = re.compile(r"\d[T ]\d{1,2}:\d{2}")
-_ZONE_SUFFIX = re.compile(r"(Z|[+-]\d{2}(:?\d{2})?)$")
+_TIME_OF_DAY = r"\d[T ]\d{1,2}:\d{2}"
+_ZONE_SUFFIX = r"(Z|[+-]\d{2}(:?\d{2})?)$"
+_CONTROL = CONTROL_CHARACTERS.pattern  # unlearning.ids' class, valid RE2 (Arrow's regex engine) as it is
+# A spreadsheet reads a cell starting with one of these as a formula (CSV injection: `=cmd|' /C calc'!A0`);
+# a leading tab or carriage return is a control character (refused by `_control_characters`).
+FORMULA_LEAD = r"^[=+\-@]"
+# Refused where the request's own text enters the ledger (request_id, reason; objective is one of a fixed
+# set). Not sample_id: a sample id is compared exactly with the manifest, so one that passes is the team's own
+# id, already in the prepared data; refusing it would leave that row impossible to erase (unlearning/ids.py).
+FORMULA_COLUMNS = ("request_id", "reason", "objective")
 
 
-def _control_characters(df: pd.DataFrame) -> list[str]:
+def _control_characters(texts: _Texts) -> list[str]:
     """Text values holding a line break, tab or other control character (a quoted CSV field may hold a
     newline): they would enter the append-only ledger and the audit trail as they are."""
-    return [_value_line(df, col, rows, "holds a control character (a line break or tab); remove it (ids and "
-                                       "reasons are one line of text)")
-            for col in ("request_id", "sample_id", "reason", "objective")
-            if (rows := _text_rows(df, col, CONTROL_CHARACTERS.search))]
+    return [_value_line(texts.df, col, rows, "holds a control character (a line break or tab); remove it (ids "
+                                             "and reasons are one line of text)")
+            for col in TEXT_COLUMNS if col in texts and (rows := texts.rows(col, _matches(texts[col], _CONTROL)))]
 
 
-def _zoneless_times(df: pd.DataFrame) -> list[str]:
+def _formula_text(texts: _Texts) -> list[str]:
+    """request_id / reason values starting with = + - @: the ledger and the request file are read back into
+    spreadsheets, which would run them as formulas (CSV injection)."""
+    return [_value_line(texts.df, col, rows, "starts with '=', '+', '-' or '@', which a spreadsheet runs as a "
+                                             "formula; start it with a letter or a digit (e.g. drop the leading "
+                                             "character)")
+            for col in FORMULA_COLUMNS if col in texts and (rows := texts.rows(col, _matches(texts[col], FORMULA_LEAD)))]
+
+
+def _zoneless_times(texts: _Texts) -> list[str]:
     """`requested_at` values with a time of day but no zone: which instant they name depends on where they
     were written. Unparseable values are the schema's problem (one line there, not two)."""
-    rows = _text_rows(df, "requested_at", lambda v: bool(_TIME_OF_DAY.search(v.strip())) and not
-                      _ZONE_SUFFIX.search(v.strip()) and parse_timestamps(pd.Series([v])).notna().all())
+    import pyarrow.compute as pc
+
+    if "requested_at" not in texts:
+        return []
+    stripped = pc.utf8_trim_whitespace(texts["requested_at"])
+    candidates = _matches(stripped, _TIME_OF_DAY) & ~_matches(stripped, _ZONE_SUFFIX)
+    if candidates.any():  # only those few are parsed one more time
+        df = texts.df
+        candidates[candidates] = parse_timestamps(df["requested_at"][candidates]).notna().to_numpy()
+    rows = texts.rows("requested_at", candidates)
     if not rows:
         return []
-    example = df["requested_at"][rows[0]].strip()
-    return [_value_line(df, "requested_at", rows, f"has a time but no time zone; add one (e.g. {example}Z for UTC, "
-                                                  f"or an offset such as +01:00)")]
+    example = texts.df["requested_at"][rows[0]].strip()
+    return [_value_line(texts.df, "requested_at", rows, f"has a time but no time zone; add one (e.g. {example}Z "
+                                                        f"for UTC, or an offset such as +01:00)")]
+
+
+def _repeated_headers(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Data rows that repeat the header (two files joined, each with its header): one line, and those rows are
+    left out of the other checks (their 'requested_at' is no timestamp, their ids no ids)."""
+    cols = [c for c in REQUIRED_COLUMNS if c in df.columns]
+    if len(cols) < 2 or not len(df):
+        return df, []
+    import pyarrow.compute as pc
+
+    same = np.ones(len(df), dtype=bool)
+    for c in cols:  # in Arrow: no Python string per value (a 10^6-row file)
+        same &= _mask(pc.equal(pc.utf8_lower(pc.utf8_trim_whitespace(_arrow_text(df[c]))), c))
+    if not same.any():
+        return df, []
+    rows = df.index[same].tolist()
+    return df.loc[~same], [f"{_rows_hint(rows)}: repeat(s) the header ({','.join(map(str, df.columns))}); remove "
+                           f"{'it' if len(rows) == 1 else 'them'} (files joined with their headers: keep the first "
+                           f"header only)"]
 
 
 UNIQUE_FIX = {"request_id": "give each request its own request_id",
               "sample_id": "a sample is forgotten once: keep one row for it"}
+
+
+# Letters that look like Latin ones but are not (NFKC keeps them): the dotless i, Cyrillic and Greek capitals
+# and small letters with a Latin twin, and the dashes a word processor puts in place of a hyphen.
+_CONFUSABLES = str.maketrans({
+    "ı": "i", "ȷ": "j", "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "х": "x", "у": "y", "і": "i", "ј": "j",
+    "ѕ": "s", "ԁ": "d", "ο": "o", "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P",
+    "С": "C", "Т": "T", "Х": "X", "Α": "A", "Β": "B", "Ε": "E", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N",
+    "Ο": "O", "Ρ": "P", "Τ": "T", "Χ": "X", "Υ": "Y", "Ζ": "Z", "‐": "-", "‑": "-", "‒": "-", "–": "-", "—": "-",
+    "−": "-"})
+
+
+def look_alike_forms(value: str) -> list[tuple[str, str]]:
+    """The forms an id may have been meant as, each with how `value` differs from it: NFKC-normalized
+    (full-width digits, ligatures), without invisible characters (Unicode format characters: zero-width space,
+    soft hyphen, byte-order mark), with look-alike letters mapped to their Latin twins; then also lowercased.
+    The ids in a request are compared exactly: these forms only name the id a typo-free request meant."""
+    import unicodedata
+
+    how = []
+    form = unicodedata.normalize("NFKC", value)
+    if form != value:
+        how.append("full-width or compatibility characters")
+    visible = "".join(ch for ch in form if unicodedata.category(ch) != "Cf")
+    if visible != form:
+        how.append("an invisible character")
+    latin = visible.translate(_CONFUSABLES)
+    if latin != visible:
+        how.append("a letter that only looks Latin, such as a dotless 'ı' or a Cyrillic 'а'")
+    forms = [(latin, ", ".join(how) or "the same characters")]
+    if latin.lower() != latin:
+        forms.append((latin.lower(), ", ".join(how + ["upper-case letters"])))
+    return forms
 
 
 def structural_problems(df: pd.DataFrame) -> list[str]:
@@ -271,8 +468,11 @@ def structural_problems(df: pd.DataFrame) -> list[str]:
         if len(missing) < len(REQUIRED_COLUMNS):
             problems.append("the batch is empty: a request file needs at least one row")
         return problems
+    df, headers = _repeated_headers(df)
     df, repeated = _repeated_requests(df)
-    problems += repeated + _spaced_ids(df) + _control_characters(df) + _zoneless_times(df)
+    texts = _Texts(df)
+    problems += headers + repeated + _spaced_ids(texts) + _control_characters(texts) + _formula_text(texts)
+    problems += _zoneless_times(texts)
     try:
         REQUEST_SCHEMA.validate(df, lazy=True)
     except SchemaErrors as err:
@@ -326,15 +526,22 @@ def objective_problems(df: pd.DataFrame) -> list[str]:
 
 
 def future_problems(df: pd.DataFrame, max_skew_seconds: float, now: pd.Timestamp | None = None) -> list[str]:
-    """`requested_at` values later than now + the declared clock-skew tolerance."""
+    """`requested_at` values later than now + the declared clock-skew tolerance (one line per row, the rows past
+    ROWS_SHOWN in one more line)."""
     if "requested_at" not in df.columns or not len(df):
         return []
     now = now if now is not None else pd.Timestamp.now(tz="UTC")
     limit = now + pd.Timedelta(seconds=max_skew_seconds)
-    ts = parse_timestamps(df["requested_at"])
-    return [f"column 'requested_at' {_row_hint(i)}: value {df['requested_at'].iloc[n]!r} is in the future (later "
-            f"than now + deletion.max_clock_skew_seconds = {max_skew_seconds:g} s)"
-            for n, (i, t) in enumerate(ts.items()) if t is not pd.NaT and t == t and t > limit]
+    late = (parse_timestamps(df["requested_at"]) > limit).to_numpy(dtype=bool)  # NaT compares False
+    positions = np.flatnonzero(late)
+    tolerance = f"now + deletion.max_clock_skew_seconds = {max_skew_seconds:g} s"
+    lines = [f"column 'requested_at' {_row_hint(df.index[n])}: value {df['requested_at'].iloc[n]!r} is in the "
+             f"future (later than {tolerance})" for n in positions[:ROWS_SHOWN]]
+    if len(positions) > ROWS_SHOWN:
+        rest = [df.index[n] for n in positions[ROWS_SHOWN:]]
+        lines.append(f"column 'requested_at' {_rows_hint(rest)}: {len(rest)} more value(s) in the future (later "
+                     f"than {tolerance})")
+    return lines
 
 
 def batch_objective(df: pd.DataFrame, default: str, path: str | Path = "<batch>") -> str:
@@ -351,39 +558,79 @@ def batch_objective(df: pd.DataFrame, default: str, path: str | Path = "<batch>"
 def ledger_matches(df: pd.DataFrame, ledger: list[dict], sample_key=lambda s: s) -> tuple[list[int], list[str]]:
     """Rows of `df` whose request_id is already in the ledger: (positions of rows with the same content,
     conflict lines for rows with different content). Content = sample id (through `sample_key`, e.g. the
-    salted hash when the ledger stores hashed ids), requested_at (as a time) and reason."""
+    salted hash when the ledger stores hashed ids), requested_at (as a time) and reason. Vectorized: only the
+    rows whose request_id the ledger holds are keyed, compared and (when they conflict) described."""
     if "request_id" not in df.columns or not ledger:
         return [], []
-    by_id = {str(e["request_id"]): e for e in ledger}
-    same, conflicts = [], []
-    ts = parse_timestamps(df["requested_at"]) if "requested_at" in df.columns else None
-    for pos, row in enumerate(df.to_dict("records")):
-        entry = by_id.get(str(row.get("request_id")))
-        if entry is None:
-            continue
+    by_id = {str(e["request_id"]): e for e in ledger}  # the last entry of a request_id, as before
+    rids = df["request_id"].astype(str).where(df["request_id"].notna(), None)
+    positions = np.flatnonzero(rids.isin(list(by_id)).to_numpy())
+    if not len(positions):
+        return [], []
+    entries = [by_id[r] for r in rids.iloc[positions]]
+    rows = df.iloc[positions]
+    sids = rows["sample_id"] if "sample_id" in rows.columns else pd.Series(None, index=rows.index, dtype=object)
+    same_sid = np.array([s is not None and s == s and sample_key(str(s)) == str(e.get("sample_id"))
+                         for s, e in zip(sids, entries)], dtype=bool)
+    if "requested_at" in rows.columns:
+        mine = parse_timestamps(rows["requested_at"].reset_index(drop=True))
+        theirs = parse_timestamps(pd.Series([e.get("requested_at") for e in entries], dtype=object))
+        same_time = (mine == theirs).to_numpy(dtype=bool)  # NaT never equals: an unparseable time differs
+    else:
+        same_time = np.ones(len(positions), dtype=bool)
+    if "reason" in rows.columns:
+        same_reason = np.array([r == e.get("reason") for r, e in zip(rows["reason"], entries)], dtype=bool)
+    else:
+        same_reason = np.ones(len(positions), dtype=bool)
+    same = same_sid & same_time & same_reason
+    conflicts = []
+    for k in np.flatnonzero(~same):
+        pos, entry, row = int(positions[k]), entries[k], rows.iloc[k]
         diffs = []
-        sid = row.get("sample_id")
-        if sid is None or sample_key(str(sid)) != str(entry.get("sample_id")):
-            diffs.append(f"sample_id {sid!r} (ledger: {entry.get('sample_id')!r})")
-        if ts is not None:
-            t_ledger = parse_timestamps(pd.Series([entry.get("requested_at")])).iloc[0]
-            if not (ts.iloc[pos] == t_ledger):
-                diffs.append(f"requested_at {row.get('requested_at')!r} (ledger: {entry.get('requested_at')!r})")
-        if "reason" in row and row.get("reason") != entry.get("reason"):
+        if not same_sid[k]:
+            diffs.append(f"sample_id {row.get('sample_id')!r} (ledger: {entry.get('sample_id')!r})")
+        if not same_time[k]:
+            diffs.append(f"requested_at {row.get('requested_at')!r} (ledger: {entry.get('requested_at')!r})")
+        if not same_reason[k]:
             diffs.append(f"reason {row.get('reason')!r} (ledger: {entry.get('reason')!r})")
-        if diffs:
-            conflicts.append(f"request_id {row['request_id']!r} row {pos + 1} conflicts with the ledger entry of batch "
-                             f"{entry.get('batch_id')} (file {entry.get('request_file')}, processed "
-                             f"{entry.get('processed_at')}): {'; '.join(diffs)}. A request id names one request "
-                             f"forever: give a new request a new request_id")
-        else:
-            same.append(pos)
-    return same, conflicts
+        conflicts.append(f"request_id {row['request_id']!r} row {pos + 1} conflicts with the ledger entry of batch "
+                         f"{entry.get('batch_id')} (file {entry.get('request_file')}, processed "
+                         f"{entry.get('processed_at')}): {'; '.join(diffs)}. A request id names one request "
+                         f"forever: give a new request a new request_id")
+    return [int(p) for p in positions[same]], conflicts
 
 
 def in_inbox(path: Path, inbox: Path) -> bool:
     """Whether `path` is an entry of the inbox folder (as given, or after resolving symlinks)."""
     return path.absolute().parent == inbox.absolute() or path.resolve().parent == inbox.resolve()
+
+
+def entry_problem(path: str | Path, inbox: str | Path | None = None) -> str | None:
+    """Why `path` is not a file the pipeline reads requests from (None when it is one), by what it is, before a
+    byte of it is read: the one rule of the inbox scan (`scan_inbox`), `unlearn validate`, `unlearn run FILE`
+    and the deletion flow's check. A symlink is read only as an inbox entry naming a staged dot-file inside
+    the inbox (an atomic drop); any other is refused, so no check ever reads (and quotes) a file it leads to
+    elsewhere. A directory and anything that is not a regular file (a FIFO, a device) are refused too."""
+    path = Path(path)
+    inside = inbox is not None and in_inbox(path, Path(inbox))
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.exists():
+            return "a dangling symlink"
+        if not inside:
+            return (f"a symlink (to {target}); refused, as the deletion flow refuses a symlink leaving its inbox: "
+                    f"copy the file itself")
+        if target.parent != Path(inbox).resolve():
+            return f"a symlink leaving the inbox (to {target}); refused: copy the file into the inbox"
+        if not target.name.startswith("."):
+            return (f"a symlink to {target.name}, which is in the inbox itself: a second name for the same "
+                    f"requests; refused (its target is processed under its own name)")
+    if path.is_dir():
+        return ("a directory, not a request file; put request files directly in the inbox" if inside else
+                "a directory, not a request file; name one request file (.csv or .parquet)")
+    if path.exists() and not path.is_file():
+        return "not a regular file (a FIFO or a device); a request file is a regular .csv or .parquet file"
+    return None
 
 
 def scan_inbox(inbox: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
@@ -393,34 +640,20 @@ def scan_inbox(inbox: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     names), or symlinks to such a file INSIDE the inbox under a dot-name (a staged file). Reported, never
     silently skipped: other suffixes, directories, dangling symlinks, symlinks that leave the inbox, and
     symlinks to another listed inbox file (a second name for the same requests: the target is processed
-    under its own name, and the link would then dangle). Dot-files (temporary names of atomic writes,
-    .gitkeep) are ignored."""
+    under its own name, and the link would then dangle); see `entry_problem`. Dot-files (temporary names of
+    atomic writes, .gitkeep) are ignored."""
     inbox = Path(inbox)
     if not inbox.is_dir():
         return [], []
-    root = inbox.resolve()
     files, odd = [], []
     for p in sorted(inbox.iterdir()):
         if p.name.startswith("."):
             continue
-        if p.is_symlink():
-            target = p.resolve()
-            if not target.exists():
-                odd.append((p, "a dangling symlink"))
-                continue
-            if target.parent != root:
-                odd.append((p, f"a symlink leaving the inbox (to {target}); refused: copy the file into the inbox"))
-                continue
-            if not target.name.startswith("."):
-                odd.append((p, f"a symlink to {target.name}, which is in the inbox itself: a second name for the "
-                               f"same requests; refused (its target is processed under its own name)"))
-                continue
-        if p.is_dir():
-            odd.append((p, "a directory, not a request file; put request files directly in the inbox"))
-        elif not is_request_file_name(p.name):
-            odd.append((p, f"suffix '{p.suffix}' is not a request file type; use .csv or .parquet"))
-        elif not p.is_file():
-            odd.append((p, "not a regular file"))
+        problem = entry_problem(p, inbox)
+        if problem is None and not is_request_file_name(p.name):
+            problem = f"suffix '{p.suffix}' is not a request file type; use .csv or .parquet"
+        if problem:
+            odd.append((p, problem))
         else:
             files.append(p)
     return files, odd

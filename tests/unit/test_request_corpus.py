@@ -154,11 +154,13 @@ CASES = [
     ("parquet-extra-column", "a.parquet", parquet(**GOOD, x=[1]), "invalid", ["unexpected column 'x'"], None),
     ("parquet-missing-column", "a.parquet", parquet(request_id=["p1"], sample_id=["digits-0001"], reason=["gdpr"]),
      "invalid", ["missing column", "requested_at"], None),
-    ("parquet-corrupt", "a.parquet", csv("not a parquet file"), "invalid", ["cannot read file"], None),
+    ("parquet-corrupt", "a.parquet", csv("not a parquet file"), "invalid",
+     ["not a Parquet file", "if it is CSV, name it .csv"], None),
     ("parquet-future", "a.parquet", parquet(request_id=["p1"], sample_id=["digits-0001"],
                                             requested_at=["2999-01-01T00:00:00Z"], reason=["gdpr"]), "invalid",
      ["in the future"], None),
-    ("directory", "a.csv", lambda p: p.mkdir(), "invalid", ["cannot read file"], None),
+    ("directory", "a.csv", lambda p: p.mkdir(), "invalid", ["a directory, not a request file", "name one request file"],
+     None),
     ("tombstoned", "a.csv", csv(H + "\nr1,digits-0005,2026-11-30,gdpr\n"), "invalid",
      ["row 1: value 'digits-0005' was erased already"], "tomb"),
     ("tombstoned-hashed", "a.csv", csv(H + "\nr1,digits-0005,2026-11-30,gdpr\n"), "invalid",
@@ -192,6 +194,41 @@ CASES = [
     ("partial-overlap-unknown", "a.csv", csv(H + "\nold-1,digits-0007,2026-11-01T10:00:00Z,gdpr\n"
                                              "r2,digits-9999,2026-11-30,gdpr\n"), "invalid",
      ["row 2: value 'digits-9999' is not in the manifest"], "plain"),
+    # hostile and odd input: each one line naming the problem and the fix
+    ("formula-request-id-and-reason", "a.csv", csv(H + "\n=cmd|' /C calc'!A0,digits-0001,2026-11-30,=1+1\n"), "invalid",
+     ["column 'request_id' row 1: value \"=cmd|' /C calc'!A0\" starts with '=', '+', '-' or '@', which a spreadsheet "
+      "runs as a formula", "column 'reason' row 1: value '=1+1' starts with", "start it with a letter or a digit"], None),
+    ("formula-plus-minus-at", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30,+gdpr\nr2,digits-0002,2026-11-30,-gdpr\n"
+                                           "r3,digits-0003,2026-11-30,@gdpr\n"), "invalid",
+     ["column 'reason' rows 1, 2, 3: value '+gdpr' (and others) starts with '=', '+', '-' or '@'"], None),
+    ("formula-leading-tab", "a.csv", csv(H + '\nr1,digits-0001,2026-11-30,"\t=1+1"\n'), "invalid",
+     ["column 'reason' row 1", "control character"], None),
+    ("formula-leading-cr", "a.csv", csv(H + '\n"\r=1",digits-0001,2026-11-30,gdpr\n'), "invalid",
+     ["column 'request_id' row 1", "control character"], None),
+    ("formula-mid-text-is-fine", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30,gdpr art. 17 = erasure\n"), "ok", [], None),
+    ("lookalike-fullwidth", "a.csv", csv(H + "\nr1,ｄｉｇｉｔｓ－０００５,2026-11-30,gdpr\n"), "invalid",
+     ["row 1: value 'ｄｉｇｉｔｓ－０００５' is not in the manifest", "full-width", "did you mean 'digits-0005'?"], None),
+    ("lookalike-dotless-i", "a.csv", csv(H + "\nr1,dıgits-0005,2026-11-30,gdpr\n"), "invalid",
+     ["'dıgits-0005' is not in the manifest", "dotless", "did you mean 'digits-0005'?"], None),
+    ("lookalike-zero-width-space", "a.csv", csv(H + "\nr1,digits-\u200b0005,2026-11-30,gdpr\n"), "invalid",
+     ["an invisible character", "did you mean 'digits-0005'?"], None),
+    ("lookalike-every-row", "a.csv", csv(H + "\nr1,dıgits-0001,2026-11-30,gdpr\nr2,Digits-0002,2026-11-30,gdpr\n"), "invalid",
+     ["row 1: value 'dıgits-0001'", "did you mean 'digits-0001'?", "row 2: value 'Digits-0002'",
+      "did you mean 'digits-0002'?"], None),
+    ("repeated-header", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30,gdpr\n" + H + "\nr2,digits-0002,2026-11-30,gdpr\n"),
+     "invalid", ["row 2: repeat(s) the header (request_id,sample_id,requested_at,reason); remove it"], None),
+    ("parquet-truncated", "a.parquet", lambda p: (parquet(**GOOD)(p), p.write_bytes(p.read_bytes()[:-30])), "invalid",
+     ["a truncated Parquet file", "write or copy it again"], None),
+    ("parquet-named-csv", "a.csv", parquet(**GOOD), "invalid", ["this is a Parquet file", "name it .parquet"], None),
+    ("symlink-to-a-system-file", "a.csv", lambda p: (p.parent.joinpath("passwd").write_text(
+        "root:x:0:0:root:/root:/bin/bash\n"), p.symlink_to(p.parent / "passwd")), "invalid",
+     ["a symlink (to ", "copy the file itself"], None),
+    ("parquet-struct-sample-id", "a.parquet", parquet(request_id=["p1"], sample_id=[{"id": "digits-0001"}],
+                                                      requested_at=["2026-11-30"], reason=["gdpr"]), "invalid",
+     ["column 'sample_id': Parquet type is struct", "a nested column", "write 'sample_id' as a string column"], None),
+    ("parquet-list-reason", "a.parquet", parquet(request_id=["p1"], sample_id=["digits-0001"], requested_at=["2026-11-30"],
+                                                 reason=[["gdpr", "art17"]]), "invalid",
+     ["column 'reason': Parquet type is list", "a nested column"], None),
     # valid files, and the ledger no-op
     ("good", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30T10:00:00Z,gdpr\n"), "ok", [], None),
     ("good-upper-suffix", "a.CSV", csv(H + "\nr1,digits-0001,2026-11-30,gdpr\n"), "ok", [], None),
@@ -211,7 +248,8 @@ CASES = [
 
 # Files with more than one problem (every other invalid file has exactly one problem, so one line).
 LINES = {"ledger-conflict-plus-bad-time": 2, "many-problems": 2, "unknown-and-validation-ids": 2,
-         "dup-row-and-dup-sample": 2, "unknown-validation-deleted": 3}
+         "dup-row-and-dup-sample": 2, "unknown-validation-deleted": 3, "formula-request-id-and-reason": 2,
+         "lookalike-every-row": 2}
 
 RESULTS: dict[str, tuple[bool, bool]] = {}
 LINE_COUNTS: dict[str, tuple[int, int]] = {}  # invalid case -> (problems in the file, problem lines)  # case -> (clear error or expected outcome, state unchanged)
