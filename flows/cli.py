@@ -163,6 +163,8 @@ def _precheck_request(args) -> None:
 
     if in_inbox(path, inbox):
         return
+    if path.exists() or path.is_symlink():  # a missing file: the flow says so
+        _request_file(args.request, inbox)  # a symlink or a directory: refused as the flow refuses it
     try:
         live = live_state(params)
     except FileNotFoundError:  # no prepared data: the flow says what to run first
@@ -180,16 +182,24 @@ def cmd_validate(args) -> int:
     from tasks.request_check import check_file_for
 
     params = _params(args)
-    fc = check_file_for(_request_file(args.file), params, _live_state(params), gx_when_invalid=False)
+    fc = check_file_for(_request_file(args.file, params.path("inbox")), params, _live_state(params),
+                        gx_when_invalid=False)
     return print_check(fc, args.json)
 
 
-def _request_file(name: str) -> Path:
+def _request_file(name: str, inbox: Path | None = None) -> Path:
     """The request file a command names; a missing one is a one-line error (exit 2) before anything else is
-    read (not a "rejected" file, and not a complaint about the project's prepared data)."""
+    read (not a "rejected" file, and not a complaint about the project's prepared data). A symlink, a
+    directory or a FIFO is refused here, before a byte is read, by the rule of the deletion flow
+    (unlearning.requests.entry_problem; `inbox`: a symlink naming a staged file in it is an inbox entry)."""
+    from unlearning.requests import RequestValidationError, entry_problem
+
     path = Path(name)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"{name}: no such request file")
+    refused = entry_problem(path, inbox)
+    if refused:
+        raise RequestValidationError(path, [refused])
     return path
 
 
