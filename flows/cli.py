@@ -187,6 +187,15 @@ def cmd_validate(args) -> int:
     return print_check(fc, args.json)
 
 
+def _settle_interrupted_swaps(params) -> None:
+    """Every command's first step: a state swap a kill left half done (a `.state.previous`) is completed or
+    rolled back (unlearning.io.settle_interrupted_swaps), said on stderr, before anything reads state/."""
+    from unlearning.io import settle_interrupted_swaps
+
+    for note in settle_interrupted_swaps(params.path("state_dir"), params.path("prepared_dir")):
+        print(f"note: {note}", file=sys.stderr)
+
+
 def _request_file(name: str, inbox: Path | None = None) -> Path:
     """The request file a command names; a missing one is a one-line error (exit 2) before anything else is
     read (not a "rejected" file, and not a complaint about the project's prepared data). A symlink, a
@@ -894,6 +903,7 @@ def _main(argv: list[str] | None) -> int:
             problem = device_problem(params) if args.command in COMPUTES else None
             if problem:  # before a server starts or torch is imported
                 raise ConfigError(problem)
+            _settle_interrupted_swaps(params)
         return args.fn(args)
     except BrokenPipeError:  # `unlearn status | head -1`: the reader left; no message, as for any Unix tool
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -636,11 +636,12 @@ def live_state(params) -> LiveState | None:
     raises for a missing prepared folder."""
     from unlearning.data import load_prepared, read_state_manifest
     from unlearning.fingerprint import matches, prepared_fingerprint
-    from unlearning.io import recover_dir
+    from unlearning.io import settle_interrupted_swaps
     from unlearning.ledger import read_ledger
 
     state_dir = params.path("state_dir")
-    recover_dir(state_dir)  # as load_state does: a half-finished commit is undone first
+    # as load_state does (under the project's lock here: a batch running now keeps its staging folder)
+    settle_interrupted_swaps(state_dir, params.path("prepared_dir"))
     prepared = load_prepared(params.path("prepared_dir"))
     champion_file = state_dir / "champion.json"
     if not (state_dir / "model.pt").exists() or not champion_file.exists():

@@ -123,14 +123,53 @@ def commit_dir(stage: str | Path, target: str | Path) -> None:
         shutil.rmtree(previous)
 
 
-def recover_dir(target: str | Path) -> None:
-    """Undo a half-finished `commit_dir` and drop abandoned staging folders."""
+def recover_dir(target: str | Path) -> str | None:
+    """Settle a `commit_dir` a kill interrupted, and drop abandoned staging folders; says what it did (None:
+    nothing to settle). The caller holds the lock of whatever writes `target` (tasks.state.batch_lock), or
+    knows nothing else runs: a running commit's staging folder is removed here.
+
+    - killed between the two renames (`target` absent, `.target.previous` present): rolled back, the previous
+      folder is put back. The staged folder was complete, but the commit point is the second rename: the
+      interrupted batch is not applied, its request file is still in the inbox and runs again (its registered
+      model version is tagged never-promoted by the next run's reconcile), and an interrupted erasure of the
+      prepared store is still pending (the tombstones hold its ids);
+    - killed after the second rename, before `.target.previous` was removed: completed (it is removed)."""
     target = Path(target)
     previous = target.with_name(f".{target.name}.previous")
-    if not target.exists() and previous.exists():
+    note = None
+    if previous.exists() and not target.exists():
         os.replace(previous, target)
+        note = (f"{target}: a swap interrupted between its two renames was rolled back ({previous.name} is "
+                f"{target.name} again; the interrupted batch or erasure runs again)")
+    elif previous.exists():
+        shutil.rmtree(previous)
+        note = f"{target}: a swap interrupted after its second rename was completed ({previous.name} removed)"
     for stale in target.parent.glob(f".{target.name}.staging-*"):
         shutil.rmtree(stale, ignore_errors=True)
+    return note
+
+
+def state_lock_path(state_dir: str | Path) -> Path:
+    """The file of a project's one lock (tasks.state.batch_lock): a batch, `unlearn erase` and `unlearn reset`
+    hold it while they write the state folder or the prepared store."""
+    state_dir = Path(state_dir)
+    return state_dir.with_name(f".{state_dir.name}.lock")
+
+
+def settle_interrupted_swaps(state_dir: str | Path, *others: str | Path) -> list[str]:
+    """Every command's first step (flows.cli, before it reads anything): complete or roll back a swap of the
+    state folder (and of `others`: the prepared store, which an erasure swaps the same way) that a kill left
+    half done, so no command reads a missing state/champion.json (`recover_dir` says how). Under the project's
+    lock, tried once: a batch that holds it now is writing, and settles any earlier swap itself when it
+    starts (tasks.state.load_state). Returns what it did, one line each."""
+    targets = [Path(state_dir), *map(Path, others)]
+    if not any(t.with_name(f".{t.name}.previous").exists() for t in targets):
+        return []  # the common case: nothing to settle, no lock file touched
+    try:
+        with exclusive_lock(state_lock_path(state_dir), timeout=0, say_waiting=False):
+            return [note for t in targets if (note := recover_dir(t))]
+    except LockTimeout:
+        return []
 
 
 def discard_dir(stage: str | Path) -> None:
