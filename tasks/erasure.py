@@ -302,8 +302,10 @@ def erase_pending(params: Params, tracker=None, champion_version: str | None = N
     ids not yet tombstoned, tombstoned rows still in the prepared store, reports marked pending."""
     from unlearning.ledger import read_ledger
 
-    if in_dvc_stage():
-        return []
+    # Inside `dvc repro` (a rerun after a kill) the erasure goes as far as the batch's own would there: the
+    # ids are tombstoned, the ensemble cache and registry erased, the rest recorded as pending for `unlearn
+    # erase` (DVC holds prepare's and train's outputs). A report already pending waits for it as it is.
+    dvc_locked = in_dvc_stage()
     ledger = read_ledger(params.path("state_dir") / "ledger.jsonl")
     missing = sorted({str(e["sample_id"]) for e in ledger} - read_tombstones(params.path("tombstones")))
     out = []
@@ -314,11 +316,14 @@ def erase_pending(params: Params, tracker=None, champion_version: str | None = N
     if missing:  # killed after the commit, before the erasure
         batches = sorted({e["batch_id"] for e in ledger if str(e["sample_id"]) in set(missing)})
         out.append(erase(params, batches[-1], None, salt, champion_version, tracker, keys=missing))
+    waiting = False
     for path in sorted(reports_dir(params).glob("*.json")):
         rep = read_json_file(path)
-        if rep.get("pending"):
+        if rep.get("pending") and dvc_locked:
+            waiting = True
+        elif rep.get("pending"):
             out.append(erase(params, rep["batch_id"], None, salt, champion_version, tracker))
-    if not out and _prepared_holds_tombstoned(params):
+    if not out and not waiting and _prepared_holds_tombstoned(params):
         out.append(erase(params, "recovered", None, salt, champion_version, tracker))
     return out
 
