@@ -4,7 +4,8 @@ default model and recipe (train.* of params.yaml) and the gate of params.yaml.
 Per forget set (random sets of sizes 10, 50 and 200, one whole class, the highest-self-leverage rows):
 - oracle set A (role `oracles`, the gate's oracles) and an INDEPENDENT oracle set B (role `oracles_b`), N each,
   trained on R = D minus F; the shadow originals (role `shadows`) and the original (base.seed) on D, once;
-- candidates, each judged exactly as the flow judges them (unlearning.certificate + unlearning.gate):
+- candidates, each judged exactly as the flow judges them (unlearning.certificate, the sequential looks of
+  unlearning.sequential, unlearning.gate; the `retrain` row is the audit of an exact retrain, one look at N):
   `retrain_indep` (member 0 of B promoted, B's N models as the "shadow-unlearned" side vs A: the gate's
   false-reject rate on a true retrain), `retrain` (the flow's path: member 0 of A vs halves of A's others),
   `do_nothing`, `gradient_ascent`, `descent_ascent` (`finetune` on the first --finetune-sets sets, `newton_ggn` on
@@ -34,7 +35,8 @@ from digits_problem import digits_problem, train_members  # (bench/ is on sys.pa
 from unlearning.batch import BatchRows
 from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.config import load_params
-from unlearning.gate import evaluate_gate
+from unlearning.plan import _sequential_step
+from unlearning.sequential import look_verdict
 from unlearning.leverage import compute_diagnostics
 from unlearning.methods import run_method
 from unlearning.methods.base import UnlearnContext
@@ -78,6 +80,10 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     gate = params.gate.model_copy(deep=True)
     gate.retrain_equivalence.n_permutations = a.n_permutations
+    # the sequential certificate's looks at this N (unlearning/plan.py, unlearning/sequential.py)
+    validation = params.validation.model_copy(update={"n_oracles": a.n, "n_shadows": a.n})
+    seq = _sequential_step("bench", validation, gate, 1.0)
+    looks = (seq.looks, seq.alphas, seq.permutations)
     t_start = time.perf_counter()
 
     prob = digits_problem(params)
@@ -125,13 +131,23 @@ def main() -> None:
 
         results: dict[str, dict] = {}
 
-        def judge(method, cand, shadow_unl, orc, acc_ref, seconds, is_retrain=False):
-            mets, _ = retrain_equivalence_metrics(cand, shadow_unl, orc, acc_ref, labels, splits,
-                                                  n_permutations=a.n_permutations, seed=a.seed)
-            mets["candidate_is_retrain"] = float(is_retrain)
-            v = evaluate_gate("retrain_equivalence", mets, gate)
+        def judge(method, cand, shadow_unl, orc, acc_ref, seconds, is_retrain=False, sequential=True):
+            """The flow's certificate: the sequential looks of unlearning/sequential.py over prefixes of the
+            reference sets (`acc_ref` is `orc` or an independent set of the same size); sequential=False: one
+            look at full N, alpha whole (the audit of an exact retrain)."""
+            plan = looks if sequential else (((shadow_unl.shape[0], orc.shape[0]),), (gate.retrain_equivalence.alpha,),
+                                             (a.n_permutations,))
+            for k, ((n_s, n_o), alpha_k, perms) in enumerate(zip(*plan)):
+                n_a = acc_ref.shape[0] if not sequential else n_o
+                mets, _ = retrain_equivalence_metrics(cand, shadow_unl[:n_s], orc[:n_o], acc_ref[:n_a], labels,
+                                                      splits, n_permutations=perms, seed=a.seed)
+                mets["candidate_is_retrain"] = float(is_retrain)
+                v, decision, _ = look_verdict(mets, gate, "retrain_equivalence", alpha_k, k == len(plan[0]) - 1, k)
+                if decision != "continue":
+                    break
             results[method] = {
                 "passed": v.passed, "failures": v.failures, "seconds": round(seconds, 3),
+                "look": k + 1, "references": int(n_s + n_o),
                 **{f"klom_p95/{s}": mets.get(f"klom_p95/{s}") for s in SPLITS},
                 **{f"klom_pvalue/{s}": mets.get(f"klom_pvalue/{s}") for s in SPLITS},
                 **{f"noise_floor_p95/{s}": mets.get(f"noise_floor_p95/{s}") for s in SPLITS},
@@ -140,7 +156,7 @@ def main() -> None:
         judge("retrain_indep", lb[:1], lb, la, la, seconds_oracles, True)
         perm = np.random.default_rng(a.seed).permutation(np.arange(1, a.n))
         h = len(perm) // 2
-        judge("retrain", la[:1], la[perm[:h]], la[perm[h:]], la[perm], seconds_oracles, True)
+        judge("retrain", la[:1], la[perm[:h]], la[perm[h:]], la[perm], seconds_oracles, True, sequential=False)
 
         ctx_of = lambda model: UnlearnContext(model=model, X_forget=X_all[F], y_forget=y_all[F], X_retain=XR,
                                               y_retain=yR, adjacent_mask=torch.as_tensor(adjacent_mask),
@@ -200,6 +216,8 @@ def main() -> None:
         ratio = [x["klom_p95/forget"] / max(x["noise_floor_p95/forget"], 1e-12) for x in res
                  if x["klom_p95/forget"] is not None and x["noise_floor_p95/forget"] is not None]
         s = {"n_sets": len(res), "pass_rate": float(np.mean([x["passed"] for x in res])),
+             "mean_references": float(np.mean([x["references"] for x in res])),
+             "rejected_at_first_look": int(sum((not x["passed"]) and x["look"] == 1 for x in res)),
              "median_klom_forget_to_floor": float(np.median(ratio)) if ratio else None,
              "median_seconds": float(np.median([x["seconds"] for x in res]))}
         if mm == "do_nothing":
@@ -216,17 +234,20 @@ def main() -> None:
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cores": torch.get_num_threads(),
            "machine": platform.machine(), "n": a.n, "n_permutations": a.n_permutations,
            "alpha": gate.retrain_equivalence.alpha, "accuracy_z": gate.retrain_equivalence.accuracy_z,
+           "looks": [list(x) for x in looks[0]], "alphas": list(looks[1]), "permutations": list(looks[2]),
            "n_sets": len(rows_out), "shadow_train_seconds": round(seconds_shadows, 2),
            "wall_seconds": round(time.perf_counter() - t_start, 1), "summary": summary, "policy": policy,
            "sets": rows_out}
     print(f"\nN = {a.n}, {len(rows_out)} forget sets, alpha = {out['alpha']}, {a.n_permutations} permutations, "
           f"{out['cores']} threads, {out['wall_seconds']:.0f} s")
-    print(f"{'method':16s} {'sets':>4s} {'pass rate':>9s} {'KLoM/floor (forget, median)':>28s} {'s (median)':>10s}")
+    print(f"looks (shadows, oracles) {looks[0]}, alpha per look {[round(x, 5) for x in looks[1]]}")
+    print(f"{'method':16s} {'sets':>4s} {'pass rate':>9s} {'KLoM/floor (forget, median)':>28s} {'s (median)':>10s} "
+          f"{'refs (mean)':>11s} {'rejected at look 1':>18s}")
     for mm, s in summary.items():
         extra = (f"  gap>floor: {s['pass_rate_where_gap_exceeds_floor']} of {s['n_sets_gap_exceeds_floor']} sets"
                  if mm == "do_nothing" else "")
         print(f"{mm:16s} {s['n_sets']:4d} {s['pass_rate']:9.2f} {s['median_klom_forget_to_floor'] or float('nan'):28.2f} "
-              f"{s['median_seconds']:10.2f}{extra}")
+              f"{s['median_seconds']:10.2f} {s['mean_references']:11.1f} {s['rejected_at_first_look']:18d}{extra}")
     print(f"policy: first candidate passed on {policy['first_candidate_pass_rate']:.2f} of sets; seconds on failing "
           f"candidates median {policy['median_seconds_on_failed']:.1f}, max {policy['max_seconds_on_failed']:.1f} "
           f"({policy['max_failed_over_retrain']:.2f} x a retrain); passed with {policy['chosen']}")

@@ -223,7 +223,8 @@ def fit_memory(footprint: Footprint | None, memory_mb: int, chunk_cap: int, n_me
             f"validation.memory_mb = {memory_mb} cannot hold the certificate's logits ({logits / MB:.0f} MB for "
             f"{n_members} references on {footprint.n_eval_rows} rows); raise validation.memory_mb to at least "
             f"{math.ceil((fixed + logits) / MB * 1.2)}, or lower validation.n_oracles/n_shadows")
-    eval_members = int(max(1, min(n_members or 1, eval_free // (per_row * 1024))))
+    # members are evaluated in chunks no larger than the training chunks, on row blocks of at most 8192
+    eval_members = int(max(1, min(n_members or 1, chunk, eval_free // (per_row * 1024))))
     block = int(max(64, min(8192, eval_free // (per_row * eval_members))))
     peak = fixed + max(chunk * member, logits + eval_members * block * per_row)
     return int(chunk), eval_members, block, int(peak), None
