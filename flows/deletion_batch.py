@@ -24,6 +24,7 @@ from tasks import stages as S
 from tasks.clock import computes
 from tasks.dvc_metrics import write_deletion_metrics
 from tasks.lineage import commit_lineage
+from tasks.quality import BatchRejected, announce_quality  # a quality refusal is a rejection too
 from tasks.reporting import run_logger
 from tasks.state import batch_lock, ensure_state, load_state, original_path, stale_unbatched_state
 from tasks.training import recipe
@@ -37,8 +38,6 @@ from unlearning.requests import (
 from unlearning.selection import check_method_config
 
 
-class BatchRejected(RuntimeError):
-    """No candidate passed the gate: the batch is not applied and the previous champion stays."""
 
 
 class AfterCommitError(RuntimeError):
@@ -88,8 +87,9 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         rows = S.partition(batch, params.deletion.partition, state, forget_ids,
                            report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))
         outcome = plan_and_run(batch, params, state, rows, objective, report)
+        quality = announce_quality(batch, outcome, state, rows, params)  # said out loud; refused if declared
         promoted = S.promote(batch, params, state, requests, objective, outcome, rows,
-                             n_original_train(state.manifest, state.ledger))
+                             n_original_train(state.manifest, state.ledger), warnings=quality)
         erasure = (S.erase(batch, params, forget_ids, state.prepared.info["name"], promoted["version"])
                    if params.erasure.enabled else None)
         S.finish(batch, outcome, promoted, erasure)
