@@ -178,13 +178,16 @@ def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
 
 
 def reject(path: Path, params: Params, error: BaseException | str) -> Path:
-    """Move an inbox entry to requests/rejected/ beside <name>.error.json (what was wrong, one line each)."""
-    problems = getattr(error, "problems", None) or [str(error)]
+    """Move an inbox entry to requests/rejected/ beside <name>.error.json (what was wrong, one line each; for a
+    gate rejection, each failing check of each candidate in words, with its value and its bound: the
+    `failing_checks` tasks.stages.fail set on the error)."""
+    failing = list(getattr(error, "failing_checks", None) or [])
+    problems = getattr(error, "problems", None) or [str(error), *failing]
     dest = move_unique(path, params.path("rejected"))
     atomic_write_json(dest.with_name(dest.name + ".error.json"), {
         "file": path.name, "rejected_at": datetime.now(timezone.utc).isoformat(),
         "error": type(error).__name__ if isinstance(error, BaseException) else "not a request file",
-        "problems": problems, "nothing_changed": True})
+        "problems": problems, **({"failing_checks": failing} if failing else {}), "nothing_changed": True})
     return dest
 
 

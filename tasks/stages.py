@@ -534,18 +534,35 @@ def publish_summary(batch: BatchRun, *, status: str, erasure: dict | None = None
     return md
 
 
+def rejected_checks(batch: BatchRun) -> list[str]:
+    """Each failing gate check of each candidate tried, in words with its value and its bound ("finetune:
+    forget: ... (permutation p = 0.00995 < alpha = 0.01)"): what a gate rejection says, not only that no
+    candidate passed."""
+    return [f"{line.method}: {words}" for line in batch.summary.get("candidates", [])
+            for words in failing_checks_in_words(line.checks)]
+
+
 def fail(batch: BatchRun, error: BaseException, rejected: bool) -> None:
-    """A failed batch in MLflow: the open stage run and the batch run FAILED, the error, the summary."""
+    """A failed batch in MLflow: the open stage run and the batch run FAILED, the error (for a gate rejection
+    with each failing check, also set on the error as `failing_checks` for the rejected file's error.json),
+    the summary."""
     import traceback
 
     t = batch.tracker
+    failing = rejected_checks(batch) if rejected else []
+    if failing:
+        try:
+            error.failing_checks = failing  # flows.deletion_batch.reject writes them beside the rejected file
+        except AttributeError:
+            pass
     if batch.child is not None:
         try:
             batch.close(ok=False)
         except Exception:
             pass
     try:
-        t.log_json(batch.parent, {"error": str(error), "traceback": traceback.format_exc()}, "error.json")
+        t.log_json(batch.parent, {"error": str(error), "traceback": traceback.format_exc(),
+                                  **({"failing_checks": failing} if rejected else {})}, "error.json")
         t.set_tags(batch.parent, {"gate": "rejected" if rejected else "error"})
         publish_summary(batch, status="rejected" if rejected else "error",
                         error=None if rejected else f"{type(error).__name__}: {error}")

@@ -26,6 +26,10 @@ def check_in_words(name: str, check: dict) -> str:
     kind, _, split = name.partition("/")
     value, limit, op = check.get("value"), check.get("limit"), check.get("op")
     v = f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
+    if isinstance(value, (int, float)) and isinstance(limit, (int, float)):
+        from unlearning.gate import format_beside
+
+        v = format_beside(value, limit, v)  # below a bound never prints as equal to it
     if kind == "klom_pvalue":
         return (f"{split}: the KLoM of the unlearned models to the oracles is unusual for two sets of retrains "
                 f"(permutation p = {v} < alpha = {limit})")

@@ -21,6 +21,25 @@ class Verdict:
         return {"passed": self.passed, "objective": self.objective, "failures": self.failures, "checks": self.checks}
 
 
+def _side(a: float, b: float) -> int:
+    return (a > b) - (a < b)
+
+
+def format_beside(value: float, bound: float, text: str | None = None) -> str:
+    """`value` as printed next to `bound`: `text` (default: 4 decimals), with as many more decimals as it takes
+    for the printed number to lie on the same side of `bound` as the value itself. A p-value of 2/201 =
+    0.00995 below alpha = 0.01 reads 0.00995, never "0.0100 (needs >= 0.01)"."""
+    text = f"{value:.4f}" if text is None else text
+    if not (isinstance(value, (int, float)) and isinstance(bound, (int, float))
+            and math.isfinite(value) and math.isfinite(bound)):
+        return text
+    decimals = 4
+    while _side(float(text), bound) != _side(value, bound) and decimals < 17:
+        decimals += 1
+        text = f"{value:.{decimals}f}"
+    return text if _side(float(text), bound) == _side(value, bound) else repr(float(value))
+
+
 def _check(checks: dict, failures: list, name: str, value: float | None, op: str, limit: float,
            missing: str = "") -> None:
     """One bound. A value that is missing (None) or NaN never passes: the failure says which."""
@@ -28,8 +47,8 @@ def _check(checks: dict, failures: list, name: str, value: float | None, op: str
     ok = (not math.isnan(value)) and (value <= limit if op == "<=" else value >= limit)
     checks[name] = {"value": value, "op": op, "limit": limit, "passed": ok}
     if not ok:
-        failures.append(f"{name} = {value:.4f} (needs {op} {limit})" + (f"; {missing}" if missing and
-                                                                       math.isnan(value) else ""))
+        failures.append(f"{name} = {format_beside(value, limit)} (needs {op} {limit})" + (
+            f"; {missing}" if missing and math.isnan(value) else ""))
 
 
 NO_VALIDATION = "not measured: the dataset has no validation rows to measure it on (set the floor to null, or add a 'val' split)"
@@ -103,12 +122,17 @@ def smallest_klom_pvalue(n_unlearned: int, n_oracles: int, n_permutations: int) 
     return (1 + n_permutations / distinct) / (1 + n_permutations)
 
 
+def _pvalue_text(p: float, alpha: float) -> str:
+    return format_beside(p, alpha, f"{p:.3f}")
+
+
 def verdict_summary(verdict: Verdict, metrics: dict[str, float], alpha: float) -> str:
     """The verdict in one line, naming what was gated: retrain_equivalence by the KLoM permutation p-values
     (against alpha), suppression by its absolute bounds (KLoM is not gated there, so it is not quoted)."""
     outcome = "passed" if verdict.passed else "failed: " + "; ".join(verdict.failures)
     if verdict.objective == "retrain_equivalence" and any(k.startswith("klom_pvalue/") for k in metrics):
-        pvals = ", ".join(f"{s} {metrics[f'klom_pvalue/{s}']:.3f}" for s in SPLITS if f"klom_pvalue/{s}" in metrics)
+        pvals = ", ".join(f"{s} {_pvalue_text(metrics[f'klom_pvalue/{s}'], alpha)}" for s in SPLITS
+                          if f"klom_pvalue/{s}" in metrics)
         return f"gate {outcome} (KLoM permutation p-values: {pvals}; alpha {alpha})"
     bounds = ", ".join(f"{name} {c['value']:.3f} {c['op']} {c['limit']}" for name, c in verdict.checks.items())
     what = ("no reference models, checked against the original" if verdict.objective == "retrain_equivalence"

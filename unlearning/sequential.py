@@ -47,7 +47,9 @@ class Look:
     failing: list[str] = field(default_factory=list)
 
     def line(self, method: str, index: int, total: int) -> str:
-        ps = ", ".join(f"{s} {p:.4f}" for s, p in self.pvalues.items())
+        from unlearning.gate import format_beside
+
+        ps = ", ".join(f"{s} {format_beside(p, float(f'{self.alpha:.4g}'))}" for s, p in self.pvalues.items())
         what = {"reject": f"rejected ({'; '.join(self.failing)})", "continue": "not decisive: more references",
                 "final": "final look: the whole gate decides"}[self.decision]
         return (f"certificate of {method}: look {index + 1}/{total} with {self.n_shadows} shadows + "
@@ -58,7 +60,10 @@ class Look:
 def interim_decision(pvalues: dict[str, float], alpha_k: float) -> tuple[str, list[str]]:
     """reject when some split's p-value is below alpha_k (NaN counts as below: nothing measured passes);
     otherwise continue. Returns (decision, the failing splits in words)."""
-    failing = [f"{s}: p = {p:.4f} < {alpha_k:.4g}" for s, p in pvalues.items() if not (p >= alpha_k)]
+    from unlearning.gate import format_beside
+
+    failing = [f"{s}: p = {format_beside(p, float(f'{alpha_k:.4g}'))} < {alpha_k:.4g}" for s, p in pvalues.items()
+               if not (p >= alpha_k)]
     return ("reject" if failing else "continue"), failing
 
 
