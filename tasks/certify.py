@@ -27,6 +27,7 @@ from unlearning.methods import run_method
 from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble
 from unlearning.plan import Plan, Step
+from unlearning.progress import Progress
 from unlearning.seeds import method_seed, reference_seeds
 from unlearning.sequential import Look, look_gate, look_verdict
 
@@ -41,9 +42,17 @@ class Evaluator:
         self.members = plan.eval_members if plan is not None and plan.eval_members else None
         self.block = plan.eval_block_rows if plan is not None and plan.eval_block_rows else 8192
 
-    def __call__(self, model: Ensemble) -> torch.Tensor:
-        return eval_logits(model, self.prepared, self.eval_rows, members_per_pass=self.members,
-                           rows_per_pass=self.block)
+    def __call__(self, model: Ensemble, bar: Progress | None = None) -> torch.Tensor:
+        """[N, n, C] logits, member chunk by member chunk; `bar` counts the members done (its ETA is in
+        members, the unit every look's work is measured in)."""
+        step = self.members or model.n_models
+        parts = []
+        for i in range(0, model.n_models, step):
+            part = model if step >= model.n_models else model.select(list(range(i, min(i + step, model.n_models))))
+            parts.append(eval_logits(part, self.prepared, self.eval_rows, rows_per_pass=self.block))
+            if bar is not None:
+                bar.update(part.n_models)
+        return torch.cat(parts, 0)
 
 
 def run_step(step: Step, params: Params, state, rows: BatchRows, pool: ReferencePool | None, plan: Plan | None,
@@ -139,14 +148,21 @@ def sequential(step: Step, args: dict, params: Params, state, rows: BatchRows, p
                                                              progress=label), args)
         cost["shadow_gradient_evals"] += shadow_res.cost.gradient_evals
         cost["shadow_seconds"] += shadow_res.cost.seconds
-        unlearned.append(ev(shadow_res.model))
-        oracle_parts.append(ev(oracles.select(list(range(done_o, n_o)))))
+        # one line at least every 10 s: members evaluated (the unit of the ETA), then the permutation test as
+        # the last unit (its chunks tick the bar: unlearning/metrics/permutation.py)
+        with Progress((n_s - done_s) + (n_o - done_o) + 1, f"certificate of {step.method}: look {k + 1}/"
+                      f"{len(step.looks)}", unit="units", enabled=progress) as bar:
+            bar.stage("evaluate")
+            unlearned.append(ev(shadow_res.model, bar))
+            oracle_parts.append(ev(oracles.select(list(range(done_o, n_o))), bar))
+            bar.stage(f"permutation test, {n_perm} relabelings")
+            both = torch.cat(oracle_parts, 0)
+            logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
+            gate_k = look_gate(params.gate, alpha, n_perm)
+            out = outcome_from_logits(step.method, res.model, logits, state.prepared, rows, gate_k, objective, seed,
+                                      dict(cost), t0, n_s)
+            bar.update()
         done_s, done_o = n_s, n_o
-        both = torch.cat(oracle_parts, 0)
-        logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
-        gate_k = look_gate(params.gate, alpha, n_perm)
-        out = outcome_from_logits(step.method, res.model, logits, state.prepared, rows, gate_k, objective, seed,
-                                  dict(cost), t0, n_s)
         final = k == len(step.looks) - 1
         out.verdict, decision, failing = look_verdict(out.metrics, gate_k, objective, alpha, final, k)
         pvalues = {s: out.metrics[f"klom_pvalue/{s}"] for s in SPLITS if f"klom_pvalue/{s}" in out.metrics}

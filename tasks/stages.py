@@ -1,12 +1,12 @@
 """The stages of one deletion batch (docs/design.md §1), one Prefect task each, in pipeline order:
 
-validate -> diagnose -> partition -> references (oracle + shadow ensembles) -> select
--> unlearn-and-certify (per candidate) -> promote -> erase -> report.
+validate -> diagnose -> partition -> select -> plan -> unlearn-and-certify (per step of the plan, training
+only the reference models its certificate needs) -> promote -> erase -> report.
 
 Each stage takes its config slice, logs to MLflow through the one tracking module (`BatchRun.tracker`, a
 child run per stage under the batch run) and publishes a Prefect artifact that a reviewer reads on the flow
-run's page. The references stage is not a task itself: it submits its ensemble chunks as tasks to the flow's
-task runner (threads or Dask), which a task nested in a task would not reach.
+run's page. Reference models are trained by tasks/references.py, whose chunks are Prefect tasks submitted to
+the flow's task runner (threads or Dask); the plan (unlearning/plan.py) says how many, if any.
 """
 
 from __future__ import annotations
@@ -413,10 +413,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     forget_ids = requests["sample_id"].tolist()
     before = t.alias_version(registered, alias) or state.champion.get("model_version")
     now = datetime.now(timezone.utc).isoformat()
-    manifest = state.manifest.copy()
-    hit = manifest["sample_id"].isin(forget_ids)
-    manifest.loc[hit, "status"] = "deleted"
-    manifest.loc[hit, "deleted_in_batch"] = batch.batch_id
+    manifest = marked_deleted(state.manifest, forget_ids, batch.batch_id)
     stage_dir = staging_dir(params.path("state_dir"))
     try:
         fault("before_register")
@@ -463,6 +460,15 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     run_logger().info(f"{batch.path.name}: forgot {len(forget_ids)} sample(s) with {outcome.method}; promoted "
                       f"{registered} v{version} as @{alias} (was v{before}); ledger +{len(entries)}")
     return {"version": version, "before": before, "history": history, "n_entries": len(entries)}
+
+
+def marked_deleted(manifest: pd.DataFrame, forget_ids: list[str], batch_id: str) -> pd.DataFrame:
+    """A copy of the live manifest with the batch's rows marked deleted by it (history is never rewritten)."""
+    out = manifest.copy()
+    hit = out["sample_id"].isin(forget_ids)
+    out.loc[hit, "status"] = "deleted"
+    out.loc[hit, "deleted_in_batch"] = batch_id
+    return out
 
 
 def promoted_verdict(outcome: CandidateOutcome) -> str:

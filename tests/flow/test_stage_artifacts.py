@@ -12,7 +12,7 @@ from tests.helpers import make_project
 
 pytestmark = pytest.mark.flow
 
-STAGES = ["validate", "diagnose", "partition", "select", "promote", "erase"]
+STAGES = ["validate", "diagnose", "partition", "select", "plan", "promote", "erase"]
 
 
 def test_one_task_run_and_artifact_per_stage(tmp_path, prefect_harness):
@@ -55,7 +55,9 @@ def test_one_task_run_and_artifact_per_stage(tmp_path, prefect_harness):
         assert {"forget", "adjacent", "remote", "validation"} <= {row["split"] for row in _rows(splits[0].data)}
         selection = artifacts("selection")
         assert selection and f"`{method}`" in selection[0].data
-        for what in ("validation", "diagnostics", "partition", "ensembles", "promotion", "erasure"):
+        plan = artifacts("plan")
+        assert plan and "models it trains at most: 1 retrain, 0 oracles, 0 shadows" in plan[0].data
+        for what in ("validation", "diagnostics", "partition", "promotion", "erasure"):
             assert artifacts(what), f"no {what} artifact"
         # One task run per stage, in the batch's flow run (the verdict artifact belongs to a task run of it).
         flow_run_id = verdict[0].flow_run_id
@@ -72,7 +74,8 @@ def test_one_task_run_and_artifact_per_stage(tmp_path, prefect_harness):
     for stage in STAGES:
         assert any(n.startswith(stage) for n in names), (stage, sorted(names))
     assert any(n.startswith(f"unlearn-and-certify-{method}") for n in names), sorted(names)
-    assert any(n.startswith("train-ensemble-chunk") for n in names)
+    # the sample batch is an exact retrain: one model, trained inside its candidate's task, no reference chunk
+    assert not any(n.startswith("train-ensemble-chunk") for n in names), sorted(names)
 
 
 def _rows(data):
@@ -91,6 +94,7 @@ def test_flow_and_stage_functions_fit_on_one_screen():
 
     assert lines(flow_module.deletion_batch) <= 45
     assert lines(flow_module.process_request_file) <= 50
-    for name in ["validate", "diagnose", "partition", "references", "select", "unlearn_and_certify", "promote",
+    assert lines(flow_module.plan_and_run) <= 45
+    for name in ["validate", "diagnose", "partition", "plan", "select", "unlearn_and_certify", "promote",
                  "erase", "finish"]:
         assert lines(getattr(stages, name)) <= 60, name

@@ -44,6 +44,7 @@ import numpy as np
 from ._arrays import as_model_by_sample, as_split_labels
 from .klom import CLIP, N_BINS, _bin_index, _edges, kl_from_counts
 from .summary import splits_present
+from unlearning.progress import tick
 
 UNDEFINED = 1e3  # > any finite KLoM (KL <= log(1 / 1e-5) ~ 11.5)
 
@@ -97,6 +98,7 @@ def klom_permutation_test(unlearned_margins: Any, oracle_margins: Any, split_lab
     def stats(masks: np.ndarray) -> dict[str, np.ndarray]:
         out: dict[str, list] = {s: [] for s in splits}
         for a in range(0, masks.shape[0], chunk):
+            tick()  # a long test stays visible: the innermost progress bar prints a line past 10 s
             pc = (masks[a:a + chunk] @ onehot).astype(np.float64)  # counts are small integers: exact in float32
             qc = total[None, :] - pc
             kl = kl_from_counts(pc.reshape(-1, n, N_BINS), qc.reshape(-1, n, N_BINS), normalize_q=normalize_q)

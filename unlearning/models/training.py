@@ -22,7 +22,7 @@ from unlearning.models import fused_mlp
 from unlearning.models.ensemble import Ensemble
 from unlearning.models.losses import cross_entropy  # callers import it from here too
 from unlearning.models.zoo import ModelError, one_line
-from unlearning.progress import Progress
+from unlearning.progress import Progress, tick
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
@@ -293,7 +293,10 @@ def predict_logits(model: Ensemble, X: torch.Tensor, batch_size: int = 8192) -> 
     """Logits of every member on every row: [N, n, C] (on the CPU)."""
     device = next(model.parameters()).device
     model.eval()
-    outs = [model(X[i : i + batch_size].to(device)).cpu() for i in range(0, X.shape[0], batch_size)]
+    outs = []
+    for i in range(0, X.shape[0], batch_size):
+        outs.append(model(X[i : i + batch_size].to(device)).cpu())
+        tick()  # the innermost progress bar of this thread prints a line past its 10 s (unlearning/progress.py)
     return torch.cat(outs, 1)
 
 
