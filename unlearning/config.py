@@ -243,6 +243,9 @@ class Diagnostics(Strict):
     last_layer_above: int | None = Field(
         50_000, ge=1, description="solver auto: past this many parameters, the GGN of the head over the penultimate "
                                   "features (null = never by count)")
+    head_rank: int | None = Field(
+        256, ge=1, description="last-layer mode: the head moves within this many principal directions of its input "
+                               "features (p = classes x rank instead of classes x (features + 1)); null = all")
     max_retrains: float | None = Field(
         1.0, gt=0, description="solver auto: when the full-model solver's estimated cost exceeds this many plain "
                                "retrains of the model, the last-layer mode instead (null = by parameter count only)")

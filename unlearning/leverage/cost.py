@@ -30,6 +30,8 @@ import torch
 JACOBIAN_OVERHEAD = 2.0   # a per-sample Jacobian row costs ~2 batched backward passes (vmap over samples and outputs)
 CG_ITERATIONS = 100       # typical iterations of the CG solver to 1e-10 on the project's models (bench/leverage.py)
 SAFETY = 0.5              # auto picks a full-model solver only when its estimate is within half the budget
+CHECK_SHARE = 0.25        # the error check's share of the budget (its retain rows shrink to fit, down to MIN_CHECK_ROWS)
+MIN_CHECK_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,12 @@ def estimate_retrain_seconds(n_rows: int, epochs: int, seconds_per_sample_grad: 
 
 def estimate_diagnostics_seconds(n_rows: int, n_forget: int, n_params: int, n_outputs: int, solver: str,
                                  seconds_per_sample_grad: float, *, flops_per_second: float = 2e10,
-                                 feature_dim: int | None = None, proj_dim: int = 2048,
+                                 feature_dim: int | None = None, head_rank: int | None = None, proj_dim: int = 2048,
                                  cross_sample: int | None = 2000, check_rows: int = 64, check_subset: int = 16,
                                  n_validation: int = 0, loss: str = "ce") -> float:
     """Predicted seconds of `diagnose` for `solver` in exact | projected | cg | last_layer (see the module
     docstring). `n_rows`: training rows (retain + forget); `feature_dim`: the head's input width (last_layer;
-    default sqrt(n_params)); `cross_sample`: retain rows sampled for cross-leverage (None = every row)."""
+    default sqrt(n_params)); `head_rank`: its principal directions kept (None = all); `cross_sample`: retain rows sampled for cross-leverage (None = every row)."""
     n, nF, p, C = int(n_rows), int(n_forget), int(n_params), int(n_outputs)
     r = C - 1 if loss == "ce" and C > 1 else C
     sg, fl = float(seconds_per_sample_grad), float(flops_per_second)
@@ -75,10 +77,33 @@ def estimate_diagnostics_seconds(n_rows: int, n_forget: int, n_params: int, n_ou
         return common + check + nF * jac + CG_ITERATIONS * n * columns * 2.0 * sg + nc * jac
     if solver == "last_layer":
         d1 = (feature_dim if feature_dim is not None else int(p ** 0.5)) + 1
+        d1 = d1 if head_rank is None else min(d1, int(head_rank))
         ph = C * d1
         return (common + check + (n + n_validation) * sg / 3
-                + (n * C * (C + 1) * d1 * d1 + ph ** 3 / 3 + 2.0 * (nc + nF) * r * ph * nF * r) / fl)
+                + (n * C * (C + 1) * d1 * d1 + ph ** 3 / 3 + 2.0 * ph * ph * nF * r + 2.0 * (nc + nF) * ph * nF * r)
+                / fl)
     raise ValueError(f"solver={solver!r} has no cost model; allowed: exact, projected, cg, last_layer")
+
+
+def estimate_check_seconds(check_rows: int, n_forget: int, n_params: int, n_outputs: int,
+                           seconds_per_sample_grad: float, *, flops_per_second: float = 2e10, check_subset: int = 16,
+                           loss: str = "ce") -> float:
+    """The subsample error check (`check.subsample_check`): full Jacobians of its rows, then the Woodbury kernel
+    B B^T and the products with the forget rows, q = check_rows r and m = check_subset r rows of p columns."""
+    C = int(n_outputs)
+    r = C - 1 if loss == "ce" and C > 1 else C
+    q, m = check_rows * r, min(check_subset, n_forget) * r
+    jac = C * JACOBIAN_OVERHEAD * seconds_per_sample_grad
+    return (check_rows + min(check_subset, n_forget)) * jac + 2.0 * (q * q + 2 * q * m) * n_params / flops_per_second
+
+
+def affordable_check_rows(check_rows: int, seconds: float, **estimate_kwargs) -> int:
+    """The most retain rows, at most `check_rows` (halving, down to MIN_CHECK_ROWS), whose check is estimated
+    to take at most `seconds`: the check keeps a stated size at every model size and stays within its share."""
+    rows = int(check_rows)
+    while rows > MIN_CHECK_ROWS and estimate_check_seconds(rows, **estimate_kwargs) > seconds:
+        rows = max(MIN_CHECK_ROWS, rows // 2)
+    return rows
 
 
 def choose_within_budget(by_count: str, budget_seconds: float | None, **estimate_kwargs) -> tuple[str, dict]:

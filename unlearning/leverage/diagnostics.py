@@ -37,7 +37,10 @@ from unlearning.leverage import curvature
 from unlearning.leverage.functions import OutputFunction, StackedMemberFunction
 from unlearning.leverage.check import DEFAULT_CHECK_ROWS, subsample_check
 from unlearning.leverage.rows import RowSet
-from unlearning.leverage.cost import Throughput, choose_within_budget, estimate_retrain_seconds, measure_throughput
+from unlearning.leverage.cost import (
+    CHECK_SHARE, MIN_CHECK_ROWS, Throughput, affordable_check_rows, choose_within_budget, estimate_retrain_seconds,
+    measure_throughput,
+)
 from unlearning.leverage.head import HeadOf, LastLayerSolver
 from unlearning.leverage.solvers import (
     EXACT_MAX_PARAMS, LAST_LAYER_ABOVE, PROJECTED_MAX_PARAMS, ExactSolver, GGNSolver, choose_solver, make_solver,
@@ -173,8 +176,10 @@ def _block_traces(S: torch.Tensor, n: int, r: int) -> torch.Tensor:
 def _spectral_norm_psd(S: torch.Tensor) -> float:
     if S.numel() == 0:
         return 0.0
-    if S.shape[0] <= 4000:
+    if S.shape[0] <= 256:
         return float(torch.linalg.eigvalsh(S)[-1].clamp_min(0))
+    if S.shape[0] <= 4000:
+        return _top_eigenvalue_psd(S)
     v = torch.ones(S.shape[0], dtype=S.dtype, device=S.device) / S.shape[0] ** 0.5
     for _ in range(300):  # power iteration on a PSD matrix
         w = S @ v
@@ -185,13 +190,24 @@ def _spectral_norm_psd(S: torch.Tensor) -> float:
     return float(v @ (S @ v))
 
 
+def _top_eigenvalue_psd(S: torch.Tensor, k: int = 8, iters: int = 60) -> float:
+    """Largest eigenvalue of a PSD matrix by subspace iteration on k vectors with a Rayleigh-Ritz step (seeded):
+    n^2 k per step, never the full eigendecomposition (LAPACK's eigvalsh on 900 x 900 took 5-14 s on two busy
+    cores, against 0.1 s idle). Converges like (lambda_{k+1} / lambda_1)^iters."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    Q = torch.linalg.qr(torch.randn(S.shape[0], k, generator=g, dtype=S.dtype).to(S.device))[0]
+    for _ in range(iters):
+        Q = torch.linalg.qr(S @ Q)[0]
+    return float(torch.linalg.eigvalsh(Q.T @ S @ Q)[-1].clamp_min(0))
+
+
 def _spectral_norm(S_F: torch.Tensor, A_F: torch.Tensor, solver: GGNSolver) -> float:
     """||S_F||_2 with S_F = A_F G^-1 A_F^T [nF r, nF r]. A dense solver with p < nF r has the same nonzero
     eigenvalues on the smaller side: B^T B [p, p] with B = L^-1 A_F^T (G = L L^T), about (nF r / p)^3 cheaper."""
     chol = getattr(solver, "_chol", None)
     if solver.name in ("exact", "last_layer") and chol is not None and A_F.shape[1] < A_F.shape[0]:
         B = torch.linalg.solve_triangular(chol, A_F.T.to(chol.dtype), upper=False)  # [p, nF r]
-        return float(torch.linalg.eigvalsh(B @ B.T)[-1].clamp_min(0))
+        return _spectral_norm_psd(B @ B.T)
     return _spectral_norm_psd(S_F)
 
 
@@ -457,7 +473,8 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
                         check_rows: int = DEFAULT_CHECK_ROWS, last_layer_above: int | None = LAST_LAYER_ABOVE,
                         budget_seconds: float | None = None, budget_retrains: float | None = None,
                         epochs: int | None = None, throughput: Throughput | None = None,
-                        progress_every_s: float = 10.0, progress_stream=None) -> LeverageReport:
+                        head_rank: int | None = None, progress_every_s: float = 10.0,
+                        progress_stream=None) -> LeverageReport:
     """Leverage diagnostics (docs/design.md §4.1) of member `member` of `model_member` for a forget set.
 
     The model was trained on D = retain u forget. `lam` is the L2 coefficient of the sum-of-losses
@@ -467,7 +484,8 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
     the full-model choice's estimated cost (`cost.estimate_diagnostics_seconds`, from `throughput` or a probe)
     exceeds half of it; `budget_retrains` x one retrain (`epochs` over the retain and forget rows, timed by the
     same probe: `cost.estimate_retrain_seconds`) when no `budget_seconds` is given. "last_layer" diagnoses the head over the penultimate features in float64 (the report's
-    newton_step is then in head space, `head.HeadFunction` order) and checks its agreement with the full GGN on
+    newton_step is then in head space, `head.HeadFunction` order; `head_rank`: the head moves only within that many
+    principal feature directions, `head.HeadOf.reduce`) and checks its agreement with the full GGN on
     a row subsample. Non-exact solvers report `approx_error` (see `diagnose`). `dtype`: the full model's
     Jacobians (float32 in production; sums and factorizations are float64 either way). `device`: "auto" uses
     CUDA when present. `cross_sample`, `check_rows`, `progress`: see `diagnose`. `label_smoothing`: the recipe's,
@@ -493,17 +511,22 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
             name, est = choose_within_budget(
                 name, budget_seconds, n_rows=n_rows, n_forget=X_forget.shape[0],
                 n_params=fn.p, n_outputs=C, seconds_per_sample_grad=tp.seconds_per_sample_grad,
-                flops_per_second=tp.flops_per_second, feature_dim=head_d, proj_dim=proj_dim,
+                flops_per_second=tp.flops_per_second, feature_dim=head_d, head_rank=head_rank, proj_dim=proj_dim,
                 cross_sample=cross_sample, check_rows=check_rows, check_subset=check_subset,
                 n_validation=X_val.shape[0], loss=loss)
+            if check_rows > MIN_CHECK_ROWS:  # the check's share of the budget bounds its rows (stated below)
+                check_rows = affordable_check_rows(
+                    check_rows, CHECK_SHARE * budget_seconds, n_forget=X_forget.shape[0], n_params=fn.p,
+                    n_outputs=C, seconds_per_sample_grad=tp.seconds_per_sample_grad,
+                    flops_per_second=tp.flops_per_second, check_subset=check_subset, loss=loss)
             auto.update(estimated_seconds=est, seconds_per_sample_grad=tp.seconds_per_sample_grad,
-                        flops_per_second=tp.flops_per_second)
+                        flops_per_second=tp.flops_per_second, check_rows=check_rows)
         auto["picked"] = name
     if name == "last_layer":
         rep = _last_layer(fn, X_forget, y_forget, X_retain, y_retain, X_val, y_val, lam, loss, label_smoothing,
                           chunk=chunk, check_subset=check_subset, keep_cross_matrix=keep_cross_matrix,
                           progress=progress, cross_sample=cross_sample, seed=seed, check_rows=check_rows,
-                          progress_every_s=progress_every_s, progress_stream=progress_stream)
+                          progress_every_s=progress_every_s, progress_stream=progress_stream, head_rank=head_rank)
     else:
         tg = lambda y: curvature.make_targets(y, C, loss, dtype, fn.device, label_smoothing)  # noqa: E731
         slv = make_solver(name, lam, p=fn.p, proj_dim=proj_dim, proj_kind=proj_kind, seed=seed, cg_iters=cg_iters,
@@ -518,14 +541,16 @@ def compute_diagnostics(model_member: Ensemble, X_forget: torch.Tensor, y_forget
 
 
 def _last_layer(fn: StackedMemberFunction, X_forget, y_forget, X_retain, y_retain, X_val, y_val, lam, loss,
-                label_smoothing, *, check_subset, check_rows, seed, **kw) -> LeverageReport:
+                label_smoothing, *, check_subset, check_rows, seed, head_rank, **kw) -> LeverageReport:
     """The head's diagnostics over the penultimate features (float64), checked against the full model's GGN
     on a row subsample (`check.subsample_check`)."""
     head = HeadOf(fn, X_retain)
+    raw = {k: head.raw_features(X) for k, X in (("F", X_forget), ("R", X_retain), ("V", X_val))}
+    head.reduce(raw["R"], head_rank)
     hf = head.fn
     C = fn.n_outputs
     tg = lambda y, dt: curvature.make_targets(y, C, loss, dt, fn.device, label_smoothing)  # noqa: E731
-    H = {k: head.features(X) for k, X in (("F", X_forget), ("R", X_retain), ("V", X_val))}
+    H = {k: hf.inputs(h) for k, h in raw.items()}
 
     def check() -> dict:
         return subsample_check(fn, fn.theta0, X_forget, tg(y_forget, fn.dtype), X_retain, tg(y_retain, fn.dtype), loss,
@@ -534,8 +559,9 @@ def _last_layer(fn: StackedMemberFunction, X_forget, y_forget, X_retain, y_retai
 
     units = (min(check_subset, X_forget.shape[0]) + min(check_rows, X_retain.shape[0])) * C
     rep = diagnose(hf, hf.theta0, H["F"], tg(y_forget, hf.dtype), H["R"], tg(y_retain, hf.dtype), H["V"],
-                   tg(y_val, hf.dtype), lam, loss, LastLayerSolver(lam), check_subset=check_subset,
+                   tg(y_val, hf.dtype), lam, loss, LastLayerSolver(lam, work_dtype=fn.dtype), check_subset=check_subset,
                    check_rows=check_rows, seed=seed, check=check if check_subset > 0 else None, check_units=units,
                    **kw)
-    rep.solver_info.update(full_params=fn.p, head_params=hf.p, features=hf.d, layer=head.layer)
+    rep.solver_info.update(full_params=fn.p, head_params=hf.p, features=hf.d, head_rank=hf.k if hf.basis is not None
+                           else None, layer=head.layer)
     return rep
