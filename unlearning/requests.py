@@ -454,6 +454,52 @@ def look_alike_forms(value: str) -> list[tuple[str, str]]:
     return forms
 
 
+MAX_VALUE_LINES = 20  # repeated values named one line each; the rest share one line
+
+
+def _schema_lines(cases: pd.DataFrame) -> list[str]:
+    """pandera's failure cases as problem lines: one line per (column, check), naming its rows and first value
+    (one row: exactly the line of that row), so a 10^6-row file with one defect in every row answers with one
+    line, grouped in one pass (not a Python step per failing row); a duplicated id gets one line per value
+    (its rows), the values past MAX_VALUE_LINES one more line."""
+    lines = []
+    cases = cases.assign(check=cases["check"].astype(str))
+    for (column, check), group in cases.groupby(["column", "check"], sort=False, dropna=False):
+        rows, values = group["index"], group["failure_case"]
+        first = values.iloc[0]
+        others = " (and others)" if values.nunique(dropna=False) > 1 else ""
+        where = _rows_hint(rows)
+        if check.startswith("column_in_dataframe"):
+            continue  # already reported as a missing column, with the full list
+        if check.startswith("column_in_schema"):
+            lines += [f"unexpected column '{v}'; allowed columns: {list(REQUEST_SCHEMA.columns)}"
+                      for v in dict.fromkeys(values)]
+        elif check.startswith("field_uniqueness") or check == "unique":
+            fix = UNIQUE_FIX.get(column, "keep one")
+            by_value = group.groupby("failure_case", sort=False)["index"]
+            for n, (value, value_rows) in enumerate(by_value):
+                if n == MAX_VALUE_LINES:
+                    rest = by_value.ngroups - MAX_VALUE_LINES
+                    lines.append(f"column '{column}': {rest} more value(s) appear more than once; ids must be unique "
+                                 f"({fix})")
+                    break
+                lines.append(f"column '{column}' {_rows_hint(value_rows)}: value {value!r} appears more than once; "
+                             f"ids must be unique ({fix})")
+        elif check == "parses_as_timestamp":
+            lines.append(f"column 'requested_at' {where}: value {first!r}{others} is not a valid timestamp (use ISO "
+                         f"8601, e.g. 2026-11-30T09:00:00Z)")
+        elif "dtype" in check:
+            lines.append(f"column '{column}': has the wrong type ({check}); values must be text")
+        elif check == "not_nullable" or check.startswith("str_length"):
+            lines.append(f"column '{column}' {where}: value is empty; every row needs a {column}")
+        elif check.startswith("isin"):
+            lines.append(f"column '{column}' {where}: value {first!r}{others} is not allowed; allowed: "
+                         f"{list(OBJECTIVES)}")
+        else:
+            lines.append(f"column '{column}' {where}: value {first!r}{others} failed {check}")
+    return lines
+
+
 def structural_problems(df: pd.DataFrame) -> list[str]:
     """Every schema failure of a request frame, one readable line each (a defect once, as its cause)."""
     problems = list(df.attrs.get("type_problems", []))
@@ -476,36 +522,7 @@ def structural_problems(df: pd.DataFrame) -> list[str]:
     try:
         REQUEST_SCHEMA.validate(df, lazy=True)
     except SchemaErrors as err:
-        cases = err.failure_cases
-        duplicates: dict[tuple, list] = {}
-        for _, fc in cases.iterrows():
-            column, check, value = fc.get("column"), str(fc.get("check")), fc.get("failure_case")
-            if check.startswith("field_uniqueness") or check == "unique":
-                duplicates.setdefault((column, value), []).append(fc.get("index"))
-        reported = set()
-        for _, fc in cases.iterrows():
-            column, check, value = fc.get("column"), str(fc.get("check")), fc.get("failure_case")
-            if check.startswith("column_in_dataframe"):
-                continue  # already reported as a missing column, with the full list
-            if check.startswith("column_in_schema"):
-                problems.append(f"unexpected column '{value}'; allowed columns: {list(REQUEST_SCHEMA.columns)}")
-            elif check.startswith("field_uniqueness") or check == "unique":
-                if (column, value) not in reported:
-                    reported.add((column, value))
-                    problems.append(f"column '{column}' {_rows_hint(duplicates[(column, value)])}: value {value!r} "
-                                    f"appears more than once; ids must be unique ({UNIQUE_FIX.get(column, 'keep one')})")
-            elif check == "parses_as_timestamp":
-                problems.append(f"column 'requested_at' {_row_hint(fc.get('index'))}: value {value!r} is not a valid "
-                                f"timestamp (use ISO 8601, e.g. 2026-11-30T09:00:00Z)")
-            elif "dtype" in check:
-                problems.append(f"column '{column}': has the wrong type ({check}); values must be text")
-            elif check == "not_nullable" or check.startswith("str_length"):
-                problems.append(f"column '{column}' {_row_hint(fc.get('index'))}: value is empty; every row needs a {column}")
-            elif check.startswith("isin"):
-                problems.append(f"column '{column}' {_row_hint(fc.get('index'))}: value {value!r} is not allowed; "
-                                f"allowed: {list(OBJECTIVES)}")
-            else:
-                problems.append(f"column '{column}' {_row_hint(fc.get('index'))}: value {value!r} failed {check}")
+        problems += _schema_lines(err.failure_cases)
     return list(dict.fromkeys(problems))  # de-duplicate, keep order
 
 

@@ -102,6 +102,10 @@ CASES = [
     ("empty-sample-id", "a.csv", csv(H + "\nr1,,2026-11-30,gdpr\n"), "invalid", ["sample_id", "empty"], None),
     ("empty-reason", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30,\n"), "invalid", ["reason", "empty"], None),
     ("empty-time", "a.csv", csv(H + "\nr1,digits-0001,,gdpr\n"), "invalid", ["requested_at", "empty"], None),
+    # the same defect in many rows is one line naming them (a 10^6-row file is not answered with 10^6 lines)
+    ("bad-times-one-line", "a.csv", csv(H + "\nr1,digits-0001,nope,gdpr\nr2,digits-0002,never,gdpr\n"
+                                        "r3,digits-0003,x,gdpr\n"), "invalid",
+     ["column 'requested_at' rows 1, 2, 3: value 'nope' (and others) is not a valid timestamp"], None),
     ("word-time", "a.csv", csv(H + "\nr1,digits-0001,yesterday,gdpr\n"), "invalid", ["'yesterday' is not a valid timestamp"], None),
     ("month-13", "a.csv", csv(H + "\nr1,digits-0001,2026-13-01,gdpr\n"), "invalid", ["not a valid timestamp"], None),
     ("year-2999", "a.csv", csv(H + "\nr1,digits-0001,2999-01-01T00:00:00Z,gdpr\n"), "invalid", ["in the future"], None),
