@@ -4,8 +4,9 @@ Each point runs in a process of its own (so its peak RSS is its own), with the s
 timings: Fashion-MNIST, the params.yaml recipe and model (MLP), or the CNN (train.model.arch cnn), trained on
 `rows` training rows; a forget set of 100 random ids; validation = `--val` rows of the test split. It times
 
-- one plain retrain of the model on the retain rows (`unlearning.models.fit`, as tasks/training.py trains the
-  original, with the process's threads);
+- one plain retrain of the model on the retain rows (`unlearning.models.fit` called as tasks/training.py calls
+  it: train_ensemble's default of one intra-op thread while training, which on two cores was 3-10x faster than
+  two for these small models);
 - the default diagnostics (`compute_diagnostics` with params.yaml `diagnostics:`: solver auto under a budget of
   max_retrains retrains, float32, cross-leverage on a sample, the error check);
 
@@ -74,11 +75,11 @@ def run_point(point: str, n_forget: int, n_val: int, seed: int) -> dict:
     R = np.setdiff1d(train, F)
     t0 = time.perf_counter()
     original = build_model(spec, [seed])
-    fit(original, X[train], y[train], recipe, threads=None)
+    fit(original, X[train], y[train], recipe)
     original_s = time.perf_counter() - t0
     retrain = build_model(spec, [seed + 1])
     t0 = time.perf_counter()
-    fit(retrain, X[R], y[R], recipe, threads=None)
+    fit(retrain, X[R], y[R], recipe)  # as tasks/training.py: fit's own intra-op threads
     retrain_s = time.perf_counter() - t0
 
     cfg = params.diagnostics
@@ -94,7 +95,7 @@ def run_point(point: str, n_forget: int, n_val: int, seed: int) -> dict:
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     d = rep.to_dict()
     return {"point": point, "arch": arch, "rows": len(train), "n_forget": n_forget, "n_validation": len(val),
-            "threads": torch.get_num_threads(), "params": rep.solver_info.get("full_params", rep.n_params),
+            "threads": torch.get_num_threads(), "retrain_threads": 1, "params": rep.solver_info.get("full_params", rep.n_params),
             "original_train_s": original_s, "retrain_s": retrain_s, "diagnostics_s": diag_s,
             "ratio": diag_s / retrain_s, "solver": rep.solver, "peak_rss_mb": rss_mb,
             "auto": rep.solver_info.get("auto"), "solver_info": d["solver_info"], "timings": rep.timings,

@@ -220,8 +220,8 @@ class HeadOf:
             with torch.no_grad():
                 want = full.outputs(full.theta0, X)
                 got = self.fn.outputs(self.fn.theta0, self.features(X))
-            if not torch.allclose(got.to(want.dtype), want, rtol=1e-4,
-                                  atol=1e-4 * float(want.abs().max().clamp_min(1))):
+            if got.shape != want.shape or not torch.allclose(got.to(want.dtype), want, rtol=1e-4,
+                                                             atol=1e-4 * float(want.abs().max().clamp_min(1))):
                 raise ValueError(f"diagnostics solver last_layer: the output of feature_layer {layer!r} is not the "
                                  f"model's output (some layer follows it), so its GGN is not the head's; set "
                                  f"train.model.feature_layer to the final Linear, or diagnostics.solver to a "
