@@ -72,3 +72,20 @@ def test_newton_ggn_lands_on_ridge_on_cuda():
         res = run_method("newton_ggn", ctx, {"lam": lam, "solver": solver})
         assert next(res.model.parameters()).is_cuda
         np.testing.assert_allclose(flat_params(res.model).cpu().numpy(), np.stack([theta_R, theta_R]), atol=1e-8)
+
+
+@pytest.mark.parametrize("spec", [MLP, CNN])
+def test_last_layer_on_cuda_matches_cpu(spec):
+    """The head's GGN (Kronecker-formed), its low-rank cross-leverage and the subsample check on CUDA give the
+    CPU float64 numbers."""
+    model, X, y = problem(spec)
+    F, R, V = slice(0, 12), slice(12, 260), slice(260, 300)
+    args = (X[F], y[F], X[R], y[R], X[V], y[V], 0.5)
+    kw = dict(solver="last_layer", check_subset=8, check_rows=32, cross_sample=100)
+    cpu = compute_diagnostics(model, *args, device="cpu", **kw)
+    gpu = compute_diagnostics(model.cuda(), *args, device="cuda", **kw)
+    assert gpu.device.startswith("cuda") and gpu.solver == "last_layer"
+    np.testing.assert_allclose(gpu.self_leverage, cpu.self_leverage, rtol=1e-8)
+    np.testing.assert_allclose(gpu.cross_leverage, cpu.cross_leverage, rtol=1e-7, atol=1e-12)
+    np.testing.assert_array_equal(gpu.cross_leverage_rows, cpu.cross_leverage_rows)
+    assert gpu.approx_error["predicted_gap_spearman"] == pytest.approx(cpu.approx_error["predicted_gap_spearman"])
