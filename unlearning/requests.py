@@ -203,6 +203,7 @@ def field_count_problems(path: str | Path) -> list[str]:
 
 
 ROWS_SHOWN = 20  # a problem line names at most this many rows (a 100k-row file made one line of 679 KB)
+MAX_VALUE_LINES = 20  # repeated values (or requests) named one line each; the rest share one line
 
 
 def rows_text(rows: list[int]) -> str:
@@ -260,12 +261,17 @@ def _repeated_requests(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     dup = both & keys.duplicated(keep=False)
     if not dup.any():
         return df, []
-    problems, drop = [], []
-    for (rid, sid), group in keys[dup].groupby(["request_id", "sample_id"], sort=False):
+    problems = []
+    groups = keys[dup].groupby(["request_id", "sample_id"], sort=False)
+    for n, ((rid, sid), group) in enumerate(groups):
+        if n == MAX_VALUE_LINES:
+            problems.append(f"{groups.ngroups - MAX_VALUE_LINES} more request(s) appear more than once; keep one row "
+                            f"of each")
+            break
         problems.append(f"{_rows_hint(group.index)}: the same request (request_id {rid!r}, sample_id {sid!r}) "
                         f"appears {len(group)} times; keep one row")
-        drop += list(group.index[1:])
-    return df.drop(index=drop), problems
+    repeat = dup & keys.duplicated(keep="first")  # every repeat after a request's first row
+    return df.loc[~repeat.to_numpy()], problems
 
 
 def arrow_text(values: pd.Series):
@@ -454,9 +460,6 @@ def look_alike_forms(value: str) -> list[tuple[str, str]]:
     return forms
 
 
-MAX_VALUE_LINES = 20  # repeated values named one line each; the rest share one line
-
-
 def _schema_lines(cases: pd.DataFrame) -> list[str]:
     """pandera's failure cases as problem lines: one line per (column, check), naming its rows and first value
     (one row: exactly the line of that row), so a 10^6-row file with one defect in every row answers with one
@@ -601,7 +604,13 @@ def ledger_matches(df: pd.DataFrame, ledger: list[dict], sample_key=lambda s: s)
         same_reason = np.ones(len(positions), dtype=bool)
     same = same_sid & same_time & same_reason
     conflicts = []
-    for k in np.flatnonzero(~same):
+    differing = np.flatnonzero(~same)
+    if len(differing) > ROWS_SHOWN:
+        rest = [int(positions[k]) + 1 for k in differing[ROWS_SHOWN:]]
+        conflicts_rest = (f"request_id column {rows_text(rest)}: {len(rest)} more request id(s) conflict with their "
+                          f"ledger entries (other sample_id, requested_at or reason). A request id names one request "
+                          f"forever: give a new request a new request_id")
+    for k in differing[:ROWS_SHOWN]:
         pos, entry, row = int(positions[k]), entries[k], rows.iloc[k]
         diffs = []
         if not same_sid[k]:
@@ -614,6 +623,8 @@ def ledger_matches(df: pd.DataFrame, ledger: list[dict], sample_key=lambda s: s)
                          f"{entry.get('batch_id')} (file {entry.get('request_file')}, processed "
                          f"{entry.get('processed_at')}): {'; '.join(diffs)}. A request id names one request "
                          f"forever: give a new request a new request_id")
+    if len(differing) > ROWS_SHOWN:
+        conflicts.append(conflicts_rest)
     return [int(p) for p in positions[same]], conflicts
 
 

@@ -124,3 +124,18 @@ def test_a_look_alike_is_named_only_in_plain_mode(tmp_path, monkeypatch):
     assert "digits-0005" not in hashed.problems[0] and "ｄｉｇｉｔｓ" not in hashed.problems[0]
     assert repr(hash_sample_id("ｄｉｇｉｔｓ－０００５", SALT)) in hashed.problems[0]
     assert "it is the id of a manifest row once normalized" in hashed.problems[0]
+
+
+def test_many_repeats_and_conflicts_share_one_closing_line():
+    from unlearning.requests import MAX_VALUE_LINES, ROWS_SHOWN, ledger_matches, structural_problems
+
+    n = 30
+    rows = pd.DataFrame({"request_id": [f"r{i}" for i in range(n)] * 2, "sample_id": [f"s{i}" for i in range(n)] * 2,
+                         "requested_at": "2026-11-30", "reason": "gdpr"})
+    lines = structural_problems(rows)
+    assert len(lines) == MAX_VALUE_LINES + 1 and lines[-1].startswith(f"{n - MAX_VALUE_LINES} more request(s)")
+    ledger = [{"request_id": f"r{i}", "sample_id": "other", "requested_at": "2026-11-30", "reason": "gdpr"}
+              for i in range(n)]
+    same, conflicts = ledger_matches(rows.iloc[:n], ledger)
+    assert same == [] and len(conflicts) == ROWS_SHOWN + 1
+    assert f"{n - ROWS_SHOWN} more request id(s) conflict" in conflicts[-1]
