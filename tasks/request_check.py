@@ -118,8 +118,9 @@ def keyed_ids(ids: pd.Series, key) -> pd.Series:
         return ids
     import pyarrow as pa
 
-    chunks = [pa.array([key(s) for s in ids.iloc[i:i + KEY_CHUNK].tolist()], type=pa.large_string())
-              for i in range(0, len(ids), KEY_CHUNK)]
+    text = arrow_text(ids)
+    chunks = [pa.array([key(s) for s in text.slice(i, KEY_CHUNK).to_pylist()], type=pa.large_string())
+              for i in range(0, len(text), KEY_CHUNK)]
     return pa.chunked_array(chunks, type=pa.large_string()).to_pandas().set_axis(ids.index)
 
 
@@ -541,8 +542,11 @@ def keyed_mentions(lines: list[str], sample_ids, key) -> list[str]:
     file) name each of the file's sample ids by its keyed form: an id erased earlier and named again must not
     come back in plain text. The lines quote ids with repr(), so repr(id) is what is replaced; the row
     numbers still say which row is meant."""
-    ids = sorted({s for s in sample_ids if isinstance(s, str) and s and not s.startswith("sha256:")},
-                 key=len, reverse=True)
+    if not lines:
+        return []
+    text = "\n".join(lines)  # at most a few dozen lines: only the ids they quote are replaced
+    ids = sorted({s for s in sample_ids if isinstance(s, str) and s and not s.startswith("sha256:")
+                  and repr(s) in text}, key=len, reverse=True)
     out = []
     for line in lines:
         for s in ids:
