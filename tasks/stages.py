@@ -366,13 +366,14 @@ def log_candidate_figures(tracker, run_id: str, out: CandidateOutcome, alpha: fl
     tracker.log_figure(run_id, fig, "accuracy_per_split.png"); plots.close(fig)
     ps = out.per_sample
     present = [s for s in SPLITS if f"klom_p95/{s}" in out.metrics]
-    if not present:  # an exact retrain or a suppression candidate: no references, no KLoM to draw
-        return
-    fig = plots.klom_against_null(ps["klom"].to_numpy(), ps["klom_null_example"].to_numpy(), ps["split"].to_numpy(),
-                                  out.klom_null_p95, {s: out.metrics[f"klom_p95/{s}"] for s in present},
-                                  {s: out.metrics[f"klom_pvalue/{s}"] for s in present if f"klom_pvalue/{s}" in out.metrics},
-                                  alpha, f"{method}: KLoM per sample vs retrains", passed)
-    tracker.log_figure(run_id, fig, "klom_per_split.png"); plots.close(fig)
+    if present:  # (an exact retrain or a suppression candidate trains no references: no KLoM to draw)
+        fig = plots.klom_against_null(ps["klom"].to_numpy(), ps["klom_null_example"].to_numpy(),
+                                      ps["split"].to_numpy(), out.klom_null_p95,
+                                      {s: out.metrics[f"klom_p95/{s}"] for s in present},
+                                      {s: out.metrics[f"klom_pvalue/{s}"] for s in present
+                                       if f"klom_pvalue/{s}" in out.metrics},
+                                      alpha, f"{method}: KLoM per sample vs retrains", passed)
+        tracker.log_figure(run_id, fig, "klom_per_split.png"); plots.close(fig)
     if out.worst.get("names"):  # panels titled as the run names the samples (hashed under redaction)
         names = [tracker.display_id(str(n)) for n in out.worst["names"]]
         fig = plots.margin_distributions(out.worst["unlearned"], out.worst["oracle"], names,
