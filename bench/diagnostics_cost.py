@@ -89,7 +89,7 @@ def run_point(point: str, n_forget: int, n_val: int, seed: int) -> dict:
         solver=cfg.solver, device="cpu", dtype=getattr(torch, cfg.dtype), proj_dim=cfg.proj_dim,
         check_subset=cfg.check_subset, check_rows=cfg.check_rows, cross_sample=cfg.cross_sample,
         last_layer_above=cfg.last_layer_above, budget_retrains=cfg.max_retrains, epochs=recipe.epochs, seed=seed,
-        head_rank=cfg.head_rank,
+        head_rank=cfg.head_rank, threads=cfg.threads,
         progress=f"diagnostics {point}", label_smoothing=recipe.label_smoothing)
     diag_s = time.perf_counter() - t0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

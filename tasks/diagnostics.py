@@ -39,7 +39,7 @@ def leverage_diagnostics(cfg: Diagnostics, weight_decay: float, seed: int, progr
                                  label_smoothing=label_smoothing, dtype=getattr(torch, cfg.dtype),
                                  cross_sample=None if cross_every_row else cfg.cross_sample, check_rows=cfg.check_rows,
                                  last_layer_above=cfg.last_layer_above, budget_retrains=cfg.max_retrains,
-                                 head_rank=cfg.head_rank,
+                                 head_rank=cfg.head_rank, threads=cfg.threads,
                                  epochs=epochs)
     ids = m["sample_id"].to_numpy()
     cross = np.full(len(r_rows), np.nan)  # NaN: a retain row outside the cross-leverage sample

@@ -246,6 +246,8 @@ class Diagnostics(Strict):
     head_rank: int | None = Field(
         256, ge=1, description="last-layer mode: the head moves within this many principal directions of its input "
                                "features (p = classes x rank instead of classes x (features + 1)); null = all")
+    threads: int | None = Field(1, ge=1, description="intra-op threads while the diagnostics run on CPU (1, as "
+                                                     "training: many mid-sized ops; null = as set)")
     max_retrains: float | None = Field(
         1.0, gt=0, description="solver auto: when the full-model solver's estimated cost exceeds this many plain "
                                "retrains of the model, the last-layer mode instead (null = by parameter count only)")

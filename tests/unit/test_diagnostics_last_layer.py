@@ -64,8 +64,11 @@ def test_cross_norms_without_rows_equal_the_rows_times_handle(tiny):
     A_F = F.all_weighted()[1].reshape(-1, hf.p)
     handle = s.leverage_handle(A_F)
     rows = torch.cat([C.reshape(sl.stop - sl.start, -1).norm(dim=1) for sl, C in s.cross_chunks(R, handle)])
-    fast = torch.cat([n for _, n in s.cross_norms(R, handle)])
+    fast = torch.cat([n for _, n in s.cross_norms(R, handle)])  # m = 10 x 3 = 30 < C d1 = 32: the low-rank path
+    # the handle four times over (m = 120 > 32: the narrow path through M = H H^T) has twice the norms
+    narrow = torch.cat([n for _, n in s.cross_norms(R, torch.cat([handle] * 4, 1))]) / 2
     torch.testing.assert_close(fast, rows, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(narrow, rows, rtol=1e-10, atol=1e-12)
 
 
 def test_reduced_head_keeps_the_outputs_and_projects_the_ggn(tiny):

@@ -116,25 +116,41 @@ def choose_within_budget(by_count: str, budget_seconds: float | None, **estimate
     return "last_layer", est
 
 
-def measure_throughput(fn, X: torch.Tensor, rows: int = 256, repeats: int = 3) -> Throughput:
-    """Time a batched forward + backward of the full model `fn` (a `StackedMemberFunction`) on up to `rows`
-    rows, and a float32 matmul, on fn's device (best of `repeats`: the machine's speed, not its noise)."""
+def measure_throughput(fn, X: torch.Tensor, rows: int = 64, repeats: int = 5, *, model=None,
+                       y: torch.Tensor | None = None) -> Throughput:
+    """Seconds per row of a training step and float32 matmul flop/s on fn's device (best of `repeats`: the
+    machine, not its noise). With `model` (an Ensemble) and labels `y`: one epoch of the real training path
+    (`train_ensemble`, its fused kernel and optimizer, one intra-op thread) over 4 x `rows` rows of X in
+    batches of `rows`, on a copy of one member; else a forward + backward of `fn` on `rows` rows."""
+    from unlearning.models.training import intra_op_threads, train_ensemble
+
+    if model is not None and y is not None and X.shape[0] >= rows:
+        n = min(4 * rows, X.shape[0])
+        copy_ = copy.deepcopy(model.select(0)).to(device=fn.device, dtype=torch.float32)
+        Xc, yc = X[:n].to(fn.device, torch.float32), y[:n].to(fn.device)
+        best = min(train_ensemble(copy_, Xc, yc, epochs=1, batch_size=rows, lr=1e-4).seconds for _ in range(repeats))
+        return Throughput(seconds_per_sample_grad=best / n, flops_per_second=_matmul_flops(fn.device, repeats))
     module = copy.deepcopy(fn.module).to(torch.float32)  # a private float32 copy: fn stays as it is
     Xb = fn.cast(X[:rows]).to(torch.float32)
     theta = fn.theta0.to(torch.float32).clone().requires_grad_(True)
     consts = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in fn.constants.items()}
     best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = module.call_member(fn.unflatten(theta), consts, Xb)   # [b, C]
-        out.logsumexp(1).sum().backward()
-        best = min(best, time.perf_counter() - t0)
-        theta.grad = None
-    sg = best / max(1, Xb.shape[0])
-    a = torch.randn(512, 512, device=Xb.device)
-    flop_best = float("inf")
+    with intra_op_threads(1 if Xb.device.type == "cpu" else None):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = module.call_member(fn.unflatten(theta), consts, Xb)   # [b, C]
+            out.logsumexp(1).sum().backward()
+            best = min(best, time.perf_counter() - t0)
+            theta.grad = None
+    return Throughput(seconds_per_sample_grad=best / max(1, Xb.shape[0]),
+                      flops_per_second=_matmul_flops(Xb.device, repeats))
+
+
+def _matmul_flops(device, repeats: int) -> float:
+    a = torch.randn(512, 512, device=device)
+    best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         (a @ a).sum().item()
-        flop_best = min(flop_best, time.perf_counter() - t0)
-    return Throughput(seconds_per_sample_grad=sg, flops_per_second=2 * 512 ** 3 / max(flop_best, 1e-9))
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 512 ** 3 / max(best, 1e-9)

@@ -162,19 +162,31 @@ class LastLayerSolver(_DenseMixin, GGNSolver):
 
     def cross_norms(self, rs, handle: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
         """(slice, ||A_i G^-1 A_F^T||_F per row [b]) without forming the rows: with the handle H = G^-1 A_F^T
-        viewed as H3 [C, d1, m], A_i H = F_i U_i with U_i = (I kron h~_i^T) H [C, m], so
-        ||A_i H||_F^2 = tr(U_i^T Lambda_i U_i): C d1 m + C^2 m per row instead of r C d1 m."""
+        viewed as H3 [C, d1, m], A_i H = F_i U_i with U_i = (I kron z_i^T) H [C, m], so
+        ||A_i H||_F^2 = tr(U_i^T Lambda_i U_i): C d1 m + C^2 m per row instead of r C d1 m (or C^2 d1^2 through
+        M = H H^T for a narrow head)."""
         fn: HeadFunction = rs.fn
         C, d1, m = fn.n_outputs, fn.k, handle.shape[1]
-        H3 = handle.reshape(C, d1, m).permute(1, 0, 2).reshape(d1, C * m)              # [d1, C m]
-        step = max(1, (64 << 20) // (handle.element_size() * C * m * 2))
+        # a narrow head (C d1 < m) contracts M = H H^T [C d1, C d1] instead: T_i[c, e] = z_i^T M[c, :, e, :] z_i,
+        # ||A_i H||_F^2 = tr(Lambda_i T_i), C^2 d1^2 per row
+        narrow = C * d1 < m
+        if narrow:
+            M = (handle @ handle.T).reshape(C, d1, C, d1).permute(1, 0, 2, 3).reshape(d1, C * C * d1)
+        else:
+            H3 = handle.reshape(C, d1, m).permute(1, 0, 2).reshape(d1, C * m)          # [d1, C m]
+        width = C * C * d1 if narrow else C * m
+        step = max(1, (64 << 20) // (handle.element_size() * width * 2))
         for a in range(0, rs.n, step):
             s = slice(a, min(a + step, rs.n))
             Ht = fn.design(rs.X[s]).to(handle.dtype)                                   # [b, d1]
             with torch.no_grad():
                 lam_i = _curvature_matrices(fn.outputs(rs.theta, rs.X[s]).to(handle.dtype), rs.loss)
-            U = (Ht @ H3).reshape(-1, C, m)                                               # [b, C, m]
-            sq = (U * torch.bmm(lam_i, U)).sum((1, 2)).clamp_min(0)
+            if narrow:
+                T = ((Ht @ M).reshape(-1, C, C, d1) * Ht[:, None, None, :]).sum(-1)     # [b, C, C]
+                sq = (lam_i * T).sum((1, 2)).clamp_min(0)
+            else:
+                U = (Ht @ H3).reshape(-1, C, m)                                           # [b, C, m]
+                sq = (U * torch.bmm(lam_i, U)).sum((1, 2)).clamp_min(0)
             if rs._cache is None:  # as the rows' pass would count (a cache's rows were counted once)
                 rs.advance(s.stop - s.start, "jacobian")
             else:
