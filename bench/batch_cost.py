@@ -17,7 +17,7 @@ memory check on a member probe (the plan needs no trained original for that).
 
 Writes bench/results/batch_cost.json and regenerates the README table between the markers
 `<!-- bench:batch_cost:begin -->` and `<!-- bench:batch_cost:end -->`.
-Usage: python bench/batch_cost.py [--points mlp:2000,mlp:8000,mlp:30000,cnn:2000,cnn:8000]
+Usage: python bench/batch_cost.py [--points mlp:2000,mlp:8000,mlp:30000,cnn:2000,cnn:8000@retrain+rejected]
                                   [--paths retrain,do_nothing_accepted,rejected] [--threads 2] [--full-data-plan]
 """
 
@@ -284,7 +284,9 @@ def main() -> None:
                "threads": a.threads, "points": []}
     for spec in [s for s in a.points.split(",") if s]:
         t = time.perf_counter()
-        out = subprocess.run([sys.executable, __file__, "--one", spec, "--paths", a.paths, "--threads",
+        spec, _, only = spec.partition("@")  # "cnn:8000@retrain+rejected": this point's paths only
+        paths = only.replace("+", ",") if only else a.paths
+        out = subprocess.run([sys.executable, __file__, "--one", spec, "--paths", paths, "--threads",
                               str(a.threads)], capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             print(f"{spec}: failed\n{out.stderr[-3000:]}", file=sys.stderr)

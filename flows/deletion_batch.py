@@ -122,17 +122,19 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str,
         selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, oracles,
                              n_train)
         the_plan = S.plan(batch, params, state, rows, selection, objective)
-    outcome = None
+    outcome, spent = None, 0.0
     try:
         for step in the_plan.steps:
             if step.looks:
                 S.warn_if_the_test_cannot_fail(params, *step.references)
             out = S.unlearn_and_certify(batch, step, params, state, rows, pool, the_plan, objective, batch_index)
+            spent += float(out.cost.get("wall_seconds", 0.0))
             if S.accepted(batch, out, params.gate.exact_retrain_overrides):
                 outcome = out
                 break
     finally:
         S.references_report(batch, params, state, rows, pool)
+        S.plan_vs_actual(batch, the_plan, pool, spent)
     if outcome is None:
         raise BatchRejected(f"no candidate passed the gate for {batch.path.name}; the previous champion stays")
     return outcome

@@ -61,6 +61,7 @@ class BatchRun:
     summary: dict  # unlearning.batch_summary.summary_markdown's arguments, filled in as the batch goes
     child: str | None = None  # the MLflow run of the stage in progress (ended FAILED if the batch fails)
     committed: bool = False  # state/ holds this batch (set by `promote`)
+    seconds: dict = field(default_factory=dict)  # measured seconds per stage, beside the plan's predictions
     started: float = field(default_factory=time.perf_counter)
 
     def open(self, name: str, tags: dict | None = None) -> str:
@@ -120,9 +121,11 @@ def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, 
     from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 
     run = batch.open("diagnostics")
+    started = time.perf_counter()
     report, tables = leverage_diagnostics.fn(cfg, weight_decay, seed, progress, state.prepared, state.manifest,
                                              forget_ids, state.model, batch.device, label_smoothing, epochs=epochs,
                                              cross_every_row=cross_every_row)
+    batch.seconds["diagnostics"] = time.perf_counter() - started  # the plan counts them (plan_vs_actual)
     log_diagnostics(batch.tracker, run, report, tables)
     batch.close()
     table_artifact([{"diagnostic": k, "value": round(float(v), 6)} for k, v in {
@@ -161,8 +164,7 @@ def partition(batch: BatchRun, cfg: Partition, state: State, forget_ids: list[st
 # 4. plan: which candidates, certified how, with which reference models -----------------------------------
 @task(name="plan", **STAGE)
 @computes
-def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selection: dict, objective: str,
-         diagnostics_seconds: float = 0.0):
+def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selection: dict, objective: str):
     """The batch's plan (unlearning/plan.py) from the selection, a short timing probe and the memory footprint:
     logged (MLflow `plan.json`, a Prefect artifact, the console) before any model is trained. A plan that
     cannot fit validation.memory_mb raises PlanRefused, naming the key."""
@@ -170,7 +172,8 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     from unlearning.plan import PlanRefused, plan_lines
 
     timing, footprint = probe(params, state, rows, batch.device)
-    the_plan = batch_plan(params, selection, objective, timing, footprint, diagnostics_seconds)
+    the_plan = batch_plan(params, selection, objective, timing, footprint, batch.seconds.get("diagnostics", 0.0))
+    batch.seconds["retrain_probe"] = timing.retrain_seconds
     lines = plan_lines(the_plan)
     batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.__dict__}, "plan.json")
     batch.tracker.log_metrics(batch.parent, {f"predicted_seconds/{k}": v for k, v in
@@ -187,6 +190,23 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     if the_plan.refusal:
         raise PlanRefused(the_plan.refusal)
     return the_plan
+
+
+def plan_vs_actual(batch: BatchRun, the_plan, pool, outcomes_seconds: float) -> None:
+    """The plan's predicted seconds beside the measured ones (MLflow metrics `actual_seconds/*`, one line), and
+    the batch's cost so far in units of the probe's retrain."""
+    refs = sum(role.seconds for role in pool.roles.values()) if pool is not None else 0.0
+    actual = {"diagnostics": batch.seconds.get("diagnostics", 0.0), "references": refs,
+              "candidates": outcomes_seconds}
+    actual["total"] = actual["diagnostics"] + outcomes_seconds  # reference training runs inside the candidates
+    retrain = max(batch.seconds.get("retrain_probe", 0.0), 1e-9)
+    batch.tracker.log_metrics(batch.parent, {f"actual_seconds/{k}": v for k, v in actual.items()}
+                              | {"actual_retrains": actual["total"] / retrain})
+    predicted = the_plan.predicted_seconds.get("total")
+    run_logger().info(f"{batch.path.name}: plan vs actual: predicted {predicted if predicted is not None else '?'} s "
+                      f"({the_plan.predicted_retrains:.1f} retrains), took {actual['total']:.1f} s "
+                      f"({actual['total'] / retrain:.1f} retrains of {retrain:.2f} s; diagnostics "
+                      f"{actual['diagnostics']:.1f} s, references {refs:.1f} s, candidates {outcomes_seconds:.1f} s)")
 
 
 def references_report(batch: BatchRun, params: Params, state: State, rows: BatchRows, pool) -> None:
