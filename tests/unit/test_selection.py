@@ -131,3 +131,27 @@ def test_deletion_stage_exits_2_on_an_unknown_method(tmp_path, capsys, monkeypat
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [err[0]] and err[0].startswith("error: deletion.fallback[0] = 'nosuch_method'")
+
+
+def test_the_noise_of_well_learned_forget_rows_is_floored_by_as_many_validation_rows():
+    """Every oracle agrees on well-learned rows: their spread vanishes, and a tiny predicted gap read in its
+    units looked large (6e-6 read as 5.4 times its noise). The validation rows' spread is the floor."""
+    import torch
+
+    from unlearning.selection import noise_floor
+
+    g = torch.Generator().manual_seed(0)
+    agreeing = torch.zeros(8, 5, 3) + torch.tensor([9.0, 0.0, 0.0])  # [N, n, C]: every oracle the same
+    spread = torch.randn(8, 5, 3, generator=g)
+    assert noise_floor(agreeing) == pytest.approx(0.0, abs=1e-12)
+    assert noise_floor(agreeing, spread) == pytest.approx(_mean_kl_to_mean(spread))
+    assert noise_floor(spread, agreeing) == pytest.approx(_mean_kl_to_mean(spread))  # a floor, never a cap
+
+
+def test_the_noise_floor_is_waited_for_only_when_an_approximate_candidate_could_be_certified():
+    from tasks.stages import needs_noise_floor
+
+    waiting = {"skipped": [("gap_below_noise_floor", "missing fact(s) ['noise_floor', 'predicted_gap'] ...")]}
+    assert needs_noise_floor(waiting, weigh_cost=False)
+    assert not needs_noise_floor(waiting, weigh_cost=True)  # the planner would skip do_nothing for its cost
+    assert not needs_noise_floor({"skipped": [("x", "objective='suppression' is not ...")]}, weigh_cost=False)
