@@ -77,17 +77,10 @@ def unlearn_context(model: Ensemble, prepared: Prepared, rows: BatchRows, recipe
         progress=progress)
 
 
-def eval_logits(model: Ensemble, prepared: Prepared, rows: np.ndarray, *, members_per_pass: int | None = None,
-                rows_per_pass: int = 8192) -> torch.Tensor:
-    """[N, n_rows, C] logits on the given rows, streamed over members x row blocks: at most `members_per_pass`
-    members (None = all) on `rows_per_pass` rows at a time, so the activations held at once stay bounded
-    (unlearning/plan.py sizes both to validation.memory_mb; only the [N, n_rows, C] result is kept)."""
-    X = torch.as_tensor(prepared.X[rows], dtype=torch.float32)
-    n = model.n_models
-    if members_per_pass is None or members_per_pass >= n:
-        return predict_logits(model, X, rows_per_pass)
-    return torch.cat([predict_logits(model.select(list(range(i, min(i + members_per_pass, n)))), X, rows_per_pass)
-                      for i in range(0, n, members_per_pass)], 0)
+def eval_logits(model: Ensemble, prepared: Prepared, rows: np.ndarray, rows_per_pass: int = 8192) -> torch.Tensor:
+    """[N, n_rows, C] logits on the given rows, `rows_per_pass` rows at a time (the certificate streams member
+    chunks through it: tasks/certify.py Evaluator, sized by unlearning/plan.py to validation.memory_mb)."""
+    return predict_logits(model, torch.as_tensor(prepared.X[rows], dtype=torch.float32), rows_per_pass)
 
 
 def cross_entropy_losses(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
