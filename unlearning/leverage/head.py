@@ -24,7 +24,7 @@ from torch import nn
 
 from unlearning.leverage import curvature
 from unlearning.leverage.functions import OutputFunction, StackedMemberFunction
-from unlearning.leverage.solvers import GGNSolver, _DenseMixin
+from unlearning.leverage.base import GGNSolver, _DenseMixin
 from unlearning.progress import tick
 
 
