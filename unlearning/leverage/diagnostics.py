@@ -286,7 +286,8 @@ def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_reta
              exact_max_params: int = EXACT_MAX_PARAMS, keep_cross_matrix: bool = False,
              progress: bool | str | None = False, cross_sample: int | None = None, seed: int = 0,
              check_rows: int = DEFAULT_CHECK_ROWS, check: Callable[[], dict] | None = None,
-             check_units: int = 0, progress_every_s: float = 10.0, progress_stream=None) -> LeverageReport:
+             check_units: int = 0, progress_every_s: float = 10.0, progress_stream=None,
+             work: "_Work | None" = None) -> LeverageReport:
     """Leverage diagnostics for an output function at theta (the original parameters theta_D).
 
     Targets t_* are in `curvature.make_targets` form. `solver` is a fresh GGNSolver: it is fitted here on
@@ -296,16 +297,36 @@ def diagnose(fn: OutputFunction, theta: torch.Tensor, X_forget, t_forget, X_reta
     are checked against exact (`check_subset` forget rows): on every row up to `exact_max_params`, else on
     `check_rows` retain rows (`check.subsample_check`); `check` replaces that with the caller's own (the
     last-layer mode checks against the full model's GGN), `check_units` its planned work. `progress` (True, a
-    label, or None = the process default): a line at least every `progress_every_s`, in work units (`_Work`)."""
-    desc = progress if isinstance(progress, str) else "leverage diagnostics"
-    bar = Progress(0, desc, unit="units", enabled=None if progress is None else bool(progress),
-                   every_s=progress_every_s, stream=progress_stream)
+    label, or None = the process default): a line at least every `progress_every_s`, in work units (`_Work`);
+    `work`: a caller's open bar whose plan already holds this run's units (`planned_units`)."""
+    preplanned = work is not None
+    if work is None:
+        desc = progress if isinstance(progress, str) else "leverage diagnostics"
+        work = _Work(Progress(0, desc, unit="units", enabled=None if progress is None else bool(progress),
+                              every_s=progress_every_s, stream=progress_stream), fn.n_outputs)
     with ExitStack() as opened:  # the bar opens once the work is planned (its first line shows the total)
         return _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver,
-                         _Work(bar, fn.n_outputs), chunk=chunk, check_subset=check_subset,
+                         work, preplanned=preplanned, chunk=chunk, check_subset=check_subset,
                          exact_max_params=exact_max_params, keep_cross_matrix=keep_cross_matrix,
                          cross_sample=cross_sample, seed=seed, check_rows=check_rows, check=check,
                          check_units=check_units, opened=opened)
+
+
+def planned_units(work: _Work, solver: str, p: int, nF: int, nR: int, nV: int, nC: int, *, check_subset: int,
+                  check_rows: int, exact_max_params: int, check_units: int | None = None) -> tuple[int, int, int]:
+    """(total, cross-leverage, check) work units of `diagnose`: the forget rows' Jacobians, the fit's pass over
+    the retain rows (none for cg), gradient and forget products, the cross-leverage rows, the predicted gaps, and
+    the error check (`check_units` when the caller brings its own check)."""
+    checking = solver != "exact" and check_subset > 0
+    if checking and check_units is None:  # dense reference on every row, or exact on a row subsample
+        check_units = work.units(nR if p <= exact_max_params else min(check_subset, nF) + min(check_rows, nR),
+                                 "jacobian")
+    check_units = int(check_units or 0) if checking else 0
+    fit_units = work.units(nR, "jacobian") if solver != "cg" else 0
+    cross_units = work.units(nC, "jacobian")
+    total = (work.units(nF, "jacobian") + fit_units + work.units(nR + nF) + cross_units + work.units(nF + nR + nV)
+             + check_units)
+    return total, cross_units, check_units
 
 
 def _cross_set(rs_R: RowSet, cross_sample: int | None, seed: int) -> tuple[RowSet, np.ndarray | None]:
@@ -318,7 +339,7 @@ def _cross_set(rs_R: RowSet, cross_sample: int | None, seed: int) -> tuple[RowSe
 
 def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, lam, loss, solver, work: _Work, *,
               chunk, check_subset, exact_max_params, keep_cross_matrix, cross_sample, seed, check_rows, check,
-              check_units, opened: ExitStack) -> LeverageReport:
+              check_units, opened: ExitStack, preplanned: bool) -> LeverageReport:
     start = time.perf_counter()
     timings: dict[str, float] = {}
     bar = work.bar
@@ -338,14 +359,12 @@ def _diagnose(fn, theta, X_forget, t_forget, X_retain, t_retain, X_val, t_val, l
     work.watch(rs_F, rs_R, rs_V, rs_C)
     nF, nR, nV, nC = rs_F.n, rs_R.n, rs_V.n, rs_C.n
     checking = solver.name != "exact" and check_subset > 0
-    if checking and check is None:  # dense reference on every row, or exact on a row subsample
-        check_rows_used = nR if fn.p <= exact_max_params else min(check_subset, nF) + min(check_rows, nR)
-        check_units = work.units(check_rows_used, "jacobian")
-    fit_units = work.units(nR, "jacobian") if solver.name != "cg" else 0
-    cross_units = work.units(nC, "jacobian")
-    work.plan(work.units(nF, "jacobian") + fit_units + work.units(nR + nF) + cross_units + work.units(nF + nR + nV)
-              + (check_units if checking else 0))
-    opened.enter_context(bar)
+    total, cross_units, check_units = planned_units(work, solver.name, fn.p, nF, nR, nV, nC, check_subset=check_subset,
+                                                    check_rows=check_rows, exact_max_params=exact_max_params,
+                                                    check_units=None if check is None else check_units)
+    if not preplanned:
+        work.plan(total)
+        opened.enter_context(bar)
 
     t0 = time.perf_counter()
     bar.stage("forget Jacobians")
@@ -563,10 +582,30 @@ def _compute(model_member, X_forget, y_forget, X_retain, y_retain, X_val, y_val,
 def _last_layer(fn: StackedMemberFunction, X_forget, y_forget, X_retain, y_retain, X_val, y_val, lam, loss,
                 label_smoothing, *, check_subset, check_rows, seed, head_rank, **kw) -> LeverageReport:
     """The head's diagnostics over the penultimate features (float64), checked against the full model's GGN
-    on a row subsample (`check.subsample_check`)."""
+    on a row subsample (`check.subsample_check`). One progress bar plans the feature pass and the diagnostics."""
     head = HeadOf(fn, X_retain)
-    raw = {k: head.raw_features(X) for k, X in (("F", X_forget), ("R", X_retain), ("V", X_val))}
-    head.reduce(raw["R"], head_rank)
+    C = fn.n_outputs
+    nF, nR, nV = X_forget.shape[0], X_retain.shape[0], X_val.shape[0]
+    progress, cross_sample = kw.get("progress", False), kw.get("cross_sample")
+    work = _Work(Progress(0, progress if isinstance(progress, str) else "leverage diagnostics", unit="units",
+                          enabled=None if progress is None else bool(progress), every_s=kw.pop("progress_every_s"),
+                          stream=kw.pop("progress_stream")), C)
+    units = (min(check_subset, nF) + min(check_rows, nR)) * C
+    nC = nR if cross_sample is None else min(cross_sample, nR)
+    total = planned_units(work, "last_layer", 0, nF, nR, nV, nC, check_subset=check_subset, check_rows=check_rows,
+                          exact_max_params=0, check_units=units)[0]
+    work.plan(nF + nR + nV + total)  # the feature pass, then the diagnostics
+    with work.bar:
+        work.bar.stage("features")
+        raw = {k: head.raw_features(X, on_rows=work) for k, X in (("F", X_forget), ("R", X_retain), ("V", X_val))}
+        head.reduce(raw["R"], head_rank)
+        return _head_diagnostics(fn, head, raw, y_forget, y_retain, y_val, X_forget, X_retain, lam, loss,
+                                 label_smoothing, work, check_subset=check_subset, check_rows=check_rows, seed=seed,
+                                 check_units=units, **kw)
+
+
+def _head_diagnostics(fn, head, raw, y_forget, y_retain, y_val, X_forget, X_retain, lam, loss, label_smoothing, work,
+                      *, check_subset, check_rows, seed, check_units, **kw) -> LeverageReport:
     hf = head.fn
     C = fn.n_outputs
     tg = lambda y, dt: curvature.make_targets(y, C, loss, dt, fn.device, label_smoothing)  # noqa: E731
@@ -577,11 +616,10 @@ def _last_layer(fn: StackedMemberFunction, X_forget, y_forget, X_retain, y_retai
                                lam, "last_layer", head=head, check_subset=check_subset, check_rows=check_rows,
                                seed=seed, spearman=spearman)
 
-    units = (min(check_subset, X_forget.shape[0]) + min(check_rows, X_retain.shape[0])) * C
     rep = diagnose(hf, hf.theta0, H["F"], tg(y_forget, hf.dtype), H["R"], tg(y_retain, hf.dtype), H["V"],
                    tg(y_val, hf.dtype), lam, loss, LastLayerSolver(lam, work_dtype=fn.dtype), check_subset=check_subset,
-                   check_rows=check_rows, seed=seed, check=check if check_subset > 0 else None, check_units=units,
-                   **kw)
+                   check_rows=check_rows, seed=seed, check=check if check_subset > 0 else None,
+                   check_units=check_units, work=work, **kw)
     rep.solver_info.update(full_params=fn.p, head_params=hf.p, features=hf.d, head_rank=hf.k if hf.basis is not None
                            else None, layer=head.layer)
     return rep

@@ -253,14 +253,17 @@ class HeadOf:
         self.fn = HeadFunction(fn.Wb[:, :-1], fn.Wb[:, -1], layer=fn.layer, basis=basis)
 
     @torch.no_grad()
-    def raw_features(self, X: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-        """Penultimate features h [n, d] (float64), computed in the full function's dtype."""
+    def raw_features(self, X: torch.Tensor, chunk: int = 4096, on_rows=None) -> torch.Tensor:
+        """Penultimate features h [n, d] (float64), computed in the full function's dtype; `on_rows(b)` after
+        each chunk of b rows (progress)."""
         X = self.full.cast(X)
         if X.shape[0] == 0:
             return torch.zeros(0, self.fn.d, dtype=torch.float64, device=self.full.device)
         parts = []
         for a in range(0, X.shape[0], chunk):
             parts.append(self.full.module.features(X[a:a + chunk])[0].to(torch.float64))
+            if on_rows is not None:
+                on_rows(min(chunk, X.shape[0] - a))
             tick()
         return torch.cat(parts)
 
