@@ -632,13 +632,30 @@ def left_out_note(params, info: dict) -> str:
             f"left to forget")
 
 
+def _prepared_identity(folder: Path) -> tuple[dict, pd.DataFrame] | None:
+    """dataset.json and the prepared manifest's sample_id, split and label columns, read as load_prepared
+    reads them (text ids, integer labels): all the fingerprint needs, without the other columns, the schema
+    pass or the features. None when they cannot be read so (missing, damaged): load_state then says why."""
+    import json
+
+    try:
+        info = json.loads((folder / "dataset.json").read_text())
+        manifest = pd.read_csv(folder / "manifest.csv", usecols=["sample_id", "split", "label"], keep_default_na=False,
+                               dtype={"sample_id": object, "split": object, "label": "int64"})
+    except (OSError, ValueError, KeyError, pd.errors.ParserError, pd.errors.EmptyDataError):
+        return None
+    return info, manifest
+
+
 def live_state(params) -> LiveState | None:
     """The live manifest and ledger as `tasks.state.load_state` would give them, read without a model: from
     a state folder whose recorded fingerprint matches the current params and data. None when only the full
     load can tell (no state yet: the original's checkpoint decides; a state written before fingerprints; a
-    mismatch, whose message names what changed): the caller then calls load_state. Raises what load_state
-    raises for a missing prepared folder."""
-    from unlearning.data import load_prepared, read_state_manifest
+    mismatch, whose message names what changed; a prepared store that is missing or cannot be read: load_state
+    raises its error): the caller then calls load_state. The prepared manifest is read for the fingerprint
+    only (its three columns) and let go before the live manifest is read: a 10^6-row project holds one
+    manifest at a time."""
+    from unlearning.data import read_state_manifest
     from unlearning.fingerprint import matches, prepared_fingerprint
     from unlearning.io import settle_interrupted_swaps
     from unlearning.ledger import read_ledger
@@ -646,15 +663,19 @@ def live_state(params) -> LiveState | None:
     state_dir = params.path("state_dir")
     # as load_state does (under the project's lock here: a batch running now keeps its staging folder)
     settle_interrupted_swaps(state_dir, params.path("prepared_dir"))
-    prepared = load_prepared(params.path("prepared_dir"))
     champion_file = state_dir / "champion.json"
     if not (state_dir / "model.pt").exists() or not champion_file.exists():
         return None
     recorded = read_json_file(champion_file).get("fingerprint")
-    if recorded is None or not matches(recorded, prepared_fingerprint(params, prepared.info, prepared.manifest)):
+    identity = _prepared_identity(params.path("prepared_dir")) if recorded is not None else None
+    if identity is None:
         return None
-    return LiveState(read_state_manifest(state_dir / "manifest.csv"), read_ledger(state_dir / "ledger.jsonl"),
-                     prepared.info)
+    info, prepared_manifest = identity
+    current = prepared_fingerprint(params, info, prepared_manifest)
+    del prepared_manifest, identity
+    if not matches(recorded, current):
+        return None
+    return LiveState(read_state_manifest(state_dir / "manifest.csv"), read_ledger(state_dir / "ledger.jsonl"), info)
 
 
 def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True,
