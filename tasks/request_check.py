@@ -9,6 +9,12 @@ One tool per kind of rule, each problem one line (the row, the value, the fix; t
    tombstone). GX checks a lookup frame (one row per request: `in_manifest`, `split`, `deleted`) built here
    in pandas, so the suite is a few small, fixed expectations that each defect fails exactly once.
 
+Linear time (bench/request_validation.py: 10^6 rows in about 15 s with under 1 GB, GX's import included):
+every check is one vectorized pass (Arrow kernels over the text columns, one hash join with the manifest);
+no Python step per row but reading a CSV's field counts and keying ids with deletion.hash_sample_ids. Past
+GX_MAX_ROWS rows, Great Expectations validates a seeded sample of the lookup frame while the same rules in
+pandas (`rule_failures`) cover every row; the summary and the GX result (`sample`) say so (`gx_sample`).
+
 The suite, its data source, validation definition and checkpoint are persisted with the project in a GX
 file context (`base.paths.gx_dir`, default `gx/`, committed; created when missing); every run builds its
 Data Docs offline into `gx/uncommitted/data_docs/requests/<time>-<file>/` (returned as `data_docs`).
