@@ -20,7 +20,7 @@ from tasks.references import ReferencePool
 from tasks.reporting import run_logger
 from tasks.training import model_spec, recipe as recipe_of, train_ensemble_chunk
 from unlearning import metrics as M
-from unlearning.batch import BatchRows, eval_logits, unlearn_context
+from unlearning.batch import BatchRows, eval_logits, sampled_for_certificate, unlearn_context
 from unlearning.config import Gate, Params
 from unlearning.gate import evaluate_gate
 from unlearning.methods import run_method
@@ -69,7 +69,8 @@ def run_step(step: Step, params: Params, state, rows: BatchRows, pool: Reference
         return unlearn_and_validate(step.method, args, params.gate, params.base.seed, params.base.progress,
                                     state.prepared, rows, state.model, shadows, oracles, recipe_of(params),
                                     objective, device), []
-    return sequential(step, args, params, state, rows, pool, device, objective, ev)
+    sampled = sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed)
+    return sequential(step, args, params, state, rows, pool, device, objective, Evaluator(state.prepared, sampled, plan))
 
 
 def _reference_free_outcome(method: str, model: Ensemble, ev: Evaluator, production: Ensemble, gate: Gate,
@@ -128,7 +129,8 @@ def absolute(method: str, args: dict, params: Params, state, rows: BatchRows, de
 def sequential(step: Step, args: dict, params: Params, state, rows: BatchRows, pool: ReferencePool, device: str,
                objective: str, ev: Evaluator) -> tuple[CandidateOutcome, list[Look]]:
     """The sequential certificate of an approximate candidate (unlearning/sequential.py). The method runs once
-    on the production model and once on each look's new shadows; each member's logits are computed once."""
+    on the production model and once on each look's new shadows (on every row of `rows`); each member's logits
+    are computed once, on the evaluator's rows (validation.certificate_rows)."""
     t0 = time.perf_counter()
     seed, progress, log = params.base.seed, params.base.progress, run_logger()
     m_seed, rec = method_seed(seed), recipe_of(params)
@@ -159,8 +161,8 @@ def sequential(step: Step, args: dict, params: Params, state, rows: BatchRows, p
             both = torch.cat(oracle_parts, 0)
             logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
             gate_k = look_gate(params.gate, alpha, n_perm)
-            out = outcome_from_logits(step.method, res.model, logits, state.prepared, rows, gate_k, objective, seed,
-                                      dict(cost), t0, n_s)
+            out = outcome_from_logits(step.method, res.model, logits, state.prepared, ev.rows, gate_k, objective,
+                                      seed, dict(cost), t0, n_s)
             bar.update()
         done_s, done_o = n_s, n_o
         final = k == len(step.looks) - 1

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from tasks.training import build, recipe
-from unlearning.batch import BatchRows
+from unlearning.batch import BatchRows, sampled_for_certificate
 from unlearning.config import Params
 from unlearning.models import fit, predict_logits
 from unlearning.plan import Footprint, Plan, Timing, plan_batch
@@ -75,7 +75,9 @@ def probe(params: Params, state, rows: BatchRows, device: str) -> tuple[Timing, 
     t = time.perf_counter()
     predict_logits(chunk, X)
     eval_per_row_member = (time.perf_counter() - t) / len(sample) / k
-    eval_rows = len(rows.eval_rows()[0])
+    # the sequential certificate evaluates a stated sample of the retain and validation rows (the exact path's
+    # two models every row: far less than the references' evaluation)
+    eval_rows = len(sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed).eval_rows()[0])
     row_epochs = len(rows.retain) * params.train.epochs
     timing = Timing(retrain_seconds=per_row_single * row_epochs, member_seconds=per_row_member * row_epochs,
                     eval_seconds_per_member=eval_per_row_member * eval_rows,

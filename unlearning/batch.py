@@ -37,6 +37,23 @@ class BatchRows:
         return rows, labels
 
 
+def sampled_for_certificate(rows: BatchRows, cap: int | None, seed: int) -> BatchRows:
+    """The rows the certificate evaluates: every forget row, and at most `cap` retain rows (adjacent and remote
+    in proportion) and `cap` validation rows, a sample seeded by `seed` (None = every row). KLoM P95 and the
+    accuracies per split are statistics over rows: a stated sample keeps their error small while the
+    certificate's cost (members x rows x permutations) stops growing with the table."""
+    if cap is None:
+        return rows
+    rng = np.random.default_rng(seed)
+
+    def sample(n: int) -> np.ndarray:
+        return np.arange(n) if n <= cap else np.sort(rng.choice(n, cap, replace=False))
+
+    keep = sample(len(rows.retain))
+    return BatchRows(before=rows.before, forget=rows.forget, retain=rows.retain[keep],
+                     adjacent_mask=rows.adjacent_mask[keep], validation=rows.validation[sample(len(rows.validation))])
+
+
 def retained_train_rows(state_manifest: pd.DataFrame) -> np.ndarray:
     """D: positions of the training rows not deleted yet (manifest order = prepared-data order)."""
     m = state_manifest

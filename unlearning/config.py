@@ -274,6 +274,10 @@ class Validation(Strict):
                                                    "construction: by default it trains one model, checked against "
                                                    "the original's accuracy)")
     memory_mb: int = Field(4096, ge=64, description="peak memory budget of a batch's training and evaluation (MB)")
+    certificate_rows: int | None = Field(2000, ge=100, description="the sequential certificate evaluates every "
+                                                                   "forget row and a seeded sample of at most this "
+                                                                   "many retain and validation rows each (null = "
+                                                                   "every row)")
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None
     dask_workers: int = Field(2, gt=0)

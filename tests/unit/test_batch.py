@@ -41,3 +41,20 @@ def test_row_sets_of_the_live_manifest():
     assert retained_train_rows(m).tolist() == [0, 3, 4]
     assert retain_rows(m, ["d"]).tolist() == [0, 4]
     assert validation_rows(m).tolist() == [2]
+
+
+def test_the_certificate_evaluates_every_forget_row_and_a_stated_sample_of_the_rest():
+    import numpy as np
+
+    from unlearning.batch import BatchRows, sampled_for_certificate
+
+    rows = BatchRows(before=np.arange(10_000), forget=np.arange(50), retain=np.arange(50, 10_000),
+                     adjacent_mask=np.arange(50, 10_000) % 5 == 0, validation=np.arange(10_000, 13_000))
+    s = sampled_for_certificate(rows, 2000, seed=0)
+    assert np.array_equal(s.forget, rows.forget) and np.array_equal(s.before, rows.before)
+    assert len(s.retain) == 2000 and len(s.validation) == 2000 and len(s.adjacent_mask) == 2000
+    assert set(s.retain) <= set(rows.retain) and np.all(np.diff(s.retain) > 0)
+    assert np.array_equal(s.adjacent_mask, s.retain % 5 == 0)  # each row keeps its own subset
+    assert 300 <= s.adjacent_mask.sum() <= 500  # adjacent and remote in proportion (1 in 5)
+    assert np.array_equal(sampled_for_certificate(rows, 2000, seed=0).retain, s.retain)  # seeded
+    assert sampled_for_certificate(rows, None, seed=0) is rows
