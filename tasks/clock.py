@@ -89,6 +89,17 @@ def _timed(kind: str, fn):
     return wrapper
 
 
+def elsewhere(kind: str, name: str, seconds: float) -> None:
+    """Record `seconds` of `kind` that ran in another process (a Dask worker's task body, whose own intervals
+    stay in that worker) as the interval ending now. The union of intervals keeps it from counting twice where
+    the same work was timed in this process too (the threads runner)."""
+    end = time.perf_counter()
+    with _lock:
+        _intervals[kind].append((end - max(seconds, 0.0), end))
+        key = f"{kind}:{name}"
+        _by_name[key] = _by_name.get(key, 0.0) + max(seconds, 0.0)
+
+
 def computes(fn):
     """Decorator: the function's wall time is compute (put it under `@task`, on the task's body)."""
     return _timed("compute", fn)

@@ -108,3 +108,22 @@ def test_the_label_is_the_dvc_stage_else_the_sessions_command(monkeypatch):
     assert clock.stage_label("flows.cli:main") == "unlearn erase"
     monkeypatch.setenv("DVC_STAGE", "train")
     assert clock.stage_label("flows.train") == "train"
+
+
+def test_compute_done_in_another_process_counts_once():
+    """A Dask worker's task body is compute of the stage that waited for it; where the same work was timed here
+    too (the threads runner), the union of intervals counts it once."""
+    import time
+
+    from tasks import clock
+
+    clock.reset()
+    with clock.section("compute", "here"):
+        time.sleep(0.05)
+    clock.elsewhere("compute", "worker", 0.05)  # the same 50 ms, seen from the worker: no double count
+    assert 0.04 <= clock.totals()["compute_s"] <= 0.09
+    clock.elsewhere("compute", "worker", 0.0)
+    time.sleep(0.02)
+    clock.elsewhere("compute", "worker", 0.01)  # disjoint work: added
+    assert 0.05 <= clock.totals()["compute_s"] <= 0.11
+    clock.reset()
