@@ -6,7 +6,8 @@ At the original parameters theta_D (D = R u F), with A_i = F_i J_i the Lambda-we
 
 - self-leverage S_F = A_F G_R^-1 A_F^T ([|F| r, |F| r]); per forget sample the trace of its diagonal
   block; the spectral norm and trace of S_F;
-- cross-leverage C_RF = A_R G_R^-1 A_F^T; per retain sample the Frobenius norm of its block row;
+- cross-leverage C_RF = A_R G_R^-1 A_F^T; per retain sample the Frobenius norm of its block row, on every retain
+  row or on a seeded random sample of them with the standard errors of its summary (`cross_leverage_sampling`);
 - the Newton / influence prediction of the retrain, theta_R ~= theta_D - delta with
   delta = G_R^-1 grad L_R(theta_D), L_R = sum_{i in R} loss_i + lam/2 ||theta||^2 (the retain gradient, not
   the assumption that theta_D is stationary); predicted output gap (original minus retrained) on F, R and
