@@ -63,6 +63,17 @@ def _problem(arch: str, rows: int, n_val: int, seed: int):
     return params, spec, recipe, X, y, np.flatnonzero(split == "train"), np.flatnonzero(split == "val")
 
 
+def _peak_rss_mb() -> float:
+    """This interpreter's own peak RSS: VmHWM (ru_maxrss keeps the parent's peak across the fork + exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def run_point(point: str, n_forget: int, n_val: int, seed: int) -> dict:
     """One point, in this process: train the original (untimed), time a retrain and the default diagnostics."""
     from unlearning.leverage import compute_diagnostics
@@ -92,7 +103,7 @@ def run_point(point: str, n_forget: int, n_val: int, seed: int) -> dict:
         head_rank=cfg.head_rank, threads=cfg.threads,
         progress=f"diagnostics {point}", label_smoothing=recipe.label_smoothing)
     diag_s = time.perf_counter() - t0
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_mb = _peak_rss_mb()
     d = rep.to_dict()
     return {"point": point, "arch": arch, "rows": len(train), "n_forget": n_forget, "n_validation": len(val),
             "threads": torch.get_num_threads(), "retrain_threads": 1, "params": rep.solver_info.get("full_params", rep.n_params),
