@@ -24,6 +24,15 @@ from unlearning.plan import balanced_chunks
 from unlearning.seeds import reference_seeds
 
 
+def dask_client():
+    """The Dask client of the flow's task runner, or None (threads, or no flow run)."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    runner = getattr(ctx, "task_runner", None)
+    return runner.client if type(runner).__name__ == "DaskTaskRunner" else None
+
+
 def chunk_labels(label: str, sizes: list[int], start: int = 0, total: int | None = None) -> list[str]:
     """One progress label per chunk: chunks run side by side, so each says which members it trains
     ("oracles 17-24 of 32"); a single chunk of every member is "oracles x80"."""
@@ -61,6 +70,7 @@ class ReferencePool:
         self.params, self.state, self.device = params, state, device
         self.chunk_cap, self.workers = max(1, chunk_cap), max(1, workers)
         self.roles = {"shadows": RoleModels(rows.before, shadow_seeds), "oracles": RoleModels(rows.retain, oracle_seeds)}
+        self._inputs: dict[str, tuple] = {}
 
     def ensure(self, n_shadows: int, n_oracles: int) -> tuple[Ensemble, Ensemble]:
         """(shadows[:n_shadows], oracles[:n_oracles]), training only the members not trained yet; both roles'
@@ -89,20 +99,30 @@ class ReferencePool:
         missing = n - role.trained
         if missing <= 0:
             return []
-        prepared, p = self.state.prepared, self.params
-        X = torch.as_tensor(prepared.X[role.rows], dtype=torch.float32)
-        y = torch.as_tensor(prepared.label[role.rows], dtype=torch.long)
-        ids = prepared.manifest["sample_id"].to_numpy()[role.rows].tolist()
+        p = self.params
+        X, y, ids = self._data(name)
         sizes = balanced_chunks(missing, self.chunk_cap, self.workers)
         labels = chunk_labels(name, sizes, role.trained, len(role.seeds) if n == len(role.seeds) else n)
         out, start = [], role.trained
         for size, text in zip(sizes, labels):
             seeds = role.seeds[start:start + size]
-            out.append((train_ensemble_chunk.submit(model_spec(p, prepared), X, y, ids, recipe(p), seeds,
+            out.append((train_ensemble_chunk.submit(model_spec(p, self.state.prepared), X, y, ids, recipe(p), seeds,
                                                     str(p.path("cache_dir")), self.device, text, [str(p.root)],
                                                     progress=p.base.progress), size))
             start += size
         return out
+
+    def _data(self, name: str) -> tuple:
+        """(X, y, ids) of a role's rows; on a Dask cluster scattered to the workers once per role (the chunks'
+        tasks then carry futures, not 24 MiB of training data each, and each look reuses them)."""
+        if name not in self._inputs:
+            prepared, rows = self.state.prepared, self.roles[name].rows
+            data = (torch.as_tensor(prepared.X[rows], dtype=torch.float32),
+                    torch.as_tensor(prepared.label[rows], dtype=torch.long),
+                    prepared.manifest["sample_id"].to_numpy()[rows].tolist())
+            client = dask_client()
+            self._inputs[name] = tuple(client.scatter(d) for d in data) if client is not None else data
+        return self._inputs[name]
 
     def summary(self) -> dict[str, float]:
         out = {}
