@@ -33,7 +33,7 @@ from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
 from unlearning.data.store import class_names_after
-from unlearning.gate import only_statistical_failures, smallest_klom_pvalue, verdict_summary
+from unlearning.gate import format_beside, only_statistical_failures, smallest_klom_pvalue, verdict_summary
 from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
 from unlearning.ledger import appended, hash_sample_id
@@ -351,7 +351,7 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
     t.set_tags(run, {"gate": "passed" if out.verdict.passed else "failed"})
     batch.close()
     passed = "passed" if out.verdict.passed else "failed"
-    table_artifact(split_table(out.metrics), key=batch.key(f"{method}-splits"),
+    table_artifact(split_table(out.metrics, gate.retrain_equivalence.alpha), key=batch.key(f"{method}-splits"),
                    description=f"{method}: per-split accuracy and KLoM against the oracles ({passed})")
     failures = failing_checks_in_words(out.verdict.checks)
     markdown_artifact(f"### Gate verdict for `{method}` ({step.certificate}): **{passed}**\n\n"
@@ -364,8 +364,9 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
     return out
 
 
-def split_table(metrics: dict) -> list[dict]:
-    """One row per split: the candidate's accuracy, the oracles' range, KLoM P95, its floor and p-value."""
+def split_table(metrics: dict, alpha: float = 0.01) -> list[dict]:
+    """One row per split: the candidate's accuracy, the oracles' range, KLoM P95, its floor and p-value (with
+    the digits that keep it on its side of the look's alpha: 2/201 is 0.00995, not 0.01)."""
     def r(key):
         v = metrics.get(key)
         return None if v is None else round(float(v), 4)
@@ -373,7 +374,8 @@ def split_table(metrics: dict) -> list[dict]:
     return [{"split": s, "accuracy": r(f"acc/{s}"), "original": r(f"original_acc/{s}"),
              "oracle min": r(f"oracle_acc_min/{s}"), "oracle max": r(f"oracle_acc_max/{s}"),
              "KLoM P95": r(f"klom_p95/{s}"), "same-size floor": r(f"noise_floor_p95/{s}"),
-             "p-value": r(f"klom_pvalue/{s}")}
+             "p-value": None if f"klom_pvalue/{s}" not in metrics else float(format_beside(
+                 float(metrics[f"klom_pvalue/{s}"]), float(metrics.get("certificate/alpha", alpha))))}
             for s in SPLITS if f"acc/{s}" in metrics]
 
 

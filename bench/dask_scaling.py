@@ -1,0 +1,82 @@
+"""Scale-out that helps: the same deletion batch on the threads runner (two threads) and on a local Dask cluster
+of two single-thread worker processes (validation.task_runner = dask), on this machine.
+
+Two identical projects (digits, the default recipe) are prepared and trained; the same request (50 random
+training ids, seeded) is applied in each with do_nothing named and certified in one look of
+validation.n_oracles + n_shadows references, so the batch is dominated by the reference chunks the runner
+spreads. Prints the wall time of each batch and their ratio (target: Dask <= 1.25 x threads) and writes
+bench/results/dask_scaling.json.
+Usage: python bench/dask_scaling.py [--n 80] [--forget 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def project(root: Path, n: int) -> Path:
+    import yaml
+
+    from unlearning.config import deep_merge
+
+    params = deep_merge(yaml.safe_load((ROOT / "params.yaml").read_text()), {
+        "base": {"progress": False}, "diagnostics": {"enabled": False},
+        "deletion": {"method": "do_nothing"}, "validation": {"n_oracles": n, "n_shadows": n, "looks": []}})
+    (root / "requests" / "inbox").mkdir(parents=True)
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    from flows.prepare import prepare
+    from flows.train import train
+
+    prepare(str(path))
+    train(str(path))
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=80, help="references per role (one look)")
+    ap.add_argument("--forget", type=int, default=50)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "dask_scaling.json"))
+    a = ap.parse_args()
+    import numpy as np
+    import pandas as pd
+
+    from flows.deletion_batch import run
+
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    base = Path(tempfile.mkdtemp(prefix="dask_scaling_"))
+    os.environ.setdefault("PREFECT_HOME", str(base / ".prefect"))
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "n_per_role": a.n,
+           "forget": a.forget, "runs": {}}
+    for runner, overrides in (("threads", {}), ("dask", {"validation": {"task_runner": "dask", "dask_workers": 2}})):
+        root = base / runner
+        params_path = project(root, a.n)
+        m = pd.read_csv(root / "data" / "prepared" / "manifest.csv", dtype=str)
+        ids = np.random.default_rng(0).choice(m[m.split == "train"].sample_id.to_numpy(), a.forget, replace=False)
+        req = root / "batch.csv"
+        req.write_text("request_id,sample_id,requested_at,reason\n"
+                       + "\n".join(f"r{i},{s},2026-12-01T10:00:00Z,bench" for i, s in enumerate(sorted(ids))) + "\n")
+        t = time.perf_counter()
+        (r,) = run(str(req), str(params_path), overrides)
+        out["runs"][runner] = {"seconds": round(time.perf_counter() - t, 1), "status": r["status"],
+                               "method": r.get("method")}
+        print(f"{runner}: {out['runs'][runner]}", flush=True)
+    out["dask_over_threads"] = round(out["runs"]["dask"]["seconds"] / out["runs"]["threads"]["seconds"], 2)
+    print(f"dask / threads = {out['dask_over_threads']} (target <= 1.25)")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
