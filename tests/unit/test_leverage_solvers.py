@@ -265,3 +265,25 @@ def test_generic_output_function_defaults(data):
     torch.testing.assert_close(OutputFunction.jvp(fn, fn.theta0, X, V), fn.jvp(fn.theta0, X, V))
     U = torch.randn(2, X.shape[0], 3, dtype=torch.float64)
     torch.testing.assert_close(OutputFunction.vjp(fn, fn.theta0, X, U), fn.vjp(fn.theta0, X, U))
+
+
+def test_subsample_check_kernel_stays_positive_definite_for_large_scaled_rows():
+    """A 30,000-row table checked on 64 rows scales them by sqrt(470): B B^T formed in float32 rounded by more than
+    lam and Cholesky refused it ("not positive-definite"). The kernel is formed in float64; the solve matches
+    the float64 closed form (lam I + B^T B)^-1."""
+    import torch
+
+    from unlearning.leverage.check import Woodbury
+
+    g = torch.Generator().manual_seed(0)
+    B = (torch.randn(600, 3, generator=g, dtype=torch.float64) @ torch.randn(3, 40, generator=g, dtype=torch.float64)
+         * 3e3).to(torch.float32)  # [q, p], rank 3, huge entries
+    K32 = (B @ B.T).to(torch.float64)
+    K32.diagonal().add_(1.0)
+    assert torch.linalg.cholesky_ex(K32).info.item() != 0  # the float32 kernel is indefinite: the old failure
+    w = Woodbury(B, 1.0)
+    V = torch.randn(40, 2, generator=g, dtype=torch.float64)
+    Bd = B.to(torch.float64)
+    ref = torch.linalg.solve(torch.eye(40, dtype=torch.float64) + Bd.T @ Bd, V)
+    got = w.solve(V.to(torch.float32)).to(torch.float64)  # rows and right-hand sides in the model's float32
+    assert torch.allclose(got, ref, rtol=1e-3, atol=1e-3 * ref.abs().max().item())

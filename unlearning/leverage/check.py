@@ -71,7 +71,10 @@ class Woodbury:
         if not lam > 0:
             raise ValueError("the subsample check needs damping lam > 0 (Woodbury divides by it)")
         self.B, self.lam = B, float(lam)
-        K = (B @ B.T).to(torch.float64)
+        # the kernel in float64 from float64 rows: B B^T in float32 rounds by ~1e-7 x ||B||^2, which past a few
+        # thousand rows per check row (B scaled by sqrt(n_R / check_rows)) exceeds lam and made K indefinite
+        Bd = B.to(torch.float64)
+        K = Bd @ Bd.T
         K.diagonal().add_(self.lam)
         self.L = torch.linalg.cholesky(K)
 
@@ -83,8 +86,9 @@ class Woodbury:
     def quad(self, A: torch.Tensor) -> torch.Tensor:
         """A G^-1 A^T [m, m] for rows A [m, p] in the row space, (A A^T - (A B^T) K^-1 (B A^T)) / lam: no [p, m]
         intermediate (m q p + m^2 p flops instead of 2 m q p + m^2 p)."""
-        AB = (A @ self.B.T).to(torch.float64)                                       # [m, q]
-        return ((A @ A.T).to(torch.float64) - AB @ torch.cholesky_solve(AB.T, self.L)) / self.lam
+        Ad, Bd = A.to(torch.float64), self.B.to(torch.float64)
+        AB = Ad @ Bd.T                                                              # [m, q]
+        return (Ad @ Ad.T - AB @ torch.cholesky_solve(AB.T, self.L)) / self.lam
 
 
 def _block_traces(S: torch.Tensor, n: int, r: int) -> np.ndarray:
