@@ -121,7 +121,8 @@ class ReferencePool:
                     torch.as_tensor(prepared.label[rows], dtype=torch.long),
                     prepared.manifest["sample_id"].to_numpy()[rows].tolist())
             client = dask_client()
-            self._inputs[name] = tuple(client.scatter(d) for d in data) if client is not None else data
+            # one future per object: scatter() of a bare list would scatter each id on its own
+            self._inputs[name] = tuple(client.scatter([d])[0] for d in data) if client is not None else data
         return self._inputs[name]
 
     def summary(self) -> dict[str, float]:

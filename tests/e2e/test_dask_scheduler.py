@@ -32,9 +32,12 @@ def test_batch_through_existing_dask_scheduler(tmp_path):
                             "--nthreads", "1", "--no-dashboard"], Path(__file__).resolve().parents[2], env,
                            tmp_path / "worker.log"))
         wait_for(lambda: (tmp_path / "worker.log").read_text().count("Registered to") >= 2, 90, "two Dask workers")
+        # do_nothing named explicitly is certified against reference models, whose chunks go to the cluster
+        # (the default plan, an exact retrain, trains one model in the flow and no chunk at all)
         params = make_project(tmp_path / "proj", {"validation": {"task_runner": "dask",
                                                                  "dask_address": f"tcp://127.0.0.1:{port}"},
-                                                  "diagnostics": {"enabled": False}})
+                                                  "diagnostics": {"enabled": False},
+                                                  "deletion": {"method": "do_nothing"}})
         code = ("import sys; from flows.prepare import prepare; from flows.train import train; "
                 "from flows.deletion_batch import run; p=sys.argv[1]; prepare(p); train(p); "
                 "r=run(None, p); print('RESULT', [x['status'] for x in r])")
@@ -43,6 +46,15 @@ def test_batch_through_existing_dask_scheduler(tmp_path):
         assert "RESULT ['applied']" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
         # The task runner connected to the external scheduler (not a local cluster of its own).
         assert f"Connecting to an existing Dask cluster at tcp://127.0.0.1:{port}" in res.stdout + res.stderr
+        # the reference chunks ran on the cluster's workers (its scheduler counts the tasks it ran, by prefix)
+        from distributed import Client
+
+        with Client(f"tcp://127.0.0.1:{port}", timeout=30) as client:
+            ran = client.run_on_scheduler(lambda dask_scheduler: {
+                name: sum(p.state_counts.values()) for name, p in dask_scheduler.task_prefixes.items()})
+        print("dask task prefixes:", ran)
+        assert ran.get("train_ensemble_chunk", 0) >= 2, ran
+        assert sum(ran.values()) - ran["train_ensemble_chunk"] <= 12, ran  # the data: a few scattered objects
     finally:
         for p in reversed(procs):
             stop(p)
