@@ -110,6 +110,10 @@ bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/newton_removal.py
 	$(BIN)/python bench/recipe_check.py
 	$(BIN)/python bench/session_overhead.py
+	$(BIN)/python bench/diagnostics_cost.py
+	$(BIN)/python bench/request_validation.py
+	$(BIN)/python bench/dask_scaling.py
+	$(BIN)/python bench/batch_cost.py --full-data-plan   # regenerates the README's table
 
 docs: setup ## build the docs site into site/ (mkdocs build --strict: a broken link or a missing page fails)
 	$(BIN)/python docs/gen_params.py
