@@ -62,6 +62,7 @@ class BatchRun:
     child: str | None = None  # the MLflow run of the stage in progress (ended FAILED if the batch fails)
     committed: bool = False  # state/ holds this batch (set by `promote`)
     seconds: dict = field(default_factory=dict)  # measured seconds per stage, beside the plan's predictions
+    probe: tuple | None = None  # the planner's (Timing, Footprint) of this batch, measured once
     started: float = field(default_factory=time.perf_counter)
 
     def open(self, name: str, tags: dict | None = None) -> str:
@@ -171,7 +172,9 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     from tasks.planning import batch_plan, probe
     from unlearning.plan import PlanRefused, plan_lines
 
-    timing, footprint = probe(params, state, rows, batch.device)
+    if batch.probe is None:  # a batch that plans again (after the first look's noise floor) probes once
+        batch.probe = probe(params, state, rows, batch.device)
+    timing, footprint = batch.probe
     the_plan = batch_plan(params, selection, objective, timing, footprint, batch.seconds.get("diagnostics", 0.0))
     batch.seconds["retrain_probe"] = timing.retrain_seconds
     lines = plan_lines(the_plan)
