@@ -1,25 +1,23 @@
 """The work inside two stages of a deletion batch (tasks/stages.py runs them as Prefect tasks): partition of
-the retain set, and one candidate's unlearning + validation against the oracles. Each takes its config slice."""
+the retain set, and the audit of an exact retrain against the oracles (unlearn_and_validate). Each takes its
+config slice. The certifier itself is in the core (unlearning/acceptance.py)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
-from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.seeds import method_seed
-from unlearning.batch import SPLITS, BatchRows, eval_logits, membership_metrics, retain_rows, unlearn_context
+from unlearning.batch import BatchRows, eval_logits, retain_rows, unlearn_context
 from unlearning.config import Gate, Partition
 from unlearning.data.store import Prepared
-from unlearning.gate import Verdict, evaluate_gate
 from unlearning.methods import run_method
 from unlearning.methods.base import TrainRecipe
 from unlearning.models import Ensemble
 from unlearning.partition import partition_by_embedding, partition_by_group, partition_by_score
-from unlearning import metrics as M
+from unlearning.acceptance import CandidateOutcome, outcome_from_logits  # the certifier lives in the core
 
 
 def partition_retain(cfg: Partition, prepared: Prepared, state_manifest: pd.DataFrame, forget_ids: list[str],
@@ -42,22 +40,6 @@ def partition_retain(cfg: Partition, prepared: Prepared, state_manifest: pd.Data
         feats_r = model.features(X[r_rows].to(device))[0].cpu()
         feats_f = model.features(X[prepared.rows(forget_ids)].to(device))[0].cpu()
     return partition_by_embedding(retain_ids, feats_r, feats_f, cfg.k_neighbors)
-
-
-@dataclass
-class CandidateOutcome:
-    method: str
-    model: Ensemble  # the unlearned production model (one member)
-    metrics: dict[str, float]
-    verdict: Verdict
-    cost: dict
-    per_sample: pd.DataFrame  # per evaluated sample: split, KLoM, margins summary
-    worst: dict = field(default_factory=dict)  # margins of the worst forget samples, for plots
-    klom_null_p95: dict = field(default_factory=dict)  # {split: [P]} permutation null of the KLoM P95, for plots
-
-
-def _split_arrays(values: np.ndarray, splits: np.ndarray) -> dict[str, np.ndarray]:
-    return {s: values[splits == s] for s in SPLITS}
 
 
 def unlearn_and_validate(method: str, method_args: dict, gate: Gate, seed: int, progress: bool, prepared: Prepared,
@@ -101,46 +83,3 @@ def unlearn_and_validate(method: str, method_args: dict, gate: Gate, seed: int, 
                ("shadow_unlearned", shadow_unlearned), ("oracle_ref", oracle_ref), ("accuracy_ref", accuracy_ref))}
     return outcome_from_logits(method, candidate, logits, prepared, rows, gate, objective, seed, cost, t0,
                                n_shadows=shadows.n_models)
-
-
-def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torch.Tensor], prepared: Prepared,
-                        rows: BatchRows, gate: Gate, objective: str, seed: int, cost: dict, t0: float,
-                        n_shadows: int) -> CandidateOutcome:
-    """The certificate's metrics and the gate's verdict from the logits on the evaluated rows [N, n, C]:
-    `candidate`, `original`, `oracles` (every oracle), `shadow_unlearned` and `oracle_ref` (the KLoM
-    comparison), `accuracy_ref` (oracles the candidate was not drawn from). `gate.retrain_equivalence`'s alpha
-    and n_permutations are the look's (unlearning/sequential.py)."""
-    eval_rows, splits = rows.eval_rows()
-    labels = prepared.label[eval_rows]
-    metrics: dict[str, float] = {}
-    for s, v in M.accuracy_by_split(logits["original"], labels, splits).items():
-        metrics[f"original_acc/{s}"] = v
-    # Accuracy spread of the reference oracles, KLoM and its permutation test (p-value, same-size floor).
-    cert, extra = retrain_equivalence_metrics(
-        logits["candidate"], logits["shadow_unlearned"], logits["oracle_ref"], logits["accuracy_ref"], labels, splits,
-        n_permutations=gate.retrain_equivalence.n_permutations, seed=seed)
-    metrics.update(cert)
-    metrics["candidate_is_retrain"] = float(method == "retrain")
-    m_unl, m_orc, klom_values = extra["m_unl"], extra["m_orc"], extra["klom"]
-    gap = M.output_gap(logits["candidate"].numpy(), logits["oracles"].numpy())
-    for s in SPLITS:
-        if (splits == s).any():
-            metrics[f"output_gap/{s}"] = float(gap[splits == s].mean())
-    metrics.update(membership_metrics(logits["candidate"].numpy(), logits["shadow_unlearned"].numpy(),
-                                        logits["oracle_ref"].numpy(), labels, splits))
-    metrics["coverage/forget"] = M.oracle_coverage(M.margins(logits["candidate"].numpy(), labels)[0][splits == "forget"],
-                                                   M.margins(logits["oracles"].numpy(), labels)[:, splits == "forget"])
-    metrics["n_oracles"] = float(logits["oracles"].shape[0])
-    metrics["n_shadows"] = float(n_shadows)
-    verdict = evaluate_gate(objective, metrics, gate)
-    cost["wall_seconds"] = time.perf_counter() - t0
-    per_sample = pd.DataFrame({"sample_id": prepared.manifest["sample_id"].to_numpy()[eval_rows], "split": splits,
-                               "klom": klom_values, "klom_null_example": extra["klom_null_example"],
-                               "output_gap": gap,
-                               "margin_unlearned_mean": m_unl.mean(0), "margin_oracle_mean": m_orc.mean(0)})
-    forget_idx = np.flatnonzero(splits == "forget")
-    worst = forget_idx[np.argsort(-np.nan_to_num(klom_values[forget_idx], nan=np.inf))[:4]]
-    return CandidateOutcome(method=method, model=candidate.cpu(), metrics=metrics, verdict=verdict, cost=cost,
-                            per_sample=per_sample, klom_null_p95=extra["klom_null_p95"],
-                            worst={"unlearned": m_unl[:, worst], "oracle": m_orc[:, worst],
-                                   "names": list(per_sample["sample_id"].to_numpy()[worst])})

@@ -15,14 +15,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from tasks.batch import CandidateOutcome, outcome_from_logits, unlearn_and_validate
+from tasks.batch import unlearn_and_validate
 from tasks.references import ReferencePool
 from tasks.reporting import run_logger
 from tasks.training import model_spec, recipe as recipe_of, train_ensemble_chunk
-from unlearning import metrics as M
+from unlearning.acceptance import CandidateOutcome, outcome_from_logits, reference_free_outcome
 from unlearning.batch import BatchRows, eval_logits, sampled_for_certificate, unlearn_context
 from unlearning.config import Gate, Params
-from unlearning.gate import evaluate_gate
 from unlearning.methods import run_method
 from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble
@@ -75,26 +74,11 @@ def run_step(step: Step, params: Params, state, rows: BatchRows, pool: Reference
 
 def _reference_free_outcome(method: str, model: Ensemble, ev: Evaluator, production: Ensemble, gate: Gate,
                             objective: str, cost: dict, t0: float) -> CandidateOutcome:
-    """Accuracy per split of the candidate and of the original, and the gate over them (no reference models:
-    KLoM and the output gap to oracles are not measured, NaN in the per-sample table)."""
-    cand, orig = ev(model), ev(production)
-    metrics: dict[str, float] = {}
-    for s, v in M.accuracy_by_split(cand, ev.labels, ev.splits).items():
-        metrics[f"acc/{s}"] = v
-    for s, v in M.accuracy_by_split(orig, ev.labels, ev.splits).items():
-        metrics[f"original_acc/{s}"] = v
-    for s in SPLITS:
-        if (ev.splits == s).any():
-            metrics[f"n/{s}"] = float(np.count_nonzero(ev.splits == s))
-    metrics.update({"candidate_is_retrain": float(method == "retrain"), "n_oracles": 0.0, "n_shadows": 0.0})
-    verdict = evaluate_gate(objective, metrics, gate)
-    cost["wall_seconds"] = time.perf_counter() - t0
-    nan = np.full(len(ev.eval_rows), np.nan)
-    per_sample = pd.DataFrame({"sample_id": ev.prepared.manifest["sample_id"].to_numpy()[ev.eval_rows],
-                               "split": ev.splits, "klom": nan, "klom_null_example": nan, "output_gap": nan,
-                               "margin_unlearned_mean": nan, "margin_oracle_mean": nan})
-    return CandidateOutcome(method=method, model=model.cpu(), metrics=metrics, verdict=verdict, cost=cost,
-                            per_sample=per_sample)
+    """The candidate and the original on the evaluated rows, judged without reference models (the core's
+    reference_free_outcome)."""
+    ids = ev.prepared.manifest["sample_id"].to_numpy()[ev.eval_rows]
+    return reference_free_outcome(method, model, ev(model), ev(production), ev.labels, ev.splits, ids, gate,
+                                  objective, cost, t0)
 
 
 def exact_retrain(params: Params, state, rows: BatchRows, device: str, objective: str, batch_index: int,

@@ -24,7 +24,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks import plots
-from tasks.batch import CandidateOutcome, partition_retain
+from tasks.batch import partition_retain
+from unlearning.acceptance import CandidateOutcome, accept, split_records
 from tasks.clock import computes
 from tasks.reporting import markdown_artifact, run_logger, table_artifact
 from tasks.state import State, write_state
@@ -33,7 +34,7 @@ from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
 from unlearning.data.store import class_names_after
-from unlearning.gate import format_beside, only_statistical_failures, smallest_klom_pvalue, verdict_summary
+from unlearning.gate import format_beside, smallest_klom_pvalue, verdict_summary
 from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
 from unlearning.ledger import appended, hash_sample_id
@@ -354,7 +355,7 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
     t.set_tags(run, {"gate": "passed" if out.verdict.passed else "failed"})
     batch.close()
     passed = "passed" if out.verdict.passed else "failed"
-    table_artifact(split_table(out.metrics, gate.retrain_equivalence.alpha), key=batch.key(f"{method}-splits"),
+    table_artifact(split_table(out), key=batch.key(f"{method}-splits"),
                    description=f"{method}: per-split accuracy and KLoM against the oracles ({passed})")
     failures = failing_checks_in_words(out.verdict.checks)
     markdown_artifact(f"### Gate verdict for `{method}` ({step.certificate}): **{passed}**\n\n"
@@ -367,19 +368,22 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
     return out
 
 
-def split_table(metrics: dict, alpha: float = 0.01) -> list[dict]:
-    """One row per split: the candidate's accuracy, the oracles' range, KLoM P95, its floor and p-value (with
-    the digits that keep it on its side of the look's alpha: 2/201 is 0.00995, not 0.01)."""
-    def r(key):
-        v = metrics.get(key)
+def split_table(outcome: CandidateOutcome) -> list[dict]:
+    """One row per split (unlearning/acceptance.py split_records): the candidate's accuracy and the original's,
+    the oracles' interval, KLoM P95, its floor and the p-value (with the digits that keep it on its side of the
+    look's alpha: 2/201 is 0.00995, not 0.01), and whether the split passed."""
+    alpha = outcome.metrics.get("certificate/alpha", outcome.verdict.checks.get("klom_pvalue/forget", {}).get("limit"))
+
+    def r(v):
         return None if v is None else round(float(v), 4)
 
-    return [{"split": s, "accuracy": r(f"acc/{s}"), "original": r(f"original_acc/{s}"),
-             "oracle min": r(f"oracle_acc_min/{s}"), "oracle max": r(f"oracle_acc_max/{s}"),
-             "KLoM P95": r(f"klom_p95/{s}"), "same-size floor": r(f"noise_floor_p95/{s}"),
-             "p-value": None if f"klom_pvalue/{s}" not in metrics else float(format_beside(
-                 float(metrics[f"klom_pvalue/{s}"]), float(metrics.get("certificate/alpha", alpha))))}
-            for s in SPLITS if f"acc/{s}" in metrics]
+    return [{"split": rec.split, "accuracy": r(rec.accuracy), "original": r(rec.original_accuracy),
+             "oracle interval": None if rec.interval is None else [r(x) for x in rec.interval],
+             "KLoM P95": r(rec.klom_p95), "same-size floor": r(rec.floor),
+             "p-value": None if rec.pvalue is None else (float(format_beside(rec.pvalue, float(alpha)))
+                                                          if alpha is not None else r(rec.pvalue)),
+             "passed": rec.passed}
+            for rec in split_records(outcome)]
 
 
 def log_candidate_figures(tracker, run_id: str, out: CandidateOutcome, alpha: float) -> None:
@@ -407,23 +411,17 @@ def log_candidate_figures(tracker, run_id: str, out: CandidateOutcome, alpha: fl
 
 
 def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bool) -> bool:
-    """Whether the batch takes this candidate: it passed the gate, or it is an audited exact retrain failing
-    only the statistical comparisons with the oracles (a false reject of the gate,
-    `gate.exact_retrain_overrides`), which is then promoted and tagged. Records the candidate's line."""
+    """Whether the batch takes this candidate (the core's acceptance rule, unlearning/acceptance.py accept);
+    records the candidate's line, and tags an exact retrain promoted as a false reject of the gate."""
     line = CandidateLine(out.method, out.verdict.passed, float(out.cost.get("wall_seconds", 0.0)), out.verdict.checks)
     batch.summary["candidates"].append(line)
-    if out.verdict.passed:
-        return True
-    if out.method == "retrain" and exact_retrain_overrides and only_statistical_failures(out.verdict):
-        # Exact retrain is exact unlearning by construction; failing only the statistical comparisons with the
-        # oracles measures the gate, not the model. Blocking it would leave the batch no way forward. (A floor
-        # it misses, e.g. max_validation_drop, still rejects the batch.)
+    decision = accept(out, exact_retrain_overrides)
+    if decision.as_false_reject:
         run_logger().info("  retrain: promoted although the gate rejected it: a false reject of the gate, not an "
                           "unlearning failure (gate.exact_retrain_overrides)")
         batch.tracker.set_tags(batch.parent, {"gate_false_reject": "retrain"})
         line.promoted_as_false_reject = True
-        return True
-    return False
+    return decision.accepted
 
 
 # 7. promote ----------------------------------------------------------------------------------------------
