@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,7 +65,6 @@ def batch(root: Path, a, overrides: dict, run) -> dict:
 def start_cluster(base: Path) -> tuple[str, list]:
     """A Dask scheduler and two single-thread worker processes on loopback, started before any clock."""
     import socket
-    import subprocess
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,10 +73,11 @@ def start_cluster(base: Path) -> tuple[str, list]:
     log = base / "cluster.log"
     out = log.open("w")
     procs = [subprocess.Popen([str(bindir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-dashboard"], stdout=out, stderr=out, cwd=ROOT)]
+                               "--no-dashboard"], stdout=out, stderr=out, cwd=ROOT, start_new_session=True)]
     time.sleep(3)
     procs.append(subprocess.Popen([str(bindir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nworkers", "2",
-                                   "--nthreads", "1", "--no-dashboard"], stdout=out, stderr=out, cwd=ROOT))
+                                   "--nthreads", "1", "--no-dashboard"], stdout=out, stderr=out, cwd=ROOT,
+                                  start_new_session=True))
     deadline = time.time() + 120
     while log.read_text().count("Registered to") < 2 and time.time() < deadline:
         time.sleep(1)
@@ -107,9 +108,15 @@ def main() -> None:
                 batch(base / f"{runner}_warm_up", a, overrides, run)
             out["runs"][runner] = batch(base / runner, a, overrides, run)
             print(f"{runner}: {out['runs'][runner]}", flush=True)
-    finally:
+    finally:  # each process group whole: a worker's task may have started a Prefect server of its own
+        import signal
+
         for proc in reversed(cluster[1]):
-            proc.terminate()
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
     threads = out["runs"]["threads"]["seconds"]
     for runner in ("dask_local_cluster", "dask_running_cluster"):
         out[f"{runner}_over_threads"] = round(out["runs"][runner]["seconds"] / threads, 2)
