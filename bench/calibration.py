@@ -35,7 +35,7 @@ from digits_problem import digits_problem, train_members  # (bench/ is on sys.pa
 from unlearning.batch import BatchRows
 from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.config import load_params
-from unlearning.plan import _sequential_step
+from unlearning.plan import sequential_step
 from unlearning.sequential import look_verdict
 from unlearning.leverage import compute_diagnostics
 from unlearning.methods import run_method
@@ -82,7 +82,7 @@ def main() -> None:
     gate.retrain_equivalence.n_permutations = a.n_permutations
     # the sequential certificate's looks at this N (unlearning/plan.py, unlearning/sequential.py)
     validation = params.validation.model_copy(update={"n_oracles": a.n, "n_shadows": a.n})
-    seq = _sequential_step("bench", validation, gate, 1.0)
+    seq = sequential_step("bench", validation, gate, 1.0)
     looks = (seq.looks, seq.alphas, seq.permutations)
     t_start = time.perf_counter()
 

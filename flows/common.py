@@ -103,7 +103,9 @@ def task_runner_for(params: Params):
                                               "threads_per_worker": 1, "dashboard_address": None})
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    return ThreadPoolTaskRunner(max_workers=2)
+    from tasks.planning import THREAD_WORKERS  # the planner sizes chunks to the same pool
+
+    return ThreadPoolTaskRunner(max_workers=THREAD_WORKERS)
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:

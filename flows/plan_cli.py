@@ -19,11 +19,12 @@ def batch_plan_for(path: Path, params, device: str):
     from tasks.request_check import LiveState, check_file_for
     from tasks.planning import batch_plan, probe
     from tasks.state import load_state
+    from tasks.batch import partition_retain
     from unlearning.batch import batch_rows
-    from unlearning.history import debt_reasons, force_retrain, n_original_train, retraining_debt
-    from unlearning.partition import partition_by_group
+    from unlearning.config import Partition
+    from unlearning.history import n_original_train
     from unlearning.requests import batch_objective, coerce_requests
-    from unlearning.selection import batch_facts, candidate_methods
+    from unlearning.selection import batch_facts, selection_with_debt
 
     state = load_state.fn(params, device)
     check = check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info),
@@ -40,19 +41,11 @@ def batch_plan_for(path: Path, params, device: str):
     if params.deletion.partition.mode != "group":
         notes.append(f"deletion.partition.mode = {params.deletion.partition.mode}: the plan uses the group "
                      f"partition (the batch computes its own)")
-    from unlearning.batch import retain_rows
-
-    r = retain_rows(m, forget)
-    table = partition_by_group(m["sample_id"].to_numpy()[r], m["group"].to_numpy()[r],
-                               m.set_index("sample_id").loc[forget, "group"].to_numpy())
+    table = partition_retain(Partition(mode="group"), state.prepared, m, forget, state.model)
     rows = batch_rows(state.prepared, m, forget, table)
     facts = batch_facts(params.deletion, params.train.epochs, objective, rows, None, device=device)
-    selection = candidate_methods(params.deletion, facts)
-    n_train = n_original_train(m, state.ledger)
-    forced = debt_reasons(retraining_debt(state.ledger, n_train), len(rows.forget),
-                          params.deletion.debt.max_forgotten_fraction, params.deletion.debt.max_batches_since_retrain)
-    if forced:
-        selection = force_retrain(selection, forced)
+    selection, _, _ = selection_with_debt(params.deletion, facts, state.ledger, n_original_train(m, state.ledger),
+                                          len(rows.forget))
     timing, footprint = probe(params, state, rows, device)
     d = params.diagnostics
     diag = 0.0

@@ -90,10 +90,13 @@ def probe(params: Params, state, rows: BatchRows, device: str) -> tuple[Timing, 
     return timing, footprint
 
 
+THREAD_WORKERS = 2  # the threads runner's pool (flows/common.py task_runner_for builds it with this many)
+
+
 def workers_of(params: Params) -> int:
     """Workers the reference chunks run on: the thread pool's, or the Dask cluster's."""
     v = params.validation
-    return v.dask_workers if v.task_runner == "dask" else 2
+    return v.dask_workers if v.task_runner == "dask" else THREAD_WORKERS
 
 
 def batch_plan(params: Params, selection: dict, objective: str, timing: Timing | None, footprint: Footprint | None,

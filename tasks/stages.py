@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -35,7 +34,7 @@ from unlearning.batch_summary import CandidateLine, failing_checks_in_words, pur
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
 from unlearning.data.store import class_names_after
 from unlearning.gate import format_beside, smallest_klom_pvalue, verdict_summary
-from unlearning.history import HISTORY_METRICS, debt_reasons, force_retrain, history_point, retraining_debt
+from unlearning.history import HISTORY_METRICS, history_point
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
 from unlearning.ledger import appended, hash_sample_id
 from unlearning.metrics.exchangeability import exchangeability_test
@@ -45,7 +44,7 @@ from unlearning.models import Ensemble
 from unlearning.partition import subset_sizes
 from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
 from unlearning.serving import input_example
-from unlearning.selection import batch_facts, candidate_methods
+from unlearning.selection import batch_facts, selection_with_debt
 
 # A stage's inputs are models, stores and an MLflow client: its result is never cached by its inputs.
 STAGE = {"cache_policy": NO_CACHE}
@@ -296,13 +295,9 @@ def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows:
         floor = eval_logits(oracles, state.prepared, np.sort(sample))
     facts = batch_facts(deletion, epochs, objective, rows, report, oracle_forget_logits=logits, device=batch.device,
                         oracle_floor_logits=floor)
-    selection = candidate_methods(deletion, facts)
-    debt = retraining_debt(state.ledger, n_train)
-    forced = debt_reasons(debt, len(rows.forget), deletion.debt.max_forgotten_fraction,
-                          deletion.debt.max_batches_since_retrain)
+    selection, debt, forced = selection_with_debt(deletion, facts, state.ledger, n_train, len(rows.forget))
     log = run_logger()
     if forced:  # the debt is due: exact retrain alone
-        selection = force_retrain(selection, forced)
         log.info(f"{batch.path.name}: retraining debt: {'; '.join(forced)}: exact retrain alone")
     batch.summary.update(selection=selection, debt=debt)
     batch.tracker.log_metrics(batch.parent, {f"debt/{k}": v for k, v in debt.items()})

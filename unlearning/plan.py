@@ -136,7 +136,9 @@ def certificate_looks(validation: Validation) -> tuple[tuple[int, int], ...]:
     return (*((n, n) for n in validation.looks if n < min(final)), final)
 
 
-def _sequential_step(method: str, validation: Validation, gate: Gate, member: float) -> Step:
+def sequential_step(method: str, validation: Validation, gate: Gate, member: float) -> Step:
+    """The sequential certificate's step for `method`: its looks, alpha and permutations per look, and its cost
+    in retrains (`member`: one reference member's cost in retrains). bench/calibration.py judges with it too."""
     looks = certificate_looks(validation)
     g = gate.retrain_equivalence
     alphas = alpha_schedule(g.alpha, len(looks) - 1, validation.interim_alpha_share)
@@ -165,7 +167,7 @@ def plan_steps(candidates: list[str], objective: str, validation: Validation, ga
             steps.append(Step(method, "absolute", cost_retrains_accept=0.0,
                               why="suppression: absolute bounds and the original's accuracy, no references"))
             continue
-        step = _sequential_step(method, validation, gate, member_in_retrains)
+        step = sequential_step(method, validation, gate, member_in_retrains)
         if weigh_cost and not explicit and step.cost_retrains_accept > 1.0:
             n_s, n_o = step.references
             skipped.append((method, f"certifying it trains {n_o} oracles and {n_s} shadows (about "
@@ -246,8 +248,8 @@ def plan_batch(candidates: list[str], objective: str, validation: Validation, ga
         notes.append("no timing probe: costs are in retrains with a reference member counted as one retrain")
     if footprint is None:
         notes.append("no memory footprint: the memory budget was not checked")
-    seconds = predicted_seconds(steps[0] if steps else None, timing, diagnostics_seconds, workers)
     first = steps[0] if steps else None
+    seconds = predicted_seconds(first, timing, diagnostics_seconds, workers)
     retrains = 0.0 if first is None else (first.cost_retrains_accept if first.certificate != "exact" else 1.0)
     if timing is not None:
         retrains += diagnostics_seconds / max(timing.retrain_seconds, 1e-9)

@@ -120,3 +120,16 @@ def candidate_methods(deletion: Deletion, facts: dict) -> dict:
     ordered = retrain_last([*first, *d.fallback])
     return {"candidates": ordered, "fired": fired, "skipped": skipped, "facts": facts,
             "rule_methods": {r.name: r.method for r in d.rules}}
+
+
+def selection_with_debt(deletion: Deletion, facts: dict, ledger, n_train: int,
+                        n_forget: int) -> tuple[dict, dict, list[str]]:
+    """The batch's candidates (`candidate_methods`), overridden by the retraining debt (`deletion.debt`): exact
+    retrain alone when it is due. Returns (selection, debt, the reasons the debt forced a retrain)."""
+    from unlearning.history import debt_reasons, force_retrain, retraining_debt
+
+    selection = candidate_methods(deletion, facts)
+    debt = retraining_debt(ledger, n_train)
+    forced = debt_reasons(debt, n_forget, deletion.debt.max_forgotten_fraction,
+                          deletion.debt.max_batches_since_retrain)
+    return (force_retrain(selection, forced) if forced else selection), debt, forced
