@@ -1,0 +1,147 @@
+"""The qualification core (unlearning/qualification.py): binomial intervals against brute force, the table,
+the licensing rule, the audit schedule, the suite draw."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+
+from unlearning.qualification import (EXACT, Qualification, Trial, audit_due, clopper_pearson, draw_suite,
+                                      license_method, pass_rate_table, wilson)
+
+
+def brute_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) by enumerating every one of the 2^n outcome sequences (no binomial coefficient)."""
+    total = 0.0
+    for seq in itertools.product((0, 1), repeat=n):
+        if sum(seq) >= k:
+            total += math.prod(p if s else 1 - p for s in seq)
+    return total
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_clopper_pearson_solves_its_tail_equations_by_brute_force(n):
+    conf = 0.9
+    tail = (1 - conf) / 2
+    for k in range(n + 1):
+        lo, hi = clopper_pearson(k, n, conf)
+        if k == 0:
+            assert lo == 0.0
+        else:
+            assert brute_tail(k, n, lo) == pytest.approx(tail, abs=1e-9)
+        if k == n:
+            assert hi == 1.0
+        else:  # P(X <= k | hi) = tail
+            assert 1 - brute_tail(k + 1, n, hi) == pytest.approx(tail, abs=1e-9)
+
+
+@pytest.mark.parametrize("n", [3, 6])
+def test_clopper_pearson_covers_at_least_its_confidence_for_every_p(n):
+    conf = 0.8
+    intervals = [clopper_pearson(k, n, conf) for k in range(n + 1)]
+    for p in np.linspace(0.01, 0.99, 41):
+        cover = sum(brute_tail(k, n, p) - brute_tail(k + 1, n, p)
+                    for k, (lo, hi) in enumerate(intervals) if lo <= p <= hi)
+        assert cover >= conf - 1e-9
+
+
+def test_clopper_pearson_known_values():
+    # all passed: lower = (tail)^(1/n); none passed: upper = 1 - tail^(1/n)
+    assert clopper_pearson(10, 10, 0.95)[0] == pytest.approx(0.025 ** 0.1, abs=1e-9)
+    assert clopper_pearson(0, 10, 0.95)[1] == pytest.approx(1 - 0.025 ** 0.1, abs=1e-9)
+    assert clopper_pearson(0, 0, 0.95) == (0.0, 1.0)
+
+
+def test_wilson_closed_form_float64():
+    # 0/10 at 95 %: upper z^2 / (n + z^2); 10/10: lower n / (n + z^2)
+    z = 1.959963984540054
+    assert wilson(0, 10, 0.95)[1] == pytest.approx(z * z / (10 + z * z), rel=1e-12)
+    assert wilson(10, 10, 0.95)[0] == pytest.approx(10 / (10 + z * z), rel=1e-12)
+    lo, hi = wilson(7, 20, 0.95)
+    p, n = 0.35, 20
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert (lo, hi) == (pytest.approx(c - h, rel=1e-12), pytest.approx(c + h, rel=1e-12))
+
+
+def trials(method, gaps_passed):
+    return [Trial(f"s{i}", "random", 10, method, g, p) for i, (g, p) in enumerate(gaps_passed)]
+
+
+def test_table_bins_count_each_trial_once():
+    ts = trials("do_nothing", [(0.1, True), (0.2, True), (0.3, False), (5.0, False), (float("nan"), True)])
+    table = pass_rate_table(ts, ["do_nothing", "finetune"], [0.25, 1.0], 0.9)
+    assert [r.row_id for r in table[:3]] == ["do_nothing gap [0, 0.25)", "do_nothing gap [0.25, 1)",
+                                             "do_nothing gap [1, inf)"]
+    assert [(r.n, r.passes) for r in table] == [(2, 2), (1, 0), (1, 0), (0, 0), (0, 0), (0, 0)]
+    assert math.isnan(table[3].rate) and table[3].lower == 0.0
+    assert table[0].lower == pytest.approx(clopper_pearson(2, 2, 0.9)[0])
+
+
+def test_license_takes_the_cheapest_qualified_method_else_retrain():
+    ts = (trials("do_nothing", [(0.1, True)] * 30 + [(2.0, False)] * 5)
+          + trials("finetune", [(0.1, True)] * 30 + [(2.0, True)] * 30))
+    table = pass_rate_table(ts, ["do_nothing", "finetune"], [1.0], 0.9)
+    low = license_method(table, 0.3, ["do_nothing", "finetune", EXACT], 0.9)
+    assert low.method == "do_nothing" and low.row.row_id == "do_nothing gap [0, 1)"
+    high = license_method(table, 3.0, ["do_nothing", "finetune", EXACT], 0.9)
+    assert high.method == "finetune" and high.row.passes == 30
+    # the point estimate licenses where the lower bound does not (30/30 at 0.95: lower 0.905)
+    assert license_method(table, 0.3, ["do_nothing"], 0.95).method == EXACT
+    assert license_method(table, 0.3, ["do_nothing"], 0.95, bound="point").method == "do_nothing"
+    refused = license_method(table, 3.0, ["do_nothing"], 0.9)
+    assert refused.method == EXACT and refused.row is None and "do_nothing gap [1, inf): 0/5" in refused.reason
+    assert license_method(table, float("nan"), ["do_nothing"], 0.5).method == EXACT
+    # methods after retrain are never licensed: retrain is the last resort
+    assert license_method(table, 3.0, [EXACT, "finetune"], 0.9).method == EXACT
+
+
+def test_audit_schedule_every_and_probability_deterministic():
+    assert [audit_due(3, None, 0, b) for b in range(7)] == [True, False, False, True, False, False, True]
+    draws = [audit_due(None, 0.3, 5, b) for b in range(2000)]
+    assert draws == [audit_due(None, 0.3, 5, b) for b in range(2000)]
+    assert 0.25 < np.mean(draws) < 0.35
+    assert draws != [audit_due(None, 0.3, 6, b) for b in range(2000)]
+    assert not any(audit_due(None, None, 0, b) for b in range(5))
+    assert all(audit_due(None, 1.0, 0, b) for b in range(5))
+
+
+def test_suite_draw_kinds_and_determinism():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, 200)
+    groups = labels % 2
+    train = np.arange(20, 200)
+    score = np.arange(len(train), dtype=float)  # row train[i] has score i
+    entries = [NS(kind="random", size=10, count=3), NS(kind="class", size=None, count=2),
+               NS(kind="group", size=15, count=1), NS(kind="high_self_leverage", size=5, count=2),
+               NS(kind="low_self_leverage", size=5, count=1)]
+    suite = draw_suite(entries, 0, train, labels, groups, score)
+    again = draw_suite(entries, 0, train, labels, groups, score)
+    assert [s.name for s in suite] == [s.name for s in again]
+    assert all(np.array_equal(a.rows, b.rows) for a, b in zip(suite, again))
+    kinds = [s.kind for s in suite]
+    assert kinds == ["random"] * 3 + ["class"] * 2 + ["group"] + ["high_self_leverage"] * 2 + ["low_self_leverage"]
+    for s in suite:
+        assert np.isin(s.rows, train).all() and len(np.unique(s.rows)) == len(s.rows)
+    cls = suite[3]
+    assert np.array_equal(cls.rows, train[labels[train] == labels[cls.rows[0]]])
+    assert len(suite[5].rows) == 15 and len(np.unique(groups[suite[5].rows])) == 1
+    assert np.array_equal(suite[6].rows, train[-5:]) and np.array_equal(suite[7].rows, train[-10:-5])
+    assert np.array_equal(suite[8].rows, train[:5])
+    assert len(draw_suite(entries, 0, train, labels, groups, None)) == 6  # no score: no leverage sets
+    with pytest.raises(ValueError, match="kind 'bogus'"):
+        draw_suite([NS(kind="bogus", size=1, count=1)], 0, train, labels, groups, score)
+
+
+def test_qualification_round_trip_and_audit_update():
+    q = Qualification(["do_nothing"], [1.0], 0.9, "clopper_pearson", 0.01,
+                      trials("do_nothing", [(0.1, True)] * 3))
+    back = Qualification.from_dict(q.to_dict())
+    assert back.to_dict() == q.to_dict()
+    failed = q.with_trial(Trial("batch-3", "audit", 20, "do_nothing", 0.2, False, source="audit"))
+    assert (failed.table[0].n, failed.table[0].passes) == (4, 3) and (q.table[0].n, q.table[0].passes) == (3, 3)
+    assert q.tag() == "do_nothing 3/3"

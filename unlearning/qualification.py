@@ -1,0 +1,306 @@
+"""Certify once, apply many: a model's qualification and the licensing rule of `validation.mode: qualified`
+(docs/design.md §4.5; docs/certificate.md, "Two modes").
+
+The per-batch certificate trains tens of reference models per batch. For a model that takes minutes to
+train that costs far more than the retrain it is meant to avoid. Qualification measures, once per trained
+model (recipe, data), which method passes the oracle certificate at which predicted gap:
+
+- `draw_suite`: the suite of forget sets a team expects (random sets of several sizes, a group, a class, the
+  highest and the lowest self-leverage rows), drawn deterministically from `qualify.suite`;
+- `pass_rate_table`: per method, the pass rate of the oracle certificate per bin of the predicted gap in
+  units of its noise, with a binomial confidence interval (Clopper and Pearson 1934, or Wilson 1927);
+- `license_method`: the cheapest method whose qualified pass rate at this batch's predicted gap meets
+  `validation.qualified_min_pass`, else exact retrain, with the row that licensed it;
+- `audit_due`: which batches are audited by the full certificate (`validation.audit`), a deterministic
+  function of the base seed and the batch index.
+
+Pure: numpy and the standard library only. The shell runs the certificates (tasks/qualification.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
+from typing import Iterable, Sequence
+
+import numpy as np
+
+EXACT = "retrain"  # always licensed: exact unlearning by construction
+SUITE_KINDS = ("random", "group", "class", "high_self_leverage", "low_self_leverage")
+AUDIT_STREAM = 0x417544  # the audit draw's own SeedSequence word ("AuD"): disjoint from every role stream
+SUITE_STREAM = 0x517561  # the suite draw's ("Qua")
+
+
+# --- the suite -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SuiteSet:
+    """One forget set of the qualification suite: training-row indices (sorted)."""
+
+    name: str
+    kind: str
+    rows: np.ndarray
+
+
+def draw_suite(entries: Iterable, seed: int, train_rows: np.ndarray, labels: np.ndarray, groups: np.ndarray,
+               self_leverage_score: np.ndarray | None) -> list[SuiteSet]:
+    """The qualification suite's forget sets, deterministic in `seed`.
+
+    `entries`: `qualify.suite` (each with `kind`, `size`, `count`); `train_rows`: the training rows D (indices
+    into `labels`/`groups`); `self_leverage_score`: one score per row of `train_rows`, higher = more self-
+    leverage (None: the leverage kinds are skipped). Kinds:
+    - random: `count` sets of `size` rows drawn without replacement;
+    - class / group: `count` distinct classes (groups) in a seeded order, every training row of each, or a
+      seeded sample of `size` rows of it when `size` is set;
+    - high_self_leverage / low_self_leverage: `count` consecutive windows of `size` rows down (up) the ranking.
+    Sets smaller than 1 row, or that would leave no training row, are not drawn."""
+    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(SUITE_STREAM,)))
+    train_rows = np.asarray(train_rows)
+    out: list[SuiteSet] = []
+
+    def add(name: str, kind: str, rows: np.ndarray) -> None:
+        rows = np.sort(np.asarray(rows, dtype=np.int64))
+        if 0 < len(rows) < len(train_rows):
+            out.append(SuiteSet(name, kind, rows))
+
+    for e in entries:
+        kind, size, count = e.kind, e.size, e.count
+        if kind == "random":
+            for k in range(count):
+                add(f"random{size}_{k}", kind, rng.choice(train_rows, min(size, len(train_rows)), replace=False))
+        elif kind in ("class", "group"):
+            values = np.asarray(labels if kind == "class" else groups)[train_rows]
+            uniq = np.unique(values)
+            for v in rng.permutation(uniq)[:count]:
+                members = train_rows[values == v]
+                if size is not None and size < len(members):
+                    members = rng.choice(members, size, replace=False)
+                add(f"{kind}_{v}" + (f"_{size}" if size is not None else ""), kind, members)
+        elif kind in ("high_self_leverage", "low_self_leverage"):
+            if self_leverage_score is None:
+                continue
+            order = np.argsort(-np.asarray(self_leverage_score), kind="stable")
+            if kind == "low_self_leverage":
+                order = order[::-1]
+            for k in range(count):
+                add(f"{kind}{size}_{k}", kind, train_rows[order[k * size:(k + 1) * size]])
+        else:
+            raise ValueError(f"qualify.suite kind {kind!r} is not known; allowed: {list(SUITE_KINDS)}")
+    return out
+
+
+# --- binomial confidence intervals ---------------------------------------------------------------------------
+
+def _binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k), X ~ Binomial(n, p), summed exactly."""
+    if k <= 0:
+        return 1.0
+    return float(sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1)))
+
+
+def _bisect(f, lo: float = 0.0, hi: float = 1.0, iters: int = 100) -> float:
+    """The root of an increasing f on [lo, hi] by bisection (f(lo) <= 0 <= f(hi))."""
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if f(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
+    """The exact two-sided interval for a binomial proportion (Clopper and Pearson 1934): lower L with
+    P(X >= k | L) = (1 - confidence) / 2 (0 when k = 0), upper U with P(X <= k | U) = (1 - confidence) / 2
+    (1 when k = n). Its coverage is at least `confidence` for every p. n = 0: (0, 1)."""
+    if n == 0:
+        return 0.0, 1.0
+    if not 0 <= k <= n:
+        raise ValueError(f"k = {k} must lie in [0, n = {n}]")
+    tail = (1 - confidence) / 2
+    lower = 0.0 if k == 0 else _bisect(lambda p: _binom_sf(k, n, p) - tail)
+    upper = 1.0 if k == n else _bisect(lambda p: tail - (1 - _binom_sf(k + 1, n, p)))
+    return lower, upper
+
+
+def wilson(k: int, n: int, confidence: float) -> tuple[float, float]:
+    """The Wilson score interval (Wilson 1927) at two-sided `confidence`. n = 0: (0, 1)."""
+    if n == 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+INTERVALS = {"clopper_pearson": clopper_pearson, "wilson": wilson}
+
+
+# --- the table -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Trial:
+    """One oracle certificate of one method on one forget set (a qualification set, or an audited batch)."""
+
+    set_name: str
+    kind: str
+    n_forget: int
+    method: str
+    gap_to_noise: float  # the predicted gap in units of its noise (`predicted_gap_to_noise`)
+    passed: bool
+    references: int = 0  # reference models the certificate used
+    seconds: float = 0.0
+    source: str = "suite"  # suite | audit
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the qualification table: a method in one bin of the predicted gap."""
+
+    row_id: str  # "do_nothing gap [0, 0.25)"
+    method: str
+    gap_lo: float
+    gap_hi: float  # inf for the last bin
+    n: int
+    passes: int
+    rate: float  # NaN when n = 0
+    lower: float
+    upper: float
+
+    def covers(self, gap: float) -> bool:
+        return self.gap_lo <= gap < self.gap_hi
+
+
+def bin_edges(bins: Sequence[float]) -> list[tuple[float, float]]:
+    """[0, b1), [b1, b2), ..., [bk, inf) from the increasing upper edges `bins`."""
+    edges = [0.0, *map(float, bins), math.inf]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:g}"
+
+
+def pass_rate_table(trials: Iterable[Trial], methods: Sequence[str], bins: Sequence[float], confidence: float,
+                    interval: str = "clopper_pearson") -> list[Row]:
+    """Per method (in `methods`' order) and per bin of the predicted gap, the certificate's pass rate and its
+    interval at `confidence`. Every (method, bin) has a row, with n = 0 where no trial fell in it. A trial with
+    a NaN gap falls in no bin."""
+    ci = INTERVALS[interval]
+    trials = list(trials)
+    out = []
+    for m in methods:
+        for lo, hi in bin_edges(bins):
+            hit = [t.passed for t in trials if t.method == m and lo <= t.gap_to_noise < hi]
+            n, k = len(hit), int(sum(hit))
+            low, up = ci(k, n, confidence)
+            out.append(Row(f"{m} gap [{_fmt(lo)}, {_fmt(hi)})", m, lo, hi, n, k, k / n if n else math.nan, low, up))
+    return out
+
+
+# --- the licensing rule --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class License:
+    """The method a qualified batch runs, and why: the row that licensed it (None: exact retrain, the
+    fallback no row is needed for)."""
+
+    method: str
+    row: Row | None
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "row": asdict(self.row) if self.row else None, "reason": self.reason}
+
+
+def qualified_rate(row: Row, bound: str) -> float:
+    """What the rule compares with min_pass: the interval's lower end (`lower`) or the point estimate
+    (`point`); NaN (never licensed) for an empty row."""
+    if row.n == 0:
+        return math.nan
+    return row.lower if bound == "lower" else row.rate
+
+
+def license_method(table: Sequence[Row], gap_to_noise: float, methods: Sequence[str], min_pass: float,
+                   bound: str = "lower") -> License:
+    """The cheapest method (`methods` is in order of cost, cheapest first) whose row at this predicted gap has a
+    qualified rate (`qualified_rate`) of at least `min_pass`; else exact retrain. A NaN gap (no diagnostics)
+    licenses nothing but the retrain."""
+    if not np.isfinite(gap_to_noise):
+        return License(EXACT, None, "no predicted gap (diagnostics missing): exact retrain")
+    best: tuple[float, Row] | None = None
+    for m in methods:
+        if m == EXACT:
+            break
+        row = next((r for r in table if r.method == m and r.covers(gap_to_noise)), None)
+        if row is None:
+            continue
+        q = qualified_rate(row, bound)
+        if q >= min_pass:
+            return License(m, row, f"{row.row_id}: {row.passes}/{row.n} passed, {bound} "
+                                   f"{q:.3f} >= qualified_min_pass {min_pass}")
+        if row.n and (best is None or q > best[0]):
+            best = (q, row)
+    why = (f"best {best[1].row_id}: {best[1].passes}/{best[1].n} passed, {bound} {best[0]:.3f}"
+           if best else "no qualification row holds a set at this gap")
+    return License(EXACT, None, f"no method qualified at predicted gap {gap_to_noise:.3g} noise units "
+                                f"(>= {min_pass} needed; {why}): exact retrain")
+
+
+# --- the audit schedule --------------------------------------------------------------------------------------
+
+def audit_due(every: int | None, probability: float | None, seed: int, batch_index: int) -> bool:
+    """Whether the batch at `batch_index` (0 = the first) is audited: every `every`-th batch (batch 0, k, 2k,
+    ...), or with `probability`, drawn from the batch's own seeded stream, so a rerun audits the same batches."""
+    if every is not None:
+        return batch_index % int(every) == 0
+    if probability is not None:
+        u = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(AUDIT_STREAM, int(batch_index)))).random()
+        return bool(u < probability)
+    return False
+
+
+# --- the stored qualification --------------------------------------------------------------------------------
+
+@dataclass
+class Qualification:
+    """What the qualify stage stores (state/qualification.json): the trials, the table, how it was computed,
+    and what it was computed for (the model's fingerprint)."""
+
+    methods: list[str]
+    bins: list[float]
+    confidence: float
+    interval: str
+    noise: float  # the noise unit the gaps are read in (unlearning/selection.py noise_floor of validation rows)
+    trials: list[Trial] = field(default_factory=list)
+    fingerprint: dict = field(default_factory=dict)
+    skipped: str | None = None  # why nothing was qualified (validation.mode per_batch)
+
+    @property
+    def table(self) -> list[Row]:
+        return pass_rate_table(self.trials, self.methods, self.bins, self.confidence, self.interval)
+
+    def with_trial(self, trial: Trial) -> "Qualification":
+        """The qualification with one more trial (a failed or passed audit counts as evidence)."""
+        return Qualification(self.methods, self.bins, self.confidence, self.interval, self.noise,
+                             [*self.trials, trial], dict(self.fingerprint), self.skipped)
+
+    def to_dict(self) -> dict:
+        return {"methods": self.methods, "bins": self.bins, "confidence": self.confidence, "interval": self.interval,
+                "noise": self.noise, "fingerprint": self.fingerprint, "skipped": self.skipped,
+                "trials": [asdict(t) for t in self.trials],
+                "table": [{**asdict(r), "gap_hi": None if math.isinf(r.gap_hi) else r.gap_hi,
+                           "rate": None if math.isnan(r.rate) else r.rate} for r in self.table]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Qualification":
+        return cls(list(d["methods"]), list(d["bins"]), float(d["confidence"]), d["interval"], float(d["noise"]),
+                   [Trial(**t) for t in d.get("trials", [])], dict(d.get("fingerprint") or {}), d.get("skipped"))
+
+    def tag(self) -> str:
+        """A short name of this qualification, for the registered version's tag."""
+        passes = {m: sum(t.passed for t in self.trials if t.method == m) for m in self.methods}
+        n = {m: sum(t.method == m for t in self.trials) for m in self.methods}
+        return "; ".join(f"{m} {passes[m]}/{n[m]}" for m in self.methods)
