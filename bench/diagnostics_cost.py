@@ -15,6 +15,7 @@ errors and the error check against exact (on a retain-row subsample where the ex
 Writes bench/results/diagnostics_cost.json and prints a table.
 
 Usage: python bench/diagnostics_cost.py [--points mlp:2000 mlp:8000 mlp:30000 cnn:2000 cnn:8000] [--threads 2]
+       [--device cuda] [--fashion-mnist-dir DIR]   (--device cuda: the retrain and the diagnostics both on the GPU)
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ from bench.results_io import write_json  # noqa: E402
 POINTS = ["mlp:2000", "mlp:8000", "mlp:30000", "cnn:2000", "cnn:8000"]
 
 
-def _problem(arch: str, rows: int, n_val: int, seed: int):
+def _problem(arch: str, rows: int, n_val: int, seed: int, fmnist_dir: str | None = None):
     from unlearning.config import load_params
     from unlearning.data import load_dataset
     from unlearning.models.training import TrainRecipe
     from unlearning.models.zoo import arch_kwargs
 
     params = load_params(ROOT / "params.yaml")
-    ds = load_dataset("fashion_mnist", fashion_mnist_dir=params.prepare.fashion_mnist_dir, seed=seed,
+    ds = load_dataset("fashion_mnist", fashion_mnist_dir=fmnist_dir or params.prepare.fashion_mnist_dir, seed=seed,
                       max_train=rows, max_val=n_val)
     m = params.train.model.model_dump()
     m["arch"] = arch
@@ -74,38 +75,44 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_point(point: str, n_forget: int, n_val: int, seed: int) -> dict:
+def run_point(point: str, n_forget: int, n_val: int, seed: int, device: str = "cpu",
+              fmnist_dir: str | None = None) -> dict:
     """One point, in this process: train the original (untimed), time a retrain and the default diagnostics."""
     from unlearning.leverage import compute_diagnostics
     from unlearning.models import build_model, fit
 
     arch, rows = point.split(":")
-    params, spec, recipe, X, y, train, val = _problem(arch, int(rows), n_val, seed)
+    params, spec, recipe, X, y, train, val = _problem(arch, int(rows), n_val, seed, fmnist_dir)
+    X, y = X.to(device), y.to(device)   # (n, d) float32 and (n,) int64 where the models train
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rng = np.random.default_rng(seed)
     F = np.sort(rng.choice(train, size=n_forget, replace=False))
     R = np.setdiff1d(train, F)
     t0 = time.perf_counter()
-    original = build_model(spec, [seed])
+    original = build_model(spec, [seed]).to(device)
     fit(original, X[train], y[train], recipe)
     original_s = time.perf_counter() - t0
-    retrain = build_model(spec, [seed + 1])
+    sync()
+    retrain = build_model(spec, [seed + 1]).to(device)
     t0 = time.perf_counter()
     fit(retrain, X[R], y[R], recipe)  # as tasks/training.py: fit's own intra-op threads
+    sync()
     retrain_s = time.perf_counter() - t0
 
     cfg = params.diagnostics
     t0 = time.perf_counter()
     rep = compute_diagnostics(
         original, X[F], y[F], X[R], y[R], X[val], y[val], cfg.damping(len(train), recipe.weight_decay),
-        solver=cfg.solver, device="cpu", dtype=getattr(torch, cfg.dtype), proj_dim=cfg.proj_dim,
+        solver=cfg.solver, device=device, dtype=getattr(torch, cfg.dtype), proj_dim=cfg.proj_dim,
         check_subset=cfg.check_subset, check_rows=cfg.check_rows, cross_sample=cfg.cross_sample,
         last_layer_above=cfg.last_layer_above, budget_retrains=cfg.max_retrains, epochs=recipe.epochs, seed=seed,
         head_rank=cfg.head_rank, threads=cfg.threads,
         progress=f"diagnostics {point}", label_smoothing=recipe.label_smoothing)
+    sync()
     diag_s = time.perf_counter() - t0
     rss_mb = _peak_rss_mb()
     d = rep.to_dict()
-    return {"point": point, "arch": arch, "rows": len(train), "n_forget": n_forget, "n_validation": len(val),
+    return {"point": point, "device": device, "arch": arch, "rows": len(train), "n_forget": n_forget, "n_validation": len(val),
             "threads": torch.get_num_threads(), "retrain_threads": 1, "params": rep.solver_info.get("full_params", rep.n_params),
             "original_train_s": original_s, "retrain_s": retrain_s, "diagnostics_s": diag_s,
             "ratio": diag_s / retrain_s, "solver": rep.solver, "peak_rss_mb": rss_mb,
@@ -141,6 +148,8 @@ def main(argv=None):
     ap.add_argument("--forget", type=int, default=100)
     ap.add_argument("--val", type=int, default=2000, help="validation rows (of the test split)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda: where the retrain and the diagnostics run")
+    ap.add_argument("--fashion-mnist-dir", help="the IDX files (default: params.yaml prepare.fashion_mnist_dir)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per point")
     ap.add_argument("--one", help=argparse.SUPPRESS)       # run one point in this process, write --json
     ap.add_argument("--json", help=argparse.SUPPRESS)
@@ -148,14 +157,15 @@ def main(argv=None):
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.one:
-        Path(a.json).write_text(json.dumps(run_point(a.one, a.forget, a.val, a.seed), default=float))
+        Path(a.json).write_text(json.dumps(run_point(a.one, a.forget, a.val, a.seed, a.device, a.fashion_mnist_dir), default=float))
         return
     results, started = [], time.perf_counter()
     for point in a.points:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "point.json"
             cmd = [sys.executable, __file__, "--one", point, "--json", str(out), "--threads", str(a.threads),
-                   "--forget", str(a.forget), "--val", str(a.val), "--seed", str(a.seed)]
+                   "--forget", str(a.forget), "--val", str(a.val), "--seed", str(a.seed), "--device", a.device]
+            cmd += ["--fashion-mnist-dir", a.fashion_mnist_dir] if a.fashion_mnist_dir else []
             print(f"[{point}] {' '.join(cmd[1:])}", flush=True)
             try:
                 proc = subprocess.run(cmd, timeout=a.timeout, stdout=sys.stdout, stderr=subprocess.PIPE, text=True)
@@ -171,7 +181,7 @@ def main(argv=None):
             print(f"[{point}] {r['solver']}: diagnostics {r['diagnostics_s']:.2f} s vs retrain {r['retrain_s']:.2f} s "
                   f"= {r['ratio']:.2f}x, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
     print_table(results)
-    meta = {"threads": a.threads, "cpu_count": os.cpu_count(), "torch": torch.__version__, "forget": a.forget,
+    meta = {"device": a.device, "threads": a.threads, "cpu_count": os.cpu_count(), "torch": torch.__version__, "forget": a.forget,
             "validation_rows": a.val, "seed": a.seed, "seconds": time.perf_counter() - started,
             "load_avg_end": os.getloadavg()}
     write_json(a.out, {"meta": meta, "points": results})
