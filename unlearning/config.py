@@ -258,8 +258,36 @@ class Diagnostics(Strict):
         return self.lam if self.lam is not None else max(n_train * weight_decay, self.min_lam)
 
 
+class AuditSchedule(Strict):
+    """Which qualified batches the full certificate audits (unlearning/qualification.py audit_due): every k-th
+    batch, or each with a probability drawn from the batch's seed."""
+
+    every: int | None = Field(None, ge=1, description="audit batch 0, k, 2k, ... (1 = every batch)")
+    probability: float | None = Field(None, ge=0, le=1, description="audit each batch with this probability "
+                                                                    "(seeded by base.seed and the batch index)")
+
+    @model_validator(mode="after")
+    def _one_rule(self):
+        if (self.every is None) == (self.probability is None):
+            raise ValueError(f"validation.audit = {{every: {self.every}, probability: {self.probability}}} must set "
+                             f"exactly one of them: e.g. {{every: 5}} or {{probability: 0.2}}")
+        return self
+
+
 class Validation(Strict):
     """How candidates are certified against reference models (docs/design.md §4.2, §4.5; unlearning/plan.py)."""
+
+    mode: Literal["per_batch", "qualified"] = Field(
+        "per_batch", description="per_batch: every batch's candidate is certified against reference models; "
+                                 "qualified: the method the model's qualification licenses at the batch's predicted "
+                                 "gap runs with cheap checks, and sampled audits run the full certificate "
+                                 "(docs/certificate.md, \"Two modes\")")
+    qualified_min_pass: float = Field(0.9, gt=0, le=1, description="qualified mode: a method is licensed at a predicted "
+                                                                   "gap where its qualified pass rate is at least this")
+    qualified_bound: Literal["lower", "point"] = Field(
+        "lower", description="the qualified pass rate: the lower end of its interval (qualify.confidence) or the "
+                             "point estimate")
+    audit: AuditSchedule = Field(AuditSchedule(every=5), description="qualified mode: which batches are audited")
 
     n_oracles: int = Field(80, ge=2)
     n_shadows: int = Field(80, ge=1)
@@ -566,6 +594,49 @@ class Report(Strict):
     s5: S5Diagnostics = S5Diagnostics()
 
 
+class QualifySet(Strict):
+    """One entry of the qualification suite (unlearning/qualification.py draw_suite)."""
+
+    kind: Literal["random", "group", "class", "high_self_leverage", "low_self_leverage"]
+    size: int | None = Field(None, ge=1, description="rows per set (class/group: null = every row of it; required "
+                                                     "for the other kinds)")
+    count: int = Field(1, ge=1, description="sets of this kind")
+
+    @model_validator(mode="after")
+    def _size_needed(self):
+        if self.size is None and self.kind not in ("class", "group"):
+            raise ValueError(f"qualify.suite entry kind {self.kind!r} needs a size (rows per set), e.g. "
+                             f"{{kind: {self.kind}, size: 50, count: 1}}")
+        return self
+
+
+class Qualify(Strict):
+    """The qualify stage: the oracle certificate of every declared method on a suite of forget sets, once per
+    trained model (flows/qualify.py; docs/certificate.md, "Two modes")."""
+
+    methods: list[str] = Field(["do_nothing", "gradient_ascent"], min_length=1,
+                               description="methods to qualify, cheapest first (exact retrain is always the fallback)")
+    suite: list[QualifySet] = Field(
+        [QualifySet(kind="random", size=10, count=8), QualifySet(kind="random", size=50, count=8),
+         QualifySet(kind="random", size=200, count=4), QualifySet(kind="group", count=1),
+         QualifySet(kind="class", count=1), QualifySet(kind="high_self_leverage", size=50, count=1),
+         QualifySet(kind="low_self_leverage", size=50, count=1)], min_length=1,
+        description="the forget sets the qualification certifies each method on")
+    bins: list[float] = Field([0.25, 0.5, 1.0, 2.0, 4.0], min_length=1,
+                              description="upper edges of the predicted-gap bins (noise units); the last bin is open")
+    confidence: float = Field(0.8, gt=0, lt=1, description="two-sided confidence of each row's interval")
+    interval: Literal["wilson", "clopper_pearson"] = "wilson"
+
+    @model_validator(mode="after")
+    def _bins_increase(self):
+        if any(b <= a for a, b in zip(self.bins, self.bins[1:])) or self.bins[0] <= 0:
+            raise ValueError(f"qualify.bins = {self.bins} must be positive and increasing, e.g. [0.25, 0.5, 1, 2, 4]")
+        if "retrain" in self.methods:
+            raise ValueError(f"qualify.methods = {self.methods} must not list retrain: exact retrain is always the "
+                             f"fallback and needs no qualification")
+        return self
+
+
 class Params(Strict):
     base: Base = Base()
     prepare: Prepare = Prepare()
@@ -579,6 +650,7 @@ class Params(Strict):
     erasure: Erasure = Erasure()
     quality: Quality = Quality()
     report: Report = Report()
+    qualify: Qualify = Qualify()
 
     # The folder params.yaml was read from; every relative path resolves against it.
     root: Path = Field(default_factory=Path.cwd, exclude=True)

@@ -145,3 +145,23 @@ def test_qualification_round_trip_and_audit_update():
     failed = q.with_trial(Trial("batch-3", "audit", 20, "do_nothing", 0.2, False, source="audit"))
     assert (failed.table[0].n, failed.table[0].passes) == (4, 3) and (q.table[0].n, q.table[0].passes) == (3, 3)
     assert q.tag() == "do_nothing 3/3"
+
+
+def test_params_of_the_qualified_mode_answer_bad_values_in_one_line():
+    from unlearning.config import ConfigError, parse_params
+
+    p = parse_params({})
+    assert p.validation.mode == "per_batch" and p.validation.audit.every == 5 and p.qualify.methods[0] == "do_nothing"
+    assert parse_params({"validation": {"audit": {"probability": 0.2}}}).validation.audit.probability == 0.2
+    with pytest.raises(ConfigError, match=r"validation.mode.*'sometimes'"):
+        parse_params({"validation": {"mode": "sometimes"}})
+    with pytest.raises(ConfigError, match=r"exactly one of them"):
+        parse_params({"validation": {"audit": {"every": 2, "probability": 0.5}}})
+    with pytest.raises(ConfigError, match=r"kind 'random' needs a size"):
+        parse_params({"qualify": {"suite": [{"kind": "random", "count": 2}]}})
+    with pytest.raises(ConfigError, match=r"qualify.bins = \[1.0, 0.5\]"):
+        parse_params({"qualify": {"bins": [1.0, 0.5]}})
+    with pytest.raises(ConfigError, match=r"must not list retrain"):
+        parse_params({"qualify": {"methods": ["do_nothing", "retrain"]}})
+    with pytest.raises(ConfigError, match=r"qualify.*colour"):
+        parse_params({"qualify": {"colour": 1}})
