@@ -132,6 +132,8 @@ def train_ensemble(
     progress: bool | str = False,
     threads: int | None = 1,
     kernel: str = "auto",
+    rows: torch.Tensor | None = None,
+    order_seeds: Sequence[int] | None = None,
 ) -> TrainCost:
     """Train every member of `model` in place on (X [n, d], y [n]) with the recipe given by the keywords.
 
@@ -140,7 +142,12 @@ def train_ensemble(
     `kernel`: "fused" (hand-written forward/backward, `fused_mlp.py`; MLP ensembles), "autograd" (the
     generic torch.func path, any module), or "auto" (fused where supported). Both give the same members up
     to float summation order. With BatchNorm, a last minibatch of a single row joins the one before it
-    (batch statistics of one row are undefined)."""
+    (batch statistics of one row are undefined).
+
+    `rows` [N, m] (long): per-member data, member k trains on X[rows[k]] (every member m rows; the sharded
+    constituents of unlearning/sharding.py, each on its own shard); None = every member on all of X.
+    `order_seeds`: the members' data-order streams (default: their seeds), so a slice of a sliced training run
+    has an order stream of its own."""
     recipe = TrainRecipe(epochs, batch_size, lr, weight_decay, optimizer, momentum, schedule, label_smoothing)
     if kernel not in ("auto", "fused", "autograd"):
         raise ValueError(f"kernel={kernel!r} is not known; allowed: ['auto', 'fused', 'autograd']")
@@ -149,7 +156,7 @@ def train_ensemble(
     if fused and not fused_mlp.supports(model):
         raise ValueError(f"kernel='fused' supports MLP ensembles only, got {model.module_class}; use 'autograd'")
     with intra_op_threads(threads if X.device.type == "cpu" else None), flush_denormals(X.device.type == "cpu"):
-        return _train(model, X, y, recipe, progress, fused)
+        return _train(model, X, y, recipe, progress, fused, rows, order_seeds)
 
 
 def fit(model: Ensemble, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe, **kwargs) -> TrainCost:
@@ -198,12 +205,18 @@ def make_optimizer(params, recipe: TrainRecipe, fused_ok: bool = True) -> torch.
     return torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, fused=fused_ok)
 
 
-def _train(model: Ensemble, X, y, recipe: TrainRecipe, progress, fused) -> TrainCost:
+def _train(model: Ensemble, X, y, recipe: TrainRecipe, progress, fused, rows=None, order_seeds=None) -> TrainCost:
     start = time.perf_counter()
     device = next(model.parameters()).device
     X, y = X.to(device), y.to(device)
-    n = X.shape[0]
-    gens = [order_generator(s) for s in model.seeds]
+    if rows is not None and (rows.dim() != 2 or rows.shape[0] != model.n_models):
+        raise ValueError(f"rows must be [n_models={model.n_models}, m] row indices, got shape {list(rows.shape)}")
+    n = X.shape[0] if rows is None else rows.shape[1]
+    seeds = model.seeds if order_seeds is None else list(order_seeds)
+    if len(seeds) != model.n_models:
+        raise ValueError(f"order_seeds has {len(seeds)} seeds for {model.n_models} members")
+    gens = [order_generator(s) for s in seeds]
+    member_rows = None if rows is None else rows.to(device=device, dtype=torch.long)
     kernel = fused_mlp.FusedMLP(model, recipe.label_smoothing) if fused else None
     # fused: one kernel per parameter tensor instead of ~10 elementwise passes (CPU and CUDA); with the
     # fused MLP kernel all parameters are one flat tensor, so one kernel per step and no optimizer wrapper.
@@ -220,6 +233,8 @@ def _train(model: Ensemble, X, y, recipe: TrainRecipe, progress, fused) -> Train
             # the epoch's per-member loss sum, on the device: one finiteness check (one sync) per epoch
             epoch_loss = torch.zeros(model.n_models, device=device) if kernel is None else None
             perms = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(device)  # [N, n]
+            if member_rows is not None:  # member k's order over its own rows, as indices into X
+                perms = member_rows.gather(1, perms)
             for lo, hi in bounds:
                 if recipe.schedule != "constant":
                     _set_lr(opt, recipe.lr_at(steps, total_steps))
@@ -314,6 +329,11 @@ def seeds_for(base_seed: int, n: int, offset: int = 0) -> list[int]:
 
 def save_model(model: Ensemble, path, extra: dict | None = None) -> None:
     """Checkpoint: architecture spec, seeds and stacked weights + buffers (written by the caller atomically)."""
+    from unlearning.models.aggregate import Aggregate, aggregate_payload
+
+    if isinstance(model, Aggregate):  # a sharded original's constituents and their aggregation rule
+        torch.save({**aggregate_payload(model), "extra": extra or {}}, path)
+        return
     torch.save({"format": "unlearning-ensemble/1", "spec": model.spec(), "seeds": model.seeds,
                 "state_dict": model.state_dict(), "extra": extra or {}}, path)
 
@@ -329,6 +349,10 @@ def load_model(path, device: str | torch.device = "cpu", search_paths: Sequence 
                          f"trained yourself, save its state_dict (torch.save(module.state_dict(), path)) and set "
                          f"train.init_checkpoint: {path}")
     model = build_model(ckpt["spec"], ckpt["seeds"], search_paths=search_paths).to(device)
+    from unlearning.models.aggregate import AGGREGATE_FORMAT, aggregate_from
+
+    if ckpt.get("format") == AGGREGATE_FORMAT:  # a sharded original: the aggregate of its constituents
+        return aggregate_from(ckpt, model).to(device), ckpt.get("extra", {})
     model.load_state_dict(ckpt["state_dict"])
     model.eval()
     return model, ckpt.get("extra", {})

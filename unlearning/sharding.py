@@ -1,0 +1,248 @@
+"""Sharded, isolated, sliced, aggregated training (SISA) and its exact unlearning (docs/sharding.md;
+Bourtoule et al., "Machine Unlearning", IEEE S&P 2021).
+
+The training rows are split into S shards; one constituent (a member of the user's module, seed = its shard's
+seed) trains on each shard, in R slices: slice r trains on the shard's slices 0..r for `slice_epochs` epochs with
+a fresh optimizer and a data-order stream of its own, and its result is checkpointed. The deployed model is the
+aggregate of the constituents (`Aggregate`: mean of the softmax, or a majority vote).
+
+A deletion retrains only the shards that held a forgotten row, each from the checkpoint before the first slice
+that held one, over the later slices without the forgotten rows (`affected`, `sisa_unlearn`). Slices before it
+never saw a forgotten row, the optimizer restarts at every slice and the order of slice r is a function of the
+constituent's seed and r alone, so the result IS the constituent trained from scratch on the retain rows with
+the same seeds and slice order (`train_from_scratch`; the audit, tests/unit/test_sharding.py).
+
+Shard assignment (`assign_shards`): the key (the sample id for `random`, the group for `group`, any column of the
+user's table for `column`) decides: every value of the key lands in exactly one shard, so a request for one
+customer touches one shard. Values are placed largest first on the least-loaded shard, ties broken by a seeded
+permutation: deterministic from the seed, and shard sizes differ by at most the largest value's row count.
+Within a shard, rows are ordered by value (seeded), so a value's rows sit in as few slices as their count allows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from unlearning.models import Ensemble, TrainRecipe, build_model, fit
+from unlearning.models.aggregate import AGGREGATES, Aggregate  # noqa: F401  (the deployed model; re-exported)
+
+BY = ("random", "group", "column")
+
+
+# --- the plan: which shard and slice each row is in ------------------------------------------------------------
+def assign_shards(keys: Sequence, shards: int, seed: int) -> np.ndarray:
+    """Shard index per row [n] (int64): every distinct key in exactly one shard, balanced by row count
+    (largest value first onto the least-loaded shard; ties of count and load broken by a seeded permutation)."""
+    if shards < 1:
+        raise ValueError(f"shards = {shards} must be >= 1")
+    keys = np.asarray(keys, dtype=object).astype(str)
+    values, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    rng = np.random.default_rng([int(seed), 0x5A4D])
+    tiebreak = rng.permutation(len(values))
+    order = np.lexsort((tiebreak, -counts))  # largest value first, seeded among equal counts
+    load = np.zeros(shards, dtype=np.int64)
+    shard_of_value = np.empty(len(values), dtype=np.int64)
+    for v in order:
+        k = int(np.argmin(load))  # the least-loaded shard (lowest index among equals)
+        shard_of_value[v] = k
+        load[k] += counts[v]
+    return shard_of_value[inverse.reshape(-1)]
+
+
+def assign_slices(keys: Sequence, shard: np.ndarray, shards: int, slices: int, seed: int) -> np.ndarray:
+    """Slice index per row [n]: within each shard, rows ordered by their key's seeded rank (a row order seeded
+    too), then cut into `slices` parts of equal row count (sizes differ by at most one)."""
+    if slices < 1:
+        raise ValueError(f"slices = {slices} must be >= 1")
+    keys = np.asarray(keys, dtype=object).astype(str)
+    _, inverse = np.unique(keys, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    rng = np.random.default_rng([int(seed), 0x511CE])
+    value_rank = rng.permutation(int(inverse.max()) + 1 if len(inverse) else 0)
+    row_noise = rng.permutation(len(keys))
+    out = np.empty(len(keys), dtype=np.int64)
+    for k in range(shards):
+        rows = np.flatnonzero(shard == k)
+        rows = rows[np.lexsort((row_noise[rows], value_rank[inverse[rows]]))]
+        for r, part in enumerate(np.array_split(rows, slices)):
+            out[part] = r
+    return out
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Where every training row sits: `sample_ids` [n], `shard` [n], `slice` [n]; the seeds of the constituents
+    (one per shard) and the per-slice epochs. Made once, at training time, and stored beside the checkpoints: a
+    deletion keeps every remaining row where it was."""
+
+    sample_ids: np.ndarray
+    shard: np.ndarray
+    slice: np.ndarray
+    shards: int
+    slices: int
+    seeds: tuple[int, ...]
+    slice_epochs: int
+    by: str = "random"
+    column: str | None = None
+
+    def rows_of(self, k: int, through: int, keep: np.ndarray | None = None) -> np.ndarray:
+        """Row positions of shard k in slices 0..through (ascending), of those `keep` marks (all by default)."""
+        m = (self.shard == k) & (self.slice <= through)
+        if keep is not None:
+            m &= keep
+        return np.flatnonzero(m)
+
+    def sizes(self, keep: np.ndarray | None = None) -> list[int]:
+        """Rows per shard (of those `keep` marks)."""
+        s = self.shard if keep is None else self.shard[keep]
+        return np.bincount(s, minlength=self.shards).astype(int).tolist()
+
+    def to_dict(self) -> dict:
+        return {"shards": self.shards, "slices": self.slices, "seeds": list(self.seeds),
+                "slice_epochs": self.slice_epochs, "by": self.by, "column": self.column,
+                "sample_ids": [str(s) for s in self.sample_ids], "shard": self.shard.tolist(),
+                "slice": self.slice.tolist()}
+
+    @staticmethod
+    def from_dict(d: dict) -> "ShardPlan":
+        return ShardPlan(np.asarray(d["sample_ids"], dtype=object), np.asarray(d["shard"], dtype=np.int64),
+                         np.asarray(d["slice"], dtype=np.int64), int(d["shards"]), int(d["slices"]),
+                         tuple(int(s) for s in d["seeds"]), int(d["slice_epochs"]), d.get("by", "random"),
+                         d.get("column"))
+
+
+def slice_epochs(epochs: int, slices: int) -> int:
+    """Epochs per slice: slice r trains on r + 1 of R slices, so 2e / (R + 1) epochs per slice spend as many
+    gradient evaluations as e epochs over the whole shard (the paper's rule, §V-B); e when R = 1."""
+    return int(epochs) if slices == 1 else max(1, round(2 * int(epochs) / (slices + 1)))
+
+
+def make_plan(sample_ids: Sequence, keys: Sequence, shards: int, slices: int, seed: int, epochs: int,
+              member_seeds: Sequence[int], by: str = "random", column: str | None = None) -> ShardPlan:
+    """The plan for rows `sample_ids` with shard keys `keys` (the ids themselves for `by: random`)."""
+    if by not in BY:
+        raise ValueError(f"sharding by = {by!r} is not known; allowed: {list(BY)}")
+    if len(member_seeds) != shards:
+        raise ValueError(f"{len(member_seeds)} member seeds for {shards} shards")
+    n_values = len(set(map(str, keys)))
+    if n_values < shards:
+        raise ValueError(f"train.sharding.shards = {shards} but the key{f' column {column!r}' if column else ''} has "
+                         f"only {n_values} distinct value(s): every value sits in one shard, so at most {n_values} "
+                         f"shards can hold rows; lower train.sharding.shards")
+    shard = assign_shards(keys, shards, seed)
+    return ShardPlan(np.asarray(list(sample_ids), dtype=object), shard, assign_slices(keys, shard, shards, slices, seed),
+                     shards, slices, tuple(int(s) for s in member_seeds), slice_epochs(epochs, slices), by, column)
+
+
+def affected(plan: ShardPlan, forget: np.ndarray) -> dict[int, int]:
+    """{shard: first affected slice} for the rows `forget` marks (a bool mask [n] or row positions)."""
+    mask = np.zeros(len(plan.shard), dtype=bool)
+    mask[forget] = True
+    out: dict[int, int] = {}
+    for k, r in zip(plan.shard[mask].tolist(), plan.slice[mask].tolist()):
+        out[k] = min(r, out.get(k, r))
+    return dict(sorted(out.items()))
+
+
+def order_seed(member_seed: int, r: int) -> int:
+    """The data-order stream of slice r of a constituent: a function of its seed and r only."""
+    return (int(member_seed) * 1_000_033 + 7919 * (int(r) + 1)) % (2**62)
+
+
+def cost_in_retrains(plan: ShardPlan, first: dict[int, int], keep: np.ndarray | None = None) -> float:
+    """Gradient evaluations of retraining shards {k: from slice} over those of training every shard from scratch
+    (the sharded original's own full retrain): the sisa step's cost in units of one retrain."""
+    def evals(k: int, r0: int) -> int:
+        return sum(len(plan.rows_of(k, r, keep)) for r in range(r0, plan.slices))
+
+    total = sum(evals(k, 0) for k in range(plan.shards))
+    return sum(evals(k, r0) for k, r0 in first.items()) / max(total, 1)
+
+
+# --- training in slices -----------------------------------------------------------------------------------------
+@dataclass
+class SliceReport:
+    """What a sliced training run did: (shard, slice) pairs trained, gradient evaluations, seconds."""
+
+    trained: list[tuple[int, int]] = field(default_factory=list)
+    gradient_evals: int = 0
+    seconds: float = 0.0
+
+
+Checkpoint = Callable[[int, int, Ensemble], None]  # (shard, slice, one-member ensemble) -> stored
+
+
+def train_slices(start: dict[int, Ensemble], first: dict[int, int], plan: ShardPlan, X: torch.Tensor,
+                 y: torch.Tensor, recipe: TrainRecipe, keep: np.ndarray | None = None,
+                 checkpoint: Checkpoint | None = None, progress: bool | str = False) -> tuple[dict[int, Ensemble],
+                                                                                              SliceReport]:
+    """Train shards {k: from slice r0} from their `start` members (one-member ensembles: the checkpoint after
+    slice r0 - 1, or a fresh member) through the last slice, on the rows `keep` marks (X, y: every plan row,
+    in plan order). Shards with the same row count at a slice train together in one vectorized pass (per-member
+    rows); `checkpoint(k, r, member)` stores each (shard, slice) (the member trains on in place afterwards: copy
+    it to keep it in memory). Returns the final members and the report."""
+    report = SliceReport()
+    t0 = time.perf_counter()
+    members = {k: m for k, m in start.items()}
+    for r in range(plan.slices):
+        todo = [k for k in sorted(first) if first[k] <= r]
+        rows = {k: plan.rows_of(k, r, keep) for k in todo}
+        for size in sorted({len(v) for v in rows.values()}):
+            group = [k for k in todo if len(rows[k]) == size]
+            model = Ensemble.concat([members[k] for k in group]) if len(group) > 1 else members[group[0]]
+            if size:
+                fit(model, X, y, recipe, epochs=plan.slice_epochs,
+                    rows=torch.as_tensor(np.stack([rows[k] for k in group]), dtype=torch.long),
+                    order_seeds=[order_seed(plan.seeds[k], r) for k in group],
+                    progress=f"{progress} slice {r + 1}/{plan.slices}" if isinstance(progress, str) else progress)
+                report.gradient_evals += plan.slice_epochs * size * len(group)
+            for i, k in enumerate(group):
+                members[k] = model.select(i) if len(group) > 1 else model
+                report.trained.append((k, r))
+                if checkpoint is not None:
+                    checkpoint(k, r, members[k])
+    report.trained.sort()
+    report.seconds = time.perf_counter() - t0
+    return members, report
+
+
+def train_from_scratch(spec: dict, plan: ShardPlan, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe,
+                       keep: np.ndarray | None = None, checkpoint: Checkpoint | None = None,
+                       dtype: torch.dtype = torch.float32, device: str = "cpu", search_paths: Sequence[str] = (),
+                       progress: bool | str = False) -> tuple[Ensemble, SliceReport]:
+    """Every constituent from its seed, every slice, on the rows `keep` marks: the sharded original, and the
+    exactness audit's reference. Returns the constituents as one S-member ensemble (member k = shard k)."""
+    fresh = build_model(spec, list(plan.seeds), search_paths=search_paths).to(device=device, dtype=dtype)
+    start = {k: fresh.select(k) for k in range(plan.shards)}
+    members, report = train_slices(start, {k: 0 for k in range(plan.shards)}, plan, X, y, recipe, keep,
+                                   checkpoint, progress)
+    return Ensemble.concat([members[k] for k in range(plan.shards)]), report
+
+
+def sisa_unlearn(constituents: Ensemble, load_checkpoint: Callable[[int, int], Ensemble], plan: ShardPlan,
+                 forget: np.ndarray, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe,
+                 keep: np.ndarray | None = None, checkpoint: Checkpoint | None = None,
+                 progress: bool | str = False) -> tuple[Ensemble, SliceReport, dict[int, int]]:
+    """Exact unlearning of the rows `forget` marks (positions or a mask over plan rows): each affected shard
+    retrains from the checkpoint before its first affected slice (a fresh member for slice 0) over the later
+    slices without them; the others are untouched. `keep`: rows still in training before this deletion (rows
+    forgotten earlier are out). Returns (constituents, report, {shard: first retrained slice})."""
+    drop = np.zeros(len(plan.shard), dtype=bool)
+    drop[forget] = True
+    keep = (np.ones(len(plan.shard), dtype=bool) if keep is None else np.asarray(keep, dtype=bool)) & ~drop
+    first = affected(plan, drop)
+    start = {}
+    for k, r0 in first.items():
+        start[k] = constituents.select(k).fresh() if r0 == 0 else load_checkpoint(k, r0 - 1)
+    p = next(constituents.parameters())
+    # copies: training goes on in place, and a checkpoint held in memory must stay what it was
+    start = {k: m.select(0).to(device=p.device, dtype=p.dtype) for k, m in start.items()}
+    members, report = train_slices(start, first, plan, X, y, recipe, keep, checkpoint, progress)
+    out = Ensemble.concat([members[k] if k in members else constituents.select(k) for k in range(plan.shards)])
+    return out, report, first
