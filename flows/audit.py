@@ -18,6 +18,7 @@ from flows.errors import one_line_errors
 from tasks.clock import computes
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 from tasks.state import load_state
+from tasks.request_check import validation_mask
 from tasks.validation import RequestCheck, check_request_frame, raise_if_invalid
 from unlearning.config import Params, load_params
 from unlearning.erasure import id_key
@@ -71,7 +72,15 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
         if check.data_docs:
             tracker.log_dir(run_id, check.data_docs, "data_docs")
         raise_if_invalid(str(path), keyed_check(check, tracker))
-        forget_ids = coerce_requests(df)["sample_id"].tolist()
+        requests = coerce_requests(df)
+        # a validation row is erased, never unlearned (no model trained on it): it has no leverage to audit
+        forget_ids = requests["sample_id"][~validation_mask(state.manifest, requests)].tolist()
+        if not forget_ids:
+            tracker.end_run(run_id)
+            run_logger().info(f"audit of {path.name}: its {len(requests)} row(s) name validation rows only: no model "
+                              f"trained on them, so there is nothing to unlearn or audit (a batch erases them from "
+                              f"the stores); nothing was changed")
+            return {"run_id": run_id, "report": None}
         report, tables = leverage_diagnostics(params.diagnostics, params.train.weight_decay, params.base.seed,
                                               params.base.progress, state.prepared, state.manifest, forget_ids,
                                               state.model, device, params.train.label_smoothing)

@@ -78,8 +78,21 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         requests, objective, invalid = S.validate(batch, check, pending, params.deletion.objective)
         if invalid is not None:
             raise invalid
-        forget_ids = requests["sample_id"].tolist()
+        # validation rows the file names are erased, not unlearned (no model trained on them): the batch
+        # computes on a state whose manifest marks them deleted, so its metrics and gate use the other ones
+        state, requests = S.split_by_kind(state, requests, batch.batch_id)
+        erased_ids = requests["sample_id"].tolist()
+        forget_ids = requests["sample_id"][S.unlearned_mask(requests)].tolist()
+        batch.summary.update(n_forgotten=len(forget_ids))
         log_batch_params(batch, params, objective, forget_ids)
+        if not forget_ids:  # validation rows only: nothing to unlearn, no new model version
+            promoted = S.record_not_trained_on(batch, params, state, requests, objective)
+            erasure = (S.erase(batch, params, erased_ids, state.prepared.info["name"], promoted["version"])
+                       if params.erasure.enabled else None)
+            S.finish_not_trained_on(batch, promoted, erasure, len(erased_ids))
+            return {"file": path.name, "status": "applied", "batch_id": batch.batch_id, "method": None,
+                    "model_version": promoted["version"], "run_id": batch.parent, "metrics": {},
+                    "erased_not_trained_on": len(erased_ids)}
         report = (S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
                              state, forget_ids, params.train.label_smoothing, params.train.epochs,
                              params.deletion.partition.mode == "leverage")
@@ -90,7 +103,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         quality = announce_quality(batch, outcome, state, rows, params)  # said out loud; refused if declared
         promoted = S.promote(batch, params, state, requests, objective, outcome, rows,
                              n_original_train(state.manifest, state.ledger), warnings=quality)
-        erasure = (S.erase(batch, params, forget_ids, state.prepared.info["name"], promoted["version"])
+        erasure = (S.erase(batch, params, erased_ids, state.prepared.info["name"], promoted["version"])
                    if params.erasure.enabled else None)
         S.finish(batch, outcome, promoted, erasure)
     except BaseException as e:
@@ -101,7 +114,8 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                                    f"The next run reconciles the registry alias and finishes the erasure") from e
         raise
     return {"file": path.name, "status": "applied", "batch_id": batch.batch_id, "method": outcome.method,
-            "model_version": promoted["version"], "run_id": batch.parent, "metrics": outcome.metrics}
+            "model_version": promoted["version"], "run_id": batch.parent, "metrics": outcome.metrics,
+            "erased_not_trained_on": len(erased_ids) - len(forget_ids)}
 
 
 def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report):

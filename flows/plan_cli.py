@@ -25,6 +25,7 @@ def batch_plan_for(path: Path, params, device: str):
     from unlearning.history import n_original_train
     from unlearning.requests import batch_objective, coerce_requests
     from unlearning.selection import batch_facts, selection_with_debt
+    from tasks.stages import split_by_kind
 
     state = load_state.fn(params, device)
     check = check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info),
@@ -33,7 +34,9 @@ def batch_plan_for(path: Path, params, device: str):
         raise check.error()
     requests = coerce_requests(check.pending)
     objective = batch_objective(requests, params.deletion.objective, path)
-    forget = requests["sample_id"].astype(str).tolist()
+    # the validation rows a file names are erased, not unlearned: the plan is the batch's (tasks/stages split_by_kind)
+    state, requests = split_by_kind(state, requests, "plan")
+    forget = requests["sample_id"][requests["kind"] == "unlearned"].astype(str).tolist()
     m = state.manifest
     notes = []
     # the plan does not depend on which retain rows are adjacent except through the suppression rules: the group

@@ -5,8 +5,9 @@ One tool per kind of rule, each problem one line (the row, the value, the fix; t
 1. the cheap checks (well under a second): ledger conflicts, the pandera schema (unlearning/requests.py:
    columns, types, empty and duplicate values, timestamps), one objective per file, no future times;
 2. only when stage 1 found nothing: the Great Expectations suite of the rules that need the live manifest
-   or the erasure record: each id exists, names a training row, is not deleted (manifest status or
-   tombstone). GX checks a lookup frame (one row per request: `in_manifest`, `split`, `deleted`) built here
+   or the erasure record: each id exists and is not deleted (manifest status or tombstone). A validation row
+   is a legitimate request (its data subject does not know the split): it is erased, not trained on
+   (`FileCheck.n_validation` counts them; docs/requests.md). GX checks a lookup frame (one row per request: `in_manifest`, `split`, `deleted`) built here
    in pandas, so the suite is a few small, fixed expectations that each defect fails exactly once.
 
 Linear time (bench/request_validation.py: 10^6 rows in about 15 s with under 1 GB, GX's import included):
@@ -59,19 +60,18 @@ MAX_ROW_LINES = 20  # per rule; the rest of a rule's rows share one line
 GX_MAX_ROWS, GX_SAMPLE_SEED = 20_000, 0
 
 # rule -> (column of the lookup frame, allowed values, the expectation's note). An unknown id is null in
-# `split` and `deleted` (GX skips nulls), an erased id is `in_manifest` and null in `split`: so each defect
-# fails one expectation only.
+# `deleted` (GX skips nulls): so each defect fails one expectation only.
 MANIFEST_RULES = {
     "exists": ("in_manifest", [True],
                "The sample_id is a row of the live manifest (or was erased by an earlier batch: 'not_deleted' "
                "reports it)."),
-    "training_sample": ("split", ["train"],
-                        "A known sample_id names a training row: validation rows are never trained on, so there "
-                        "is nothing to forget."),
     "not_deleted": ("deleted", [False],
                     "A known sample_id is not deleted already: manifest status 'deleted', or tombstoned by an "
                     "earlier batch's erasure."),
 }
+# Rules a project's persisted suite (gx/, scaffolded by an earlier version) may still hold, removed from it on
+# load: "training_sample" refused a validation row, which a request now erases (not trained on, nothing to unlearn).
+RETIRED_RULES = ("training_sample",)
 
 
 @dataclass
@@ -206,6 +206,11 @@ def _add_definitions(gx, gxe, ctx) -> None:
         suite = ctx.suites.get(GX_NAME)
     except Exception:  # noqa: BLE001  (GX raises DataContextError subclasses that vary by version)
         suite = ctx.suites.add(_suite(gx, gxe))
+    retired = [e for e in suite.expectations if (e.meta or {}).get("rule") in RETIRED_RULES]
+    for e in retired:
+        suite.delete_expectation(e)
+    if retired:
+        suite.save()
     try:
         source = ctx.data_sources.get(GX_SOURCE)
     except (KeyError, ValueError):
@@ -369,12 +374,6 @@ def _rule_line(rule: str, row: int, lk: Lookup) -> str:
                     f"character by character)")
         return (f"column 'sample_id' row {row}: value {value!r} is not in the manifest (this dataset's ids look like "
                 f"{lk.example_ids}{lk.left_out}); correct the id or remove the row")
-    if rule == "training_sample":
-        split = lk.frame.loc[lk.frame["row"] == row, "split"].iloc[0]
-        return (f"column 'sample_id' row {row}: value {value!r} is a {split!r} sample, not a training sample: no "
-                f"model trained on it, so no batch unlearns it, and it stays in the prepared store as validation "
-                f"data; remove the row (to erase its data too, delete it from your source, then `unlearn reset` "
-                f"and `dvc repro` prepare a split without it)")
     by = f" by batch {lk.deleted_by[row]}" if lk.deleted_by.get(row) else ""
     how = "erased" if lk.erased.get(row) else "deleted"
     return (f"column 'sample_id' row {row}: value {value!r} was {how} already{by} (see the ledger); nothing is left "
@@ -509,6 +508,8 @@ class FileCheck:
     manifest_checked: bool = True
     data_docs: str | None = None
     gx_note: str = ""  # how much of the file Great Expectations validated, when it was a sample
+    # pending rows naming a validation row: erased from the stores, not unlearned (no model trained on them)
+    n_validation: int = 0
 
     def error(self) -> RequestValidationError:
         cls = RequestConflict if self.conflicts else RequestValidationError
@@ -523,8 +524,19 @@ class FileCheck:
         if self.status == "ok":
             extra = f" ({self.skipped} already processed with the same content)" if self.skipped else ""
             unchecked = "" if self.manifest_checked else "; not checked against the manifest"
-            return f"{self.path}: valid ({len(self.pending)} request(s) to apply{extra}{unchecked}){docs}"
+            val = (f"; {self.n_validation} name validation rows: erased from the stores, not unlearned (no model "
+                   f"trained on them)" if self.n_validation else "")
+            return f"{self.path}: valid ({len(self.pending)} request(s) to apply{extra}{val}{unchecked}){docs}"
         return str(self.error()) + docs
+
+
+def validation_mask(manifest: pd.DataFrame, requests: pd.DataFrame) -> np.ndarray:
+    """[len(requests)] bool: the request names a validation row of `manifest` (one vectorized hash lookup).
+    Such a row is erased (prepared store, manifest, tombstones) but not unlearned: no model trained on it."""
+    if "sample_id" not in requests.columns or not len(requests) or "split" not in manifest.columns:
+        return np.zeros(len(requests), dtype=bool)
+    val = manifest.loc[(manifest["split"] == "val").to_numpy(), "sample_id"].astype(str)
+    return requests["sample_id"].astype(str).isin(set(val)).to_numpy()
 
 
 def nothing_left_problems(manifest: pd.DataFrame, pending: pd.DataFrame) -> list[str]:
@@ -602,9 +614,10 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
         problems += nothing_left_problems(manifest, pending)
     if hash_ids:
         problems = keyed_mentions(problems, df["sample_id"] if "sample_id" in df.columns else [], key)
+    n_val = int(validation_mask(manifest, pending).sum()) if not problems and check.manifest_checked else 0
     return FileCheck(path, "invalid" if problems else "ok", problems, pending, skipped=len(same), n_rows=n,
                      gx_result=check.gx_result, conflicts=conflicts, manifest_checked=check.manifest_checked,
-                     data_docs=check.data_docs, gx_note=check.gx_note)
+                     data_docs=check.data_docs, gx_note=check.gx_note, n_validation=n_val)
 
 
 # --- what the checks need, without torch or Prefect ---------------------------------------------------------
@@ -698,6 +711,6 @@ def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True,
 
 
 __all__ = ["RequestCheck", "FileCheck", "RequestConflict", "LiveState", "Lookup", "SuiteRun", "check_request_file",
-           "check_request_frame", "check_file_for", "create_gx_project", "keyed_mentions", "left_out_note", "live_state", "lookup_frame", "rule_failures",
+           "check_request_frame", "check_file_for", "create_gx_project", "validation_mask", "keyed_mentions", "left_out_note", "live_state", "lookup_frame", "rule_failures",
            "manifest_problems", "problem_lines", "raise_if_invalid", "run_suite", "REQUIRED_COLUMNS",
            "MANIFEST_NOT_CHECKED", "MANIFEST_RULES"]

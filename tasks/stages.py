@@ -36,7 +36,7 @@ from unlearning.data.store import class_names_after
 from unlearning.gate import format_beside, smallest_klom_pvalue, verdict_summary
 from unlearning.history import HISTORY_METRICS, history_point
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
-from unlearning.ledger import appended, hash_sample_id
+from unlearning.ledger import ERASED_NOT_TRAINED_ON, UNLEARNED, appended, hash_sample_id
 from unlearning.metrics.exchangeability import exchangeability_test
 from unlearning.metrics.margins import margins
 from unlearning.metrics.summary import SPLITS
@@ -427,9 +427,12 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     """Register the model, then write model, manifest, ledger and champion history to a staging folder and
     swap it in (all or nothing); the registry alias follows state/. Reads base.paths, tracking and
     deletion.hash_sample_ids. `warnings`: tasks/quality.py's announce_quality lines, kept in the champion record
-    (`quality_warnings`) for `unlearn status`. Fault points (tests only) kill the process between the steps."""
+    (`quality_warnings`) for `unlearn status`. `requests` may hold validation rows (`kind`
+    erased_not_trained_on, `split_by_kind`): marked deleted and recorded, not counted as unlearned. Fault points
+    (tests only) kill the process between the steps."""
     t, registered, alias = batch.tracker, params.tracking.registered_model, params.tracking.alias
-    forget_ids = requests["sample_id"].tolist()
+    forget_ids = requests["sample_id"].tolist()  # every row the batch removes (the erasure's ids)
+    n_unlearned = int(unlearned_mask(requests).sum())
     before = t.alias_version(registered, alias) or state.champion.get("model_version")
     now = datetime.now(timezone.utc).isoformat()
     manifest = marked_deleted(state.manifest, forget_ids, batch.batch_id)
@@ -438,13 +441,14 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         fault("before_register")
         version = t.log_model(batch.parent, outcome.model, registered,
                               input_example=input_example(state.prepared.X, state.prepared.manifest),
-                              class_names=names_after_erasure(params, state.prepared, forget_ids))
+                              class_names=names_after_erasure(params, state.prepared, forget_ids),
+                              preparation=preparation_after_erasure(params, state.prepared, forget_ids))
         # Registry lineage: which batch, method and verdict produced this version, and from which run.
         verdict = promoted_verdict(outcome)
         t.set_version_tags(registered, version, {
             "fingerprint": state.fingerprint["digest"], "batch_id": batch.batch_id, "method": outcome.method,
             "verdict": verdict,
-            "parent_run_id": batch.parent, "n_forgotten": len(forget_ids), "promoted": "false"})
+            "parent_run_id": batch.parent, "n_forgotten": n_unlearned, "promoted": "false"})
         fault("after_register")
         entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, state.prepared.info["name"],
                                  objective=objective, method=outcome.method, before=before, after=version, now=now,
@@ -452,7 +456,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         previous = state.champion.get("history", [])
         history = [*previous, history_point(
             previous, batch_id=batch.batch_id, request_file=batch.path.name, method=outcome.method,
-            n_forgotten=len(forget_ids), n_train=n_train, model_version=version, processed_at=now,
+            n_forgotten=n_unlearned, n_train=n_train, model_version=version, processed_at=now,
             validation_accuracy=outcome.metrics.get("acc/validation", float("nan")),
             output_gap=float(outcome.per_sample["output_gap"].mean()))]
         champion = {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
@@ -476,7 +480,9 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     markdown_artifact(f"### Promoted `{registered}` v{version} as `@{alias}`\n\n- method `{outcome.method}`\n"
                       f"- was v{before}\n- ledger +{len(entries)} entries", key=batch.key("promotion"),
                       description=f"promotion for {batch.path.name}")
-    run_logger().info(f"{batch.path.name}: forgot {len(forget_ids)} sample(s) with {outcome.method}; promoted "
+    run_logger().info(f"{batch.path.name}: forgot {n_unlearned} sample(s) with {outcome.method}"
+                      + (f", erased {len(forget_ids) - n_unlearned} validation row(s) (not trained on)"
+                         if len(forget_ids) > n_unlearned else "") + "; promoted "
                       f"{registered} v{version} as @{alias} (was v{before}); ledger +{len(entries)}")
     return {"version": version, "before": before, "history": history, "n_entries": len(entries)}
 
@@ -505,16 +511,101 @@ def names_after_erasure(params: Params, prepared, forget_ids: list[str]) -> list
     return class_names_after(prepared.info, prepared.manifest, ~gone)
 
 
+def preparation_after_erasure(params: Params, prepared, forget_ids: list[str]) -> dict | None:
+    """The raw-input preparation the champion is registered with (unlearning/data/preparation.py): the prepared
+    store's, with the one-hot categories that only this batch's and tombstoned rows had as `<erased k>`
+    placeholders, as dataset.json will name them, so the registry holds no raw value the erasure removes."""
+    from tasks.erasure import tombstoned_rows
+    from unlearning.data.preparation import recipe_after, recipe_of
+
+    recipe = recipe_of(prepared.info)
+    if recipe is None or recipe["kind"] != "table":  # an image's preparation holds no value of a row
+        return recipe
+    gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | tombstoned_rows(params, prepared)
+    return recipe_after(recipe, prepared.X, ~gone)
+
+
 def ledger_entries(requests: pd.DataFrame, batch: BatchRun, hash_ids: bool, salt: str, **fields) -> list[dict]:
-    """One ledger entry per request (unlearning/ledger.py's fields); sample ids hashed when `hash_ids`."""
+    """One ledger entry per request (unlearning/ledger.py's fields); sample ids hashed when `hash_ids`. `kind`:
+    the request's (`split_by_kind`); a validation row's entry says it was erased, not trained on (no method
+    unlearned it: method `none`, verdict `not_trained_on`)."""
     sha = file_sha256(batch.path)
-    return [{"request_id": str(r.request_id),
+    kinds = requests["kind"] if "kind" in requests.columns else pd.Series(UNLEARNED, index=requests.index)
+    return [{"request_id": str(r.request_id), "kind": kind,
              "sample_id": hash_sample_id(r.sample_id, salt) if hash_ids else r.sample_id,
              "batch_id": batch.batch_id, "request_file": batch.path.name, "file_sha256": sha, "reason": r.reason,
-             "objective": fields["objective"], "requested_at": r.requested_at.isoformat(), "method": fields["method"],
-             "verdict": fields["verdict"], "model_version_before": fields["before"], "model_version_after": fields["after"],
+             "objective": fields["objective"], "requested_at": r.requested_at.isoformat(),
+             "method": fields["method"] if kind == UNLEARNED else "none",
+             "verdict": fields["verdict"] if kind == UNLEARNED else "not_trained_on",
+             "model_version_before": fields["before"], "model_version_after": fields["after"],
              "processed_at": fields["now"], "fingerprint": fields["fingerprint"]}
-            for r in requests.itertuples()]
+            for r, kind in zip(requests.itertuples(), kinds)]
+
+
+def unlearned_mask(requests: pd.DataFrame) -> np.ndarray:
+    """[n] bool: the requests a model must unlearn (training rows); the rest name validation rows."""
+    if "kind" not in requests.columns:
+        return np.ones(len(requests), dtype=bool)
+    return (requests["kind"] == UNLEARNED).to_numpy()
+
+
+def split_by_kind(state: State, requests: pd.DataFrame, batch_id: str) -> tuple[State, pd.DataFrame]:
+    """The requests with their `kind` (a training row: unlearned; a validation row: erased, not trained on), and
+    the state the batch computes on: its manifest marks the named validation rows deleted, so the batch's
+    validation metrics, its certificate and the gate use the remaining validation rows (unlearning/batch.py
+    validation_rows). Nothing is refused for naming a validation row (docs/requests.md)."""
+    from dataclasses import replace
+
+    from tasks.request_check import validation_mask
+
+    val = validation_mask(state.manifest, requests)
+    requests = requests.assign(kind=np.where(val, ERASED_NOT_TRAINED_ON, UNLEARNED))
+    if not val.any():
+        return state, requests
+    return replace(state, manifest=marked_deleted(state.manifest, requests["sample_id"][val].tolist(), batch_id)), requests
+
+
+@task(name="record", **STAGE)
+@computes
+def record_not_trained_on(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame,
+                          objective: str) -> dict:
+    """A file naming only validation rows: no model trained on them, so nothing is unlearned, certified or
+    registered: the champion stays (no new model version). The state keeps its model; its manifest marks the
+    rows deleted and the ledger records them as erased, not trained on. All or nothing, as `promote`."""
+    version = state.champion.get("model_version")
+    now = datetime.now(timezone.utc).isoformat()
+    ids = requests["sample_id"].tolist()
+    entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, state.prepared.info["name"],
+                             objective=objective, method="none", before=version, after=version, now=now,
+                             fingerprint=state.fingerprint["digest"], verdict="not_trained_on")
+    stage_dir = staging_dir(params.path("state_dir"))
+    try:
+        write_state(stage_dir, state.model, marked_deleted(state.manifest, ids, batch.batch_id),
+                    appended(state.ledger, entries), dict(state.champion), state.fingerprint)
+        fault("before_commit")
+        commit_dir(stage_dir, params.path("state_dir"))
+        batch.committed = True
+    except BaseException:
+        discard_dir(stage_dir)
+        raise
+    batch.summary.update(chosen=None, version_after=None, n_forgotten=0)
+    run_logger().info(f"{batch.path.name}: {len(ids)} validation row(s), never trained on: erased from the stores "
+                      f"and recorded in the ledger (erased, not trained on); nothing to unlearn, the champion "
+                      f"v{version} stays; ledger +{len(entries)}")
+    return {"version": version, "before": version, "history": state.champion.get("history", []),
+            "n_entries": len(entries)}
+
+
+def finish_not_trained_on(batch: BatchRun, promoted: dict, erasure: dict | None, n_erased: int) -> None:
+    """The batch run of a file of validation rows only: its counts, tags and summary (no candidate, no gate)."""
+    t = batch.tracker
+    t.log_metrics(batch.parent, {"wall_seconds": time.perf_counter() - batch.started, "n_forgotten": 0,
+                                 "n_erased_not_trained_on": n_erased})
+    t.set_tags(batch.parent, {"method": "none", "gate": "not_needed (validation rows only: not trained on)",
+                              "model_version": str(promoted["version"])})
+    publish_summary(batch, status="applied (validation rows only: erased, not trained on; champion unchanged)",
+                    erasure=erasure)
+    t.end_run(batch.parent)
 
 
 # 8. erase ------------------------------------------------------------------------------------------------

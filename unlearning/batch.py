@@ -67,8 +67,12 @@ def retain_rows(state_manifest: pd.DataFrame, forget_ids) -> np.ndarray:
 
 
 def validation_rows(manifest: pd.DataFrame) -> np.ndarray:
-    """V: positions of the held-out rows."""
-    return np.flatnonzero((manifest["split"] == "val").to_numpy())
+    """V: positions of the held-out rows, less those a request erased (status `deleted`: the batch's
+    validation metrics and gate use the remaining ones)."""
+    held_out = (manifest["split"] == "val").to_numpy()
+    if "status" in manifest.columns:
+        held_out = held_out & (manifest["status"] != "deleted").to_numpy()
+    return np.flatnonzero(held_out)
 
 
 def batch_rows(prepared: Prepared, state_manifest: pd.DataFrame, forget_ids, partition: pd.DataFrame) -> BatchRows:

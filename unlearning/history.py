@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from unlearning.ledger import trained_on
+
 EXACT_METHODS = frozenset({"retrain"})  # methods whose result IS a retrain on the retain set: they clear the debt
 
 
@@ -28,13 +30,14 @@ def n_original_train(manifest, ledger: list[dict]) -> int:
     sample the ledger records as forgotten (erasure drops forgotten rows from the stores, so they are
     counted from the ledger, not the manifest)."""
     retained = (manifest["split"] == "train") & (manifest["status"] == "retained")
-    return int(retained.sum()) + len(ledger)
+    return int(retained.sum()) + len(trained_on(ledger))
 
 
 def batches_from_ledger(ledger: Iterable[dict]) -> list[dict]:
-    """One record per applied batch, in ledger order: batch_id, method, n_forgotten, request_file."""
+    """One record per applied batch, in ledger order: batch_id, method, n_forgotten, request_file. Validation
+    rows a request erased (ledger kind `erased_not_trained_on`) were never trained on: they are no debt."""
     out: dict[str, dict] = {}
-    for e in ledger:
+    for e in trained_on(ledger):
         b = out.setdefault(str(e.get("batch_id")), {"batch_id": str(e.get("batch_id")), "method": e.get("method"),
                                                      "request_file": e.get("request_file"), "n_forgotten": 0})
         b["n_forgotten"] += 1

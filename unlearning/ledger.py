@@ -18,6 +18,16 @@ LEDGER_FIELDS = ("request_id", "sample_id", "batch_id", "request_file", "file_sh
                  "processed_at")
 
 
+# `kind` of an entry (entries written before it are "unlearned"): a training row the batch unlearned, or a
+# validation row it erased from the stores without unlearning (no model trained on it: docs/requests.md).
+UNLEARNED, ERASED_NOT_TRAINED_ON = "unlearned", "erased_not_trained_on"
+
+
+def trained_on(entries) -> list[dict]:
+    """The entries of rows some model trained on (the debt and the original training set count these)."""
+    return [e for e in entries if e.get("kind", UNLEARNED) != ERASED_NOT_TRAINED_ON]
+
+
 def hash_sample_id(sample_id: str, salt: str) -> str:
     return "sha256:" + hashlib.sha256(f"{salt}:{sample_id}".encode()).hexdigest()
 

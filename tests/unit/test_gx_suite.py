@@ -84,18 +84,18 @@ def test_a_run_is_offline_quiet_and_leaves_the_committed_files(tmp_path, monkeyp
 def test_the_project_is_created_when_missing_and_ids_stay_hashed(tmp_path):
     gx_dir = tmp_path / "project" / "gx"
     path = tmp_path / "r.csv"
-    path.write_text(H + "\nr1,digits-0009,2026-11-30,gdpr\nr2,digits-0005,2026-11-30,gdpr\n")
+    path.write_text(H + "\nr1,digits-9999,2026-11-30,gdpr\nr2,digits-0005,2026-11-30,gdpr\n")
     tomb = {hash_sample_id("digits-0005", "digits")}
     fc = rc.check_request_file(path, manifest(), [], hash_ids=True, salt="digits", tombstoned=tomb, gx_dir=gx_dir)
     assert (gx_dir / "great_expectations.yml").is_file() and committed(gx_dir).keys() == committed(ROOT / "gx").keys()
     # the problem lines (MLflow, Prefect, the .error.json of a rejected file) name the ids by their salted hashes
     # too: an erased id named again (digits-0005) must not come back in plain text; the row numbers say which
     assert [p.split(": value ")[1].split(" ")[0] for p in fc.problems] == [
-        repr(hash_sample_id("digits-0009", "digits")), repr(hash_sample_id("digits-0005", "digits"))]
+        repr(hash_sample_id("digits-9999", "digits")), repr(hash_sample_id("digits-0005", "digits"))]
     assert "erased already" in fc.problems[1] and "row 2" in fc.problems[1]
     # GX's result and its Data Docs carry the salted hashes
     shown = json.dumps(fc.gx_result, default=str) + "".join(p.read_text() for p in Path(fc.data_docs).rglob("*.html"))
-    assert "digits-0009" not in shown and hash_sample_id("digits-0009", "digits") in shown
+    assert "digits-9999" not in shown and hash_sample_id("digits-9999", "digits") in shown
 
 
 def test_init_scaffolds_the_gx_project(tmp_path):
@@ -114,11 +114,11 @@ def test_init_scaffolds_the_gx_project(tmp_path):
 def test_many_failing_rows_share_one_closing_line(n_rows):
     """Past MAX_ROW_LINES rows of one rule, the rest share one line (a file is not answered with 500 lines)."""
     ids = [f"digits-{i:04d}" for i in range(10)]
-    big = pd.DataFrame({"sample_id": ids * 3, "split": (["val"] * 10) * 3, "status": ["retained"] * 30})
+    big = pd.DataFrame({"sample_id": ids * 3, "split": (["train"] * 10) * 3, "status": ["deleted"] * 30})
     big["sample_id"] = [f"v-{i}" for i in range(30)]
     df = pd.DataFrame({"request_id": [f"r{i}" for i in range(n_rows)], "sample_id": [f"v-{i}" for i in range(n_rows)]})
     lk = rc.lookup_frame(df, big)
-    run = rc.SuiteRun([("training_sample", list(range(1, n_rows + 1)), "split", "")])
+    run = rc.SuiteRun([("not_deleted", list(range(1, n_rows + 1)), "deleted", "")])
     lines = rc.problem_lines(run, lk)
     assert len(lines) == min(n_rows, rc.MAX_ROW_LINES + 1)
     if n_rows > rc.MAX_ROW_LINES:

@@ -118,9 +118,11 @@ CASES = [
      ["mixes", "not yet checked against the manifest"], None),
     ("unknown-id", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\n"), "invalid",
      ["row 1: value 'digits-9999' is not in the manifest", "correct the id or remove the row"], None),
-    ("validation-row", "a.csv", csv(H + "\nr1,digits-0009,2026-11-30,gdpr\n"), "invalid",
-     ["row 1: value 'digits-0009' is a 'val' sample, not a training sample",
-      "it stays in the prepared store as validation data", "remove the row", "delete it from your source"], None),
+    # a data subject does not know the split: a validation row is erased (not trained on), never refused
+    ("validation-row", "a.csv", csv(H + "\nr1,digits-0009,2026-11-30,gdpr\n"), "ok",
+     ["1 name validation rows: erased from the stores, not unlearned"], None),
+    ("train-and-validation-rows", "a.csv", csv(H + "\nr1,digits-0001,2026-11-30,gdpr\nr2,digits-0009,2026-11-30,gdpr\n"),
+     "ok", ["2 request(s) to apply; 1 name validation rows"], None),
     ("already-deleted", "a.csv", csv(H + "\nr1,digits-0007,2026-11-30,gdpr\n"), "invalid",
      ["row 1: value 'digits-0007' was deleted already by batch batch-old", "remove the row"], None),
     ("ledger-conflict-sample", "a.csv", csv(H + "\nold-1,digits-0003,2026-11-01T10:00:00Z,gdpr\n"), "invalid",
@@ -145,8 +147,7 @@ CASES = [
     ("many-problems", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\nr1,digits-0002,never,gdpr\n"), "invalid",
      ["'never'", "'r1' appears more than once", "not yet checked against the manifest"], None),
     ("unknown-and-validation-ids", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\nr2,digits-0009,2026-11-30,gdpr\n"),
-     "invalid", ["row 1: value 'digits-9999' is not in the manifest", "row 2: value 'digits-0009' is a 'val' sample"],
-     None),
+     "invalid", ["row 1: value 'digits-9999' is not in the manifest"], None),
     ("parquet-int-sample-id", "a.parquet", parquet(request_id=["p1"], sample_id=[12], requested_at=["2026-11-30"],
                                                    reason=["gdpr"]), "invalid", ["sample_id", "Parquet type is int64"], None),
     ("parquet-int-request-id", "a.parquet", parquet(request_id=[1], sample_id=["digits-0001"], requested_at=["2026-11-30"],
@@ -190,8 +191,8 @@ CASES = [
      ["none of the 3 sample ids", "probably for another dataset"], None),
     ("unknown-validation-deleted", "a.csv", csv(H + "\nr1,digits-9999,2026-11-30,gdpr\nr2,digits-0009,2026-11-30,gdpr\n"
                                                 "r3,digits-0007,2026-11-30,gdpr\nr4,digits-0002,2026-11-30,gdpr\n"), "invalid",
-     ["row 1: value 'digits-9999' is not in the manifest", "row 2: value 'digits-0009' is a 'val' sample",
-      "row 3: value 'digits-0007' was deleted already by batch batch-old"], None),
+     ["row 1: value 'digits-9999' is not in the manifest", "row 3: value 'digits-0007' was deleted already by batch batch-old"],
+     None),
     ("partial-overlap-keeps-row-numbers", "a.csv", csv(H + "\nold-1,digits-0007,2026-11-01T10:00:00Z,gdpr\n"
                                                        "r2,digits-0002,nope,gdpr\n"), "invalid",
      ["column 'requested_at' row 2: value 'nope'"], "plain"),
@@ -251,8 +252,8 @@ CASES = [
 ]
 
 # Files with more than one problem (every other invalid file has exactly one problem, so one line).
-LINES = {"ledger-conflict-plus-bad-time": 2, "many-problems": 2, "unknown-and-validation-ids": 2,
-         "dup-row-and-dup-sample": 2, "unknown-validation-deleted": 3, "formula-request-id-and-reason": 2,
+LINES = {"ledger-conflict-plus-bad-time": 2, "many-problems": 2,
+         "dup-row-and-dup-sample": 2, "unknown-validation-deleted": 2, "formula-request-id-and-reason": 2,
          "lookalike-every-row": 2}
 
 RESULTS: dict[str, tuple[bool, bool]] = {}
@@ -313,7 +314,7 @@ def test_corpus_size_and_summary():
               f"files: {problems} problems, {lines} problem lines")
 
 
-MANIFEST_CASES = [c for c in CASES if c[3] == "ok" or any("manifest" in e or "erased" in e or "'val' sample" in e
+MANIFEST_CASES = [c for c in CASES if c[3] == "ok" or any("manifest" in e or "erased" in e or "validation rows" in e
                                                              or "another dataset" in e for e in c[4])]
 
 
