@@ -226,3 +226,31 @@ def predicted_against_realised(s5: dict, title: str = "S5: predicted gap against
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+@tracks
+def qualification_rates(table: list, title: str):
+    """The qualification table (unlearning/qualification.py Row): per method, the certificate's pass rate per
+    bin of the predicted gap (noise units), with its interval as error bars and each bin's count of sets."""
+    methods = list(dict.fromkeys(r.method for r in table))
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for j, m in enumerate(methods):
+        rows = [r for r in table if r.method == m]
+        x = np.arange(len(rows)) + (j - (len(methods) - 1) / 2) * 0.15
+        rate = np.array([r.rate if r.n else np.nan for r in rows], dtype=float)
+        lo = np.array([r.rate - r.lower if r.n else 0 for r in rows], dtype=float)
+        hi = np.array([r.upper - r.rate if r.n else 0 for r in rows], dtype=float)
+        ax.errorbar(x, rate, yerr=[lo, hi], fmt="o", capsize=3, label=m)
+        for xi, r in zip(x, rows):
+            if r.n:
+                ax.annotate(f"{r.passes}/{r.n}", (xi, r.rate), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    edges = [r for r in table if r.method == methods[0]]
+    ax.set_xticks(np.arange(len(edges)))
+    ax.set_xticklabels([r.row_id.split(" gap ")[1] for r in edges], fontsize=8)
+    ax.set_xlabel("predicted gap (noise units)")
+    ax.set_ylabel("certificate pass rate")
+    ax.set_ylim(-0.05, 1.1)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig

@@ -90,6 +90,14 @@ def draw_suite(entries: Iterable, seed: int, train_rows: np.ndarray, labels: np.
     return out
 
 
+def gap_in_noise_units(predicted_gap_forget: np.ndarray, noise: float) -> float:
+    """The forget set's predicted gap (mean of 0.5 x the squared Fisher norm per row, the KL it predicts:
+    unlearning/selection.py batch_facts) over the qualification's noise unit: the qualify stage and a qualified
+    batch read every gap in the same unit, so a batch's gap falls in the bins its suite filled."""
+    g = np.asarray(predicted_gap_forget, dtype=np.float64)
+    return float(np.mean(0.5 * np.square(g))) / max(float(noise), 1e-12) if g.size else math.nan
+
+
 # --- binomial confidence intervals ---------------------------------------------------------------------------
 
 def _binom_sf(k: int, n: int, p: float) -> float:

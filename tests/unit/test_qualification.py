@@ -165,3 +165,11 @@ def test_params_of_the_qualified_mode_answer_bad_values_in_one_line():
         parse_params({"qualify": {"methods": ["do_nothing", "retrain"]}})
     with pytest.raises(ConfigError, match=r"qualify.*colour"):
         parse_params({"qualify": {"colour": 1}})
+
+
+def test_gap_in_noise_units_matches_the_selection_facts_float64():
+    from unlearning.qualification import gap_in_noise_units
+
+    g = np.array([0.1, 0.3, 0.2])
+    assert gap_in_noise_units(g, 0.01) == pytest.approx(np.mean(0.5 * g ** 2) / 0.01, rel=1e-15)
+    assert math.isnan(gap_in_noise_units(np.zeros(0), 1.0))

@@ -1,0 +1,134 @@
+"""The qualify stage's work: the oracle certificate of every method of `qualify.methods` on every forget set of
+the suite (unlearning/qualification.py), for the trained original (docs/certificate.md, "Two modes").
+
+Each set runs exactly as a per-batch certificate does (tasks/certify.py `sequential`, its looks and gate), with
+the leverage diagnostics computed for the set. The reference pool is the first batch's (batch index 0): its
+shadow originals are trained on D once and found again in the ensemble cache for every later set; the oracles
+are retrains on each set's R, so they are trained per set. Chunks go to the flow's task runner (threads or Dask).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from tasks.batch import partition_retain
+from tasks.certify import Evaluator, sequential
+from tasks.diagnostics import leverage_diagnostics
+from tasks.planning import workers_of
+from tasks.references import ReferencePool
+from tasks.reporting import run_logger
+from tasks.state import State, current_fingerprint, initial_state_manifest, original_path
+from unlearning.batch import batch_rows, eval_logits, retained_train_rows, sampled_for_certificate, validation_rows
+from unlearning.config import Params
+from unlearning.data import load_prepared
+from unlearning.models import load_model
+from unlearning.plan import sequential_step
+from unlearning.qualification import Qualification, Trial, draw_suite, gap_in_noise_units
+from unlearning.selection import noise_floor
+
+FILE = "qualification.json"
+
+
+def qualification_path(params: Params) -> Path:
+    """Where the qualify stage writes (a DVC out beside the original it qualifies: state/ is the deletion
+    stage's persistent out, and DVC lets one path belong to one stage only)."""
+    return params.path("models_dir") / FILE
+
+
+def original_state(params: Params, device: str) -> State:
+    """The trained original and the prepared data, as the first batch sees them."""
+    from tasks.state import check_original, _checkpoint
+
+    prepared = load_prepared(params.path("prepared_dir"))
+    current = current_fingerprint(params, prepared)
+    path = original_path(params)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run the train stage first (`dvc repro train`)")
+    ckpt = _checkpoint(path)
+    check_original(params, prepared, current, {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
+    model, extra = load_model(path, device)
+    return State(prepared=prepared, model=model, manifest=initial_state_manifest(prepared.manifest), ledger=[],
+                 champion={"model_version": extra.get("model_version"), "method": "original"}, fingerprint=current)
+
+
+def self_leverage_score(state: State, rows: np.ndarray) -> np.ndarray:
+    """A per-row self-leverage ranking of the training rows: the original's training loss (self-influence grows
+    with the residual, as bench/calibration.py ranks them; the exact per-row self-leverage of every row would cost
+    more than the stage)."""
+    y = torch.as_tensor(state.prepared.label[rows], dtype=torch.long)
+    logits = eval_logits(state.model.cpu(), state.prepared, rows)[0]
+    return torch.nn.functional.cross_entropy(logits.double(), y, reduction="none").numpy()
+
+
+def qualify_model(params: Params, state: State, device: str, progress=None) -> Qualification:
+    """The qualification of `state.model`: every method of params.qualify.methods certified on every set of the
+    suite; gaps read in the noise unit of the shadow originals on the validation rows (`noise_floor`)."""
+    log = run_logger()
+    q, v = params.qualify, params.validation
+    prepared, manifest = state.prepared, state.manifest
+    D, V = retained_train_rows(manifest), validation_rows(manifest)
+    ids = manifest["sample_id"].to_numpy()
+    groups = manifest["group"].to_numpy() if "group" in manifest.columns else prepared.label
+    suite = draw_suite(q.suite, params.base.seed, D, prepared.label, groups, self_leverage_score(state, D))
+    objective = "retrain_equivalence"
+    chunk = max(1, min(v.chunk_size, v.n_oracles))
+    out = Qualification(list(q.methods), list(q.bins), q.confidence, q.interval, float("nan"),
+                        fingerprint=dict(state.fingerprint))
+    trials: list[Trial] = []
+    noise = None
+    started = time.perf_counter()
+    for k, s in enumerate(suite):
+        t0 = time.perf_counter()
+        forget_ids = ids[s.rows].tolist()
+        report, _ = leverage_diagnostics.fn(params.diagnostics, params.train.weight_decay, params.base.seed, False,
+                                            prepared, manifest, forget_ids, state.model, device,
+                                            params.train.label_smoothing, epochs=params.train.epochs,
+                                            cross_every_row=params.deletion.partition.mode == "leverage")
+        cross = report.cross_leverage if params.deletion.partition.mode == "leverage" else None
+        partition = partition_retain(params.deletion.partition, prepared, manifest, forget_ids, state.model, cross)
+        rows = batch_rows(prepared, manifest, forget_ids, partition)
+        pool = ReferencePool(params, state, rows, device, 0, chunk, workers_of(params))
+        if noise is None:  # the noise unit: the shadow originals (held out from V) on the validation rows
+            shadows, _ = pool.ensure(v.n_shadows, 2)  # (2 oracles: the first look trains them anyway)
+            noise = noise_floor(eval_logits(shadows, prepared, V))
+            out.noise = noise
+        gap = gap_in_noise_units(report.predicted_gap_forget, noise)
+        sampled = sampled_for_certificate(rows, v.certificate_rows, params.base.seed)
+        for m in q.methods:
+            step = sequential_step(m, v, params.gate, 1.0)
+            tm = time.perf_counter()
+            outcome, looks = sequential(step, params.deletion.method_args.get(m, {}), params, state, rows, pool,
+                                        device, objective, Evaluator(prepared, sampled, None))
+            trials.append(Trial(s.name, s.kind, int(len(s.rows)), m, gap, bool(outcome.verdict.passed),
+                                int(looks[-1].n_shadows + looks[-1].n_oracles), round(time.perf_counter() - tm, 2)))
+        log.info(f"qualify [{k + 1}/{len(suite)}] {s.name} ({len(s.rows)} rows): predicted gap {gap:.3g} noise units; "
+                 + ", ".join(f"{t.method} {'passed' if t.passed else 'failed'}" for t in trials[-len(q.methods):])
+                 + f" [{time.perf_counter() - t0:.1f} s]")
+    out.trials = trials
+    log.info(f"qualified {len(q.methods)} method(s) on {len(suite)} sets in {time.perf_counter() - started:.0f} s")
+    return out
+
+
+def table_frame(q: Qualification) -> pd.DataFrame:
+    """The qualification table, one row per (method, gap bin)."""
+    return pd.DataFrame([{"row": r.row_id, "method": r.method, "gap_lo": r.gap_lo, "gap_hi": r.gap_hi, "sets": r.n,
+                          "passed": r.passes, "rate": r.rate, "lower": r.lower, "upper": r.upper} for r in q.table])
+
+
+def write_qualification(path: Path, q: Qualification) -> None:
+    """Write temp, then rename: a reader never sees half a table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(q.to_dict(), indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def read_qualification(path: Path) -> Qualification | None:
+    return Qualification.from_dict(json.loads(path.read_text())) if path.exists() else None
