@@ -13,6 +13,7 @@ from tasks.state import current_fingerprint, original_path
 from tasks.store_check import store_identity
 from tasks.training import clean_of_erased, model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
+from unlearning.data.preparation import recipe_of
 from unlearning.models import param_count
 from unlearning.models.training import trainable_param_count
 from unlearning.serving import input_example
@@ -36,7 +37,7 @@ def train(params_path: str = "params.yaml") -> dict:
     tracker.log_metrics(run_id, metrics)
     version = tracker.log_model(run_id, model.cpu(), params.tracking.registered_model,
                                 input_example=input_example(prepared.X, prepared.manifest),
-                                class_names=prepared.info["class_names"])
+                                class_names=prepared.info["class_names"], preparation=recipe_of(prepared.info))
     tracker.set_alias(params.tracking.registered_model, params.tracking.alias, version)
     tracker.set_version_tags(params.tracking.registered_model, version, {"fingerprint": fingerprint["digest"]})
     tracker.end_run(run_id)

@@ -441,7 +441,8 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         fault("before_register")
         version = t.log_model(batch.parent, outcome.model, registered,
                               input_example=input_example(state.prepared.X, state.prepared.manifest),
-                              class_names=names_after_erasure(params, state.prepared, forget_ids))
+                              class_names=names_after_erasure(params, state.prepared, forget_ids),
+                              preparation=preparation_after_erasure(params, state.prepared, forget_ids))
         # Registry lineage: which batch, method and verdict produced this version, and from which run.
         verdict = promoted_verdict(outcome)
         t.set_version_tags(registered, version, {
@@ -508,6 +509,20 @@ def names_after_erasure(params: Params, prepared, forget_ids: list[str]) -> list
 
     gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | tombstoned_rows(params, prepared)
     return class_names_after(prepared.info, prepared.manifest, ~gone)
+
+
+def preparation_after_erasure(params: Params, prepared, forget_ids: list[str]) -> dict | None:
+    """The raw-input preparation the champion is registered with (unlearning/data/preparation.py): the prepared
+    store's, with the one-hot categories that only this batch's and tombstoned rows had as `<erased k>`
+    placeholders, as dataset.json will name them, so the registry holds no raw value the erasure removes."""
+    from tasks.erasure import tombstoned_rows
+    from unlearning.data.preparation import recipe_after, recipe_of
+
+    recipe = recipe_of(prepared.info)
+    if recipe is None or recipe["kind"] != "table":  # an image's preparation holds no value of a row
+        return recipe
+    gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | tombstoned_rows(params, prepared)
+    return recipe_after(recipe, prepared.X, ~gone)
 
 
 def ledger_entries(requests: pd.DataFrame, batch: BatchRun, hash_ids: bool, salt: str, **fields) -> list[dict]:

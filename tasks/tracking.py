@@ -24,6 +24,8 @@ from mlflow.tracking import MlflowClient
 from tasks.clock import tracks
 
 PIP_REQUIREMENTS = ["torch==2.13.0"]  # given explicitly: inferring them costs ~10 s per model
+# A model that prepares raw rows imports unlearning.data (pandera) and, for images, Pillow.
+RAW_REQUIREMENTS = ["pandera", "pillow"]
 
 # MLflow 3 opens an experiment without a kind on its GenAI overview (traces, tokens); these runs are model
 # training and validation, so the UI should open on the runs table.
@@ -296,11 +298,15 @@ class Tracker:
 
     # models -----------------------------------------------------------------------------------
     def log_model(self, run_id: str, model, registered_name: str, input_example=None,
-                  class_names: list[str] | None = None) -> str:
+                  class_names: list[str] | None = None, preparation: dict | None = None) -> str:
         """Log the ensemble as a pyfunc model, register it, return the new registry version.
 
         The model (unlearning/serving.py) maps features [B, d] (a DataFrame or an array) to class probabilities
-        [B, C], a DataFrame with one column per class name. It carries the project's checkpoint and, as code,
+        [B, C], a DataFrame with one column per class name. With `preparation` (a recipe of
+        unlearning/data/preparation.py: a table's scaling and categories, an image folder's size and channels)
+        it maps raw rows instead: its signature names the raw columns and their types, and its input example is
+        one row made from the recipe (`example_rows`: no data row); `input_example` is then unused. It carries
+        the project's checkpoint and, as code,
         the `unlearning` package (and a custom factory's module), so it loads with `mlflow.pyfunc.load_model`
         without this repository. `input_example`: a few feature rows [k, d] (zeros when None: no data row
         lands in the registry unless the caller chooses one). Logged to `run_id` directly, without the
@@ -312,10 +318,18 @@ class Tracker:
         from unlearning import serving
 
         names = serving.class_names_for(class_names, model.n_classes)
-        example = np.zeros((2, model.in_dim), np.float32) if input_example is None else \
-            np.asarray(input_example, dtype=np.float32).reshape(-1, model.in_dim)
+        if preparation is not None:
+            from unlearning.data.preparation import example_rows, raw_inputs
+
+            example, signature = example_rows(preparation), raw_signature(raw_inputs(preparation), names)
+            described = f"raw rows: {[c for c, _ in raw_inputs(preparation)]} (see the signature)"
+        else:
+            example = np.zeros((2, model.in_dim), np.float32) if input_example is None else \
+                np.asarray(input_example, dtype=np.float32).reshape(-1, model.in_dim)
+            signature = model_signature(model.in_dim, names)
+            described = f"features [B, {model.in_dim}] (the prepared store's columns)"
         with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = serving.write_checkpoint(model, Path(tmp), names)
+            checkpoint = serving.write_checkpoint(model, Path(tmp), names, preparation)
             logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=run_id)
             # MLflow's INFO "Validating input example against model signature" on every registration is noise; a
             # failed validation is a WARNING and still shows.
@@ -324,10 +338,10 @@ class Tracker:
                                  model_id=logged.model_id,
                                  registered_model_name=registered_name, loader_module=serving.__name__,
                                  data_path=str(checkpoint), code_paths=[str(p) for p in serving.code_paths(model)],
-                                 signature=model_signature(model.in_dim, names), input_example=example,
-                                 pip_requirements=PIP_REQUIREMENTS,
+                                 signature=signature, input_example=example,
+                                 pip_requirements=PIP_REQUIREMENTS + (RAW_REQUIREMENTS if preparation else []),
                                  metadata={"output": "class probabilities [B, C], one column per class",
-                                           "input": f"features [B, {model.in_dim}] (the prepared store's columns)",
+                                           "input": described,
                                            "n_members": model.n_models, "arch": model.arch})
         return str(info.registered_model_version)
 
@@ -511,6 +525,17 @@ def model_signature(in_dim: int, class_names: list[str]):
     from mlflow.types import ColSpec, Schema
 
     return ModelSignature(inputs=Schema([ColSpec("double") for _ in range(int(in_dim))]),
+                          outputs=Schema([ColSpec("float", str(c)) for c in class_names]))
+
+
+def raw_signature(columns: list[tuple[str, str]], class_names: list[str]):
+    """Input: the raw columns by name, each with its MLflow type (`double` numbers, `string` text categories,
+    `boolean`, `binary` images: base64 over REST); MLflow checks them before `predict` ("Model is missing inputs
+    [...]" for a missing column) and drops columns it does not name. Output: a float column per class."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec(kind, name) for name, kind in columns]),
                           outputs=Schema([ColSpec("float", str(c)) for c in class_names]))
 
 

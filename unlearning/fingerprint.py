@@ -95,7 +95,8 @@ def dataset_identity(info: dict, sample_ids: Iterable, splits: Iterable | None =
     make the state "built from other data"."""
     if isinstance(info.get("erasure"), dict) and info["erasure"].get("identity"):
         return _without_category_values(info["erasure"]["identity"])
-    value = _without_category_values(_without_volatile(info))
+    # feature_types: how the served champion types its raw input (a column's dtype, not its data)
+    value = _without_category_values(_without_volatile({k: v for k, v in info.items() if k != "feature_types"}))
     value["manifest_digest"] = manifest_digest(sample_ids, splits, labels)
     return value
 

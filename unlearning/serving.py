@@ -7,7 +7,12 @@ spec, seeds, weights; no pickled code) and, in `code/`, this package (and a cust
 puts `code/` on sys.path and calls `_load_pyfunc(data_path)`, which rebuilds the ensemble with `build_model`.
 The repository is not needed at load time.
 
-Input: features [B, d] (the prepared store's feature columns, in order) as a DataFrame or an array.
+Input: raw rows when the checkpoint holds a preparation recipe (a table's or an image folder's, see
+unlearning/data/preparation.py): a DataFrame with the table's own feature columns, text categories as text, or
+images (paths, file bytes, arrays of pixels). The recipe's function (`prepare_raw`, the prepare stage's own)
+turns them into the prepared features, then the model's forward runs on them. An array [B, d] is taken as the
+prepared features themselves (`predict_features`), and so is any input of a model without a recipe (the
+built-in datasets).
 Output: a DataFrame [B, C] of class probabilities, one column per class name: the mean of the members'
 softmax (the champion has one member: its softmax). No member dimension.
 """
@@ -29,15 +34,34 @@ CHECKPOINT = "ensemble.pt"  # the file MLflow copies into the model's data/ fold
 
 
 class ProbabilityModel:
-    """What `mlflow.pyfunc.load_model` returns the calls to: `predict(features) -> probabilities`."""
+    """What `mlflow.pyfunc.load_model` returns the calls to: `predict(rows) -> probabilities`. `recipe`: the
+    preparation of raw input (unlearning/data/preparation.py), None when the features are the raw input."""
 
-    def __init__(self, model: Ensemble, class_names: Sequence[str]):
+    def __init__(self, model: Ensemble, class_names: Sequence[str], recipe: dict | None = None):
         self.model = model.cpu().eval()
         self.class_names = [str(c) for c in class_names]
+        self.recipe = recipe
 
     def predict(self, model_input, params: dict | None = None) -> pd.DataFrame:
-        """Class probabilities [B, C] (columns: the class names) of features [B, d]."""
-        return pd.DataFrame(probabilities(self.model, model_input), columns=self.class_names)
+        """Class probabilities [B, C] (columns: the class names) of raw rows, or of prepared features [B, d]
+        (an array [B, d], or any input of a model without a recipe)."""
+        if self.recipe is None or _is_features(model_input, self.model.in_dim):
+            return self.predict_features(model_input)
+        from unlearning.data.preparation import prepare_raw
+
+        return self.predict_features(prepare_raw(model_input, self.recipe))
+
+    def predict_features(self, features) -> pd.DataFrame:
+        """Class probabilities [B, C] of the prepared features [B, d] (the prepared store's columns, in order)."""
+        return pd.DataFrame(probabilities(self.model, features), columns=self.class_names)
+
+
+def _is_features(model_input, in_dim: int) -> bool:
+    """An array (or tensor) [B, d] of numbers: prepared features. DataFrames, lists and image batches
+    [B, H, W(, C)] are raw input."""
+    shape = getattr(model_input, "shape", None)
+    return (isinstance(model_input, (np.ndarray, torch.Tensor)) and shape is not None and len(shape) == 2
+            and shape[1] == in_dim and np.dtype(str(model_input.dtype).replace("torch.", "")).kind in "fiu")
 
 
 def probabilities(model: Ensemble, features) -> np.ndarray:
@@ -64,11 +88,15 @@ def input_example(X: np.ndarray, manifest: pd.DataFrame, k: int = 2) -> np.ndarr
     return np.asarray(X[rows], dtype=np.float32)
 
 
-def write_checkpoint(model: Ensemble, folder: Path, class_names: Sequence[str]) -> Path:
-    """The checkpoint the pyfunc model loads: the ensemble and the output's column names (the model stays on
-    its device; `_load_pyfunc` maps the weights to the CPU)."""
+def write_checkpoint(model: Ensemble, folder: Path, class_names: Sequence[str], recipe: dict | None = None) -> Path:
+    """The checkpoint the pyfunc model loads: the ensemble, the output's column names and the preparation
+    recipe of raw input (None: features only; the model stays on its device; `_load_pyfunc` maps the weights to
+    the CPU)."""
     path = Path(folder) / CHECKPOINT
-    save_model(model, path, {"class_names": [str(c) for c in class_names]})
+    extra = {"class_names": [str(c) for c in class_names]}
+    if recipe is not None:
+        extra["preparation"] = recipe
+    save_model(model, path, extra)
     return path
 
 
@@ -95,4 +123,4 @@ def _source_of(top_level: str) -> Path | None:
 def _load_pyfunc(data_path: str) -> ProbabilityModel:
     """MLflow's loader hook: `data_path` is the checkpoint inside the downloaded model folder."""
     model, extra = load_model(data_path, device="cpu")
-    return ProbabilityModel(model, class_names_for(extra.get("class_names"), model.n_classes))
+    return ProbabilityModel(model, class_names_for(extra.get("class_names"), model.n_classes), extra.get("preparation"))

@@ -185,6 +185,24 @@ def _standardize(x: np.ndarray, mean: float, std: float) -> np.ndarray:
     return z
 
 
+def feature_types(df: pd.DataFrame, columns: Sequence[str]) -> dict[str, str]:
+    """Each feature column's type as a served model's signature names it (MLflow's names): `long` for an integer
+    column, `double` for another number column, `boolean`, or `string` for a text (one-hot) column. Recorded in
+    dataset.json (`feature_types`, not part of the dataset's identity: unlearning/fingerprint.py) for the served
+    champion (unlearning/data/preparation.py), which checks raw rows against it."""
+    types = {}
+    for col in columns:
+        s = df[col]
+        if pd.api.types.is_bool_dtype(s) or (s.dtype == object and len(s) and
+                                             s.map(lambda v: isinstance(v, (bool, np.bool_))).all()):
+            types[col] = "boolean"
+        elif is_categorical(s):
+            types[col] = "string"
+        else:
+            types[col] = "long" if pd.api.types.is_integer_dtype(s) else "double"
+    return types
+
+
 def fit_preprocessing(df: pd.DataFrame, columns: list[str], train_mask: np.ndarray) -> dict:
     """One-hot categories from all rows of `df` (stable whatever the split or subsample), mean/std (std 0 -> 1)
     from the rows in `train_mask` only. Rows erased later still count here (the raw table holds them): the
@@ -267,7 +285,9 @@ def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | N
             unknown = sorted(set(values.tolist()) - set(known))
             if unknown:
                 raise DataError(f"column {col!r}: values {_first(unknown)} are not among the fitted categories "
-                                 f"{_first([c for c in known if c is not None], 20)}")
+                                 f"{_first([c for c in known if c is not None], 20)}; the model has no feature for a "
+                                 f"value it never saw: map each to one of these, or add rows with it to the table "
+                                 f"and prepare and train again")
             blocks.append((values[:, None] == np.asarray(known, dtype=object)[None, :]).astype(np.float64))
         else:
             numeric[col] = width
@@ -420,7 +440,8 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
         group=group[keep], class_names=class_names, fine_class_names=fine_names, image_shape=None,
         in_shape=(X.shape[1],),
         meta={"source": source, "targets": targets, "n_dropped_missing": int(n_rows - len(df)),
-              "feature_columns": [str(c) for c in features], "preprocessing": prep})
+              "feature_columns": [str(c) for c in features], "preprocessing": prep,
+              "feature_types": feature_types(df, features)})
 
 
 def _drop_missing(df: pd.DataFrame, path: Path, id_column: str, used: list[str],
@@ -777,29 +798,54 @@ def _unit_pixels(im, grayscale: bool, size: tuple[int, int], resample) -> np.nda
     return np.asarray(rgb_or_l, dtype=np.float32) / 255.0
 
 
-def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root: Path | None = None) -> np.ndarray:
-    """[n, C*H*W] float32 in [0, 1]: L or RGB (transparency composited over black), bilinear resize to (H, W),
-    channel-first, row-major. 16-bit grey images are scaled by their full scale (65535), not clipped; an EXIF
-    orientation tag is applied (the image as a viewer shows it)."""
+def image_features(images: Sequence, image_size, grayscale: bool = True, names: Sequence[str] | None = None
+                   ) -> np.ndarray:
+    """[n, C*H*W] float32 in [0, 1], one row per image: L or RGB (transparency composited over black), bilinear
+    resize to (H, W), channel-first, row-major. 16-bit grey images are scaled by their full scale (65535), not
+    clipped; an EXIF orientation tag is applied (the image as a viewer shows it).
+
+    The one preparation of an image, shared by the prepare stage (`read_images`) and the served champion
+    (unlearning/data/preparation.py): each image is a path, the bytes of an image file, or an array of pixels
+    that `PIL.Image.fromarray` takes (uint8 [H, W] grey, [H, W, 3] RGB or [H, W, 4] RGBA; uint16 [H, W]; float
+    [H, W] in [0, 1]). `names` [n] name the images in the error (default: their positions)."""
+    import io
+
     from PIL import Image, ImageOps, UnidentifiedImageError  # lazy: only image folders need Pillow
 
     h, w = _image_size(image_size)
     c = 1 if grayscale else 3
     bilinear = getattr(Image, "Resampling", Image).BILINEAR
-    X = np.empty((len(files), c * h * w), dtype=np.float32)
+    X = np.empty((len(images), c * h * w), dtype=np.float32)
     bad = []
-    for j, f in enumerate(files):
+    for j, image in enumerate(images):
         try:
-            with Image.open(f) as im:
+            if isinstance(image, np.ndarray):
+                opened = Image.fromarray(image)
+            elif isinstance(image, (bytes, bytearray, memoryview)):
+                opened = Image.open(io.BytesIO(bytes(image)))
+            elif isinstance(image, (str, Path)):
+                opened = Image.open(image)
+            else:
+                raise ValueError(f"a {type(image).__name__}, not a path, the bytes of an image file or an array of "
+                                 f"pixels")
+            with opened as im:
                 # as a viewer shows it: a phone photo stores its pixels sideways plus an EXIF orientation tag
                 a = _unit_pixels(_flatten_alpha(ImageOps.exif_transpose(im)), grayscale, (w, h), bilinear)
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            bad.append(f"{f.relative_to(root).as_posix() if root else f} ({e})")
+        except UnidentifiedImageError:
+            bad.append(f"{names[j] if names is not None else f'image {j}'} (not an image file that Pillow reads)")
+        except (OSError, ValueError, TypeError) as e:
+            bad.append(f"{names[j] if names is not None else f'image {j}'} ({e})")
             continue
         X[j] = (a if grayscale else a.transpose(2, 0, 1)).reshape(-1)
     if bad:
         raise DataError(f"{len(bad)} images could not be read: {_first(bad)}; replace or delete them")
     return X
+
+
+def read_images(files: Sequence[Path], image_size, grayscale: bool = True, root: Path | None = None) -> np.ndarray:
+    """The image files as features [n, C*H*W] (`image_features`), named in errors by their path under `root`."""
+    return image_features(files, image_size, grayscale,
+                          names=[f.relative_to(root).as_posix() if root else str(f) for f in files])
 
 
 def image_id(root: Path, file: Path) -> str:

@@ -1,0 +1,231 @@
+"""The champion serves raw rows (unlearning/data/preparation.py, unlearning/serving.py, tasks/tracking.py): the
+preparation recorded with the model is the prepare stage's own (same numbers, checked against a float64 hand
+computation), odd input gets one clear error, and a real MLflow store's registered model answers raw rows with
+the predictions of the prepared features."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from unlearning.data import DataError, load_dataset, load_prepared, write_prepared
+from unlearning.data.preparation import example_rows, prepare_raw, raw_inputs, recipe_after, recipe_of
+from unlearning.data.sources import image_features, read_images
+from unlearning.data.store import rewrite_without
+
+N = 40
+
+
+def raw_table(n: int = N, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    zone = rng.choice(["north", "south", "east"], n).astype(object)
+    zone[5] = "ISLAND-ONLY-C5"  # a category only row c5 has (erased below)
+    return pd.DataFrame({"cid": [f"c{i}" for i in range(n)], "age": rng.integers(18, 80, n),
+                         "spend": rng.normal(100, 30, n).round(2), "zone": zone, "vip": rng.choice([True, False], n),
+                         "churned": np.where(rng.random(n) > 0.5, "yes", "no")})
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """A team's CSV, prepared by the prepare stage's functions into a store, and the raw rows read back in the
+    store's row order."""
+    root = tmp_path_factory.mktemp("table")
+    raw_table().to_csv(root / "customers.csv", index=False)
+    ds = load_dataset("table", path=str(root / "customers.csv"), id_column="cid", label_column="churned",
+                      val_fraction=0.25)
+    write_prepared(ds, root / "prepared")
+    prepared = load_prepared(root / "prepared")
+    raw = pd.read_csv(root / "customers.csv").set_index("cid").loc[prepared.manifest["sample_id"]].reset_index()
+    return {"root": root, "prepared": prepared, "raw": raw, "recipe": recipe_of(prepared.info)}
+
+
+def test_raw_rows_give_the_prepared_features_exactly(table):
+    prepared, raw, recipe = table["prepared"], table["raw"], table["recipe"]
+    X = prepare_raw(raw, recipe)
+    assert X.dtype == np.float32 and np.array_equal(X, np.asarray(prepared.X))
+    # float64 reference by hand: (x - mean of the training rows) / their population std; one-hot, sorted categories
+    train = (prepared.manifest["split"] == "train").to_numpy()
+    cols = []
+    for c in ("age", "spend"):
+        x = raw[c].to_numpy(np.float64)
+        cols.append((x - x[train].mean()) / x[train].std())
+    cols += [(raw["zone"] == v).to_numpy(np.float64) for v in sorted(raw_table()["zone"].unique())]
+    cols += [(raw["vip"].map(str) == v).to_numpy(np.float64) for v in ("False", "True")]
+    np.testing.assert_allclose(X, np.stack(cols, axis=1), atol=1e-6)
+    # the raw table's own types: an integer column is `long` (pandas' int64 passes MLflow's check as it is)
+    assert raw_inputs(recipe) == [("age", "long"), ("spend", "double"), ("zone", "string"), ("vip", "boolean")]
+    assert prepared.info["feature_types"] == dict(raw_inputs(recipe))
+
+
+def test_column_order_and_extra_columns_do_not_matter(table):
+    raw, recipe = table["raw"], table["recipe"]
+    shuffled = raw[["vip", "churned", "zone", "spend", "cid", "age"]].assign(note="ignored")
+    assert np.array_equal(prepare_raw(shuffled, recipe), prepare_raw(raw, recipe))
+    as_records = raw.head(3).to_dict("records")  # a list of row dicts works too
+    assert np.array_equal(prepare_raw(as_records, recipe), prepare_raw(raw.head(3), recipe))
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda df: df.drop(columns=["zone"]), r"feature columns \['zone'\] are missing"),
+    (lambda df: df.assign(spend=[1.0, None]), r"column 'spend' has no value in rows \[1\]"),
+    (lambda df: df.assign(age=["41", "forty"]), r"column 'age' holds \['forty'\] in rows \[1\], not numbers"),
+    (lambda df: df.assign(zone=["north", "west"]),
+     r"column 'zone': values 'west' are not among the fitted categories .*map each to one of these"),
+])
+def test_odd_rows_get_one_clear_error(table, change, match):
+    rows = table["raw"].head(2).copy()
+    with pytest.raises(DataError, match=match):
+        prepare_raw(change(rows), table["recipe"])
+
+
+def test_text_numbers_are_read_as_numbers(table):
+    raw = table["raw"].head(3)
+    assert np.array_equal(prepare_raw(raw.assign(age=raw["age"].map(str)), table["recipe"]),
+                          prepare_raw(raw, table["recipe"]))
+
+
+def test_an_erased_category_leaves_the_recipe_and_is_unknown(table, tmp_path):
+    prepared, raw = table["prepared"], table["raw"]
+    keep = (prepared.manifest["sample_id"] != "c5").to_numpy()
+    recipe = recipe_after(table["recipe"], np.asarray(prepared.X), keep)
+    assert "ISLAND-ONLY-C5" not in json.dumps(recipe) and "<erased 1>" in recipe["preprocessing"]["categories"]["zone"]
+    assert raw_inputs(recipe) == raw_inputs(table["recipe"])  # the width and the signature stay
+    # the store rewritten without the row holds the same features as the kept raw rows through the new recipe
+    rewrite_without(table["root"] / "prepared", tmp_path / "after", lambda i: i == "c5")
+    after = load_prepared(tmp_path / "after")
+    assert after.info["preprocessing"] == recipe["preprocessing"]
+    assert np.array_equal(prepare_raw(raw[keep], recipe), np.asarray(after.X))
+    with pytest.raises(DataError, match="not among the fitted categories") as e:
+        prepare_raw(raw[~keep], recipe)
+    assert "<erased" not in str(e.value).split("fitted categories")[1]
+
+
+def test_the_input_example_is_made_from_the_recipe_not_a_row(table):
+    example, recipe = example_rows(table["recipe"]), table["recipe"]
+    assert list(example.columns) == ["age", "spend", "zone", "vip"] and len(example) == 1
+    assert example["age"][0] == round(recipe["preprocessing"]["means"]["age"])  # an integer column: a whole number
+    assert example["spend"][0] == pytest.approx(recipe["preprocessing"]["means"]["spend"])
+    X = prepare_raw(example, recipe)
+    assert X[0, 1] == pytest.approx(0.0, abs=1e-6) and X[0, 2:].sum() == 2  # one zone and one vip value
+
+
+# ------------------------------------------------------------------------------------------------ images
+def write_images(root):
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for cls in ("dots", "bars"):
+        (root / cls).mkdir(parents=True)
+        for i in range(6):
+            grey = rng.integers(0, 256, (9, 7), dtype=np.uint8)
+            if i % 2:  # RGBA with some transparent pixels: composited over black by the preparation
+                rgba = np.dstack([grey, grey[::-1], 255 - grey, np.where(grey > 128, 255, 0).astype(np.uint8)])
+                Image.fromarray(rgba, mode="RGBA").save(root / cls / f"{i}.png")
+            else:
+                Image.fromarray(grey, mode="L").save(root / cls / f"{i}.png")
+
+
+@pytest.mark.parametrize("grayscale", [True, False])
+def test_images_as_paths_bytes_or_arrays_give_the_prepared_features(tmp_path, grayscale):
+    from PIL import Image
+
+    write_images(tmp_path / "imgs")
+    ds = load_dataset("image_folder", path=str(tmp_path / "imgs"), image_size=[5, 4], grayscale=grayscale)
+    write_prepared(ds, tmp_path / "prepared")
+    prepared = load_prepared(tmp_path / "prepared")
+    recipe = recipe_of(prepared.info)
+    assert recipe == {"kind": "image", "column": "image", "image_size": [5, 4], "grayscale": grayscale}
+    assert raw_inputs(recipe) == [("image", "binary")]
+    paths = [tmp_path / "imgs" / f"{i}.png" for i in prepared.manifest["sample_id"]]
+    X = np.asarray(prepared.X)
+    assert np.array_equal(read_images(paths, [5, 4], grayscale), X)
+    as_bytes = [p.read_bytes() for p in paths]
+    as_arrays = [np.asarray(Image.open(p)) for p in paths]
+    for images in ([str(p) for p in paths], as_bytes, as_arrays, pd.DataFrame({"image": as_bytes})):
+        assert np.array_equal(prepare_raw(images, recipe), X)
+    assert image_features(as_arrays, [5, 4], grayscale).shape == (len(paths), (1 if grayscale else 3) * 20)
+    with pytest.raises(DataError, match=r"1 images could not be read: 'image 1 \(not an image file"):
+        prepare_raw([as_bytes[0], b"not an image"], recipe)
+    example = example_rows(recipe)
+    assert np.array_equal(prepare_raw(example, recipe), np.zeros((1, X.shape[1]), np.float32))
+
+
+# ------------------------------------------------------------------------------------- through MLflow
+@pytest.fixture(scope="module")
+def registry(table, tmp_path_factory):
+    """A real SQLite MLflow store holding the table champion, logged with its preparation."""
+    from tasks.tracking import Tracker
+    from unlearning.models import build_model, train_ensemble
+
+    root = tmp_path_factory.mktemp("mlflow")
+    prepared = table["prepared"]
+    tracker = Tracker(f"sqlite:///{root}/mlflow.db", "serving-raw", root / "mlartifacts")
+    run_id = tracker.start_run("train")
+    model = build_model({"arch": "mlp", "in_shape": prepared.in_shape, "n_classes": prepared.n_classes,
+                         "kwargs": {"hidden": [8]}}, [0])
+    train_ensemble(model, prepared.tensor(), torch.as_tensor(prepared.label), epochs=3, batch_size=16, lr=0.05)
+    version = tracker.log_model(run_id, model, "tbl", class_names=prepared.info["class_names"],
+                                preparation=table["recipe"])
+    tracker.set_alias("tbl", "champion", version)
+    tracker.end_run(run_id)
+    return {"tracker": tracker, "model": model}
+
+
+def load_champion(registry):
+    import mlflow.pyfunc
+
+    from tasks.tracking import fluent_store
+
+    with fluent_store(registry["tracker"].tracking_uri):
+        return mlflow.pyfunc.load_model("models:/tbl@champion"), mlflow.models.get_model_info("models:/tbl@champion")
+
+
+def test_the_registered_champion_predicts_raw_rows(table, registry):
+    served, info = load_champion(registry)
+    prepared, raw = table["prepared"], table["raw"]
+    assert [(s.name, s.type.name) for s in info.signature.inputs.inputs] == raw_inputs(table["recipe"])
+    assert info.signature.outputs.input_names() == ["no", "yes"]
+    probs = served.predict(raw)  # the id and label columns ride along: MLflow drops what the signature lacks
+    with torch.no_grad():
+        reference = torch.softmax(registry["model"](prepared.tensor())[0], dim=-1).numpy()
+    assert list(probs.columns) == ["no", "yes"]
+    np.testing.assert_allclose(probs.to_numpy(), reference, atol=1e-6)
+    features = served._model_impl.predict_features(np.asarray(prepared.X))  # prepared features still served
+    np.testing.assert_allclose(probs.to_numpy(), features.to_numpy(), atol=1e-6)
+    # the input example is the recipe's row, not a row of the table
+    example = served.input_example
+    assert list(example.columns) == ["age", "spend", "zone", "vip"]
+    pd.testing.assert_frame_equal(example, example_rows(table["recipe"]), check_dtype=False)
+    assert not raw["spend"].isin(example["spend"].tolist()).any()
+
+
+def test_the_registered_champion_refuses_odd_rows_clearly(table, registry):
+    from mlflow.exceptions import MlflowException
+
+    served, _ = load_champion(registry)
+    rows = table["raw"].head(2)
+    with pytest.raises(MlflowException, match=r"missing inputs \['zone'\]"):
+        served.predict(rows.drop(columns=["zone"]))
+    with pytest.raises(DataError, match=r"values 'west' are not among the fitted categories"):
+        served.predict(rows.assign(zone=["north", "west"]))
+
+
+def test_the_checkpoint_carries_the_recipe_and_old_ones_still_load(table, tmp_path):
+    from unlearning import serving
+    from unlearning.models import build_model
+
+    prepared = table["prepared"]
+    model = build_model({"arch": "mlp", "in_shape": prepared.in_shape, "n_classes": 2, "kwargs": {"hidden": [4]}}, [0])
+    served = serving._load_pyfunc(str(serving.write_checkpoint(model, tmp_path, ["no", "yes"], table["recipe"])))
+    assert served.recipe == table["recipe"]
+    np.testing.assert_allclose(served.predict(table["raw"]).to_numpy(),
+                               served.predict(np.asarray(prepared.X)).to_numpy(), atol=1e-6)
+    (tmp_path / "old").mkdir()
+    old = serving._load_pyfunc(str(serving.write_checkpoint(model, tmp_path / "old", ["no", "yes"])))
+    assert old.recipe is None and old.predict(np.asarray(prepared.X)).shape == (len(prepared.X), 2)
+    with pytest.raises(ValueError, match=r"expected features \[B, 8\]"):  # a features model names the width
+        old.predict(np.zeros((2, 3)))
