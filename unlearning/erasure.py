@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -138,3 +139,49 @@ def bytes_found(path: str | Path, needles: Iterable[bytes], limit: int = 64 * 2*
     except OSError:
         return []
     return [n for n in needles if n and n in data]
+
+
+# --- the records of the erasure's stores (tasks/stores/; docs/design.md §3) ------------------------------------
+def shown(names: list[str], n: int = 5) -> str:
+    """The first `n` names, and how many there are in all when there are more."""
+    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One place of a store, looked at by a store's `locate` or `verify`: what it holds of the forgotten ids and
+    rows (`counts`), and, from `verify` only, what must not remain (`problems`: each names the store, the place
+    and what is left). `as_dict` is the line `unlearn verify-erasure` prints."""
+
+    store: str  # the store as a person reads it: "prepared store", "DVC cache", ...
+    where: str  # a path, or the tracking URI (where_key "uri")
+    counts: dict = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+    where_key: str = "path"
+
+    def as_dict(self) -> dict:
+        return {"store": self.store, self.where_key: self.where, **self.counts}
+
+    @classmethod
+    def left(cls, store: str, where, ids: list[str] = (), rows: list[str] = (), **counts) -> "Finding":
+        """A store that holds ids (and raw rows): a forgotten id or raw row left in it is a problem naming them."""
+        problems = ([f"{store} ({where}): {len(ids)} forgotten id(s) remain: {shown(list(ids))}"] if ids else []) + \
+            ([f"{store} ({where}): {len(rows)} forgotten raw row(s) remain: {shown(list(rows))}"] if rows else [])
+        return cls(store, str(where), {"forgotten_ids": len(ids), "forgotten_rows": len(rows), **counts},
+                   tuple(problems))
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What one store's `purge` did to one place (`done`: rows, files or versions removed), or `pending`: what
+    waits for `unlearn erase` (a store a running `dvc repro` holds). `as_dict` is the erasure report's entry."""
+
+    store: str
+    where: str
+    done: dict = field(default_factory=dict)
+    pending: str = ""  # e.g. "prepared store": the report's pending line names it
+    where_key: str = "path"
+
+    def as_dict(self) -> dict:
+        return {"store": self.store, self.where_key: self.where, **self.done, **({"pending": True} if self.pending
+                                                                                   else {})}

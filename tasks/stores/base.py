@@ -1,0 +1,205 @@
+"""The erasure's stores: what each one is asked, the scope it is asked about, and the registry (docs/erasure.md,
+docs/design.md §3).
+
+A store is one place the project writes that can hold a forgotten row or name a forgotten id: the prepared store,
+the ensemble cache, the MLflow registry, the DVC cache... Each is one small class with three methods over a
+`Scope` (the forgotten ids in the ledger's form, the fingerprints of their rows, the project's params):
+
+- `locate(scope)`: where the forgotten ids and rows are in it now; changes nothing;
+- `purge(scope)`: remove them (idempotent); the records go into the erasure report;
+- `verify(scope)`: look again and judge: a `Finding` whose `problems` are not empty fails `unlearn verify-erasure`.
+
+`tasks/erasure.py`'s `erase` and `verify_erasure` are loops over `STORES`, in registration order (the order
+`tasks/stores/__init__.py` imports the modules in: the DVC cache last, since it re-commits what the others rewrote).
+Adding a store is one class with `@register_store` and one test (tests/unit/test_erasure_stores.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+from unlearning.config import Params
+from unlearning.erasure import Finding, Purged, npy_rows_found, row_digest
+
+
+@dataclass
+class Scope:
+    """What a store is asked about. `forgotten`: id keys as the ledger writes them (salted hashes with
+    deletion.hash_sample_ids): for an erasure every tombstone, for a verification one batch's ids or every
+    erased one. `digest_ids`: the row digest of each forgotten row -> its id keys (the erasure reports keep
+    them; [] for a report from before the ids were recorded). `cache_hashes`: the forgotten ids as the
+    ensemble cache's `<key>.ids.json` writes them."""
+
+    params: Params
+    forgotten: set[str]
+    tombstones: set[str]
+    key: Callable[[str], str]  # a sample id -> its key (the ledger's and the tombstones' form)
+    prepared: Any = None  # the prepared store (None before prepare)
+    digest_ids: dict[str, list[str]] = field(default_factory=dict)
+    cache_hashes: set[str] = field(default_factory=set)
+    ledger: list[dict] = field(default_factory=list)  # the ledger entries in scope (verification)
+    reports: list[dict] = field(default_factory=list)  # state/erasure/<batch>.json of the batches in scope
+    tracker: Any = None  # the MLflow adapter (tasks/tracking.py), None without a tracking store
+    champion_version: str | None = None  # the erasure's champion (a verification reads state/champion.json)
+    dvc_locked: bool = False  # inside `dvc repro`: the stores DVC holds leave their purge pending
+    # row digest of a forgotten row -> the retained rows (ids) with the same bytes: another person's row, kept
+    kept: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def hash_ids(self) -> bool:
+        return self.params.deletion.hash_sample_ids
+
+    @property
+    def digests(self) -> set[str]:
+        return set(self.digest_ids)
+
+    @property
+    def n_features(self) -> int:
+        return int(self.prepared.X.shape[1]) if self.prepared is not None else -1
+
+    def is_forgotten(self, sample_id) -> bool:
+        return self.key(sample_id) in self.forgotten
+
+    def row_name(self, digest: str) -> str:
+        """A forgotten row as a person reads it: its id (keyed like the ledger), else its digest."""
+        ids = self.digest_ids.get(digest) or []
+        return "/".join(map(repr, ids)) if ids else f"row digest {digest[:12]}"
+
+
+@runtime_checkable
+class Store(Protocol):
+    """One place that can hold a forgotten row or name a forgotten id (see the module's docstring)."""
+
+    name: str
+
+    def locate(self, scope: Scope) -> list[Finding]:
+        """Where the forgotten ids and rows are in this store now, unjudged (`problems` empty); changes nothing."""
+        ...
+
+    def purge(self, scope: Scope) -> list[Purged]:
+        """Remove them; idempotent ([] when this store has nothing to do)."""
+        ...
+
+    def verify(self, scope: Scope) -> list[Finding]:
+        """Look again after the erasure; a finding with problems fails `unlearn verify-erasure`."""
+        ...
+
+
+STORES: list[Store] = []
+
+
+def register_store(cls: type) -> type:
+    """Class decorator: one instance of the store joins `STORES` (its name must be new)."""
+    if any(s.name == cls.name for s in STORES):
+        raise ValueError(f"a store named {cls.name!r} is registered already: {[s.name for s in STORES]}")
+    store = cls()
+    if not isinstance(store, Store):
+        raise TypeError(f"store {cls.__name__} lacks one of name, locate, purge, verify")
+    STORES.append(store)
+    return cls
+
+
+def get_store(name: str) -> Store:
+    for s in STORES:
+        if s.name == name:
+            return s
+    raise KeyError(f"unknown store {name!r}; registered: {[s.name for s in STORES]}")
+
+
+# --- shared by several stores ------------------------------------------------------------------------------
+def in_dvc_stage() -> bool:
+    return bool(os.environ.get("DVC_STAGE"))
+
+
+def is_dvc_repo(params: Params) -> bool:
+    return (params.root / ".dvc").is_dir()
+
+
+def dvc_cache_dir(params: Params) -> Path:
+    return params.root / ".dvc" / "cache"
+
+
+def remote_folder(params: Params) -> Path | None:
+    remote = params.operations.dvc_remote
+    if not remote:
+        return None
+    folder = Path(remote) if Path(remote).is_absolute() else params.root / remote
+    return folder if folder.is_dir() else None
+
+
+def digest_list(X: np.ndarray) -> list[str]:
+    """[n] row digests of X [n, ...] in row order (unlearning/erasure.py's row_digest: sha256 of float32 bytes)."""
+    X = np.ascontiguousarray(np.asarray(X), dtype=np.float32)
+    return [row_digest(r) for r in X.reshape(len(X), -1)] if len(X) else []  # no rows: no -1 to infer
+
+
+def prepared_rows(scope: Scope) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The prepared store's rows: ([n] digests, [n] id keys, [n] bool: the id is forgotten or tombstoned)."""
+    keys = scope.prepared.manifest["sample_id"].map(scope.key).to_numpy(dtype=object)
+    gone = np.array([k in scope.forgotten or k in scope.tombstones for k in keys], dtype=bool)
+    return digest_list(scope.prepared.X) if scope.digest_ids else [""] * len(keys), keys, gone
+
+
+def retained_twins(scope: Scope) -> dict[str, list[str]]:
+    """{digest of a forgotten row: the retained rows' ids with the same bytes}: a duplicate row in the data is
+    another person's row, kept; its bytes prove nothing about the forgotten one."""
+    if scope.prepared is None or not scope.digest_ids:
+        return {}
+    digests, _, gone = prepared_rows(scope)
+    ids = scope.prepared.manifest["sample_id"].astype(str).to_numpy(dtype=object)
+    kept: dict[str, list[str]] = {}
+    for d, i, g in zip(digests, ids, gone):
+        if not g and d in scope.digest_ids:
+            kept.setdefault(d, []).append(i)
+    return kept
+
+
+def rows_beyond_twins(path: Path, scope: Scope) -> tuple[list[str], int]:
+    """(digests of forgotten rows in the .npy file at `path` beyond the retained twins' count, one per extra
+    copy; how many of its rows are a retained twin's bytes)."""
+    if not scope.digest_ids or not npy_rows_found(path, scope.digests, scope.n_features):
+        return [], 0
+    counts = Counter(d for d in digest_list(np.load(path, mmap_mode="r", allow_pickle=False)) if d in scope.digest_ids)
+    extra = [d for d, c in sorted(counts.items()) for _ in range(c - len(scope.kept.get(d, [])))]
+    return extra, sum(counts.values()) - len(extra)
+
+
+def raw_rows_finding(store: str, root: Path | None, scope: Scope) -> list[Finding]:
+    """A store without ids (the DVC cache and remote, MLflow artifacts): its .npy files searched for the forgotten
+    rows' bytes. A copy of a retained twin's bytes is allowed as many times as the prepared store keeps it."""
+    if root is None or not root.is_dir():
+        return []
+    left, twins = [], 0
+    for f in (f for f in root.rglob("*") if f.is_file()):
+        extra, same = rows_beyond_twins(f, scope)
+        left += [f"{scope.row_name(d)} in {f.relative_to(root)}" for d in extra]
+        twins += same
+    return [Finding.left(store, root, rows=left, rows_identical_to_retained=twins)]
+
+
+def unjudged(findings: list[Finding]) -> list[Finding]:
+    """`locate`'s form of `verify`'s findings: the same counts, no problems."""
+    return [Finding(f.store, f.where, f.counts, (), f.where_key) for f in findings]
+
+
+TEXT_SUFFIXES = {".json", ".csv", ".txt", ".yaml", ".yml", ".html", ".md", ".jsonl", ".parquet"}
+
+
+def files_naming(root: Path, forgotten: set[str], max_bytes: int = 50_000_000) -> int | None:
+    """How many text files under `root` name a forgotten id (None: no such folder)."""
+    import re
+
+    if not root.is_dir():
+        return None
+    if not forgotten:
+        return 0
+    pattern = re.compile("|".join(re.escape(i) for i in sorted(forgotten, key=len, reverse=True)).encode())
+    files = [f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES
+             and f.stat().st_size <= max_bytes]
+    return sum(1 for f in files if pattern.search(f.read_bytes()))

@@ -1,0 +1,59 @@
+"""The DVC cache and its remote (docs/erasure.md): after the other stores rewrote their files, the stages'
+outputs are re-committed and the cache (and the remote) garbage-collected, so no cache object holds a forgotten
+row. Registered last: it commits what the others rewrote."""
+
+from __future__ import annotations
+
+from tasks import dvc_ops
+from tasks.stores.base import (
+    Scope, dvc_cache_dir, is_dvc_repo, raw_rows_finding, register_store, remote_folder, unjudged,
+)
+from unlearning.config import Params
+from unlearning.erasure import Finding, Purged
+
+
+def dvc_gc(params: Params) -> dict:
+    """`dvc commit -f prepare train deletion`, `dvc gc -w`; with a remote: push, then gc it too."""
+    root = params.root
+    from tasks.dvc_metrics import ensure_metrics
+
+    ensure_metrics(params)  # the stages' declared metrics outputs must exist for `dvc commit`
+    out = {"committed": dvc_ops.commit(root, ["prepare", "train", "deletion"]), "gc": "workspace"}
+    dvc_ops.gc_workspace(root)
+    configured = dvc_ops.remotes(root)
+    if configured:
+        from tasks.lineage import _ensure_remote
+
+        name = params.operations.dvc_remote
+        if name not in configured:
+            folder = remote_folder(params)
+            name = _ensure_remote(root, folder) if folder is not None else None
+        if name:
+            dvc_ops.push(root, name)
+            dvc_ops.gc_workspace(root, remote=name)
+            out["remote"] = name
+    return out
+
+
+@register_store
+class DvcCache:
+    """.dvc/cache and the remote (operations.dvc_remote): purged by commit + gc (erasure.dvc_gc, in a DVC repo
+    only); inside `dvc repro` the repro holds the lock: pending for `unlearn erase`. Verified by searching their
+    .npy objects for the forgotten rows' bytes."""
+
+    name = "DVC cache"
+
+    def locate(self, scope: Scope) -> list[Finding]:
+        return unjudged(self.verify(scope))
+
+    def purge(self, scope: Scope) -> list[Purged]:
+        params = scope.params
+        if not (is_dvc_repo(params) and params.erasure.dvc_gc):
+            return []
+        if scope.dvc_locked:
+            return [Purged(self.name, str(dvc_cache_dir(params)), pending="the DVC cache")]
+        return [Purged(self.name, str(dvc_cache_dir(params)), dvc_gc(params))]
+
+    def verify(self, scope: Scope) -> list[Finding]:
+        return raw_rows_finding(self.name, dvc_cache_dir(scope.params), scope) + \
+            raw_rows_finding("DVC remote", remote_folder(scope.params), scope)
