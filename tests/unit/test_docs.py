@@ -21,11 +21,28 @@ import gen_params  # noqa: E402  (docs/gen_params.py: the generator of the confi
 # The pages a newcomer needs; each is in the nav and built.
 PAGES = ["index.md", "getting-started.md", "own-data.md", "requests.md", "certificate.md", "erasure.md",
          "operations.md", "review.md", "troubleshooting.md", "configuration.md", "evidence.md", "design.md"]
+# The API reference of the core (mkdocstrings): one page per area, each rendering the modules it names.
+API_PAGES = {"api/index.md": [], "api/plan.md": ["unlearning.plan"],
+             "api/acceptance.md": ["unlearning.acceptance", "unlearning.certificate"],
+             "api/sequential.md": ["unlearning.sequential"],
+             "api/gate.md": ["unlearning.gate", "unlearning.policy", "unlearning.selection"],
+             "api/leverage.md": ["unlearning.leverage.diagnostics"], "api/partition.md": ["unlearning.partition"],
+             "api/methods.md": ["unlearning.methods.registry"], "api/metrics.md": ["unlearning.metrics.klom"],
+             "api/models.md": ["unlearning.models.ensemble"], "api/data.md": ["unlearning.data.store"],
+             "api/erasure.md": ["unlearning.ledger", "unlearning.erasure"], "api/requests.md": ["unlearning.requests"],
+             "api/ensembles.md": ["unlearning.ensembles"], "api/config.md": ["unlearning.config"]}
+PAGES += list(API_PAGES)
 
 
 def nav_pages() -> list[str]:
-    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
-    return [page for entry in config["nav"] for page in entry.values()]
+    def pages(entries) -> list[str]:
+        out = []
+        for entry in entries:
+            for value in (entry.values() if isinstance(entry, dict) else [entry]):
+                out += pages(value) if isinstance(value, list) else [value]
+        return out
+
+    return pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
 
 
 def test_the_nav_holds_every_page_and_each_exists():
@@ -40,8 +57,13 @@ def test_mkdocs_build_strict_builds_every_page(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     for page in PAGES:
-        built = tmp_path / "site" / ("index.html" if page == "index.md" else f"{page[:-3]}/index.html")
+        built = tmp_path / "site" / (f"{page[:-len('index.md')]}index.html" if page.endswith("index.md")
+                                     else f"{page[:-3]}/index.html")
         assert built.is_file(), f"{page} was not built"
+    for page, modules in API_PAGES.items():  # mkdocstrings rendered each module (its heading's anchor)
+        html = (tmp_path / "site" / page.replace(".md", "/index.html").replace("index/index.html", "index.html")
+                ).read_text()
+        assert all(f'id="{m}"' in html for m in modules), page
 
 
 def test_the_readme_is_short_and_its_links_reach_pages():

@@ -33,7 +33,7 @@ class HeadFunction(OutputFunction):
 
     Plain (basis None): z = h~ = [h, 1] (k = d + 1), W = [weight | bias], offset 0, inputs X = h [b, d].
     Reduced (basis U [d+1, k], orthonormal columns): the head moves only within the span of U, W = Wb U, and
-    the rest of the head stays at theta_D: inputs X = [z, offset] [b, k + C] with z = h~ U and
+    the rest of the head stays at theta_D: inputs X = [z, offset], shape [b, k + C], with z = h~ U and
     offset = h~ (I - U U^T) Wb^T (`HeadOf.features` computes them), so f is still the model's output."""
 
     vectorized = True
