@@ -26,6 +26,8 @@ from tasks.clock import tracks
 PIP_REQUIREMENTS = ["torch==2.13.0"]  # given explicitly: inferring them costs ~10 s per model
 # A model that prepares raw rows imports unlearning.data (pandera) and, for images, Pillow.
 RAW_REQUIREMENTS = ["pandera", "pillow"]
+# The model's loader module: a file shipped into its code/ folder, importable there as `champion_loader`.
+LOADER = Path(__file__).resolve().parent / "champion_loader.py"
 
 # MLflow 3 opens an experiment without a kind on its GenAI overview (traces, tokens); these runs are model
 # training and validation, so the UI should open on the runs table.
@@ -307,7 +309,8 @@ class Tracker:
         it maps raw rows instead: its signature names the raw columns and their types, and its input example is
         one row made from the recipe (`example_rows`: no data row); `input_example` is then unused. It carries
         the project's checkpoint and, as code,
-        the `unlearning` package (and a custom factory's module), so it loads with `mlflow.pyfunc.load_model`
+        the `unlearning` package (and a custom factory's module) and its loader (tasks/champion_loader.py: bad raw
+        rows answer a REST client with their one-line error), so it loads with `mlflow.pyfunc.load_model`
         without this repository. `input_example`: a few feature rows [k, d] (zeros when None: no data row
         lands in the registry unless the caller chooses one). Logged to `run_id` directly, without the
         thread-local active run (Prefect tasks run in other threads); the logged model is created in this
@@ -336,8 +339,9 @@ class Tracker:
             with fluent_store(self.tracking_uri), _logger_level("mlflow.pyfunc", logging.WARNING):
                 info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id,
                                  model_id=logged.model_id,
-                                 registered_model_name=registered_name, loader_module=serving.__name__,
-                                 data_path=str(checkpoint), code_paths=[str(p) for p in serving.code_paths(model)],
+                                 registered_model_name=registered_name, loader_module=LOADER.stem,
+                                 data_path=str(checkpoint),
+                                 code_paths=[str(LOADER)] + [str(p) for p in serving.code_paths(model)],
                                  signature=signature, input_example=example,
                                  pip_requirements=PIP_REQUIREMENTS + (RAW_REQUIREMENTS if preparation else []),
                                  metadata={"output": "class probabilities [B, C], one column per class",

@@ -210,8 +210,12 @@ def test_the_registered_champion_refuses_odd_rows_clearly(table, registry):
     rows = table["raw"].head(2)
     with pytest.raises(MlflowException, match=r"missing inputs \['zone'\]"):
         served.predict(rows.drop(columns=["zone"]))
-    with pytest.raises(DataError, match=r"values 'west' are not among the fitted categories"):
+    # the core's DataError reaches MLflow as an MlflowException (tasks/champion_loader.py): a REST client reads it
+    with pytest.raises(MlflowException, match=r"values 'west' are not among the fitted categories") as e:
         served.predict(rows.assign(zone=["north", "west"]))
+    assert e.value.get_http_status_code() == 400
+    with pytest.raises(MlflowException, match=r"column 'spend' has no value in rows \[0\]"):
+        served.predict(rows.assign(spend=[None, 1.0]))
 
 
 def test_the_checkpoint_carries_the_recipe_and_old_ones_still_load(table, tmp_path):
