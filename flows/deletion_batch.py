@@ -99,10 +99,16 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                   if params.diagnostics.enabled or params.deletion.partition.mode == "leverage" else None)
         rows = S.partition(batch, params.deletion.partition, state, forget_ids,
                            report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))
-        outcome = plan_and_run(batch, params, state, rows, objective, report)
+        licensing = None
+        if params.validation.mode == "qualified" and objective == "retrain_equivalence":
+            outcome, licensing = qualified_run(batch, params, state, rows, objective, report)
+        else:
+            outcome = plan_and_run(batch, params, state, rows, objective, report)
         quality = announce_quality(batch, outcome, state, rows, params)  # said out loud; refused if declared
         promoted = S.promote(batch, params, state, requests, objective, outcome, rows,
                              n_original_train(state.manifest, state.ledger), warnings=quality)
+        if licensing is not None:
+            mark_qualified(batch, params, promoted["version"], outcome.method, licensing)
         erasure = (S.erase(batch, params, erased_ids, state.prepared.info["name"], promoted["version"])
                    if params.erasure.enabled else None)
         S.finish(batch, outcome, promoted, erasure)
@@ -152,6 +158,55 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str,
     if outcome is None:
         raise BatchRejected(f"no candidate passed the gate for {batch.path.name}; the previous champion stays")
     return outcome
+
+
+def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report):
+    """validation.mode qualified (docs/certificate.md, "Two modes"): the method the model's qualification
+    licenses at this batch's predicted gap, judged by the cheap checks alone (no reference model); exact retrain
+    when nothing is licensed, the debt is due, or the licensed candidate fails a cheap check. Returns the accepted
+    outcome and the licensing (the row, the gap, whether the batch is due an audit); raises BatchRejected when
+    even the retrain misses a floor."""
+    from tasks.qualification import license_for_batch
+    from unlearning.plan import Step
+    from unlearning.qualification import EXACT, audit_due
+
+    batch_index = len(state.champion.get("history", []))
+    lic, gap, q, debt = license_for_batch(params, state, rows, report, n_original_train(state.manifest, state.ledger))
+    a = params.validation.audit
+    due = audit_due(a.every, a.probability, params.base.seed, batch_index)
+    steps = ([Step(lic.method, "qualified")] if lic.method != EXACT else []) + [Step(EXACT, "exact")]
+    licensing = {"license": lic.to_dict(), "gap_to_noise": gap, "noise_unit": q.noise, "audit_due": due,
+                 "batch_index": batch_index, "qualification": q.tag()}
+    batch.summary.update(
+        debt=debt, selection={"candidates": [st.method for st in steps], "fired": [("qualification", lic.reason)],
+                              "rule_methods": {"qualification": lic.method}, "skipped": [],
+                              "facts": {"predicted_gap_to_noise": gap}},
+        plan=[f"validation.mode qualified: predicted gap {gap:.3g} noise units; licensed `{lic.method}` by "
+              f"{lic.row.row_id if lic.row else 'no row'}",
+              "cheap checks, no reference model: accuracy per split against the original's, membership test of "
+              "the forget rows against validation; exact retrain when they fail",
+              f"audit: {'due' if due else 'not drawn'} for batch {batch_index} (validation.audit)"])
+    batch.tracker.log_json(batch.parent, licensing, "qualification_license.json")
+    batch.tracker.set_tags(batch.parent, {"validation_mode": "qualified", "licensed": lic.method,
+                                          "qualification_row": lic.row.row_id if lic.row else "none"})
+    run_logger().info(f"{batch.path.name}: qualified mode: predicted gap {gap:.3g} noise units; {lic.reason}")
+    for step in steps:
+        out = S.unlearn_and_certify(batch, step, params, state, rows, None, None, objective, batch_index)
+        if S.accepted(batch, out, params.gate.exact_retrain_overrides):
+            return out, licensing
+    raise BatchRejected(f"no candidate passed the cheap checks for {batch.path.name}; the previous champion stays")
+
+
+def mark_qualified(batch: S.BatchRun, params: Params, version: str, method: str, licensing: dict) -> None:
+    """Tag the promoted version with what promised it: "qualified, not audited" (the licensed method passed the
+    cheap checks), or exact retrain (exact by construction, nothing to audit)."""
+    row = (licensing["license"].get("row") or {}).get("row_id")
+    qualified = method == licensing["license"]["method"] and method != "retrain"
+    tags = {"validation_mode": "qualified",
+            "qualified": "qualified, not audited" if qualified else "exact retrain",
+            "qualification_row": row if qualified and row else "none",
+            "audit": ("due" if licensing["audit_due"] else "not drawn") if qualified else "not needed"}
+    batch.tracker.set_version_tags(params.tracking.registered_model, version, tags)
 
 
 def open_batch(path: Path, params: Params, state, pending, device: str, started: float) -> S.BatchRun:

@@ -63,6 +63,12 @@ def run_step(step: Step, params: Params, state, rows: BatchRows, pool: Reference
         return exact_retrain(params, state, rows, device, objective, batch_index, ev), []
     if step.certificate == "absolute":
         return absolute(step.method, args, params, state, rows, device, objective, ev), []
+    if step.certificate == "qualified":
+        sampled = sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed)
+        from tasks.qualified import qualified_outcome
+
+        return qualified_outcome(step.method, args, params, state, rows, device, objective,
+                                 Evaluator(state.prepared, sampled, plan)), []
     if step.certificate == "audit":
         shadows, oracles = pool.ensure(*step.references)
         return unlearn_and_validate(step.method, args, params.gate, params.base.seed, params.base.progress,

@@ -132,3 +132,41 @@ def write_qualification(path: Path, q: Qualification) -> None:
 
 def read_qualification(path: Path) -> Qualification | None:
     return Qualification.from_dict(json.loads(path.read_text())) if path.exists() else None
+
+
+def require_qualification(params: Params, state) -> Qualification:
+    """The qualification a qualified batch reads; ConfigError (one line: what, why, the fix) when it is missing,
+    was written under per_batch, or qualifies another original (dataset, model or recipe)."""
+    from unlearning.config import ConfigError
+
+    path = qualification_path(params)
+    fix = "run `dvc repro qualify` (or `python -m flows.qualify`), or set validation.mode: per_batch"
+    q = read_qualification(path)
+    if q is None:
+        raise ConfigError(f"validation.mode = 'qualified' needs {path}, which does not exist: {fix}")
+    if q.skipped:
+        raise ConfigError(f"validation.mode = 'qualified' but {path} qualified nothing ({q.skipped}): {fix}")
+    if q.fingerprint.get("digest") != state.fingerprint.get("digest"):
+        raise ConfigError(f"validation.mode = 'qualified' but {path} qualifies another original (fingerprint "
+                          f"{q.fingerprint.get('digest')}, this one {state.fingerprint.get('digest')}): {fix}")
+    return q
+
+
+def license_for_batch(params: Params, state, rows, report, n_train: int):
+    """-> (License, the batch's predicted gap in noise units, the qualification, the retraining debt): the
+    licensing rule over the stored table, overridden by the retraining debt (deletion.debt) as per_batch's
+    selection is."""
+    from unlearning.history import debt_reasons, retraining_debt
+    from unlearning.qualification import EXACT, License, license_method
+
+    q = require_qualification(params, state)
+    v = params.validation
+    gap = gap_in_noise_units(report.predicted_gap_forget, q.noise) if report is not None else float("nan")
+    lic = license_method(q.table, gap, q.methods, v.qualified_min_pass, v.qualified_bound)
+    debt = retraining_debt(state.ledger, n_train)
+    forced = debt_reasons(debt, len(rows.forget), params.deletion.debt.max_forgotten_fraction,
+                          params.deletion.debt.max_batches_since_retrain)
+    if forced and lic.method != EXACT:
+        lic = License(EXACT, None, f"retraining debt: {'; '.join(forced)} (the qualification licensed {lic.method}: "
+                                   f"{lic.reason})")
+    return lic, gap, q, debt

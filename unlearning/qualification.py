@@ -257,6 +257,67 @@ def license_method(table: Sequence[Row], gap_to_noise: float, methods: Sequence[
                                 f"(>= {min_pass} needed; {why}): exact retrain")
 
 
+# --- the cheap checks of a qualified batch --------------------------------------------------------------------
+
+def _auc_from_ranks(ranks: np.ndarray, is_val: np.ndarray, n_f: int, n_v: int) -> np.ndarray:
+    """AUC of "member iff loss < tau" (unlearning/metrics/mia.py loss_threshold_auc) from the pooled rows'
+    average ranks and one or more validation masks [..., n]."""
+    return ((is_val * ranks).sum(-1) - n_v * (n_v + 1) / 2.0) / (n_f * n_v)
+
+
+def membership_test(forget_losses: np.ndarray, forget_labels: np.ndarray, validation_losses: np.ndarray,
+                    validation_labels: np.ndarray, n_permutations: int, seed: int) -> tuple[float, float]:
+    """A membership test of the forget rows against the validation rows that needs no reference model: the
+    loss-threshold AUC (forget losses lower = members), and its permutation p-value with the forget/validation
+    labels permuted within each class (the classes present on both sides; a retrain never saw the forget rows,
+    so within a class they are exchangeable with held-out rows). -> (AUC, p); (NaN, 1.0) when no class is on
+    both sides. p = (1 + #{null AUC >= observed}) / (1 + n_permutations)."""
+    fl, vl = np.asarray(forget_losses, np.float64), np.asarray(validation_losses, np.float64)
+    fy, vy = np.asarray(forget_labels), np.asarray(validation_labels)
+    shared = np.intersect1d(fy, vy)
+    keep_f, keep_v = np.isin(fy, shared), np.isin(vy, shared)
+    if not keep_f.any():
+        return math.nan, 1.0
+    losses = np.concatenate([fl[keep_f], vl[keep_v]])
+    labels = np.concatenate([fy[keep_f], vy[keep_v]])
+    is_val = np.concatenate([np.zeros(keep_f.sum()), np.ones(keep_v.sum())])
+    n_f, n_v = int(keep_f.sum()), int(keep_v.sum())
+    uniq, inverse, counts = np.unique(losses, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - counts + (counts + 1) / 2.0)[inverse]
+    observed = float(_auc_from_ranks(ranks, is_val, n_f, n_v))
+    rng = np.random.default_rng(seed)
+    null_masks = np.tile(is_val, (n_permutations, 1))
+    for c in shared:
+        idx = np.flatnonzero(labels == c)
+        null_masks[:, idx] = rng.permuted(null_masks[:, idx], axis=1)
+    null = _auc_from_ranks(ranks, null_masks, n_f, n_v)
+    return observed, float((1 + np.count_nonzero(null >= observed - 1e-12)) / (1 + n_permutations))
+
+
+def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p: float, alpha: float
+                 ) -> tuple[dict[str, dict], list[str]]:
+    """The reference-free checks of a qualified batch's candidate: accuracy on each retained split and on
+    validation at least the original's minus `max_drop` (gate.retrain_equivalence.max_validation_drop; None:
+    not checked), and the membership test's p-value at least `alpha`. -> (checks, failures in words)."""
+    checks: dict[str, dict] = {}
+    failures: list[str] = []
+    if max_drop is not None:
+        for s in ("adjacent", "remote", "validation"):
+            acc, orig = metrics.get(f"acc/{s}"), metrics.get(f"original_acc/{s}")
+            if acc is None or orig is None or math.isnan(acc) or math.isnan(orig):
+                continue
+            ok = acc >= orig - max_drop - 1e-12
+            checks[f"acc_vs_original/{s}"] = {"value": acc, "op": ">=", "limit": round(orig - max_drop, 6), "passed": ok}
+            if not ok:
+                failures.append(f"acc/{s} = {acc:.4f} (needs >= the original's {orig:.4f} - {max_drop})")
+    ok = not (membership_p < alpha)
+    checks["membership_pvalue/forget_vs_validation"] = {"value": membership_p, "op": ">=", "limit": alpha, "passed": ok}
+    if not ok:
+        failures.append(f"membership test forget vs validation: p = {membership_p:.4g} < {alpha} (the forget rows "
+                        f"still look like training rows)")
+    return checks, failures
+
+
 # --- the audit schedule --------------------------------------------------------------------------------------
 
 def audit_due(every: int | None, probability: float | None, seed: int, batch_index: int) -> bool:

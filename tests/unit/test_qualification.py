@@ -173,3 +173,47 @@ def test_gap_in_noise_units_matches_the_selection_facts_float64():
     g = np.array([0.1, 0.3, 0.2])
     assert gap_in_noise_units(g, 0.01) == pytest.approx(np.mean(0.5 * g ** 2) / 0.01, rel=1e-15)
     assert math.isnan(gap_in_noise_units(np.zeros(0), 1.0))
+
+
+def test_membership_test_auc_matches_the_mia_metric_and_exact_permutation_float64():
+    from unlearning.metrics import loss_threshold_auc
+    from unlearning.qualification import membership_test
+
+    rng = np.random.default_rng(1)
+    fl, vl = rng.random(4), rng.random(5)
+    fy, vy = np.array([0, 0, 1, 1]), np.array([0, 0, 1, 1, 2])  # class 2 only on one side: left out
+    auc, p = membership_test(fl, fy, vl, vy, 20000, 0)
+    assert auc == pytest.approx(loss_threshold_auc(fl, vl[:4]), abs=1e-15)
+    # exact p: every within-class assignment of the forget labels (C(4,2) x C(4,2) = 36, equally likely)
+    losses, labels = np.concatenate([fl, vl[:4]]), np.concatenate([fy, vy[:4]])
+    null = []
+    for a in itertools.combinations(np.flatnonzero(labels == 0), 2):
+        for b in itertools.combinations(np.flatnonzero(labels == 1), 2):
+            f = np.zeros(8, bool)
+            f[list(a + b)] = True
+            null.append(loss_threshold_auc(losses[f], losses[~f]))
+    exact = np.mean(np.array(null) >= auc - 1e-12)
+    assert p == pytest.approx(exact, abs=0.01)
+
+
+def test_membership_test_rejects_members_and_keeps_held_out_rows():
+    from unlearning.qualification import membership_test
+
+    rng = np.random.default_rng(2)
+    y = rng.integers(0, 3, 200)
+    val = rng.exponential(1.0, 200)
+    _, p_member = membership_test(rng.exponential(0.3, 60), y[:60], val, y, 999, 0)
+    _, p_held = membership_test(rng.exponential(1.0, 60), y[:60], val, y, 999, 0)
+    assert p_member < 0.01 < p_held
+    assert membership_test(np.ones(3), np.array([7, 7, 7]), val, y, 99, 0) == (pytest.approx(float("nan"), nan_ok=True), 1.0)
+
+
+def test_cheap_checks_name_each_failing_check():
+    from unlearning.qualification import cheap_checks
+
+    m = {"acc/remote": 0.90, "original_acc/remote": 0.99, "acc/validation": 0.96, "original_acc/validation": 0.97}
+    checks, failures = cheap_checks(m, 0.05, 0.5, 0.01)
+    assert not checks["acc_vs_original/remote"]["passed"] and checks["acc_vs_original/validation"]["passed"]
+    assert len(failures) == 1 and "acc/remote = 0.9000" in failures[0]
+    checks, failures = cheap_checks(m, None, 0.001, 0.01)
+    assert list(checks) == ["membership_pvalue/forget_vs_validation"] and "p = 0.001 < 0.01" in failures[0]

@@ -1,0 +1,49 @@
+"""A qualified batch's candidate (validation.mode qualified; docs/certificate.md, "Two modes"): the method the
+model's qualification licensed, run on the production model and judged by the cheap checks alone, no reference
+model (tasks/certify.py runs it for a step whose certificate is `qualified`)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tasks.training import recipe as recipe_of
+from unlearning.acceptance import CandidateOutcome, reference_free_outcome
+from unlearning.batch import BatchRows, unlearn_context
+from unlearning.config import Params
+from unlearning.methods import run_method
+from unlearning.seeds import method_seed
+
+
+def qualified_outcome(method: str, args: dict, params: Params, state, rows: BatchRows, device: str, objective: str,
+                      ev) -> CandidateOutcome:
+    """A method the model's qualification licensed (validation.mode qualified), on the production model alone,
+    with the cheap checks (unlearning/qualification.py cheap_checks): accuracy per split against the original's,
+    and the membership test of the forget rows against the validation rows. No reference model."""
+    from unlearning.gate import Verdict
+    from unlearning.qualification import cheap_checks, membership_test
+    from unlearning.sequential import permutations_for
+
+    t0 = time.perf_counter()
+    label = f"{method} (production)" if params.base.progress else False
+    res = run_method(method, unlearn_context(state.model.to(device), state.prepared, rows, recipe_of(params),
+                                             method_seed(params.base.seed), progress=label), args)
+    cand = ev(res.model)
+    ids = ev.prepared.manifest["sample_id"].to_numpy()[ev.eval_rows]
+    cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds}
+    out = reference_free_outcome(method, res.model, cand, ev(state.model), ev.labels, ev.splits, ids, params.gate,
+                                 objective, cost, t0)
+    g = params.gate.retrain_equivalence
+    losses = torch.nn.functional.cross_entropy(cand[0].double(), torch.as_tensor(ev.labels, dtype=torch.long),
+                                               reduction="none").numpy()
+    f, v = ev.splits == "forget", ev.splits == "validation"
+    auc, p = membership_test(losses[f], ev.labels[f], losses[v], ev.labels[v], permutations_for(g.alpha,
+                                                                                                g.n_permutations),
+                             params.base.seed)
+    out.metrics.update({"mia_auc/forget_vs_validation": auc, "membership_pvalue/forget_vs_validation": p})
+    checks, failures = cheap_checks(out.metrics, g.max_validation_drop, p, g.alpha)
+    out.verdict = Verdict(passed=out.verdict.passed and not failures, objective=objective,
+                          failures=[*out.verdict.failures, *failures], checks={**out.verdict.checks, **checks})
+    out.cost["wall_seconds"] = time.perf_counter() - t0
+    return out
