@@ -72,8 +72,15 @@ def cmd_plan(args) -> int:
     if not path.exists():
         raise FileNotFoundError(f"{args.file}: no such request file")
     plan, timing, selection, notes = batch_plan_for(path, params, device_of(params))
+    from unlearning.plan import sequential_step
+    from unlearning.qualification import advise_mode
+
+    certificate = sequential_step("any", params.validation, params.gate, timing.member_in_retrains)
+    advice, advice_line = advise_mode(certificate.cost_retrains_accept, timing.retrain_seconds,
+                                      params.validation.mode)
+    notes = [advice_line, *notes]
     if args.json:
-        print(json.dumps({**plan.to_dict(), "timing": timing.__dict__, "selection": {
+        print(json.dumps({**plan.to_dict(), "timing": timing.__dict__, "mode_advice": advice, "selection": {
             "candidates": selection["candidates"], "fired": selection["fired"], "skipped": selection["skipped"]},
             "notes_cli": notes}, indent=2, default=str))
     else:

@@ -318,6 +318,27 @@ def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p
     return checks, failures
 
 
+# --- which mode the model's size calls for --------------------------------------------------------------------
+
+PER_BATCH_SECONDS = 600.0  # a per-batch certificate past 10 minutes a batch: qualify once instead
+
+
+def advise_mode(certificate_retrains: float, retrain_seconds: float, mode: str) -> tuple[str, str]:
+    """The mode a model of this size calls for, and why in words: per_batch while certifying one approximate
+    candidate (`certificate_retrains`: its references, in retrains, all looks) takes at most PER_BATCH_SECONDS;
+    qualified past it, where a batch's certificate costs far more than the retrain it is meant to avoid.
+    `mode`: validation.mode as configured (the advice says whether it agrees)."""
+    seconds = certificate_retrains * retrain_seconds
+    advice = "per_batch" if seconds <= PER_BATCH_SECONDS else "qualified"
+    why = (f"certifying an approximate candidate trains about {certificate_retrains:.0f} retrains' worth of "
+           f"references ({seconds:.0f} s at {retrain_seconds:.2f} s a retrain): "
+           + ("cheap enough to certify every batch" if advice == "per_batch" else
+              f"more than {PER_BATCH_SECONDS:.0f} s a batch: qualify the model once (`dvc repro qualify`) and audit "
+              f"sampled batches"))
+    agrees = "as configured" if advice == mode else f"validation.mode is {mode}"
+    return advice, f"mode: {advice} suits this model ({agrees}): {why}"
+
+
 # --- the audit schedule --------------------------------------------------------------------------------------
 
 def audit_due(every: int | None, probability: float | None, seed: int, batch_index: int) -> bool:

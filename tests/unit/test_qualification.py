@@ -217,3 +217,12 @@ def test_cheap_checks_name_each_failing_check():
     assert len(failures) == 1 and "acc/remote = 0.9000" in failures[0]
     checks, failures = cheap_checks(m, None, 0.001, 0.01)
     assert list(checks) == ["membership_pvalue/forget_vs_validation"] and "p = 0.001 < 0.01" in failures[0]
+
+
+def test_mode_advice_follows_the_certificate_seconds():
+    from unlearning.qualification import PER_BATCH_SECONDS, advise_mode
+
+    mode, line = advise_mode(40.0, 0.2, "per_batch")
+    assert mode == "per_batch" and "as configured" in line and "8 s" in line
+    mode, line = advise_mode(160.0, PER_BATCH_SECONDS / 100, "per_batch")
+    assert mode == "qualified" and "validation.mode is per_batch" in line and "dvc repro qualify" in line
