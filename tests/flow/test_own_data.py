@@ -98,8 +98,38 @@ def assert_applied(root, results: list[dict], n: int = 6) -> None:
     manifest = pd.read_csv(root / "state" / "manifest.csv", dtype=str)
     ledger = [json.loads(line) for line in (root / "state" / "ledger.jsonl").read_text().splitlines()]
     assert len(ledger) == n and {e["model_version_after"] for e in ledger} == {results[0]["model_version"]}
-    # erased after promotion: gone from the live manifest (and the prepared store), recorded in the ledger
-    assert not set(manifest["sample_id"]) & {e["sample_id"] for e in ledger}
+    # erased after promotion: gone from the live manifest (and the prepared store), recorded in the ledger by their
+    # salted hashes (deletion.hash_sample_ids is on by default)
+    from unlearning.config import load_params
+    from unlearning.erasure import id_key
+    from unlearning.salt import id_salt
+
+    key = id_key(True, id_salt(load_params(root / "params.yaml")))
+    assert all(e["sample_id"].startswith("sha256:") for e in ledger)
+    assert not {key(s) for s in manifest["sample_id"]} & {e["sample_id"] for e in ledger}
+
+
+def assert_champion_serves_raw(root, raw_rows) -> None:
+    """The champion the batch registered (promote) answers raw input for the kept samples (`raw_rows(ids)`: the
+    team's rows or images, in the prepared store's order) with the state model's probabilities on the prepared
+    features, to 1e-6 (docs/own-data.md, "Serving raw rows")."""
+    import mlflow.pyfunc
+    import torch
+
+    from tasks.tracking import fluent_store
+    from unlearning.config import load_params
+    from unlearning.data import load_prepared
+    from unlearning.models import load_model
+
+    p = load_params(root / "params.yaml")
+    prepared = load_prepared(p.path("prepared_dir"))
+    with fluent_store(p.mlflow_tracking_uri()):
+        served = mlflow.pyfunc.load_model(f"models:/{p.tracking.registered_model}@{p.tracking.alias}")
+    model, _ = load_model(root / "state" / "model.pt", search_paths=[root])
+    with torch.no_grad():
+        expected = torch.softmax(model.eval()(prepared.tensor()), dim=-1).mean(0).numpy()
+    got = served.predict(raw_rows(prepared.manifest["sample_id"].tolist()))
+    np.testing.assert_allclose(got.to_numpy(), expected, atol=1e-6)
 
 
 def test_csv_table_with_a_custom_batchnorm_module(tmp_path, prefect_harness):
@@ -123,6 +153,8 @@ def test_csv_table_with_a_custom_batchnorm_module(tmp_path, prefect_harness):
     model, _ = load_model(root / "state" / "model.pt", search_paths=[root])
     assert model.module_class == "TabularNet" and model.n_classes == 4
     assert any("running_mean" in name for name, _ in model.named_buffers())
+    raw = table()  # the team's own rows: the id and label columns ride along, text categories as text
+    assert_champion_serves_raw(root, lambda ids: raw.set_index("tree_id").loc[ids].reset_index())
 
 
 def run_stage(module: str, root) -> "subprocess.CompletedProcess":
@@ -186,3 +218,6 @@ def test_image_folder_of_pngs_with_the_cnn(tmp_path, prefect_harness):
     assert_applied(root, results)
     manifest = pd.read_csv(root / "data" / "prepared" / "manifest.csv", dtype=str)
     assert manifest.sample_id.str.match(r"^blob_(top|bottom|left)/img_\d{3}$").all()
+    images = root / "data" / "images"
+    assert_champion_serves_raw(root, lambda ids: pd.DataFrame({"image": [(images / f"{i}.png").read_bytes()
+                                                                         for i in ids]}))
