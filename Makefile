@@ -55,7 +55,13 @@ $(MLFLOW_DB): $(STAMP)
 	  echo "creating the MLflow store $(MLFLOW_DB) (once)"; \
 	  out=$$($(BIN)/python -m flows.stores 2>&1) || { echo "$$out"; exit 1; }; fi
 
-setup: $(STAMP) $(PREFECT_DB) $(MLFLOW_DB) ## create .venv, install the project (torch CPU 2.13.0 from local disk), create the stores
+# The project's secret salt of hashed sample ids (unlearning/salt.py): made once, mode 0600, git-ignored, backed up
+# with the state (state/salt, a DVC output); `make clean` keeps it, as it keeps the tombstones hashed with it.
+SALT := .unlearning/salt
+$(SALT): $(STAMP)
+	@$(BIN)/python -m unlearning.salt
+
+setup: $(STAMP) $(PREFECT_DB) $(MLFLOW_DB) $(SALT) ## create .venv, install the project (torch CPU 2.13.0 from local disk), create the stores and the salt
 
 run: setup ## the main job: prepare digits, train, process every request file in the inbox (dvc repro deletion), erase
 	@# One session: one temporary Prefect server and one warm worker (the imports done once) for every stage;

@@ -62,7 +62,9 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
     state = load_state(params, device)
     path = Path(request_path)
     df = read_request_file(path)
-    key = id_key(params.deletion.hash_sample_ids, state.prepared.info["name"])
+    from unlearning.salt import id_salt
+
+    key = id_key(params.deletion.hash_sample_ids, id_salt(params))
     check = validate_request(str(path), df, state.manifest, params.path("gx_dir"), key)
     tracker = tracker_for(params)
     tracker.redaction = audit_redaction(params, key, state.manifest, df)  # as the batch: hashed ids only

@@ -296,7 +296,6 @@ def trainable_ids(params, split: str) -> list[str]:
     import pandas as pd
 
     from unlearning.erasure import id_key, read_tombstones
-    from unlearning.io import read_json_file
 
     folder = params.path("prepared_dir")
     if not (folder / "manifest.csv").exists():
@@ -308,7 +307,9 @@ def trainable_ids(params, split: str) -> list[str]:
     if state.exists():
         s = pd.read_csv(state, dtype=str, keep_default_na=False)
         deleted = set(s.loc[s["status"] == "deleted", "sample_id"])
-    key = id_key(params.deletion.hash_sample_ids, read_json_file(folder / "dataset.json").get("name", ""))
+    from unlearning.salt import id_salt
+
+    key = id_key(params.deletion.hash_sample_ids, id_salt(params))
     erased = read_tombstones(params.path("tombstones"))
     return [i for i, sp in zip(m["sample_id"], m["split"])
             if sp == split and i not in deleted and key(i) not in erased]

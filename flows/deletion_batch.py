@@ -35,6 +35,7 @@ from unlearning.ledger import hash_sample_id
 from unlearning.requests import (
     RequestValidationError, file_sha256, in_inbox, leftover_dot_files, read_request_file, scan_inbox,
 )
+from unlearning.salt import id_salt
 from unlearning.selection import check_method_config
 
 
@@ -87,7 +88,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         log_batch_params(batch, params, objective, forget_ids)
         if not forget_ids:  # validation rows only: nothing to unlearn, no new model version
             promoted = S.record_not_trained_on(batch, params, state, requests, objective)
-            erasure = (S.erase(batch, params, erased_ids, state.prepared.info["name"], promoted["version"])
+            erasure = (S.erase(batch, params, erased_ids, id_salt(params), promoted["version"])
                        if params.erasure.enabled else None)
             S.finish_not_trained_on(batch, promoted, erasure, len(erased_ids))
             return {"file": path.name, "status": "applied", "batch_id": batch.batch_id, "method": None,
@@ -109,7 +110,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                              n_original_train(state.manifest, state.ledger), warnings=quality)
         if licensing is not None:
             mark_qualified(batch, params, promoted["version"], outcome.method, licensing)
-        erasure = (S.erase(batch, params, erased_ids, state.prepared.info["name"], promoted["version"])
+        erasure = (S.erase(batch, params, erased_ids, id_salt(params), promoted["version"])
                    if params.erasure.enabled else None)
         S.finish(batch, outcome, promoted, erasure)
     except BaseException as e:
@@ -214,7 +215,7 @@ def open_batch(path: Path, params: Params, state, pending, device: str, started:
     batch_id = _batch_id([str(r) for r in pending.get("request_id", [])])
     tracker = tracker_for(params)
     if params.deletion.hash_sample_ids:  # MLflow artifacts, params and tags carry hashed ids only
-        salt = state.prepared.info["name"]
+        salt = id_salt(params)
         tracker.redaction = {s: hash_sample_id(s, salt) for s in state.manifest["sample_id"].astype(str)}
     parent = tracker.start_run(run_name(path), tags={"stage": "deletion_batch", "request_file": path.name,
                                                      "batch_id": batch_id, "dataset": state.prepared.info["name"]})
@@ -282,8 +283,7 @@ def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
     from unlearning.erasure import id_key
     from unlearning.requests import redacted_request_bytes
 
-    salt = read_json_file(params.path("prepared_dir") / "dataset.json")["name"]
-    return redacted_request_bytes(path, id_key(True, salt))
+    return redacted_request_bytes(path, id_key(True, id_salt(params)))
 
 
 def reconcile(params: Params, tracker) -> list[str]:

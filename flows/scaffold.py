@@ -111,6 +111,7 @@ GITIGNORE = """\
 /{metrics_dir}/
 /dvc-remote/
 /{gx_dir}/uncommitted/
+/{salt}
 __pycache__/
 """
 
@@ -449,7 +450,8 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
                               cache_dir=p.cache_dir.rstrip("/"), archive_dir=p.archive_dir.rstrip("/"),
                               mlflow_db=p.mlflow_db, mlflow_artifacts=p.mlflow_artifacts.rstrip("/"),
                               prepared_dir=p.prepared_dir.rstrip("/"), models_dir=p.models_dir.rstrip("/"),
-                              metrics_dir=p.metrics_dir.rstrip("/"), gx_dir=p.gx_dir.rstrip("/"))
+                              metrics_dir=p.metrics_dir.rstrip("/"), gx_dir=p.gx_dir.rstrip("/"),
+                              salt=p.salt)
     gi = target / ".gitignore"
     if gi.exists():
         have = set(gi.read_text().splitlines())

@@ -128,7 +128,10 @@ def erase_pending(params: Params, tracker=None, champion_version: str | None = N
     missing = sorted({str(e["sample_id"]) for e in ledger} - read_tombstones(params.path("tombstones")))
     out = []
     try:
-        salt = load_prepared(params.path("prepared_dir")).info["name"]
+        from unlearning.salt import id_salt
+
+        load_prepared(params.path("prepared_dir"))  # nothing prepared yet: nothing to erase
+        salt = id_salt(params)
     except FileNotFoundError:
         return out
     if missing:  # killed after the commit, before the erasure
@@ -180,7 +183,9 @@ def tombstoned_rows(params: Params, prepared, tombstones: set[str] | None = None
     """[n] bool: the prepared store's rows whose id is tombstoned (read from data/tombstones.txt unless given)."""
     if tombstones is None:
         tombstones = read_tombstones(params.path("tombstones"))
-    erased = is_erased(tombstones, params.deletion.hash_sample_ids, prepared.info["name"])
+    from unlearning.salt import id_salt
+
+    erased = is_erased(tombstones, params.deletion.hash_sample_ids, id_salt(params))
     return prepared.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
 
 
@@ -238,7 +243,9 @@ def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
         for d, ids in r.get("row_ids_by_digest", {}).items():
             digest_ids[d] = list(dict.fromkeys(digest_ids.get(d, []) + list(ids)))
     prepared = _prepared_or_none(params)
-    key = id_key(params.deletion.hash_sample_ids, prepared.info["name"] if prepared is not None else "")
+    from unlearning.salt import id_salt
+
+    key = id_key(params.deletion.hash_sample_ids, id_salt(params))
     scope = Scope(params, forgotten, tombstones, key, prepared, digest_ids,
                   set().union(*[set(r.get("cache_id_hashes", [])) for r in reports]), ledger, reports,
                   tracker=tracker if forgotten else None)

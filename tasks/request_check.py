@@ -21,7 +21,7 @@ file context (`base.paths.gx_dir`, default `gx/`, committed; created when missin
 Data Docs offline into `gx/uncommitted/data_docs/requests/<time>-<file>/` (returned as `data_docs`).
 Importing GX alone costs 3-5 s, so a file with a structural defect answers in about a second.
 
-`live_state` reads what the checks need (manifest, ledger, hash salt) without torch or Prefect, so
+`live_state` reads what the checks need (manifest, ledger) without torch or Prefect, so
 `unlearn validate` answers in about a second before any server starts."""
 
 from __future__ import annotations
@@ -628,10 +628,6 @@ class LiveState:
     ledger: list[dict]
     info: dict  # the prepared dataset.json
 
-    @property
-    def salt(self) -> str:
-        """The prepared dataset's name: the salt of hashed ids in the ledger and tombstones."""
-        return self.info["name"]
 
 
 def left_out_note(params, info: dict) -> str:
@@ -702,9 +698,10 @@ def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True,
     """`check_request_file` with the arguments the deletion flow passes (flows.deletion_batch.check_file);
     the CLI passes `gx_when_invalid=False` (a bad file answers before Great Expectations is imported)."""
     from unlearning.erasure import read_tombstones
+    from unlearning.salt import id_salt
 
     return check_request_file(path, live.manifest, live.ledger, hash_ids=params.deletion.hash_sample_ids,
-                              salt=live.salt, max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,
+                              salt=id_salt(params), max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,
                               tombstoned=read_tombstones(params.path("tombstones")), gx=gx,
                               gx_dir=params.path("gx_dir"), left_out=left_out_note(params, live.info),
                               gx_when_invalid=gx_when_invalid, inbox=params.path("inbox"))

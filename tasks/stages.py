@@ -43,6 +43,7 @@ from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble
 from unlearning.partition import subset_sizes
 from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
+from unlearning.salt import id_salt, keep_copy
 from unlearning.serving import input_example
 from unlearning.selection import batch_facts, selection_with_debt
 
@@ -450,7 +451,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
             "verdict": verdict,
             "parent_run_id": batch.parent, "n_forgotten": n_unlearned, "promoted": "false"})
         fault("after_register")
-        entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, state.prepared.info["name"],
+        entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params),
                                  objective=objective, method=outcome.method, before=before, after=version, now=now,
                                  fingerprint=state.fingerprint["digest"], verdict=verdict)
         previous = state.champion.get("history", [])
@@ -466,6 +467,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
                     # what the state's first model was clean of (unlearning/erasure.py, state_is_clean)
                     **{k: state.champion[k] for k in ("started_clean_of",) if k in state.champion}}
         write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion, state.fingerprint)
+        keep_copy(params, stage_dir)  # the salt's backup travels with the state (unlearning/salt.py)
         fault("before_commit")
         commit_dir(stage_dir, params.path("state_dir"))
         batch.committed = True
@@ -575,13 +577,14 @@ def record_not_trained_on(batch: BatchRun, params: Params, state: State, request
     version = state.champion.get("model_version")
     now = datetime.now(timezone.utc).isoformat()
     ids = requests["sample_id"].tolist()
-    entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, state.prepared.info["name"],
+    entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params),
                              objective=objective, method="none", before=version, after=version, now=now,
                              fingerprint=state.fingerprint["digest"], verdict="not_trained_on")
     stage_dir = staging_dir(params.path("state_dir"))
     try:
         write_state(stage_dir, state.model, marked_deleted(state.manifest, ids, batch.batch_id),
                     appended(state.ledger, entries), dict(state.champion), state.fingerprint)
+        keep_copy(params, stage_dir)
         fault("before_commit")
         commit_dir(stage_dir, params.path("state_dir"))
         batch.committed = True

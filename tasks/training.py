@@ -69,7 +69,9 @@ def prepare_dataset(params: Params) -> dict:
     from unlearning.erasure import is_erased, read_tombstones
 
     tombstones = read_tombstones(params.path("tombstones"))
-    erased = is_erased(tombstones, params.deletion.hash_sample_ids, ds.name) if tombstones else None
+    from unlearning.salt import id_salt
+
+    erased = is_erased(tombstones, params.deletion.hash_sample_ids, id_salt(params)) if tombstones else None
     return write_prepared(ds, params.path("prepared_dir"), erased=erased)
 
 
@@ -85,7 +87,9 @@ def clean_of_erased(params: Params, prepared: Prepared) -> dict:
     tombstones = read_tombstones(params.path("tombstones"))
     if not tombstones:
         return {}
-    erased = is_erased(tombstones, params.deletion.hash_sample_ids, prepared.info["name"])
+    from unlearning.salt import id_salt
+
+    erased = is_erased(tombstones, params.deletion.hash_sample_ids, id_salt(params))
     n = int(prepared.manifest["sample_id"].map(erased).sum())
     if n:
         raise StateMismatch(f"{params.path('prepared_dir')} still holds {n} erased row(s) (their erasure is pending: "

@@ -40,6 +40,8 @@ class Paths(Strict):
     rejected: str = "requests/rejected"    # files rejected by validation or the gate, with <name>.error.json
     tombstones: str = "data/tombstones.txt"  # erased ids (hashed with deletion.hash_sample_ids), outside every DVC out
     gx_dir: str = "gx"  # the Great Expectations project (suite committed; uncommitted/ holds results, Data Docs)
+    # the secret salt of hashed ids (unlearning/salt.py): mode 0600, git-ignored, copied into the state (its backup)
+    salt: str = ".unlearning/salt"
 
 
 class Base(Strict):
@@ -216,7 +218,9 @@ class Deletion(Strict):
     weigh_cost: bool = Field(True, description="skip an approximate candidate whose certificate costs more than an "
                                                "exact retrain (it trains oracle retrains), for retrain; false = "
                                                "certify it anyway (unlearning/plan.py)")
-    hash_sample_ids: bool = False
+    hash_sample_ids: bool = Field(True, description="the ledger, the tombstones, kept request files and MLflow "
+                                                    "artifacts name ids only by their hash with the project's secret "
+                                                    "salt (base.paths.salt); false = plain ids everywhere")
     max_clock_skew_seconds: float = Field(300, ge=0, description="a requested_at later than now + this is rejected")
     partition: Partition = Partition()
     debt: Debt = Debt()
@@ -494,6 +498,22 @@ class Erasure(Strict):
                                                     "champion (newest first); 0 = purge all of them")
     dvc_gc: bool = Field(True, description="re-commit the rewritten DVC outputs and `dvc gc -w` the cache (and "
                                            "`-c` the remote) when the project is a DVC repo")
+    keep_request_files: str | int = Field(
+        "until_applied", description="how long an applied request file keeps its plain ids in requests/processed/ "
+                                     "(deletion.hash_sample_ids): until_applied = hashed when it is moved there; N = "
+                                     "N days after it was applied, then hashed")
+
+    @field_validator("keep_request_files", mode="before")
+    @classmethod
+    def _keep_request_files(cls, v):
+        if v == "until_applied" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            return v
+        raise ValueError("allowed: until_applied (the default: an applied request file keeps hashed ids only) or a "
+                         "whole number of days >= 0 (its plain ids kept that long after the batch is applied)")
+
+    def request_file_days(self) -> int:
+        """Days an applied request file keeps its plain ids (0: until it is applied)."""
+        return 0 if self.keep_request_files == "until_applied" else int(self.keep_request_files)
 
 
 class Quality(Strict):

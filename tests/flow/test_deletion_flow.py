@@ -90,14 +90,17 @@ def test_the_applied_file_leaves_the_inbox_and_enters_the_ledger(project, applie
 def test_the_forgotten_rows_leave_the_prepared_store_and_the_manifest(project, applied):
     """Erased: the forgotten rows left the prepared store and the live manifest; the ledger and the tombstones
     keep the record."""
-    from unlearning.erasure import read_tombstones
+    from unlearning.erasure import id_key, read_tombstones
+    from unlearning.salt import id_salt
 
     forgotten = set(applied["requests"]["sample_id"])
     manifest = pd.read_csv(project / "state" / "manifest.csv", dtype=str)
     assert not set(manifest["sample_id"]) & forgotten
     prepared = pd.read_csv(project / "data" / "prepared" / "manifest.csv", dtype=str)
     assert not set(prepared["sample_id"]) & forgotten
-    assert forgotten <= read_tombstones(project / "data" / "tombstones.txt")
+    # the tombstones name them by their salted hash (deletion.hash_sample_ids is on by default)
+    key = id_key(True, id_salt(load_params(project / "params.yaml")))
+    assert {key(s) for s in forgotten} <= read_tombstones(project / "data" / "tombstones.txt")
 
 
 def test_the_alias_moves_and_the_batch_run_holds_its_datasets_and_stage_runs(applied):

@@ -91,6 +91,7 @@ def test_a_second_pass_keeps_what_the_first_removed(erased):
     from flows.common import tracker_for
     from tasks.erasure import erase
     from unlearning.config import load_params
+    from unlearning.salt import id_salt
 
     root, params_path, *_ = erased
     (path,) = (root / "state" / "erasure").glob("*.json")
@@ -98,7 +99,7 @@ def test_a_second_pass_keeps_what_the_first_removed(erased):
     params = load_params(params_path)
     champion = json.loads((root / "state" / "champion.json").read_text())["model_version"]
     tracker = tracker_for(params)
-    erase(params, first["batch_id"], None, "digits", champion, tracker)
+    erase(params, first["batch_id"], None, id_salt(params), champion, tracker)
     second = json.loads(path.read_text())
     assert second["run_id"] == first["run_id"] is not None
     assert second["earlier_passes"][-1]["stores"] == first["stores"]

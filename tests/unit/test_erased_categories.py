@@ -15,6 +15,7 @@ from unlearning.data.store import rewrite_without
 from unlearning.erasure import add_tombstones, id_key, is_erased, read_tombstones
 from unlearning.fingerprint import describe_mismatch, fingerprint, matches, prepared_fingerprint
 from unlearning.io import commit_dir, staging_dir
+from unlearning.salt import id_salt  # the project's secret salt (with hash_sample_ids), as prepare keys ids
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -44,12 +45,12 @@ def project(tmp_path, hash_ids=False, csv=CSV, label_column="y"):
 
 
 def erased_predicate(params):
-    return is_erased(read_tombstones(params.path("tombstones")), params.deletion.hash_sample_ids, "table")
+    return is_erased(read_tombstones(params.path("tombstones")), params.deletion.hash_sample_ids, id_salt(params))
 
 
 def erase(params, ids) -> int:
     """An erasure as tasks/erasure.py does it: tombstones, then the prepared store rewritten without the rows."""
-    add_tombstones(params.path("tombstones"), map(id_key(params.deletion.hash_sample_ids, "table"), ids))
+    add_tombstones(params.path("tombstones"), map(id_key(params.deletion.hash_sample_ids, id_salt(params)), ids))
     folder = params.path("prepared_dir")
     stage = staging_dir(folder)
     n = rewrite_without(folder, stage, erased_predicate(params))

@@ -15,6 +15,7 @@ from tasks import erasure as E
 from tasks.request_check import check_request_file
 from unlearning.config import parse_params
 from unlearning.erasure import id_key
+from unlearning.salt import write_salt
 from unlearning.requests import kept_request_suffix, plain_forgotten_ids, read_request_file, redacted_request_bytes
 
 H = "request_id,sample_id,requested_at,reason"
@@ -33,6 +34,7 @@ def project(tmp_path, hashed=True):
     prepared = params.path("prepared_dir")
     prepared.mkdir(parents=True)
     (prepared / "dataset.json").write_text(json.dumps({"name": SALT}))
+    write_salt(params.path("salt"), SALT)  # the project's salt: KEY hashes with it
     return params
 
 

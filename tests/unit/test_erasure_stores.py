@@ -31,6 +31,8 @@ def table_project(tmp_path, **overrides):
     n = 20
     pd.DataFrame({"id": [f"r{i}" for i in range(n)], "x": rng.normal(size=n).round(3),
                   "z": rng.normal(size=n).round(3), "y": ["a", "b"] * (n // 2)}).to_csv(tmp_path / "t.csv", index=False)
+    # plain ids unless a test asks for hashed ones (deletion.hash_sample_ids is on by default): scope_of keys with PLAIN
+    overrides = {"deletion": {"hash_sample_ids": False}, **overrides}
     params = parse_params({"prepare": {"dataset": "table", "val_fraction": 0.25,
                                        "table": {"path": "t.csv", "id_column": "id", "label_column": "y",
                                                  "split_column": None}}, **overrides}, root=tmp_path)

@@ -89,6 +89,7 @@ def audited(tmp_path_factory):
 
     import flows.audit as A
     from unlearning.data import load_prepared
+    from unlearning.salt import id_salt
 
     root = tmp_path_factory.mktemp("audit-hashed")
     hashed, plain = params_file(root, "hashed.yaml", True, HASHED), params_file(root, "plain.yaml", False, PLAIN)
@@ -103,7 +104,7 @@ def audited(tmp_path_factory):
         m = prepared.manifest
         forget = m.loc[m["split"] == "train", "sample_id"].astype(str).tolist()[:3]
         good, bad = request_file(root / "good.csv", forget), request_file(root / "bad.csv", [UNKNOWN, forget[0]])
-        out = {"root": root, "salt": prepared.info["name"], "forget": forget,
+        out = {"root": root, "salt": id_salt(params), "forget": forget,
                "plain_ids": {*m["sample_id"].astype(str), UNKNOWN},
                "hashed": run_audit(good, hashed), "bad": run_audit(bad, hashed), "plain": run_audit(good, plain)}
     return out

@@ -40,7 +40,7 @@ def test_live_state_is_what_load_state_reads(project):  # noqa: F811
     params = load_params(project)
     live, state = live_state(params), load_state.fn(params, "cpu")
     assert live is not None and live.manifest.equals(state.manifest) and live.ledger == state.ledger
-    assert live.salt == state.prepared.info["name"]
+    assert live.info == state.prepared.info
     change_params(project, epochs=5)  # a mismatch: left to load_state, which names what changed
     assert live_state(load_params(project)) is None
 

@@ -26,9 +26,11 @@ def table_project(tmp_path):
     df.loc[len(df)] = ["p2", 9.5, -9.5, "a"]  # the twin: kept
     df.loc[len(df)] = ["q1", 7.25, 3.5, "b"]  # no twin
     df.to_csv(tmp_path / "people.csv", index=False)
+    # plain ids on purpose: `forget` writes the ledger by hand, and the checks name the ids they find
     params = parse_params({"prepare": {"dataset": "table", "val_fraction": 0.25,
                                        "table": {"path": "people.csv", "id_column": "id", "label_column": "y",
-                                                 "split_column": None}}}, root=tmp_path)
+                                                 "split_column": None}},
+                           "deletion": {"hash_sample_ids": False}}, root=tmp_path)
     t = params.prepare.table
     ds = load_dataset("table", path=tmp_path / "people.csv", id_column=t.id_column, label_column=t.label_column,
                       seed=0, val_fraction=0.25)
