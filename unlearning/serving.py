@@ -82,10 +82,11 @@ def class_names_for(names: Sequence[str] | None, n_classes: int) -> list[str]:
 
 
 def input_example(X: np.ndarray, manifest: pd.DataFrame, k: int = 2) -> np.ndarray:
-    """The model's input example: the first k validation rows of the prepared features. Validation rows are
-    never forgotten (requests may name training samples only), so no erasure has to find them in the registry."""
-    rows = np.flatnonzero((manifest["split"] == "val").to_numpy())[:k]
-    return np.asarray(X[rows], dtype=np.float32)
+    """The input example of a model that takes prepared features [B, d]: k rows of zeros (a standardized
+    column's training mean; a black image), not rows of X. A request may name a validation row too, and a data
+    row in the registry would be one more copy for the erasure to find. (A model with a preparation recipe
+    makes its example from the recipe: unlearning/data/preparation.py `example_rows`.)"""
+    return np.zeros((k, int(np.shape(X)[1])), dtype=np.float32)
 
 
 def write_checkpoint(model: Ensemble, folder: Path, class_names: Sequence[str], recipe: dict | None = None) -> Path:

@@ -231,5 +231,8 @@ def test_the_checkpoint_carries_the_recipe_and_old_ones_still_load(table, tmp_pa
     (tmp_path / "old").mkdir()
     old = serving._load_pyfunc(str(serving.write_checkpoint(model, tmp_path / "old", ["no", "yes"])))
     assert old.recipe is None and old.predict(np.asarray(prepared.X)).shape == (len(prepared.X), 2)
+    # a features model's input example is no row of the store (a validation row may be erased too)
+    example = serving.input_example(prepared.X, prepared.manifest)
+    assert example.shape == (2, prepared.X.shape[1]) and not example.any()
     with pytest.raises(ValueError, match=r"expected features \[B, 8\]"):  # a features model names the width
         old.predict(np.zeros((2, 3)))
