@@ -637,12 +637,12 @@ class Qualify(Strict):
     methods: list[str] = Field(["do_nothing", "gradient_ascent"], min_length=1,
                                description="methods to qualify, cheapest first (exact retrain is always the fallback)")
     suite: list[QualifySet] = Field(
-        [QualifySet(kind="random", size=10, count=8), QualifySet(kind="random", size=50, count=8),
+        [QualifySet(kind="random", size=10, count=10), QualifySet(kind="random", size=50, count=10),
          QualifySet(kind="random", size=200, count=4), QualifySet(kind="group", count=1),
          QualifySet(kind="class", count=1), QualifySet(kind="high_self_leverage", size=50, count=1),
          QualifySet(kind="low_self_leverage", size=50, count=1)], min_length=1,
         description="the forget sets the qualification certifies each method on")
-    bins: list[float] = Field([0.25, 0.5, 1.0, 2.0, 4.0], min_length=1,
+    bins: list[float] = Field([0.5, 1.0, 2.0, 4.0], min_length=1,
                               description="upper edges of the predicted-gap bins (noise units); the last bin is open")
     confidence: float = Field(0.8, gt=0, lt=1, description="two-sided confidence of each row's interval")
     interval: Literal["wilson", "clopper_pearson"] = "wilson"
@@ -650,7 +650,7 @@ class Qualify(Strict):
     @model_validator(mode="after")
     def _bins_increase(self):
         if any(b <= a for a, b in zip(self.bins, self.bins[1:])) or self.bins[0] <= 0:
-            raise ValueError(f"qualify.bins = {self.bins} must be positive and increasing, e.g. [0.25, 0.5, 1, 2, 4]")
+            raise ValueError(f"qualify.bins = {self.bins} must be positive and increasing, e.g. [0.5, 1, 2, 4]")
         if "retrain" in self.methods:
             raise ValueError(f"qualify.methods = {self.methods} must not list retrain: exact retrain is always the "
                              f"fallback and needs no qualification")
