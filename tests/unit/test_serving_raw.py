@@ -236,3 +236,28 @@ def test_the_checkpoint_carries_the_recipe_and_old_ones_still_load(table, tmp_pa
     assert example.shape == (2, prepared.X.shape[1]) and not example.any()
     with pytest.raises(ValueError, match=r"expected features \[B, 8\]"):  # a features model names the width
         old.predict(np.zeros((2, 3)))
+
+
+def test_promote_registers_the_recipe_without_the_erased_rows_values(tmp_path):
+    """tasks/stages.py `preparation_after_erasure`: the recipe a batch's champion is registered with already names a
+    category that only this batch's (or a tombstoned) row had `<erased k>`, as the store rewritten by the erasure
+    will; the recipe of that store is the same."""
+    from tasks.stages import preparation_after_erasure
+    from tasks.training import prepare_dataset
+    from unlearning.config import parse_params
+    from unlearning.erasure import add_tombstones, id_key
+
+    raw_table().to_csv(tmp_path / "t.csv", index=False)
+    params = parse_params({"prepare": {"dataset": "table", "table": {
+        "path": "t.csv", "id_column": "cid", "label_column": "churned"}},
+        "deletion": {"hash_sample_ids": False}}, root=tmp_path)
+    prepare_dataset.fn(params)
+    before = load_prepared(params.path("prepared_dir"))
+    assert "ISLAND-ONLY-C5" in json.dumps(recipe_of(before.info))
+    recipe = preparation_after_erasure(params, before, ["c5"])
+    assert "ISLAND-ONLY-C5" not in json.dumps(recipe)
+    assert preparation_after_erasure(params, before, ["c6"]) == recipe_of(before.info)  # c6's zone stays
+    add_tombstones(params.path("tombstones"), map(id_key(False, "table"), ["c5"]))  # a tombstoned row counts too
+    assert preparation_after_erasure(params, before, []) == recipe
+    prepare_dataset.fn(params)  # prepare again: the tombstoned row is left out
+    assert recipe_of(load_prepared(params.path("prepared_dir")).info) == recipe
