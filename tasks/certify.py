@@ -59,6 +59,8 @@ def run_step(step: Step, params: Params, state, rows: BatchRows, pool: Reference
     """Run and certify one step; returns the outcome and, for a sequential certificate, its looks."""
     args = params.deletion.method_args.get(step.method, {})
     ev = Evaluator(state.prepared, rows, plan)
+    if step.method == "sisa":
+        return sisa(params, state, rows, device, objective, ev), []
     if step.certificate == "exact":
         return exact_retrain(params, state, rows, device, objective, batch_index, ev), []
     if step.certificate == "absolute":
@@ -103,6 +105,28 @@ def exact_retrain(params: Params, state, rows: BatchRows, device: str, objective
     cost = {"gradient_evals": 0 if cached else int(len(rows.retain)) * params.train.epochs, "steps": 0,
             "seconds": seconds, "from_cache": bool(cached), "models_trained": 0 if cached else 1}
     return _reference_free_outcome("retrain", model, ev, state.model, params.gate, objective, cost, t0)
+
+
+def sisa(params: Params, state, rows: BatchRows, device: str, objective: str, ev: Evaluator) -> CandidateOutcome:
+    """Exact unlearning of a sharded original (unlearning/methods/sisa.py): the shards that held the forget rows
+    retrain from the checkpoint before their first slice; the result, with its new shard state, is judged as an
+    exact retrain is (accuracy against the original's, no references). A model trained as one is refused."""
+    t0 = time.perf_counter()
+    ids = state.prepared.manifest["sample_id"].astype(str).to_numpy()[rows.forget].tolist()
+    ctx = unlearn_context(state.model, state.prepared, rows, recipe_of(params), method_seed(params.base.seed),
+                          progress="sisa" if params.base.progress else False)
+    ctx.forget_ids = ids
+    res = run_method("sisa", ctx, params.deletion.method_args.get("sisa", {}))
+    info = res.info
+    run_logger().info(f"  sisa: retrained shard(s) {info['shards_retrained']} of {info['shards']} from slice(s) "
+                      f"{info['first_slice']} ({len(info['slices_retrained'])} of {info['shards'] * info['slices']} "
+                      f"slices, {info['cost_in_retrains']:.3f} of a full retrain)")
+    cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
+            "models_trained": len(info["shards_retrained"]), "cost_in_retrains": info["cost_in_retrains"],
+            "shards_retrained": len(info["shards_retrained"]), "slices_retrained": len(info["slices_retrained"])}
+    out = _reference_free_outcome("sisa", res.model, ev, state.model, params.gate, objective, cost, t0)
+    out.info = info  # the ledger records which shards and slices were retrained
+    return out
 
 
 def absolute(method: str, args: dict, params: Params, state, rows: BatchRows, device: str, objective: str,

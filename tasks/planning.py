@@ -100,9 +100,10 @@ def workers_of(params: Params) -> int:
 
 
 def batch_plan(params: Params, selection: dict, objective: str, timing: Timing | None, footprint: Footprint | None,
-               diagnostics_seconds: float = 0.0) -> Plan:
-    """The plan for a batch's selection (unlearning/selection.py candidate_methods' dict)."""
+               diagnostics_seconds: float = 0.0, sisa_cost: float | None = None) -> Plan:
+    """The plan for a batch's selection (unlearning/selection.py candidate_methods' dict); `sisa_cost`: the share
+    of a retrain `sisa` costs for this batch (tasks/sharding.py sisa_share; None: not sharded)."""
     return plan_batch(selection["candidates"], objective, params.validation, params.gate,
                       weigh_cost=params.deletion.weigh_cost, explicit=params.deletion.method != "auto",
                       timing=timing, footprint=footprint, diagnostics_seconds=diagnostics_seconds,
-                      workers=workers_of(params))
+                      workers=workers_of(params), sisa_cost=sisa_cost)

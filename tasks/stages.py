@@ -176,7 +176,10 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     if batch.probe is None:  # a batch that plans again (after the first look's noise floor) probes once
         batch.probe = probe(params, state, rows, batch.device)
     timing, footprint = batch.probe
-    the_plan = batch_plan(params, selection, objective, timing, footprint, batch.seconds.get("diagnostics", 0.0))
+    from tasks.sharding import sisa_share
+
+    the_plan = batch_plan(params, selection, objective, timing, footprint, batch.seconds.get("diagnostics", 0.0),
+                          sisa_cost=sisa_share(state, rows))
     batch.seconds["retrain_probe"] = timing.retrain_seconds
     lines = plan_lines(the_plan)
     batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.__dict__}, "plan.json")
@@ -295,7 +298,7 @@ def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows:
         sample = np.random.default_rng(FLOOR_SAMPLE_SEED).permutation(rows.validation)[:len(rows.forget)]
         floor = eval_logits(oracles, state.prepared, np.sort(sample))
     facts = batch_facts(deletion, epochs, objective, rows, report, oracle_forget_logits=logits, device=batch.device,
-                        oracle_floor_logits=floor)
+                        oracle_floor_logits=floor, sharded=getattr(state.model, "shard_state", None) is not None)
     selection, debt, forced = selection_with_debt(deletion, facts, state.ledger, n_train, len(rows.forget))
     log = run_logger()
     if forced:  # the debt is due: exact retrain alone
@@ -454,6 +457,10 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params),
                                  objective=objective, method=outcome.method, before=before, after=version, now=now,
                                  fingerprint=state.fingerprint["digest"], verdict=verdict)
+        retrained = getattr(outcome, "info", {}).get("slices_retrained")
+        if retrained is not None:  # sisa: which shards, and which (shard, slice) checkpoints, were retrained
+            entries = [{**e, "retrained": {"shards": outcome.info["shards_retrained"], "slices": retrained}}
+                       for e in entries]
         previous = state.champion.get("history", [])
         history = [*previous, history_point(
             previous, batch_id=batch.batch_id, request_file=batch.path.name, method=outcome.method,

@@ -230,6 +230,9 @@ def load_state(params: Params, device: str) -> State:
         champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None,
                     "started_clean_of": clean_of,
                     **({"tracking_store": extra["tracking_store"]} if extra.get("tracking_store") else {})}
+    from tasks.sharding import attach_state
+
+    model = attach_state(params, prepared, model, device)  # a sharded champion: its plan and slice checkpoints
     return State(prepared=prepared, model=model, manifest=manifest, ledger=read_ledger(state_dir / "ledger.jsonl"),
                  champion=champion, fingerprint=current)
 
@@ -247,6 +250,10 @@ def write_state(folder: Path, model: Ensemble, manifest: pd.DataFrame, ledger: l
     extra = {"model_version": champion.get("model_version"), "fingerprint": fingerprint,
              **({"tracking_store": champion["tracking_store"]} if champion.get("tracking_store") else {})}
     atomic_save(folder / "model.pt", lambda tmp: save_model(model, tmp, extra))
+    if getattr(model, "shard_state", None) is not None:  # a sharded champion: its plan and every slice checkpoint
+        from tasks.sharding import write_into
+
+        write_into(folder / "shards", model.shard_state)
     atomic_write_bytes(folder / "manifest.csv", manifest_csv_bytes(manifest))
     atomic_write_text(folder / "ledger.jsonl", ledger_text(ledger))
     atomic_write_json(folder / "champion.json", champion)

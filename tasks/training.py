@@ -113,16 +113,27 @@ def train_original(params: Params, prepared: Prepared, device: str) -> tuple[Ens
     X_train = torch.as_tensor(np.asarray(prepared.X[train_rows]), dtype=torch.float32)
     y_train = torch.as_tensor(np.asarray(prepared.label[train_rows]), dtype=torch.long)
     model = build(params, prepared, [params.base.seed]).to(device)
-    seconds, source = 0.0, "trained"
+    seconds, source, sharding = 0.0, "trained", None
     if params.train.init_checkpoint:
         path = Path(params.train.init_checkpoint)
         path = path if path.is_absolute() else params.root / path
         if not path.exists():
             raise FileNotFoundError(f"train.init_checkpoint = {params.train.init_checkpoint}: {path} not found")
         model, source = load_module_state(model, path, device), f"init_checkpoint {path.name}"
+    elif params.train.sharding.on:  # SISA: S constituents in slices, checkpointed in models/shards/ (docs/sharding.md)
+        from tasks.sharding import train_sharded
+
+        start = time.perf_counter()
+        model, sharding = train_sharded(params, prepared, train_rows, recipe(params), model_spec(params, prepared),
+                                        device)
+        seconds, source = time.perf_counter() - start, "trained"
     else:
         cost = fit(model, X_train, y_train, recipe(params), progress="train original" if params.base.progress else False)
         seconds = cost.seconds
+    if not params.train.sharding.on:  # models/shards/ is a DVC output of train either way: a plan saying "one model"
+        from tasks.sharding import write_unsharded
+
+        write_unsharded(params)
     # fit and load_module_state stop on inf/NaN themselves; this guard keeps a NaN original from ever reaching
     # the registry as @champion (flows/train.py registers what this returns) whatever produced it.
     if nonfinite_members(model):
@@ -133,6 +144,9 @@ def train_original(params: Params, prepared: Prepared, device: str) -> tuple[Ens
     metrics = {"train_accuracy": float(accuracy(model, X_train, y_train)[0]),
                "val_accuracy": float(accuracy(model, X_val, y_val)[0]),
                "train_seconds": seconds, "n_train": int(len(train_rows)), "n_val": int(len(val_rows))}
+    if sharding:
+        metrics.update({"shards": sharding["shards"], "slices": sharding["slices"],
+                        "min_shard_rows": min(sharding["shard_rows"]), "max_shard_rows": max(sharding["shard_rows"])})
     model.origin = source  # "trained" or "init_checkpoint <file>": the train flow reports it
     return model, metrics
 

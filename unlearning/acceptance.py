@@ -27,6 +27,7 @@ from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.config import Gate
 from unlearning.data.store import Prepared
 from unlearning.gate import Verdict, evaluate_gate, only_statistical_failures
+from unlearning.history import EXACT_METHODS
 from unlearning.models import Ensemble
 
 
@@ -59,7 +60,7 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
         logits["candidate"], logits["shadow_unlearned"], logits["oracle_ref"], logits["accuracy_ref"], labels, splits,
         n_permutations=gate.retrain_equivalence.n_permutations, seed=seed)
     metrics.update(cert)
-    metrics["candidate_is_retrain"] = float(method == "retrain")
+    metrics["candidate_is_retrain"] = float(method in EXACT_METHODS)
     m_unl, m_orc, klom_values = extra["m_unl"], extra["m_orc"], extra["klom"]
     gap = M.output_gap(logits["candidate"].numpy(), logits["oracles"].numpy())
     for s in SPLITS:
@@ -99,7 +100,7 @@ def reference_free_outcome(method: str, model: Ensemble, candidate_logits: torch
     for s in SPLITS:
         if (splits == s).any():
             metrics[f"n/{s}"] = float(np.count_nonzero(splits == s))
-    metrics.update({"candidate_is_retrain": float(method == "retrain"), "n_oracles": 0.0, "n_shadows": 0.0})
+    metrics.update({"candidate_is_retrain": float(method in EXACT_METHODS), "n_oracles": 0.0, "n_shadows": 0.0})
     verdict = evaluate_gate(objective, metrics, gate)
     cost["wall_seconds"] = time.perf_counter() - t0
     nan = np.full(len(splits), np.nan)

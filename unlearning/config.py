@@ -171,6 +171,35 @@ class ModelCfg(Strict):
 
 
 
+class Sharding(Strict):
+    """train.sharding: SISA training of the original (unlearning/sharding.py, docs/sharding.md; Bourtoule et al.,
+    IEEE S&P 2021): S constituents, one per shard, each trained in R slices with a checkpoint after each; the
+    champion is their aggregate, and method `sisa` retrains only the shards a deletion touches."""
+
+    shards: int | None = Field(None, ge=1, description="constituents S (null = off: one model on every row)")
+    slices: int = Field(1, ge=1, description="slices R per shard (a checkpoint after each)")
+    by: Literal["random", "group", "column"] = Field(
+        "random", description="random (rows spread evenly) | group (the data's group column) | column (any "
+                              "column of your table, e.g. a customer id): every value of the key in one shard")
+    column: str | None = Field(None, description="by: column -- the table column whose values pick the shard")
+    aggregate: Literal["mean_probs", "vote"] = Field("mean_probs", description="how the constituents predict "
+                                                                               "together")
+
+    @model_validator(mode="after")
+    def _column_iff_by_column(self) -> "Sharding":
+        if self.by == "column" and not self.column:
+            raise ValueError("train.sharding.by = 'column' needs train.sharding.column: the name of a column of your "
+                             "table (e.g. customer_id)")
+        if self.by != "column" and self.column:
+            raise ValueError(f"train.sharding.column = {self.column!r} is for by: column, but by is {self.by!r}; set "
+                             f"by: column or remove column")
+        return self
+
+    @property
+    def on(self) -> bool:
+        return self.shards is not None
+
+
 class Train(Strict):
     """The training recipe of the original; oracles and shadows retrain with exactly this recipe."""
 
@@ -186,6 +215,15 @@ class Train(Strict):
     init_checkpoint: str | None = Field(
         None, description="a state_dict of the module (torch.save(module.state_dict(), path)) used as the original "
                           "instead of training it; relative to the params folder")
+    sharding: Sharding = Sharding()
+
+    @model_validator(mode="after")
+    def _sharding_trains(self) -> "Train":
+        if self.sharding.on and self.init_checkpoint:
+            raise ValueError(f"train.sharding.shards = {self.sharding.shards} trains the original in shards, but "
+                             f"train.init_checkpoint = {self.init_checkpoint!r} loads one trained model; set "
+                             f"train.sharding.shards: null or train.init_checkpoint: null")
+        return self
 
 
 class Partition(Strict):
@@ -675,6 +713,14 @@ class Params(Strict):
     # The folder params.yaml was read from; every relative path resolves against it.
     root: Path = Field(default_factory=Path.cwd, exclude=True)
 
+    @model_validator(mode="after")
+    def _sisa_needs_shards(self) -> "Params":
+        if self.deletion.method == "sisa" and not self.train.sharding.on:
+            raise ValueError("deletion.method = 'sisa' needs a sharded original, but train.sharding.shards is null (one "
+                             "model): set train.sharding.shards (e.g. 10; docs/sharding.md) and run the train stage "
+                             "again, or set deletion.method: auto")
+        return self
+
     def path(self, name: str) -> Path:
         p = Path(getattr(self.base.paths, name))
         return p if p.is_absolute() else self.root / p
@@ -718,7 +764,7 @@ def _format(err: ValidationError, source: str) -> str:
         elif e["type"] == "missing":
             lines.append(f"{source}: {key}: required key missing")
         elif e["type"] == "value_error" and isinstance(e.get("input"), dict):  # a section-level check
-            lines.append(f"{source}: {key}: {e['msg'].removeprefix('Value error, ')}")
+            lines.append(f"{source}: {key + ': ' if key else ''}{e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"{source}: {key} = {e.get('input')!r}: {e['msg'].removeprefix('Value error, ')}")
     return "\n".join(lines)

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 from unlearning.ledger import trained_on
 
-EXACT_METHODS = frozenset({"retrain"})  # methods whose result IS a retrain on the retain set: they clear the debt
+EXACT_METHODS = frozenset({"retrain", "sisa"})  # methods whose result IS a retrain on the retain set: they clear the debt
 
 
 def n_original_train(manifest, ledger: list[dict]) -> int:

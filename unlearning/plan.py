@@ -150,13 +150,29 @@ def sequential_step(method: str, validation: Validation, gate: Gate, member: flo
 
 
 def plan_steps(candidates: list[str], objective: str, validation: Validation, gate: Gate, *, weigh_cost: bool,
-               explicit: bool, member_in_retrains: float = 1.0) -> tuple[list[Step], list[tuple[str, str]]]:
+               explicit: bool, member_in_retrains: float = 1.0, sisa_cost: float | None = None,
+               ) -> tuple[list[Step], list[tuple[str, str]]]:
     """The steps for the ordered `candidates` (retrain last) and the candidates skipped, with why.
 
-    `member_in_retrains`: one reference member's cost in retrains (Timing.member_in_retrains; 1 unmeasured)."""
+    `member_in_retrains`: one reference member's cost in retrains (Timing.member_in_retrains; 1 unmeasured).
+    `sisa_cost`: the share of a full retrain `sisa` retrains for this batch (unlearning/sharding.py
+    cost_in_retrains); None: the original is not sharded, and `sisa` is skipped with why."""
     steps: list[Step] = []
     skipped: list[tuple[str, str]] = []
     for method in candidates:
+        if method == "sisa":  # exact, sharded originals only (unlearning/methods/sisa.py)
+            if sisa_cost is None and explicit:
+                raise PlanRefused("deletion.method = 'sisa' needs a sharded original, and the champion is one model: "
+                                  "set train.sharding.shards (docs/sharding.md) and run the train stage again "
+                                  "(`dvc repro train`), or set deletion.method: auto")
+            if sisa_cost is None:
+                skipped.append((method, "the original is one model, not sharded (train.sharding.shards: null)"))
+                continue
+            steps.append(Step(method, "exact", cost_retrains_accept=sisa_cost,
+                              why=f"exact by construction: the shards that held the rows retrain from the checkpoint "
+                                  f"before their first slice ({sisa_cost:.3f} of a full retrain), checked against the "
+                                  f"original's accuracy"))
+            break  # nothing after an exact method is ever tried
         if method in EXACT_METHODS:
             audit = validation.audit_retrain and objective == "retrain_equivalence"
             steps.append(_audit_step(method, validation, member_in_retrains) if audit else
@@ -234,12 +250,12 @@ def fit_memory(footprint: Footprint | None, memory_mb: int, chunk_cap: int, n_me
 
 def plan_batch(candidates: list[str], objective: str, validation: Validation, gate: Gate, *, weigh_cost: bool,
                explicit: bool, timing: Timing | None = None, footprint: Footprint | None = None,
-               diagnostics_seconds: float = 0.0, workers: int = 1) -> Plan:
+               diagnostics_seconds: float = 0.0, workers: int = 1, sisa_cost: float | None = None) -> Plan:
     """The batch's plan (module docstring). `timing`/`footprint` None: predictions and the memory check are
-    left out (said in the notes)."""
+    left out (said in the notes). `sisa_cost`: see `plan_steps`."""
     member = timing.member_in_retrains if timing is not None else 1.0
     steps, skipped = plan_steps(candidates, objective, validation, gate, weigh_cost=weigh_cost, explicit=explicit,
-                                member_in_retrains=member)
+                                member_in_retrains=member, sisa_cost=sisa_cost)
     n_refs = max((sum(s.references) for s in steps), default=0)
     chunk, eval_members, block, peak, refusal = fit_memory(footprint, validation.memory_mb, validation.chunk_size,
                                                            n_refs)
@@ -250,7 +266,7 @@ def plan_batch(candidates: list[str], objective: str, validation: Validation, ga
         notes.append("no memory footprint: the memory budget was not checked")
     first = steps[0] if steps else None
     seconds = predicted_seconds(first, timing, diagnostics_seconds, workers)
-    retrains = 0.0 if first is None else (first.cost_retrains_accept if first.certificate != "exact" else 1.0)
+    retrains = 0.0 if first is None else first.cost_retrains_accept  # an exact step: 1, or sisa's share
     if timing is not None:
         retrains += diagnostics_seconds / max(timing.retrain_seconds, 1e-9)
     return Plan(objective, tuple(steps), tuple(skipped), chunk, eval_members, block, seconds, retrains, peak,
@@ -264,7 +280,7 @@ def predicted_seconds(step: Step | None, timing: Timing | None, diagnostics_seco
         return {}
     shadows, oracles = step.references
     refs = (shadows + oracles) * timing.member_seconds / max(workers, 1)
-    unlearn = timing.retrain_seconds if step.certificate == "exact" else 0.0
+    unlearn = timing.retrain_seconds * step.cost_retrains_accept if step.certificate == "exact" else 0.0
     certify = (shadows + oracles + 2) * timing.eval_seconds_per_member
     return {"diagnostics": round(diagnostics_seconds, 3), "references": round(refs, 3),
             "unlearn": round(unlearn, 3), "certify": round(certify, 3),

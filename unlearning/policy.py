@@ -45,6 +45,8 @@ FACTS: dict[str, tuple[str, str]] = {
     "budget": ("num", "compute budget in gradient evaluations"),
     "retrain_cost_lt_budget": ("bool", "retrain_cost < budget"),
     "has_gpu": ("bool", "a CUDA device is available"),
+    "sharded": ("bool", "the original was trained in shards (train.sharding): method sisa retrains only the shards "
+                        "that held the rows"),
 }
 
 _OPS: dict[str, tuple[Any, str]] = {
@@ -191,6 +193,8 @@ def select_methods(rules: SelectionPolicy | Sequence[Rule | dict], facts: dict[s
 # finetune` (failed the calibrated gate on the bench's sets at a cost above a retrain, which the gate's oracles
 # already are: promoting one costs nothing more).
 DEFAULT_RULES: list[dict] = [
+    # a sharded original (train.sharding): exact unlearning for the share of the shards the rows sit in
+    {"name": "sharded_original", "method": "sisa", "when": {"sharded": True}},
     {"name": "gap_below_noise_floor", "method": "do_nothing",
      "when": {"objective": "retrain_equivalence", "predicted_gap_to_noise_lt": 0.5}},
     # retrain_equivalence only: a retrain keeps what the forget set shares with the rest, so it cannot suppress

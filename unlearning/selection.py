@@ -37,12 +37,13 @@ def noise_floor(oracle_forget_logits: torch.Tensor, oracle_floor_logits: torch.T
 
 def batch_facts(deletion: Deletion, epochs: int, objective: str, rows: BatchRows, report=None,
                 oracle_forget_logits: torch.Tensor | None = None, device: str = "cpu",
-                oracle_floor_logits: torch.Tensor | None = None) -> dict:
+                oracle_floor_logits: torch.Tensor | None = None, sharded: bool = False) -> dict:
     """The facts the selection rules test (names: unlearning.policy.FACTS). Facts that need the leverage
     report are absent without it, so the rules that use them are skipped with a reason; so are the facts that
     need oracles (the noise floor), when the batch trains none.
     `deletion`: params.deletion (the budget); `epochs`: train.epochs (a retrain's cost in passes);
-    `oracle_floor_logits`: the oracles on a same-size sample of validation rows (`noise_floor`)."""
+    `oracle_floor_logits`: the oracles on a same-size sample of validation rows (`noise_floor`); `sharded`: the
+    original was trained in shards (train.sharding; the `sharded_original` rule picks `sisa`)."""
     n_forget, n_retain = len(rows.forget), len(rows.retain)
     retrain_cost = n_retain * epochs
     facts = {"objective": objective, "n_forget": n_forget, "n_retain": n_retain,
@@ -50,7 +51,7 @@ def batch_facts(deletion: Deletion, epochs: int, objective: str, rows: BatchRows
              "adjacent_fraction": float(rows.adjacent_mask.mean()) if n_retain else 0.0,
              "retrain_cost": retrain_cost, "budget": deletion.budget_gradient_evals,
              "retrain_cost_lt_budget": retrain_cost < deletion.budget_gradient_evals,
-             "has_gpu": device == "cuda"}
+             "has_gpu": device == "cuda", "sharded": bool(sharded)}
     if oracle_forget_logits is not None and oracle_forget_logits.shape[0] >= 2:
         facts["noise_floor"] = noise_floor(oracle_forget_logits, oracle_floor_logits)
     if report is not None:

@@ -21,7 +21,7 @@ Within a shard, rows are ordered by value (seeded), so a value's rows sit in as 
 
 from __future__ import annotations
 
-import math
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -109,6 +109,18 @@ class ShardPlan:
                 "sample_ids": [str(s) for s in self.sample_ids], "shard": self.shard.tolist(),
                 "slice": self.slice.tolist()}
 
+    def without(self, drop: np.ndarray) -> "ShardPlan":
+        """The plan of the rows left after dropping `drop` (positions or a mask): every other row keeps its shard
+        and slice, so the constituents a deletion retrains are the ones a from-scratch run on them trains."""
+        keep = np.ones(len(self.shard), dtype=bool)
+        keep[drop] = False
+        return ShardPlan(self.sample_ids[keep], self.shard[keep], self.slice[keep], self.shards, self.slices,
+                         self.seeds, self.slice_epochs, self.by, self.column)
+
+    def positions(self, keys: Sequence[str]) -> np.ndarray:
+        """Positions of the rows whose stored id (`sample_ids`, an id hash in a stored plan) is in `keys`."""
+        return np.flatnonzero(np.isin(self.sample_ids.astype(str), np.asarray(list(keys), dtype=str)))
+
     @staticmethod
     def from_dict(d: dict) -> "ShardPlan":
         return ShardPlan(np.asarray(d["sample_ids"], dtype=object), np.asarray(d["shard"], dtype=np.int64),
@@ -148,6 +160,20 @@ def affected(plan: ShardPlan, forget: np.ndarray) -> dict[int, int]:
     for k, r in zip(plan.shard[mask].tolist(), plan.slice[mask].tolist()):
         out[k] = min(r, out.get(k, r))
     return dict(sorted(out.items()))
+
+
+def id_hash(sample_id) -> str:
+    """A stored plan names its rows by this short unsalted hash of the id (as the ensemble cache's `.ids.json`,
+    unlearning/ensembles.py id_hashes): the plan says which rows trained which checkpoint without listing ids."""
+    return hashlib.sha256(str(sample_id).encode()).hexdigest()[:16]
+
+
+def rows_digest(ids: Sequence[str]) -> str:
+    """Order-independent digest of the rows a checkpoint trained on (their stored ids)."""
+    h = hashlib.sha256()
+    for s in sorted(map(str, ids)):
+        h.update(s.encode() + b"\n")
+    return h.hexdigest()
 
 
 def order_seed(member_seed: int, r: int) -> int:
@@ -246,3 +272,64 @@ def sisa_unlearn(constituents: Ensemble, load_checkpoint: Callable[[int, int], E
     members, report = train_slices(start, first, plan, X, y, recipe, keep, checkpoint, progress)
     out = Ensemble.concat([members[k] if k in members else constituents.select(k) for k in range(plan.shards)])
     return out, report, first
+
+
+# --- the sharded original as the deletion flow holds it -----------------------------------------------------------
+@dataclass
+class ShardState:
+    """Everything `sisa` needs besides the constituents: the plan of the rows still in training (ids as
+    `id_hash`), their features and labels in plan order, the checkpoint of every (shard, slice), and the
+    aggregation rule. The shell (tasks/sharding.py) reads and writes it; `attach` hangs it on an `Aggregate`."""
+
+    plan: ShardPlan
+    X: torch.Tensor
+    y: torch.Tensor
+    checkpoints: dict[tuple[int, int], Ensemble]
+    aggregate: str = "mean_probs"
+
+    def model(self, constituents: Ensemble) -> Aggregate:
+        """The deployed aggregate of `constituents`, empty shards left out, with this state attached."""
+        sizes = self.plan.sizes()
+        agg = Aggregate(constituents, self.aggregate, [n > 0 for n in sizes])
+        agg.shard_state = self
+        return agg
+
+    def checkpoint_digest(self, k: int, r: int) -> str:
+        """The rows checkpoint (k, r) trained on: shard k's slices 0..r of this plan."""
+        return rows_digest(self.plan.sample_ids[self.plan.rows_of(k, r)].tolist())
+
+
+class NotSharded(ValueError):
+    """Method `sisa` asked of an original that was not trained in shards: bad input, one line with the fix."""
+
+
+NOT_SHARDED = ("method 'sisa' needs a sharded original, and this one is one model: set train.sharding.shards "
+               "(e.g. 10; docs/sharding.md) and run the train stage again (`dvc repro train`), or choose another "
+               "method (deletion.method: auto)")
+
+
+def unlearn_state(model: Aggregate, forget_keys: Sequence[str], recipe: TrainRecipe,
+                  progress: bool | str = False) -> tuple[Aggregate, SliceReport, dict[int, int]]:
+    """`sisa` on a deployed aggregate with its `shard_state`: the forgotten rows (named by `id_hash`) leave the
+    plan; each affected shard retrains from the checkpoint before its first affected slice and its later
+    checkpoints are replaced. Returns (the new aggregate with its new state, the report, {shard: first slice})."""
+    st = getattr(model, "shard_state", None)
+    if st is None:
+        raise NotSharded(NOT_SHARDED)
+    forget = st.plan.positions(forget_keys)
+    missing = len(set(map(str, forget_keys))) - len(forget)
+    if missing:
+        raise ValueError(f"sisa: {missing} of {len(set(map(str, forget_keys)))} forgotten row(s) are not in the "
+                         f"shard plan (forgotten already, or not training rows of this original)")
+    checkpoints = dict(st.checkpoints)
+
+    def keep(k: int, r: int, member: Ensemble) -> None:
+        checkpoints[(k, r)] = member.select(0).cpu()
+
+    new, report, first = sisa_unlearn(model.constituents, lambda k, r: st.checkpoints[(k, r)], st.plan, forget,
+                                      st.X, st.y, recipe, checkpoint=keep, progress=progress)
+    keep_rows = np.ones(len(st.plan.shard), dtype=bool)
+    keep_rows[forget] = False
+    after = ShardState(st.plan.without(forget), st.X[torch.as_tensor(keep_rows)], st.y[torch.as_tensor(keep_rows)],
+                       checkpoints, st.aggregate)
+    return after.model(new), report, first

@@ -315,9 +315,49 @@ def test_dvc_cache(tmp_path):
     assert problems(store.verify(scope)) == [] and store.locate(scope)[0].counts["forgotten_rows"] == 0
 
 
+def test_shard_checkpoints(tmp_path):
+    import shutil
+
+    from tasks.sharding import checkpoint_name, original_shards, state_shards, write_folder
+    from unlearning.models import TrainRecipe
+    from unlearning.sharding import ShardState, id_hash, make_plan, train_from_scratch, unlearn_state
+
+    params = table_project(tmp_path)
+    prepared = load_prepared(params.path("prepared_dir"))
+    rows = np.flatnonzero((prepared.manifest["split"] == "train").to_numpy())
+    ids = prepared.manifest["sample_id"].to_numpy()[rows]
+    X = torch.as_tensor(np.asarray(prepared.X)[rows], dtype=torch.float32)
+    y = torch.as_tensor(np.asarray(prepared.label)[rows], dtype=torch.long)
+    recipe = TrainRecipe(epochs=2, batch_size=4, lr=0.01)
+    plan = make_plan([id_hash(i) for i in ids], ids, 2, 2, 0, recipe.epochs, [5, 6])
+    stored = {}
+    spec = {"arch": "mlp", "in_shape": [X.shape[1]], "n_classes": 2, "kwargs": {"hidden": [3]}}
+    constituents, _ = train_from_scratch(spec, plan, X, y, recipe,
+                                         checkpoint=lambda k, r, m: stored.__setitem__((k, r), m.select(0)))
+    write_folder(original_shards(params), ShardState(plan, X, y, stored))
+    store, scope = get_store("shard checkpoints"), scope_of(params)  # forgets r1, a training row
+    assert store.purge(scope)[0].done == {"replaced": None}  # no sisa batch yet: nothing to replace it with
+    assert "forgotten row(s) still in the shard plan" in problems(store.verify(scope))[0]
+    after, _, _ = unlearn_state(ShardState(plan, X, y, stored).model(constituents), [id_hash("r1")], recipe)
+    write_folder(state_shards(params), after.shard_state)  # the champion's, as a promoted sisa batch writes it
+    assert [f.counts["problems"] > 0 for f in store.locate(scope)] == [True, False]
+    assert store.purge(Scope(**{**scope.__dict__, "dvc_locked": True}))[0].pending == "models/shards"
+    assert store.purge(scope)[0].done == {"replaced": str(original_shards(params))}
+    assert problems(store.verify(scope)) == []
+    # a checkpoint trained before the deletion, put back: caught by its rows digest
+    k = int(plan.shard[plan.positions([id_hash("r1")])[0]])
+    stale = tmp_path / "stale.pt"
+    from unlearning.models import save_model
+
+    save_model(stored[(k, 1)], stale, {"rows_digest": ShardState(plan, X, y, stored).checkpoint_digest(k, 1)})
+    shutil.copy(stale, state_shards(params) / checkpoint_name(k, 1))
+    assert any("trained on other rows" in p for p in problems(store.verify(scope)))
+
+
 PER_STORE = {"erasure reports": test_erasure_reports, "tombstones": test_tombstones,
              "prepared store": test_prepared_store, "state manifest": test_state_manifest,
              "source table": test_source_table, "source image folder": test_source_image_folder,
              "request files": test_request_files, "Great Expectations results": test_great_expectations_results,
              "ensemble cache": test_ensemble_cache, "models": test_models, "MLflow registry": test_mlflow_registry,
-             "MLflow artifacts": test_mlflow_artifacts, "DVC cache": test_dvc_cache}
+             "MLflow artifacts": test_mlflow_artifacts, "DVC cache": test_dvc_cache,
+             "shard checkpoints": test_shard_checkpoints}

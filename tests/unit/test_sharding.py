@@ -197,3 +197,104 @@ def test_vote_aggregate_follows_the_majority_and_leaves_empty_shards_out():
     assert Aggregate(members, "vote", active=[False, False, True])(X)[0].argmax(-1).tolist() == [0] * 4
     with pytest.raises(ValueError, match="allowed"):
         Aggregate(members, "median")
+
+
+# --- the method, the planner, the policy, the params -------------------------------------------------------------
+def _sharded_context(forget_ids):
+    from unlearning.methods import UnlearnContext
+    from unlearning.sharding import ShardState, id_hash
+
+    X, y = data(dtype=torch.float32)
+    ids = [f"s{i}" for i in range(len(X))]
+    keys = [f"cust{i % 6}" for i in range(len(X))]
+    plan = make_plan([id_hash(i) for i in ids], keys, 3, 2, seed=0, epochs=RECIPE.epochs,
+                     member_seeds=[100, 101, 102], by="column", column="customer")
+    stored = {}
+    constituents, _ = train_from_scratch(SPEC, plan, X, y, RECIPE,
+                                         checkpoint=lambda k, r, m: stored.__setitem__((k, r), m.select(0)))
+    model = ShardState(plan, X, y, stored, "mean_probs").model(constituents)
+    forget = [ids.index(i) for i in forget_ids]
+    retain = [i for i in range(len(X)) if i not in forget]
+    ctx = UnlearnContext(model, X[forget], y[forget], X[retain], y[retain], torch.zeros(len(retain), dtype=torch.bool),
+                         RECIPE, forget_ids=list(forget_ids))
+    return ctx, plan, keys, ids
+
+
+def test_sisa_through_the_registry_retrains_one_shard_for_one_customer_and_reports_it():
+    from unlearning.methods import run_method
+
+    ctx, plan, keys, ids = _sharded_context([f"s{j}" for j in range(60) if j % 6 == 2])  # customer cust2
+    before = [t.detach().clone() for t in ctx.model.parameters()]
+    res = run_method("sisa", ctx)
+    assert len(res.info["shards_retrained"]) == 1 and res.info["shards_retrained"][0] in range(3)
+    assert 0 < res.info["cost_in_retrains"] < 1
+    assert all(torch.equal(a, b) for a, b in zip(before, ctx.model.parameters()))  # the input is not mutated
+    st = res.model.shard_state
+    assert len(st.plan.shard) == 50 and st.X.shape[0] == 50  # the customer's 10 rows left the plan
+    # exact: the constituents equal a from-scratch run on the rows left, with the same plan
+    reference, _ = train_from_scratch(SPEC, st.plan, st.X, st.y, RECIPE)
+    for a, b in zip(res.model.constituents.parameters(), reference.parameters()):
+        assert (a - b).abs().max().item() <= 1e-6
+    # every checkpoint of the new state is the checkpoint a from-scratch run on the rows left writes
+    ref = {}
+    train_from_scratch(SPEC, st.plan, st.X, st.y, RECIPE,
+                       checkpoint=lambda k, r, m: ref.__setitem__((k, r), m.select(0)))
+    assert sorted(st.checkpoints) == sorted(ref)
+    for key, m in st.checkpoints.items():
+        for a, b in zip(m.parameters(), ref[key].parameters()):
+            assert (a - b).abs().max().item() <= 1e-6, key
+
+
+def test_sisa_on_a_model_trained_as_one_is_refused_with_the_fix():
+    from unlearning.methods import UnlearnContext, run_method
+    from unlearning.sharding import NotSharded
+
+    X, y = data(dtype=torch.float32)
+    ctx = UnlearnContext(build_model(SPEC, [1]), X[:2], y[:2], X[2:], y[2:], torch.zeros(58, dtype=torch.bool),
+                         RECIPE, forget_ids=["a", "b"])
+    with pytest.raises(NotSharded, match="train.sharding.shards"):
+        run_method("sisa", ctx)
+
+
+def test_the_planner_knows_sisa_is_exact_and_its_cost_and_refuses_it_for_one_model():
+    from unlearning.config import Gate, Validation
+    from unlearning.plan import PlanRefused, plan_batch
+
+    plan = plan_batch(["sisa", "retrain"], "retrain_equivalence", Validation(), Gate(), weigh_cost=True,
+                      explicit=False, sisa_cost=0.08)
+    assert plan.methods == ["sisa"] and plan.steps[0].certificate == "exact" and plan.steps[0].references == (0, 0)
+    assert plan.predicted_retrains == pytest.approx(0.08)
+    plan = plan_batch(["sisa", "retrain"], "retrain_equivalence", Validation(), Gate(), weigh_cost=True,
+                      explicit=False, sisa_cost=None)
+    assert plan.methods == ["retrain"] and plan.skipped[0][0] == "sisa"
+    with pytest.raises(PlanRefused, match="sharded original"):
+        plan_batch(["sisa", "retrain"], "retrain_equivalence", Validation(), Gate(), weigh_cost=True,
+                   explicit=True, sisa_cost=None)
+
+
+def test_the_default_policy_picks_sisa_whenever_the_original_is_sharded():
+    from unlearning.policy import DEFAULT_RULES, SelectionPolicy, select_methods
+
+    policy = SelectionPolicy(rules=DEFAULT_RULES)
+    for objective in ("retrain_equivalence", "suppression"):
+        facts = {"objective": objective, "n_forget": 10, "n_retain": 100, "retrain_cost_lt_budget": False,
+                 "adjacent_fraction": 0.2}
+        assert select_methods(policy, {**facts, "sharded": True}).candidates[0] == "sisa"
+        assert "sisa" not in select_methods(policy, {**facts, "sharded": False}).candidates
+
+
+def test_sharding_params_are_checked_with_the_key_and_the_fix():
+    from unlearning.config import ConfigError, parse_params
+
+    with pytest.raises(ConfigError, match="train.sharding.by = 'column' needs train.sharding.column"):
+        parse_params({"train": {"sharding": {"shards": 4, "by": "column"}}})
+    with pytest.raises(ConfigError, match=r"^params.yaml: deletion.method = 'sisa' needs a sharded original"):
+        parse_params({"deletion": {"method": "sisa"}})
+    with pytest.raises(ConfigError, match="train.sharding.aggregate = 'max'"):
+        parse_params({"train": {"sharding": {"shards": 2, "aggregate": "max"}}})
+    with pytest.raises(ConfigError, match="init_checkpoint"):
+        parse_params({"train": {"init_checkpoint": "m.pt", "sharding": {"shards": 2}}})
+    assert parse_params({}).train.sharding.on is False  # off by default
+    p = parse_params({"train": {"sharding": {"shards": 5, "slices": 4, "by": "column", "column": "customer"}},
+                      "deletion": {"method": "sisa"}})
+    assert p.train.sharding.on and p.train.sharding.column == "customer"

@@ -34,6 +34,9 @@ class UnlearnContext:
     # Progress of the method's loop (unlearning/progress.py): False (default), True, a label for the bar, or
     # None = the process default (base.progress; what the deletion flow's contexts use).
     progress: bool | str | None = False
+    # The forget rows' sample ids, for methods that find rows by id (`sisa`: which shard and slice held them);
+    # None where the caller has only the tensors.
+    forget_ids: list[str] | None = None
 
     @property
     def label_smoothing(self) -> float:

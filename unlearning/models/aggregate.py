@@ -59,6 +59,9 @@ class Aggregate(nn.Module):
     def spec(self) -> dict:
         return self.constituents.spec()
 
+    def trainable_mask(self) -> list[bool]:
+        return self.constituents.trainable_mask()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.constituents(x)[self.active.to(x.device)]  # [S', B, C]
         probs = torch.softmax(logits.double(), -1)
