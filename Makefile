@@ -24,7 +24,7 @@ TEAM_DIR ?= $(CURDIR)/.team
 TEAM_PG_PORT ?= 54329
 TEAM_PY = deploy/team.py --dir $(TEAM_DIR)
 
-.PHONY: help setup run report test test-slow test-all ui server serve bench docs docs-serve clean reset \
+.PHONY: help setup run report test test-slow test-all ui server serve bench docs docs-serve screenshots clean reset \
 	team-db team-up team-env team-status team-down
 
 help: ## list the targets
@@ -124,6 +124,10 @@ bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 docs: setup ## build the docs site into site/ (mkdocs build --strict: a broken link or a missing page fails)
 	$(BIN)/python docs/gen_params.py
 	$(BIN)/mkdocs build --strict --site-dir site
+
+screenshots: setup ## refresh docs/img/ (docs/review.md's pictures): the browser test on one batch, about 5 min
+	DOCS_SCREENSHOTS=docs/img $(BIN)/python -m pytest -m slow -q -x tests/e2e/test_operations.py \
+	  -k "dropped_file_is_processed or mlflow_ui_shows_the_batch"
 
 docs-serve: setup ## serve the docs site on 127.0.0.1:8000, rebuilt on every edit
 	$(BIN)/python docs/gen_params.py
