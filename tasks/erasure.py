@@ -21,7 +21,6 @@ purge, pass by pass.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 
@@ -30,7 +29,7 @@ from tasks.clock import computes
 from tasks.stores import STORES, Scope
 from tasks.stores.base import digest_list, files_naming, in_dvc_stage, is_dvc_repo, retained_twins  # noqa: F401
 from tasks.stores.data import reports_dir, source_folder_checks, source_table_checks  # noqa: F401
-from tasks.stores.requests import kept_request_files, redact_request_files
+from tasks.stores.requests import kept_request_files, redact_request_files  # noqa: F401
 from tasks.stores.tracking import versions_to_keep  # noqa: F401  (flows/deletion_batch.py)
 from unlearning.config import Params
 from unlearning.data import load_prepared
