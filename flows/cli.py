@@ -69,6 +69,8 @@ INIT_EPILOG = """examples:
                                        image_size and grayscale are read from the images)
   unlearn init mymodel --dataset table --path t.parquet --id-column id --label-column y \\
       --arch custom --factory my_model:build    (my_model.py in the project folder)
+  unlearn init shop --dataset table --path orders.csv --id-column order_id --label-column returned \
+      --shard-by customer_id    (sharded by customer: one customer's deletion retrains one shard)
 then: cd DIR && dvc repro && unlearn status
 """
 
@@ -735,12 +737,19 @@ def _column_list(value: str) -> list[str]:
     return cols
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
+    return int(text)
+
+
 def cmd_init(args) -> int:
     from flows.scaffold import scaffold
 
     for line in scaffold(args.dir, args.dataset, args.path, id_column=args.id_column, label_column=args.label_column,
                          group_column=args.group_column, feature_columns=args.feature_columns,
-                         split_column=args.split_column, arch=args.arch, factory=args.factory, vcs=not args.no_vcs):
+                         split_column=args.split_column, arch=args.arch, factory=args.factory, vcs=not args.no_vcs,
+                         shard_by=args.shard_by, shards=args.shards, slices=args.slices):
         print(line)
     return 0
 
@@ -866,6 +875,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "own factory (--factory)")
     s.add_argument("--factory", metavar="MODULE:FUNCTION",
                    help="--arch custom: the function that builds the model, e.g. my_model:build")
+    s.add_argument("--shard-by", metavar="C",
+                   help="table: train the original sharded by this column (a customer or user id; docs/sharding.md): "
+                        "deleting one customer's rows retrains one shard, exactly (method sisa)")
+    s.add_argument("--shards", type=_positive_int, default=10, metavar="S", help="--shard-by: constituents (default 10)")
+    s.add_argument("--slices", type=_positive_int, default=4, metavar="R",
+                   help="--shard-by: slices per shard, a checkpoint after each (default 4)")
     s.add_argument("--no-vcs", action="store_true", help="skip `git init` and `dvc init`")
     s.set_defaults(fn=cmd_init)
     return p

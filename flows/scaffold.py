@@ -57,6 +57,7 @@ stages:
       - train
     outs:
       - {original}
+      - {shards}   # train.sharding: plan.json + one checkpoint per (shard, slice) (docs/sharding.md)
     metrics:
       - {train_metrics}:
           cache: false
@@ -236,9 +237,11 @@ def _replace_block(text: str, keys: tuple[str, ...], new: dict) -> str:
 def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | None = None,
                label_column: str | None = None, group_column: str | None = None,
                feature_columns: list[str] | None = None, split_column: str | None = None, arch: str = "mlp",
-               factory: str | None = None, image_format: dict | None = None) -> tuple[str, Params]:
+               factory: str | None = None, image_format: dict | None = None,
+               sharding: dict | None = None) -> tuple[str, Params]:
     """The params.yaml text for the new project and its validated Params (raises ConfigError/ScaffoldError).
-    `image_format`: image_size and grayscale read from the images (read_image_format)."""
+    `image_format`: image_size and grayscale read from the images (read_image_format); `sharding`: the
+    train.sharding section (`--shard-by`), None = the base params' (off)."""
     text = base_params_text()
     data = yaml.safe_load(text) or {}
     stored = _project_path(data_path, target)
@@ -272,9 +275,13 @@ def params_for(target: Path, dataset: str, data_path: Path, *, id_column: str | 
     elif arch != (data.get("train", {}).get("model") or {}).get("arch", "mlp"):  # cnn, resnet: the rest as it is
         model = {**(data.setdefault("train", {}).get("model") or {}), "arch": arch}
         data["train"]["model"] = model
+    if sharding is not None:
+        data.setdefault("train", {})["sharding"] = sharding
     params = parse_params(data, root=target, source=str(target / PARAMS_FILE))
     try:
         out = _replace_block(text, ("prepare",), prepare)
+        if sharding is not None:
+            out = _replace_block(out, ("train", "sharding"), sharding)
         for objective in ("retrain_equivalence", "suppression"):
             out = _replace_block(out, ("gate", objective), gate[objective])
         if model is not None:
@@ -294,6 +301,7 @@ def dvc_yaml_for(params: Params, data_dep: str, extra_train_deps: list[str] = ()
     metrics = p.metrics_dir.rstrip("/")
     return DVC_TEMPLATE.format(
         inbox=p.inbox, prepared_dir=_q(p.prepared_dir), original=_q(original), state_dir=_q(p.state_dir),
+        shards=_q(f"{p.models_dir.rstrip('/')}/shards"),
         train_metrics=_q(f"{metrics}/train.json"), deletion_metrics=_q(f"{metrics}/deletion.json"),
         history=_q(f"{metrics}/history.json"),
         prepare_deps=_deps([data_dep]), train_deps=_deps([p.prepared_dir, *extra_train_deps]),
@@ -382,9 +390,15 @@ def _check_arch(arch: str, factory: str | None, dataset: str) -> None:
 def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: str | None = None,
              label_column: str | None = None, group_column: str | None = None,
              feature_columns: list[str] | None = None, split_column: str | None = None, arch: str = "mlp",
-             factory: str | None = None, vcs: bool = True) -> list[str]:
+             factory: str | None = None, vcs: bool = True, shard_by: str | None = None, shards: int = 10,
+             slices: int = 4) -> list[str]:
     """Create the project folder; returns one line per thing done. Raises ScaffoldError or ConfigError
-    (with nothing written) when the arguments or the resulting params are not valid."""
+    (with nothing written) when the arguments or the resulting params are not valid.
+
+    `shard_by`: a column of the table (a customer or user id): the original trains sharded by it
+    (train.sharding, docs/sharding.md: `shards` constituents in `slices` slices), so deleting one customer's
+    rows retrains one shard. The column groups rows and is no model input: it becomes the group column when
+    none is given, and a group column that differs needs explicit --feature-columns without it."""
     target = Path(target).expanduser().resolve()
     if (target / PARAMS_FILE).exists():
         raise ScaffoldError(f"{target / PARAMS_FILE} exists already; refusing to overwrite it. Choose an empty "
@@ -413,12 +427,30 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
                                 ("--split-column", split_column)) if v]
         if given:
             raise ScaffoldError(f"{', '.join(given)}: only for --dataset table")
+    sharding = None
+    if shard_by is not None:
+        if dataset != "table":
+            raise ScaffoldError(f"--shard-by {shard_by}: only for --dataset table (a column of the table)")
+        columns = _columns(data_path)
+        if columns is not None and shard_by not in columns:
+            raise ScaffoldError(f"--shard-by {shard_by}: {data_path} has no such column; its columns are {columns}")
+        if shard_by in (id_column, label_column):
+            raise ScaffoldError(f"--shard-by {shard_by}: that is the {'id' if shard_by == id_column else 'label'} "
+                                f"column; shard by who the rows belong to (a customer or user column)")
+        if group_column is None:
+            group_column = shard_by  # grouped by it (the partition's groups), and kept out of the model's inputs
+        elif group_column != shard_by and (feature_columns is None or shard_by in feature_columns):
+            raise ScaffoldError(f"--shard-by {shard_by} with --group-column {group_column}: {shard_by} would be a "
+                                f"model input (every column but the id, label and group ones is); list the inputs "
+                                f"with --feature-columns, without {shard_by}")
+        sharding = {"shards": shards, "slices": slices, "by": "column", "column": shard_by, "aggregate": "mean_probs"}
     _check_arch(arch, factory, dataset)
     image_format, found = read_image_format(data_path) if dataset == "image_folder" else ({}, None)
     try:
         text, params = params_for(target, dataset, data_path, id_column=id_column, label_column=label_column,
                                   group_column=group_column, feature_columns=feature_columns,
-                                  split_column=split_column, arch=arch, factory=factory, image_format=image_format)
+                                  split_column=split_column, arch=arch, factory=factory, image_format=image_format,
+                                  sharding=sharding)
     except ConfigError as e:
         raise ConfigError(f"the params.yaml for {target} would not be valid (nothing written):\n{e}") from None
     factory_file = _factory_file(factory, target) if factory else None
@@ -435,7 +467,9 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
     target.mkdir(parents=True, exist_ok=True)
     (target / PARAMS_FILE).write_text(text)
     done.append(f"wrote {target / PARAMS_FILE} (prepare.dataset: {dataset}, data {_project_path(data_path, target)}, "
-                f"train.model.arch: {params.train.model.arch})")
+                f"train.model.arch: {params.train.model.arch}"
+                + (f", train.sharding: {shards} shards x {slices} slices by column {shard_by!r}" if sharding else "")
+                + ")")
     if found:
         done.append(found)
     data_dep = "${prepare.table.path}" if dataset == "table" else "${prepare.image_folder.path}"
