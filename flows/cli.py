@@ -27,6 +27,7 @@ examples:
   unlearn status                       champion model, deleted samples, ledger
   unlearn ids --split train --head 5   sample ids a request file may name
   unlearn verify-erasure [BATCH]       re-check every store for forgotten rows; exit 1 if any remain
+  unlearn lookup ID                    was this sample id erased, when and by which batch (from its salted hash)
   unlearn erase                        finish erasures left pending by `dvc repro` or a crash
   unlearn serve                        schedule + inbox-triggered deployments (needs a Prefect server)
   unlearn reset                        start over: archive state/ and cache/ (ledger kept), after a prompt
@@ -315,6 +316,31 @@ def trainable_ids(params, split: str) -> list[str]:
     erased = read_tombstones(params.path("tombstones"))
     return [i for i, sp in zip(m["sample_id"], m["split"])
             if sp == split and i not in deleted and key(i) not in erased]
+
+
+LOOKUP_DESCRIPTION = """Was a sample id erased, when and by which batch?
+
+With deletion.hash_sample_ids (the default) no store names an erased id in plain text: ID is hashed with the
+project's secret salt (base.paths.salt) and looked up in the ledger (the live one and those `unlearn reset`
+archived), the tombstones, the live manifest and the inbox. Answers one of: erased (the batch, the request,
+the time, and whether it was unlearned or, a validation row, erased without being trained on), erased with no
+ledger record here (tombstoned only), pending (named by an inbox file not applied yet, or its erasure not
+finished), not erased (a row of the dataset no request named), never seen. If the salt is lost (and not
+restored from state/salt) it cannot answer: exit 1, with what to restore. Changes nothing."""
+
+
+def cmd_lookup(args) -> int:
+    from tasks.lookup import lookup
+
+    params = _params(args)
+    found = lookup(params, args.id)
+    if args.json:
+        print(json.dumps(found, indent=2, default=str))
+        return 0
+    print(f"{args.id!r}: {found['message']}")
+    for e in found["entries"][:-1]:  # an id erased, reset, then requested again: every record
+        print(f"  also: batch {e['batch_id']} at {e['processed_at']} ({e['ledger']})")
+    return 0
 
 
 def cmd_ids(args) -> int:
@@ -818,8 +844,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(fn=_cmd_plan)
     s = add("validate", "validate a request file without changing anything",
-            "Check a request file exactly as `unlearn run` would (schema, ids in the manifest, training rows, not "
-            "deleted, ledger conflicts, timestamps); print one line per problem. An already processed file is "
+            "Check a request file exactly as `unlearn run` would (schema, ids in the manifest, not deleted, ledger "
+            "conflicts, timestamps; validation rows are counted: erased, not unlearned); print one line per problem. An already processed file is "
             "'nothing to do'. Changes nothing.", ["unlearn validate requests/inbox/x.csv", "unlearn validate x.csv --json"])
     s.add_argument("file", help="the request file (CSV or Parquet) to check")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -850,6 +876,12 @@ def build_parser() -> argparse.ArgumentParser:
             ["unlearn verify-erasure", "unlearn verify-erasure batch-5fac2b38cf2d"])
     s.add_argument("batch", nargs="?", metavar="BATCH", help="one batch id (default: every batch in the ledger)")
     s.set_defaults(fn=cmd_verify_erasure)
+    s = sub.add_parser("lookup", help="was this sample id erased, when and by which batch (from its salted hash)",
+                       description=LOOKUP_DESCRIPTION, formatter_class=raw, parents=[common],
+                       epilog=_examples(["unlearn lookup digits-0003", "unlearn lookup alice@example.com --json"]))
+    s.add_argument("id", metavar="ID", help="the sample id as your data writes it (a user id, an e-mail address)")
+    s.add_argument("--json", action="store_true", help="print the answer as JSON (status, key, ledger records)")
+    s.set_defaults(fn=cmd_lookup)
     s = sub.add_parser("reset", help="start over: archive state/ and cache/ (the ledger is kept), after a prompt",
                        description=RESET_DESCRIPTION, epilog=RESET_EPILOG, formatter_class=raw, parents=[common])
     s.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed without a terminal)")

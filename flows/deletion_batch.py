@@ -9,6 +9,7 @@ and the model was registered; any failure leaves the previous model, manifest an
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import time
 from datetime import datetime, timezone
@@ -265,9 +266,12 @@ def reject(path: Path, params: Params, error: BaseException | str) -> Path:
 
 def processed(path: Path, params: Params) -> Path:
     """Move an applied (or already applied) inbox file to requests/processed/. With deletion.hash_sample_ids
-    its sample ids are written in their keyed form (the ledger's), so no forgotten id stays there in plain text."""
+    its sample ids are written in their keyed form (the ledger's), so no forgotten id stays there in plain text;
+    under erasure.keep_request_files = N days it keeps them N days from now (its mtime), then a run rewrites it
+    (tasks/stores/requests.py expire_request_files)."""
     dest_dir = params.path("processed")
-    keyed = _keyed_request_bytes(path, params) if params.deletion.hash_sample_ids else None
+    keep_days = params.erasure.request_file_days()
+    keyed = _keyed_request_bytes(path, params) if params.deletion.hash_sample_ids and not keep_days else None
     same = dest_dir / path.name
     if same.is_file() and not path.is_symlink() and file_sha256(same) == (
             hashlib.sha256(keyed).hexdigest() if keyed is not None else file_sha256(path)):
@@ -276,7 +280,18 @@ def processed(path: Path, params: Params) -> Path:
     dest = move_unique(path, dest_dir)
     if keyed is not None:
         atomic_write_bytes(dest, keyed)
+    elif keep_days:
+        os.utime(dest)  # applied now: its plain ids are kept keep_request_files days from this time
     return dest
+
+
+def _expire_request_files(params: Params) -> list[str]:
+    from tasks.stores.requests import expire_request_files
+    from unlearning.erasure import id_key
+
+    if not params.deletion.hash_sample_ids or not params.erasure.request_file_days():
+        return []
+    return expire_request_files(params, id_key(True, id_salt(params)))
 
 
 def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
@@ -313,6 +328,10 @@ def reconcile(params: Params, tracker) -> list[str]:
         done = erase_pending(params, tracker, version)
         if done:
             notes.append(f"finished {len(done)} pending erasure(s)")
+        expired = _expire_request_files(params)
+        if expired:
+            notes.append(f"rewrote {len(expired)} applied request file(s) with hashed ids: their "
+                         f"erasure.keep_request_files = {params.erasure.keep_request_files} day(s) are over: {expired}")
         if version is not None and read_tombstones(params.path("tombstones")):
             # a batch that failed after registering its model left a version no erasure ran for: the registry
             # keeps what an erasure keeps (verify-erasure failed on such an orphan until a later batch's erasure)

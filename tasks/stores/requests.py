@@ -3,6 +3,10 @@ Great Expectations results of their validation (docs/erasure.md, docs/requests.m
 
 from __future__ import annotations
 
+import os
+import time
+from datetime import datetime, timezone
+
 from tasks.stores.base import Scope, files_naming, register_store, unjudged
 from unlearning.config import Params
 from unlearning.erasure import Finding, Purged
@@ -22,17 +26,54 @@ def kept_request_files(params: Params):
         yield store, folder, files
 
 
+def kept_until(params: Params, folder: str, f) -> str | None:
+    """When an applied request file (requests/processed/, its mtime: when it was applied) stops keeping its plain
+    ids under erasure.keep_request_files = N days (ISO time), or None: it keeps none now (until_applied, N
+    elapsed, or a rejected file)."""
+    days = params.erasure.request_file_days()
+    if not days or folder != "processed request files":
+        return None
+    until = f.stat().st_mtime + days * 86400
+    return datetime.fromtimestamp(until, timezone.utc).isoformat() if until > time.time() else None
+
+
+def expire_request_files(params: Params, key) -> list[str]:
+    """The applied request files whose erasure.keep_request_files days are over, rewritten with every id keyed
+    (run at the start of every run and `unlearn erase`: they expire without a new batch)."""
+    if not params.deletion.hash_sample_ids or not params.erasure.request_file_days():
+        return []
+    out = []
+    for store, _folder, files in kept_request_files(params):
+        for f in files:
+            if store == "processed request files" and kept_until(params, store, f) is None:
+                data = redacted_request_bytes(f, key)
+                if data is not None:
+                    rewrite(f, data)
+                    out.append(f.name)
+    return out
+
+
+def rewrite(f, data: bytes) -> None:
+    """`f` rewritten (atomically) with its mtime kept: for an applied file, when it was applied."""
+    st = f.stat()
+    atomic_write_bytes(f, data)
+    os.utime(f, (st.st_atime, st.st_mtime))
+
+
 def redact_request_files(params: Params, key, tombstones: set[str]) -> list[dict]:
     """With deletion.hash_sample_ids: the kept request files name no forgotten id in plain text. An applied
     file is written with keyed ids when it is moved (flows.deletion_batch.processed); this pass covers a
-    rejected file naming an id a later batch erased, and a file moved before it could be rewritten."""
+    rejected file naming an id a later batch erased, and a file moved before it could be rewritten. An applied
+    file within its erasure.keep_request_files days keeps its plain ids until they are over (`kept_until`)."""
     out = []
     for store, folder, files in kept_request_files(params):
         redacted = []
         for f in files:
+            if kept_until(params, store, f):
+                continue
             data = redacted_request_bytes(f, key, tombstones)
             if data is not None:
-                atomic_write_bytes(f, data)
+                rewrite(f, data)
                 redacted.append(f.name)
         out.append({"store": store, "path": str(folder), "redacted_files": redacted})
     return out
@@ -62,10 +103,14 @@ class RequestFiles:
                                                  {"files_naming_forgotten_ids": n})]
         out = []
         for store, folder, files in kept_request_files(scope.params):
-            n = sum(plain_forgotten_ids(f, scope.key, scope.forgotten) for f in files)
+            kept = {f.name: kept_until(scope.params, store, f) for f in files}
+            n = sum(plain_forgotten_ids(f, scope.key, scope.forgotten) for f in files if not kept[f.name])
             problems = (f"{store} ({folder}): {n} forgotten id(s) remain in plain text (`unlearn erase` rewrites "
                         f"them with hashed ids)",) if n else ()
-            out.append(Finding(store, str(folder), {"forgotten_ids": n, "forgotten_rows": 0}, problems))
+            # within erasure.keep_request_files days: plain ids kept on purpose, until the time each one says
+            within = {name: until for name, until in kept.items() if until}
+            out.append(Finding(store, str(folder), {"forgotten_ids": n, "forgotten_rows": 0,
+                                                    **({"plain_ids_kept_until": within} if within else {})}, problems))
         return out
 
 

@@ -1,0 +1,154 @@
+"""Privacy by default (docs/erasure.md, "Hashed ids and the salt"): with the shipped params (no
+hash_sample_ids override) a batch, its erasure and its DVC commit leave no forgotten id in plain text in any
+file the project wrote: state/ (ledger, manifest, reports), data/ (prepared store, tombstones), the processed
+request file, the MLflow store and its artifacts (leverage_forget.json, per_sample_klom.json, ...), the GX
+results, the ensemble cache, the DVC cache and remote. The salt is the project's own secret (mode 0600, never
+the dataset's name), copied into the state, and `unlearn lookup` finds an erased id from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from tests.helpers import make_project
+
+pytestmark = pytest.mark.flow
+
+DVC_YAML = """stages:
+  prepare:
+    cmd: "true"
+    outs: [data/prepared]
+  train:
+    cmd: "true"
+    outs: [models/original.pt]
+  deletion:
+    cmd: "true"
+    outs:
+      - state:
+          persist: true
+"""
+# what the project writes; requests/inbox is the team's own input (the request as it arrived)
+WRITTEN = ("state", "data", "requests/processed", "requests/rejected", "mlartifacts", "mlflow.db", "cache",
+           "models", "gx", "metrics", ".dvc/cache", "dvc-remote", "dvc.lock", "archive")
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory, prefect_harness):
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    from flows.deletion_batch import run
+    from flows.prepare import prepare
+    from flows.train import train
+    from unlearning.data import load_prepared
+
+    root = tmp_path_factory.mktemp("privacy")
+    # the shipped defaults: no deletion.hash_sample_ids override; the leverage diagnostics on (leverage_forget.json)
+    params_path = make_project(root, {"diagnostics": {"enabled": True, "cross_sample": 200}}, inbox_files=False)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
+    (root / "dvc.yaml").write_text(DVC_YAML)
+    prepare(str(params_path))
+    train(str(params_path))
+    m = load_prepared(root / "data" / "prepared").manifest
+    train_ids = m.loc[m["split"] == "train", "sample_id"].tolist()[:4]
+    val_ids = m.loc[m["split"] == "val", "sample_id"].tolist()[:1]
+    ids = train_ids + val_ids  # a validation row too: it is erased (and hashed) like the rest
+    (root / "requests" / "inbox" / "2026-11-30T0900_erasure.csv").write_text(
+        "request_id,sample_id,requested_at,reason\n"
+        + "".join(f"req-{i},{s},2026-11-28T08:00:00Z,gdpr_art17_erasure\n" for i, s in enumerate(ids)))
+    results = run(None, str(params_path), dvc_commit=True)
+    assert [r["status"] for r in results] == ["applied"], results
+    return root, params_path, ids, results[0]
+
+
+def written_files(root):
+    for name in WRITTEN:
+        p = root / name
+        if p.is_file():
+            yield p
+        elif p.is_dir():
+            yield from (f for f in p.rglob("*") if f.is_file())
+
+
+def test_no_file_the_project_wrote_names_a_forgotten_id(batch):
+    root, _, ids, _ = batch
+    files = list(written_files(root))
+    names = {f.relative_to(root).parts[0] for f in files}
+    # the stores the grep must have reached (else it proves nothing)
+    assert {"state", "data", "requests", "mlartifacts", "mlflow.db", "cache", ".dvc", "dvc-remote"} <= names, names
+    artifacts = {f.name for f in (root / "mlartifacts").rglob("*") if f.is_file()}
+    assert {"leverage_forget.json", "per_sample_klom.json"} <= artifacts
+    assert any((root / ".dvc" / "cache").rglob("*")) and (root / "requests" / "processed").is_dir()
+    needles = [s.encode() for s in ids]
+    leaks = sorted(str(f.relative_to(root)) for f in files if any(n in f.read_bytes() for n in needles))
+    assert leaks == []
+    # the request as it arrived stays the team's input only until the batch is applied (keep_request_files)
+    assert not list((root / "requests" / "inbox").glob("*.csv"))
+
+
+def test_the_salt_is_secret_and_backed_up_with_the_state(batch):
+    from unlearning.config import load_params
+    from unlearning.erasure import read_tombstones
+    from unlearning.ledger import hash_sample_id, read_ledger
+
+    root, params_path, ids, _ = batch
+    params = load_params(params_path)
+    salt_file = params.path("salt")
+    salt = salt_file.read_text().strip()
+    assert stat.S_IMODE(salt_file.stat().st_mode) == 0o600 and len(salt) == 64
+    assert (root / "state" / "salt").read_text().strip() == salt  # in the state: DVC cache and remote hold it
+    assert salt != json.loads((root / "data" / "prepared" / "dataset.json").read_text())["name"]
+    keys = {hash_sample_id(s, salt) for s in ids}
+    assert keys <= read_tombstones(params.path("tombstones"))
+    assert {e["sample_id"] for e in read_ledger(root / "state" / "ledger.jsonl")} == keys
+    assert hash_sample_id(ids[0], "digits") not in (root / "state" / "ledger.jsonl").read_text()
+
+
+def test_lookup_answers_from_the_hash(batch, capsys):
+    from flows.cli import main
+
+    root, params_path, ids, r = batch
+    assert main(["--params", str(params_path), "lookup", ids[0]]) == 0
+    out = capsys.readouterr().out
+    assert f"erased: unlearned with {r['method']} and erased by batch {r['batch_id']}" in out and "req-0" in out
+    assert main(["--params", str(params_path), "lookup", ids[-1], "--json"]) == 0
+    val = json.loads(capsys.readouterr().out)
+    assert val["status"] == "erased" and val["entries"][0]["kind"] == "erased_not_trained_on"
+    assert main(["--params", str(params_path), "lookup", "no-such-person@example.com"]) == 0
+    assert "never seen" in capsys.readouterr().out
+    m = pd.read_csv(root / "state" / "manifest.csv", dtype=str)
+    kept = m["sample_id"].iloc[0]
+    assert main(["--params", str(params_path), "lookup", kept]) == 0
+    assert f"not erased: a {m['split'].iloc[0]} row" in capsys.readouterr().out
+    (root / "requests" / "inbox" / "later.csv").write_text(
+        f"request_id,sample_id,requested_at,reason\nlater-1,{kept},2026-11-28T08:00:00Z,gdpr\n")
+    assert main(["--params", str(params_path), "lookup", kept]) == 0
+    assert "pending: named by 1 request file(s)" in capsys.readouterr().out
+    (root / "requests" / "inbox" / "later.csv").unlink()
+
+
+def test_a_lost_salt_is_restored_from_the_state_and_without_it_lookup_cannot_answer(batch, capsys):
+    from flows.cli import main
+    from unlearning.config import load_params
+
+    root, params_path, ids, _ = batch
+    salt_file = load_params(params_path).path("salt")
+    salt = salt_file.read_text()
+    salt_file.unlink()
+    assert main(["--params", str(params_path), "lookup", ids[0]]) == 0  # restored from state/salt
+    assert "erased:" in capsys.readouterr().out and salt_file.read_text() == salt
+    backup = root / "state" / "salt"
+    kept = backup.read_bytes()
+    salt_file.unlink()
+    backup.unlink()
+    try:
+        assert main(["--params", str(params_path), "lookup", ids[0]]) == 1
+        err = capsys.readouterr().err
+        assert "salt is missing" in err and "Restore it from a backup of the state" in err
+    finally:
+        backup.write_bytes(kept)
+        salt_file.write_text(salt)

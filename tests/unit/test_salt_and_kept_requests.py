@@ -1,0 +1,114 @@
+"""The project's secret salt (unlearning/salt.py) and how long an applied request file keeps its plain ids
+(erasure.keep_request_files; docs/erasure.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+
+import pytest
+
+from tests.helpers import ROOT
+from flows.deletion_batch import _expire_request_files, processed
+from tasks.stores.requests import RequestFiles, redact_request_files
+from unlearning.config import ConfigError, load_params, parse_params
+from unlearning.erasure import add_tombstones, id_key
+from unlearning.io import StateCorrupt
+from unlearning.salt import SaltLost, create_salt, id_salt, keep_copy, project_salt, write_salt
+
+H = "request_id,sample_id,requested_at,reason"
+PARAMS = ROOT / "params.yaml"
+
+
+def project(tmp_path, **overrides):
+    params = parse_params(overrides, root=tmp_path)
+    (tmp_path / "data" / "prepared").mkdir(parents=True)
+    (tmp_path / "data" / "prepared" / "dataset.json").write_text(json.dumps({"name": "digits"}))
+    return params
+
+
+def drop(params, name: str, *ids: str):
+    inbox = params.path("inbox")
+    inbox.mkdir(parents=True, exist_ok=True)
+    (inbox / name).write_text(H + "".join(f"\nq{i},{s},2026-11-30T09:00:00Z,gdpr" for i, s in enumerate(ids)) + "\n")
+    return inbox / name
+
+
+def test_the_salt_is_random_private_made_once_and_kept_with_the_state(tmp_path):
+    params = project(tmp_path)
+    assert params.deletion.hash_sample_ids  # on by default
+    salt = id_salt(params)
+    path = params.path("salt")
+    assert path == tmp_path / ".unlearning" / "salt" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(salt) == 64 and salt != "digits" and id_salt(params) == salt
+    assert id_salt(project(tmp_path / "other")) != salt  # per project
+    assert create_salt(path) == salt  # a second creator (a concurrent first run) gets the same salt
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    keep_copy(params, stage)
+    assert (stage / "salt").read_text().strip() == salt and stat.S_IMODE((stage / "salt").stat().st_mode) == 0o600
+
+
+def test_no_salt_is_made_for_plain_ids(tmp_path):
+    params = project(tmp_path, deletion={"hash_sample_ids": False})
+    assert id_salt(params) == "" and not params.path("salt").exists()
+
+
+def test_a_lost_salt_is_restored_from_the_state_or_refused_never_replaced(tmp_path):
+    params = project(tmp_path)
+    salt = id_salt(params)
+    state = params.path("state_dir")
+    state.mkdir()
+    keep_copy(params, state)
+    add_tombstones(params.path("tombstones"), [id_key(True, salt)("s1")])
+    params.path("salt").unlink()
+    assert project_salt(params) == salt and params.path("salt").read_text().strip() == salt  # from state/salt
+    params.path("salt").unlink()
+    (state / "salt").unlink()
+    with pytest.raises(SaltLost, match="salt is missing.*hold ids hashed with it.*Restore it from a backup"):
+        project_salt(params)
+    assert not params.path("salt").exists()  # not silently replaced: the tombstones would match nothing
+    write_salt(params.path("salt"), "another")
+    write_salt(state / "salt", salt)
+    with pytest.raises(StateCorrupt, match="hold different salts"):
+        project_salt(params)
+
+
+def test_keep_request_files_is_validated():
+    with pytest.raises(ConfigError, match=r"erasure.keep_request_files = 'forever'.*allowed: until_applied"):
+        load_params(PARAMS, {"erasure": {"keep_request_files": "forever"}})
+    with pytest.raises(ConfigError, match="erasure.keep_request_files = -1"):
+        load_params(PARAMS, {"erasure": {"keep_request_files": -1}})
+    assert load_params(PARAMS, {"erasure": {"keep_request_files": 7}}).erasure.request_file_days() == 7
+    assert load_params(PARAMS).erasure.request_file_days() == 0
+
+
+def test_by_default_an_applied_file_keeps_hashed_ids_only(tmp_path):
+    params = project(tmp_path)
+    dest = processed(drop(params, "a.csv", "ZZSECRET-1"), params)
+    text = dest.read_text()
+    assert "ZZSECRET-1" not in text and id_key(True, id_salt(params))("ZZSECRET-1") in text
+
+
+def test_kept_days_then_hashed(tmp_path):
+    params = project(tmp_path, erasure={"keep_request_files": 3})
+    key = id_key(True, id_salt(params))
+    dest = processed(drop(params, "a.csv", "ZZSECRET-1", "ZZSECRET-2"), params)
+    assert "ZZSECRET-1" in dest.read_text()  # kept as it came, for 3 days
+    add_tombstones(params.path("tombstones"), [key("ZZSECRET-1"), key("ZZSECRET-2")])
+    tomb = {key("ZZSECRET-1"), key("ZZSECRET-2")}
+    redact_request_files(params, key, tomb)  # an erasure pass within the days: left alone
+    assert "ZZSECRET-1" in dest.read_text()
+    scope = type("S", (), {"params": params, "hash_ids": True, "key": key, "forgotten": tomb, "tombstones": tomb})()
+    (processed_finding, _) = RequestFiles().verify(scope)
+    assert processed_finding.problems == () and "a.csv" in processed_finding.counts["plain_ids_kept_until"]
+    assert _expire_request_files(params) == []
+    old = time.time() - 4 * 86400
+    os.utime(dest, (old, old))  # the days are over
+    assert _expire_request_files(params) == ["a.csv"]
+    text = dest.read_text()
+    assert "ZZSECRET" not in text and key("ZZSECRET-2") in text
+    (processed_finding, _) = RequestFiles().verify(scope)
+    assert processed_finding.problems == () and "plain_ids_kept_until" not in processed_finding.counts
