@@ -122,6 +122,10 @@ def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, 
     retrains), `cross_every_row`: deletion.partition.mode is leverage (it ranks every retain row)."""
     from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 
+    if getattr(state.model, "shard_state", None) is not None:  # sisa is exact: the diagnostics would decide nothing
+        run_logger().info(f"{batch.path.name}: diagnostics skipped: the original is sharded (train.sharding), and "
+                          f"method sisa unlearns it exactly")
+        return None
     run = batch.open("diagnostics")
     started = time.perf_counter()
     report, tables = leverage_diagnostics.fn(cfg, weight_decay, seed, progress, state.prepared, state.manifest,

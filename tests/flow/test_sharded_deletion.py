@@ -43,8 +43,7 @@ def test_one_customers_deletion_retrains_one_shard_exactly(tmp_path, prefect_har
                                                                   "label_column": "label",
                                                                   "feature_columns": ["x1", "x2", "amount"]}},
                         "train": {"epochs": 6, "batch_size": 16,
-                                  "sharding": {"shards": 4, "slices": 2, "by": "column", "column": "customer"}},
-                        "diagnostics": {"enabled": False}},
+                                  "sharding": {"shards": 4, "slices": 2, "by": "column", "column": "customer"}}},
                  inbox_files=False)
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     params_path = str(root / "params.yaml")
