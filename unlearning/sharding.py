@@ -148,7 +148,8 @@ def make_plan(sample_ids: Sequence, keys: Sequence, shards: int, slices: int, se
                          f"only {n_values} distinct value(s): every value sits in one shard, so at most {n_values} "
                          f"shards can hold rows; lower train.sharding.shards")
     shard = assign_shards(keys, shards, seed)
-    return ShardPlan(np.asarray(list(sample_ids), dtype=object), shard, assign_slices(keys, shard, shards, slices, seed),
+    return ShardPlan(np.asarray(list(sample_ids), dtype=object), shard,
+                     assign_slices(keys, shard, shards, slices, seed),
                      shards, slices, tuple(int(s) for s in member_seeds), slice_epochs(epochs, slices), by, column)
 
 
@@ -330,6 +331,7 @@ def unlearn_state(model: Aggregate, forget_keys: Sequence[str], recipe: TrainRec
                                       st.X, st.y, recipe, checkpoint=keep, progress=progress)
     keep_rows = np.ones(len(st.plan.shard), dtype=bool)
     keep_rows[forget] = False
-    after = ShardState(st.plan.without(forget), st.X[torch.as_tensor(keep_rows)], st.y[torch.as_tensor(keep_rows)],
-                       checkpoints, st.aggregate)
+    idx = torch.as_tensor(np.flatnonzero(keep_rows))
+    after = ShardState(st.plan.without(forget), st.X.index_select(0, idx), st.y.index_select(0, idx), checkpoints,
+                       st.aggregate)
     return after.model(new), report, first

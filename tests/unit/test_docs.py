@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "docs"))
 import gen_params  # noqa: E402  (docs/gen_params.py: the generator of the configuration reference)
 
 # The pages a newcomer needs; each is in the nav and built.
-PAGES = ["index.md", "getting-started.md", "own-data.md", "requests.md", "certificate.md", "erasure.md",
+PAGES = ["index.md", "getting-started.md", "own-data.md", "sharding.md", "requests.md", "certificate.md", "erasure.md",
          "operations.md", "review.md", "troubleshooting.md", "configuration.md", "evidence.md", "design.md"]
 # The API reference of the core (mkdocstrings): one page per area, each rendering the modules it names.
 API_PAGES = {"api/index.md": [], "api/plan.md": ["unlearning.plan"],

@@ -39,7 +39,8 @@ def run(ctx: UnlearnContext, args: SisaArgs) -> UnlearnResult:
 
     fraction = cost_in_retrains(st.plan, affected(st.plan, drop))
     label = ctx.progress if isinstance(ctx.progress, str) else "sisa"
-    model, report, first = unlearn_state(ctx.model, keys, ctx.recipe, progress=label if resolve(ctx.progress) else False)
+    model, report, first = unlearn_state(ctx.model, keys, ctx.recipe,
+                                         progress=label if resolve(ctx.progress) else False)
     sizes = st.plan.sizes()
     info = {"stop": "exact", "shards": st.plan.shards, "slices": st.plan.slices,
             "shards_retrained": sorted(first), "first_slice": {str(k): r for k, r in first.items()},
