@@ -14,6 +14,10 @@ import sys
 from pathlib import Path
 
 
+class NothingToUnlearn(Exception):
+    """A request file naming validation rows only: its batch erases them, nothing is planned or trained."""
+
+
 def batch_plan_for(path: Path, params, device: str):
     """(plan, timing, selection, notes) for request file `path` on the current state."""
     from tasks.request_check import LiveState, check_file_for
@@ -37,6 +41,10 @@ def batch_plan_for(path: Path, params, device: str):
     # the validation rows a file names are erased, not unlearned: the plan is the batch's (tasks/stages split_by_kind)
     state, requests = split_by_kind(state, requests, "plan")
     forget = requests["sample_id"][requests["kind"] == "unlearned"].astype(str).tolist()
+    if not forget:
+        raise NothingToUnlearn(f"{path.name}: its {len(requests)} row(s) name validation rows only: no model trained "
+                               f"on them, so its batch erases them without unlearning (no candidate, no gate, no new "
+                               f"model version); there is no plan to show")
     m = state.manifest
     notes = []
     # the plan does not depend on which retain rows are adjacent except through the suppression rules: the group
@@ -71,7 +79,11 @@ def cmd_plan(args) -> int:
     path = Path(args.file)
     if not path.exists():
         raise FileNotFoundError(f"{args.file}: no such request file")
-    plan, timing, selection, notes = batch_plan_for(path, params, device_of(params))
+    try:
+        plan, timing, selection, notes = batch_plan_for(path, params, device_of(params))
+    except NothingToUnlearn as e:
+        print(json.dumps({"nothing_to_unlearn": str(e)}) if args.json else str(e))
+        return 0
     from unlearning.plan import sequential_step
     from unlearning.qualification import advise_mode
 

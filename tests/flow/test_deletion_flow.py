@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers import make_project
+from tests.helpers import make_project, sample_requests
 from unlearning.config import load_params
 from unlearning.requests import RequestValidationError
 
@@ -196,7 +196,9 @@ def test_the_same_file_again_is_a_no_op_that_changes_nothing(project, applied):
 
     request_file = applied["request_file"]
     before = snapshot(project)
-    shutil.copy(project / "requests" / "processed" / request_file.name, request_file)
+    # the file as it was sent (the processed copy holds hashed ids: deletion.hash_sample_ids is on by default)
+    (original,) = [f for f in sample_requests() if f.name == request_file.name]
+    shutil.copy(original, request_file)
     again = run(None, str(project / "params.yaml"))
     assert [x["status"] for x in again] == ["already_processed"]
     assert snapshot(project) == before
@@ -315,7 +317,13 @@ def test_inbox_rejects_bad_files_and_later_files_proceed(project):
         ("a_bad.csv", "rejected", "validation"), ("d_good.CSV", "applied", None)]
     for name in ("a_bad.csv", "b_notes.txt", "c_dir.csv"):
         assert (rejected / name).exists() and (rejected / f"{name}.error.json").exists()
-    assert "digits-9999" in (rejected / "a_bad.csv.error.json").read_text()
+    # the report names the unknown id by its salted hash (deletion.hash_sample_ids is on by default)
+    from unlearning.erasure import id_key
+    from unlearning.salt import id_salt
+
+    report = (rejected / "a_bad.csv.error.json").read_text()
+    key = id_key(True, id_salt(load_params(project / "params.yaml")))
+    assert key("digits-9999") in report and "digits-9999" not in report
     assert (project / "requests" / "processed" / "d_good.CSV").exists() and not list(inbox.iterdir())
 
     # A batch the gate rejects (an unreachable accuracy floor) is moved aside too, and nothing changes.

@@ -104,3 +104,16 @@ def test_a_file_of_validation_rows_only_keeps_the_champion(applied):
     fc = check_file_for(root / "requests" / "inbox" / "again.csv", params, live_state(params), gx=False)
     assert fc.status == "ok" or "erased already" in " ".join(fc.problems)
     (root / "requests" / "inbox" / "again.csv").unlink()
+
+
+def test_plan_and_validate_of_a_file_of_validation_rows_only(applied, capsys, tmp_path):
+    from flows.cli import main
+
+    root, params_path, before, _, val_ids, *_ = applied
+    left = [s for s in before.loc[before["split"] == "val", "sample_id"] if s not in val_ids][:2]
+    f = tmp_path / "val_only.csv"
+    f.write_text(rows("v", left))
+    assert main(["--params", str(params_path), "validate", str(f)]) == 0
+    assert "2 name validation rows: erased from the stores, not unlearned" in capsys.readouterr().out
+    assert main(["--params", str(params_path), "plan", str(f)]) == 0
+    assert "name validation rows only: no model trained on them" in capsys.readouterr().out

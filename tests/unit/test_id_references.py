@@ -1,4 +1,5 @@
-"""verify-erasure's references: files that still name a forgotten id (plain ids, the default), counted per store."""
+"""verify-erasure's references: files that still name a forgotten id (plain ids: deletion.hash_sample_ids false),
+counted per store."""
 
 from tasks.erasure import id_references
 from unlearning.config import parse_params
