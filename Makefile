@@ -120,6 +120,7 @@ bench: setup ## benchmarks: print ratios, write JSON under bench/results/
 	$(BIN)/python bench/request_validation.py
 	$(BIN)/python bench/dask_scaling.py
 	$(BIN)/python bench/batch_cost.py --full-data-plan   # regenerates the README's table
+	$(BIN)/python bench/sharding.py   # SISA: the table on docs/sharding.md, a summary in the README
 
 docs: setup ## build the docs site into site/ (mkdocs build --strict: a broken link or a missing page fails)
 	$(BIN)/python docs/gen_params.py
