@@ -54,17 +54,20 @@ def batch_plan_for(path: Path, params, device: str):
                      f"partition (the batch computes its own)")
     table = partition_retain(Partition(mode="group"), state.prepared, m, forget, state.model)
     rows = batch_rows(state.prepared, m, forget, table)
-    facts = batch_facts(params.deletion, params.train.epochs, objective, rows, None, device=device)
+    sharded = getattr(state.model, "shard_state", None) is not None  # train.sharding: sisa, no diagnostics
+    facts = batch_facts(params.deletion, params.train.epochs, objective, rows, None, device=device, sharded=sharded)
     selection, _, _ = selection_with_debt(params.deletion, facts, state.ledger, n_original_train(m, state.ledger),
                                           len(rows.forget))
     timing, footprint = probe(params, state, rows, device)
     d = params.diagnostics
     diag = 0.0
-    if d.enabled or params.deletion.partition.mode == "leverage":
+    if (d.enabled or params.deletion.partition.mode == "leverage") and not sharded:
         bound = d.max_retrains if d.max_retrains is not None else 1.0
         diag = bound * timing.retrain_seconds
         notes.append(f"diagnostics: at most {bound:g} retrain(s) (diagnostics.max_retrains), counted in full")
-    plan = batch_plan(params, selection, objective, timing, footprint, diag)
+    from tasks.sharding import sisa_share
+
+    plan = batch_plan(params, selection, objective, timing, footprint, diag, sisa_cost=sisa_share(state, rows))
     return plan, timing, selection, notes + [f"forget rows: {len(rows.forget)}, retain rows: {len(rows.retain)}",
                                              f"timing {timing.source}"]
 

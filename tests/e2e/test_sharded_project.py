@@ -68,6 +68,8 @@ def test_one_customer_deleted_from_a_sharded_project(tmp_path):
     pd.DataFrame({"request_id": [f"r{i}" for i in range(len(gone))], "sample_id": gone,
                   "requested_at": "2026-12-01T08:00:00Z", "reason": "customer asked"}).to_csv(
         inbox / "2026-12-02T0900_cust-07.csv", index=False)
+    out = sh([sys.executable, "-m", "flows.cli", "plan", str(inbox / "2026-12-02T0900_cust-07.csv")], proj, env)
+    assert "sisa: exact" in out and "of a full retrain" in out, out  # planned as exact, at its share of a retrain
     out = sh([sys.executable, "-m", "flows.session", sys.executable, "-m", "dvc", "repro", "deletion"], proj, env)
     assert "sisa: retrained shard(s)" in out and "promoted" in out, out[-3000:]
 
@@ -80,5 +82,6 @@ def test_one_customer_deleted_from_a_sharded_project(tmp_path):
     metrics = json.loads(sh([sys.executable, "-m", "dvc", "metrics", "show", "--json"], proj, env))
     files = {f: d["data"] for rev in metrics.values() for f, d in rev["data"].items()}
     assert files["metrics/train.json"]["shards"] == 5 and files["metrics/train.json"]["val_accuracy"] > 0.6
+    assert "sisa" in sh([sys.executable, "-m", "flows.cli", "status"], proj, env)
     champion = json.loads((proj / "state" / "champion.json").read_text())
     assert champion["method"] == "sisa" and champion["history"][-1]["champion_validation_accuracy"] > 0.6
