@@ -139,12 +139,13 @@ def read_plan(folder: Path) -> tuple[ShardPlan, str] | None:
     return ShardPlan.from_dict(d), d.get("aggregate", "mean_probs")
 
 
-def attach_state(params: Params, prepared: Prepared, model, device: str = "cpu"):
+def attach_state(params: Params, prepared: Prepared, model, device: str = "cpu", from_original: bool = False):
     """Hang the shard state on a loaded aggregate (no-op for a model trained as one): the plan, the rows it
-    holds (features and labels from the prepared store, in plan order) and every checkpoint."""
+    holds (features and labels from the prepared store, in plan order) and every checkpoint. `from_original`:
+    the model is models/original.pt (a state starting from it), whose checkpoints are models/shards/."""
     if not hasattr(model, "constituents"):
         return model
-    folder = shards_folder(params)
+    folder = original_shards(params) if from_original else shards_folder(params)
     found = read_plan(folder)
     if found is None:
         raise FileNotFoundError(f"{folder / PLAN}: the champion is a sharded aggregate but its shard plan is missing; "

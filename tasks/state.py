@@ -218,6 +218,7 @@ def load_state(params: Params, device: str) -> State:
         saved_spec = None if "fingerprint" in champion else _checkpoint(state_dir / "model.pt").get("spec")
         check_state(params, prepared, champion, saved_spec, manifest, current)
         model, _ = load_model(state_dir / "model.pt", device)
+        from_original = False
     else:
         if not original_path(params).exists():
             raise FileNotFoundError(f"{original_path(params)} not found: run the train stage first "
@@ -226,13 +227,15 @@ def load_state(params: Params, device: str) -> State:
         check_original(params, prepared, current, {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
         clean_of = check_original_is_erased(params, ckpt.get("extra", {}))
         model, extra = load_model(original_path(params), device)
+        from_original = True  # state/shards/, if any, is a former state's: the original's are in models/shards/
         manifest = initial_state_manifest(prepared.manifest)
         champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None,
                     "started_clean_of": clean_of,
                     **({"tracking_store": extra["tracking_store"]} if extra.get("tracking_store") else {})}
     from tasks.sharding import attach_state
 
-    model = attach_state(params, prepared, model, device)  # a sharded champion: its plan and slice checkpoints
+    # a sharded champion: its plan and slice checkpoints (the original's, when the state starts from it now)
+    model = attach_state(params, prepared, model, device, from_original=from_original)
     return State(prepared=prepared, model=model, manifest=manifest, ledger=read_ledger(state_dir / "ledger.jsonl"),
                  champion=champion, fingerprint=current)
 
