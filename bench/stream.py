@@ -356,6 +356,9 @@ def main() -> None:
     ap.add_argument("--suite-scale", type=float, default=1.0, help="multiplies every qualify.suite count")
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bound", choices=["lower", "point"], default=None,
+                    help="validation.qualified_bound (default: params.yaml's)")
+    ap.add_argument("--min-pass", type=float, default=None, help="validation.qualified_min_pass (default: params.yaml's)")
     ap.add_argument("--diagnostics-solver", default=None, help="diagnostics.solver for the qualification and the "
                                                                 "stream alike (default: params.yaml's)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/stream.json"))
@@ -363,6 +366,10 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     if a.diagnostics_solver:
         params.diagnostics.solver = a.diagnostics_solver
+    if a.bound:
+        params.validation.qualified_bound = a.bound
+    if a.min_pass is not None:
+        params.validation.qualified_min_pass = a.min_pass
     out = {"diagnostics_solver": params.diagnostics.solver, "argv": vars(a),"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.machine(),
            "threads": a.threads, "qualified_min_pass": params.validation.qualified_min_pass,
            "qualified_bound": params.validation.qualified_bound, "confidence": params.qualify.confidence,

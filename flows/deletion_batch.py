@@ -111,6 +111,11 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                              n_original_train(state.manifest, state.ledger), warnings=quality)
         if licensing is not None:
             mark_qualified(batch, params, promoted["version"], outcome.method, licensing)
+            if licensing["audit_due"] and outcome.method == licensing["license"]["method"] != "retrain":
+                from flows.qualify import audit_after_promotion  # its own flow run; the alias has moved
+
+                promoted = audit_after_promotion(batch, params, state, rows, objective, outcome.method, licensing,
+                                                 promoted, requests, device)
         erasure = (S.erase(batch, params, erased_ids, id_salt(params), promoted["version"])
                    if params.erasure.enabled else None)
         S.finish(batch, outcome, promoted, erasure)
@@ -209,6 +214,11 @@ def mark_qualified(batch: S.BatchRun, params: Params, version: str, method: str,
             "qualification_row": row if qualified and row else "none",
             "audit": ("due" if licensing["audit_due"] else "not drawn") if qualified else "not needed"}
     batch.tracker.set_version_tags(params.tracking.registered_model, version, tags)
+    if qualified:  # `unlearn status` lists the qualified versions not audited yet
+        from tasks.qualification import append_audit
+
+        append_audit(params, {"kind": "promoted", "batch_id": batch.batch_id, "version": str(version), "method": method,
+                              "row": row, "gap_to_noise": licensing["gap_to_noise"], "audit": tags["audit"]})
 
 
 def open_batch(path: Path, params: Params, state, pending, device: str, started: float) -> S.BatchRun:

@@ -71,6 +71,79 @@ def qualify(params_path: str = "params.yaml") -> dict:
     return result.to_dict()
 
 
+_PENDING: dict[str, dict] = {}  # the in-memory context of an audit about to run (models, rows: no flow parameters)
+
+
+def audit_after_promotion(batch, params: Params, state, rows, objective: str, method: str, licensing: dict,
+                          promoted: dict, requests, device: str) -> dict:
+    """Run the audit of a qualified batch as its own flow run, after its version was promoted (the alias has
+    moved). Returns the promotion that stands afterwards: the batch's, or the exact retrain a failed audit
+    promoted."""
+    _PENDING[batch.batch_id] = {"batch": batch, "params": params, "state": state, "rows": rows, "objective": objective,
+                                "method": method, "licensing": licensing, "promoted": promoted, "requests": requests,
+                                "device": device}
+    try:
+        return audit_qualified_batch(batch.batch_id)
+    finally:
+        _PENDING.pop(batch.batch_id, None)
+
+
+@flow(name="audit-qualified-batch")
+def audit_qualified_batch(batch_id: str) -> dict:
+    """The full certificate of a qualified batch (tasks/qualification.py audit_certificate). Passed: the version is
+    tagged `qualified: qualified, audited`. Failed (a false accept of the qualified path): tagged `audit failed`,
+    and an exact retrain on the rows now retained is promoted at once (this batch's oracle member 0: its audit
+    trained it, the cache finds it). Either way the audit joins state/audits.jsonl, which updates the table the
+    next batches are licensed by."""
+    from datetime import datetime, timezone
+
+    import numpy as np
+
+    from tasks import stages as S
+    from tasks.qualification import append_audit, audit_certificate
+    from tasks.state import load_state
+    from unlearning.batch import BatchRows, retained_train_rows, validation_rows
+    from unlearning.history import n_original_train
+    from unlearning.plan import Step
+
+    c = _PENDING[batch_id]
+    batch, params, lic, promoted = c["batch"], c["params"], c["licensing"], c["promoted"]
+    name, version = params.tracking.registered_model, str(promoted["version"])
+    log = run_logger()
+    result = audit_certificate(params, c["state"], c["rows"], c["device"], c["method"], lic["batch_index"], c["objective"])
+    record = {"kind": "audit", "batch_id": batch_id, "version": version, "method": c["method"],
+              "gap_to_noise": lic["gap_to_noise"], "n_forget": int(len(c["rows"].forget)),
+              "row": (lic["license"].get("row") or {}).get("row_id"), "audited_at":
+                  datetime.now(timezone.utc).isoformat(timespec="seconds"), **result}
+    batch.tracker.set_version_tags(name, version, {
+        "audit": "passed" if result["passed"] else "failed",
+        "qualified": "qualified, audited" if result["passed"] else "qualified, audit FAILED"})
+    batch.tracker.log_json(batch.parent, record, "audit.json")
+    log.info(f"audit of v{version} ({c['method']}, batch {batch_id}): full certificate "
+             f"{'passed' if result['passed'] else 'FAILED: ' + '; '.join(result['failures'])} "
+             f"({result['references']} references, {result['seconds']:.1f} s)")
+    out = promoted
+    if not result["passed"]:
+        after = load_state(params, c["device"])
+        D = retained_train_rows(after.manifest)
+        rows = BatchRows(before=D, forget=np.zeros(0, dtype=np.int64), retain=D,
+                         adjacent_mask=np.zeros(len(D), dtype=bool), validation=validation_rows(after.manifest))
+        retrain = S.unlearn_and_certify(batch, Step("retrain", "exact"), params, after, rows, None, None,
+                                        c["objective"], lic["batch_index"])
+        if not S.accepted(batch, retrain, params.gate.exact_retrain_overrides):
+            raise RuntimeError(f"the audit of v{version} failed and the exact retrain missed a floor of the gate: "
+                               f"{retrain.verdict.failures}; v{version} stays, tagged audit failed")
+        out = S.promote(batch, params, after, c["requests"].iloc[0:0], c["objective"], retrain, rows,
+                        n_original_train(after.manifest, after.ledger))
+        batch.tracker.set_version_tags(name, str(out["version"]), {"validation_mode": "qualified",
+                                                                   "qualified": "exact retrain",
+                                                                   "audit_retrain_of": version})
+        record["then"] = {"exact_retrain_version": str(out["version"])}
+        log.info(f"audit failed: exact retrain promoted as v{out['version']} (was v{version})")
+    append_audit(params, record)
+    return out
+
+
 def main() -> None:
     """`python -m flows.qualify` (and `python -m flows.warm run flows.qualify` in a DVC stage)."""
     params_path = params_or_exit(base_parser(__doc__).parse_args().params)

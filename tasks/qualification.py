@@ -159,7 +159,7 @@ def license_for_batch(params: Params, state, rows, report, n_train: int):
     from unlearning.history import debt_reasons, retraining_debt
     from unlearning.qualification import EXACT, License, license_method
 
-    q = require_qualification(params, state)
+    q = with_audits(require_qualification(params, state), read_audits(params))
     v = params.validation
     gap = gap_in_noise_units(report.predicted_gap_forget, q.noise) if report is not None else float("nan")
     lic = license_method(q.table, gap, q.methods, v.qualified_min_pass, v.qualified_bound)
@@ -170,3 +170,51 @@ def license_for_batch(params: Params, state, rows, report, n_train: int):
         lic = License(EXACT, None, f"retraining debt: {'; '.join(forced)} (the qualification licensed {lic.method}: "
                                    f"{lic.reason})")
     return lic, gap, q, debt
+
+
+# --- audits ----------------------------------------------------------------------------------------------------
+
+AUDITS = "audits.jsonl"  # in state/: the qualified versions and their audits (staging copies it along)
+
+
+def read_audits(params: Params) -> list[dict]:
+    path = params.path("state_dir") / AUDITS
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_audit(params: Params, record: dict) -> None:
+    """One record more (write temp, then rename: a reader never sees half a line)."""
+    path = params.path("state_dir") / AUDITS
+    lines = [json.dumps(r, default=float) for r in [*read_audits(params), record]]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def with_audits(q: Qualification, audits: list[dict]) -> Qualification:
+    """The qualification table as the audits updated it: each audit's full certificate is one more trial of
+    its method at its batch's predicted gap."""
+    for a in audits:
+        if a.get("kind") == "audit" and a.get("gap_to_noise") is not None:
+            q = q.with_trial(Trial(a["batch_id"], "audit", int(a.get("n_forget", 0)), a["method"],
+                                   float(a["gap_to_noise"]), bool(a["passed"]), int(a.get("references", 0)),
+                                   float(a.get("seconds", 0.0)), source="audit"))
+    return q
+
+
+def audit_certificate(params: Params, state: State, rows, device: str, method: str, batch_index: int,
+                      objective: str) -> dict:
+    """The full certificate of a qualified batch (its per_batch sequential certificate, the batch's own reference
+    seeds): what per_batch mode would have decided."""
+    v = params.validation
+    started = time.perf_counter()
+    pool = ReferencePool(params, state, rows, device, batch_index, max(1, min(v.chunk_size, v.n_oracles)),
+                         workers_of(params))
+    sampled = sampled_for_certificate(rows, v.certificate_rows, params.base.seed)
+    outcome, looks = sequential(sequential_step(method, v, params.gate, 1.0), params.deletion.method_args.get(method, {}),
+                                params, state, rows, pool, device, objective, Evaluator(state.prepared, sampled, None))
+    return {"passed": bool(outcome.verdict.passed), "references": int(looks[-1].n_shadows + looks[-1].n_oracles),
+            "looks": len(looks), "failures": list(outcome.verdict.failures)[:5],
+            "seconds": round(time.perf_counter() - started, 2)}

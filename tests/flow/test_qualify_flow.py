@@ -80,8 +80,8 @@ def request_file(root, path, ids) -> None:
 
 def test_a_qualified_batch_runs_the_licensed_method_with_cheap_checks_and_tags_its_version(project):
     """After the qualification: a small random set is licensed do_nothing (point estimate, min_pass 0.5 on this
-    tiny suite), passes the cheap checks and is promoted "qualified, not audited", with no reference model
-    trained; under the default rule (lower bound) the tiny suite licenses nothing: exact retrain."""
+    tiny suite), passes the cheap checks and is promoted with no reference model trained, then audited (batch 0
+    of every 2); under the default rule (lower bound) the tiny suite licenses nothing: exact retrain."""
     import pandas as pd
     import yaml
 
@@ -110,8 +110,13 @@ def test_a_qualified_batch_runs_the_licensed_method_with_cheap_checks_and_tags_i
         assert row["passes"] / row["n"] >= 0.5
     tags = tracker.client.get_model_version(params.tracking.registered_model, r["model_version"]).tags
     assert tags["validation_mode"] == "qualified"
-    assert tags["qualified"] == ("qualified, not audited" if r["method"] == "do_nothing" else "exact retrain")
-    assert tags["audit"] == ("due" if r["method"] == "do_nothing" else "not needed")  # batch 0 of every: 2
+    # batch 0 of audit every: 2 is audited after its promotion (its full certificate passes do_nothing here)
+    from tasks.qualification import read_audits
+
+    records = read_audits(params)
+    assert [a["kind"] for a in records] == ["promoted", "audit"] and records[0]["audit"] == "due"
+    assert records[1]["passed"] and records[1]["version"] == r["model_version"] and "then" not in records[1]
+    assert (tags["qualified"], tags["audit"]) == ("qualified, audited", "passed")
     desc = tracker.client.get_run(r["run_id"]).data.tags["mlflow.note.content"]
     assert "qualification" in desc and "validation.mode qualified" in desc
     children = tracker.client.search_runs([tracker.experiment_id],
@@ -140,3 +145,59 @@ def test_a_qualified_batch_refuses_a_missing_or_stale_qualification(project, tmp
     (tmp_path / "qualification.json").write_text((project / "models" / "qualification.json").read_text())
     with pytest.raises(ConfigError, match=r"qualifies another original \(fingerprint \w+, this one abc\)"):
         require_qualification(params, state)
+
+
+def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_retrains(project):
+    """The 30 highest-loss rows, licensed do_nothing by a one-bin table (min_pass 0.25): the cheap checks pass them
+    (their losses look like held-out rows'), the audit
+    (every batch) runs the full certificate after the promotion, fails it, and an exact retrain is promoted in
+    the same run; state/audits.jsonl and the registry tags say so, and the table counts the audit."""
+    import pandas as pd
+    import yaml
+
+    from flows.common import tracker_for
+    from flows.deletion_batch import run
+    from tasks.qualification import read_audits, require_qualification, with_audits
+    from tasks.state import load_state
+    from unlearning.config import load_params
+
+    qpath = project / "models" / "qualification.json"
+    q = json.loads(qpath.read_text())
+    q["bins"] = [1000.0]
+    qpath.write_text(json.dumps(q))
+    params_yaml = yaml.safe_load((project / "params.yaml").read_text())
+    params_yaml["validation"].update(qualified_bound="point", qualified_min_pass=0.25, audit={"every": 1})
+    path = project / "params_audit.yaml"
+    path.write_text(yaml.safe_dump(params_yaml))
+    params = load_params(path)
+    import torch
+
+    from unlearning.batch import eval_logits, retained_train_rows
+
+    state = load_state(params, "cpu")  # the highest-loss retained rows: members whose loss still looks held out
+    D = retained_train_rows(state.manifest)
+    loss = torch.nn.functional.cross_entropy(eval_logits(state.model, state.prepared, D)[0],
+                                             torch.as_tensor(state.prepared.label[D]), reduction="none").numpy()
+    req = project / "high_loss.csv"
+    request_file(project, req, state.manifest["sample_id"].to_numpy()[D[loss.argsort()[::-1][:30]]].tolist())
+    (r,) = run(str(req), str(path))
+    assert r["status"] == "applied" and r["method"] == "do_nothing", r
+    audits = [a for a in read_audits(params) if a["kind"] == "audit" and a["batch_id"] == r["batch_id"]]
+    assert len(audits) == 1 and audits[0]["method"] == "do_nothing" and audits[0]["references"] >= 8
+    qualified, retrain = audits[0]["version"], audits[0]["then"]["exact_retrain_version"]
+    assert not audits[0]["passed"] and retrain != qualified
+    assert r["model_version"] == retrain  # the version that stands after the batch's run
+    tracker = tracker_for(params)
+    name = params.tracking.registered_model
+    # (the failed version is tagged "qualified, audit FAILED"; the batch's erasure then purges it from the
+    # registry, since it holds the erased rows: erasure.keep_versions)
+    assert qualified not in tracker.versions(name)
+    assert tracker.client.get_model_version(name, retrain).tags["audit_retrain_of"] == qualified
+    state = load_state(params, "cpu")
+    assert str(state.champion["model_version"]) == retrain and state.champion["method"] == "retrain"
+    assert tracker.alias_version(name, params.tracking.alias) == retrain
+    before = require_qualification(params, state)
+    every = [a for a in read_audits(params) if a["kind"] == "audit"]  # this one and the earlier test's
+    after = with_audits(before, read_audits(params))
+    assert after.table[0].n == before.table[0].n + len(every)
+    assert after.table[0].passes == before.table[0].passes + sum(a["passed"] for a in every)
