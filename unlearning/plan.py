@@ -159,6 +159,14 @@ def plan_steps(candidates: list[str], objective: str, validation: Validation, ga
     cost_in_retrains); None: the original is not sharded, and `sisa` is skipped with why."""
     steps: list[Step] = []
     skipped: list[tuple[str, str]] = []
+    if sisa_cost is not None:  # a sharded original: sisa alone keeps it sharded and exact; the others see one model
+        others = [m for m in candidates if m != "sisa"]
+        if explicit and others and "sisa" not in candidates:
+            raise PlanRefused(f"deletion.method = {others[0]!r}: the original is sharded (train.sharding), and only "
+                              f"method sisa unlearns it (exactly, for its share of a retrain); set deletion.method: "
+                              f"sisa or auto")
+        skipped += [(m, "the original is sharded (train.sharding): sisa unlearns it exactly") for m in others]
+        candidates = ["sisa"]
     for method in candidates:
         if method == "sisa":  # exact, sharded originals only (unlearning/methods/sisa.py)
             if sisa_cost is None and explicit:

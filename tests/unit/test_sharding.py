@@ -277,6 +277,13 @@ def test_the_planner_knows_sisa_is_exact_and_its_cost_and_refuses_it_for_one_mod
     with pytest.raises(PlanRefused, match="sharded original"):
         plan_batch(["sisa", "retrain"], "retrain_equivalence", Validation(), Gate(), weigh_cost=True,
                    explicit=True, sisa_cost=None)
+    # a sharded original: sisa alone, whatever else the rules add; another method named explicitly is refused
+    plan = plan_batch(["do_nothing", "sisa", "retrain"], "retrain_equivalence", Validation(), Gate(),
+                      weigh_cost=True, explicit=False, sisa_cost=0.1)
+    assert plan.methods == ["sisa"] and {m for m, _ in plan.skipped} == {"do_nothing", "retrain"}
+    with pytest.raises(PlanRefused, match="deletion.method = 'finetune': the original is sharded"):
+        plan_batch(["finetune", "retrain"], "retrain_equivalence", Validation(), Gate(), weigh_cost=True,
+                   explicit=True, sisa_cost=0.1)
 
 
 def test_the_default_policy_picks_sisa_whenever_the_original_is_sharded():
