@@ -257,6 +257,10 @@ def write_state(folder: Path, model: Ensemble, manifest: pd.DataFrame, ledger: l
         from tasks.sharding import write_into
 
         write_into(folder / "shards", model.shard_state)
+    elif (folder / "shards").exists():  # a former sharded champion's, copied into the staging folder: not this one's
+        import shutil
+
+        shutil.rmtree(folder / "shards")
     atomic_write_bytes(folder / "manifest.csv", manifest_csv_bytes(manifest))
     atomic_write_text(folder / "ledger.jsonl", ledger_text(ledger))
     atomic_write_json(folder / "champion.json", champion)

@@ -47,3 +47,17 @@ def test_a_sharded_champion_without_its_plan_is_refused_with_the_fix(tmp_path):
     prepared, state, constituents = sharded(params)
     with pytest.raises(FileNotFoundError, match="run the train stage again"):
         attach_state(params, prepared, state.model(constituents))
+
+
+def test_a_champion_trained_as_one_leaves_no_shard_folder_in_the_state(tmp_path):
+    from tasks.state import write_state
+    from unlearning.models import build_model
+
+    params = table_project(tmp_path)
+    prepared, state, constituents = sharded(params)
+    folder = tmp_path / "stage"
+    manifest = prepared.manifest.assign(status="retained", deleted_by="")
+    write_state(folder, state.model(constituents), manifest, [], {}, {"digest": "x"})
+    assert (folder / "shards" / "plan.json").exists()
+    write_state(folder, build_model(state.checkpoints[(0, 0)].spec(), [1]), manifest, [], {}, {"digest": "x"})
+    assert not (folder / "shards").exists()  # the staging copy of a former sharded state: removed
