@@ -445,7 +445,7 @@ def cmd_methods(args) -> int:
 
 STATUS_KEYS = ("champion", "state_dir", "retraining_debt", "debt_bounds", "registered_model", "alias", "n_samples",
                "n_deleted", "n_requests", "n_batches", "n_erased", "mlflow_tracking_uri", "notes", "warnings",
-               "quality_warnings", "erasure_pending", "feature_columns")
+               "quality_warnings", "erasure_pending", "feature_columns", "qualified")
 
 
 def _state_against_params(params, champion: dict) -> tuple[list[str], str | None]:
@@ -565,7 +565,7 @@ def cmd_status(args) -> int:
               "n_erased": len(read_tombstones(params.path("tombstones"))),
               "mlflow_tracking_uri": params.mlflow_tracking_uri(), "notes": notes, "warnings": warnings,
               "quality_warnings": champion.get("quality_warnings", []), "erasure_pending": _erasure_pending(params),
-              "feature_columns": _feature_columns(params)}
+              "feature_columns": _feature_columns(params), "qualified": _qualified_status(params)}
     assert set(status) == set(STATUS_KEYS)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
@@ -585,6 +585,10 @@ def cmd_status(args) -> int:
           f"max_batches_since_retrain {bounds.max_batches_since_retrain}, "
           f"max_forgotten_fraction {bounds.max_forgotten_fraction} (deletion.debt)")
     _print_quality_pending_features(status)
+    from unlearning.qualification import audit_lines
+
+    for line in audit_lines(status["qualified"]):
+        print(line)
     for p in champion.get("history", [])[-5:]:
         print(f"  batch {p['step']}: {p['request_file']} -> {p['method']} v{p['model_version']}, forgotten "
               f"{p['forgotten_fraction']:.2%} in all, validation accuracy {p['champion_validation_accuracy']:.3f}, "
@@ -595,6 +599,14 @@ def cmd_status(args) -> int:
     print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: {ui_route(params, '#/experiments')} (the batch runs: "
           f"the link each batch prints at its end)")
     return 0
+
+
+def _qualified_status(params) -> dict:
+    """validation.mode qualified: the versions not audited yet and the audit history (state/audits.jsonl)."""
+    from tasks.qualification import read_audits
+    from unlearning.qualification import audit_status
+
+    return audit_status(read_audits(params))
 
 
 def cmd_serve(args) -> int:

@@ -352,6 +352,31 @@ def audit_due(every: int | None, probability: float | None, seed: int, batch_ind
     return False
 
 
+def audit_status(records: list[dict]) -> dict:
+    """What `unlearn status` says of the qualified mode, from state/audits.jsonl's records: the qualified versions
+    no audit has looked at yet, and the audits (oldest first), each with what it changed."""
+    audited = {r["version"] for r in records if r.get("kind") == "audit"}
+    unaudited = [r["version"] for r in records if r.get("kind") == "promoted" and r["version"] not in audited]
+    audits = [{"version": r["version"], "batch_id": r["batch_id"], "method": r["method"], "passed": r["passed"],
+               "references": r.get("references"), "audited_at": r.get("audited_at"),
+               "exact_retrain_version": (r.get("then") or {}).get("exact_retrain_version")}
+              for r in records if r.get("kind") == "audit"]
+    return {"unaudited_versions": unaudited, "audits": audits, "failed": sum(not a["passed"] for a in audits)}
+
+
+def audit_lines(status: dict) -> list[str]:
+    """`audit_status` in words."""
+    if not status["audits"] and not status["unaudited_versions"]:
+        return []
+    un = status["unaudited_versions"]
+    lines = [f"qualified versions not audited: {', '.join(f'v{v}' for v in un) if un else 'none'}; audits: "
+             f"{len(status['audits'])}, {status['failed']} failed"]
+    for a in status["audits"][-5:]:
+        lines.append(f"  audit of v{a['version']} ({a['method']}, {a['references']} references, {a['audited_at']}): "
+                     + ("passed" if a["passed"] else f"FAILED -> exact retrain v{a['exact_retrain_version']}"))
+    return lines
+
+
 # --- the stored qualification --------------------------------------------------------------------------------
 
 @dataclass

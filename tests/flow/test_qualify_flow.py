@@ -201,3 +201,15 @@ def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_ret
     after = with_audits(before, read_audits(params))
     assert after.table[0].n == before.table[0].n + len(every)
     assert after.table[0].passes == before.table[0].passes + sum(a["passed"] for a in every)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "--params", str(path), "status", "--json"],
+                         capture_output=True, text=True, cwd=project)
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)["qualified"]
+    assert status["failed"] == 1 and status["unaudited_versions"] == []
+    assert [a["exact_retrain_version"] for a in status["audits"] if not a["passed"]] == [retrain]
+    text = subprocess.run([sys.executable, "-m", "flows.cli", "--params", str(path), "status"], capture_output=True,
+                          text=True, cwd=project).stdout
+    assert "qualified versions not audited: none; audits: 2, 1 failed" in text

@@ -226,3 +226,21 @@ def test_mode_advice_follows_the_certificate_seconds():
     assert mode == "per_batch" and "as configured" in line and "8 s" in line
     mode, line = advise_mode(160.0, PER_BATCH_SECONDS / 100, "per_batch")
     assert mode == "qualified" and "validation.mode is per_batch" in line and "dvc repro qualify" in line
+
+
+def test_audit_status_lists_unaudited_versions_and_the_history():
+    from unlearning.qualification import audit_lines, audit_status
+
+    records = [{"kind": "promoted", "batch_id": "b1", "version": "2", "method": "do_nothing"},
+               {"kind": "audit", "batch_id": "b1", "version": "2", "method": "do_nothing", "passed": True,
+                "references": 64, "audited_at": "t1"},
+               {"kind": "promoted", "batch_id": "b2", "version": "3", "method": "do_nothing"},
+               {"kind": "promoted", "batch_id": "b3", "version": "4", "method": "do_nothing"},
+               {"kind": "audit", "batch_id": "b3", "version": "4", "method": "do_nothing", "passed": False,
+                "references": 32, "audited_at": "t2", "then": {"exact_retrain_version": "5"}}]
+    st = audit_status(records)
+    assert st["unaudited_versions"] == ["3"] and st["failed"] == 1 and len(st["audits"]) == 2
+    lines = audit_lines(st)
+    assert lines[0] == "qualified versions not audited: v3; audits: 2, 1 failed"
+    assert lines[2].endswith("FAILED -> exact retrain v5") and lines[1].endswith("passed")
+    assert audit_lines(audit_status([])) == []
