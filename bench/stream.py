@@ -286,12 +286,15 @@ def _pct(x) -> str:
 
 def compact_table(runs: list[dict]) -> str:
     """The README's table: one row per dataset."""
-    lines = ["| dataset (rows) | certificate N | qualified promotions | mean cost / batch (retrains) | false accepts "
-             "(audited) | request -> promoted (median s) | audits changed |", "|---|---|---|---|---|---|---|"]
+    lines = ["| dataset (rows) | licensing rule | certificate N | qualified promotions | mean cost / batch (retrains) "
+             "| false accepts (audited) | request -> promoted (median s) | audits changed |",
+             "|---|---|---|---|---|---|---|---|"]
     for run in runs:
+        rule = f"{run['qualified_bound']} >= {run['qualified_min_pass']}"
         for d in run["datasets"]:
             s = d["summary"]
-            lines.append(f"| {d['dataset']} ({d['n_train']}) | {d['n']} | {s['qualified_promotions']}/{s['batches']} | "
+            lines.append(f"| {d['dataset']} ({d['n_train']}) | {rule} | {d['n']} | "
+                         f"{s['qualified_promotions']}/{s['batches']} | "
                          f"{s['mean_cost_retrains']:.2f} | {s['false_accepts']}/{s['qualified_promotions']} "
                          f"({_pct(s['false_accept_rate'])}) | {s['median_seconds_to_promoted']:.2f} | "
                          f"{s['audit_retrains']} retrain(s), {s['table_rows_changed_by_audits']} table row(s) |")
