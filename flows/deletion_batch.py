@@ -36,7 +36,7 @@ from unlearning.ledger import hash_sample_id
 from unlearning.requests import (
     RequestValidationError, file_sha256, in_inbox, leftover_dot_files, read_request_file, scan_inbox,
 )
-from unlearning.salt import id_salt
+from unlearning.salt import id_salt, keep_copy
 from unlearning.selection import check_method_config
 
 
@@ -80,21 +80,9 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         requests, objective, invalid = S.validate(batch, check, pending, params.deletion.objective)
         if invalid is not None:
             raise invalid
-        # validation rows the file names are erased, not unlearned (no model trained on them): the batch
-        # computes on a state whose manifest marks them deleted, so its metrics and gate use the other ones
-        state, requests = S.split_by_kind(state, requests, batch.batch_id)
-        erased_ids = requests["sample_id"].tolist()
-        forget_ids = requests["sample_id"][S.unlearned_mask(requests)].tolist()
-        batch.summary.update(n_forgotten=len(forget_ids))
-        log_batch_params(batch, params, objective, forget_ids)
-        if not forget_ids:  # validation rows only: nothing to unlearn, no new model version
-            promoted = S.record_not_trained_on(batch, params, state, requests, objective)
-            erasure = (S.erase(batch, params, erased_ids, id_salt(params), promoted["version"])
-                       if params.erasure.enabled else None)
-            S.finish_not_trained_on(batch, promoted, erasure, len(erased_ids))
-            return {"file": path.name, "status": "applied", "batch_id": batch.batch_id, "method": None,
-                    "model_version": promoted["version"], "run_id": batch.parent, "metrics": {},
-                    "erased_not_trained_on": len(erased_ids)}
+        state, requests, forget_ids = split_requests(batch, params, state, requests, objective)
+        if not forget_ids:  # validation rows only: erased, nothing to unlearn, no new model version
+            return apply_not_trained_on(batch, params, state, requests, objective)
         report = (S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
                              state, forget_ids, params.train.label_smoothing, params.train.epochs,
                              params.deletion.partition.mode == "leverage")
@@ -116,7 +104,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
 
                 promoted = audit_after_promotion(batch, params, state, rows, objective, outcome.method, licensing,
                                                  promoted, requests, device)
-        erasure = (S.erase(batch, params, erased_ids, id_salt(params), promoted["version"])
+        erasure = (S.erase(batch, params, requests["sample_id"].tolist(), id_salt(params), promoted["version"])
                    if params.erasure.enabled else None)
         S.finish(batch, outcome, promoted, erasure)
     except BaseException as e:
@@ -127,8 +115,31 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                                    f"The next run reconciles the registry alias and finishes the erasure") from e
         raise
     return {"file": path.name, "status": "applied", "batch_id": batch.batch_id, "method": outcome.method,
-            "model_version": promoted["version"], "run_id": batch.parent, "metrics": outcome.metrics,
-            "erased_not_trained_on": len(erased_ids) - len(forget_ids)}
+            "model_version": promoted["version"], "run_id": batch.parent, "metrics": outcome.metrics}
+
+
+def split_requests(batch: S.BatchRun, params: Params, state, requests, objective: str):
+    """(the state the batch computes on, the requests with their kind, the ids to unlearn); logs the batch's
+    params. The validation rows a file names are erased, not unlearned (no model trained on them): the state's
+    manifest marks them deleted, so the batch's metrics and gate use the other validation rows (tasks/stages.py
+    split_by_kind)."""
+    state, requests = S.split_by_kind(state, requests, batch.batch_id)
+    forget_ids = requests["sample_id"][S.unlearned_mask(requests)].tolist()
+    batch.summary.update(n_forgotten=len(forget_ids))
+    log_batch_params(batch, params, objective, forget_ids)
+    return state, requests, forget_ids
+
+
+def apply_not_trained_on(batch: S.BatchRun, params: Params, state, requests, objective: str) -> dict:
+    """A file of validation rows only: recorded in the ledger and erased; nothing to unlearn, the champion stays."""
+    erased_ids = requests["sample_id"].tolist()
+    promoted = S.record_not_trained_on(batch, params, state, requests, objective)
+    erasure = (S.erase(batch, params, erased_ids, id_salt(params), promoted["version"])
+               if params.erasure.enabled else None)
+    S.finish_not_trained_on(batch, promoted, erasure, len(erased_ids))
+    return {"file": batch.path.name, "status": "applied", "batch_id": batch.batch_id, "method": None,
+            "model_version": promoted["version"], "run_id": batch.parent, "metrics": {},
+            "erased_not_trained_on": len(erased_ids)}
 
 
 def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report):
@@ -330,6 +341,8 @@ def reconcile(params: Params, tracker) -> list[str]:
     if failed:
         notes.append(f"marked {len(failed)} run(s) of killed batches FAILED")
     tagged = tracker.tag_unpromoted(name, version)
+    if version is not None:  # the salt's copy in the state (a first batch's state, or one with erasure off)
+        keep_copy(params, params.path("state_dir"))
     if tagged:
         notes.append(f"tagged never-promoted version(s) {tagged} promoted=false")
     if params.erasure.enabled:

@@ -435,12 +435,9 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     """Register the model, then write model, manifest, ledger and champion history to a staging folder and
     swap it in (all or nothing); the registry alias follows state/. Reads base.paths, tracking and
     deletion.hash_sample_ids. `warnings`: tasks/quality.py's announce_quality lines, kept in the champion record
-    (`quality_warnings`) for `unlearn status`. `requests` may hold validation rows (`kind`
-    erased_not_trained_on, `split_by_kind`): marked deleted and recorded, not counted as unlearned. Fault points
-    (tests only) kill the process between the steps."""
+    (`quality_warnings`) for `unlearn status`. Fault points (tests only) kill the process between the steps."""
     t, registered, alias = batch.tracker, params.tracking.registered_model, params.tracking.alias
-    forget_ids = requests["sample_id"].tolist()  # every row the batch removes (the erasure's ids)
-    n_unlearned = int(unlearned_mask(requests).sum())
+    forget_ids = requests["sample_id"].tolist()  # with the validation rows it names (split_by_kind): all erased
     before = t.alias_version(registered, alias) or state.champion.get("model_version")
     now = datetime.now(timezone.utc).isoformat()
     manifest = marked_deleted(state.manifest, forget_ids, batch.batch_id)
@@ -456,7 +453,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         t.set_version_tags(registered, version, {
             "fingerprint": state.fingerprint["digest"], "batch_id": batch.batch_id, "method": outcome.method,
             "verdict": verdict,
-            "parent_run_id": batch.parent, "n_forgotten": n_unlearned, "promoted": "false"})
+            "parent_run_id": batch.parent, "n_forgotten": n_unlearned(requests), "promoted": "false"})
         fault("after_register")
         entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params),
                                  objective=objective, method=outcome.method, before=before, after=version, now=now,
@@ -468,7 +465,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         previous = state.champion.get("history", [])
         history = [*previous, history_point(
             previous, batch_id=batch.batch_id, request_file=batch.path.name, method=outcome.method,
-            n_forgotten=n_unlearned, n_train=n_train, model_version=version, processed_at=now,
+            n_forgotten=n_unlearned(requests), n_train=n_train, model_version=version, processed_at=now,
             validation_accuracy=outcome.metrics.get("acc/validation", float("nan")),
             output_gap=float(outcome.per_sample["output_gap"].mean()))]
         champion = {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
@@ -478,7 +475,6 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
                     # what the state's first model was clean of (unlearning/erasure.py, state_is_clean)
                     **{k: state.champion[k] for k in ("started_clean_of",) if k in state.champion}}
         write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion, state.fingerprint)
-        keep_copy(params, stage_dir)  # the salt's backup travels with the state (unlearning/salt.py)
         fault("before_commit")
         commit_dir(stage_dir, params.path("state_dir"))
         batch.committed = True
@@ -493,9 +489,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     markdown_artifact(f"### Promoted `{registered}` v{version} as `@{alias}`\n\n- method `{outcome.method}`\n"
                       f"- was v{before}\n- ledger +{len(entries)} entries", key=batch.key("promotion"),
                       description=f"promotion for {batch.path.name}")
-    run_logger().info(f"{batch.path.name}: forgot {n_unlearned} sample(s) with {outcome.method}"
-                      + (f", erased {len(forget_ids) - n_unlearned} validation row(s) (not trained on)"
-                         if len(forget_ids) > n_unlearned else "") + "; promoted "
+    run_logger().info(f"{batch.path.name}: forgot {n_unlearned(requests)} sample(s) with {outcome.method}; promoted "
                       f"{registered} v{version} as @{alias} (was v{before}); ledger +{len(entries)}")
     return {"version": version, "before": before, "history": history, "n_entries": len(entries)}
 
@@ -555,6 +549,11 @@ def ledger_entries(requests: pd.DataFrame, batch: BatchRun, hash_ids: bool, salt
             for r, kind in zip(requests.itertuples(), kinds)]
 
 
+def n_unlearned(requests: pd.DataFrame) -> int:
+    """How many requests name training rows (unlearned); the others name validation rows (erased only)."""
+    return int(unlearned_mask(requests).sum())
+
+
 def unlearned_mask(requests: pd.DataFrame) -> np.ndarray:
     """[n] bool: the requests a model must unlearn (training rows); the rest name validation rows."""
     if "kind" not in requests.columns:
@@ -595,7 +594,6 @@ def record_not_trained_on(batch: BatchRun, params: Params, state: State, request
     try:
         write_state(stage_dir, state.model, marked_deleted(state.manifest, ids, batch.batch_id),
                     appended(state.ledger, entries), dict(state.champion), state.fingerprint)
-        keep_copy(params, stage_dir)
         fault("before_commit")
         commit_dir(stage_dir, params.path("state_dir"))
         batch.committed = True
@@ -630,6 +628,7 @@ def erase(batch: BatchRun, params: Params, forget_ids: list[str], salt: str, ver
     from tasks.erasure import erase as erase_rows
 
     report = erase_rows(params, batch.batch_id, forget_ids, salt, version, batch.tracker, batch.parent)
+    keep_copy(params, params.path("state_dir"))  # the salt's copy in the committed state: backed up with it
     fault("after_erasure")
     purged = purged_rows_text(report["stores"])
     table_artifact([{"store": s.get("store", "?"), "purged rows": s.get("purged_rows", 0)} for s in report["stores"]],

@@ -52,7 +52,7 @@ def test_a_mixed_file_is_applied_whole(applied):
 
     root, _, before, train_ids, val_ids, first, _ = applied
     (r,) = first
-    assert r["status"] == "applied" and r["erased_not_trained_on"] == 2 and r["method"], r
+    assert r["status"] == "applied" and r["method"], r
     ledger = [e for e in read_ledger(root / "state" / "ledger.jsonl") if e["request_id"].startswith("mix-")]
     kinds = {e["request_id"]: (e["kind"], e["method"], e["verdict"]) for e in ledger}
     assert {k for k, *_ in kinds.values()} == {"unlearned", "erased_not_trained_on"}
