@@ -124,8 +124,9 @@ def keep_copy(params, folder: str | Path) -> None:
     """Write the salt's copy into a state folder being written (`folder`: its staging folder), when the project
     has a salt: `dvc commit` and `dvc push` of the state then back it up (never git)."""
     salt = project_salt(params, create=False) if params.path("salt").exists() else None
-    if salt is not None:
-        write_salt(Path(folder) / STATE_COPY, salt)
+    copy = Path(folder) / STATE_COPY
+    if salt is not None and read_salt(copy) != salt:  # unchanged when it holds it: `dvc status` stays clean
+        write_salt(copy, salt)
 
 
 def main(argv: list[str] | None = None) -> int:
