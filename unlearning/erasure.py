@@ -102,7 +102,11 @@ def state_is_clean(champion: dict, ledger_keys: set[str], tombstones: set[str]) 
 
 
 def is_erased(tombstones: set[str], hash_ids: bool, salt: str) -> Callable[[str], bool]:
+    """Whether an id is tombstoned. With hashed ids a plain entry still counts: one written while
+    deletion.hash_sample_ids was off (its default until it became true) keeps its row out after the switch."""
     key = id_key(hash_ids, salt)
+    if hash_ids and any(not t.startswith("sha256:") for t in tombstones):
+        return lambda s: key(s) in tombstones or str(s) in tombstones
     return lambda s: key(s) in tombstones
 
 

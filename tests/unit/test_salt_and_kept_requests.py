@@ -112,3 +112,15 @@ def test_kept_days_then_hashed(tmp_path):
     assert "ZZSECRET" not in text and key("ZZSECRET-2") in text
     (processed_finding, _) = RequestFiles().verify(scope)
     assert processed_finding.problems == () and "plain_ids_kept_until" not in processed_finding.counts
+
+
+def test_plain_tombstones_from_before_the_default_still_erase(tmp_path):
+    """A project that erased with plain ids (hash_sample_ids was false by default) keeps those rows out after the
+    switch to hashed ids: prepare and the erasure read a plain tombstone as erased."""
+    from unlearning.erasure import is_erased
+
+    params = project(tmp_path)
+    key = id_key(True, id_salt(params))
+    erased = is_erased({"old-plain-id", key("new-id")}, True, id_salt(params))
+    assert erased("old-plain-id") and erased("new-id") and not erased("kept-id")
+    assert not is_erased({key("new-id")}, True, id_salt(params))("sha256:whatever")
