@@ -10,7 +10,8 @@ Per dataset (digits, and Fashion-MNIST at 8,000 training rows; the MLP and recip
    the pass-rate table and its intervals as params.yaml declares them;
 2. the stream: 20 forget sets held here (random sets of 5-50 rows and structured ones: part of a class, the
    nearest neighbours of a row, the highest-loss rows), drawn from the rows still retained; per batch:
-   diagnostics of the production model -> the licensing rule (validation.qualified_min_pass and _bound) ->
+   diagnostics of the production model (skipped, as in the flow, while no row of the table licenses at any
+   gap) -> the licensing rule (validation.qualified_min_pass and _bound) ->
    do_nothing with the cheap checks (accuracy per split against the production model, the membership test of
    forget against validation), or an exact retrain -> promoted. Timed from the request to the promoted model.
 3. the audit of every batch promoted by the qualified path: the full certificate of the production model
@@ -53,8 +54,8 @@ from unlearning.metrics import accuracy_by_split
 from unlearning.models import build_model, fit, predict_logits
 from unlearning.models.zoo import arch_kwargs
 from unlearning.plan import sequential_step
-from unlearning.qualification import (EXACT, Qualification, Trial, cheap_checks, draw_suite, gap_in_noise_units,
-                                      license_method, membership_test)
+from unlearning.qualification import (EXACT, License, Qualification, Trial, cheap_checks, draw_suite,
+                                      gap_in_noise_units, license_method, licenses_any, membership_test)
 from unlearning.selection import noise_floor
 from unlearning.seeds import batch_role_seeds, original_seed, role_seeds
 from unlearning.sequential import look_verdict, permutations_for
@@ -208,10 +209,13 @@ def run_dataset(name: str, params, a) -> dict:
         set_name, F = stream_sets(p, rng, retained, k, production)
         rows = batch_rows(p, retained, F)
         td = time.perf_counter()
-        rep = diagnostics(p, params, production, rows, seed)
+        if licenses_any(qual.table, [METHOD], v.qualified_min_pass, v.qualified_bound):
+            rep = diagnostics(p, params, production, rows, seed)
+            gap = gap_in_noise_units(rep.predicted_gap_forget, noise)
+            lic = license_method(qual.table, gap, [METHOD], v.qualified_min_pass, v.qualified_bound)
+        else:  # as the flow (flows/deletion_batch.py wants_diagnostics): no gap could license, none is computed
+            gap, lic = float("nan"), License(EXACT, None, "nothing licensed at any gap: diagnostics skipped")
         diag_s = time.perf_counter() - td
-        gap = gap_in_noise_units(rep.predicted_gap_forget, noise)
-        lic = license_method(qual.table, gap, [METHOD], v.qualified_min_pass, v.qualified_bound)
         tm = time.perf_counter()
         ok, failures, pval = (cheap(p, params, production, rows, seed) if lic.method != EXACT else (False, [], None))
         check_s = time.perf_counter() - tm

@@ -86,7 +86,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         report = (S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
                              state, forget_ids, params.train.label_smoothing, params.train.epochs,
                              params.deletion.partition.mode == "leverage")
-                  if params.diagnostics.enabled or params.deletion.partition.mode == "leverage" else None)
+                  if wants_diagnostics(params, state, objective) else None)
         rows = S.partition(batch, params.deletion.partition, state, forget_ids,
                            report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))
         licensing = None
@@ -176,6 +176,18 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str,
     if outcome is None:
         raise BatchRejected(f"no candidate passed the gate for {batch.path.name}; the previous champion stays")
     return outcome
+
+
+def wants_diagnostics(params: Params, state, objective: str) -> bool:
+    """The leverage partition needs them; otherwise diagnostics.enabled, except in qualified mode when the
+    qualification licenses nothing at any gap: the batch is an exact retrain whatever they predict."""
+    if params.deletion.partition.mode == "leverage":
+        return True
+    if params.diagnostics.enabled and params.validation.mode == "qualified" and objective == "retrain_equivalence":
+        from tasks.qualification import diagnostics_decide
+
+        return diagnostics_decide(params, state)
+    return params.diagnostics.enabled
 
 
 def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report):

@@ -157,12 +157,17 @@ def license_for_batch(params: Params, state, rows, report, n_train: int):
     licensing rule over the stored table, overridden by the retraining debt (deletion.debt) as per_batch's
     selection is."""
     from unlearning.history import debt_reasons, retraining_debt
-    from unlearning.qualification import EXACT, License, license_method
+    from unlearning.qualification import EXACT, License, license_method, licenses_any
 
     q = with_audits(require_qualification(params, state), read_audits(params))
     v = params.validation
     gap = gap_in_noise_units(report.predicted_gap_forget, q.noise) if report is not None else float("nan")
-    lic = license_method(q.table, gap, q.methods, v.qualified_min_pass, v.qualified_bound)
+    if report is None and not licenses_any(q.table, q.methods, v.qualified_min_pass, v.qualified_bound):
+        lic = License(EXACT, None, f"the qualification licenses no method at any predicted gap "
+                                   f"(>= {v.qualified_min_pass}, {v.qualified_bound} bound): exact retrain, "
+                                   "diagnostics skipped")
+    else:
+        lic = license_method(q.table, gap, q.methods, v.qualified_min_pass, v.qualified_bound)
     debt = retraining_debt(state.ledger, n_train)
     forced = debt_reasons(debt, len(rows.forget), params.deletion.debt.max_forgotten_fraction,
                           params.deletion.debt.max_batches_since_retrain)
@@ -170,6 +175,16 @@ def license_for_batch(params: Params, state, rows, report, n_train: int):
         lic = License(EXACT, None, f"retraining debt: {'; '.join(forced)} (the qualification licensed {lic.method}: "
                                    f"{lic.reason})")
     return lic, gap, q, debt
+
+
+def diagnostics_decide(params: Params, state) -> bool:
+    """Whether a qualified batch's diagnostics can change its method: only when the stored qualification (with
+    its audits) licenses some method at some predicted gap (unlearning/qualification.py licenses_any)."""
+    from unlearning.qualification import licenses_any
+
+    q = with_audits(require_qualification(params, state), read_audits(params))
+    v = params.validation
+    return licenses_any(q.table, q.methods, v.qualified_min_pass, v.qualified_bound)
 
 
 # --- audits ----------------------------------------------------------------------------------------------------

@@ -455,25 +455,9 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
             "verdict": verdict,
             "parent_run_id": batch.parent, "n_forgotten": n_unlearned(requests), "promoted": "false"})
         fault("after_register")
-        entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params),
-                                 objective=objective, method=outcome.method, before=before, after=version, now=now,
-                                 fingerprint=state.fingerprint["digest"], verdict=verdict)
-        retrained = getattr(outcome, "info", {}).get("slices_retrained")
-        if retrained is not None:  # sisa: which shards, and which (shard, slice) checkpoints, were retrained
-            entries = [{**e, "retrained": {"shards": outcome.info["shards_retrained"], "slices": retrained}}
-                       for e in entries]
-        previous = state.champion.get("history", [])
-        history = [*previous, history_point(
-            previous, batch_id=batch.batch_id, request_file=batch.path.name, method=outcome.method,
-            n_forgotten=n_unlearned(requests), n_train=n_train, model_version=version, processed_at=now,
-            validation_accuracy=outcome.metrics.get("acc/validation", float("nan")),
-            output_gap=float(outcome.per_sample["output_gap"].mean()))]
-        champion = {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
-                    "promoted_at": now, "n_retained_train": int(len(rows.retain)), "history": history,
-                    "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),  # lost? store_check
-                    "quality_warnings": list(warnings or []),
-                    # what the state's first model was clean of (unlearning/erasure.py, state_is_clean)
-                    **{k: state.champion[k] for k in ("started_clean_of",) if k in state.champion}}
+        entries = promoted_entries(requests, batch, params, state, objective, outcome, before, version, now, verdict)
+        champion = champion_record(batch, params, state, requests, outcome, rows, n_train, version, now, warnings)
+        history = champion["history"]
         write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion, state.fingerprint)
         fault("before_commit")
         commit_dir(stage_dir, params.path("state_dir"))
@@ -492,6 +476,38 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     run_logger().info(f"{batch.path.name}: forgot {n_unlearned(requests)} sample(s) with {outcome.method}; promoted "
                       f"{registered} v{version} as @{alias} (was v{before}); ledger +{len(entries)}")
     return {"version": version, "before": before, "history": history, "n_entries": len(entries)}
+
+
+def promoted_entries(requests: pd.DataFrame, batch: BatchRun, params: Params, state: State, objective: str,
+                     outcome: CandidateOutcome, before, version: str, now: str, verdict: str) -> list[dict]:
+    """The batch's ledger entries (ids hashed with the project's salt when deletion.hash_sample_ids); a sisa
+    outcome adds which shards, and which (shard, slice) checkpoints, it retrained."""
+    entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params),
+                             objective=objective, method=outcome.method, before=before, after=version, now=now,
+                             fingerprint=state.fingerprint["digest"], verdict=verdict)
+    retrained = getattr(outcome, "info", {}).get("slices_retrained")
+    if retrained is None:
+        return entries
+    return [{**e, "retrained": {"shards": outcome.info["shards_retrained"], "slices": retrained}} for e in entries]
+
+
+def champion_record(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame,
+                    outcome: CandidateOutcome, rows: BatchRows, n_train: int, version: str, now: str,
+                    warnings: list[str] | None) -> dict:
+    """state/champion.json after this batch: the promoted version, its history point appended, the quality
+    warnings `unlearn status` shows, and what the state's first model was clean of (unlearning/erasure.py,
+    state_is_clean)."""
+    previous = state.champion.get("history", [])
+    history = [*previous, history_point(
+        previous, batch_id=batch.batch_id, request_file=batch.path.name, method=outcome.method,
+        n_forgotten=n_unlearned(requests), n_train=n_train, model_version=version, processed_at=now,
+        validation_accuracy=outcome.metrics.get("acc/validation", float("nan")),
+        output_gap=float(outcome.per_sample["output_gap"].mean()))]
+    return {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
+            "promoted_at": now, "n_retained_train": int(len(rows.retain)), "history": history,
+            "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),  # lost? store_check
+            "quality_warnings": list(warnings or []),
+            **{k: state.champion[k] for k in ("started_clean_of",) if k in state.champion}}
 
 
 def marked_deleted(manifest: pd.DataFrame, forget_ids: list[str], batch_id: str) -> pd.DataFrame:

@@ -231,6 +231,18 @@ def qualified_rate(row: Row, bound: str) -> float:
     return row.lower if bound == "lower" else row.rate
 
 
+def licenses_any(table: Sequence[Row], methods: Sequence[str], min_pass: float, bound: str = "lower") -> bool:
+    """Whether some row of a method cheaper than the exact retrain clears `min_pass` at some gap. When none does,
+    every qualified batch is an exact retrain whatever its predicted gap, so its diagnostics decide nothing and
+    need not run (on the digits default they cost about one retrain of the MLP: docs/certificate.md)."""
+    for m in methods:
+        if m == EXACT:
+            break
+        if any(r.method == m and r.n and qualified_rate(r, bound) >= min_pass for r in table):
+            return True
+    return False
+
+
 def license_method(table: Sequence[Row], gap_to_noise: float, methods: Sequence[str], min_pass: float,
                    bound: str = "lower") -> License:
     """The cheapest method (`methods` is in order of cost, cheapest first) whose row at this predicted gap has a

@@ -132,6 +132,11 @@ def test_a_qualified_batch_runs_the_licensed_method_with_cheap_checks_and_tags_i
     tags2 = tracker.client.get_model_version(params.tracking.registered_model, r2["model_version"]).tags
     assert tags2["qualified"] == "exact retrain" and tags2["qualification_row"] == "none"
     assert tags2["audit"] == "not needed"
+    # nothing licensed at any gap: the diagnostics, which could change nothing, did not run
+    (project / "qualification_license.json").unlink()
+    tracker.client.download_artifacts(r2["run_id"], "qualification_license.json", str(project))
+    lic2 = json.loads((project / "qualification_license.json").read_text())
+    assert "diagnostics skipped" in lic2["license"]["reason"] and lic2["gap_to_noise"] != lic2["gap_to_noise"]
 
 
 def test_a_qualified_batch_refuses_a_missing_or_stale_qualification(project, tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from unlearning.qualification import (EXACT, Qualification, Trial, audit_due, clopper_pearson, draw_suite,
-                                      license_method, pass_rate_table, wilson)
+                                      license_method, licenses_any, pass_rate_table, wilson)
 
 
 def brute_tail(k: int, n: int, p: float) -> float:
@@ -98,6 +98,10 @@ def test_license_takes_the_cheapest_qualified_method_else_retrain():
     assert license_method(table, float("nan"), ["do_nothing"], 0.5).method == EXACT
     # methods after retrain are never licensed: retrain is the last resort
     assert license_method(table, 3.0, [EXACT, "finetune"], 0.9).method == EXACT
+    # whether any gap could license a method: then, and only then, a qualified batch's diagnostics matter
+    assert licenses_any(table, ["do_nothing", "finetune", EXACT], 0.9)
+    assert not licenses_any(table, ["do_nothing"], 0.95) and licenses_any(table, ["do_nothing"], 0.95, "point")
+    assert not licenses_any(table, [EXACT, "finetune"], 0.9) and not licenses_any([], ["do_nothing"], 0.0)
 
 
 def test_audit_schedule_every_and_probability_deterministic():
