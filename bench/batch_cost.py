@@ -9,7 +9,7 @@ gate) on three paths:
 - `rejected`: do_nothing named explicitly on a high-gap set (100 ids of one class), rejected at the first
   decisive look of the sequential certificate, then the exact retrain.
 Each path records the batch's wall time / one retrain, its compute / one retrain (the task bodies:
-tasks/clock.py), the diagnostics' share and seconds / one retrain, the plan's predicted retrains, the models
+adapters/clock.py), the diagnostics' share and seconds / one retrain, the plan's predicted retrains, the models
 trained, and the child's peak RSS. A point also records the plan of a full-N certificate of do_nothing
 (predicted seconds and peak memory against validation.memory_mb) when its paths leave that one out.
 `--full-data-plan` adds the plan of the full-data CNN (60,000 rows, N = 80) without training it: the planner's
@@ -111,8 +111,8 @@ def easiest_rows(params_path: Path, ids: list[str], k: int) -> list[str]:
 
 def run_path(root: Path, params_path: Path, name: str, ids: list[str], overrides: dict, retrain_s: float) -> dict:
     from flows.deletion_batch import run
-    from tasks import clock
-    from tasks.tracking import Tracker
+    from adapters import clock
+    from adapters.tracking import Tracker
     from unlearning.config import load_params
 
     params = load_params(params_path, overrides)
@@ -121,7 +121,7 @@ def run_path(root: Path, params_path: Path, name: str, ids: list[str], overrides
     t = time.perf_counter()
     (r,) = run(str(req), str(params_path), overrides)
     wall = time.perf_counter() - t
-    compute = clock.totals()["compute_s"]  # the task bodies of this batch (tasks/clock.py)
+    compute = clock.totals()["compute_s"]  # the task bodies of this batch (adapters/clock.py)
     largest = [(name, round(sec, 2)) for name, sec in clock.largest(6)]
     tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
     runs = child_runs(tracker, r.get("run_id") or "")
@@ -155,7 +155,7 @@ def one_point(spec: str, paths: list[str], threads: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"batch_cost_{model}_{rows}_"))
     os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
     os.environ.pop("MLFLOW_TRACKING_URI", None)
-    os.environ["UNLEARN_TIMING_DETAIL"] = "1"  # tasks/clock.py: seconds per section name
+    os.environ["UNLEARN_TIMING_DETAIL"] = "1"  # adapters/clock.py: seconds per section name
     params = deep_merge(yaml.safe_load((ROOT / "params.yaml").read_text()), point_params(model, int(rows)))
     (root / "requests" / "inbox").mkdir(parents=True)
     params_path = root / "params.yaml"

@@ -1,5 +1,5 @@
 """Benchmark: how a valid request file's validation scales with its rows, on the two paths that share
-tasks.request_check.check_file_for: `unlearn validate` and the deletion flow's check.
+adapters.request_check.check_file_for: `unlearn validate` and the deletion flow's check.
 
 For each size N (default 10^4, 10^5, 2 * 10^5, 10^6) the parent writes a synthetic project in a temporary
 folder: params.yaml (tests.helpers.make_project), a prepared store of N + N/5 training rows and N/10
@@ -14,7 +14,7 @@ fresh interpreter of its own, so its peak RSS (VmHWM) is its own:
   (the flow has loaded its state before).
 `seconds` is the path's wall time in its interpreter; `gx_import_s` is Great Expectations' import, a fixed
 cost of each process (3-5 s, whatever the rows) included in it. Great Expectations runs on the per-request
-lookup table, or on its stated seeded sample past tasks.request_check.GX_MAX_ROWS (column `gx`).
+lookup table, or on its stated seeded sample past adapters.request_check.GX_MAX_ROWS (column `gx`).
 
 Targets: 10^6 rows answered in <= 20 s with <= 1 GB RSS on both paths; 2 * 10^5 rows in <= 5 s.
 Usage: python bench/request_validation.py [--sizes 10000 100000 200000 1000000] [--paths cli flow] [--hash]
@@ -125,7 +125,7 @@ def child(folder: Path, n: int, path_kind: str, started: float) -> dict:
     params_path, request = folder / "params.yaml", folder / "requests.csv"
     stamps = {}
     if path_kind == "cli":
-        import tasks.request_check as rc
+        import adapters.request_check as rc
         from flows import cli
 
         live_state = rc.live_state
@@ -158,7 +158,7 @@ def child(folder: Path, n: int, path_kind: str, started: float) -> dict:
     else:
         from unlearning.config import load_params
         from unlearning.data import load_prepared, read_state_manifest
-        import tasks.request_check as rc
+        import adapters.request_check as rc
 
         params = load_params(params_path)
         t0 = time.perf_counter()

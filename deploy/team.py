@@ -19,7 +19,7 @@
     team.json          ports and host of the last `up`; *.pid and *.log of each process
 
 Standard library only: it starts the `prefect` and `mlflow` command-line servers as processes and imports
-neither (the import rules keep Prefect in flows/ and tasks/, MLflow in tasks/tracking.py).
+neither (the import rules keep Prefect in flows/ and tasks/, MLflow in adapters/tracking.py).
 """
 
 from __future__ import annotations

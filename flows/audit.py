@@ -15,10 +15,10 @@ from prefect import flow, task
 
 from flows.common import base_parser, device_of, params_or_exit, prefect_api, tracker_for, use_project_path
 from flows.errors import one_line_errors
-from tasks.clock import computes
+from adapters.clock import computes
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
 from tasks.state import load_state
-from tasks.request_check import validation_mask
+from adapters.request_check import validation_mask
 from tasks.validation import RequestCheck, check_request_frame, raise_if_invalid
 from unlearning.config import Params, load_params
 from unlearning.erasure import id_key

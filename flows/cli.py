@@ -88,7 +88,7 @@ def _params(args):
 def _preflight_tracking(args) -> None:
     """Before the heavy imports: an unreachable tracking server or a damaged SQLite store fails in a second,
     with the fix (exit 2)."""
-    from tasks.store_check import tracking_store_problem
+    from adapters.store_check import tracking_store_problem
     from unlearning.config import load_params
 
     params = load_params(args.params)
@@ -137,7 +137,7 @@ def _live_state(params):
     """The live manifest and ledger for the request checks: read without torch or Prefect when the state's
     recorded fingerprint matches (about a second); otherwise (no state yet, an old state, a mismatch) the
     deletion flow's own load_state, which says what is wrong."""
-    from tasks.request_check import LiveState, live_state
+    from adapters.request_check import LiveState, live_state
 
     live = live_state(params)
     if live is None:
@@ -158,7 +158,7 @@ def _precheck_request(args) -> None:
     requests/rejected/ with its report, after the earlier inbox files."""
     if not args.request:
         return
-    from tasks.request_check import check_file_for, live_state
+    from adapters.request_check import check_file_for, live_state
 
     params = _params(args)
     path, inbox = Path(args.request), params.path("inbox")
@@ -179,10 +179,10 @@ def _precheck_request(args) -> None:
 
 
 def cmd_validate(args) -> int:
-    """The same checks as `unlearn run` (tasks.request_check, the arguments of flows.deletion_batch.check_file);
+    """The same checks as `unlearn run` (adapters.request_check, the arguments of flows.deletion_batch.check_file);
     changes nothing. Great Expectations (3-5 s to import) runs only for a file that passed the cheap checks and
     the manifest rules evaluated with pandas (`gx_when_invalid=False`): a bad file answers in about a second."""
-    from tasks.request_check import check_file_for
+    from adapters.request_check import check_file_for
 
     params = _params(args)
     fc = check_file_for(_request_file(args.file, params.path("inbox")), params, _live_state(params),
@@ -262,12 +262,12 @@ def cmd_verify_erasure(args) -> int:
     params = _params(args)
     tracker = None
     if os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
-        from tasks.tracking import preflight
+        from adapters.tracking import preflight
 
         preflight(params.mlflow_tracking_uri())
         tracker = tracker_for(params)
     problems, checks = verify_erasure(params, args.batch, tracker)
-    from tasks.store_check import state_champion_store_problem
+    from adapters.store_check import state_champion_store_problem
 
     lost = state_champion_store_problem(params)[0]
     if lost:  # the registry checked above is not the one the champion (and the purged versions) lived in
@@ -362,7 +362,7 @@ def cmd_erase(args) -> int:
     """Finish pending erasures (after `dvc repro`, or a crash), under the batch lock."""
     from flows.common import tracker_for
     from flows.deletion_batch import reconcile
-    from tasks.tracking import preflight
+    from adapters.tracking import preflight
     from tasks.state import batch_lock
 
     params = _params(args)
@@ -377,9 +377,9 @@ def cmd_erase(args) -> int:
 
 
 def _refuse_a_lost_store(params) -> None:
-    """The store the champion was registered in no longer holds it (tasks.store_check.champion_store_problem):
+    """The store the champion was registered in no longer holds it (adapters.store_check.champion_store_problem):
     reconciling would create or change a new registry; one line, exit 2."""
-    from tasks.store_check import state_champion_store_problem
+    from adapters.store_check import state_champion_store_problem
 
     problem = state_champion_store_problem(params)[0]
     if problem:
@@ -387,7 +387,7 @@ def _refuse_a_lost_store(params) -> None:
 
 
 def cmd_audit(args) -> int:
-    from tasks.request_check import check_file_for
+    from adapters.request_check import check_file_for
 
     # The file's checks first, as `unlearn validate` runs them: a bad file answers in seconds, before the Prefect
     # server starts, and with --json as JSON (the validate --json object).
@@ -534,7 +534,7 @@ def cmd_status(args) -> int:
 
     champion = read_json_file(state_dir / "champion.json")
     notes, warnings, follows_original = [], *_state_against_params(params, champion)
-    from tasks.store_check import state_champion_store_problem
+    from adapters.store_check import state_champion_store_problem
 
     problem, note = (None, None) if follows_original else state_champion_store_problem(params)
     if follows_original:
@@ -543,7 +543,7 @@ def cmd_status(args) -> int:
         warnings.append(problem.replace("; nothing was changed", ""))
     elif os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
         from flows.common import tracker_for
-        from tasks.tracking import preflight
+        from adapters.tracking import preflight
 
         preflight(params.mlflow_tracking_uri())  # state/ decides: the alias follows champion.json
         if note:
@@ -733,7 +733,7 @@ def cmd_reset(args) -> int:
     elif not _has_tracking_store(params):
         print(f"MLflow: no store at {params.path('mlflow_db')}; no @{alias} alias to change")
     else:
-        from tasks.tracking import reset_alias
+        from adapters.tracking import reset_alias
 
         try:
             before, after, missing = reset_alias(params.mlflow_tracking_uri(), name, alias, original_version)
@@ -945,8 +945,8 @@ def main(argv: list[str] | None = None) -> int:
             return code
     try:
         return _main(argv)
-    finally:  # `make run`'s session times every command (tasks/clock.py); nothing is written outside it
-        from tasks import clock
+    finally:  # `make run`'s session times every command (adapters/clock.py); nothing is written outside it
+        from adapters import clock
 
         clock.write_record(clock.stage_label("flows.cli:main"))
 

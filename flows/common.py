@@ -78,7 +78,7 @@ def prefect_api():
 
 
 def tracker_for(params: Params):
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
 
     uri = params.mlflow_tracking_uri()
     # Against a tracking server the server stores the artifacts (mlflow-artifacts:/): a local folder here would

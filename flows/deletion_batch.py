@@ -22,8 +22,8 @@ from flows.common import (
 )
 from flows.errors import EXIT_BAD_INPUT, EXIT_GATE_REJECTED, one_line_errors
 from tasks import stages as S
-from tasks.clock import computes
-from tasks.dvc_metrics import write_deletion_metrics
+from adapters.clock import computes
+from adapters.dvc_metrics import write_deletion_metrics
 from tasks.lineage import commit_lineage
 from tasks.quality import BatchRejected, announce_quality  # a quality refusal is a rejection too
 from tasks.reporting import run_logger
@@ -56,12 +56,12 @@ def run_name(path: Path, when: datetime | None = None) -> str:
     return f"{path.stem} @ {when.strftime('%Y-%m-%d %H:%M')} UTC"
 
 
-@computes  # validating the batch is the pipeline's first step (tasks/clock.py: Great Expectations' validation)
+@computes  # validating the batch is the pipeline's first step (adapters/clock.py: Great Expectations' validation)
 def check_file(path: Path, params: Params, state) -> "FileCheck":
     """The one validation path (`unlearn validate` calls the same check_file_for): ledger, structure,
     manifest (the persisted GX suite, with Data Docs), objective, time. Not a task of its own: its verdict
     decides whether a batch (and its MLflow run) opens at all; `stages.validate` logs it to the batch's run."""
-    from tasks.request_check import LiveState, check_file_for
+    from adapters.request_check import LiveState, check_file_for
 
     return check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info))
 
@@ -383,8 +383,8 @@ def preflight(params: Params) -> None:
     """Before any state changes: the tracking store, the DVC cache (and a remote folder) must be usable."""
     import os
 
-    from tasks.store_check import state_champion_store_problem
-    from tasks.tracking import TrackingUnavailable, preflight as tracking_preflight
+    from adapters.store_check import state_champion_store_problem
+    from adapters.tracking import TrackingUnavailable, preflight as tracking_preflight
 
     tracking_preflight(params.mlflow_tracking_uri())
     problem, note = state_champion_store_problem(params)

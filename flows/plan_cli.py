@@ -20,7 +20,7 @@ class NothingToUnlearn(Exception):
 
 def batch_plan_for(path: Path, params, device: str):
     """(plan, timing, selection, notes) for request file `path` on the current state."""
-    from tasks.request_check import LiveState, check_file_for
+    from adapters.request_check import LiveState, check_file_for
     from tasks.planning import batch_plan, probe
     from tasks.state import load_state
     from tasks.batch import partition_retain

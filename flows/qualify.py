@@ -14,7 +14,7 @@ from prefect import flow
 from flows.common import (base_parser, device_of, params_or_exit, prefect_api, task_runner_for, tracker_for,
                           use_project_path)
 from flows.errors import one_line_errors
-from tasks import plots
+from adapters import plots
 from tasks.qualification import (original_state, qualification_path, qualify_model, table_frame,
                                  write_qualification)
 from tasks.reporting import run_logger

@@ -50,7 +50,7 @@ def headline_metrics(name: str, result: dict) -> dict:
 
 @flow(name="report")
 def report(params_path: str = "params.yaml") -> dict:
-    from tasks import plots
+    from adapters import plots
     from tasks.report import figures, provenance, regenerate_readme, run_study, write_report
     from tasks.reporting import markdown_artifact
 

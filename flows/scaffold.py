@@ -27,7 +27,7 @@ from unlearning.config import PARAMS_FILE, ConfigError, ImageFolderSource, Param
 
 REPO_PARAMS = Path(__file__).resolve().parents[1] / PARAMS_FILE
 # The request checks' Great Expectations project (suite, data source, validation definition, checkpoint;
-# tasks/request_check.py creates the same when it is missing). Copied without GX's import (3-5 s).
+# adapters/request_check.py creates the same when it is missing). Copied without GX's import (3-5 s).
 REPO_GX = Path(__file__).resolve().parents[1] / "gx"
 
 # The one template of a scaffolded project's dvc.yaml; {placeholders} are YAML-quoted paths / dep lists.

@@ -15,7 +15,7 @@ Expectations again (5-9 s). This wrapper:
   it. `--cold` runs every command in processes of their own, as plain `dvc repro` does;
 - runs the commands in order, stops at the first that fails, and prints the wall time of each stage
   (DVC's "Running stage 'x':" lines mark where one begins) split into compute, tracking and orchestration
-  (tasks/clock.py), with the overhead share.
+  (adapters/clock.py), with the overhead share.
 
 Nothing outlives it: the server, the worker and CMD are started with the Linux parent-death signal, so even a
 `kill -9` of this wrapper stops them, and SIGTERM / Ctrl-C stop CMD, the worker and the server before it exits.
@@ -33,7 +33,7 @@ import sys
 import time
 
 from flows.warm import ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers
-from tasks.clock import ENV_FILE as TIMINGS_FILE
+from adapters.clock import ENV_FILE as TIMINGS_FILE
 
 
 STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
@@ -272,7 +272,7 @@ def split_commands(args: list[str]) -> tuple[list[list[str]], bool]:
 
 
 def read_timings(path: str) -> dict[str, dict]:
-    """The per-process records of tasks.clock (compute and tracking seconds), by stage label."""
+    """The per-process records of adapters.clock (compute and tracking seconds), by stage label."""
     out: dict[str, dict] = {}
     try:
         with open(path, encoding="utf-8") as f:

@@ -10,7 +10,7 @@ from flows.errors import one_line_errors
 from unlearning.config import load_params
 from tasks.reporting import run_logger
 from tasks.state import current_fingerprint, original_path
-from tasks.store_check import store_identity
+from adapters.store_check import store_identity
 from tasks.training import clean_of_erased, model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
 from unlearning.data.preparation import recipe_of
@@ -41,7 +41,7 @@ def train(params_path: str = "params.yaml") -> dict:
     tracker.set_alias(params.tracking.registered_model, params.tracking.alias, version)
     tracker.set_version_tags(params.tracking.registered_model, version, {"fingerprint": fingerprint["digest"]})
     tracker.end_run(run_id)
-    from tasks.dvc_metrics import write_train_metrics
+    from adapters.dvc_metrics import write_train_metrics
 
     write_train_metrics(params, metrics)
     save_checkpoint(model.cpu(), original_path(params),

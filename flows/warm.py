@@ -44,7 +44,7 @@ import traceback
 import urllib.request  # here, not in the session's watcher thread (see _PRCTL)
 from typing import NoReturn
 
-from tasks import clock  # stdlib only
+from adapters import clock  # stdlib only
 
 ENV_SOCKET = "UNLEARN_WARM_WORKER"
 ENV_WAIT_FOR_API = "UNLEARN_WAIT_FOR_API"  # set by flows.session while its temporary server may still be starting
@@ -73,7 +73,7 @@ EARLY_PLAN = (
 )
 FULL_PLAN = (
     "great_expectations", "great_expectations.render.renderer", "jinja2.ext", "tasks.validation",
-    "tasks.request_check", "flows.deletion_batch", "tasks.plots", "matplotlib.pyplot", "matplotlib.backends.backend_agg",
+    "adapters.request_check", "flows.deletion_batch", "adapters.plots", "matplotlib.pyplot", "matplotlib.backends.backend_agg",
     "PIL.PngImagePlugin", "tasks.erasure", "dvc.repo", "flows.audit", "flows.cli",
 )
 EARLY_TARGETS = frozenset({"flows.prepare", "flows.train"})

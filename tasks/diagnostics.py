@@ -7,8 +7,8 @@ import pandas as pd
 import torch
 from prefect import task
 
-from tasks import plots
-from tasks.clock import computes
+from adapters import plots
+from adapters.clock import computes
 from unlearning.batch import retain_rows, validation_rows
 from unlearning.config import Diagnostics
 from unlearning.data.store import Prepared

@@ -24,8 +24,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from tasks import dvc_ops
-from tasks.clock import computes
+from adapters import dvc_ops
+from adapters.clock import computes
 from tasks.stores import STORES, Scope
 from tasks.stores.base import digest_list, files_naming, in_dvc_stage, is_dvc_repo, retained_twins  # noqa: F401
 from tasks.stores.data import reports_dir, source_folder_checks, source_table_checks  # noqa: F401

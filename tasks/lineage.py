@@ -9,8 +9,8 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks import dvc_ops
-from tasks.clock import computes
+from adapters import dvc_ops
+from adapters.clock import computes
 from tasks.retry import transient_io_or_dvc_lock
 
 from unlearning.config import Params
@@ -22,7 +22,7 @@ def commit_lineage(params: Params) -> dict:
     root = params.root
     if not (root / ".dvc").is_dir():
         return {"committed": False, "reason": f"{root} is not a DVC project"}
-    from tasks.dvc_metrics import ensure_metrics
+    from adapters.dvc_metrics import ensure_metrics
 
     ensure_metrics(params)  # the stage's declared metrics outputs must exist for `dvc commit`
     dvc_ops.commit(root, ["deletion"])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tasks.clock import elsewhere
+from adapters.clock import elsewhere
 from tasks.reporting import run_logger
 from tasks.training import model_spec, recipe, train_ensemble_chunk
 from unlearning.batch import BatchRows
@@ -81,7 +81,7 @@ class ReferencePool:
             role = self.roles[name]
             for future, size in submitted:
                 model, cached, seconds = future.result()
-                if self.params.validation.task_runner == "dask":  # a worker's compute is compute (tasks/clock.py)
+                if self.params.validation.task_runner == "dask":  # a worker's compute is compute (adapters/clock.py)
                     elsewhere("compute", "train_ensemble_chunk (worker)", seconds)
                 role.models.append(model)
                 role.trained += size

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from prefect import task
 
-from tasks.clock import computes
+from adapters.clock import computes
 from unlearning.config import Params
 from unlearning.io import atomic_write_json, atomic_write_text
 from unlearning.studies import readme
@@ -43,7 +43,7 @@ def write_report(params: Params, name: str, result: dict) -> Path:
 
 
 def figures(name: str, result: dict) -> dict:
-    from tasks import plots
+    from adapters import plots
 
     if name == "s3":
         return {"s3_sweep.png": plots.sweep_scatter(result)}

@@ -35,7 +35,7 @@ def transient_io_only(task, task_run, state) -> bool:
 def transient_io_or_dvc_lock(task, task_run, state) -> bool:
     """retry_condition_fn for DVC operations: also retry the repository lock held for a moment by another DVC
     process (`dvc status` from a shell, a second batch); any other DVC failure is deterministic."""
-    from tasks.dvc_ops import DvcLockBusy
+    from adapters.dvc_ops import DvcLockBusy
 
     exc = _exception(state)
     return is_transient(exc) or isinstance(exc, DvcLockBusy)

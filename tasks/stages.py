@@ -22,13 +22,13 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import plots
+from adapters import plots
 from tasks.batch import partition_retain
 from unlearning.acceptance import CandidateOutcome, accept, split_records
-from tasks.clock import computes
+from adapters.clock import computes
 from tasks.reporting import markdown_artifact, run_logger, table_artifact
 from tasks.state import State, write_state
-from tasks.store_check import store_identity
+from adapters.store_check import store_identity
 from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
@@ -54,7 +54,7 @@ STAGE = {"cache_policy": NO_CACHE}
 @dataclass
 class BatchRun:
     """What the stages of one batch share: the MLflow batch run they log under and the summary they fill."""
-    tracker: Any  # tasks.tracking.Tracker
+    tracker: Any  # adapters.tracking.Tracker
     parent: str  # the MLflow batch run
     path: Path  # the request file
     batch_id: str
@@ -584,7 +584,7 @@ def split_by_kind(state: State, requests: pd.DataFrame, batch_id: str) -> tuple[
     validation_rows). Nothing is refused for naming a validation row (docs/requests.md)."""
     from dataclasses import replace
 
-    from tasks.request_check import validation_mask
+    from adapters.request_check import validation_mask
 
     val = validation_mask(state.manifest, requests)
     requests = requests.assign(kind=np.where(val, ERASED_NOT_TRAINED_ON, UNLEARNED))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from prefect import task
 
-from tasks.clock import computes
+from adapters.clock import computes
 from tasks.retry import transient_io_only
 
 from unlearning.config import Params

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from prefect import task
 
-from tasks.clock import computes
+from adapters.clock import computes
 from tasks.reporting import run_logger
 from tasks.retry import transient_io_only
 

@@ -1,8 +1,8 @@
-"""Deletion-request validation at the task boundary: the Prefect task around tasks/request_check.py.
+"""Deletion-request validation at the task boundary: the Prefect task around adapters/request_check.py.
 
 The checks themselves (pandera owns schema and types; the Great Expectations suite, persisted in the
 project's `gx/` folder, owns the rules that need the live manifest or the erasure record, and runs only
-when the structure is valid; every problem one line, no defect twice) live in tasks/request_check.py,
+when the structure is valid; every problem one line, no defect twice) live in adapters/request_check.py,
 which imports no Prefect, so `unlearn validate` answers before any server or heavy import."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
-from tasks.clock import computes
-from tasks.request_check import (  # noqa: F401  (re-exported: the flows import them from here)
+from adapters.clock import computes
+from adapters.request_check import (  # noqa: F401  (re-exported: the flows import them from here)
     MANIFEST_NOT_CHECKED, REQUIRED_COLUMNS, FileCheck, LiveState, RequestCheck, RequestConflict, check_file_for,
     check_request_file, check_request_frame, create_gx_project, live_state, manifest_problems, raise_if_invalid,
 )

@@ -1,7 +1,7 @@
 """The champion as a model a serving team can load: MLflow's pyfunc `loader_module` contract, kept pure.
 
 Why a loader module and not an `mlflow.pyfunc.PythonModel` subclass: a subclass would import mlflow (only
-`tasks/tracking.py` may) and be cloudpickled by reference to its module, so it would load only where that
+`adapters/tracking.py` may) and be cloudpickled by reference to its module, so it would load only where that
 module is importable. With a loader module the model folder holds the project's own checkpoint (`save_model`:
 spec, seeds, weights; no pickled code) and, in `code/`, this package (and a custom factory's module): MLflow
 puts `code/` on sys.path and calls `_load_pyfunc(data_path)`, which rebuilds the ensemble with `build_model`.

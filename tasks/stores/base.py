@@ -45,7 +45,7 @@ class Scope:
     cache_hashes: set[str] = field(default_factory=set)
     ledger: list[dict] = field(default_factory=list)  # the ledger entries in scope (verification)
     reports: list[dict] = field(default_factory=list)  # state/erasure/<batch>.json of the batches in scope
-    tracker: Any = None  # the MLflow adapter (tasks/tracking.py), None without a tracking store
+    tracker: Any = None  # the MLflow adapter (adapters/tracking.py), None without a tracking store
     champion_version: str | None = None  # the erasure's champion (a verification reads state/champion.json)
     dvc_locked: bool = False  # inside `dvc repro`: the stores DVC holds leave their purge pending
     # row digest of a forgotten row -> the retained rows (ids) with the same bytes: another person's row, kept

@@ -4,7 +4,7 @@ row. Registered last: it commits what the others rewrote."""
 
 from __future__ import annotations
 
-from tasks import dvc_ops
+from adapters import dvc_ops
 from tasks.stores.base import (
     Scope, dvc_cache_dir, is_dvc_repo, raw_rows_finding, register_store, remote_folder, unjudged,
 )
@@ -15,7 +15,7 @@ from unlearning.erasure import Finding, Purged
 def dvc_gc(params: Params) -> dict:
     """`dvc commit -f prepare train deletion`, `dvc gc -w`; with a remote: push, then gc it too."""
     root = params.root
-    from tasks.dvc_metrics import ensure_metrics
+    from adapters.dvc_metrics import ensure_metrics
 
     ensure_metrics(params)  # the stages' declared metrics outputs must exist for `dvc commit`
     out = {"committed": dvc_ops.commit(root, ["prepare", "train", "deletion"]), "gc": "workspace"}

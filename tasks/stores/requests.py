@@ -117,7 +117,7 @@ class RequestFiles:
 @register_store
 class GreatExpectationsResults:
     """<gx_dir>/uncommitted/ (validation results and Data Docs, the newest kept): Great Expectations only ever
-    sees sample ids in the ledger's form (tasks/request_check.py keys them before the suite runs), so they hold
+    sees sample ids in the ledger's form (adapters/request_check.py keys them before the suite runs), so they hold
     no row and, with deletion.hash_sample_ids, no plain id; the files naming a forgotten id (a request that failed
     on it) are counted as references, like the applied request files. Nothing to purge."""
 

@@ -1,5 +1,5 @@
 """The MLflow stores: the model registry's versions and the runs' artifacts (docs/erasure.md). Both are reached
-through the tracking adapter (tasks/tracking.py, the one module that imports mlflow)."""
+through the tracking adapter (adapters/tracking.py, the one module that imports mlflow)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def test_dvc_repro_end_to_end(tmp_path):
     assert "champion across batches" in plots["data"] and not plots.get("errors")
 
     # The MLflow store holds the batch run, and the registry's champion alias points at its model.
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
     from unlearning.config import load_params
 
     p = load_params(proj / "params.yaml")

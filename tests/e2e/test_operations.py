@@ -186,7 +186,7 @@ def test_mlflow_ui_shows_the_batch(ops):
     if chromium is None:
         pytest.skip("Debian chromium is not installed (.ci/run installs it)")
     proj, env, port = ops["proj"], ops["env"], ops["ui_port"]
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
     from unlearning.config import load_params
 
     p = load_params(proj / "params.yaml")

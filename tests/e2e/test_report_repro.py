@@ -69,7 +69,7 @@ def test_dvc_repro_report_regenerates_the_results_page_section(tmp_path, monkeyp
     r = reports["s3"]["summary"]["retrain"]
     assert f"| `retrain` | 1 | {r['pass_rate']:.2f} | {r['klom_to_floor/forget']:.2f} /" in section
 
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
     from unlearning.config import load_params
 
     # mlflow.set_tracking_uri (any Tracker an earlier test built in this process) exports MLFLOW_TRACKING_URI,

@@ -50,7 +50,7 @@ def post(url: str, body: dict) -> tuple[int, dict]:
 
 
 def test_served_champion_answers_raw_rows(tmp_path):
-    from tasks.tracking import fluent_store
+    from adapters.tracking import fluent_store
     from unlearning.config import load_params
     from unlearning.data import load_prepared
 

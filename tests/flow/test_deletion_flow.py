@@ -49,7 +49,7 @@ def snapshot(root):
 def applied(project):
     """The inbox's sample file applied once for the module; the tests below each read one concern of it."""
     from flows.deletion_batch import run
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
 
     params = load_params(project / "params.yaml")
     request_file = next((project / "requests" / "inbox").glob("*.csv"))
@@ -67,7 +67,7 @@ def _artifact_text(applied, name: str) -> str:
     """A text artifact of the batch run (downloaded from the MLflow store)."""
     import mlflow
 
-    from tasks.tracking import fluent_store
+    from adapters.tracking import fluent_store
 
     with fluent_store(applied["tracker"].tracking_uri):
         return mlflow.artifacts.load_text(f"runs:/{applied['r']['run_id']}/{name}")
@@ -128,7 +128,7 @@ def test_the_candidate_run_holds_metrics_figures_and_a_per_sample_table(applied)
     assert "klom_per_split.png" not in artifacts  # an exact retrain is checked against the original, not oracles
     for split in ("forget", "adjacent", "remote", "validation"):
         assert f"acc/{split}" in unlearn_run.data.metrics
-    from tasks.tracking import fluent_store
+    from adapters.tracking import fluent_store
 
     with fluent_store(tracker.tracking_uri):  # load_table reads the process-wide tracking URI
         table = tracker.client.load_table(tracker.experiment_id, "per_sample_klom.json",
@@ -139,7 +139,7 @@ def test_the_candidate_run_holds_metrics_figures_and_a_per_sample_table(applied)
 def test_the_champion_loads_as_a_pyfunc_model_returning_probabilities(project, applied):
     import mlflow
 
-    from tasks.tracking import fluent_store
+    from adapters.tracking import fluent_store
     from unlearning.data import load_prepared
 
     params, tracker = applied["params"], applied["tracker"]
@@ -217,7 +217,7 @@ def test_bad_file_changes_nothing_and_lists_every_problem(project, tmp_path):
         run(str(bad), str(project / "params.yaml"))
     text = str(e.value)
     # every problem of the cheap checks; the manifest rules (digits-9999 unknown) run once those pass, and the
-    # note says so (tasks/request_check.py: Great Expectations only for a file that passed pandera)
+    # note says so (adapters/request_check.py: Great Expectations only for a file that passed pandera)
     assert "not-a-date" in text and "'x1' appears more than once" in text
     assert "not yet checked against the manifest" in text and "nothing was changed" in text
     assert snapshot(project) == before
@@ -230,7 +230,7 @@ def test_failure_mid_batch_changes_nothing(project, monkeypatch):
     import dataclasses
 
     from flows.deletion_batch import run
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
     from unlearning.methods import REGISTRY
 
     def broken(ctx, args):
@@ -253,7 +253,7 @@ def test_failure_mid_batch_changes_nothing(project, monkeypatch):
 
 def test_bad_method_args_are_refused_before_the_batch_starts(project):
     from flows.deletion_batch import run
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
     from unlearning.config import ConfigError
 
     before = snapshot(project)
@@ -410,8 +410,8 @@ def test_a_lost_mlflow_store_stops_the_batch_instead_of_starting_a_new_registry(
     store (`make setup` recreates mlflow.db); another store on purpose goes on with a note."""
     from flows.cli import main
     from flows.deletion_batch import run
-    from tasks.store_check import state_champion_store_problem
-    from tasks.tracking import TrackingUnavailable
+    from adapters.store_check import state_champion_store_problem
+    from adapters.tracking import TrackingUnavailable
 
     params_path = str(project / "params.yaml")
     if not (project / "state" / "champion.json").exists() or \

@@ -116,7 +116,7 @@ def assert_champion_serves_raw(root, raw_rows) -> None:
     import mlflow.pyfunc
     import torch
 
-    from tasks.tracking import fluent_store
+    from adapters.tracking import fluent_store
     from unlearning.config import load_params
     from unlearning.data import load_prepared
     from unlearning.models import load_model

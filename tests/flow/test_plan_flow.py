@@ -49,7 +49,7 @@ def class_request(root, path, label: str, k: int, skip: int = 0) -> None:
 def looks_of(tracker, run_id: str) -> list[dict]:
     import mlflow
 
-    from tasks.tracking import fluent_store
+    from adapters.tracking import fluent_store
 
     child = next(c for c in tracker.client.search_runs([tracker.experiment_id],
                                                        filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
@@ -96,7 +96,7 @@ def test_do_nothing_is_rejected_at_the_first_look_then_its_oracles_are_the_next_
     certificate trained no more), and the exact retrain is promoted. The next batch's shadows are those 8
     oracles: its ensembles come from the cache."""
     from flows.deletion_batch import run
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
 
     params = load_params(project / "params.yaml")
     tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)

@@ -51,7 +51,7 @@ def test_per_batch_mode_skips_the_stage(project, tmp_path):
 
 def test_qualified_mode_certifies_every_method_on_every_set(project):
     from flows.qualify import qualify
-    from tasks.tracking import Tracker  # noqa: F401  (the project's tracker reads the same store)
+    from adapters.tracking import Tracker  # noqa: F401  (the project's tracker reads the same store)
     from flows.common import tracker_for
     from unlearning.config import load_params
 

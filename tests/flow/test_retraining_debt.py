@@ -30,7 +30,7 @@ def test_debt_forces_retrain_at_the_declared_threshold(tmp_path, prefect_harness
     from flows.deletion_batch import run
     from flows.prepare import prepare
     from flows.train import train
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
 
     params_path = make_project(tmp_path, OVERRIDES, inbox_files=False)
     prepare(str(params_path))

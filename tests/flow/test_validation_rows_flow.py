@@ -97,7 +97,7 @@ def test_a_file_of_validation_rows_only_keeps_the_champion(applied):
     assert main(["--params", str(params_path), "verify-erasure"]) == 0
     # named again: erased already, nothing to do twice
     (root / "requests" / "inbox" / "again.csv").write_text(rows("again", [val_ids[2]]))
-    from tasks.request_check import check_file_for, live_state
+    from adapters.request_check import check_file_for, live_state
     from unlearning.config import load_params
 
     params = load_params(params_path)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.store_check import champion_store_problem, registry_holds, store_identity
+from adapters.store_check import champion_store_problem, registry_holds, store_identity
 
 NAME = "unlearning-classifier"
 
@@ -84,7 +84,7 @@ def test_the_check_needs_no_mlflow_import(version_known, tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; from tasks.store_check import champion_store_problem; "
+    code = ("import sys; from pathlib import Path; from adapters.store_check import champion_store_problem; "
             f"champion_store_problem('sqlite:///{tmp_path}/x.db', Path('{tmp_path}'), "
             f"{{'model_version': {'1' if version_known else None!r}, 'tracking_store': 'sqlite:x.db'}}, 'm'); "
             "sys.exit('mlflow' in sys.modules)")

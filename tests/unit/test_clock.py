@@ -1,4 +1,4 @@
-"""tasks.clock: compute and tracking time as unions of intervals, tracking taken out of compute."""
+"""adapters.clock: compute and tracking time as unions of intervals, tracking taken out of compute."""
 
 import json
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tasks import clock
+from adapters import clock
 
 
 @pytest.fixture(autouse=True)
@@ -115,7 +115,7 @@ def test_compute_done_in_another_process_counts_once():
     too (the threads runner), the union of intervals counts it once."""
     import time
 
-    from tasks import clock
+    from adapters import clock
 
     clock.reset()
     with clock.section("compute", "here"):

@@ -1,4 +1,4 @@
-"""The DVC metrics outputs exist before every `dvc commit` of their stages (tasks/dvc_metrics.py)."""
+"""The DVC metrics outputs exist before every `dvc commit` of their stages (adapters/dvc_metrics.py)."""
 
 import json
 
@@ -9,7 +9,7 @@ from unlearning.config import load_params
 
 
 def test_ensure_metrics_writes_what_dvc_commit_needs(tmp_path):
-    from tasks.dvc_metrics import ensure_metrics
+    from adapters.dvc_metrics import ensure_metrics
 
     params = load_params(make_project(tmp_path, inbox_files=False))
     metrics = params.path("metrics_dir")

@@ -1,4 +1,4 @@
-"""tasks.dvc_ops: commit, gc, remotes and push through DVC's API on a tiny real DVC project."""
+"""adapters.dvc_ops: commit, gc, remotes and push through DVC's API on a tiny real DVC project."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from tasks import dvc_ops
+from adapters import dvc_ops
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_dvc_lines_are_printed_once_when_the_root_logger_prints_too(project):
     """In `unlearn erase` Prefect's console handler sits on the root logger; DVC's own handlers print each line
     and the record propagated to the root printed it a second time ("Updating lock file" twice per commit)."""
     (project / "out.txt").write_text("four\n")
-    code = ("import logging, sys; from pathlib import Path; from tasks import dvc_ops; "
+    code = ("import logging, sys; from pathlib import Path; from adapters import dvc_ops; "
             "logging.basicConfig(stream=sys.stderr, format='ROOT %(message)s', level=logging.INFO); "
             f"dvc_ops.commit(Path({str(project)!r}), ['make'])")
     from tests.helpers import ROOT

@@ -12,7 +12,7 @@ import pytest
 
 from flows.deletion_batch import processed
 from tasks import erasure as E
-from tasks.request_check import check_request_file
+from adapters.request_check import check_request_file
 from unlearning.config import parse_params
 from unlearning.erasure import id_key
 from unlearning.salt import write_salt

@@ -257,7 +257,7 @@ def test_models(tmp_path):
 
 
 def test_mlflow_registry(tmp_path):
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
 
     params = table_project(tmp_path, erasure={"keep_versions": 1})
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "stores-test", tmp_path / "mlartifacts")

@@ -257,7 +257,7 @@ def test_an_mlflow_store_held_locked_is_named_in_one_line(tmp_path):
     import sys
     import time
 
-    from tasks.store_check import tracking_store_problem
+    from adapters.store_check import tracking_store_problem
 
     db = tmp_path / "mlflow.db"
     sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.close()

@@ -1,5 +1,5 @@
 """The CLI answers a request file the manifest rules reject without importing Great Expectations: the rules are
-evaluated with pandas first (tasks.request_check.rule_failures). The pandas verdict must be the suite's, row
+evaluated with pandas first (adapters.request_check.rule_failures). The pandas verdict must be the suite's, row
 for row, on every kind of defect; a file it passes still goes through the suite."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 import pandas as pd
 import pytest
 
-import tasks.request_check as rc
+import adapters.request_check as rc
 from tests.helpers import ROOT
 from tests.unit.test_gx_suite import H, manifest  # the suite's own test data
 
@@ -68,7 +68,7 @@ def test_a_rejected_file_never_imports_great_expectations(tmp_path):
     code = textwrap.dedent(f"""
         import sys, pandas as pd
         sys.path.insert(0, {str(ROOT)!r})
-        import tasks.request_check as rc
+        import adapters.request_check as rc
         m = pd.DataFrame({{"sample_id": ["digits-0000"], "split": ["train"], "status": ["retained"],
                            "deleted_in_batch": [None]}})
         fc = rc.check_request_file({str(path)!r}, m, [], gx_when_invalid=False)

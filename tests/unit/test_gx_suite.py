@@ -1,4 +1,4 @@
-"""The Great Expectations side of request validation (tasks/request_check.py): the suite is persisted with the
+"""The Great Expectations side of request validation (adapters/request_check.py): the suite is persisted with the
 project (gx/, committed) and matches the rules the code renders; a run leaves the committed files as they
 were, builds its Data Docs offline into its own folder, prints nothing, and with hashed ids shows GX (its
 result, its Data Docs) hashed ids only. `unlearn init` scaffolds the same gx/ folder."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import tasks.request_check as rc
+import adapters.request_check as rc
 from tests.helpers import ROOT
 from unlearning.ledger import hash_sample_id
 

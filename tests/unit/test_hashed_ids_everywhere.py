@@ -188,7 +188,7 @@ class Recorder:
 
 
 def recording_tracker(redaction: dict | None):
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
 
     tracker = Tracker.__new__(Tracker)  # no MLflow store: only what reaches the client matters here
     tracker.redaction, tracker.client = redaction, Recorder()

@@ -1,5 +1,8 @@
-"""The pure core never imports orchestration or tracking; exactly one module imports mlflow; tasks/ never imports
-flows/; and no import cycles among the modules of unlearning/, tasks/ and flows/, imports inside functions included."""
+"""The layers (docs/design.md, "Layout"): the pure core unlearning/ <- adapters/ (MLflow, DVC, Great Expectations,
+plots, the clock) <- tasks/ (the Prefect stages and their work) <- flows/ (flows, CLI). Each imports only the layers
+below it; the core imports no orchestration or tracking; one adapter imports mlflow (and the champion's loader);
+only tasks/ and flows/ import Prefect; no import cycles among the project's modules, imports inside functions
+included."""
 
 import ast
 from pathlib import Path
@@ -19,7 +22,7 @@ def imported_roots(path: Path) -> set[str]:
 
 
 def test_core_imports_no_orchestration_or_tracking():
-    offenders = {str(p.relative_to(ROOT)): sorted(imported_roots(p) & (FORBIDDEN_IN_CORE | {"flows", "tasks"}))
+    offenders = {str(p.relative_to(ROOT)): sorted(imported_roots(p) & (FORBIDDEN_IN_CORE | set(LAYERS[1:])))
                  for p in (ROOT / "unlearning").rglob("*.py")}
     assert {k: v for k, v in offenders.items() if v} == {}
 
@@ -27,26 +30,38 @@ def test_core_imports_no_orchestration_or_tracking():
 def test_exactly_one_module_imports_mlflow():
     """The tracking adapter; besides it only the champion's loader, which runs inside MLflow's own serving (it
     travels in the model's code/ folder and turns the core's bad-input errors into MlflowException)."""
-    users = sorted(str(p.relative_to(ROOT)) for d in ("unlearning", "tasks", "flows", "bench")
+    users = sorted(str(p.relative_to(ROOT)) for d in (*LAYERS, "bench")
                    for p in (ROOT / d).rglob("*.py") if "mlflow" in imported_roots(p))
-    assert users == ["tasks/champion_loader.py", "tasks/tracking.py"]
-    assert imported_roots(ROOT / "tasks" / "champion_loader.py") <= {"__future__", "mlflow", "unlearning"}
+    assert users == ["adapters/champion_loader.py", "adapters/tracking.py"]
+    assert imported_roots(ROOT / "adapters" / "champion_loader.py") <= {"__future__", "mlflow", "unlearning"}
 
 
 def test_only_tasks_and_flows_import_prefect():
-    users = {str(p.relative_to(ROOT)).split("/")[0] for d in ("unlearning", "tasks", "flows", "bench")
+    users = {str(p.relative_to(ROOT)).split("/")[0] for d in (*LAYERS, "bench")
              for p in (ROOT / d).rglob("*.py") if imported_roots(p) & {"prefect", "prefect_dask"}}
     assert users <= {"tasks", "flows"}
 
 
-def test_tasks_never_import_flows():
-    """The layers import one way: flows use tasks, never the reverse (imports inside functions count too)."""
-    offenders = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tasks").rglob("*.py") if "flows" in imported_roots(p))
-    assert offenders == []
+def test_each_layer_imports_only_the_layers_below_it():
+    """core <- adapters <- tasks <- flows, one way (imports inside functions count too): an adapter never
+    imports a stage or a flow, a stage never imports a flow."""
+    offenders = {str(p.relative_to(ROOT)): sorted(imported_roots(p) & set(LAYERS[i + 1:]))
+                 for i, layer in enumerate(LAYERS) for p in (ROOT / layer).rglob("*.py")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_adapters_hold_no_prefect_and_tasks_no_tracking_client():
+    """Where each kind of code lives: Prefect in tasks/ and flows/ only; mlflow, dvc's API and great_expectations
+    in adapters/ only (tasks/ reach them through the adapters)."""
+    for p in (ROOT / "adapters").rglob("*.py"):
+        assert not imported_roots(p) & {"prefect", "prefect_dask"}, p
+    for d in ("tasks", "flows"):
+        for p in (ROOT / d).rglob("*.py"):
+            assert not imported_roots(p) & {"mlflow", "dvc", "great_expectations", "matplotlib"}, p
 
 
 # --- no import cycles among the project's modules ----------------------------------------------------------------
-LAYERS = ("unlearning", "tasks", "flows")
+LAYERS = ("unlearning", "adapters", "tasks", "flows")
 
 
 def module_name(path: Path) -> str:

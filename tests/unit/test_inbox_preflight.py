@@ -119,7 +119,7 @@ def test_unreachable_tracking_server_fails_fast_with_one_line(tmp_path, monkeypa
 
 
 def test_tracking_preflight_sqlite_not_writable(tmp_path):
-    from tasks.tracking import TrackingUnavailable, preflight
+    from adapters.tracking import TrackingUnavailable, preflight
 
     with pytest.raises(TrackingUnavailable, match="not writable"):
         preflight(f"sqlite:///{tmp_path}/missing-folder/mlflow.db")
@@ -132,7 +132,7 @@ def test_a_damaged_sqlite_store_is_one_line_before_anything_starts(tmp_path, mon
     import sqlite3
 
     from flows.cli import main
-    from tasks.tracking import TrackingUnavailable, preflight
+    from adapters.tracking import TrackingUnavailable, preflight
     from tests.helpers import make_project
 
     params = make_project(tmp_path, inbox_files=False)

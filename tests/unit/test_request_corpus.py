@@ -1,5 +1,5 @@
 """A corpus of malformed (and a few valid) request files through the ONE validation path that
-`unlearn validate` and `unlearn run` share (tasks.request_check.check_request_file): every bad file gets a
+`unlearn validate` and `unlearn run` share (adapters.request_check.check_request_file): every bad file gets a
 clear error naming the file, ONE line per problem (its row or field, the value, the fix), no defect twice,
 and nothing is changed. pandera owns schema and types; the Great Expectations suite owns the rules that
 need the manifest or the erasure record, and runs only for a file that passed the cheap checks.
@@ -17,8 +17,8 @@ from datetime import datetime, timedelta, timezone
 import pandas as pd
 import pytest
 
-import tasks.request_check as validation
-from tasks.request_check import MANIFEST_NOT_CHECKED, check_request_file
+import adapters.request_check as validation
+from adapters.request_check import MANIFEST_NOT_CHECKED, check_request_file
 from unlearning.ledger import hash_sample_id
 
 H = "request_id,sample_id,requested_at,reason"

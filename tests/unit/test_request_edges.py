@@ -9,7 +9,7 @@ import argparse
 import pandas as pd
 import pytest
 
-import tasks.request_check as rc
+import adapters.request_check as rc
 from flows.cli import EXIT_BAD_INPUT, main
 from tests.helpers import make_project
 from tests.unit.test_request_corpus import H, SALT, manifest

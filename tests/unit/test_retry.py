@@ -38,7 +38,7 @@ def test_only_transient_io_is_retried(exc, retry):
 
 
 def test_dvc_operations_retry_the_repository_lock_only():
-    from tasks.dvc_ops import DvcFailed, DvcLockBusy
+    from adapters.dvc_ops import DvcFailed, DvcLockBusy
 
     assert transient_io_or_dvc_lock(None, None, FailedState(DvcLockBusy("dvc commit: the repository is locked")))
     assert not transient_io_or_dvc_lock(None, None, FailedState(DvcFailed("dvc commit failed: no such stage")))

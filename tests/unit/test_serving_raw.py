@@ -1,4 +1,4 @@
-"""The champion serves raw rows (unlearning/data/preparation.py, unlearning/serving.py, tasks/tracking.py): the
+"""The champion serves raw rows (unlearning/data/preparation.py, unlearning/serving.py, adapters/tracking.py): the
 preparation recorded with the model is the prepare stage's own (same numbers, checked against a float64 hand
 computation), odd input gets one clear error, and a real MLflow store's registered model answers raw rows with
 the predictions of the prepared features."""
@@ -158,7 +158,7 @@ def test_images_as_paths_bytes_or_arrays_give_the_prepared_features(tmp_path, gr
 @pytest.fixture(scope="module")
 def registry(table, tmp_path_factory):
     """A real SQLite MLflow store holding the table champion, logged with its preparation."""
-    from tasks.tracking import Tracker
+    from adapters.tracking import Tracker
     from unlearning.models import build_model, train_ensemble
 
     root = tmp_path_factory.mktemp("mlflow")
@@ -178,7 +178,7 @@ def registry(table, tmp_path_factory):
 def load_champion(registry):
     import mlflow.pyfunc
 
-    from tasks.tracking import fluent_store
+    from adapters.tracking import fluent_store
 
     with fluent_store(registry["tracker"].tracking_uri):
         return mlflow.pyfunc.load_model("models:/tbl@champion"), mlflow.models.get_model_info("models:/tbl@champion")
@@ -210,7 +210,7 @@ def test_the_registered_champion_refuses_odd_rows_clearly(table, registry):
     rows = table["raw"].head(2)
     with pytest.raises(MlflowException, match=r"missing inputs \['zone'\]"):
         served.predict(rows.drop(columns=["zone"]))
-    # the core's DataError reaches MLflow as an MlflowException (tasks/champion_loader.py): a REST client reads it
+    # the core's DataError reaches MLflow as an MlflowException (adapters/champion_loader.py): a REST client reads it
     with pytest.raises(MlflowException, match=r"values 'west' are not among the fitted categories") as e:
         served.predict(rows.assign(zone=["north", "west"]))
     assert e.value.get_http_status_code() == 400

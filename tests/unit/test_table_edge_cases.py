@@ -187,7 +187,7 @@ def test_a_request_for_a_row_prepare_left_out_says_why_it_is_not_in_the_manifest
     suggesting a typo."""
     from types import SimpleNamespace
 
-    from tasks.request_check import check_request_file, left_out_note
+    from adapters.request_check import check_request_file, left_out_note
 
     ds = csv(tmp_path, "id,x,y\n" + lines(lambda i: f"r{i},{'' if i in (2, 4) else i},{i % 2}"), missing="drop")
     info = {"name": "table", **ds.meta}

@@ -1,6 +1,6 @@
 """A run description longer than MLflow's tag limit keeps its first lines and points to the whole text."""
 
-from tasks.tracking import Tracker
+from adapters.tracking import Tracker
 
 
 def test_a_long_description_is_cut_at_a_line_and_the_whole_text_logged(tmp_path):

@@ -1,4 +1,4 @@
-"""tasks/tracking.py against a real MLflow store (SQLite in tmp_path): the champion as a pyfunc model that a
+"""adapters/tracking.py against a real MLflow store (SQLite in tmp_path): the champion as a pyfunc model that a
 fresh process in another folder loads without this repository, metric names with `/`, tables, datasets, and
 the root logger left alone.
 
@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tasks.tracking import Tracker, fluent_store, frame_digest
+from adapters.tracking import Tracker, fluent_store, frame_digest
 from unlearning.models import build_model, train_ensemble
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,7 +268,7 @@ def test_reset_alias_to_a_purged_original_removes_the_alias(store):
     """`unlearn reset` after an erasure: the trained original's version (here 7) was purged with the rows it was
     trained on, so the alias cannot go back to it. It used to fail with 'Model Version ... not found' (and
     MLflow had dropped the alias on the way); now the alias is removed and the caller is told why."""
-    from tasks.tracking import reset_alias
+    from adapters.tracking import reset_alias
 
     uri = store["tracker"].tracking_uri
     try:

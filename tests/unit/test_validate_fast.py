@@ -34,7 +34,7 @@ def bad_file(tmp_path):
 
 
 def test_live_state_is_what_load_state_reads(project):  # noqa: F811
-    from tasks.request_check import live_state
+    from adapters.request_check import live_state
     from tasks.state import load_state
 
     params = load_params(project)

@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pandas as pd
 
-from tasks.request_check import check_request_file, validation_mask
+from adapters.request_check import check_request_file, validation_mask
 from tasks.stages import ledger_entries, split_by_kind, unlearned_mask
 from unlearning.batch import validation_rows
 from unlearning.history import n_original_train, retraining_debt

@@ -191,7 +191,7 @@ class SuiteRun:
 
 def _suite(gx, gxe):
     suite = gx.ExpectationSuite(name=GX_NAME, meta={"notes": (
-        "Deletion-request rules that need the live manifest or the erasure record (tasks/request_check.py "
+        "Deletion-request rules that need the live manifest or the erasure record (adapters/request_check.py "
         "builds the lookup frame). Schema and types are pandera's (unlearning/requests.py).")})
     for rule, (column, allowed, notes) in MANIFEST_RULES.items():
         suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=allowed, notes=notes,

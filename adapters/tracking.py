@@ -21,7 +21,7 @@ import numpy as np
 from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
-from tasks.clock import tracks
+from adapters.clock import tracks
 
 PIP_REQUIREMENTS = ["torch==2.13.0"]  # given explicitly: inferring them costs ~10 s per model
 # A model that prepares raw rows imports unlearning.data (pandera) and, for images, Pillow.
@@ -65,8 +65,8 @@ class TrackingUnavailable(RuntimeError):
 @tracks
 def preflight(tracking_uri: str, timeout: float = 5.0) -> None:
     """Fail fast (well within 10 s, no retries) when the tracking store is unusable, with the fix
-    (tasks.store_check: an unreachable server, an unwritable folder, a damaged SQLite file)."""
-    from tasks.store_check import tracking_store_problem
+    (adapters.store_check: an unreachable server, an unwritable folder, a damaged SQLite file)."""
+    from adapters.store_check import tracking_store_problem
 
     problem = tracking_store_problem(tracking_uri, timeout)
     if problem:
@@ -309,7 +309,7 @@ class Tracker:
         it maps raw rows instead: its signature names the raw columns and their types, and its input example is
         one row made from the recipe (`example_rows`: no data row); `input_example` is then unused. It carries
         the project's checkpoint and, as code,
-        the `unlearning` package (and a custom factory's module) and its loader (tasks/champion_loader.py: bad raw
+        the `unlearning` package (and a custom factory's module) and its loader (adapters/champion_loader.py: bad raw
         rows answer a REST client with their one-line error), so it loads with `mlflow.pyfunc.load_model`
         without this repository. `input_example`: a few feature rows [k, d] (zeros when None: no data row
         lands in the registry unless the caller chooses one). Logged to `run_id` directly, without the

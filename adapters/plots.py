@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tasks.clock import tracks  # noqa: E402
+from adapters.clock import tracks  # noqa: E402
 from unlearning.batch import SPLITS  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """MLflow's loader hook for the champion, shipped into the model's `code/` folder as the top-level module
-`champion_loader` (tasks/tracking.py `log_model`): a thin shell around unlearning/serving.py.
+`champion_loader` (adapters/tracking.py `log_model`): a thin shell around unlearning/serving.py.
 
 Why a shell at all: the pure core raises `DataError` for raw rows it cannot prepare (an unseen category, a cell
 without a value, text in a number column). `mlflow models serve` answers any exception that is not an
