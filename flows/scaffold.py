@@ -61,6 +61,25 @@ stages:
     metrics:
       - {train_metrics}:
           cache: false
+  qualify:
+    # validation.mode qualified (docs/certificate.md, "Two modes"): the original's qualification, the pass rate
+    # of each qualify.methods by predicted gap; under per_batch a "skipped" record in seconds. Its own target
+    # (`dvc repro qualify`): deletion does not depend on it; a qualified batch refuses one that is missing.
+    cmd: python -m flows.warm run flows.qualify
+    deps:
+{qualify_deps}
+    params:
+      - base.seed
+      - base.device
+      - train
+      - diagnostics
+      - validation
+      - gate
+      - deletion.method_args
+      - deletion.partition
+      - qualify
+    outs:
+      - {qualification}
   deletion:
     # Every request file in the inbox, in name order; the state (model, live manifest, append-only ledger)
     # persists across runs, and re-running is a no-op for requests already in the ledger.
@@ -304,6 +323,8 @@ def dvc_yaml_for(params: Params, data_dep: str, extra_train_deps: list[str] = ()
         shards=_q(f"{p.models_dir.rstrip('/')}/shards"),
         train_metrics=_q(f"{metrics}/train.json"), deletion_metrics=_q(f"{metrics}/deletion.json"),
         history=_q(f"{metrics}/history.json"),
+        qualification=_q(f"{p.models_dir.rstrip('/')}/qualification.json"),
+        qualify_deps=_deps([original, p.prepared_dir]),
         prepare_deps=_deps([data_dep]), train_deps=_deps([p.prepared_dir, *extra_train_deps]),
         deletion_deps=_deps([original, p.prepared_dir, p.inbox, f"{p.gx_dir}/expectations"]))
 
@@ -474,7 +495,7 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
         done.append(found)
     data_dep = "${prepare.table.path}" if dataset == "table" else "${prepare.image_folder.path}"
     (target / "dvc.yaml").write_text(dvc_yaml_for(params, data_dep, extra_deps))
-    done.append(f"wrote {target / 'dvc.yaml'} (stages prepare -> train -> deletion)")
+    done.append(f"wrote {target / 'dvc.yaml'} (stages prepare -> train -> deletion; qualify)")
     inbox = params.path("inbox")
     inbox.mkdir(parents=True, exist_ok=True)
     (inbox / ".gitkeep").touch()

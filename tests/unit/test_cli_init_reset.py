@@ -57,10 +57,14 @@ def test_init_scaffolds_a_table_project(tmp_path, capsys):
     assert params.train == load_params(ROOT / "params.yaml").train
 
     stages = yaml.safe_load((target / "dvc.yaml").read_text())["stages"]
-    assert list(stages) == ["prepare", "train", "deletion"]
+    assert list(stages) == ["prepare", "train", "qualify", "deletion"]
     assert [s["cmd"] for s in stages.values()] == ["python -m flows.warm run flows.prepare",
                                                    "python -m flows.warm run flows.train",
+                                                   "python -m flows.warm run flows.qualify",
                                                    "python -m flows.warm run flows.deletion_batch"]
+    # qualified mode's table, its own target: `dvc repro deletion` never runs it
+    assert stages["qualify"]["outs"] == ["models/qualification.json"] and "qualify" in stages["qualify"]["params"]
+    assert "models/qualification.json" not in stages["deletion"]["deps"]
     assert stages["prepare"]["deps"] == ["${prepare.table.path}"]  # the path is written once, in params.yaml
     deps = [d for s in stages.values() for d in s["deps"]]
     assert not any(d.startswith(("flows", "tasks", "unlearning")) for d in deps)  # no repo sources in DIR
