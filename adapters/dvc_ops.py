@@ -13,6 +13,7 @@ commit retry it, tasks/retry.py); any other DVC error raises `DvcFailed` naming 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
@@ -33,6 +34,19 @@ class _NoEmptyInboxWarning:
     @staticmethod
     def filter(record) -> bool:
         return not str(record.getMessage()).endswith("' is empty.")
+
+
+class _NeverRunOutputWarning:
+    """`dvc gc` warns "Output 'X'(stage: 'S') is missing version info. Cache for it will not be collected." for
+    every output of a stage that never ran, such as the qualify stage under validation.mode per_batch: such an
+    output has nothing in the cache to lose, so the warning is dropped while the output does not exist."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def filter(self, record) -> bool:
+        m = re.match(r"Output '(.+?)'\(stage: .*\) is missing version info", str(record.getMessage()))
+        return not (m and not (self.root / m.group(1)).exists())
 
 
 @contextmanager
@@ -115,8 +129,13 @@ def gc_workspace(root: Path, remote: str | None = None) -> None:
     """`dvc gc -w -f` (and with `remote`, `-c -r REMOTE`): drop every cached object the workspace does not use."""
     what = "gc -w" + (f" -c -r {remote}" if remote else "")
     _restore_interrupted_lock(root)  # gc reads dvc.lock to know what the workspace uses
-    with _repo(root, what) as repo:
-        repo.gc(workspace=True, force=True, cloud=bool(remote), remote=remote)
+    never_run = _NeverRunOutputWarning(root)
+    logging.getLogger("dvc.output").addFilter(never_run)
+    try:
+        with _repo(root, what) as repo:
+            repo.gc(workspace=True, force=True, cloud=bool(remote), remote=remote)
+    finally:
+        logging.getLogger("dvc.output").removeFilter(never_run)
 
 
 def remotes(root: Path) -> set[str]:

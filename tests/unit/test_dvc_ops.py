@@ -102,3 +102,16 @@ def test_dvc_failures_end_in_one_line_with_exit_1():
     from flows.errors import EXIT_FAILURE, exit_code
 
     assert exit_code(dvc_ops.DvcFailed("dvc commit deletion in /p failed: './dvc.lock' validation failed")) == EXIT_FAILURE
+
+
+def test_gc_says_nothing_of_a_stage_that_never_ran_but_warns_of_one_whose_output_exists(project, capsys):
+    """The qualify stage under validation.mode per_batch never runs: its output has nothing cached to lose, so
+    gc's "missing version info" warning is noise there; an output that exists without a lock entry still warns."""
+    stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    stages["never"] = {"cmd": "echo x > never.txt", "outs": ["never.txt"]}
+    stages["unlocked"] = {"cmd": "echo y > unlocked.txt", "outs": ["unlocked.txt"]}
+    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    (project / "unlocked.txt").write_text("y\n")  # made by hand, never committed: no version info
+    dvc_ops.gc_workspace(project)
+    err = capsys.readouterr().err
+    assert "never.txt" not in err and "'unlocked.txt'" in err and "missing version info" in err
