@@ -49,10 +49,10 @@ from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.config import load_params
 from unlearning.data import load_dataset
 from unlearning.leverage import compute_diagnostics
-from unlearning.methods.base import TrainRecipe
 from unlearning.metrics import accuracy_by_split
 from unlearning.models import build_model, fit, predict_logits
-from unlearning.models.zoo import arch_kwargs
+from unlearning.models.training import recipe_from
+from unlearning.models.zoo import spec_from
 from unlearning.plan import sequential_step
 from unlearning.qualification import (EXACT, License, Qualification, Trial, cheap_checks, draw_suite,
                                       gap_in_noise_units, license_method, licenses_any, membership_test)
@@ -68,12 +68,8 @@ def problem(name: str, params, rows: int | None):
     kw = {"fashion_mnist_dir": params.prepare.fashion_mnist_dir, "max_train": rows, "max_val": 2000} \
         if name == "fashion_mnist" else {}
     ds = load_dataset(name, seed=params.base.seed, val_fraction=params.prepare.val_fraction, **kw)
-    m, t = params.train.model, params.train
-    spec = {"arch": m.arch, "in_shape": [int(s) for s in ds.in_shape], "n_classes": int(ds.n_classes),
-            "kwargs": arch_kwargs(m.model_dump()), "factory": m.factory, "feature_layer": m.feature_layer}
-    recipe = TrainRecipe(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
-                         optimizer=t.optimizer, momentum=t.momentum, schedule=t.schedule,
-                         label_smoothing=t.label_smoothing)
+    spec = spec_from(params.train.model, ds.in_shape, ds.n_classes)
+    recipe = recipe_from(params.train)
     split = np.asarray(ds.split)
     y = np.asarray(ds.label).astype(np.int64)
     return NS(X=torch.as_tensor(np.asarray(ds.X), dtype=torch.float32), y=torch.as_tensor(y), y_np=y,

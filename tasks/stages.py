@@ -441,30 +441,23 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     before = t.alias_version(registered, alias) or state.champion.get("model_version")
     now = datetime.now(timezone.utc).isoformat()
     manifest = marked_deleted(state.manifest, forget_ids, batch.batch_id)
-    stage_dir = staging_dir(params.path("state_dir"))
-    try:
-        fault("before_register")
-        version = t.log_model(batch.parent, outcome.model, registered,
-                              input_example=input_example(state.prepared.X, state.prepared.manifest),
-                              class_names=names_after_erasure(params, state.prepared, forget_ids),
-                              preparation=preparation_after_erasure(params, state.prepared, forget_ids))
-        # Registry lineage: which batch, method and verdict produced this version, and from which run.
-        verdict = promoted_verdict(outcome)
-        t.set_version_tags(registered, version, {
-            "fingerprint": state.fingerprint["digest"], "batch_id": batch.batch_id, "method": outcome.method,
-            "verdict": verdict,
-            "parent_run_id": batch.parent, "n_forgotten": n_unlearned(requests), "promoted": "false"})
-        fault("after_register")
-        entries = promoted_entries(requests, batch, params, state, objective, outcome, before, version, now, verdict)
-        champion = champion_record(batch, params, state, requests, outcome, rows, n_train, version, now, warnings)
-        history = champion["history"]
-        write_state(stage_dir, outcome.model, manifest, appended(state.ledger, entries), champion, state.fingerprint)
-        fault("before_commit")
-        commit_dir(stage_dir, params.path("state_dir"))
-        batch.committed = True
-    except BaseException:
-        discard_dir(stage_dir)
-        raise
+    fault("before_register")
+    version = t.log_model(batch.parent, outcome.model, registered,
+                          input_example=input_example(state.prepared.X, state.prepared.manifest),
+                          class_names=names_after_erasure(params, state.prepared, forget_ids),
+                          preparation=preparation_after_erasure(params, state.prepared, forget_ids))
+    # Registry lineage: which batch, method and verdict produced this version, and from which run.
+    verdict = promoted_verdict(outcome)
+    t.set_version_tags(registered, version, {
+        "fingerprint": state.fingerprint["digest"], "batch_id": batch.batch_id, "method": outcome.method,
+        "verdict": verdict,
+        "parent_run_id": batch.parent, "n_forgotten": n_unlearned(requests), "promoted": "false"})
+    fault("after_register")
+    entries = promoted_entries(requests, batch, params, state, objective, outcome, before, version, now, verdict)
+    champion = champion_record(batch, params, state, requests, outcome, rows, n_train, version, now, warnings)
+    history = champion["history"]
+    commit_state(batch, params, outcome.model, manifest, appended(state.ledger, entries), champion,
+                 state.fingerprint)
     fault("after_commit")
     # state/ decides from here on: the alias follows it (and is reconciled again on every run).
     t.reconcile_alias(registered, alias, version)
@@ -476,6 +469,21 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     run_logger().info(f"{batch.path.name}: forgot {n_unlearned(requests)} sample(s) with {outcome.method}; promoted "
                       f"{registered} v{version} as @{alias} (was v{before}); ledger +{len(entries)}")
     return {"version": version, "before": before, "history": history, "n_entries": len(entries)}
+
+
+def commit_state(batch: BatchRun, params: Params, model, manifest: pd.DataFrame, ledger: list[dict],
+                 champion: dict, fingerprint: dict) -> None:
+    """Write model, manifest, ledger and champion record to a staging folder and swap it in for state/, all or
+    nothing (a kill before the swap leaves the old state; tasks/state.py settles an interrupted swap)."""
+    stage_dir = staging_dir(params.path("state_dir"))
+    try:
+        write_state(stage_dir, model, manifest, ledger, champion, fingerprint)
+        fault("before_commit")
+        commit_dir(stage_dir, params.path("state_dir"))
+        batch.committed = True
+    except BaseException:
+        discard_dir(stage_dir)
+        raise
 
 
 def promoted_entries(requests: pd.DataFrame, batch: BatchRun, params: Params, state: State, objective: str,
@@ -606,16 +614,8 @@ def record_not_trained_on(batch: BatchRun, params: Params, state: State, request
     entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params),
                              objective=objective, method="none", before=version, after=version, now=now,
                              fingerprint=state.fingerprint["digest"], verdict="not_trained_on")
-    stage_dir = staging_dir(params.path("state_dir"))
-    try:
-        write_state(stage_dir, state.model, marked_deleted(state.manifest, ids, batch.batch_id),
-                    appended(state.ledger, entries), dict(state.champion), state.fingerprint)
-        fault("before_commit")
-        commit_dir(stage_dir, params.path("state_dir"))
-        batch.committed = True
-    except BaseException:
-        discard_dir(stage_dir)
-        raise
+    commit_state(batch, params, state.model, marked_deleted(state.manifest, ids, batch.batch_id),
+                 appended(state.ledger, entries), dict(state.champion), state.fingerprint)
     batch.summary.update(chosen=None, version_after=None, n_forgotten=0)
     run_logger().info(f"{batch.path.name}: {len(ids)} validation row(s), never trained on: erased from the stores "
                       f"and recorded in the ledger (erased, not trained on); nothing to unlearn, the champion "

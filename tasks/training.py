@@ -22,7 +22,8 @@ from unlearning.fingerprint import StateMismatch
 from unlearning.io import atomic_save
 from unlearning.models import Ensemble, TrainRecipe, accuracy, build_model, fit, load_module_state, save_model
 from unlearning.models.training import TrainingDiverged, nonfinite_members
-from unlearning.models.zoo import arch_kwargs
+from unlearning.models.training import recipe_from
+from unlearning.models.zoo import spec_from
 
 
 def in_shape_of(prepared: Prepared) -> list[int]:
@@ -37,16 +38,11 @@ def in_shape_of(prepared: Prepared) -> list[int]:
 
 def model_spec(params: Params, prepared: Prepared) -> dict:
     """The architecture for this data: train.model plus the data's in_shape and class count."""
-    m = params.train.model
-    return {"arch": m.arch, "in_shape": in_shape_of(prepared), "n_classes": prepared.n_classes,
-            "kwargs": arch_kwargs(m.model_dump()), "factory": m.factory, "feature_layer": m.feature_layer}
+    return spec_from(params.train.model, in_shape_of(prepared), prepared.n_classes)
 
 
 def recipe(params: Params) -> TrainRecipe:
-    t = params.train
-    return TrainRecipe(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
-                       optimizer=t.optimizer, momentum=t.momentum, schedule=t.schedule,
-                       label_smoothing=t.label_smoothing)
+    return recipe_from(params.train)
 
 
 def build(params: Params, prepared: Prepared, seeds: list[int]) -> Ensemble:

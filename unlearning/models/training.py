@@ -159,6 +159,15 @@ def train_ensemble(
         return _train(model, X, y, recipe, progress, fused, rows, order_seeds)
 
 
+def recipe_from(train_cfg) -> TrainRecipe:
+    """The recipe of params.yaml's `train:` section (unlearning/config.py): the original, the oracles, the
+    shadows and `retrain` all train with it."""
+    t = train_cfg
+    return TrainRecipe(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
+                       optimizer=t.optimizer, momentum=t.momentum, schedule=t.schedule,
+                       label_smoothing=t.label_smoothing)
+
+
 def fit(model: Ensemble, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe, **kwargs) -> TrainCost:
     """`train_ensemble` with a `TrainRecipe` (kwargs: progress, threads, kernel, epochs override)."""
     return train_ensemble(model, X, y, **{**asdict(recipe), **kwargs})

@@ -163,6 +163,14 @@ def arch_kwargs(model_cfg: dict) -> dict:
     return dict(model_cfg.get("kwargs") or {})
 
 
+def spec_from(model_cfg, in_shape, n_classes: int) -> dict:
+    """The architecture spec `build_model` takes, from params.yaml's `train.model` (a pydantic model) and the
+    data's input shape and class count."""
+    return {"arch": model_cfg.arch, "in_shape": [int(s) for s in in_shape], "n_classes": int(n_classes),
+            "kwargs": arch_kwargs(model_cfg.model_dump()), "factory": model_cfg.factory,
+            "feature_layer": model_cfg.feature_layer}
+
+
 def copy_value(v):
     return list(v) if isinstance(v, (list, tuple)) else v
 

@@ -23,7 +23,8 @@ from unlearning.methods import run_method
 from unlearning.methods.base import TrainRecipe, UnlearnContext
 from unlearning.metrics import klom, klom_summary, margins
 from unlearning.models import build_model, fit, predict_logits
-from unlearning.models.zoo import arch_kwargs
+from unlearning.models.training import recipe_from
+from unlearning.models.zoo import spec_from
 from unlearning.seeds import method_seed, original_seed, role_seeds
 
 
@@ -41,12 +42,8 @@ class DigitsProblem:
 def digits_problem(params: Params) -> DigitsProblem:
     ds = load_dataset("digits", seed=params.base.seed, val_fraction=params.prepare.val_fraction)
     y_np = np.asarray(ds.label).astype(np.int64)
-    m, t = params.train.model, params.train
-    spec = {"arch": m.arch, "in_shape": [int(s) for s in ds.in_shape], "n_classes": int(ds.n_classes),
-            "kwargs": arch_kwargs(m.model_dump()), "factory": m.factory, "feature_layer": m.feature_layer}
-    recipe = TrainRecipe(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
-                         optimizer=t.optimizer, momentum=t.momentum, schedule=t.schedule,
-                         label_smoothing=t.label_smoothing)
+    spec = spec_from(params.train.model, ds.in_shape, ds.n_classes)
+    recipe = recipe_from(params.train)
     split = np.asarray(ds.split)
     return DigitsProblem(X=torch.as_tensor(np.asarray(ds.X), dtype=torch.float32), y=torch.as_tensor(y_np), y_np=y_np,
                          train_rows=np.flatnonzero(split == "train"), val_rows=np.flatnonzero(split == "val"),
