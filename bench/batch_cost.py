@@ -37,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.results_io import write_between  # noqa: E402
+
 PATHS = ("retrain", "do_nothing_accepted", "rejected")
 BEGIN, END = "<!-- bench:batch_cost:begin -->", "<!-- bench:batch_cost:end -->"
 TARGETS = {"retrain": 2.0, "diagnostics": 1.0, "rejected": 10.0, "peak_rss_gb": 4.0}
@@ -253,16 +255,6 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write_readme(results: dict, readme: Path) -> None:
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        print(f"{readme}: no {BEGIN} ... {END} markers; table not written", file=sys.stderr)
-        return
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{table(results)}\n{END}{tail}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", default="mlp:2000,mlp:8000,mlp:30000,cnn:2000,cnn:8000")
@@ -306,7 +298,7 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(results, indent=1))
     print(table(results))
-    write_readme(results, Path(a.readme))
+    write_between(a.readme, BEGIN, END, table(results))
     print(f"wrote {a.out}")
 
 

@@ -1,8 +1,10 @@
-"""Shared by the benches: write a result dict as JSON (bench/results/ by default) and say where."""
+"""Shared by the benches: write a result dict as JSON (bench/results/ by default) and say where; write a generated
+table between its two markers in the README or a docs page."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 
@@ -12,3 +14,17 @@ def write_json(path: str | Path, result: dict) -> Path:
     out.write_text(json.dumps(result, indent=2, default=float))
     print(f"wrote {out}")
     return out
+
+
+def write_between(path: str | Path, begin: str, end: str, text: str) -> bool:
+    """Replace what stands between the lines `begin` and `end` of `path` by `text`; a file without both markers
+    is left as it is, and stderr says so. Returns whether it wrote."""
+    path = Path(path)
+    body = path.read_text()
+    if begin not in body or end not in body:
+        print(f"{path}: no {begin} ... {end} markers; not written", file=sys.stderr)
+        return False
+    head, rest = body.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{text.rstrip()}\n{end}{tail}")
+    return True

@@ -38,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.results_io import write_json  # noqa: E402
+from bench.results_io import write_between, write_json  # noqa: E402
 from unlearning.config import Params  # noqa: E402
 from unlearning.data.registry import load_dataset  # noqa: E402
 from unlearning.models import TrainRecipe, accuracy, build_model, fit, seeds_for  # noqa: E402
@@ -247,16 +247,6 @@ def verdicts(result: dict) -> list[str]:
     return out
 
 
-def write_between(path: Path, text: str) -> None:
-    body = path.read_text()
-    if BEGIN not in body or END not in body:
-        print(f"{path}: no {BEGIN} ... {END} markers; not written", file=sys.stderr)
-        return
-    head, rest = body.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{BEGIN}\n{text.rstrip()}\n{END}{tail}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default="digits,fashion_mnist")
@@ -297,9 +287,9 @@ def main() -> None:
 def finish(result: dict, a) -> None:
     write_json(a.out, result)
     if a.page:
-        write_between(Path(a.page), table(result))
+        write_between(a.page, BEGIN, END, table(result))
     if a.readme:
-        write_between(Path(a.readme), summary(result))
+        write_between(a.readme, BEGIN, END, summary(result))
     print("\n".join(result["verdicts"]))
 
 

@@ -61,6 +61,9 @@ from unlearning.seeds import batch_role_seeds, original_seed, role_seeds
 from unlearning.sequential import look_verdict, permutations_for
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.results_io import write_between  # noqa: E402
+
 METHOD = "do_nothing"
 
 
@@ -335,21 +338,12 @@ def full_tables(runs: list[dict]) -> str:
     return "\n".join(out)
 
 
-def write_block(path: Path, text: str) -> None:
-    body = path.read_text()
-    if BEGIN not in body or END not in body:
-        print(f"{path}: no {BEGIN} ... {END} markers; table not written")
-        return
-    head, rest = body.split(BEGIN, 1)
-    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
-
-
 def main() -> None:
     params = load_params(ROOT / "params.yaml")
     if len(sys.argv) > 2 and sys.argv[1] == "--tables":
         runs = [json.loads(Path(f).read_text()) for f in sys.argv[2:]]
-        write_block(ROOT / "README.md", compact_table(runs))
-        write_block(ROOT / "docs" / "evidence.md", full_tables(runs))
+        write_between(ROOT / "README.md", BEGIN, END, compact_table(runs))
+        write_between(ROOT / "docs" / "evidence.md", BEGIN, END, full_tables(runs))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default="digits,fashion_mnist")

@@ -66,3 +66,15 @@ def make_project(dest: Path, overrides: dict | None = None, inbox_files: bool = 
         for f in sample_requests():
             shutil.copy(f, dest / "requests" / "inbox" / f.name)
     return dest / "params.yaml"
+
+
+def trained_project(dest: Path, overrides: dict | None = None, inbox_files: bool = True) -> Path:
+    """`make_project`, then its prepare and train flows (on the session's Prefect harness): a project with an
+    original, ready for deletion batches. Returns its params.yaml."""
+    from flows.prepare import prepare
+    from flows.train import train
+
+    params_path = make_project(dest, overrides, inbox_files)
+    prepare(str(params_path))
+    train(str(params_path))
+    return params_path

@@ -11,7 +11,7 @@ import sys
 import pandas as pd
 import pytest
 
-from tests.helpers import make_project
+from tests.helpers import trained_project
 from unlearning.config import load_params
 
 pytestmark = pytest.mark.flow
@@ -26,13 +26,8 @@ def project(tmp_path_factory, prefect_harness):
     import os
 
     os.environ.pop("MLFLOW_TRACKING_URI", None)
-    from flows.prepare import prepare
-    from flows.train import train
-
     root = tmp_path_factory.mktemp("plan_project")
-    params_path = make_project(root, SEQUENTIAL, inbox_files=False)
-    prepare(str(params_path))
-    train(str(params_path))
+    trained_project(root, SEQUENTIAL, inbox_files=False)
     return root
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.helpers import make_project
+from tests.helpers import trained_project
 from unlearning.qualification import Qualification
 
 pytestmark = pytest.mark.flow
@@ -25,13 +25,8 @@ def project(tmp_path_factory, prefect_harness):
     import os
 
     os.environ.pop("MLFLOW_TRACKING_URI", None)
-    from flows.prepare import prepare
-    from flows.train import train
-
     root = tmp_path_factory.mktemp("qualify_project")
-    params_path = make_project(root, QUALIFIED, inbox_files=False)
-    prepare(str(params_path))
-    train(str(params_path))
+    trained_project(root, QUALIFIED, inbox_files=False)
     return root
 
 

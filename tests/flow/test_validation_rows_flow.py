@@ -12,7 +12,7 @@ import os
 import pandas as pd
 import pytest
 
-from tests.helpers import make_project
+from tests.helpers import trained_project
 
 pytestmark = pytest.mark.flow
 
@@ -27,14 +27,10 @@ def rows(prefix: str, ids: list[str]) -> str:
 def applied(tmp_path_factory, prefect_harness):
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     from flows.deletion_batch import run
-    from flows.prepare import prepare
-    from flows.train import train
     from unlearning.data import load_prepared
 
     root = tmp_path_factory.mktemp("valrows")
-    params_path = make_project(root, {"diagnostics": {"enabled": False}}, inbox_files=False)
-    prepare(str(params_path))
-    train(str(params_path))
+    params_path = trained_project(root, {"diagnostics": {"enabled": False}}, inbox_files=False)
     before = load_prepared(root / "data" / "prepared").manifest
     train_ids = before.loc[before["split"] == "train", "sample_id"].tolist()[:3]
     val_ids = before.loc[before["split"] == "val", "sample_id"].tolist()[:3]
