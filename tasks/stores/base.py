@@ -91,6 +91,17 @@ class Store(Protocol):
         ...
 
 
+class CountedOnly:
+    """A store the pipeline never rewrites (the team's own sources, Great Expectations' results): what `locate`
+    finds is what `verify` counts, and `purge` has nothing to do. Subclasses give `name` and `verify`."""
+
+    def locate(self, scope: Scope) -> list[Finding]:
+        return self.verify(scope)
+
+    def purge(self, scope: Scope) -> list[Purged]:
+        return []
+
+
 STORES: list[Store] = []
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.stores.base import Scope, prepared_rows, register_store, unjudged
+from tasks.stores.base import CountedOnly, Scope, prepared_rows, register_store, unjudged
 from unlearning.config import Params
 from unlearning.data import read_state_manifest
 from unlearning.data.store import manifest_csv_bytes, rewrite_without
@@ -180,33 +180,21 @@ def as_findings(checks: list[dict]) -> list[Finding]:
 
 
 @register_store
-class SourceTable:
+class SourceTable(CountedOnly):
     """The team's table (prepare.table.path): never rewritten by the pipeline; the forgotten rows still there are
     counted (a note of `unlearn verify-erasure`, not a problem: deleting them is the team's decision)."""
 
     name = "source table"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return self.verify(scope)
-
-    def purge(self, scope: Scope) -> list[Purged]:
-        return []
 
     def verify(self, scope: Scope) -> list[Finding]:
         return as_findings(source_table_checks(scope.params, scope.prepared, scope.key, scope.forgotten))
 
 
 @register_store
-class SourceImageFolder:
+class SourceImageFolder(CountedOnly):
     """The team's image folder (prepare.image_folder.path), like the source table: counted, never deleted."""
 
     name = "source image folder"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return self.verify(scope)
-
-    def purge(self, scope: Scope) -> list[Purged]:
-        return []
 
     def verify(self, scope: Scope) -> list[Finding]:
         return as_findings(source_folder_checks(scope.params, scope.prepared, scope.key, scope.forgotten))

@@ -7,7 +7,7 @@ import os
 import time
 from datetime import datetime, timezone
 
-from tasks.stores.base import Scope, files_naming, register_store, unjudged
+from tasks.stores.base import CountedOnly, Scope, files_naming, register_store, unjudged
 from unlearning.config import Params
 from unlearning.erasure import Finding, Purged
 from unlearning.io import atomic_write_bytes
@@ -115,19 +115,13 @@ class RequestFiles:
 
 
 @register_store
-class GreatExpectationsResults:
+class GreatExpectationsResults(CountedOnly):
     """<gx_dir>/uncommitted/ (validation results and Data Docs, the newest kept): Great Expectations only ever
     sees sample ids in the ledger's form (adapters/request_check.py keys them before the suite runs), so they hold
     no row and, with deletion.hash_sample_ids, no plain id; the files naming a forgotten id (a request that failed
     on it) are counted as references, like the applied request files. Nothing to purge."""
 
     name = "Great Expectations results"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return self.verify(scope)
-
-    def purge(self, scope: Scope) -> list[Purged]:
-        return []
 
     def verify(self, scope: Scope) -> list[Finding]:
         root = scope.params.path("gx_dir") / "uncommitted"
