@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -18,14 +19,32 @@ FAST = {
 
 
 def sample_requests() -> list:
-    """The repository's sample request file(s). `make run` moves an applied file from requests/inbox/ to
-    requests/processed/, so after `make run` the sample is found
-    there: the tests do not depend on whether the main job ran in this checkout."""
-    found = {}
-    for folder in ("processed", "inbox"):  # the inbox copy wins when both exist
-        for f in sorted((ROOT / "requests" / folder).glob("*.csv")):
-            found[f.name] = f
-    return list(found.values())
+    """The repository's sample request file(s), as committed. `make run` moves an applied file from
+    requests/inbox/ to requests/processed/ and, with ids hashed by default, rewrites that copy with salted hashes;
+    so a sample no longer in the inbox is read from git's index: the tests do not depend on whether the main job
+    ran in this checkout."""
+    listed = subprocess.run(["git", "ls-files", "--", "requests/inbox/*.csv"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.split()
+    found = []
+    for rel in listed:
+        f = ROOT / rel
+        if not f.exists():
+            f = _committed_copy(rel)
+        found.append(f)
+    return found
+
+
+_COMMITTED: dict[str, Path] = {}
+
+
+def _committed_copy(rel: str) -> Path:
+    """A file's content in git's index, written once per test session into a temporary folder of its own."""
+    if rel not in _COMMITTED:
+        folder = Path(tempfile.mkdtemp(prefix="sample-requests-"))
+        data = subprocess.run(["git", "show", f":{rel}"], cwd=ROOT, check=True, capture_output=True).stdout
+        (folder / Path(rel).name).write_bytes(data)
+        _COMMITTED[rel] = folder / Path(rel).name
+    return _COMMITTED[rel]
 
 
 # What a run of the checkout writes without git ignoring it (docs/getting-started.md, "dvc.lock"; the tombstones are kept on
@@ -49,7 +68,7 @@ def copy_project(dest: Path) -> None:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     (dest / "requests" / "inbox").mkdir(parents=True, exist_ok=True)
-    for f in sample_requests():  # also after `make run` moved the tracked sample out of the inbox
+    for f in sample_requests():  # as committed, also after `make run` moved (and hashed) the sample
         shutil.copy2(f, dest / "requests" / "inbox" / f.name)
 
 
