@@ -157,13 +157,14 @@ def save_checkpoint(model: Ensemble, path, extra: dict) -> None:
 @computes
 def train_ensemble_chunk(spec: dict, X: torch.Tensor, y: torch.Tensor, sample_ids: list[str], recipe: TrainRecipe,
                          seeds: list[int], cache_dir: str | None, device: str, label: str,
-                         search_paths: list[str] | None = None, progress: bool = True) -> tuple[Ensemble, bool, float]:
+                         search_paths: list[str] | None = None, progress: bool = True,
+                         salt: str = "") -> tuple[Ensemble, bool, float]:
     """One chunk of an oracle/shadow ensemble; content-hash cached so re-runs and later batches reuse it.
     `search_paths`: the project folder, so a custom model factory imports in a Dask worker process too;
     `label`: the chunk's progress label (tasks.stages.chunk_labels); `progress`: base.progress (its lines, or
-    nothing)."""
+    nothing); `salt`: the project's (unlearning/salt.py id_salt), which keys the cache's ids."""
     start = time.perf_counter()
     model, cached = cached_ensemble(cache_dir, spec, X, y, sample_ids, recipe, seeds, device,
                                     progress=label if progress else False,
-                                    search_paths=search_paths or ())
+                                    search_paths=search_paths or (), salt=salt)
     return model.cpu(), cached, time.perf_counter() - start

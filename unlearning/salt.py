@@ -23,10 +23,10 @@ import secrets
 from pathlib import Path
 
 from unlearning.io import StateCorrupt
+from unlearning.ledger import HASH_PREFIX  # noqa: F401  (re-exported: a keyed id's form)
 
 SALT_FILE_MODE = 0o600
 STATE_COPY = "salt"  # the copy's name inside the state folder (base.paths.state_dir)
-HASH_PREFIX = "sha256:"  # unlearning.ledger.hash_sample_id's form
 
 
 class SaltLost(StateCorrupt):
