@@ -52,13 +52,20 @@ def build(params: Params, prepared: Prepared, seeds: list[int]) -> Ensemble:
 
 @task(name="prepare-dataset", retries=0)  # deterministic: a missing or malformed dataset fails the same way again
 @computes
-def prepare_dataset(params: Params) -> dict:
+def load_source(params: Params):
+    """The dataset as prepare reads it from the source, erased rows included (prepare leaves them out; the
+    erasure's id-trace search recovers the erased ids from it, as anyone holding the source could)."""
     p = params.prepare
     section = p.section()
     source = {**section.model_dump(), "path": str(p.source_path(params.root))} if section is not None else {}
-    ds = load_dataset(p.dataset, seed=params.base.seed, val_fraction=p.val_fraction,
-                      fashion_mnist_dir=p.fashion_mnist_dir, max_train=p.max_train, max_val=p.max_val,
-                      targets=p.targets, **source)
+    return load_dataset(p.dataset, seed=params.base.seed, val_fraction=p.val_fraction,
+                        fashion_mnist_dir=p.fashion_mnist_dir, max_train=p.max_train, max_val=p.max_val,
+                        targets=p.targets, **source)
+
+
+def prepare_dataset(params: Params) -> dict:
+    section = params.prepare.section()
+    ds = load_source(params)
     if section is not None:  # record the path as params.yaml writes it: the output must not depend on the checkout
         ds.meta["source"]["path"] = section.path
     # Erased rows stay out: the tombstone list lies outside every DVC out (docs/design.md §3, "Erasure vs the DVC DAG").

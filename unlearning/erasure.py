@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -205,3 +206,36 @@ class Purged:
     def as_dict(self) -> dict:
         return {"store": self.store, self.where_key: self.where, **self.done, **({"pending": True} if self.pending
                                                                                    else {})}
+
+
+# --- traces of an erased id: its plain text, or an unsalted hash of it ---------------------------------------------
+# The digests a hash of an id is commonly made with; any 12 or more hex characters of one of them, hashed from the
+# id alone, is undone by hashing every id of the dataset (docs/erasure.md, "Hashed ids and the salt").
+COMMON_DIGESTS = ("md5", "sha1", "sha224", "sha256", "sha384", "sha512", "sha3_256", "sha3_512", "blake2b",
+                  "blake2s")
+MIN_HEX = 12
+HEX_RUN = re.compile(rb"[0-9a-fA-F]{%d,}" % MIN_HEX)
+MIN_PLAIN = 6  # shorter ids (a bare number) are not searched as text: they occur in any file by chance
+
+
+def unsalted_prefixes(ids: Iterable[str]) -> dict[bytes, str]:
+    """{the first MIN_HEX hex characters of an unsalted digest of an id: the digest's name}."""
+    return {hashlib.new(name, str(s).encode()).hexdigest()[:MIN_HEX].encode(): name
+            for s in ids for name in COMMON_DIGESTS}
+
+
+def plain_pattern(ids: Iterable[str]) -> re.Pattern | None:
+    """An id as a whole word of text (not inside a longer id or number); None when no id is long enough."""
+    words = sorted({str(s) for s in ids if len(str(s)) >= MIN_PLAIN}, key=len, reverse=True)
+    if not words:
+        return None
+    return re.compile(rb"(?<![0-9A-Za-z])(?:" + b"|".join(re.escape(w.encode()) for w in words) + rb")(?![0-9A-Za-z])")
+
+
+def unsalted_hashes_in(data: bytes, prefixes: dict[bytes, str]) -> set[str]:
+    """The digests (names) of which `data` holds an unsalted hash prefix, anywhere in a run of hex characters."""
+    found = set()
+    for run in HEX_RUN.findall(data):
+        run = run.lower()
+        found |= {prefixes[run[i:i + MIN_HEX]] for i in range(len(run) - MIN_HEX + 1) if run[i:i + MIN_HEX] in prefixes}
+    return found

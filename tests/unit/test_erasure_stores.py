@@ -359,10 +359,39 @@ def test_shard_checkpoints(tmp_path):
     assert any("trained on other rows" in p for p in problems(store.verify(scope)))
 
 
+def test_id_traces(tmp_path):
+    import hashlib
+
+    from unlearning.salt import id_salt
+
+    params = table_project(tmp_path, deletion={"hash_sample_ids": True})
+    rows = pd.read_csv(tmp_path / "t.csv")
+    rows["id"] = [f"person-{i}@example.com" for i in range(len(rows))]  # ids long enough to search as text
+    rows.to_csv(tmp_path / "t.csv", index=False)
+    key, gone = id_key(True, id_salt(params)), "person-1@example.com"
+    store, scope = get_store("id traces"), scope_of(params, (gone,), key)
+    cache = params.path("cache_dir")
+    cache.mkdir(parents=True)
+    (cache / "clean.json").write_text(json.dumps({"kept": hashlib.sha256(b"person-3@example.com").hexdigest(),
+                                                  "erased": key(gone), "id": "person-10@example.com"}))
+    [found] = store.locate(scope)
+    assert found.problems == () and found.counts["erased_ids_recovered"] == 1 and found.counts["files_searched"] >= 1
+    assert store.purge(scope) == [] and problems(store.verify(scope)) == []  # a salted key is no trace
+    (cache / "sha1.txt").write_text(hashlib.sha1(gone.encode()).hexdigest()[:12].upper())
+    (cache / "md5.json").write_text(json.dumps({"h": "ab" + hashlib.md5(gone.encode()).hexdigest()}))
+    (cache / "plain.csv").write_text(f"x,{gone}\n")
+    found = problems(store.verify(scope))
+    assert len(found) == 2 and "1 file(s) name a forgotten id in plain text: cache/plain.csv" in found[0]
+    assert "cache/md5.json (md5)" in found[1] and "cache/sha1.txt (sha1)" in found[1] and gone not in "".join(found)
+    (tmp_path / "off").mkdir()
+    params_off = table_project(tmp_path / "off")
+    assert store.verify(scope_of(params_off)) == []  # hashing off: ids are plain on purpose
+
+
 PER_STORE = {"erasure reports": test_erasure_reports, "tombstones": test_tombstones,
              "prepared store": test_prepared_store, "state manifest": test_state_manifest,
              "source table": test_source_table, "source image folder": test_source_image_folder,
              "request files": test_request_files, "Great Expectations results": test_great_expectations_results,
              "ensemble cache": test_ensemble_cache, "models": test_models, "MLflow registry": test_mlflow_registry,
              "MLflow artifacts": test_mlflow_artifacts, "DVC cache": test_dvc_cache,
-             "shard checkpoints": test_shard_checkpoints}
+             "shard checkpoints": test_shard_checkpoints, "id traces": test_id_traces}
