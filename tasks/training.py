@@ -50,8 +50,6 @@ def build(params: Params, prepared: Prepared, seeds: list[int]) -> Ensemble:
     return build_model(model_spec(params, prepared), seeds, search_paths=[params.root])
 
 
-@task(name="prepare-dataset", retries=0)  # deterministic: a missing or malformed dataset fails the same way again
-@computes
 def load_source(params: Params):
     """The dataset as prepare reads it from the source, erased rows included (prepare leaves them out; the
     erasure's id-trace search recovers the erased ids from it, as anyone holding the source could)."""
@@ -63,6 +61,8 @@ def load_source(params: Params):
                         targets=p.targets, **source)
 
 
+@task(name="prepare-dataset", retries=0)  # deterministic: a missing or malformed dataset fails the same way again
+@computes
 def prepare_dataset(params: Params) -> dict:
     section = params.prepare.section()
     ds = load_source(params)

@@ -266,10 +266,12 @@ def erased_in_place(cats: list[str], kept: np.ndarray, dropped: np.ndarray) -> l
     return [ERASED_CATEGORY.format(n) if e else c for c, e, n in zip(cats, erased, number.tolist())]
 
 
-def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | None = None) -> np.ndarray:
+def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | None = None,
+                        show_values: bool = True) -> np.ndarray:
     """The fitted preprocessing (dataset.json `preprocessing`) applied to rows of a table: [n, d] float32.
     Raises DataError naming the column and rows (by `ids`, else by position) when a feature is not a finite
-    float32: training on it would give a NaN model."""
+    float32: training on it would give a NaN model. `show_values` False (serving raw rows): the errors quote no
+    value of the rows, only their positions."""
     missing = [c for c in preprocessing["columns"] if c not in df.columns]
     if missing:
         raise DataError(f"the table lacks the feature columns {missing} of the preprocessing")
@@ -283,6 +285,13 @@ def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | N
             known = [None if is_erased_category(c) else c for c in cats]
             values = s.map(str).to_numpy()
             unknown = sorted(set(values.tolist()) - set(known))
+            if unknown and not show_values:
+                rows = ~np.isin(values, np.asarray([c for c in known if c is not None], dtype=object))
+                raise DataError(f"column {col!r}: rows {positions(rows)} hold "
+                                f"{len(unknown)} value(s) that are not among the fitted categories "
+                                f"{_first([c for c in known if c is not None], 20)}; the model has no feature for a "
+                                f"value it never saw: map each to one of these, or add rows with it to the table "
+                                f"and prepare and train again")
             if unknown:
                 raise DataError(f"column {col!r}: values {_first(unknown)} are not among the fitted categories "
                                  f"{_first([c for c in known if c is not None], 20)}; the model has no feature for a "
@@ -296,11 +305,18 @@ def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | N
         width += blocks[-1].shape[1]
     with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: inf, named just below
         X = np.ascontiguousarray(np.concatenate(blocks, axis=1), dtype=np.float32)
-    _check_finite(df, X, numeric, preprocessing, ids)
+    _check_finite(df, X, numeric, preprocessing, ids, show_values)
     return X
 
 
-def _check_finite(df: pd.DataFrame, X: np.ndarray, numeric: dict, preprocessing: dict, ids) -> None:
+def positions(mask: np.ndarray) -> str:
+    """The first SHOW positions a bool mask [n] marks, as a list, and how many in all when there are more."""
+    pos = np.flatnonzero(mask)
+    return str(pos[:SHOW].tolist())[:-1] + (f", ... ({len(pos)} in all)]" if len(pos) > SHOW else "]")
+
+
+def _check_finite(df: pd.DataFrame, X: np.ndarray, numeric: dict, preprocessing: dict, ids,
+                  show_values: bool = True) -> None:
     """Every numeric feature a finite float32 (|value| < 3.4e38 after standardizing)."""
     bad = [col for col, j in numeric.items() if not np.isfinite(X[:, j]).all()]
     if not bad:
@@ -311,8 +327,8 @@ def _check_finite(df: pd.DataFrame, X: np.ndarray, numeric: dict, preprocessing:
         rows = ~np.isfinite(X[:, numeric[col]])
         raw = df[col].to_numpy(dtype=np.float64)[rows]
         mean, std = preprocessing["means"][col], preprocessing["stds"][col]
-        parts.append(f"{col!r} (values such as {raw[0]:.3g} in rows {_describe_rows(labels, rows)}; training "
-                     f"mean {mean:.3g}, std {std:.3g})")
+        such = f"values such as {raw[0]:.3g} in " if show_values else ""
+        parts.append(f"{col!r} ({such}rows {_describe_rows(labels, rows)}; training mean {mean:.3g}, std {std:.3g})")
     raise DataError(f"numeric feature column(s) {', '.join(parts)} do not fit a float32 feature once standardized "
                      f"(|value| must stay below 3.4e38), so training would yield NaN. Rescale the column(s) in "
                      f"your table (e.g. take the log), or leave them out via prepare.table.feature_columns")
