@@ -296,3 +296,14 @@ def test_features_that_are_not_numbers_are_refused_without_quoting_them():
     with pytest.raises(ValueError, match=r"expected features \[B, 2\] of numbers") as e:
         serving.probabilities(model, pd.DataFrame({"a": [1.0], "b": ["Erin Private"]}))
     assert "Private" not in str(e.value)
+
+
+def test_the_scoring_server_cannot_prefix_the_input_to_a_row_error():
+    """`mlflow models serve` rewrites an MlflowException's message to "Failed to predict data '<the whole
+    input>'. Error: ..."; the champion's bad-row error keeps its one line (and its 400)."""
+    from adapters.champion_loader import INVALID_PARAMETER_VALUE, RowError
+
+    e = RowError("raw rows: column 'age' holds text, not a number, in rows [1]", error_code=INVALID_PARAMETER_VALUE)
+    e.message = f"Failed to predict data '   name\n0  Alice Private'. \nError: {e.message}"  # what the server does
+    assert json.loads(e.serialize_as_json())["message"] == "raw rows: column 'age' holds text, not a number, in rows [1]"
+    assert e.get_http_status_code() == 400
