@@ -68,6 +68,10 @@ def prepare_dataset(params: Params) -> dict:
     ds = load_source(params)
     if section is not None:  # record the path as params.yaml writes it: the output must not depend on the checkout
         ds.meta["source"]["path"] = section.path
+    if ds.meta.get("n_dropped_missing"):  # say which: the rows missing a value are dropped, not filled in
+        run_logger().warning(f"prepare: dropped {ds.meta['n_dropped_missing']} row(s) missing a value (cells per "
+                             f"column: {ds.meta.get('missing_by_column', {})}; markers read as missing: "
+                             f"{ds.meta.get('missing_markers_found', {})}) as prepare.table.missing: drop says")
     # Erased rows stay out: the tombstone list lies outside every DVC out (docs/design.md §3, "Erasure vs the DVC DAG").
     from unlearning.erasure import is_erased, read_tombstones
 

@@ -392,7 +392,8 @@ def _listed_features(features: list[str], path: Path, available: list[str], not_
 def load_table(path: str | Path, id_column: str, label_column: str, group_column: str | None = None,
                feature_columns: Sequence[str] | None = None, split_column: str | None = None,
                missing: str = "error", seed: int = 0, val_fraction: float = 0.2, max_train=None, max_val=None,
-               targets: str = "fine", group_as_feature: bool = False, **_) -> Dataset:
+               targets: str = "fine", group_as_feature: bool = False, missing_markers: Sequence[str] = ("?", "NA", "N/A"),
+               **_) -> Dataset:
     path = Path(path)
     df = read_table(path, (id_column, label_column, group_column, split_column))
     n_rows = len(df)
@@ -402,7 +403,11 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
         _check_index_column(df, path, features)
     roles = [c for c in (id_column, label_column, group_column, split_column) if c is not None]
     used = roles + [c for c in features if c not in roles]
-    df, file_rows = _drop_missing(df, path, id_column, used, missing)
+    df, marked = text_markers_as_missing(df, [c for c in features if c not in roles], missing_markers)
+    missing_by_column = {c: int(n) for c, n in df[used].isna().sum().items() if n}
+    df, file_rows = _drop_missing(df, path, id_column, used, missing, missing_markers)
+    # a column of whole numbers but for its markers is an integer column once they are dropped
+    df = df.assign(**{c: _integral(df[c]) for c in marked if pd.api.types.is_float_dtype(df[c])})
 
     ids = df[id_column].map(str)
     _check_ids(id_column, ids, file_rows)
@@ -456,12 +461,37 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
         group=group[keep], class_names=class_names, fine_class_names=fine_names, image_shape=None,
         in_shape=(X.shape[1],),
         meta={"source": source, "targets": targets, "n_dropped_missing": int(n_rows - len(df)),
+              # only when there is one: a table without gaps keeps the dataset identity it had
+              **({"missing_by_column": missing_by_column} if missing_by_column else {}),
+              **({"missing_markers_found": marked} if marked else {}),
               "feature_columns": [str(c) for c in features], "preprocessing": prep,
               "feature_types": feature_types(df, features)})
 
 
+def text_markers_as_missing(df: pd.DataFrame, columns: list[str], markers: Sequence[str]) -> tuple[pd.DataFrame, dict]:
+    """Text feature columns with their "no value" cells (a spaces-only cell, or one of `markers`: Adult's '?')
+    made missing, so prepare.table.missing decides about them instead of their becoming a category of their
+    own (a group of their own when sharding by the column). A column that is numbers but for such cells becomes
+    a number column. Returns (the table, {column: cells made missing})."""
+    marks, out, found = {str(m).strip() for m in markers}, None, {}
+    for col in columns:
+        s = df[col]
+        if pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s):  # text: object or pandas' str dtype
+            continue
+        text = s.map(lambda v: v.strip() if isinstance(v, str) else v)
+        gone = text.map(lambda v: isinstance(v, str) and (v == "" or v in marks)).to_numpy(dtype=bool)
+        if not gone.any():
+            continue
+        out = df.copy() if out is None else out
+        kept = s.mask(gone)
+        numbers = pd.to_numeric(kept, errors="coerce")
+        out[col] = numbers if numbers.notna().sum() == kept.notna().sum() and kept.notna().any() else kept
+        found[col] = int(gone.sum())
+    return (df if out is None else out), found
+
+
 def _drop_missing(df: pd.DataFrame, path: Path, id_column: str, used: list[str],
-                  missing: str) -> tuple[pd.DataFrame, np.ndarray]:
+                  missing: str, markers: Sequence[str] = ()) -> tuple[pd.DataFrame, np.ndarray]:
     """`df` without rows missing a value in a used column (missing: drop), or DataError naming them (error);
     with the file's (0-based) data row of every row left, for messages about them."""
     na = df[used].isna()
@@ -474,11 +504,12 @@ def _drop_missing(df: pd.DataFrame, path: Path, id_column: str, used: list[str],
                          f"the columns to use)")
     if bad.any():
         if missing != "drop":
-            cols = [c for c in used if na[c].any()]
-            raise DataError(f"{path.name}: rows with missing values: {_describe_rows(df[id_column], bad)}; in "
-                             f"columns {cols} (an empty cell, or a marker such as 'NA' in a column of numbers; in "
-                             f"text columns 'NA' is a value). Fill them, or set prepare.table.missing: drop to drop "
-                             f"these rows")
+            counts = ", ".join(f"{c!r} {int(na[c].sum())}" for c in used if na[c].any())
+            raise DataError(f"{path.name}: rows with missing values: {int(bad.sum())} (cells per column: {counts}), "
+                             f"e.g. {_describe_rows(df[id_column], bad)}; a cell is missing when empty, only "
+                             f"spaces, a marker in a text feature column (prepare.table.missing_markers "
+                             f"{list(markers)}), or 'NA'/'null' in a column of numbers. Fill them, or set "
+                             f"prepare.table.missing: drop to drop these rows")
         df = df.loc[~bad].reset_index(drop=True)
     if df.empty:
         raise DataError(f"{path.name}: no rows left (of {len(bad)}) after dropping rows with missing values")
