@@ -56,7 +56,14 @@ def write_deletion_metrics(params: Params) -> None:
     folder = params.path("metrics_dir")
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(folder / "deletion.json", _numbers(summary))
-    atomic_write_json(folder / "history.json", [{k: p[k] for k in HISTORY_FIELDS if k in p} for p in history])
+    atomic_write_json(folder / "history.json", [{k: _finite_or_null(p[k]) for k in HISTORY_FIELDS if k in p}
+                                                for p in history])
+
+
+def _finite_or_null(v):
+    """NaN (an exact batch trains no oracles: no output gap) and infinities are not JSON: null, which `dvc plots`
+    and any strict parser read as a gap in the line."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def ensure_metrics(params: Params) -> None:

@@ -306,7 +306,8 @@ class Tracker:
         The model (unlearning/serving.py) maps features [B, d] (a DataFrame or an array) to class probabilities
         [B, C], a DataFrame with one column per class name. With `preparation` (a recipe of
         unlearning/data/preparation.py: a table's scaling and categories, an image folder's size and channels)
-        it maps raw rows instead: its signature names the raw columns and their types, and its input example is
+        it maps raw rows instead: its signature names the raw columns (their types: metadata `input_types`), and its
+        input example is
         one row made from the recipe (`example_rows`: no data row); `input_example` is then unused. It carries
         the project's checkpoint and, as code,
         the `unlearning` package (and a custom factory's module) and its loader (adapters/champion_loader.py: bad raw
@@ -325,12 +326,13 @@ class Tracker:
             from unlearning.data.preparation import example_rows, raw_inputs
 
             example, signature = example_rows(preparation), raw_signature(raw_inputs(preparation), names)
-            described = f"raw rows: {[c for c, _ in raw_inputs(preparation)]} (see the signature)"
+            described = f"raw rows: {[c for c, _ in raw_inputs(preparation)]} (types: input_types)"
+            types = dict(raw_inputs(preparation))
         else:
             example = np.zeros((2, model.in_dim), np.float32) if input_example is None else \
                 np.asarray(input_example, dtype=np.float32).reshape(-1, model.in_dim)
             signature = model_signature(model.in_dim, names)
-            described = f"features [B, {model.in_dim}] (the prepared store's columns)"
+            described, types = f"features [B, {model.in_dim}] (the prepared store's columns)", None
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = serving.write_checkpoint(model, Path(tmp), names, preparation)
             logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=run_id)
@@ -346,7 +348,8 @@ class Tracker:
                                  pip_requirements=PIP_REQUIREMENTS + (RAW_REQUIREMENTS if preparation else []),
                                  metadata={"output": "class probabilities [B, C], one column per class",
                                            "input": described,
-                                           "n_members": model.n_models, "arch": model.arch})
+                                           "n_members": model.n_models, "arch": model.arch,
+                                           **({"input_types": types} if types else {})})
         return str(info.registered_model_version)
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
@@ -533,13 +536,18 @@ def model_signature(in_dim: int, class_names: list[str]):
 
 
 def raw_signature(columns: list[tuple[str, str]], class_names: list[str]):
-    """Input: the raw columns by name, each with its MLflow type (`double` numbers, `string` text categories,
-    `boolean`, `binary` images: base64 over REST); MLflow checks them before `predict` ("Model is missing inputs
-    [...]" for a missing column) and drops columns it does not name. Output: a float column per class."""
+    """Input: the raw columns by name (MLflow drops columns it does not name). An image column is `binary` (base64
+    over REST). A table's columns are optional and of any type: MLflow neither converts them (its REST parser
+    would cut an integer column's 24.7 to 24) nor checks them (its error quotes the whole input, every column of
+    every row); the core checks each one (unlearning/data/preparation.py) and its error names the column, the
+    rows and what is wrong, no value. Their types are the model's metadata `input_types`. Output: a float column
+    per class."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, Schema
+    from mlflow.types.schema import AnyType
 
-    return ModelSignature(inputs=Schema([ColSpec(kind, name) for name, kind in columns]),
+    return ModelSignature(inputs=Schema([ColSpec(kind, name) if kind == "binary" else
+                                         ColSpec(AnyType(), name, required=False) for name, kind in columns]),
                           outputs=Schema([ColSpec("float", str(c)) for c in class_names]))
 
 

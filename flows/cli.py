@@ -876,8 +876,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_status)
     s = add("ids", "list the sample ids a request may name (not deleted, not erased)",
             "Print the prepared manifest's sample ids of one split, one a line, leaving out those a batch deleted and "
-            "those erased: the ids a first request file can name in its sample_id column (training rows: a request "
-            "names only those).", ["unlearn ids --split train --head 5", "unlearn ids --json"])
+            "those erased: the ids a request file can name in its sample_id column (training rows are unlearned; "
+            "validation rows, --split val, are erased without unlearning: docs/requests.md).",
+            ["unlearn ids --split train --head 5", "unlearn ids --split val --json"])
     s.add_argument("--split", choices=["train", "val"], default="train", help="which split (default: train)")
     s.add_argument("--head", type=int, metavar="N", help="only the first N ids")
     s.add_argument("--json", action="store_true", help="print {split, n, ids} as JSON")

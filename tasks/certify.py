@@ -27,6 +27,7 @@ from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble
 from unlearning.plan import Plan, Step
 from unlearning.progress import Progress
+from unlearning.salt import id_salt
 from unlearning.seeds import method_seed, reference_seeds
 from unlearning.sequential import Look, look_gate, look_verdict
 
@@ -101,7 +102,8 @@ def exact_retrain(params: Params, state, rows: BatchRows, device: str, objective
     ids = prepared.manifest["sample_id"].to_numpy()[rows.retain].tolist()
     model, cached, seconds = train_ensemble_chunk.fn(model_spec(params, prepared), X, y, ids, recipe_of(params),
                                                      [seed], str(params.path("cache_dir")), device, "retrain",
-                                                     [str(params.root)], progress=params.base.progress)
+                                                     [str(params.root)], progress=params.base.progress,
+                                                     salt=id_salt(params))
     cost = {"gradient_evals": 0 if cached else int(len(rows.retain)) * params.train.epochs, "steps": 0,
             "seconds": seconds, "from_cache": bool(cached), "models_trained": 0 if cached else 1}
     return _reference_free_outcome("retrain", model, ev, state.model, params.gate, objective, cost, t0)

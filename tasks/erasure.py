@@ -28,14 +28,15 @@ from adapters import dvc_ops
 from adapters.clock import computes
 from tasks.stores import STORES, Scope
 from tasks.stores.base import digest_list, files_naming, in_dvc_stage, is_dvc_repo, retained_twins  # noqa: F401
-from tasks.stores.data import reports_dir, source_folder_checks, source_table_checks  # noqa: F401
+from tasks.stores.data import (  # noqa: F401
+    LEGACY_KEYS, legacy_report, reports_dir, source_folder_checks, source_table_checks,
+)
 from tasks.stores.requests import kept_request_files, redact_request_files  # noqa: F401
 from tasks.stores.tracking import versions_to_keep  # noqa: F401  (flows/deletion_batch.py)
 from unlearning.config import Params
 from unlearning.data import load_prepared
-from unlearning.ensembles import id_hashes
 from unlearning.erasure import (  # noqa: F401  (read_tombstones: flows/deletion_batch.py)
-    UnknownBatch, add_tombstones, id_key, is_erased, read_tombstones,
+    UnknownBatch, add_tombstones, id_key, is_erased, keyed_forms, read_tombstones, salted_digests,
 )
 from unlearning.io import atomic_write_json, read_json_file
 
@@ -45,25 +46,42 @@ __all__ = ["STORES", "Scope", "UnknownBatch", "erase", "erase_pending", "pending
            "versions_to_keep", "digest_list", "reports_dir", "read_tombstones", "in_dvc_stage", "is_dvc_repo"]
 
 
-# The report's fingerprints of the forgotten rows: kept in state/erasure/, not logged to MLflow.
-FINGERPRINT_KEYS = ("row_digests", "row_ids_by_digest", "cache_id_hashes")
+# The report's fingerprints of the forgotten rows: kept in state/erasure/, not logged to MLflow. An older version
+# also wrote `row_ids_by_digest` (which id each row was) and `cache_id_hashes` (unsalted id hashes): anyone holding
+# the source features or the ids could match them; `migrate_reports` drops them.
+FINGERPRINT_KEYS = ("row_digests",)
 
 
-def _fingerprints(prepared, erased, key, forget_ids: list[str] | None, old: dict) -> tuple[dict, set[str]]:
-    """({row digest: [id keys]}, cache id hashes) of the erased rows still in `prepared`, merged with an earlier
-    pass's report `old`. The ids are kept in their ledger form (salted hashes with deletion.hash_sample_ids), so
-    `verify_erasure` can tell a forgotten row from a retained row with the same bytes, and name it."""
+def _fingerprints(prepared, erased, key, hash_ids: bool, old: dict) -> dict[str, list[str]]:
+    """{salted row digest: [id keys]} of the erased rows still in `prepared`, with an earlier pass's digests
+    (report `old`; their ids unknown). The ids name the rows in this pass's messages only: the report keeps the
+    digests alone, so it never tells which id a row was."""
     hit = prepared.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
     ids = prepared.manifest["sample_id"][hit].tolist()
-    digest_ids: dict[str, list[str]] = {d: list(v) for d, v in old.get("row_ids_by_digest", {}).items()}
-    for d in old.get("row_digests", []):  # a report from before the ids were recorded
-        digest_ids.setdefault(d, [])
-    for d, s in zip(digest_list(np.asarray(prepared.X)[hit]), ids):
-        digest_ids.setdefault(d, [])
-        if key(s) not in digest_ids[d]:
+    digest_ids: dict[str, list[str]] = {d: [] for d in salted_digests(old.get("row_digests", []), key, hash_ids)}
+    for d, s in zip(digest_list(np.asarray(prepared.X)[hit], key), ids):
+        if key(s) not in digest_ids.setdefault(d, []):
             digest_ids[d].append(key(s))
-    cache_hashes = set(id_hashes(forget_ids or [])) | set(id_hashes(ids)) | set(old.get("cache_id_hashes", []))
-    return dict(sorted(digest_ids.items())), cache_hashes
+    return dict(sorted(digest_ids.items()))
+
+
+def migrate_reports(params: Params, key) -> int:
+    """Rewrite the older versions' erasure reports (`legacy_report`): row digests salted, the id map and the
+    unsalted id hashes dropped; one line says how many. Returns that count."""
+    hash_ids, n = params.deletion.hash_sample_ids, 0
+    for path in sorted(reports_dir(params).glob("*.json")):
+        report = read_json_file(path)
+        if legacy_report(report, hash_ids):
+            kept = {k: v for k, v in report.items() if k not in LEGACY_KEYS}
+            atomic_write_json(path, {**kept, "row_digests": salted_digests(report.get("row_digests", []), key,
+                                                                           hash_ids)})
+            n += 1
+    if n:
+        from tasks.reporting import run_logger
+
+        run_logger().warning(f"{reports_dir(params)}: {n} erasure report(s) of an older version rewritten: row digests "
+                             f"salted, the map from rows to ids and the unsalted id hashes removed")
+    return n
 
 
 def pending_line(stores: list[str]) -> str:
@@ -82,14 +100,16 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
     if forget_ids or keys:
         add_tombstones(params.path("tombstones"), [key(s) for s in forget_ids or []] + list(keys or []))
     tombstones = read_tombstones(params.path("tombstones"))
+    migrate_reports(params, key)
     path = reports_dir(params) / f"{batch_id}.json"
     old = read_json_file(path) if path.exists() else {}
     run_id = run_id or old.get("run_id")  # a later pass (`unlearn erase`) updates the batch's MLflow run too
     # Fingerprints of the rows, taken while the rows are still in the prepared store.
     prepared = load_prepared(params.path("prepared_dir"))
-    digest_ids, cache_hashes = _fingerprints(prepared, is_erased(tombstones, hash_ids, salt), key, forget_ids, old)
+    digest_ids = _fingerprints(prepared, is_erased(tombstones, hash_ids, salt), key, hash_ids, old)
     scope = Scope(params, forgotten=tombstones, tombstones=tombstones, key=key, prepared=prepared,
-                  digest_ids=digest_ids, cache_hashes=cache_hashes, tracker=tracker, champion_version=champion_version,
+                  digest_ids=digest_ids, cache_hashes=keyed_forms(tombstones, salt), tracker=tracker,
+                  champion_version=champion_version,
                   dvc_locked=in_dvc_stage())
     purged = [p for store in STORES for p in store.purge(scope)]
     waiting = [p.pending for p in purged if p.pending]
@@ -101,8 +121,7 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
     report = {"batch_id": batch_id, "run_id": run_id, "erased_at": datetime.now(timezone.utc).isoformat(),
               "n_ids": len(forget_ids or []) or old.get("n_ids", 0), "n_tombstones": len(tombstones),
               "hashed_ids": hash_ids, "stores": stores, "pending": [pending_line(waiting)] if waiting else [],
-              "earlier_passes": earlier, "row_digests": sorted(digest_ids), "row_ids_by_digest": digest_ids,
-              "cache_id_hashes": sorted(cache_hashes)}
+              "earlier_passes": earlier, "row_digests": sorted(digest_ids)}
     atomic_write_json(path, report)
     if any(p.store == "DVC cache" and p.done.get("committed") for p in purged):
         dvc_ops.commit(params.root, ["deletion"])  # the report just written is in state/: `dvc status` stays clean
@@ -235,19 +254,16 @@ def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
     every_report = [read_json_file(p) for p in sorted(reports_dir(params).glob("*.json"))]
     # a batch whose rows a later pass erased under another name ("recovered") has no report of its own
     reports = [r for r in every_report if batch is None or r.get("batch_id") == batch] or every_report
-    digest_ids: dict[str, list[str]] = {}
-    for r in reports:
-        for d in r.get("row_digests", []):
-            digest_ids.setdefault(d, [])
-        for d, ids in r.get("row_ids_by_digest", {}).items():
-            digest_ids[d] = list(dict.fromkeys(digest_ids.get(d, []) + list(ids)))
     prepared = _prepared_or_none(params)
     from unlearning.salt import id_salt
 
-    key = id_key(params.deletion.hash_sample_ids, id_salt(params))
-    scope = Scope(params, forgotten, tombstones, key, prepared, digest_ids,
-                  set().union(*[set(r.get("cache_id_hashes", [])) for r in reports]), ledger, reports,
-                  tracker=tracker if forgotten else None)
+    salt = id_salt(params)
+    key = id_key(params.deletion.hash_sample_ids, salt)
+    # an older report's unsalted digests are keyed here (verify changes nothing; `unlearn erase` rewrites them)
+    digests = salted_digests([d for r in reports for d in r.get("row_digests", [])], key,
+                             params.deletion.hash_sample_ids)
+    scope = Scope(params, forgotten, tombstones, key, prepared, {d: [] for d in digests},
+                  keyed_forms(forgotten, salt), ledger, reports, tracker=tracker if forgotten else None)
     scope.kept = retained_twins(scope)
     return scope
 

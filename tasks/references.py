@@ -21,6 +21,7 @@ from unlearning.batch import BatchRows
 from unlearning.config import Params
 from unlearning.models import Ensemble
 from unlearning.plan import balanced_chunks
+from unlearning.salt import id_salt
 from unlearning.seeds import reference_seeds
 
 
@@ -108,7 +109,7 @@ class ReferencePool:
             seeds = role.seeds[start:start + size]
             out.append((train_ensemble_chunk.submit(model_spec(p, self.state.prepared), X, y, ids, recipe(p), seeds,
                                                     str(p.path("cache_dir")), self.device, text, [str(p.root)],
-                                                    progress=p.base.progress), size))
+                                                    progress=p.base.progress, salt=id_salt(p)), size))
             start += size
         return out
 

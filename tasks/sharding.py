@@ -6,7 +6,7 @@ Folders: `models/shards/` is the train stage's DVC output (the original's plan a
 is the champion's, written with the state by every promoted `sisa` batch (tasks/state.py write_state). A
 deletion reads `state/shards/` when it exists, else `models/shards/`; the erasure replaces `models/shards/` by
 the champion's (`replace_original_shards`), as it replaces models/original.pt by the champion. The plan names
-rows by `unlearning.sharding.id_hash`, never by id, and records each checkpoint's rows digest: `check_folder`
+rows by `unlearning.sharding.id_hash` (salted), never by id, and records each checkpoint's rows digest: `check_folder`
 proves every checkpoint was trained on exactly the plan's rows and that no forgotten row is among them.
 """
 
@@ -22,7 +22,8 @@ from unlearning.config import ConfigError, Params
 from unlearning.data.store import Prepared
 from unlearning.io import atomic_save, atomic_write_json, load_checkpoint, read_json_file
 from unlearning.models import Ensemble, TrainRecipe, load_model, save_model, seeds_for
-from unlearning.sharding import ShardPlan, ShardState, id_hash, make_plan, train_from_scratch
+from unlearning.salt import id_salt
+from unlearning.sharding import ShardPlan, ShardState, id_hash, legacy_plan, make_plan, train_from_scratch
 
 PLAN = "plan.json"
 SHARD_SEED_OFFSET = 7_000  # the constituents' seeds: their own block of the base seed's stream
@@ -72,7 +73,8 @@ def train_sharded(params: Params, prepared: Prepared, train_rows: np.ndarray, re
     s = params.train.sharding
     ids = prepared.manifest["sample_id"].astype(str).to_numpy()[train_rows]
     keys = shard_keys(params, prepared, train_rows)
-    plan = make_plan([id_hash(i) for i in ids], keys, s.shards, s.slices, params.base.seed, recipe.epochs,
+    salt = id_salt(params)
+    plan = make_plan([id_hash(i, salt) for i in ids], keys, s.shards, s.slices, params.base.seed, recipe.epochs,
                      seeds_for(params.base.seed, s.shards, SHARD_SEED_OFFSET), s.by, s.column)
     X = torch.as_tensor(np.asarray(prepared.X[train_rows]), dtype=torch.float32)
     y = torch.as_tensor(np.asarray(prepared.label[train_rows]), dtype=torch.long)
@@ -81,7 +83,7 @@ def train_sharded(params: Params, prepared: Prepared, train_rows: np.ndarray, re
         spec, plan, X.to(device), y.to(device), recipe, device=device, search_paths=[str(params.root)],
         checkpoint=lambda k, r, m: checkpoints.__setitem__((k, r), m.select(0).cpu()),
         progress=f"train {s.shards} shards" if params.base.progress else False)
-    state = ShardState(plan, X, y, checkpoints, s.aggregate)
+    state = ShardState(plan, X, y, checkpoints, s.aggregate, salt)
     write_folder(original_shards(params), state)
     return state.model(constituents.cpu()).to(device), {
         "shards": s.shards, "slices": s.slices, "by": s.by, "shard_rows": plan.sizes(),
@@ -151,7 +153,8 @@ def attach_state(params: Params, prepared: Prepared, model, device: str = "cpu",
         raise FileNotFoundError(f"{folder / PLAN}: the champion is a sharded aggregate but its shard plan is missing; "
                                 f"run the train stage again (`dvc repro train`) or restore {folder}")
     plan, aggregate = found
-    hashes = np.asarray([id_hash(i) for i in prepared.manifest["sample_id"].astype(str)], dtype=object)
+    salt = plan_salt(params, folder, plan)
+    hashes = np.asarray([id_hash(i, salt) for i in prepared.manifest["sample_id"].astype(str)], dtype=object)
     where = {h: i for i, h in enumerate(hashes)}
     missing = [h for h in plan.sample_ids if h not in where]
     if missing:
@@ -163,8 +166,20 @@ def attach_state(params: Params, prepared: Prepared, model, device: str = "cpu",
     y = torch.as_tensor(np.asarray(prepared.label[rows]), dtype=torch.long)
     checkpoints = {(k, r): load_model(folder / checkpoint_name(k, r), device)[0]
                    for k in range(plan.shards) for r in range(plan.slices)}
-    model.shard_state = ShardState(plan, X, y, checkpoints, aggregate)
+    model.shard_state = ShardState(plan, X, y, checkpoints, aggregate, salt)
     return model
+
+
+def plan_salt(params: Params, folder: Path, plan: ShardPlan) -> str | None:
+    """The salt the plan's ids are keyed with: the project's (id_salt), or None for a plan an older version wrote
+    with unsalted id hashes: it keeps working, and one warning line says how to replace it."""
+    if not legacy_plan(plan):
+        return id_salt(params)
+    from tasks.reporting import run_logger
+
+    run_logger().warning(f"{folder / PLAN} names its rows by unsalted id hashes (an older version): hashing every id "
+                         f"of the dataset undoes them; `dvc repro -f train` writes it again with salted ones")
+    return None
 
 
 def check_folder(folder: Path, forgotten_hashes: set[str]) -> list[str]:
@@ -216,4 +231,4 @@ def sisa_share(state, rows) -> float | None:
     from unlearning.sharding import affected, cost_in_retrains
 
     ids = state.prepared.manifest["sample_id"].astype(str).to_numpy()[rows.forget]
-    return cost_in_retrains(st.plan, affected(st.plan, st.plan.positions([id_hash(i) for i in ids])))
+    return cost_in_retrains(st.plan, affected(st.plan, st.plan.positions([id_hash(i, st.salt) for i in ids])))

@@ -50,17 +50,28 @@ def build(params: Params, prepared: Prepared, seeds: list[int]) -> Ensemble:
     return build_model(model_spec(params, prepared), seeds, search_paths=[params.root])
 
 
-@task(name="prepare-dataset", retries=0)  # deterministic: a missing or malformed dataset fails the same way again
-@computes
-def prepare_dataset(params: Params) -> dict:
+def load_source(params: Params):
+    """The dataset as prepare reads it from the source, erased rows included (prepare leaves them out; the
+    erasure's id-trace search recovers the erased ids from it, as anyone holding the source could)."""
     p = params.prepare
     section = p.section()
     source = {**section.model_dump(), "path": str(p.source_path(params.root))} if section is not None else {}
-    ds = load_dataset(p.dataset, seed=params.base.seed, val_fraction=p.val_fraction,
-                      fashion_mnist_dir=p.fashion_mnist_dir, max_train=p.max_train, max_val=p.max_val,
-                      targets=p.targets, **source)
+    return load_dataset(p.dataset, seed=params.base.seed, val_fraction=p.val_fraction,
+                        fashion_mnist_dir=p.fashion_mnist_dir, max_train=p.max_train, max_val=p.max_val,
+                        targets=p.targets, **source)
+
+
+@task(name="prepare-dataset", retries=0)  # deterministic: a missing or malformed dataset fails the same way again
+@computes
+def prepare_dataset(params: Params) -> dict:
+    section = params.prepare.section()
+    ds = load_source(params)
     if section is not None:  # record the path as params.yaml writes it: the output must not depend on the checkout
         ds.meta["source"]["path"] = section.path
+    if ds.meta.get("n_dropped_missing"):  # say which: the rows missing a value are dropped, not filled in
+        run_logger().warning(f"prepare: dropped {ds.meta['n_dropped_missing']} row(s) missing a value (cells per "
+                             f"column: {ds.meta.get('missing_by_column', {})}; markers read as missing: "
+                             f"{ds.meta.get('missing_markers_found', {})}) as prepare.table.missing: drop says")
     # Erased rows stay out: the tombstone list lies outside every DVC out (docs/design.md §3, "Erasure vs the DVC DAG").
     from unlearning.erasure import is_erased, read_tombstones
 
@@ -157,13 +168,14 @@ def save_checkpoint(model: Ensemble, path, extra: dict) -> None:
 @computes
 def train_ensemble_chunk(spec: dict, X: torch.Tensor, y: torch.Tensor, sample_ids: list[str], recipe: TrainRecipe,
                          seeds: list[int], cache_dir: str | None, device: str, label: str,
-                         search_paths: list[str] | None = None, progress: bool = True) -> tuple[Ensemble, bool, float]:
+                         search_paths: list[str] | None = None, progress: bool = True,
+                         salt: str = "") -> tuple[Ensemble, bool, float]:
     """One chunk of an oracle/shadow ensemble; content-hash cached so re-runs and later batches reuse it.
     `search_paths`: the project folder, so a custom model factory imports in a Dask worker process too;
     `label`: the chunk's progress label (tasks.stages.chunk_labels); `progress`: base.progress (its lines, or
-    nothing)."""
+    nothing); `salt`: the project's (unlearning/salt.py id_salt), which keys the cache's ids."""
     start = time.perf_counter()
     model, cached = cached_ensemble(cache_dir, spec, X, y, sample_ids, recipe, seeds, device,
                                     progress=label if progress else False,
-                                    search_paths=search_paths or ())
+                                    search_paths=search_paths or (), salt=salt)
     return model.cpu(), cached, time.perf_counter() - start

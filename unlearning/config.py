@@ -69,6 +69,10 @@ class TableSource(Strict):
     feature_columns: list[str] | None = Field(None, description="null = every other column")
     split_column: str | None = Field(None, description="values exactly train/val; null = stratified val_fraction")
     missing: Literal["error", "drop"] = Field("error", description="rows with missing values: stop, or drop them")
+    missing_markers: list[str] = Field(["?", "NA", "N/A"], description="cells of a text feature column that mean "
+                                       "'no value' (besides an empty or spaces-only cell): missing, as prepare.table."
+                                       "missing says; [] keeps them as categories (never in the id, label, group or "
+                                       "split column)")
 
     @model_validator(mode="after")
     def _group_input_needs_a_group(self) -> "TableSource":

@@ -19,29 +19,37 @@ from typing import Sequence
 import torch
 
 from unlearning.io import StateCorrupt, atomic_save
+from unlearning.ledger import HASH_PREFIX, hash_sample_id
 from unlearning.models import Ensemble, TrainRecipe, build_model, fit, load_model, save_model
 
 
-def ids_digest(sample_ids: Sequence[str]) -> str:
-    """Order-independent digest of a set of sample ids (the dataset version of a training set)."""
+def ids_digest(sample_ids: Sequence[str], salt: str = "") -> str:
+    """Order-independent digest of a set of sample ids (the dataset version of a training set), keyed with the
+    project's salt (unlearning/salt.py): unsalted, the digests of the training set less each one id would tell,
+    by hashing every candidate, which id an oracle ensemble left out."""
     h = hashlib.sha256()
+    if salt:
+        h.update(f"salt:{salt}\n".encode())
     for s in sorted(map(str, sample_ids)):
         h.update(s.encode() + b"\n")
     return h.hexdigest()
 
 
-def id_hashes(sample_ids: Sequence[str]) -> list[str]:
-    """Short unsalted hashes of training ids, stored beside each cache file (`<key>.ids.json`): the cache key
-    does not reveal which rows an ensemble saw, the erasure needs to (tasks/erasure.py)."""
-    return sorted(hashlib.sha256(str(s).encode()).hexdigest()[:16] for s in sample_ids)
+def id_hashes(sample_ids: Sequence[str], salt: str) -> list[str]:
+    """The training ids keyed with the project's salt (`hash_sample_id`, the ledger's form), stored beside each
+    cache file (`<key>.ids.json`): the cache key does not reveal which rows an ensemble saw, the erasure needs
+    to (tasks/erasure.py). Never unsalted: hashing every id of the dataset would undo those."""
+    return sorted(hash_sample_id(str(s), salt) for s in sample_ids)
 
 
 def trained_on(cache_file: str | Path) -> set[str] | None:
-    """The id hashes an ensemble cache file was trained on; None when not recorded (an older cache file)."""
+    """The keyed ids an ensemble cache file was trained on; None when not recorded, or recorded by an older
+    version as unsalted hashes (unknown rows: the erasure deletes such a file)."""
     side = Path(cache_file).with_suffix(".ids.json")
     if not side.exists():
         return None
-    return set(json.loads(side.read_text())["id_hashes"])
+    hashes = set(json.loads(side.read_text())["id_hashes"])
+    return hashes if all(h.startswith(HASH_PREFIX) for h in hashes) else None
 
 
 def ensemble_key(ids_hash: str, spec: dict, recipe: TrainRecipe, seeds: Sequence[int]) -> str:
@@ -61,11 +69,14 @@ def train_fresh(spec: dict, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecip
 
 def cached_ensemble(cache_dir: str | Path | None, spec: dict, X: torch.Tensor, y: torch.Tensor,
                     sample_ids: Sequence[str], recipe: TrainRecipe, seeds: Sequence[int], device: str = "cpu",
-                    progress: bool | str = False, search_paths: Sequence[str] = ()) -> tuple[Ensemble, bool]:
-    """Load the ensemble for (ids, spec, recipe, seeds) from the cache or train and store it.
-    Returns (model, came_from_cache)."""
-    key = ensemble_key(ids_digest(sample_ids), spec, recipe, seeds)
+                    progress: bool | str = False, search_paths: Sequence[str] = (),
+                    salt: str = "") -> tuple[Ensemble, bool]:
+    """Load the ensemble for (ids, spec, recipe, seeds) from the cache or train and store it; `salt`: the
+    project's (unlearning/salt.py id_salt) that keys the ids. Returns (model, came_from_cache)."""
+    key = ensemble_key(ids_digest(sample_ids, salt), spec, recipe, seeds)
     path = Path(cache_dir) / "ensembles" / f"{key}.pt" if cache_dir else None
+    if path is not None and not path.exists() and salt:
+        _move_unsalted(path, ensemble_key(ids_digest(sample_ids), spec, recipe, seeds), sample_ids, salt)
     if path is not None and path.exists():
         try:
             model, _ = load_model(path, device, search_paths=search_paths)
@@ -76,10 +87,28 @@ def cached_ensemble(cache_dir: str | Path | None, spec: dict, X: torch.Tensor, y
     if path is not None:
         from unlearning.io import atomic_write_json
 
-        atomic_write_json(path.with_suffix(".ids.json"), {"ids_digest": ids_digest(sample_ids),
-                                                          "id_hashes": id_hashes(sample_ids)})
+        atomic_write_json(path.with_suffix(".ids.json"), {"ids_digest": ids_digest(sample_ids, salt),
+                                                          "id_hashes": id_hashes(sample_ids, salt)})
         atomic_save(path, lambda tmp: save_model(model, tmp, {"key": key, "n_rows": int(len(sample_ids))}))
     return model, False
+
+
+def _move_unsalted(path: Path, old_key: str, sample_ids: Sequence[str], salt: str) -> None:
+    """A cache file an older version wrote under its unsalted key moves to its salted key `path`, its `.ids.json`
+    rewritten with salted ids (one warning line says so): the cache keeps working across the change."""
+    import os
+
+    old = path.with_name(f"{old_key}.pt")
+    if not old.exists():
+        return
+    from unlearning.io import atomic_write_json
+
+    atomic_write_json(path.with_suffix(".ids.json"), {"ids_digest": ids_digest(sample_ids, salt),
+                                                      "id_hashes": id_hashes(sample_ids, salt)})
+    os.replace(old, path)
+    old.with_suffix(".ids.json").unlink(missing_ok=True)
+    warnings.warn(f"ensemble cache: {old.name} moved to its salted key {path.name} (an older version keyed "
+                  f"the cache by unsalted id hashes)", stacklevel=3)
 
 
 def chunks(seeds: Sequence[int], size: int) -> list[list[int]]:

@@ -4,14 +4,17 @@ The tombstone list (`base.paths.tombstones`, one id a line as a JSON string, sal
 `deletion.hash_sample_ids`) lies outside every DVC stage's outs: the deletion flow appends to it, prepare
 reads it and leaves those rows out, so neither `dvc repro` nor a forced re-prepare brings an erased row back.
 
-Forgotten rows are recognised later by `row_digest` (sha256 of the row's float32 bytes): the erasure
-report keeps digests, never the rows, so `unlearn verify-erasure` can search every store for them.
+Forgotten rows are recognised later by their digest (`row_digest`: sha256 of the row's float32 bytes, keyed with
+the project's salt like an id, `id_key`): the erasure report keeps these salted digests, never the rows nor which
+id a row was, so `unlearn verify-erasure` can search every store for them while someone holding the source
+features cannot tell from the report which rows were erased (an unsalted digest of each source row would).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -19,7 +22,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from unlearning.io import StateCorrupt, atomic_write_text
-from unlearning.ledger import hash_sample_id
+from unlearning.ledger import HASH_PREFIX, hash_sample_id
 
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -31,6 +34,19 @@ class UnknownBatch(LookupError):
 def id_key(hash_ids: bool, salt: str) -> Callable[[str], str]:
     """How an id is written to the ledger and the tombstones: itself, or salted-hashed."""
     return (lambda s: hash_sample_id(str(s), salt)) if hash_ids else (lambda s: str(s))
+
+
+def keyed_forms(keys: Iterable[str], salt: str) -> set[str]:
+    """The forgotten ids (keys as the ledger and the tombstones write them) in the form the ensemble cache's
+    `.ids.json` and the shard plan name rows by (`hash_sample_id` with the project's salt): a salted key as it
+    is; a plain id (hashing off, or a tombstone from before hashing) keyed with `salt`."""
+    return {k if k.startswith(HASH_PREFIX) else hash_sample_id(k, salt) for k in map(str, keys)}
+
+
+def salted_digests(digests: Iterable[str], key: Callable[[str], str], hash_ids: bool) -> list[str]:
+    """Row digests as the erasure report keeps them: keyed with `key` (the salt) under hashing; an older
+    report's unsalted digest is keyed here, so it keeps matching the rows it names."""
+    return sorted({d if not hash_ids or d.startswith(HASH_PREFIX) else key(d) for d in digests})
 
 
 # Each id is written as a JSON string, one a line, so any id survives: one starting with "#", holding a line
@@ -110,18 +126,19 @@ def is_erased(tombstones: set[str], hash_ids: bool, salt: str) -> Callable[[str]
     return lambda s: key(s) in tombstones
 
 
-def row_digest(row: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(row, dtype=np.float32).tobytes()).hexdigest()
+def row_digest(row: np.ndarray, key: Callable[[str], str] = str) -> str:
+    """The row's digest: sha256 of its float32 bytes, keyed with `key` (the erasure's `id_key`: salted)."""
+    return key(hashlib.sha256(np.ascontiguousarray(row, dtype=np.float32).tobytes()).hexdigest())
 
 
-def row_digests(X: np.ndarray) -> set[str]:
+def row_digests(X: np.ndarray, key: Callable[[str], str] = str) -> set[str]:
     X = np.ascontiguousarray(np.asarray(X), dtype=np.float32)
-    return {hashlib.sha256(r.tobytes()).hexdigest() for r in X.reshape(len(X), -1)}
+    return {key(hashlib.sha256(r.tobytes()).hexdigest()) for r in X.reshape(len(X), -1)}
 
 
-def npy_rows_found(path: str | Path, digests: set[str], n_features: int) -> int:
-    """How many rows of the .npy file at `path` (any name: DVC cache objects have none) are forgotten rows.
-    Files that are not 2-D float arrays with `n_features` columns count 0."""
+def npy_rows_found(path: str | Path, digests: set[str], n_features: int, key: Callable[[str], str] = str) -> int:
+    """How many rows of the .npy file at `path` (any name: DVC cache objects have none) are forgotten rows
+    (`digests` keyed with `key`). Files that are not 2-D float arrays with `n_features` columns count 0."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -132,7 +149,7 @@ def npy_rows_found(path: str | Path, digests: set[str], n_features: int) -> int:
         return 0
     if X.ndim != 2 or X.shape[1] != n_features or not np.issubdtype(X.dtype, np.floating):
         return 0
-    return len(row_digests(X) & digests)
+    return len(row_digests(X, key) & digests)
 
 
 def bytes_found(path: str | Path, needles: Iterable[bytes], limit: int = 64 * 2**20) -> list[bytes]:
@@ -189,3 +206,36 @@ class Purged:
     def as_dict(self) -> dict:
         return {"store": self.store, self.where_key: self.where, **self.done, **({"pending": True} if self.pending
                                                                                    else {})}
+
+
+# --- traces of an erased id: its plain text, or an unsalted hash of it ---------------------------------------------
+# The digests a hash of an id is commonly made with; any 12 or more hex characters of one of them, hashed from the
+# id alone, is undone by hashing every id of the dataset (docs/erasure.md, "Hashed ids and the salt").
+COMMON_DIGESTS = ("md5", "sha1", "sha224", "sha256", "sha384", "sha512", "sha3_256", "sha3_512", "blake2b",
+                  "blake2s")
+MIN_HEX = 12
+HEX_RUN = re.compile(rb"[0-9a-fA-F]{%d,}" % MIN_HEX)
+MIN_PLAIN = 6  # shorter ids (a bare number) are not searched as text: they occur in any file by chance
+
+
+def unsalted_prefixes(ids: Iterable[str]) -> dict[bytes, str]:
+    """{the first MIN_HEX hex characters of an unsalted digest of an id: the digest's name}."""
+    return {hashlib.new(name, str(s).encode()).hexdigest()[:MIN_HEX].encode(): name
+            for s in ids for name in COMMON_DIGESTS}
+
+
+def plain_pattern(ids: Iterable[str]) -> re.Pattern | None:
+    """An id as a whole word of text (not inside a longer id or number); None when no id is long enough."""
+    words = sorted({str(s) for s in ids if len(str(s)) >= MIN_PLAIN}, key=len, reverse=True)
+    if not words:
+        return None
+    return re.compile(rb"(?<![0-9A-Za-z])(?:" + b"|".join(re.escape(w.encode()) for w in words) + rb")(?![0-9A-Za-z])")
+
+
+def unsalted_hashes_in(data: bytes, prefixes: dict[bytes, str]) -> set[str]:
+    """The digests (names) of which `data` holds an unsalted hash prefix, anywhere in a run of hex characters."""
+    found = set()
+    for run in HEX_RUN.findall(data):
+        run = run.lower()
+        found |= {prefixes[run[i:i + MIN_HEX]] for i in range(len(run) - MIN_HEX + 1) if run[i:i + MIN_HEX] in prefixes}
+    return found

@@ -1,8 +1,8 @@
 """The append-only deletion ledger (docs/design.md §3), one JSON object per processed request.
 
 Keyed by `request_id`: a request id appears at most once, earlier lines are never rewritten, and
-re-processing a file whose requests are all in the ledger is a no-op. Sample ids may be stored hashed
-(salted with the dataset name) when `deletion.hash_sample_ids` is set.
+re-processing a file whose requests are all in the ledger is a no-op. Sample ids are stored hashed with the
+project's secret salt (unlearning/salt.py) when `deletion.hash_sample_ids` is set (the default).
 """
 
 from __future__ import annotations
@@ -28,8 +28,13 @@ def trained_on(entries) -> list[dict]:
     return [e for e in entries if e.get("kind", UNLEARNED) != ERASED_NOT_TRAINED_ON]
 
 
+HASH_PREFIX = "sha256:"  # a keyed id's form: what tells it from a plain id
+
+
 def hash_sample_id(sample_id: str, salt: str) -> str:
-    return "sha256:" + hashlib.sha256(f"{salt}:{sample_id}".encode()).hexdigest()
+    """The one salted hash of the project (docs/erasure.md, "Hashed ids and the salt"): an id as the ledger and
+    the tombstones key it, and as the ensemble cache, the shard plan and the erasure reports' row digests do."""
+    return HASH_PREFIX + hashlib.sha256(f"{salt}:{sample_id}".encode()).hexdigest()
 
 
 class LedgerError(StateCorrupt):

@@ -2,7 +2,7 @@
 
 A request file has `request_id, sample_id, requested_at, reason` and optionally `objective`. The
 structural checks live here (pure core, about a second with the imports); the checks against the manifest
-(ids exist, name training rows, not already deleted) run as a Great Expectations suite at the task
+(ids exist, not already deleted; a validation row is allowed: erased, not unlearned) run as a Great Expectations suite at the task
 boundary, only once the structure is valid (adapters/request_check.py). Problems are collected, never raised
 one at a time, so each stage reports every problem it finds, one line each.
 

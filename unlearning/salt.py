@@ -9,7 +9,8 @@ is reversed by hashing every candidate id. The salt is 32 random bytes (hex), ma
   that needs it creates it): beside the tombstones, it outlives `unlearn reset` as they do;
 - with a copy in the state folder (`state/salt`, written with every state): the state is a DVC output, so
   `dvc commit`/`dvc push` (the state's backup) carry the salt to the DVC cache and remote, never to git, and an
-  archived state keeps the salt its ledger was hashed with. A missing salt is restored from that copy.
+  archived state keeps the salt its ledger was hashed with. A missing salt is restored from that copy, with
+  one line on stderr saying so.
 
 Losing both means the erasures made so far can no longer be matched: a new request naming an erased id is not
 recognised as erased (it is "not in the manifest"), `unlearn lookup` cannot answer, and the tombstones can no
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 
 from unlearning.io import StateCorrupt
+from unlearning.ledger import HASH_PREFIX  # noqa: F401  (re-exported: a keyed id's form)
 
 SALT_FILE_MODE = 0o600
 STATE_COPY = "salt"  # the copy's name inside the state folder (base.paths.state_dir)
-HASH_PREFIX = "sha256:"  # unlearning.ledger.hash_sample_id's form
 
 
 class SaltLost(StateCorrupt):
@@ -102,6 +104,8 @@ def project_salt(params, create: bool = True) -> str | None:
         return salt
     if backup is not None:
         write_salt(path, backup)
+        # one line: a salt file that vanished is worth knowing about (a clean-up too wide, a fresh checkout)
+        print(f"the project's salt {path} was missing: restored from its copy {copy}", file=sys.stderr)
         return backup
     ledger = params.path("state_dir") / "ledger.jsonl"
     if hashed_records(read_tombstones(params.path("tombstones")), ledger.read_text() if ledger.exists() else ""):

@@ -67,7 +67,12 @@ def _is_features(model_input, in_dim: int) -> bool:
 def probabilities(model: Ensemble, features) -> np.ndarray:
     """The members' mean softmax [B, C] of flat features [B, d] (an array or a DataFrame of d columns)."""
     # np.array copies: pandas hands out read-only arrays, which torch.as_tensor would warn about
-    x = torch.from_numpy(np.array(features, dtype=np.float32)).to(next(model.parameters()).dtype)
+    try:
+        array = np.array(features, dtype=np.float32)
+    except (TypeError, ValueError):  # numpy's own message quotes the cell: a served row's value stays unsaid
+        raise ValueError(f"expected features [B, {model.in_dim}] of numbers (the prepared store's feature columns); "
+                         f"the input holds a value that is not a number") from None
+    x = torch.from_numpy(array).to(next(model.parameters()).dtype)
     if x.dim() != 2 or x.shape[1] != model.in_dim:
         raise ValueError(f"expected features [B, {model.in_dim}] (the prepared store's feature columns), "
                          f"got shape {list(x.shape)}")

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from unlearning.ledger import HASH_PREFIX, hash_sample_id
 from unlearning.models import Ensemble, TrainRecipe, build_model, fit
 from unlearning.models.aggregate import AGGREGATES, Aggregate  # noqa: F401  (the deployed model; re-exported)
 
@@ -163,10 +164,19 @@ def affected(plan: ShardPlan, forget: np.ndarray) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
-def id_hash(sample_id) -> str:
-    """A stored plan names its rows by this short unsalted hash of the id (as the ensemble cache's `.ids.json`,
-    unlearning/ensembles.py id_hashes): the plan says which rows trained which checkpoint without listing ids."""
-    return hashlib.sha256(str(sample_id).encode()).hexdigest()[:16]
+def id_hash(sample_id, salt: str | None = "") -> str:
+    """A stored plan names its rows by the id keyed with the project's salt (`hash_sample_id`, the ledger's form
+    and the ensemble cache's `.ids.json`): the plan says which rows trained which checkpoint without listing ids,
+    and hashing every id of the dataset does not undo it. `salt` None: the short unsalted hash an older version
+    wrote (`legacy_plan`), read only to keep such a plan working until it is trained again."""
+    if salt is None:
+        return hashlib.sha256(str(sample_id).encode()).hexdigest()[:16]
+    return hash_sample_id(str(sample_id), salt)
+
+
+def legacy_plan(plan: "ShardPlan") -> bool:
+    """Whether a stored plan names its rows by an older version's unsalted hashes (no `sha256:` prefix)."""
+    return len(plan.sample_ids) > 0 and not str(plan.sample_ids[0]).startswith(HASH_PREFIX)
 
 
 def rows_digest(ids: Sequence[str]) -> str:
@@ -294,6 +304,7 @@ class ShardState:
     y: torch.Tensor
     checkpoints: dict[tuple[int, int], Ensemble]
     aggregate: str = "mean_probs"
+    salt: str | None = ""  # what the plan's ids are keyed with (`id_hash`); never written to plan.json
 
     def model(self, constituents: Ensemble) -> Aggregate:
         """The deployed aggregate of `constituents`, empty shards left out, with this state attached."""
@@ -340,5 +351,5 @@ def unlearn_state(model: Aggregate, forget_keys: Sequence[str], recipe: TrainRec
     keep_rows[forget] = False
     idx = torch.as_tensor(np.flatnonzero(keep_rows))
     after = ShardState(st.plan.without(forget), st.X.index_select(0, idx), st.y.index_select(0, idx), checkpoints,
-                       st.aggregate)
+                       st.aggregate, st.salt)
     return after.model(new), report, first

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tasks.stores import data, requests, models, tracking  # noqa: F401, I001  (imported to register the stores)
 from tasks.stores import shards  # noqa: F401, I001  (a sharded original's slice checkpoints)
+from tasks.stores import traces  # noqa: F401, I001  (every written file searched for an erased id's traces)
 from tasks.stores import dvc  # noqa: F401, I001  (last: it commits what the stores above rewrote)
 from tasks.stores.base import STORES, Scope, Store, get_store, register_store
 

@@ -32,9 +32,9 @@ from unlearning.erasure import Finding, Purged, npy_rows_found, row_digest
 class Scope:
     """What a store is asked about. `forgotten`: id keys as the ledger writes them (salted hashes with
     deletion.hash_sample_ids): for an erasure every tombstone, for a verification one batch's ids or every
-    erased one. `digest_ids`: the row digest of each forgotten row -> its id keys (the erasure reports keep
-    them; [] for a report from before the ids were recorded). `cache_hashes`: the forgotten ids as the
-    ensemble cache's `<key>.ids.json` writes them."""
+    erased one. `digest_ids`: the salted row digest of each forgotten row -> its id keys, known while `erase`
+    runs only (the erasure reports keep the digests alone: [] from a report). `cache_hashes`: the forgotten ids
+    as the ensemble cache's `<key>.ids.json` and the shard plan key them (unlearning/erasure.py keyed_forms)."""
 
     params: Params
     forgotten: set[str]
@@ -69,7 +69,7 @@ class Scope:
     def row_name(self, digest: str) -> str:
         """A forgotten row as a person reads it: its id (keyed like the ledger), else its digest."""
         ids = self.digest_ids.get(digest) or []
-        return "/".join(map(repr, ids)) if ids else f"row digest {digest[:12]}"
+        return "/".join(map(repr, ids)) if ids else f"row digest {digest.removeprefix('sha256:')[:12]}"
 
 
 @runtime_checkable
@@ -144,17 +144,18 @@ def remote_folder(params: Params) -> Path | None:
     return folder if folder.is_dir() else None
 
 
-def digest_list(X: np.ndarray) -> list[str]:
-    """[n] row digests of X [n, ...] in row order (unlearning/erasure.py's row_digest: sha256 of float32 bytes)."""
+def digest_list(X: np.ndarray, key: Callable[[str], str] = str) -> list[str]:
+    """[n] row digests of X [n, ...] in row order (unlearning/erasure.py's row_digest: sha256 of float32 bytes,
+    keyed with `key`: a scope's `key`, salted)."""
     X = np.ascontiguousarray(np.asarray(X), dtype=np.float32)
-    return [row_digest(r) for r in X.reshape(len(X), -1)] if len(X) else []  # no rows: no -1 to infer
+    return [row_digest(r, key) for r in X.reshape(len(X), -1)] if len(X) else []  # no rows: no -1 to infer
 
 
 def prepared_rows(scope: Scope) -> tuple[list[str], np.ndarray, np.ndarray]:
     """The prepared store's rows: ([n] digests, [n] id keys, [n] bool: the id is forgotten or tombstoned)."""
     keys = scope.prepared.manifest["sample_id"].map(scope.key).to_numpy(dtype=object)
     gone = np.array([k in scope.forgotten or k in scope.tombstones for k in keys], dtype=bool)
-    return digest_list(scope.prepared.X) if scope.digest_ids else [""] * len(keys), keys, gone
+    return digest_list(scope.prepared.X, scope.key) if scope.digest_ids else [""] * len(keys), keys, gone
 
 
 def retained_twins(scope: Scope) -> dict[str, list[str]]:
@@ -174,9 +175,10 @@ def retained_twins(scope: Scope) -> dict[str, list[str]]:
 def rows_beyond_twins(path: Path, scope: Scope) -> tuple[list[str], int]:
     """(digests of forgotten rows in the .npy file at `path` beyond the retained twins' count, one per extra
     copy; how many of its rows are a retained twin's bytes)."""
-    if not scope.digest_ids or not npy_rows_found(path, scope.digests, scope.n_features):
+    if not scope.digest_ids or not npy_rows_found(path, scope.digests, scope.n_features, scope.key):
         return [], 0
-    counts = Counter(d for d in digest_list(np.load(path, mmap_mode="r", allow_pickle=False)) if d in scope.digest_ids)
+    counts = Counter(d for d in digest_list(np.load(path, mmap_mode="r", allow_pickle=False), scope.key)
+                     if d in scope.digest_ids)
     extra = [d for d, c in sorted(counts.items()) for _ in range(c - len(scope.kept.get(d, [])))]
     return extra, sum(counts.values()) - len(extra)
 

@@ -11,10 +11,21 @@ from unlearning.data import read_state_manifest
 from unlearning.data.store import manifest_csv_bytes, rewrite_without
 from unlearning.erasure import Finding, Purged, shown
 from unlearning.io import atomic_write_bytes, commit_dir, discard_dir, staging_dir
+from unlearning.ledger import HASH_PREFIX
 
 
 def reports_dir(params: Params) -> Path:
     return params.path("state_dir") / "erasure"
+
+
+LEGACY_KEYS = ("row_ids_by_digest", "cache_id_hashes")  # an older version's: which id each row was, unsalted ids
+
+
+def legacy_report(report: dict, hash_ids: bool) -> bool:
+    """Whether an erasure report is an older version's: an id map, unsalted id hashes, or (under hashing)
+    unsalted row digests, each a way back from a row or a hash to who was erased."""
+    return any(k in report for k in LEGACY_KEYS) or (
+        hash_ids and any(not d.startswith(HASH_PREFIX) for d in report.get("row_digests", [])))
 
 
 @register_store
@@ -34,9 +45,11 @@ class ErasureReports:
         problems = ["no erasure report in state/erasure/: the erasure never ran (run `unlearn erase`)"] \
             if scope.ledger and not scope.reports else []
         pending = [f"batch {r['batch_id']}: erasure pending ({p})" for r in scope.reports for p in r.get("pending", [])]
+        older = [f"batch {r.get('batch_id')}: its erasure report maps rows to ids or holds unsalted hashes (an older "
+                 f"version); `unlearn erase` rewrites it" for r in scope.reports if legacy_report(r, scope.hash_ids)]
         return [Finding(self.name, str(reports_dir(scope.params)), {"reports": len(scope.reports),
-                                                                     "pending": len(pending)},
-                        tuple(problems + pending))]
+                                                                     "pending": len(pending), "older": len(older)},
+                        tuple(problems + pending + older))]
 
 
 @register_store

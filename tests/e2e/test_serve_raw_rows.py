@@ -105,12 +105,17 @@ def test_served_champion_answers_raw_rows(tmp_path):
         assert list(got.columns) == list(prepared.info["class_names"])
         np.testing.assert_allclose(got.to_numpy(), expected.to_numpy(), atol=1e-6)
 
-        status, answer = post(url, {"dataframe_split": json.loads(
-            rows.drop(columns=["plan"]).to_json(orient="split", index=False))})
-        assert status == 400 and "missing inputs ['plan']" in answer["message"], answer
-        status, answer = post(url, {"dataframe_split": json.loads(
-            rows.head(2).assign(plan=["basic", "premium"]).to_json(orient="split", index=False))})
-        assert status == 400 and "column 'plan': values 'premium' are not among the fitted categories" in \
-            answer["message"], answer
+        # an error names the column, the rows and what is wrong: never a value (a name riding along included)
+        named = rows.head(2).assign(name=["Alice Private", "Bob Private"])
+
+        def refused(df) -> str:
+            status, answer = post(url, {"dataframe_split": json.loads(df.to_json(orient="split", index=False))})
+            assert status == 400 and "Private" not in json.dumps(answer), answer
+            return answer["message"]
+
+        assert "feature columns ['plan'] are missing" in refused(named.drop(columns=["plan"]))
+        assert "column 'plan': rows [1] hold 1 value(s) that are not among the fitted categories" in \
+            refused(named.assign(plan=["basic", "premium"]))
+        assert "column 'age' holds a fractional number in rows [1]" in refused(named.assign(age=[41, 24.7]))
     finally:
         stop(server)

@@ -7,6 +7,8 @@ the dataset's name), copied into the state, and `unlearn lookup` finds an erased
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
 import os
 import stat
@@ -86,6 +88,37 @@ def test_no_file_the_project_wrote_names_a_forgotten_id(batch):
     needles = [s.encode() for s in ids]
     leaks = sorted(str(f.relative_to(root)) for f in files if any(n in f.read_bytes() for n in needles))
     assert leaks == []
+    # nor as an unsalted hash: any 12 or more hex characters of the sha256, sha1 or md5 of the id (hashing every
+    # id of the dataset undoes those), upper or lower case, anywhere in a file
+    prefixes = {hashlib.new(h, s.encode()).hexdigest()[:12] for s in ids for h in ("sha256", "sha1", "md5")}
+    hashed = sorted(str(f.relative_to(root)) for f in files
+                    if any(p in f.read_bytes().decode("latin-1").lower() for p in prefixes))
+    assert hashed == []
+
+
+def test_salted_hashes_of_the_erased_ids_are_only_where_the_docs_say(batch):
+    """docs/erasure.md, "Where an erased id's salted hash stays", lists the files that keep the salted hash of an
+    erased id (the ledger and the tombstones, the audit records): no other file the project wrote holds one."""
+    from unlearning.config import load_params
+    from unlearning.ledger import hash_sample_id
+
+    root, params_path, ids, _ = batch
+    salt = load_params(params_path).path("salt").read_text().strip()
+    keys = [hash_sample_id(s, salt).removeprefix("sha256:").encode() for s in ids]
+    holders = {str(f.relative_to(root)) for f in written_files(root) if any(k in f.read_bytes() for k in keys)}
+    allowed = documented_holders()
+    assert holders, "the ledger and the tombstones hold them: the search reached nothing"
+    assert {"state/ledger.jsonl", "data/tombstones.txt"} <= holders
+    assert sorted(h for h in holders if not any(fnmatch.fnmatch(h, a) for a in allowed)) == []
+
+
+def documented_holders() -> list[str]:
+    """The glob patterns docs/erasure.md's table "Where an erased id's salted hash stays" lists (first column)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "erasure.md").read_text()
+    section = text.split("### Where an erased id's salted hash stays", 1)[1].split("\n#", 1)[0]
+    return [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
     # the request as it arrived stays the team's input only until the batch is applied (keep_request_files)
     assert not list((root / "requests" / "inbox").glob("*.csv"))
 
@@ -140,7 +173,9 @@ def test_a_lost_salt_is_restored_from_the_state_and_without_it_lookup_cannot_ans
     salt = salt_file.read_text()
     salt_file.unlink()
     assert main(["--params", str(params_path), "lookup", ids[0]]) == 0  # restored from state/salt
-    assert "erased:" in capsys.readouterr().out and salt_file.read_text() == salt
+    out = capsys.readouterr()
+    assert "erased:" in out.out and salt_file.read_text() == salt
+    assert out.err.count(f"{salt_file} was missing: restored from its copy {root / 'state' / 'salt'}") == 1
     backup = root / "state" / "salt"
     kept = backup.read_bytes()
     salt_file.unlink()
@@ -152,3 +187,26 @@ def test_a_lost_salt_is_restored_from_the_state_and_without_it_lookup_cannot_ans
     finally:
         backup.write_bytes(kept)
         salt_file.write_text(salt)
+
+
+def test_verify_erasure_searches_every_store_for_the_traces_of_an_erased_id(batch):
+    """verify-erasure recovers the erased ids from the source, as anyone holding it could, and searches every
+    file the project wrote for their plain text and unsalted hashes: none after the batch; a planted one fails
+    it, named by file and digest, never by id."""
+    from tasks.erasure import verify_erasure
+    from unlearning.config import load_params
+
+    root, params_path, ids, _ = batch
+    params = load_params(params_path)
+    problems, checks = verify_erasure(params)
+    [traces] = [c for c in checks if c["store"] == "id traces"]
+    assert traces["erased_ids_recovered"] == len(ids) and traces["files_searched"] > 10
+    assert traces["plain_text"] == traces["unsalted_hashes"] == 0 and not [p for p in problems if "id traces" in p]
+    planted = root / "cache" / "planted.json"
+    planted.write_text(json.dumps({"h": hashlib.sha1(ids[1].encode()).hexdigest()[:16]}))
+    try:
+        problems, _ = verify_erasure(params)
+        [line] = [p for p in problems if "id traces" in p]
+        assert "cache/planted.json (sha1)" in line and ids[1] not in line
+    finally:
+        planted.unlink()

@@ -49,3 +49,21 @@ def test_ids_before_prepare_is_one_line(tmp_path, capsys):
 def test_session_help_prints_usage():
     res = subprocess.run([sys.executable, "-m", "flows.session", "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.startswith("usage: python -m flows.session") and not res.stderr
+
+
+def test_help_and_docs_say_a_request_may_name_validation_rows(capsys):
+    """The code honours a validation row in a request (erased, not unlearned: docs/requests.md); no page or help
+    text may say a request names training rows only."""
+    from pathlib import Path
+
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["ids", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "validation rows, --split val, are erased without unlearning" in text and "names only" not in text
+    root = Path(__file__).resolve().parents[2]
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        flat = " ".join(page.read_text().split())
+        assert "may name training rows only" not in flat and "names only those" not in flat, page
+    assert "may name training and validation rows alike" in " ".join((root / "docs" / "own-data.md").read_text().split())

@@ -20,7 +20,9 @@ from unlearning.data import load_prepared
 from unlearning.data.registry import load_dataset
 from unlearning.data.store import manifest_csv_bytes, write_prepared
 from unlearning.ensembles import id_hashes
-from unlearning.erasure import Finding, Purged, add_tombstones, id_key, read_tombstones, tombstones_digest
+from unlearning.erasure import (
+    Finding, Purged, add_tombstones, id_key, keyed_forms, read_tombstones, tombstones_digest,
+)
 
 PLAIN = id_key(False, "")
 
@@ -51,7 +53,7 @@ def scope_of(params, forgotten=("r1",), key=PLAIN, **kw) -> Scope:
     digests = digest_list(np.asarray(prepared.X)[hit])
     ids = prepared.manifest["sample_id"][hit].tolist()
     scope = Scope(params, set(keys), read_tombstones(params.path("tombstones")), key, prepared,
-                  {d: [key(s)] for d, s in zip(digests, ids)}, set(id_hashes(list(forgotten))), **kw)
+                  {d: [key(s)] for d, s in zip(digests, ids)}, keyed_forms(keys, ""), **kw)
     scope.kept = retained_twins(scope)
     return scope
 
@@ -156,9 +158,12 @@ def test_erasure_reports(tmp_path):
     scope.reports = [{"batch_id": "b", "pending": ["prepared store: inside `dvc repro`; run `unlearn erase`"]}]
     assert problems(store.verify(scope)) == ["batch b: erasure pending (prepared store: inside `dvc repro`; run "
                                              "`unlearn erase`)"]
-    assert store.locate(scope)[0].counts == {"reports": 1, "pending": 1}
+    assert store.locate(scope)[0].counts == {"reports": 1, "pending": 1, "older": 0}
     scope.reports = [{"batch_id": "b", "pending": []}]
     assert problems(store.verify(scope)) == []
+    # an older version's report maps rows to ids and holds unsalted id hashes: a problem until `unlearn erase`
+    scope.reports = [{"batch_id": "b", "pending": [], "row_ids_by_digest": {"ab": ["r1"]}, "cache_id_hashes": []}]
+    assert "an older version" in problems(store.verify(scope))[0]
 
 
 def test_source_table(tmp_path):
@@ -230,7 +235,7 @@ def test_ensemble_cache(tmp_path):
     for name, ids in (("on_r1", ["r1", "r3"]), ("clean", ["r3", "r4"]), ("unknown", None)):
         (folder / f"{name}.pt").write_bytes(b"x")
         if ids is not None:
-            (folder / f"{name}.ids.json").write_text(json.dumps({"id_hashes": id_hashes(ids)}))
+            (folder / f"{name}.ids.json").write_text(json.dumps({"id_hashes": id_hashes(ids, "")}))
     store, scope = get_store("ensemble cache"), scope_of(params)
     assert store.locate(scope)[0].counts == {"trained_on_forgotten": 2} and problems(store.verify(scope))
     assert sorted(store.purge(scope)[0].done["purged_files"]) == ["on_r1.pt", "unknown.pt"]
@@ -354,10 +359,39 @@ def test_shard_checkpoints(tmp_path):
     assert any("trained on other rows" in p for p in problems(store.verify(scope)))
 
 
+def test_id_traces(tmp_path):
+    import hashlib
+
+    from unlearning.salt import id_salt
+
+    params = table_project(tmp_path, deletion={"hash_sample_ids": True})
+    rows = pd.read_csv(tmp_path / "t.csv")
+    rows["id"] = [f"person-{i}@example.com" for i in range(len(rows))]  # ids long enough to search as text
+    rows.to_csv(tmp_path / "t.csv", index=False)
+    key, gone = id_key(True, id_salt(params)), "person-1@example.com"
+    store, scope = get_store("id traces"), scope_of(params, (gone,), key)
+    cache = params.path("cache_dir")
+    cache.mkdir(parents=True)
+    (cache / "clean.json").write_text(json.dumps({"kept": hashlib.sha256(b"person-3@example.com").hexdigest(),
+                                                  "erased": key(gone), "id": "person-10@example.com"}))
+    [found] = store.locate(scope)
+    assert found.problems == () and found.counts["erased_ids_recovered"] == 1 and found.counts["files_searched"] >= 1
+    assert store.purge(scope) == [] and problems(store.verify(scope)) == []  # a salted key is no trace
+    (cache / "sha1.txt").write_text(hashlib.sha1(gone.encode()).hexdigest()[:12].upper())
+    (cache / "md5.json").write_text(json.dumps({"h": "ab" + hashlib.md5(gone.encode()).hexdigest()}))
+    (cache / "plain.csv").write_text(f"x,{gone}\n")
+    found = problems(store.verify(scope))
+    assert len(found) == 2 and "1 file(s) name a forgotten id in plain text: cache/plain.csv" in found[0]
+    assert "cache/md5.json (md5)" in found[1] and "cache/sha1.txt (sha1)" in found[1] and gone not in "".join(found)
+    (tmp_path / "off").mkdir()
+    params_off = table_project(tmp_path / "off")
+    assert store.verify(scope_of(params_off)) == []  # hashing off: ids are plain on purpose
+
+
 PER_STORE = {"erasure reports": test_erasure_reports, "tombstones": test_tombstones,
              "prepared store": test_prepared_store, "state manifest": test_state_manifest,
              "source table": test_source_table, "source image folder": test_source_image_folder,
              "request files": test_request_files, "Great Expectations results": test_great_expectations_results,
              "ensemble cache": test_ensemble_cache, "models": test_models, "MLflow registry": test_mlflow_registry,
              "MLflow artifacts": test_mlflow_artifacts, "DVC cache": test_dvc_cache,
-             "shard checkpoints": test_shard_checkpoints}
+             "shard checkpoints": test_shard_checkpoints, "id traces": test_id_traces}

@@ -56,7 +56,7 @@ def test_no_salt_is_made_for_plain_ids(tmp_path):
     assert id_salt(params) == "" and not params.path("salt").exists()
 
 
-def test_a_lost_salt_is_restored_from_the_state_or_refused_never_replaced(tmp_path):
+def test_a_lost_salt_is_restored_from_the_state_or_refused_never_replaced(tmp_path, capsys):
     params = project(tmp_path)
     salt = id_salt(params)
     state = params.path("state_dir")
@@ -64,7 +64,11 @@ def test_a_lost_salt_is_restored_from_the_state_or_refused_never_replaced(tmp_pa
     keep_copy(params, state)
     add_tombstones(params.path("tombstones"), [id_key(True, salt)("s1")])
     params.path("salt").unlink()
+    capsys.readouterr()
     assert project_salt(params) == salt and params.path("salt").read_text().strip() == salt  # from state/salt
+    err = capsys.readouterr().err  # said in one line, not silently
+    assert err == f"the project's salt {params.path('salt')} was missing: restored from its copy {state / 'salt'}\n"
+    assert project_salt(params) == salt and capsys.readouterr().err == ""  # once
     params.path("salt").unlink()
     (state / "salt").unlink()
     with pytest.raises(SaltLost, match="salt is missing.*hold ids hashed with it.*Restore it from a backup"):

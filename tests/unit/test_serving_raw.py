@@ -72,14 +72,31 @@ def test_column_order_and_extra_columns_do_not_matter(table):
 @pytest.mark.parametrize("change, match", [
     (lambda df: df.drop(columns=["zone"]), r"feature columns \['zone'\] are missing"),
     (lambda df: df.assign(spend=[1.0, None]), r"column 'spend' has no value in rows \[1\]"),
-    (lambda df: df.assign(age=["41", "forty"]), r"column 'age' holds \['forty'\] in rows \[1\], not numbers"),
+    (lambda df: df.assign(age=["41", "forty"]), r"column 'age' holds text, not a number, in rows \[1\]"),
+    (lambda df: df.assign(age=[41, 24.7]), r"column 'age' holds a fractional number in rows \[1\].*never rounded"),
     (lambda df: df.assign(zone=["north", "west"]),
-     r"column 'zone': values 'west' are not among the fitted categories .*map each to one of these"),
+     r"column 'zone': rows \[1\] hold 1 value\(s\) that are not among the fitted categories .*map each to one"),
 ])
 def test_odd_rows_get_one_clear_error(table, change, match):
     rows = table["raw"].head(2).copy()
     with pytest.raises(DataError, match=match):
         prepare_raw(change(rows), table["recipe"])
+
+
+@pytest.mark.parametrize("change", [
+    lambda df: df.drop(columns=["zone"]), lambda df: df.assign(spend=[1.0, None]),
+    lambda df: df.assign(age=["41", "Carol Private"]), lambda df: df.assign(age=[41, 24.7]),
+    lambda df: df.assign(zone=["north", "Dave Private"]), lambda df: df.assign(spend=[1.0, 1e45]),
+])
+def test_an_error_quotes_no_value_of_the_rows(table, change):
+    """A served row may hold personal fields (a name beside the features): the error names the column, the rows
+    and what is wrong, never a value, of that column or any other."""
+    rows = table["raw"].head(2).assign(name=["Alice Private", "Bob Private"])
+    with pytest.raises(DataError) as e:
+        prepare_raw(change(rows), table["recipe"])
+    message = str(e.value)
+    assert "Private" not in message and "24.7" not in message and "1e+45" not in message
+    assert not any(str(v) in message for v in rows["cid"]) and str(rows["spend"].iloc[0]) not in message
 
 
 def test_text_numbers_are_read_as_numbers(table):
@@ -187,7 +204,8 @@ def load_champion(registry):
 def test_the_registered_champion_predicts_raw_rows(table, registry):
     served, info = load_champion(registry)
     prepared, raw = table["prepared"], table["raw"]
-    assert [(s.name, s.type.name) for s in info.signature.inputs.inputs] == raw_inputs(table["recipe"])
+    assert [s.name for s in info.signature.inputs.inputs] == [c for c, _ in raw_inputs(table["recipe"])]
+    assert info.metadata["input_types"] == dict(raw_inputs(table["recipe"]))
     assert info.signature.outputs.input_names() == ["no", "yes"]
     probs = served.predict(raw)  # the id and label columns ride along: MLflow drops what the signature lacks
     with torch.no_grad():
@@ -208,14 +226,21 @@ def test_the_registered_champion_refuses_odd_rows_clearly(table, registry):
 
     served, _ = load_champion(registry)
     rows = table["raw"].head(2)
-    with pytest.raises(MlflowException, match=r"missing inputs \['zone'\]"):
+    rows = rows.assign(name=["Alice Private", "Bob Private"])  # a personal field beside the features
+    with pytest.raises(MlflowException, match=r"feature columns \['zone'\] are missing") as e:
         served.predict(rows.drop(columns=["zone"]))
+    assert "Private" not in str(e.value)  # MLflow's own check would quote every column of every row
     # the core's DataError reaches MLflow as an MlflowException (adapters/champion_loader.py): a REST client reads it
-    with pytest.raises(MlflowException, match=r"values 'west' are not among the fitted categories") as e:
+    with pytest.raises(MlflowException, match=r"rows \[1\] hold 1 value\(s\) that are not among the fitted") as e:
         served.predict(rows.assign(zone=["north", "west"]))
-    assert e.value.get_http_status_code() == 400
+    assert e.value.get_http_status_code() == 400 and "west" not in str(e.value)
     with pytest.raises(MlflowException, match=r"column 'spend' has no value in rows \[0\]"):
         served.predict(rows.assign(spend=[None, 1.0]))
+    with pytest.raises(MlflowException, match=r"column 'age' holds a fractional number in rows \[1\]") as e:
+        served.predict(rows.assign(age=[41, 24.7]))  # refused, never cut to 24
+    with pytest.raises(MlflowException, match=r"column 'age' holds text, not a number, in rows \[1\]") as e:
+        served.predict(rows.assign(age=["41", "forty"]))
+    assert "Private" not in str(e.value) and "forty" not in str(e.value)
 
 
 def test_the_checkpoint_carries_the_recipe_and_old_ones_still_load(table, tmp_path):
@@ -261,3 +286,24 @@ def test_promote_registers_the_recipe_without_the_erased_rows_values(tmp_path):
     assert preparation_after_erasure(params, before, []) == recipe
     prepare_dataset.fn(params)  # prepare again: the tombstoned row is left out
     assert recipe_of(load_prepared(params.path("prepared_dir")).info) == recipe
+
+
+def test_features_that_are_not_numbers_are_refused_without_quoting_them():
+    from unlearning import serving
+    from unlearning.models import build_model
+
+    model = build_model({"arch": "mlp", "in_shape": [2], "n_classes": 2, "kwargs": {"hidden": [3]}}, [1])
+    with pytest.raises(ValueError, match=r"expected features \[B, 2\] of numbers") as e:
+        serving.probabilities(model, pd.DataFrame({"a": [1.0], "b": ["Erin Private"]}))
+    assert "Private" not in str(e.value)
+
+
+def test_the_scoring_server_cannot_prefix_the_input_to_a_row_error():
+    """`mlflow models serve` rewrites an MlflowException's message to "Failed to predict data '<the whole
+    input>'. Error: ..."; the champion's bad-row error keeps its one line (and its 400)."""
+    from adapters.champion_loader import INVALID_PARAMETER_VALUE, RowError
+
+    e = RowError("raw rows: column 'age' holds text, not a number, in rows [1]", error_code=INVALID_PARAMETER_VALUE)
+    e.message = f"Failed to predict data '   name\n0  Alice Private'. \nError: {e.message}"  # what the server does
+    assert json.loads(e.serialize_as_json())["message"] == "raw rows: column 'age' holds text, not a number, in rows [1]"
+    assert e.get_http_status_code() == 400

@@ -69,10 +69,11 @@ def test_prepare_stage_refuses_instead_of_writing_inf(tmp_path):
 
 # --- 2. 'NA', 'None', 'null' are text ----------------------------------------------------------------
 def test_na_is_an_id_a_class_and_a_category(tmp_path):
-    """Namibia ('NA') as id, as class and as a category; only an empty cell is missing in a text column."""
+    """Namibia ('NA') as id, as class and, when the team says so (prepare.table.missing_markers without it), as a
+    category; then only an empty cell is missing in a text column."""
     text = "id,region,x,y\n" + lines(lambda i: f"{'NA' if i == 3 else f'r{i}'},{['NA', 'EU', 'None'][i % 3]},"
                                                f"{i},{['NA', 'EU'][i % 2]}")
-    ds = csv(tmp_path, text, missing="drop")
+    ds = csv(tmp_path, text, missing="drop", missing_markers=["?"])
     assert "NA" in set(ds.sample_id) and len(ds.sample_id) == 12 and ds.meta["n_dropped_missing"] == 0
     assert ds.fine_class_names == ["EU", "NA"]
     assert ds.meta["preprocessing"]["feature_names"] == ["region=EU", "region=NA", "region=None", "x"]
@@ -81,8 +82,27 @@ def test_na_is_an_id_a_class_and_a_category(tmp_path):
     assert back["sample_id"].tolist() == list(ds.sample_id) and set(back["class_name"]) == {"EU", "NA"}
     assert set(back["group"]) == {"EU", "NA"}
     with pytest.raises(DataError, match=r"row 5 \(no id\)|'r5'") as e:
-        csv(tmp_path, text.replace("r5,", ",", 1).replace("\nr6,NA,", "\nr6,,"), name="gap.csv")
-    assert "'r6'" in str(e.value) and "['id', 'region']" in str(e.value)
+        csv(tmp_path, text.replace("r5,", ",", 1).replace("\nr6,NA,", "\nr6,,"), name="gap.csv", missing_markers=["?"])
+    assert "'r6'" in str(e.value) and "'id' 1, 'region' 1" in str(e.value)
+
+
+@pytest.mark.parametrize("marker", ["?", "NA", "N/A", "   ", " ? "])
+def test_a_missing_marker_in_a_text_column_is_missing_not_a_category(tmp_path, marker):
+    """Adult's `workclass` holds '?' for 'unknown': not a category of its own (nor a shard of its own). A text
+    feature column's empty, spaces-only or marker cell is missing, and prepare.table.missing decides: refused by
+    default, in one line naming the column, the count and the rows; dropped (and counted) with missing: drop."""
+    text = "id,workclass,age,y\n" + lines(lambda i: f"r{i},{marker if i in (2, 7) else ['Private', 'State'][i % 2]},"
+                                                   f"{'?' if i == 4 else 30 + i},{i % 2}")
+    with pytest.raises(DataError) as e:
+        csv(tmp_path, text)
+    msg = str(e.value)
+    assert "rows with missing values: 3 (cells per column: 'workclass' 2, 'age' 1)" in msg, msg
+    assert "'r2'" in msg and "'r7'" in msg and "'r4'" in msg and "missing: drop" in msg
+    ds = csv(tmp_path, text, missing="drop")
+    assert ds.meta["n_dropped_missing"] == 3 and len(ds.sample_id) == 9
+    assert ds.meta["missing_markers_found"] == {"workclass": 2, "age": 1}
+    assert ds.meta["preprocessing"]["feature_names"] == ["workclass=Private", "workclass=State", "age"]
+    assert ds.meta["feature_types"]["age"] == "long"  # a number column but for its '?'
 
 
 def test_na_in_a_column_of_numbers_or_booleans_is_missing(tmp_path):

@@ -17,9 +17,11 @@ tests/unit/test_serving_raw.py):
 
 - a table: a DataFrame (or a dict of columns, or a list of row dicts) with the table's feature columns by name,
   text categories as text; other columns (the id, the label) are ignored. A missing feature column, an empty
-  cell in one, text in a number column, and a category the model never saw (an erased one included) are each an
-  error naming the column, the rows or values, and the fix: nothing is guessed (an all-zero one-hot row for an
-  unseen category would be an input the model never met in training).
+  cell in one, text in a number column, a fractional value in an integer column (24.7 in `age`: never cut to
+  24), and a category the model never saw (an erased one included) are each an error naming the column, the
+  rows (by position) and what is wrong, and the fix: nothing is guessed (an all-zero one-hot row for an unseen
+  category would be an input the model never met in training). An error quotes no value of the rows: they may
+  be personal (a name), and an error body lands in logs.
 - images: a DataFrame with an `image` column, or a list, of image paths, the bytes of image files, or arrays of
   pixels (`image_features`); an array [B, H, W] or [B, H, W, C] is a batch of B images. An image that cannot
   be read is an error naming it.
@@ -33,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from unlearning.data.dataset import DataError
-from unlearning.data.sources import SHOW, apply_preprocessing, image_features, is_erased_category
+from unlearning.data.sources import apply_preprocessing, image_features, is_erased_category, positions
 
 IMAGE_COLUMN = "image"
 _BOOLEAN = frozenset({"False", "True"})
@@ -141,23 +143,31 @@ def _table_features(df: pd.DataFrame, recipe: dict) -> np.ndarray:
     for col in columns:
         empty = df[col].isna().to_numpy()
         if empty.any():
-            raise DataError(f"raw rows: column {col!r} has no value in rows {_positions(empty)}; the model needs a "
+            raise DataError(f"raw rows: column {col!r} has no value in rows {positions(empty)}; the model needs a "
                             f"value in every feature column (the prepare stage refused or dropped such rows): fill "
                             f"them")
-        if types[col] in ("double", "long") and not pd.api.types.is_numeric_dtype(df[col]):
-            numbers = pd.to_numeric(df[col], errors="coerce")
-            text = numbers.isna().to_numpy()
-            if text.any():
-                shown = df[col][text].head(SHOW).tolist()
-                raise DataError(f"raw rows: column {col!r} holds {shown} in rows {_positions(text)}, not numbers; "
-                                f"the model reads it as a number column: send numbers")
-            df = df.assign(**{col: numbers})
-    return apply_preprocessing(df, prep)
+        if types[col] in ("double", "long"):
+            df = df.assign(**{col: _numbers(df[col], col, types[col] == "long")})
+    return apply_preprocessing(df, prep, show_values=False)
 
 
-def _positions(mask: np.ndarray) -> str:
-    pos = np.flatnonzero(mask)
-    return str(pos[:SHOW].tolist())[:-1] + (f", ... ({len(pos)} in all)]" if len(pos) > SHOW else "]")
+def _numbers(s: pd.Series, col: str, integer: bool) -> pd.Series:
+    """A raw number column as numbers: text that reads as a number is one; other text (a boolean too), or a
+    fraction in an integer column, is refused, naming the rows, not the values."""
+    numbers = s if pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s) else \
+        pd.to_numeric(s.map(lambda v: None if isinstance(v, bool) else v), errors="coerce")
+    text = numbers.isna().to_numpy()
+    if text.any():
+        raise DataError(f"raw rows: column {col!r} holds text, not a number, in rows {positions(text)}; the model "
+                        f"reads it as a number column: send numbers")
+    if integer:
+        x = numbers.to_numpy(dtype=np.float64)
+        fraction = np.isfinite(x) & (x != np.round(x))
+        if fraction.any():
+            raise DataError(f"raw rows: column {col!r} holds a fractional number in rows {positions(fraction)}; it "
+                            f"is an integer column (whole numbers in training) and a row is refused, never "
+                            f"rounded: send whole numbers")
+    return numbers
 
 
 def _images_of(rows, column: str) -> Sequence:

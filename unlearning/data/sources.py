@@ -266,10 +266,12 @@ def erased_in_place(cats: list[str], kept: np.ndarray, dropped: np.ndarray) -> l
     return [ERASED_CATEGORY.format(n) if e else c for c, e, n in zip(cats, erased, number.tolist())]
 
 
-def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | None = None) -> np.ndarray:
+def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | None = None,
+                        show_values: bool = True) -> np.ndarray:
     """The fitted preprocessing (dataset.json `preprocessing`) applied to rows of a table: [n, d] float32.
     Raises DataError naming the column and rows (by `ids`, else by position) when a feature is not a finite
-    float32: training on it would give a NaN model."""
+    float32: training on it would give a NaN model. `show_values` False (serving raw rows): the errors quote no
+    value of the rows, only their positions."""
     missing = [c for c in preprocessing["columns"] if c not in df.columns]
     if missing:
         raise DataError(f"the table lacks the feature columns {missing} of the preprocessing")
@@ -283,6 +285,13 @@ def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | N
             known = [None if is_erased_category(c) else c for c in cats]
             values = s.map(str).to_numpy()
             unknown = sorted(set(values.tolist()) - set(known))
+            if unknown and not show_values:
+                rows = ~np.isin(values, np.asarray([c for c in known if c is not None], dtype=object))
+                raise DataError(f"column {col!r}: rows {positions(rows)} hold "
+                                f"{len(unknown)} value(s) that are not among the fitted categories "
+                                f"{_first([c for c in known if c is not None], 20)}; the model has no feature for a "
+                                f"value it never saw: map each to one of these, or add rows with it to the table "
+                                f"and prepare and train again")
             if unknown:
                 raise DataError(f"column {col!r}: values {_first(unknown)} are not among the fitted categories "
                                  f"{_first([c for c in known if c is not None], 20)}; the model has no feature for a "
@@ -296,11 +305,18 @@ def apply_preprocessing(df: pd.DataFrame, preprocessing: dict, ids: Sequence | N
         width += blocks[-1].shape[1]
     with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: inf, named just below
         X = np.ascontiguousarray(np.concatenate(blocks, axis=1), dtype=np.float32)
-    _check_finite(df, X, numeric, preprocessing, ids)
+    _check_finite(df, X, numeric, preprocessing, ids, show_values)
     return X
 
 
-def _check_finite(df: pd.DataFrame, X: np.ndarray, numeric: dict, preprocessing: dict, ids) -> None:
+def positions(mask: np.ndarray) -> str:
+    """The first SHOW positions a bool mask [n] marks, as a list, and how many in all when there are more."""
+    pos = np.flatnonzero(mask)
+    return str(pos[:SHOW].tolist())[:-1] + (f", ... ({len(pos)} in all)]" if len(pos) > SHOW else "]")
+
+
+def _check_finite(df: pd.DataFrame, X: np.ndarray, numeric: dict, preprocessing: dict, ids,
+                  show_values: bool = True) -> None:
     """Every numeric feature a finite float32 (|value| < 3.4e38 after standardizing)."""
     bad = [col for col, j in numeric.items() if not np.isfinite(X[:, j]).all()]
     if not bad:
@@ -311,8 +327,8 @@ def _check_finite(df: pd.DataFrame, X: np.ndarray, numeric: dict, preprocessing:
         rows = ~np.isfinite(X[:, numeric[col]])
         raw = df[col].to_numpy(dtype=np.float64)[rows]
         mean, std = preprocessing["means"][col], preprocessing["stds"][col]
-        parts.append(f"{col!r} (values such as {raw[0]:.3g} in rows {_describe_rows(labels, rows)}; training "
-                     f"mean {mean:.3g}, std {std:.3g})")
+        such = f"values such as {raw[0]:.3g} in " if show_values else ""
+        parts.append(f"{col!r} ({such}rows {_describe_rows(labels, rows)}; training mean {mean:.3g}, std {std:.3g})")
     raise DataError(f"numeric feature column(s) {', '.join(parts)} do not fit a float32 feature once standardized "
                      f"(|value| must stay below 3.4e38), so training would yield NaN. Rescale the column(s) in "
                      f"your table (e.g. take the log), or leave them out via prepare.table.feature_columns")
@@ -376,7 +392,8 @@ def _listed_features(features: list[str], path: Path, available: list[str], not_
 def load_table(path: str | Path, id_column: str, label_column: str, group_column: str | None = None,
                feature_columns: Sequence[str] | None = None, split_column: str | None = None,
                missing: str = "error", seed: int = 0, val_fraction: float = 0.2, max_train=None, max_val=None,
-               targets: str = "fine", group_as_feature: bool = False, **_) -> Dataset:
+               targets: str = "fine", group_as_feature: bool = False, missing_markers: Sequence[str] = ("?", "NA", "N/A"),
+               **_) -> Dataset:
     path = Path(path)
     df = read_table(path, (id_column, label_column, group_column, split_column))
     n_rows = len(df)
@@ -386,7 +403,11 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
         _check_index_column(df, path, features)
     roles = [c for c in (id_column, label_column, group_column, split_column) if c is not None]
     used = roles + [c for c in features if c not in roles]
-    df, file_rows = _drop_missing(df, path, id_column, used, missing)
+    df, marked = text_markers_as_missing(df, [c for c in features if c not in roles], missing_markers)
+    missing_by_column = {c: int(n) for c, n in df[used].isna().sum().items() if n}
+    df, file_rows = _drop_missing(df, path, id_column, used, missing, missing_markers)
+    # a column of whole numbers but for its markers is an integer column once they are dropped
+    df = df.assign(**{c: _integral(df[c]) for c in marked if pd.api.types.is_float_dtype(df[c])})
 
     ids = df[id_column].map(str)
     _check_ids(id_column, ids, file_rows)
@@ -440,12 +461,37 @@ def load_table(path: str | Path, id_column: str, label_column: str, group_column
         group=group[keep], class_names=class_names, fine_class_names=fine_names, image_shape=None,
         in_shape=(X.shape[1],),
         meta={"source": source, "targets": targets, "n_dropped_missing": int(n_rows - len(df)),
+              # only when there is one: a table without gaps keeps the dataset identity it had
+              **({"missing_by_column": missing_by_column} if missing_by_column else {}),
+              **({"missing_markers_found": marked} if marked else {}),
               "feature_columns": [str(c) for c in features], "preprocessing": prep,
               "feature_types": feature_types(df, features)})
 
 
+def text_markers_as_missing(df: pd.DataFrame, columns: list[str], markers: Sequence[str]) -> tuple[pd.DataFrame, dict]:
+    """Text feature columns with their "no value" cells (a spaces-only cell, or one of `markers`: Adult's '?')
+    made missing, so prepare.table.missing decides about them instead of their becoming a category of their
+    own (a group of their own when sharding by the column). A column that is numbers but for such cells becomes
+    a number column. Returns (the table, {column: cells made missing})."""
+    marks, out, found = {str(m).strip() for m in markers}, None, {}
+    for col in columns:
+        s = df[col]
+        if pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s):  # text: object or pandas' str dtype
+            continue
+        text = s.map(lambda v: v.strip() if isinstance(v, str) else v)
+        gone = text.map(lambda v: isinstance(v, str) and (v == "" or v in marks)).to_numpy(dtype=bool)
+        if not gone.any():
+            continue
+        out = df.copy() if out is None else out
+        kept = s.mask(gone)
+        numbers = pd.to_numeric(kept, errors="coerce")
+        out[col] = numbers if numbers.notna().sum() == kept.notna().sum() and kept.notna().any() else kept
+        found[col] = int(gone.sum())
+    return (df if out is None else out), found
+
+
 def _drop_missing(df: pd.DataFrame, path: Path, id_column: str, used: list[str],
-                  missing: str) -> tuple[pd.DataFrame, np.ndarray]:
+                  missing: str, markers: Sequence[str] = ()) -> tuple[pd.DataFrame, np.ndarray]:
     """`df` without rows missing a value in a used column (missing: drop), or DataError naming them (error);
     with the file's (0-based) data row of every row left, for messages about them."""
     na = df[used].isna()
@@ -458,11 +504,12 @@ def _drop_missing(df: pd.DataFrame, path: Path, id_column: str, used: list[str],
                          f"the columns to use)")
     if bad.any():
         if missing != "drop":
-            cols = [c for c in used if na[c].any()]
-            raise DataError(f"{path.name}: rows with missing values: {_describe_rows(df[id_column], bad)}; in "
-                             f"columns {cols} (an empty cell, or a marker such as 'NA' in a column of numbers; in "
-                             f"text columns 'NA' is a value). Fill them, or set prepare.table.missing: drop to drop "
-                             f"these rows")
+            counts = ", ".join(f"{c!r} {int(na[c].sum())}" for c in used if na[c].any())
+            raise DataError(f"{path.name}: rows with missing values: {int(bad.sum())} (cells per column: {counts}), "
+                             f"e.g. {_describe_rows(df[id_column], bad)}; a cell is missing when empty, only "
+                             f"spaces, a marker in a text feature column (prepare.table.missing_markers "
+                             f"{list(markers)}), or 'NA'/'null' in a column of numbers. Fill them, or set "
+                             f"prepare.table.missing: drop to drop these rows")
         df = df.loc[~bad].reset_index(drop=True)
     if df.empty:
         raise DataError(f"{path.name}: no rows left (of {len(bad)}) after dropping rows with missing values")

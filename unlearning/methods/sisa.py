@@ -33,7 +33,7 @@ def run(ctx: UnlearnContext, args: SisaArgs) -> UnlearnResult:
         raise NotSharded(NOT_SHARDED)
     if ctx.forget_ids is None:
         raise ValueError("method 'sisa' finds the forgotten rows by id: the context names none (forget_ids)")
-    keys = [id_hash(i) for i in ctx.forget_ids]
+    keys = [id_hash(i, st.salt) for i in ctx.forget_ids]
     drop = st.plan.positions(keys)
     from unlearning.sharding import affected
 
