@@ -401,7 +401,30 @@ class SuppressionGate(Strict):
     min_validation_accuracy: float | None = Field(None, ge=0, le=1, description="absolute floor (null = off)")
 
 
+class EpsilonGate(Strict):
+    """The equivalence question (docs/certificate.md, "The epsilon criterion"): how far from retraining, at most,
+    in differential privacy's epsilon, per row of each split, aggregated by a high quantile."""
+
+    max: float = Field(2.0, gt=0, description="the budget: a split passes when the `quantile` of its rows' epsilon "
+                                              "upper bounds is at most this (rejected early when the lower bounds' "
+                                              "quantile exceeds it)")
+    delta: float = Field(1e-3, gt=0, lt=1, description="the delta of (epsilon, delta)-indistinguishability")
+    quantile: float = Field(0.95, gt=0, le=1, description="the batch's epsilon: this quantile over a split's rows "
+                                                          "(1 = the worst row; the mean is logged beside it)")
+    estimator: Literal["threshold", "gaussian"] = Field(
+        "gaussian", description="per-row estimator (unlearning/metrics/epsilon.py): threshold = the NeurIPS 2023 "
+                                "challenge's scan with Clopper-Pearson bounds (floor ~1.4, cap log N); gaussian = "
+                                "a Gaussian fit per row read through the Gaussian-DP curve, bootstrap bounds")
+    n_bootstrap: int = Field(200, ge=20, le=100_000, description="bootstrap resamples of the references for the "
+                                                                 "gaussian estimator's bounds (raised to 2/alpha)")
+
+
 class Gate(Strict):
+    criterion: Literal["difference", "epsilon"] = Field(
+        "difference", description="retrain_equivalence's question: difference = can the candidate be told apart "
+                                  "from retrains (KLoM permutation test, accuracy intervals); epsilon = is it within "
+                                  "`epsilon.max` of retraining, at the look's confidence")
+    epsilon: EpsilonGate = EpsilonGate()
     retrain_equivalence: RetrainEquivalenceGate = RetrainEquivalenceGate()
     suppression: SuppressionGate = SuppressionGate()
     exact_retrain_overrides: bool = Field(
