@@ -205,16 +205,17 @@ def licensing(sets: list[dict], budget: float, cuts=None) -> list[dict]:
 
 def gap_vs_epsilon(sets: list[dict]) -> dict:
     """The predicted gap (noise units) against do_nothing's measured forget epsilon (gaussian, batch mean): a
-    least-squares line on log(1 + gap) and the rank correlation."""
+    least-squares line of log(1 + epsilon) on log(1 + gap) (a class's epsilon runs to hundreds) and the rank
+    correlation."""
     pts = [(r["facts"].get("predicted_gap_to_noise"), r["methods"]["do_nothing"]["epsilon_rows"]["gaussian"]["forget"]["mean"])
            for r in sets if "do_nothing" in r["methods"] and r["facts"].get("predicted_gap_to_noise") is not None]
     pts = [(g, e) for g, e in pts if np.isfinite(g) and np.isfinite(e)]
     if len(pts) < 3:
         return {"n": len(pts)}
-    g, e = np.log1p(np.array([p[0] for p in pts])), np.array([p[1] for p in pts])
+    g, e = np.log1p(np.array([p[0] for p in pts])), np.log1p(np.array([p[1] for p in pts]))
     slope, icpt = np.polyfit(g, e, 1)
     rg, re = np.argsort(np.argsort(g)), np.argsort(np.argsort(e))
-    return {"n": len(pts), "slope_per_log1p_gap": round(float(slope), 3), "intercept": round(float(icpt), 3),
+    return {"n": len(pts), "slope_log1p_eps_per_log1p_gap": round(float(slope), 3), "intercept": round(float(icpt), 3),
             "spearman": round(float(np.corrcoef(rg, re)[0, 1]), 3),
             "points": [[round(float(a), 4), round(float(b), 4)] for a, b in pts]}
 
