@@ -707,6 +707,12 @@ class Qualify(Strict):
                               description="upper edges of the predicted-gap bins (noise units); the last bin is open")
     confidence: float = Field(0.8, gt=0, lt=1, description="two-sided confidence of each row's interval")
     interval: Literal["wilson", "clopper_pearson"] = "wilson"
+    min_sets_per_bin: int = Field(0, ge=0, description="after the suite, draw more sets (aimed along the self-"
+                                                       "leverage ranking) until every bin of predicted gap holds at "
+                                                       "least this many; 0 = the suite alone")
+    max_extra_sets: int = Field(20, ge=0, description="the budget of sets drawn for min_sets_per_bin; bins still "
+                                                      "short are named in the qualification")
+    extra_set_size: int = Field(50, ge=1, description="rows per set drawn for min_sets_per_bin")
 
     @model_validator(mode="after")
     def _bins_increase(self):
