@@ -110,15 +110,18 @@ def certify(p, params, candidate, shadows, oracles, rows: BatchRows, validation,
     labels, Xe = p.y_np[eval_rows], p.X[eval_rows]
     lc, ls, lo = predict_logits(candidate, Xe), predict_logits(shadows, Xe), predict_logits(oracles, Xe)
     for k, ((n_s, n_o), alpha, perms) in enumerate(zip(step.looks, step.alphas, step.permutations)):
+        by_eps = params.gate.criterion == "epsilon"
         mets, _ = retrain_equivalence_metrics(lc, ls[:n_s], lo[:n_o], lo[:n_o], labels, splits, n_permutations=perms,
-                                              seed=seed)
+                                              seed=seed, epsilon=params.gate.epsilon if by_eps else None,
+                                              confidence=1 - alpha)
         mets["candidate_is_retrain"] = 0.0
         verdict, decision, _ = look_verdict(mets, params.gate, "retrain_equivalence", alpha,
                                             k == len(step.looks) - 1, k)
         if decision != "continue":
             break
     return {"passed": bool(verdict.passed), "look": k + 1, "references": int(n_s + n_o),
-            "failures": verdict.failures[:3]}
+            "failures": verdict.failures[:3],
+            "epsilon": {key: round(v, 4) for key, v in mets.items() if key.startswith("epsilon")}}
 
 
 def cheap(p, params, candidate, rows: BatchRows, seed: int) -> tuple[bool, list[str], float]:
@@ -139,13 +142,21 @@ def cheap(p, params, candidate, rows: BatchRows, seed: int) -> tuple[bool, list[
     return not failures, failures, pval
 
 
-def stream_sets(p, rng, retained: np.ndarray, k: int, model) -> tuple[str, np.ndarray]:
-    """The k-th request of the stream (held in the bench, not in the qualification suite): 13 random sets of 5 to
-    50 rows and 7 structured ones, drawn from the rows still retained."""
+def stream_sets(p, rng, retained: np.ndarray, k: int, model, requests: str = "mixed", class_at: int | None = None
+                ) -> tuple[str, np.ndarray]:
+    """The k-th request of the stream (held in the bench, not in the qualification suite), drawn from the rows
+    still retained: `mixed`, 13 random sets of 5 to 50 rows and 7 structured ones; `random`, random sets of 10 to
+    100 rows, and every retained row of one class at batch `class_at` (None: never)."""
     plan = ["random5", "random10", "random20", "near20", "random10", "class30", "random5", "highloss10", "random50",
             "random10", "near10", "random20", "random5", "class15", "random10", "random20", "highloss20", "random5",
             "random50", "near30"]
-    kind = plan[k % len(plan)]
+    if requests == "random":  # random requests of 10-100 rows, one whole class at batch `class_at`
+        kind = "class_all" if k == class_at else f"random{int(rng.integers(10, 101))}"
+    else:
+        kind = plan[k % len(plan)]
+    if kind == "class_all":  # a class-level request: every retained row of one class
+        c = rng.choice(np.unique(p.y_np[retained]))
+        return f"class_all(class {c})", retained[p.y_np[retained] == c]
     size = int("".join(c for c in kind if c.isdigit()))
     if kind.startswith("random"):
         return kind, rng.choice(retained, size, replace=False)
@@ -205,7 +216,7 @@ def run_dataset(name: str, params, a) -> dict:
     batches = []
     for k in range(a.batches):
         t_req = time.perf_counter()
-        set_name, F = stream_sets(p, rng, retained, k, production)
+        set_name, F = stream_sets(p, rng, retained, k, production, a.requests, a.class_at)
         rows = batch_rows(p, retained, F)
         td = time.perf_counter()
         if licenses_any(qual.table, [METHOD], v.qualified_min_pass, v.qualified_bound):
@@ -215,6 +226,17 @@ def run_dataset(name: str, params, a) -> dict:
         else:  # as the flow (flows/deletion_batch.py wants_diagnostics): no gap could license, none is computed
             gap, lic = float("nan"), License(EXACT, None, "nothing licensed at any gap: diagnostics skipped")
         diag_s = time.perf_counter() - td
+        probe = None
+        if a.probe_all:  # the cheap checks AND the audit of do_nothing on every batch, whatever was licensed
+            ok_p, fail_p, p_p = cheap(p, params, production, rows, seed)
+            key = base_rows.tobytes()
+            if key not in shadows_of:
+                shadows_of[key] = train(p, batch_role_seeds(seed, "shadows", a.n, 500 + k), base_rows)
+            probe_oracles = train(p, batch_role_seeds(seed, "oracles", a.n, 2000 + k), rows.retain)
+            res_p = certify(p, params, production, shadows_of[key], probe_oracles,
+                            batch_rows(p, base_rows, np.setdiff1d(base_rows, rows.retain)), validation, seed)
+            probe = {"cheap_passed": ok_p, "cheap_failures": fail_p, "membership_p": p_p,
+                     "audit_passed": res_p["passed"], "audit_epsilon": res_p["epsilon"]}
         tm = time.perf_counter()
         ok, failures, pval = (cheap(p, params, production, rows, seed) if lic.method != EXACT else (False, [], None))
         check_s = time.perf_counter() - tm
@@ -250,7 +272,7 @@ def run_dataset(name: str, params, a) -> dict:
                         "cheap_checks_passed": ok if lic.method != EXACT else None, "membership_p": pval,
                         "cheap_failures": failures, "promoted": promoted_method, "cost_retrains": round(cost, 3),
                         "diagnostics_seconds": round(diag_s, 3), "retrain_seconds": round(retrain_s, 3),
-                        "seconds_to_promoted": round(seconds_to_promoted, 3), "audit": audit})
+                        "seconds_to_promoted": round(seconds_to_promoted, 3), "audit": audit, "probe": probe})
         b = batches[-1]
         print(f"  batch {k:2d} {set_name:22s} nF={len(F):3d} gap {gap:9.3g} licensed {lic.method:10s} "
               f"promoted {promoted_method:10s} cost {cost:5.2f} to-promoted {seconds_to_promoted:5.2f} s"
@@ -270,6 +292,7 @@ def run_dataset(name: str, params, a) -> dict:
         "mean_audit_seconds": float(np.mean([b["audit"]["seconds"] for b in audited])) if audited else None,
         # what per_batch would train to accept one approximate candidate (members of the final look)
         "per_batch_certificate_members": int(sum(sequential_step(METHOD, validation, params.gate, 1.0).references)),
+        "cheap_checks_vs_audit": cheap_vs_audit([b["probe"] for b in batches if b.get("probe")]),
         "table_rows_changed_by_audits": sum(
             (r.n, r.passes) != (t["sets"], t["passed"]) for r, t in zip(qual.table, table0))}
     return {"dataset": name, "n_train": int(len(D0)), "n": a.n, "looks": validation.looks,
@@ -278,6 +301,26 @@ def run_dataset(name: str, params, a) -> dict:
                 {"row": r.row_id, "sets": r.n, "passed": r.passes, "rate": r.rate, "lower": r.lower} for r in qual.table],
             "suite": [t.__dict__ for t in trials], "summary": summary, "batches": batches,
             "wall_seconds": round(time.perf_counter() - t_start, 1)}
+
+
+def cheap_vs_audit(probes: list[dict]) -> dict | None:
+    """The cheap checks against the audit on the batches probed (`--probe-all`): how often they pass a batch whose
+    audit fails (false pass), at the gate's alpha and, replayed from the stored membership p-values, at stricter
+    levels (the accuracy checks unchanged)."""
+    if not probes:
+        return None
+    failing = [x for x in probes if not x["audit_passed"]]
+    acc_ok = lambda x: not any(f.startswith("acc/") for f in x["cheap_failures"])  # noqa: E731
+    out = {"batches": len(probes), "audit_failed": len(failing),
+           "cheap_passed": sum(x["cheap_passed"] for x in probes),
+           "false_pass": sum(x["cheap_passed"] for x in failing),
+           "false_pass_rate": round(sum(x["cheap_passed"] for x in failing) / len(failing), 3) if failing else None,
+           "false_reject": sum((not x["cheap_passed"]) and x["audit_passed"] for x in probes)}
+    for level in (0.05, 0.2, 0.5):
+        fp = sum(acc_ok(x) and x["membership_p"] >= level for x in failing)
+        out[f"false_pass_at_membership_alpha_{level}"] = fp
+        out[f"passes_at_membership_alpha_{level}"] = sum(acc_ok(x) and x["membership_p"] >= level for x in probes)
+    return out
 
 
 BEGIN, END = "<!-- bench:stream:begin -->", "<!-- bench:stream:end -->"
@@ -358,8 +401,21 @@ def main() -> None:
     ap.add_argument("--min-pass", type=float, default=None, help="validation.qualified_min_pass (default: params.yaml's)")
     ap.add_argument("--diagnostics-solver", default=None, help="diagnostics.solver for the qualification and the "
                                                                 "stream alike (default: params.yaml's)")
+    ap.add_argument("--criterion", choices=["difference", "epsilon"], default=None,
+                    help="gate.criterion of every certificate and audit (default: params.yaml's)")
+    ap.add_argument("--epsilon-max", type=float, default=None, help="gate.epsilon.max (default: params.yaml's)")
+    ap.add_argument("--requests", choices=["mixed", "random"], default="mixed",
+                    help="mixed: random and structured sets of 5-50 rows; random: random sets of 10-100 rows")
+    ap.add_argument("--class-at", type=int, default=None, help="with --requests random: a whole-class request at "
+                                                               "this batch")
+    ap.add_argument("--probe-all", action="store_true", help="run the cheap checks and the audit of do_nothing on "
+                                                             "every batch (their false-pass rate)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/stream.json"))
     a = ap.parse_args()
+    if a.criterion:
+        params.gate.criterion = a.criterion
+    if a.epsilon_max is not None:
+        params.gate.epsilon.max = a.epsilon_max
     torch.set_num_threads(a.threads)
     if a.diagnostics_solver:
         params.diagnostics.solver = a.diagnostics_solver
@@ -370,7 +426,8 @@ def main() -> None:
     out = {"diagnostics_solver": params.diagnostics.solver, "argv": vars(a),"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.machine(),
            "threads": a.threads, "qualified_min_pass": params.validation.qualified_min_pass,
            "qualified_bound": params.validation.qualified_bound, "confidence": params.qualify.confidence,
-           "interval": params.qualify.interval, "datasets": []}
+           "interval": params.qualify.interval, "criterion": params.gate.criterion,
+           "epsilon": params.gate.epsilon.model_dump(), "datasets": []}
     for name in a.datasets.split(","):
         out["datasets"].append(run_dataset(name, params, a))
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
