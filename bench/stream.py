@@ -55,7 +55,8 @@ from unlearning.models.training import recipe_from
 from unlearning.models.zoo import spec_from
 from unlearning.plan import sequential_step
 from unlearning.qualification import (EXACT, License, Qualification, Trial, cheap_checks, draw_suite,
-                                      gap_in_noise_units, license_method, licenses_any, membership_test)
+                                      gap_in_noise_units, largest_class_share, license_method, licenses_any,
+                                      membership_test)
 from unlearning.selection import noise_floor
 from unlearning.seeds import batch_role_seeds, original_seed, role_seeds
 from unlearning.sequential import look_verdict, permutations_for
@@ -124,7 +125,8 @@ def certify(p, params, candidate, shadows, oracles, rows: BatchRows, validation,
             "epsilon": {key: round(v, 4) for key, v in mets.items() if key.startswith("epsilon")}}
 
 
-def cheap(p, params, candidate, rows: BatchRows, seed: int) -> tuple[bool, list[str], float]:
+def cheap(p, params, candidate, rows: BatchRows, seed: int, a_class_share: bool = True
+          ) -> tuple[bool, list[str], float]:
     """The qualified batch's cheap checks (tasks/qualified.py does the same in the flow): accuracy per split
     against the production model (do_nothing: the same model), membership test of forget vs validation."""
     ev = sampled_for_certificate(rows, params.validation.certificate_rows, seed)
@@ -138,7 +140,9 @@ def cheap(p, params, candidate, rows: BatchRows, seed: int) -> tuple[bool, list[
     g = params.gate.retrain_equivalence
     _, pval = membership_test(losses[f], labels[f], losses[v], labels[v], permutations_for(g.alpha, g.n_permutations),
                               seed)
-    _, failures = cheap_checks(metrics, g.max_validation_drop, pval, g.alpha)
+    share = largest_class_share(p.y_np[rows.forget], p.y_np[rows.before])
+    _, failures = cheap_checks(metrics, g.max_validation_drop, pval, g.alpha, share,
+                               params.validation.qualified_max_class_share if a_class_share else None)
     return not failures, failures, pval
 
 
@@ -228,7 +232,7 @@ def run_dataset(name: str, params, a) -> dict:
         diag_s = time.perf_counter() - td
         probe = None
         if a.probe_all:  # the cheap checks AND the audit of do_nothing on every batch, whatever was licensed
-            ok_p, fail_p, p_p = cheap(p, params, production, rows, seed)
+            ok_p, fail_p, p_p = cheap(p, params, production, rows, seed, a_class_share=False)  # as before
             key = base_rows.tobytes()
             if key not in shadows_of:
                 shadows_of[key] = train(p, batch_role_seeds(seed, "shadows", a.n, 500 + k), base_rows)
@@ -236,6 +240,7 @@ def run_dataset(name: str, params, a) -> dict:
             res_p = certify(p, params, production, shadows_of[key], probe_oracles,
                             batch_rows(p, base_rows, np.setdiff1d(base_rows, rows.retain)), validation, seed)
             probe = {"cheap_passed": ok_p, "cheap_failures": fail_p, "membership_p": p_p,
+                     "class_share": largest_class_share(p.y_np[rows.forget], p.y_np[rows.before]),
                      "audit_passed": res_p["passed"], "audit_epsilon": res_p["epsilon"]}
         tm = time.perf_counter()
         ok, failures, pval = (cheap(p, params, production, rows, seed) if lic.method != EXACT else (False, [], None))
@@ -316,6 +321,9 @@ def cheap_vs_audit(probes: list[dict]) -> dict | None:
            "false_pass": sum(x["cheap_passed"] for x in failing),
            "false_pass_rate": round(sum(x["cheap_passed"] for x in failing) / len(failing), 3) if failing else None,
            "false_reject": sum((not x["cheap_passed"]) and x["audit_passed"] for x in probes)}
+    share = lambda x: x.get("class_share", 0.0) <= 0.5  # noqa: E731  (validation.qualified_max_class_share)
+    out["false_pass_with_class_share_check"] = sum(x["cheap_passed"] and share(x) for x in failing)
+    out["passes_with_class_share_check"] = sum(x["cheap_passed"] and share(x) for x in probes)
     for level in (0.05, 0.2, 0.5):
         fp = sum(acc_ok(x) and x["membership_p"] >= level for x in failing)
         out[f"false_pass_at_membership_alpha_{level}"] = fp

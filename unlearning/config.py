@@ -329,6 +329,10 @@ class Validation(Strict):
     qualified_bound: Literal["lower", "point"] = Field(
         "lower", description="the qualified pass rate: the lower end of its interval (qualify.confidence) or the "
                              "point estimate")
+    qualified_max_class_share: float | None = Field(
+        0.5, gt=0, le=1, description="qualified mode's cheap checks: a batch whose forget rows hold more than this "
+                                     "share of some class's training rows is a class-level request, never licensed "
+                                     "(no reference-free check sees it: docs/certificate.md); null = off")
     audit: AuditSchedule = Field(AuditSchedule(every=5), description="qualified mode: which batches are audited")
 
     n_oracles: int = Field(80, ge=2)

@@ -361,13 +361,35 @@ def membership_test(forget_losses: np.ndarray, forget_labels: np.ndarray, valida
     return observed, float((1 + np.count_nonzero(null >= observed - 1e-12)) / (1 + n_permutations))
 
 
-def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p: float, alpha: float
+def largest_class_share(forget_labels: np.ndarray, before_labels: np.ndarray) -> float:
+    """The largest share of one class's training rows (before the batch) that the forget rows take: 1.0 for a
+    request of a whole class. 0 for no forget row."""
+    fy, by = np.asarray(forget_labels), np.asarray(before_labels)
+    if fy.size == 0:
+        return 0.0
+    classes, counts = np.unique(fy, return_counts=True)
+    return float(max(c / max(int(np.count_nonzero(by == k)), 1) for k, c in zip(classes, counts)))
+
+
+def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p: float, alpha: float,
+                 class_share: float | None = None, max_class_share: float | None = None
                  ) -> tuple[dict[str, dict], list[str]]:
     """The reference-free checks of a qualified batch's candidate: accuracy on each retained split and on
     validation at least the original's minus `max_drop` (gate.retrain_equivalence.max_validation_drop; None:
-    not checked), and the membership test's p-value at least `alpha`. -> (checks, failures in words)."""
+    not checked), the membership test's p-value at least `alpha`, and the forget rows' `largest_class_share` at
+    most `max_class_share` (validation.qualified_max_class_share; None: not checked): a class-level request
+    changes what a retrain predicts on the whole class, held-out rows included, so neither the accuracy against
+    the original nor the membership test against validation rows of that class can see it.
+    -> (checks, failures in words)."""
     checks: dict[str, dict] = {}
     failures: list[str] = []
+    if max_class_share is not None and class_share is not None:
+        ok = class_share <= max_class_share + 1e-12
+        checks["class_share/forget"] = {"value": class_share, "op": "<=", "limit": max_class_share, "passed": ok}
+        if not ok:
+            failures.append(f"the forget rows hold {class_share:.0%} of one class's training rows (> "
+                            f"validation.qualified_max_class_share = {max_class_share}): a class-level request is "
+                            f"never licensed")
     if max_drop is not None:
         for s in ("adjacent", "remote", "validation"):
             acc, orig = metrics.get(f"acc/{s}"), metrics.get(f"original_acc/{s}")

@@ -309,3 +309,19 @@ def test_bins_left_short_survive_the_stored_round_trip():
     q = Qualification(["do_nothing"], [0.5], 0.8, "wilson", 0.01, unfilled=["gap [0, 0.5): 2 set(s) short"])
     assert Qualification.from_dict(q.to_dict()).unfilled == q.unfilled
     assert Qualification.from_dict({**q.to_dict(), "unfilled": None}).unfilled == []  # a file from before the key
+
+
+def test_a_class_level_request_fails_the_cheap_checks():
+    """do_nothing on a whole class passes the accuracy checks (it is the original) and the membership test (the
+    class's validation rows are as well fitted as its training rows): only the class share catches it."""
+    from unlearning.qualification import cheap_checks, largest_class_share
+
+    before = np.array([0] * 10 + [1] * 20)
+    assert largest_class_share(before[:10], before) == 1.0
+    assert largest_class_share(np.array([0, 0, 1]), before) == pytest.approx(0.2)
+    assert largest_class_share(np.array([], dtype=int), before) == 0.0
+    m = {"acc/validation": 0.9, "original_acc/validation": 0.9}
+    checks, failures = cheap_checks(m, 0.05, 0.6, 0.01, class_share=1.0, max_class_share=0.5)
+    assert not checks["class_share/forget"]["passed"] and "class-level request" in failures[0]
+    assert cheap_checks(m, 0.05, 0.6, 0.01, class_share=0.2, max_class_share=0.5)[1] == []
+    assert cheap_checks(m, 0.05, 0.6, 0.01, class_share=1.0, max_class_share=None)[1] == []  # off
