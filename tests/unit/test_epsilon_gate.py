@@ -100,3 +100,9 @@ def test_config_keys_and_errors():
         parse_params({"gate": {"epsilon": {"quantile": 0}}})
     with pytest.raises(ConfigError, match="gate.epsilon.budget"):
         parse_params({"gate": {"epsilon": {"budget": 1.0}}})
+
+
+def test_compared_with_references_but_no_epsilon_never_passes_under_epsilon():
+    m = {k: v for k, v in _metrics(upper=1.0, lower=0.1, pvalue=0.9).items() if not k.startswith("epsilon")}
+    v = evaluate_gate("retrain_equivalence", m, _gate("epsilon"))
+    assert not v.passed and "not measured" in v.failures[0]
