@@ -331,6 +331,52 @@ def cheap_vs_audit(probes: list[dict]) -> dict | None:
     return out
 
 
+CHEAP_BEGIN, CHEAP_END = "<!-- cheap-checks:begin -->", "<!-- cheap-checks:end -->"
+
+
+def audit_passes_at(probe: dict, budget: float) -> bool:
+    """The probe's audit replayed at another epsilon budget: every split's upper bound (last look) within it."""
+    ups = [v for k, v in probe["audit_epsilon"].items() if k.startswith("epsilon_upper/")]
+    return bool(ups) and all(v <= budget for v in ups)
+
+
+def cheap_checks_table(run: dict, budgets=(2.5, 4.0, 6.0, 10.0)) -> str:
+    """docs/certificate.md: per dataset of a `--probe-all` run, every batch's cheap checks against its audit, and
+    the false passes at several epsilon budgets, with and without the class-share check."""
+    lines = []
+    for d in run["datasets"]:
+        probes = [b for b in d["batches"] if b.get("probe")]
+        if not probes:
+            continue
+        flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {' '.join(map(str, v)) if isinstance(v, list) else v}")
+                         for k, v in run["argv"].items() if v not in (None, False, []) and k != "out")
+        lines += [f"`python bench/stream.py {flags}`"
+                  f" ({run['date'][:10]}, {d['dataset']}, {d['n_train']} rows, N = {d['n']}; the audit under "
+                  f"`{run.get('criterion')}`):", "",
+                  "| batch | request | rows | class share | membership p | cheap checks (without / with class share) | "
+                  "audit forget epsilon (point, upper) | audit passes at " + " / ".join(f"{b:g}" for b in budgets) + " |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for b in probes:
+            x = b["probe"]
+            e = x["audit_epsilon"]
+            with_share = x["cheap_passed"] and x.get("class_share", 0.0) <= 0.5
+            lines.append(f"| {b['batch']} | {b['set']} | {b['n_forget']} | {x.get('class_share', float('nan')):.2f} | "
+                         f"{x['membership_p']:.3f} | {'pass' if x['cheap_passed'] else 'fail'} / "
+                         f"{'pass' if with_share else 'fail'} | {e.get('epsilon/forget', float('nan')):.2f}, "
+                         f"{e.get('epsilon_upper/forget', float('nan')):.2f} | "
+                         + " / ".join("yes" if audit_passes_at(x, bb) else "no" for bb in budgets) + " |")
+        lines += ["", "| epsilon budget | audits failed | cheap checks passed them (false passes, without / with class "
+                  "share) | membership test alone at alpha 0.2 |", "|---|---|---|---|"]
+        for bb in budgets:
+            failing = [b["probe"] for b in probes if not audit_passes_at(b["probe"], bb)]
+            fp = sum(x["cheap_passed"] for x in failing)
+            fp2 = sum(x["cheap_passed"] and x.get("class_share", 0.0) <= 0.5 for x in failing)
+            fp3 = sum(x["membership_p"] >= 0.2 and x.get("class_share", 0.0) <= 0.5 for x in failing)
+            lines.append(f"| {bb:g} | {len(failing)} of {len(probes)} | {fp} / {fp2} | {fp3} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 BEGIN, END = "<!-- bench:stream:begin -->", "<!-- bench:stream:end -->"
 
 
@@ -391,6 +437,10 @@ def full_tables(runs: list[dict]) -> str:
 
 def main() -> None:
     params = load_params(ROOT / "params.yaml")
+    if len(sys.argv) > 2 and sys.argv[1] == "--cheap-table":
+        write_between(ROOT / "docs" / "certificate.md", CHEAP_BEGIN, CHEAP_END,
+                      cheap_checks_table(json.loads(Path(sys.argv[2]).read_text())))
+        return
     if len(sys.argv) > 2 and sys.argv[1] == "--tables":
         runs = [json.loads(Path(f).read_text()) for f in sys.argv[2:]]
         write_between(ROOT / "README.md", BEGIN, END, compact_table(runs))
