@@ -301,6 +301,8 @@ def main() -> None:
     ap.add_argument("--leverage-sets", type=int, default=1, help="high-self-leverage forget sets (50 rows each)")
     ap.add_argument("--certificate-rows", type=int, default=None,
                     help="evaluate at most this many retain and validation rows (validation.certificate_rows)")
+    ap.add_argument("--no-policy", action="store_true", help="skip the leverage diagnostics and the policy (no "
+                                                             "predicted gap: the licensing table stays empty)")
     ap.add_argument("--tables-only", action="store_true", help="only (re)write docs/certificate.md's tables from "
                                                                  "bench/results/calibration*.json")
     a = ap.parse_args()
@@ -425,14 +427,16 @@ def main() -> None:
 
         # the policy on this set's facts (leverage diagnostics of the original, as the flow computes them)
         td = time.perf_counter()
-        report = compute_diagnostics(original, X_all[F], y_all[F], XR, yR, X_all[val_rows], y_all[val_rows],
-                                     lam=params.ggn_damping(len(train_rows)), solver=params.diagnostics.solver, device="cpu",
-                                     proj_dim=params.diagnostics.proj_dim,
-                                     check_subset=params.diagnostics.check_subset, seed=a.seed)
+        facts, sel = {}, {"candidates": [], "fired": []}
+        if not a.no_policy:
+            report = compute_diagnostics(original, X_all[F], y_all[F], XR, yR, X_all[val_rows], y_all[val_rows],
+                                         lam=params.ggn_damping(len(train_rows)), solver=params.diagnostics.solver,
+                                         device="cpu", proj_dim=params.diagnostics.proj_dim,
+                                         check_subset=params.diagnostics.check_subset, seed=a.seed)
+            facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", rows, report,
+                                oracle_forget_logits=predict_logits(oracles_a, X_all[F]))
+            sel = candidate_methods(params.deletion, facts)
         seconds_diag = time.perf_counter() - td
-        facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", rows, report,
-                            oracle_forget_logits=predict_logits(oracles_a, X_all[F]))
-        sel = candidate_methods(params.deletion, facts)
         regret, first_passed, chosen = 0.0, None, None
         for c in sel["candidates"]:
             if c not in results:
@@ -478,6 +482,8 @@ def main() -> None:
             s["pass_rate_where_gap_exceeds_floor"] = float(np.mean(big)) if big else None
         summary[mm] = s
     pol = [r["policy"] for r in rows_out]
+    pol = [p for p in pol if p["first_passed"] is not None] or [{"first_passed": False, "seconds_on_failed": 0.0,
+                                                                 "retrain_seconds": 1.0, "passed_with": None}]
     policy = {"first_candidate_pass_rate": float(np.mean([p["first_passed"] for p in pol])),
               "median_seconds_on_failed": float(np.median([p["seconds_on_failed"] for p in pol])),
               "max_seconds_on_failed": float(max(p["seconds_on_failed"] for p in pol)),

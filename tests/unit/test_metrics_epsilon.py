@@ -143,3 +143,12 @@ def test_bad_input_names_the_field():
         gaussian_epsilon(np.zeros((1, 2)), np.zeros((3, 2)), DELTA)
     with pytest.raises(ValueError, match="quantile"):
         aggregate([1.0], 1.5)
+
+
+def test_infinite_rows_stay_infinite_through_quantiles():
+    assert aggregate([1.0, np.inf, np.inf], 0.95)["quantile"] == np.inf
+    assert aggregate([1.0, 2.0, np.inf], 0.5)["quantile"] == 2.0
+    # two constant sides that differ: mu = inf on every resample, so both bounds are inf, not NaN
+    u, r = np.zeros((3, 2)), np.ones((3, 2))
+    got = gaussian_epsilon(u, r, DELTA, 0.9, n_bootstrap=20)
+    assert np.isinf(got.point).all() and np.isinf(got.lower).all() and np.isinf(got.upper).all()

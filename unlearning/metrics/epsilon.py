@@ -245,9 +245,18 @@ def gaussian_epsilon(u: Any, r: Any, delta: float, confidence: float = 0.95, *, 
     point = gdp_epsilon(gaussian_mu(U, R), delta)
     n_boot = max(int(n_bootstrap), math.ceil(2 / (1 - confidence)))
     boot = _bootstrap_mu(U, R, n_boot, seed)
-    mu_lo = np.quantile(boot, 1 - confidence, axis=0)
-    mu_hi = np.quantile(boot, confidence, axis=0)
+    mu_lo = _quantile(boot, 1 - confidence, axis=0)
+    mu_hi = _quantile(boot, confidence, axis=0)
     return RowEpsilon(point, gdp_epsilon(mu_lo, delta), gdp_epsilon(mu_hi, delta))
+
+
+BIG = 1e300  # stands for inf inside a quantile (linear interpolation between two infs is inf - inf = NaN)
+
+
+def _quantile(x: np.ndarray, q: float, axis=None) -> np.ndarray | float:
+    """np.quantile (linear) that keeps infinite values infinite."""
+    out = np.quantile(np.nan_to_num(x, posinf=BIG), q, axis=axis)
+    return np.where(out >= BIG, np.inf, out) if isinstance(out, np.ndarray) else (np.inf if out >= BIG else out)
 
 
 def row_epsilon(u: Any, r: Any, estimator: str, delta: float, confidence: float = 0.95, *,
@@ -270,7 +279,7 @@ def aggregate(eps: Any, quantile: float) -> dict[str, float]:
     e = as_f64(eps, "eps").ravel()
     if e.size == 0:
         return {"mean": math.nan, "quantile": math.nan}
-    return {"mean": float(e.mean()), "quantile": float(np.quantile(e, quantile))}
+    return {"mean": float(e.mean()), "quantile": float(_quantile(e, quantile))}
 
 
 def epsilon_metrics(u: Any, r: Any, splits: Any, estimator: str, delta: float, quantile: float,
