@@ -182,7 +182,8 @@ def epsilon_by_kind(sets: list[dict]) -> dict:
                     xs = [v[sp]["mean"] for v in vals if sp in v]
                     if xs:
                         out.setdefault(m, {}).setdefault(est, {}).setdefault(k, {})[sp] = {
-                            "median": round(float(np.median(xs)), 3), "max": round(float(np.max(xs)), 3), "n": len(xs)}
+                            "median": round(float(np.median(xs)), 3), "min": round(float(np.min(xs)), 3),
+                            "max": round(float(np.max(xs)), 3), "n": len(xs)}
     return out
 
 
@@ -243,12 +244,14 @@ def docs_tables(results: dict[str, dict]) -> str:
         for b in out["epsilon_budgets"]:
             lines.append(f"| {name} | {b['budget']:g} | {fmt(b['retrain_indep'])} | {fmt(b['do_nothing_far'])} | "
                          f"{fmt(b['do_nothing_random'])} |")
-    lines += ["", "Batch-mean epsilon per row kind (Gaussian estimator at full N; median over sets, max in brackets):",
+    lines += ["", "Batch-mean epsilon per kind of set and split (Gaussian estimator at full N): the median over "
+              "sets, and the smallest and the largest in brackets:",
               "", "| dataset | method | kind of set | forget | retain | validation |", "|---|---|---|---|---|---|"]
     for name, out in results.items():
         for m, by_est in out["epsilon_by_kind"].items():
             for k, sp in by_est.get("gaussian", {}).items():
-                cells = " | ".join(f"{sp[x]['median']:.2f} ({sp[x]['max']:.2f})" if x in sp else "" for x in EPS_SPLITS)
+                cells = " | ".join(f"{sp[x]['median']:.2f} ({sp[x].get('min', float('nan')):.2f}-{sp[x]['max']:.2f})"
+                                   if x in sp else "" for x in EPS_SPLITS)
                 lines.append(f"| {name} | `{m}` | {k} ({sp['forget']['n']}) | {cells} |")
     lines += ["", "The rule \"do_nothing where the predicted gap is at most g\" on these sets (audited under epsilon at "
               "the default budget, and under difference):", "",

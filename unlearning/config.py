@@ -409,7 +409,7 @@ class EpsilonGate(Strict):
     """The equivalence question (docs/certificate.md, "The epsilon criterion"): how far from retraining, at most,
     in differential privacy's epsilon, per row of each split, aggregated by a high quantile."""
 
-    max: float = Field(2.5, gt=0, description="the budget: a split passes when the `quantile` of its rows' epsilon "
+    max: float = Field(3.0, gt=0, description="the budget: a split passes when the `quantile` of its rows' epsilon "
                                               "upper bounds is at most this (rejected early when the lower bounds' "
                                               "quantile exceeds it)")
     delta: float = Field(1e-3, gt=0, lt=1, description="the delta of (epsilon, delta)-indistinguishability")
