@@ -406,7 +406,7 @@ class SuppressionGate(Strict):
 
 
 class EpsilonGate(Strict):
-    """The equivalence question (docs/certificate.md, "The epsilon criterion"): how far from retraining, at most,
+    """The equivalence question (docs/certificate.md, "Two questions"): how far from retraining, at most,
     in differential privacy's epsilon, per row of each split, aggregated by a high quantile."""
 
     max: float = Field(3.0, gt=0, description="the budget: a split passes when the `quantile` of its rows' epsilon "

@@ -1,6 +1,6 @@
 """How far a candidate is from retraining, in differential privacy's unit: a per-row epsilon with confidence
 bounds, from the shadow-unlearned models' and the oracles' statistics on that row (docs/design.md §4.2;
-/work/shared design §4.7; docs/certificate.md, "The epsilon criterion").
+docs/certificate.md, "Two questions: gate.criterion").
 
 For one row x let U be the statistic (the margin, log(p/(1-p)) of the true label: metrics/margins.py) over the
 N_u shadow-unlearned models, and R the same over the N_o oracles. If the two distributions are (eps, delta)-
