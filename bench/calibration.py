@@ -15,8 +15,17 @@ Per forget set (random sets of sizes 10, 50 and 200, one whole class, the highes
   N-vs-N measure of how far the original is from a retrain ("exceeds the floor" when > 1.5);
 - the policy (unlearning.selection.candidate_methods over the leverage diagnostics): whether its first candidate
   passed, and the seconds spent on candidates that failed before the first passing one (regret).
-Prints a table per method and writes bench/results/calibration.json.
+- both gate criteria (`gate.criterion`): `difference` (the verdicts above) and `epsilon` (the same looks, rejecting
+  when a split's epsilon lower bound exceeds gate.epsilon.max, accepting at the last look when its upper bound is
+  below it; unlearning/metrics/epsilon.py), with the per-look bounds stored so `epsilon_budgets` can replay the
+  looks at every budget of a grid; each method's per-row epsilon (both estimators, at full N) per split and kind
+  of set (random, class, high leverage);
+- the licensing rule of doing nothing (`licensing`): do_nothing where the predicted gap (leverage diagnostics, in
+  noise units) is at most g, for g at each set's own gap, and its precision: how often a licensed set then fails its audit.
+`--dataset fashion_mnist --rows 8000` runs the same on Fashion-MNIST (the Debian package dataset-fashion-mnist).
+Prints a table per method and writes bench/results/calibration.json (calibration_<dataset>.json for others).
 Usage: python bench/calibration.py [--n 80] [--random-sets 21] [--finetune-sets 2] [--newton-sets 0] [--threads 2]
+       [--dataset digits] [--rows 8000] [--class-sets 1] [--leverage-sets 1] [--certificate-rows N]
 """
 
 from __future__ import annotations
@@ -40,7 +49,13 @@ from unlearning.sequential import look_verdict
 from unlearning.leverage import compute_diagnostics
 from unlearning.methods import run_method
 from unlearning.methods.base import UnlearnContext
+from unlearning.data import load_dataset
 from unlearning.metrics import klom, klom_summary, margins
+from unlearning.metrics.epsilon import epsilon_metrics, row_epsilon
+from unlearning.models.training import recipe_from
+from unlearning.models.zoo import spec_from
+from unlearning.studies.digits import DigitsProblem
+from unlearning.batch import sampled_for_certificate
 from unlearning.models import predict_logits
 from unlearning.seeds import method_seed, original_seed, role_seeds
 from unlearning.selection import batch_facts, candidate_methods
@@ -53,14 +68,220 @@ METHODS = ("do_nothing", "gradient_ascent", "descent_ascent")
 _train = train_members
 
 
-def forget_sets(rng, train_rows, y, n_random, self_lev_rank) -> list[tuple[str, np.ndarray]]:
+def forget_sets(rng, train_rows, y, n_random, self_lev_rank, class_sets: int = 1, leverage_sets: int = 1
+                ) -> list[tuple[str, np.ndarray]]:
     sizes = (10, 50, 200)
     out = [(f"random{sizes[k % 3]}_{k // 3}", np.sort(rng.choice(train_rows, sizes[k % 3], replace=False)))
            for k in range(n_random)]
-    out.append(("class_3", train_rows[y[train_rows] == 3]))
+    for c in (3, 8, 5, 1, 7, 0, 2, 4, 6, 9)[:class_sets]:
+        out.append((f"class_{c}", train_rows[y[train_rows] == c]))
     if self_lev_rank is not None:
-        out.append(("high_self_leverage50", np.sort(train_rows[self_lev_rank[:50]])))
+        for k in range(leverage_sets):  # consecutive windows of 50 down the ranking
+            out.append((f"high_self_leverage50" + (f"_{k}" if k else ""),
+                        np.sort(train_rows[self_lev_rank[50 * k:50 * (k + 1)]])))
     return out
+
+
+def kind_of(name: str) -> str:
+    return "class" if name.startswith("class") else "high_leverage" if name.startswith("high") else "random"
+
+
+def load_problem(params, name: str, rows: int | None) -> DigitsProblem:
+    """digits (the default problem) or Fashion-MNIST at `rows` training rows, with the model and recipe of
+    params.yaml."""
+    if name == "digits":
+        return digits_problem(params)
+    ds = load_dataset(name, seed=params.base.seed, val_fraction=params.prepare.val_fraction,
+                      fashion_mnist_dir=params.prepare.fashion_mnist_dir, max_train=rows, max_val=2000)
+    y = np.asarray(ds.label).astype(np.int64)
+    split = np.asarray(ds.split)
+    return DigitsProblem(X=torch.as_tensor(np.asarray(ds.X), dtype=torch.float32), y=torch.as_tensor(y), y_np=y,
+                         train_rows=np.flatnonzero(split == "train"), val_rows=np.flatnonzero(split == "val"),
+                         spec=spec_from(params.train.model, ds.in_shape, ds.n_classes), recipe=recipe_from(params.train))
+
+
+EPS_SPLITS = ("forget", "retain", "validation")
+
+
+def epsilon_distribution(m_unl: np.ndarray, m_orc: np.ndarray, splits: np.ndarray, delta: float,
+                         quantile: float, seed: int) -> dict:
+    """Per estimator and split (forget, retain = adjacent + remote, validation): the mean and the `quantile` of
+    the rows' point estimates, and the quantile of their upper bounds (one-sided 0.95), at full N."""
+    merged = np.where(np.isin(splits, ("adjacent", "remote")), "retain", splits)
+    out = {}
+    for est in ("gaussian", "threshold"):
+        rows = row_epsilon(m_unl, m_orc, est, delta, 0.95, seed=seed)
+        out[est] = {s: {"mean": round(float(rows.point[merged == s].mean()), 4),
+                        "q": round(float(np.quantile(rows.point[merged == s], quantile)), 4),
+                        "upper_q": round(float(np.quantile(rows.upper[merged == s], quantile)), 4)}
+                    for s in EPS_SPLITS if (merged == s).any()}
+    return out
+
+
+def epsilon_decision(looks: list[dict], budget: float) -> tuple[bool, int]:
+    """Replay the epsilon criterion's looks at `budget`: reject at the first look where some split's lower bound
+    exceeds it; at the last, accept when every split's upper bound is within it. -> (passed, looks taken)."""
+    for k, lk in enumerate(looks):
+        if any(not (v <= budget) for v in lk["lower"].values()):
+            return False, k + 1
+    return all(v <= budget for v in looks[-1]["upper"].values()), len(looks)
+
+
+# --- the two criteria, the budget and the licensing rule, from the per-set records --------------------------------
+
+BUDGETS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+FAR_KINDS = ("class", "high_leverage")
+
+
+def _rate(xs: list[bool]) -> dict:
+    return {"n": len(xs), "accepted": int(sum(xs)), "rate": round(float(np.mean(xs)), 3) if xs else None}
+
+
+def criteria_summary(sets: list[dict], budget: float) -> dict:
+    """Per criterion: the independent retrain's acceptance over every set, do_nothing's on the sets whose true gap
+    is large (a class, high leverage), and every method's acceptance per kind of set."""
+    out = {}
+    for crit in ("difference", "epsilon"):
+        def ok(res):
+            return res["passed"] if crit == "difference" else epsilon_decision(res["epsilon_criterion"]["looks"],
+                                                                               budget)[0]
+        per_method = {}
+        for m in dict.fromkeys(m for r in sets for m in r["methods"]):
+            per_method[m] = {k: _rate([ok(r["methods"][m]) for r in sets if r["kind"] == k and m in r["methods"]])
+                             for k in ("random", "class", "high_leverage")}
+        out[crit] = {"retrain_indep": _rate([ok(r["methods"]["retrain_indep"]) for r in sets]),
+                     "do_nothing_far": _rate([ok(r["methods"]["do_nothing"]) for r in sets
+                                              if r["kind"] in FAR_KINDS and "do_nothing" in r["methods"]]),
+                     "per_method": per_method}
+    return out
+
+
+def epsilon_budgets(sets: list[dict], grid=BUDGETS) -> list[dict]:
+    """The epsilon criterion replayed at each budget: the independent retrain's acceptance (target >= 0.95),
+    do_nothing's on far sets (target <= 0.05) and on random sets."""
+    rows = []
+    for b in grid:
+        def acc(m, kinds):
+            return _rate([epsilon_decision(r["methods"][m]["epsilon_criterion"]["looks"], b)[0] for r in sets
+                          if r["kind"] in kinds and m in r["methods"]])
+        rows.append({"budget": b, "retrain_indep": acc("retrain_indep", ("random", *FAR_KINDS)),
+                     "do_nothing_far": acc("do_nothing", FAR_KINDS), "do_nothing_random": acc("do_nothing", ("random",))})
+    return rows
+
+
+def epsilon_by_kind(sets: list[dict]) -> dict:
+    """Per method, estimator, kind of set and split: the median and the max over sets of the batch-mean epsilon."""
+    out: dict = {}
+    for m in dict.fromkeys(m for r in sets for m in r["methods"]):
+        for est in ("gaussian", "threshold"):
+            for k in ("random", "class", "high_leverage"):
+                vals = [r["methods"][m]["epsilon_rows"][est] for r in sets if r["kind"] == k and m in r["methods"]]
+                if not vals:
+                    continue
+                for sp in EPS_SPLITS:
+                    xs = [v[sp]["mean"] for v in vals if sp in v]
+                    if xs:
+                        out.setdefault(m, {}).setdefault(est, {}).setdefault(k, {})[sp] = {
+                            "median": round(float(np.median(xs)), 3), "min": round(float(np.min(xs)), 3),
+                            "max": round(float(np.max(xs)), 3), "n": len(xs)}
+    return out
+
+
+def licensing(sets: list[dict], budget: float, cuts=None) -> list[dict]:
+    """The rule "do_nothing where the predicted gap is at most g" on these sets, per g (default: every set's own
+    predicted gap, so each row licenses one more set): how many it licenses and how many of those fail their
+    audit under each criterion (the rule's false accepts; precision = 1 - that rate)."""
+    gaps = [r["facts"].get("predicted_gap_to_noise") for r in sets]
+    cuts = cuts if cuts is not None else sorted({float(g) for g in gaps if g is not None and np.isfinite(g)})
+    rows = []
+    for g in cuts:
+        lic = [r for r in sets if r["facts"].get("predicted_gap_to_noise", np.inf) <= g and "do_nothing" in r["methods"]]
+        fail_eps = [not epsilon_decision(r["methods"]["do_nothing"]["epsilon_criterion"]["looks"], budget)[0] for r in lic]
+        fail_diff = [not r["methods"]["do_nothing"]["passed"] for r in lic]
+        rows.append({"gap_below": round(g, 4), "licensed": len(lic), "kinds": sorted({r["kind"] for r in lic}),
+                     "fail_epsilon": int(sum(fail_eps)), "fail_difference": int(sum(fail_diff)),
+                     "false_accept_rate_epsilon": round(float(np.mean(fail_eps)), 3) if lic else None})
+    return rows
+
+
+def gap_vs_epsilon(sets: list[dict]) -> dict:
+    """The predicted gap (noise units) against do_nothing's measured forget epsilon (gaussian, batch mean): a
+    least-squares line of log(1 + epsilon) on log(1 + gap) (a class's epsilon runs to hundreds) and the rank
+    correlation."""
+    pts = [(r["facts"].get("predicted_gap_to_noise"), r["methods"]["do_nothing"]["epsilon_rows"]["gaussian"]["forget"]["mean"])
+           for r in sets if "do_nothing" in r["methods"] and r["facts"].get("predicted_gap_to_noise") is not None]
+    pts = [(g, e) for g, e in pts if np.isfinite(g) and np.isfinite(e)]
+    if len(pts) < 3:
+        return {"n": len(pts)}
+    g, e = np.log1p(np.array([p[0] for p in pts])), np.log1p(np.array([p[1] for p in pts]))
+    slope, icpt = np.polyfit(g, e, 1)
+    rg, re = np.argsort(np.argsort(g)), np.argsort(np.argsort(e))
+    return {"n": len(pts), "slope_log1p_eps_per_log1p_gap": round(float(slope), 3), "intercept": round(float(icpt), 3),
+            "spearman": round(float(np.corrcoef(rg, re)[0, 1]), 3),
+            "points": [[round(float(a), 4), round(float(b), 4)] for a, b in pts]}
+
+
+DOCS_BEGIN, DOCS_END = "<!-- calibration-epsilon:begin -->", "<!-- calibration-epsilon:end -->"
+
+
+def docs_tables(results: dict[str, dict]) -> str:
+    """The calibration tables of docs/certificate.md from one calibration JSON per dataset."""
+    lines = ["| dataset (N per role, sets) | criterion | independent retrain accepted (target >= 0.95) | "
+             "do_nothing accepted on class / high-leverage sets (target <= 0.05) | do_nothing on random sets |",
+             "|---|---|---|---|---|"]
+    fmt = lambda r: f"{r['rate']:.2f} ({r['accepted']}/{r['n']})" if r["n"] else "no set"  # noqa: E731
+    for name, out in results.items():
+        for crit, c in out["criteria"].items():
+            rnd = c["per_method"].get("do_nothing", {}).get("random", {"n": 0})
+            label = f"epsilon <= {out['epsilon_gate']['max']:g} ({out['epsilon_gate']['estimator']})" \
+                if crit == "epsilon" else "difference"
+            lines.append(f"| {name} (N = {out['n']}, {out['n_sets']} sets) | {label} | {fmt(c['retrain_indep'])} | "
+                         f"{fmt(c['do_nothing_far'])} | {fmt(rnd)} |")
+    lines += ["", "The epsilon criterion replayed at other budgets (same looks, same references):", "",
+              "| dataset | budget | independent retrain accepted | do_nothing on class / high leverage | "
+              "do_nothing on random sets |", "|---|---|---|---|---|"]
+    for name, out in results.items():
+        for b in out["epsilon_budgets"]:
+            lines.append(f"| {name} | {b['budget']:g} | {fmt(b['retrain_indep'])} | {fmt(b['do_nothing_far'])} | "
+                         f"{fmt(b['do_nothing_random'])} |")
+    lines += ["", "Batch-mean epsilon per kind of set and split (Gaussian estimator at full N): the median over "
+              "sets, and the smallest and the largest in brackets:",
+              "", "| dataset | method | kind of set | forget | retain | validation |", "|---|---|---|---|---|---|"]
+    for name, out in results.items():
+        for m, by_est in out["epsilon_by_kind"].items():
+            for k, sp in by_est.get("gaussian", {}).items():
+                cells = " | ".join(f"{sp[x]['median']:.2f} ({sp[x].get('min', float('nan')):.2f}-{sp[x]['max']:.2f})"
+                                   if x in sp else "" for x in EPS_SPLITS)
+                lines.append(f"| {name} | `{m}` | {k} ({sp['forget']['n']}) | {cells} |")
+    lines += ["", "The rule \"do_nothing where the predicted gap is at most g\" on these sets (audited under epsilon at "
+              "the default budget, and under difference):", "",
+              "| dataset | g (noise units) | sets licensed | kinds | failed audit (epsilon) | failed audit (difference) |",
+              "|---|---|---|---|---|---|"]
+    for name, out in results.items():
+        for r in out["licensing"]:
+            lines.append(f"| {name} | {r['gap_below']:g} | {r['licensed']} | {', '.join(r['kinds']) or '-'} | "
+                         f"{r['fail_epsilon']} | {r['fail_difference']} |")
+    return "\n".join(lines)
+
+
+def write_docs(paths: list[str], docs: str) -> None:
+    from results_io import write_between
+
+    results = {}
+    for p in paths:
+        if Path(p).exists():
+            out = json.loads(Path(p).read_text())
+            if "epsilon_gate" not in out:
+                continue  # a calibration JSON from before the epsilon criterion
+            # recomputed at params.yaml's budget (the stored per-look bounds do not depend on it)
+            sets, budget = out["sets"], load_params(ROOT / "params.yaml").gate.epsilon.max
+            out["epsilon_gate"]["max"] = budget
+            out.update(criteria=criteria_summary(sets, budget), epsilon_budgets=epsilon_budgets(sets),
+                       epsilon_by_kind=epsilon_by_kind(sets), licensing=licensing(sets, budget))
+            results[out.get("dataset", "digits")] = out
+    if results:
+        write_between(docs, DOCS_BEGIN, DOCS_END, docs_tables(results))
+        print(f"wrote the tables of {sorted(results)} into {docs}")
 
 
 def main() -> None:
@@ -75,18 +296,38 @@ def main() -> None:
     ap.add_argument("--n-permutations", type=int, default=params.gate.retrain_equivalence.n_permutations)
     ap.add_argument("--seed", type=int, default=params.base.seed)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "bench/results/calibration.json"))
+    ap.add_argument("--out", default=None, help="default bench/results/calibration.json (digits), "
+                                                "calibration_<dataset>.json otherwise")
+    ap.add_argument("--dataset", default="digits", choices=("digits", "fashion_mnist"))
+    ap.add_argument("--rows", type=int, default=8000, help="training rows of Fashion-MNIST")
+    ap.add_argument("--class-sets", type=int, default=1, help="whole-class forget sets")
+    ap.add_argument("--leverage-sets", type=int, default=1, help="high-self-leverage forget sets (50 rows each)")
+    ap.add_argument("--certificate-rows", type=int, default=None,
+                    help="evaluate at most this many retain and validation rows (validation.certificate_rows)")
+    ap.add_argument("--no-policy", action="store_true", help="skip the leverage diagnostics and the policy (no "
+                                                             "predicted gap: the licensing table stays empty)")
+    ap.add_argument("--tables-only", action="store_true", help="only (re)write docs/certificate.md's tables from "
+                                                                 "bench/results/calibration*.json")
     a = ap.parse_args()
+    results_files = [str(ROOT / "bench/results/calibration.json"),
+                     str(ROOT / "bench/results/calibration_fashion_mnist.json")]
+    if a.tables_only:
+        write_docs(results_files, str(ROOT / "docs/certificate.md"))
+        return
+    a.out = a.out or str(ROOT / "bench/results" / ("calibration.json" if a.dataset == "digits"
+                                                   else f"calibration_{a.dataset}.json"))
     torch.set_num_threads(a.threads)
     gate = params.gate.model_copy(deep=True)
     gate.retrain_equivalence.n_permutations = a.n_permutations
+    eps_gate = gate.model_copy(update={"criterion": "epsilon"})
+    eps_cfg = eps_gate.epsilon
     # the sequential certificate's looks at this N (unlearning/plan.py, unlearning/sequential.py)
     validation = params.validation.model_copy(update={"n_oracles": a.n, "n_shadows": a.n})
     seq = sequential_step("bench", validation, gate, 1.0)
     looks = (seq.looks, seq.alphas, seq.permutations)
     t_start = time.perf_counter()
 
-    prob = digits_problem(params)
+    prob = load_problem(params, a.dataset, a.rows)
     X_all, y_all, y_np, spec, recipe = prob.X, prob.y, prob.y_np, prob.spec, prob.recipe
     train_rows, val_rows = prob.train_rows, prob.val_rows
     XD, yD = X_all[train_rows], y_all[train_rows]
@@ -102,7 +343,8 @@ def main() -> None:
         loss = torch.nn.functional.cross_entropy(predict_logits(original, XD)[0], yD, reduction="none").numpy()
     rank = np.argsort(-loss)
     rng = np.random.default_rng(a.seed + 12)
-    sets = forget_sets(rng, train_rows, y_np, a.random_sets, None if a.no_special else rank)
+    sets = forget_sets(rng, train_rows, y_np, a.random_sets, None if a.no_special else rank, a.class_sets,
+                       a.leverage_sets)
     if a.no_special:
         sets = [s for s in sets if not s[0].startswith("class")]
     methods = [s for s in a.methods.split(",") if s]
@@ -114,7 +356,7 @@ def main() -> None:
         forget_classes = np.unique(y_np[F])
         adjacent_mask = np.isin(y_np[R], forget_classes)
         rows = BatchRows(before=train_rows, forget=F, retain=R, adjacent_mask=adjacent_mask, validation=val_rows)
-        eval_rows, splits = rows.eval_rows()
+        eval_rows, splits = sampled_for_certificate(rows, a.certificate_rows, a.seed).eval_rows()
         labels = y_np[eval_rows]
         XR, yR = X_all[R], y_all[R]
         oracles_a = _train(spec, role_seeds(a.seed, "oracles", a.n), XR, yR, recipe)
@@ -145,7 +387,20 @@ def main() -> None:
                 v, decision, _ = look_verdict(mets, gate, "retrain_equivalence", alpha_k, k == len(plan[0]) - 1, k)
                 if decision != "continue":
                     break
+            # the epsilon criterion: the same looks over the same references, bounds at the look's 1 - alpha
+            eps_looks, m_s, m_o = [], margins(shadow_unl, labels), margins(orc, labels)
+            for (n_s2, n_o2), alpha_k in zip(plan[0], plan[1]):
+                e, _ = epsilon_metrics(m_s[:n_s2], m_o[:n_o2], splits, eps_cfg.estimator, eps_cfg.delta,
+                                       eps_cfg.quantile, 1 - alpha_k, n_bootstrap=eps_cfg.n_bootstrap, seed=a.seed)
+                eps_looks.append({"refs": int(n_s2 + n_o2), "alpha": alpha_k,
+                                  "lower": {s: round(e[f"epsilon_lower/{s}"], 4) for s in SPLITS if f"epsilon_lower/{s}" in e},
+                                  "upper": {s: round(e[f"epsilon_upper/{s}"], 4) for s in SPLITS if f"epsilon_upper/{s}" in e},
+                                  "point": {s: round(e[f"epsilon/{s}"], 4) for s in SPLITS if f"epsilon/{s}" in e}})
+            e_passed, e_look = epsilon_decision(eps_looks, eps_cfg.max)
             results[method] = {
+                "epsilon_criterion": {"passed": e_passed, "look": e_look, "references": eps_looks[e_look - 1]["refs"],
+                                      "looks": eps_looks},
+                "epsilon_rows": epsilon_distribution(m_s, m_o, splits, eps_cfg.delta, eps_cfg.quantile, a.seed),
                 "passed": v.passed, "failures": v.failures, "seconds": round(seconds, 3),
                 "look": k + 1, "references": int(n_s + n_o),
                 **{f"klom_p95/{s}": mets.get(f"klom_p95/{s}") for s in SPLITS},
@@ -175,14 +430,16 @@ def main() -> None:
 
         # the policy on this set's facts (leverage diagnostics of the original, as the flow computes them)
         td = time.perf_counter()
-        report = compute_diagnostics(original, X_all[F], y_all[F], XR, yR, X_all[val_rows], y_all[val_rows],
-                                     lam=params.ggn_damping(len(train_rows)), solver=params.diagnostics.solver, device="cpu",
-                                     proj_dim=params.diagnostics.proj_dim,
-                                     check_subset=params.diagnostics.check_subset, seed=a.seed)
+        facts, sel = {}, {"candidates": [], "fired": []}
+        if not a.no_policy:
+            report = compute_diagnostics(original, X_all[F], y_all[F], XR, yR, X_all[val_rows], y_all[val_rows],
+                                         lam=params.ggn_damping(len(train_rows)), solver=params.diagnostics.solver,
+                                         device="cpu", proj_dim=params.diagnostics.proj_dim,
+                                         check_subset=params.diagnostics.check_subset, seed=a.seed)
+            facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", rows, report,
+                                oracle_forget_logits=predict_logits(oracles_a, X_all[F]))
+            sel = candidate_methods(params.deletion, facts)
         seconds_diag = time.perf_counter() - td
-        facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", rows, report,
-                            oracle_forget_logits=predict_logits(oracles_a, X_all[F]))
-        sel = candidate_methods(params.deletion, facts)
         regret, first_passed, chosen = 0.0, None, None
         for c in sel["candidates"]:
             if c not in results:
@@ -193,7 +450,7 @@ def main() -> None:
                 chosen = c
                 break
             regret += results[c]["seconds"]
-        rows_out.append({"set": name, "n_forget": int(len(F)), "true_gap_ratio": round(true_gap_ratio, 3),
+        rows_out.append({"set": name, "kind": kind_of(name), "n_forget": int(len(F)), "true_gap_ratio": round(true_gap_ratio, 3),
                          "do_nothing_exceeds_floor": bool(true_gap_ratio > 1.5),
                          "facts": {k2: v for k2, v in facts.items() if isinstance(v, (int, float, bool, str))},
                          "policy": {"candidates": sel["candidates"], "fired": [f[0] for f in sel["fired"]],
@@ -204,7 +461,9 @@ def main() -> None:
         r = rows_out[-1]
         print(f"[{k + 1}/{len(sets)}] {name:22s} nF={len(F):4d} gap/floor={true_gap_ratio:6.2f} "
               f"pred_gap/noise={facts.get('predicted_gap_to_noise', float('nan')):8.3g} "
-              + " ".join(f"{mm}={'P' if res['passed'] else 'F'}" for mm, res in results.items())
+              + " ".join(f"{mm}={'P' if res['passed'] else 'F'}/{'P' if res['epsilon_criterion']['passed'] else 'F'}"
+                         f"(eps {res['epsilon_rows']['gaussian'].get('forget', {}).get('mean', float('nan')):.2f})"
+                         for mm, res in results.items())
               + f" policy={sel['candidates']} first={'P' if first_passed else 'F'} ({r['seconds']:.0f}s)", flush=True)
 
     # summary per method
@@ -226,6 +485,8 @@ def main() -> None:
             s["pass_rate_where_gap_exceeds_floor"] = float(np.mean(big)) if big else None
         summary[mm] = s
     pol = [r["policy"] for r in rows_out]
+    pol = [p for p in pol if p["first_passed"] is not None] or [{"first_passed": False, "seconds_on_failed": 0.0,
+                                                                 "retrain_seconds": 1.0, "passed_with": None}]
     policy = {"first_candidate_pass_rate": float(np.mean([p["first_passed"] for p in pol])),
               "median_seconds_on_failed": float(np.median([p["seconds_on_failed"] for p in pol])),
               "max_seconds_on_failed": float(max(p["seconds_on_failed"] for p in pol)),
@@ -237,7 +498,17 @@ def main() -> None:
            "looks": [list(x) for x in looks[0]], "alphas": list(looks[1]), "permutations": list(looks[2]),
            "n_sets": len(rows_out), "shadow_train_seconds": round(seconds_shadows, 2),
            "wall_seconds": round(time.perf_counter() - t_start, 1), "summary": summary, "policy": policy,
-           "sets": rows_out}
+           "dataset": a.dataset, "train_rows": int(len(train_rows)), "certificate_rows": a.certificate_rows,
+           "epsilon_gate": eps_cfg.model_dump(),
+           "criteria": criteria_summary(rows_out, eps_cfg.max), "epsilon_budgets": epsilon_budgets(rows_out),
+           "epsilon_by_kind": epsilon_by_kind(rows_out), "licensing": licensing(rows_out, eps_cfg.max),
+           "gap_vs_epsilon": gap_vs_epsilon(rows_out), "sets": rows_out}
+    for crit, c in out["criteria"].items():
+        print(f"criterion {crit}: independent retrain accepted {c['retrain_indep']}, do_nothing on class / high "
+              f"leverage {c['do_nothing_far']}")
+    for b in out["epsilon_budgets"]:
+        print(f"  budget {b['budget']}: retrain {b['retrain_indep']['rate']}, do_nothing far {b['do_nothing_far']['rate']}, "
+              f"random {b['do_nothing_random']['rate']}")
     print(f"\nN = {a.n}, {len(rows_out)} forget sets, alpha = {out['alpha']}, {a.n_permutations} permutations, "
           f"{out['cores']} threads, {out['wall_seconds']:.0f} s")
     print(f"looks (shadows, oracles) {looks[0]}, alpha per look {[round(x, 5) for x in looks[1]]}")
@@ -254,6 +525,7 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=float))
     print(f"wrote {a.out}")
+    write_docs(results_files, str(ROOT / "docs/certificate.md"))
 
 
 if __name__ == "__main__":

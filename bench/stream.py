@@ -55,7 +55,8 @@ from unlearning.models.training import recipe_from
 from unlearning.models.zoo import spec_from
 from unlearning.plan import sequential_step
 from unlearning.qualification import (EXACT, License, Qualification, Trial, cheap_checks, draw_suite,
-                                      gap_in_noise_units, license_method, licenses_any, membership_test)
+                                      gap_in_noise_units, largest_class_share, license_method, licenses_any,
+                                      membership_test)
 from unlearning.selection import noise_floor
 from unlearning.seeds import batch_role_seeds, original_seed, role_seeds
 from unlearning.sequential import look_verdict, permutations_for
@@ -110,18 +111,22 @@ def certify(p, params, candidate, shadows, oracles, rows: BatchRows, validation,
     labels, Xe = p.y_np[eval_rows], p.X[eval_rows]
     lc, ls, lo = predict_logits(candidate, Xe), predict_logits(shadows, Xe), predict_logits(oracles, Xe)
     for k, ((n_s, n_o), alpha, perms) in enumerate(zip(step.looks, step.alphas, step.permutations)):
+        by_eps = params.gate.criterion == "epsilon"
         mets, _ = retrain_equivalence_metrics(lc, ls[:n_s], lo[:n_o], lo[:n_o], labels, splits, n_permutations=perms,
-                                              seed=seed)
+                                              seed=seed, epsilon=params.gate.epsilon if by_eps else None,
+                                              confidence=1 - alpha)
         mets["candidate_is_retrain"] = 0.0
         verdict, decision, _ = look_verdict(mets, params.gate, "retrain_equivalence", alpha,
                                             k == len(step.looks) - 1, k)
         if decision != "continue":
             break
     return {"passed": bool(verdict.passed), "look": k + 1, "references": int(n_s + n_o),
-            "failures": verdict.failures[:3]}
+            "failures": verdict.failures[:3],
+            "epsilon": {key: round(v, 4) for key, v in mets.items() if key.startswith("epsilon")}}
 
 
-def cheap(p, params, candidate, rows: BatchRows, seed: int) -> tuple[bool, list[str], float]:
+def cheap(p, params, candidate, rows: BatchRows, seed: int, a_class_share: bool = True
+          ) -> tuple[bool, list[str], float]:
     """The qualified batch's cheap checks (tasks/qualified.py does the same in the flow): accuracy per split
     against the production model (do_nothing: the same model), membership test of forget vs validation."""
     ev = sampled_for_certificate(rows, params.validation.certificate_rows, seed)
@@ -135,17 +140,27 @@ def cheap(p, params, candidate, rows: BatchRows, seed: int) -> tuple[bool, list[
     g = params.gate.retrain_equivalence
     _, pval = membership_test(losses[f], labels[f], losses[v], labels[v], permutations_for(g.alpha, g.n_permutations),
                               seed)
-    _, failures = cheap_checks(metrics, g.max_validation_drop, pval, g.alpha)
+    share = largest_class_share(p.y_np[rows.forget], p.y_np[rows.before])
+    _, failures = cheap_checks(metrics, g.max_validation_drop, pval, g.alpha, share,
+                               params.validation.qualified_max_class_share if a_class_share else None)
     return not failures, failures, pval
 
 
-def stream_sets(p, rng, retained: np.ndarray, k: int, model) -> tuple[str, np.ndarray]:
-    """The k-th request of the stream (held in the bench, not in the qualification suite): 13 random sets of 5 to
-    50 rows and 7 structured ones, drawn from the rows still retained."""
+def stream_sets(p, rng, retained: np.ndarray, k: int, model, requests: str = "mixed", class_at: int | None = None
+                ) -> tuple[str, np.ndarray]:
+    """The k-th request of the stream (held in the bench, not in the qualification suite), drawn from the rows
+    still retained: `mixed`, 13 random sets of 5 to 50 rows and 7 structured ones; `random`, random sets of 10 to
+    100 rows, and every retained row of one class at batch `class_at` (None: never)."""
     plan = ["random5", "random10", "random20", "near20", "random10", "class30", "random5", "highloss10", "random50",
             "random10", "near10", "random20", "random5", "class15", "random10", "random20", "highloss20", "random5",
             "random50", "near30"]
-    kind = plan[k % len(plan)]
+    if requests == "random":  # random requests of 10-100 rows, one whole class at batch `class_at`
+        kind = "class_all" if k == class_at else f"random{int(rng.integers(10, 101))}"
+    else:
+        kind = plan[k % len(plan)]
+    if kind == "class_all":  # a class-level request: every retained row of one class
+        c = rng.choice(np.unique(p.y_np[retained]))
+        return f"class_all(class {c})", retained[p.y_np[retained] == c]
     size = int("".join(c for c in kind if c.isdigit()))
     if kind.startswith("random"):
         return kind, rng.choice(retained, size, replace=False)
@@ -205,7 +220,7 @@ def run_dataset(name: str, params, a) -> dict:
     batches = []
     for k in range(a.batches):
         t_req = time.perf_counter()
-        set_name, F = stream_sets(p, rng, retained, k, production)
+        set_name, F = stream_sets(p, rng, retained, k, production, a.requests, a.class_at)
         rows = batch_rows(p, retained, F)
         td = time.perf_counter()
         if licenses_any(qual.table, [METHOD], v.qualified_min_pass, v.qualified_bound):
@@ -215,6 +230,18 @@ def run_dataset(name: str, params, a) -> dict:
         else:  # as the flow (flows/deletion_batch.py wants_diagnostics): no gap could license, none is computed
             gap, lic = float("nan"), License(EXACT, None, "nothing licensed at any gap: diagnostics skipped")
         diag_s = time.perf_counter() - td
+        probe = None
+        if a.probe_all:  # the cheap checks AND the audit of do_nothing on every batch, whatever was licensed
+            ok_p, fail_p, p_p = cheap(p, params, production, rows, seed, a_class_share=False)  # as before
+            key = base_rows.tobytes()
+            if key not in shadows_of:
+                shadows_of[key] = train(p, batch_role_seeds(seed, "shadows", a.n, 500 + k), base_rows)
+            probe_oracles = train(p, batch_role_seeds(seed, "oracles", a.n, 2000 + k), rows.retain)
+            res_p = certify(p, params, production, shadows_of[key], probe_oracles,
+                            batch_rows(p, base_rows, np.setdiff1d(base_rows, rows.retain)), validation, seed)
+            probe = {"cheap_passed": ok_p, "cheap_failures": fail_p, "membership_p": p_p,
+                     "class_share": largest_class_share(p.y_np[rows.forget], p.y_np[rows.before]),
+                     "audit_passed": res_p["passed"], "audit_epsilon": res_p["epsilon"]}
         tm = time.perf_counter()
         ok, failures, pval = (cheap(p, params, production, rows, seed) if lic.method != EXACT else (False, [], None))
         check_s = time.perf_counter() - tm
@@ -250,7 +277,7 @@ def run_dataset(name: str, params, a) -> dict:
                         "cheap_checks_passed": ok if lic.method != EXACT else None, "membership_p": pval,
                         "cheap_failures": failures, "promoted": promoted_method, "cost_retrains": round(cost, 3),
                         "diagnostics_seconds": round(diag_s, 3), "retrain_seconds": round(retrain_s, 3),
-                        "seconds_to_promoted": round(seconds_to_promoted, 3), "audit": audit})
+                        "seconds_to_promoted": round(seconds_to_promoted, 3), "audit": audit, "probe": probe})
         b = batches[-1]
         print(f"  batch {k:2d} {set_name:22s} nF={len(F):3d} gap {gap:9.3g} licensed {lic.method:10s} "
               f"promoted {promoted_method:10s} cost {cost:5.2f} to-promoted {seconds_to_promoted:5.2f} s"
@@ -270,6 +297,7 @@ def run_dataset(name: str, params, a) -> dict:
         "mean_audit_seconds": float(np.mean([b["audit"]["seconds"] for b in audited])) if audited else None,
         # what per_batch would train to accept one approximate candidate (members of the final look)
         "per_batch_certificate_members": int(sum(sequential_step(METHOD, validation, params.gate, 1.0).references)),
+        "cheap_checks_vs_audit": cheap_vs_audit([b["probe"] for b in batches if b.get("probe")]),
         "table_rows_changed_by_audits": sum(
             (r.n, r.passes) != (t["sets"], t["passed"]) for r, t in zip(qual.table, table0))}
     return {"dataset": name, "n_train": int(len(D0)), "n": a.n, "looks": validation.looks,
@@ -278,6 +306,75 @@ def run_dataset(name: str, params, a) -> dict:
                 {"row": r.row_id, "sets": r.n, "passed": r.passes, "rate": r.rate, "lower": r.lower} for r in qual.table],
             "suite": [t.__dict__ for t in trials], "summary": summary, "batches": batches,
             "wall_seconds": round(time.perf_counter() - t_start, 1)}
+
+
+def cheap_vs_audit(probes: list[dict]) -> dict | None:
+    """The cheap checks against the audit on the batches probed (`--probe-all`): how often they pass a batch whose
+    audit fails (false pass), at the gate's alpha and, replayed from the stored membership p-values, at stricter
+    levels (the accuracy checks unchanged)."""
+    if not probes:
+        return None
+    failing = [x for x in probes if not x["audit_passed"]]
+    acc_ok = lambda x: not any(f.startswith("acc/") for f in x["cheap_failures"])  # noqa: E731
+    out = {"batches": len(probes), "audit_failed": len(failing),
+           "cheap_passed": sum(x["cheap_passed"] for x in probes),
+           "false_pass": sum(x["cheap_passed"] for x in failing),
+           "false_pass_rate": round(sum(x["cheap_passed"] for x in failing) / len(failing), 3) if failing else None,
+           "false_reject": sum((not x["cheap_passed"]) and x["audit_passed"] for x in probes)}
+    share = lambda x: x.get("class_share", 0.0) <= 0.5  # noqa: E731  (validation.qualified_max_class_share)
+    out["false_pass_with_class_share_check"] = sum(x["cheap_passed"] and share(x) for x in failing)
+    out["passes_with_class_share_check"] = sum(x["cheap_passed"] and share(x) for x in probes)
+    for level in (0.05, 0.2, 0.5):
+        fp = sum(acc_ok(x) and x["membership_p"] >= level for x in failing)
+        out[f"false_pass_at_membership_alpha_{level}"] = fp
+        out[f"passes_at_membership_alpha_{level}"] = sum(acc_ok(x) and x["membership_p"] >= level for x in probes)
+    return out
+
+
+CHEAP_BEGIN, CHEAP_END = "<!-- cheap-checks:begin -->", "<!-- cheap-checks:end -->"
+
+
+def audit_passes_at(probe: dict, budget: float) -> bool:
+    """The probe's audit replayed at another epsilon budget: every split's upper bound (last look) within it."""
+    ups = [v for k, v in probe["audit_epsilon"].items() if k.startswith("epsilon_upper/")]
+    return bool(ups) and all(v <= budget for v in ups)
+
+
+def cheap_checks_table(run: dict, budgets=(2.5, 4.0, 6.0, 10.0)) -> str:
+    """docs/certificate.md: per dataset of a `--probe-all` run, every batch's cheap checks against its audit, and
+    the false passes at several epsilon budgets, with and without the class-share check."""
+    lines = []
+    for d in run["datasets"]:
+        probes = [b for b in d["batches"] if b.get("probe")]
+        if not probes:
+            continue
+        flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {' '.join(map(str, v)) if isinstance(v, list) else v}")
+                         for k, v in run["argv"].items() if v not in (None, False, []) and k != "out")
+        lines += [f"`python bench/stream.py {flags}`"
+                  f" ({run['date'][:10]}, {d['dataset']}, {d['n_train']} rows, N = {d['n']}; the audit under "
+                  f"`{run.get('criterion')}`):", "",
+                  "| batch | request | rows | class share | membership p | cheap checks (without / with class share) | "
+                  "audit forget epsilon (point, upper) | audit passes at " + " / ".join(f"{b:g}" for b in budgets) + " |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for b in probes:
+            x = b["probe"]
+            e = x["audit_epsilon"]
+            with_share = x["cheap_passed"] and x.get("class_share", 0.0) <= 0.5
+            lines.append(f"| {b['batch']} | {b['set']} | {b['n_forget']} | {x.get('class_share', float('nan')):.2f} | "
+                         f"{x['membership_p']:.3f} | {'pass' if x['cheap_passed'] else 'fail'} / "
+                         f"{'pass' if with_share else 'fail'} | {e.get('epsilon/forget', float('nan')):.2f}, "
+                         f"{e.get('epsilon_upper/forget', float('nan')):.2f} | "
+                         + " / ".join("yes" if audit_passes_at(x, bb) else "no" for bb in budgets) + " |")
+        lines += ["", "| epsilon budget | audits failed | cheap checks passed them (false passes, without / with class "
+                  "share) | membership test alone at alpha 0.2 |", "|---|---|---|---|"]
+        for bb in budgets:
+            failing = [b["probe"] for b in probes if not audit_passes_at(b["probe"], bb)]
+            fp = sum(x["cheap_passed"] for x in failing)
+            fp2 = sum(x["cheap_passed"] and x.get("class_share", 0.0) <= 0.5 for x in failing)
+            fp3 = sum(x["membership_p"] >= 0.2 and x.get("class_share", 0.0) <= 0.5 for x in failing)
+            lines.append(f"| {bb:g} | {len(failing)} of {len(probes)} | {fp} / {fp2} | {fp3} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 BEGIN, END = "<!-- bench:stream:begin -->", "<!-- bench:stream:end -->"
@@ -340,6 +437,10 @@ def full_tables(runs: list[dict]) -> str:
 
 def main() -> None:
     params = load_params(ROOT / "params.yaml")
+    if len(sys.argv) > 2 and sys.argv[1] == "--cheap-table":
+        write_between(ROOT / "docs" / "certificate.md", CHEAP_BEGIN, CHEAP_END,
+                      cheap_checks_table(json.loads(Path(sys.argv[2]).read_text())))
+        return
     if len(sys.argv) > 2 and sys.argv[1] == "--tables":
         runs = [json.loads(Path(f).read_text()) for f in sys.argv[2:]]
         write_between(ROOT / "README.md", BEGIN, END, compact_table(runs))
@@ -358,8 +459,21 @@ def main() -> None:
     ap.add_argument("--min-pass", type=float, default=None, help="validation.qualified_min_pass (default: params.yaml's)")
     ap.add_argument("--diagnostics-solver", default=None, help="diagnostics.solver for the qualification and the "
                                                                 "stream alike (default: params.yaml's)")
+    ap.add_argument("--criterion", choices=["difference", "epsilon"], default=None,
+                    help="gate.criterion of every certificate and audit (default: params.yaml's)")
+    ap.add_argument("--epsilon-max", type=float, default=None, help="gate.epsilon.max (default: params.yaml's)")
+    ap.add_argument("--requests", choices=["mixed", "random"], default="mixed",
+                    help="mixed: random and structured sets of 5-50 rows; random: random sets of 10-100 rows")
+    ap.add_argument("--class-at", type=int, default=None, help="with --requests random: a whole-class request at "
+                                                               "this batch")
+    ap.add_argument("--probe-all", action="store_true", help="run the cheap checks and the audit of do_nothing on "
+                                                             "every batch (their false-pass rate)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/stream.json"))
     a = ap.parse_args()
+    if a.criterion:
+        params.gate.criterion = a.criterion
+    if a.epsilon_max is not None:
+        params.gate.epsilon.max = a.epsilon_max
     torch.set_num_threads(a.threads)
     if a.diagnostics_solver:
         params.diagnostics.solver = a.diagnostics_solver
@@ -370,7 +484,8 @@ def main() -> None:
     out = {"diagnostics_solver": params.diagnostics.solver, "argv": vars(a),"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.machine(),
            "threads": a.threads, "qualified_min_pass": params.validation.qualified_min_pass,
            "qualified_bound": params.validation.qualified_bound, "confidence": params.qualify.confidence,
-           "interval": params.qualify.interval, "datasets": []}
+           "interval": params.qualify.interval, "criterion": params.gate.criterion,
+           "epsilon": params.gate.epsilon.model_dump(), "datasets": []}
     for name in a.datasets.split(","):
         out["datasets"].append(run_dataset(name, params, a))
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -93,9 +93,14 @@ def cmd_plan(args) -> int:
     certificate = sequential_step("any", params.validation, params.gate, timing.member_in_retrains)
     advice, advice_line = advise_mode(certificate.cost_retrains_accept, timing.retrain_seconds,
                                       params.validation.mode)
-    notes = [advice_line, *notes]
+    from unlearning.gate import criterion_line
+
+    notes = [advice_line, criterion_line(params.gate), *notes]
     if args.json:
-        print(json.dumps({**plan.to_dict(), "timing": timing.__dict__, "mode_advice": advice, "selection": {
+        print(json.dumps({**plan.to_dict(), "timing": timing.__dict__, "mode_advice": advice,
+                          "gate_criterion": {"criterion": params.gate.criterion,
+                                             **({"epsilon": params.gate.epsilon.model_dump()}
+                                                if params.gate.criterion == "epsilon" else {})}, "selection": {
             "candidates": selection["candidates"], "fired": selection["fired"], "skipped": selection["skipped"]},
             "notes_cli": notes}, indent=2, default=str))
     else:

@@ -23,13 +23,12 @@ from unlearning.acceptance import CandidateOutcome, outcome_from_logits, referen
 from unlearning.batch import BatchRows, eval_logits, sampled_for_certificate, unlearn_context
 from unlearning.config import Gate, Params
 from unlearning.methods import run_method
-from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble
 from unlearning.plan import Plan, Step
 from unlearning.progress import Progress
 from unlearning.salt import id_salt
 from unlearning.seeds import method_seed, reference_seeds
-from unlearning.sequential import Look, look_gate, look_verdict
+from unlearning.sequential import Look, interim_bounds, look_gate, look_verdict
 
 
 class Evaluator:
@@ -183,8 +182,9 @@ def sequential(step: Step, args: dict, params: Params, state, rows: BatchRows, p
         done_s, done_o = n_s, n_o
         final = k == len(step.looks) - 1
         out.verdict, decision, failing = look_verdict(out.metrics, gate_k, objective, alpha, final, k)
-        pvalues = {s: out.metrics[f"klom_pvalue/{s}"] for s in SPLITS if f"klom_pvalue/{s}" in out.metrics}
-        look = Look(n_s, n_o, alpha, pvalues, decision, time.perf_counter() - look_start, failing)
+        by_eps = params.gate.criterion == "epsilon"
+        look = Look(n_s, n_o, alpha, interim_bounds(out.metrics, params.gate), decision,
+                    time.perf_counter() - look_start, failing, params.gate.epsilon.max if by_eps else None)
         looks.append(look)
         log.info("  " + look.line(step.method, k, len(step.looks)))
         out.metrics.update({"certificate/looks": float(k + 1), "certificate/alpha": alpha})

@@ -30,10 +30,33 @@ from unlearning.config import Params
 from unlearning.data import load_prepared
 from unlearning.models import load_model
 from unlearning.plan import sequential_step
-from unlearning.qualification import Qualification, Trial, draw_suite, gap_in_noise_units
+from unlearning.qualification import (SUITE_STREAM, Qualification, Trial, bin_deficits, draw_suite,
+                                     draw_window_set, gap_in_noise_units, rank_position, window_for)
 from unlearning.selection import noise_floor
 
 FILE = "qualification.json"
+
+
+def fill_bins(q, observed: list[tuple[float, float]], D: np.ndarray, score: np.ndarray, seed: int,
+              certify_set) -> list[str]:
+    """Draw sets (qualify.extra_set_size rows from a window of the self-leverage ranking, aimed at the lowest bin
+    still short: unlearning/qualification.py window_for) until every bin of predicted gap holds
+    qualify.min_sets_per_bin sets, or qualify.max_extra_sets are spent; a bin aimed at three times without
+    gaining a set is given up. `observed`: (ranking position, gap) per set so far, extended in place.
+    -> the bins left short, in words."""
+    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(SUITE_STREAM, 1)))
+    tries: dict[tuple[float, float], int] = {}
+    for extra in range(q.max_extra_sets):
+        short = [(lo, hi) for lo, hi, _ in bin_deficits([g for _, g in observed], q.bins, q.min_sets_per_bin)
+                 if tries.get((lo, hi), 0) < 3]
+        if not short:
+            break
+        lo, hi = short[0]
+        tries[(lo, hi)] = tries.get((lo, hi), 0) + 1
+        s = draw_window_set(f"gap_fill_{extra}", rng, D, score, window_for(observed, lo, hi), q.extra_set_size)
+        observed.append((rank_position(s.rows, D, score), certify_set(s, f"fill {extra + 1}/{q.max_extra_sets}")))
+    return [f"gap [{lo:g}, {hi:g}): {need} set(s) short of qualify.min_sets_per_bin = {q.min_sets_per_bin}"
+            for lo, hi, need in bin_deficits([g for _, g in observed], q.bins, q.min_sets_per_bin)]
 
 
 def qualification_path(params: Params) -> Path:
@@ -76,7 +99,8 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
     D, V = retained_train_rows(manifest), validation_rows(manifest)
     ids = manifest["sample_id"].to_numpy()
     groups = manifest["group"].to_numpy() if "group" in manifest.columns else prepared.label
-    suite = draw_suite(q.suite, params.base.seed, D, prepared.label, groups, self_leverage_score(state, D))
+    score = self_leverage_score(state, D)
+    suite = draw_suite(q.suite, params.base.seed, D, prepared.label, groups, score)
     objective = "retrain_equivalence"
     chunk = max(1, min(v.chunk_size, v.n_oracles))
     out = Qualification(list(q.methods), list(q.bins), q.confidence, q.interval, float("nan"),
@@ -84,7 +108,10 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
     trials: list[Trial] = []
     noise = None
     started = time.perf_counter()
-    for k, s in enumerate(suite):
+
+    def certify_set(s, label: str) -> float:
+        """Every method's certificate on one set; -> its predicted gap in noise units."""
+        nonlocal noise
         t0 = time.perf_counter()
         forget_ids = ids[s.rows].tolist()
         report, _ = leverage_diagnostics.fn(params.diagnostics, params.train.weight_decay, params.base.seed, False,
@@ -108,9 +135,17 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
                                         device, objective, Evaluator(prepared, sampled, None))
             trials.append(Trial(s.name, s.kind, int(len(s.rows)), m, gap, bool(outcome.verdict.passed),
                                 int(looks[-1].n_shadows + looks[-1].n_oracles), round(time.perf_counter() - tm, 2)))
-        log.info(f"qualify [{k + 1}/{len(suite)}] {s.name} ({len(s.rows)} rows): predicted gap {gap:.3g} noise units; "
+        log.info(f"qualify [{label}] {s.name} ({len(s.rows)} rows): predicted gap {gap:.3g} noise units; "
                  + ", ".join(f"{t.method} {'passed' if t.passed else 'failed'}" for t in trials[-len(q.methods):])
                  + f" [{time.perf_counter() - t0:.1f} s]")
+        return gap
+
+    observed = [(rank_position(s.rows, D, score), certify_set(s, f"{k + 1}/{len(suite)}"))
+                for k, s in enumerate(suite)]
+    if q.min_sets_per_bin:
+        out.unfilled = fill_bins(q, observed, D, score, params.base.seed, certify_set)
+        for line in out.unfilled:
+            log.info(f"qualify: bin left short: {line}")
     out.trials = trials
     log.info(f"qualified {len(q.methods)} method(s) on {len(suite)} sets in {time.perf_counter() - started:.0f} s")
     return out

@@ -22,7 +22,7 @@ def qualified_outcome(method: str, args: dict, params: Params, state, rows: Batc
     with the cheap checks (unlearning/qualification.py cheap_checks): accuracy per split against the original's,
     and the membership test of the forget rows against the validation rows. No reference model."""
     from unlearning.gate import Verdict
-    from unlearning.qualification import cheap_checks, membership_test
+    from unlearning.qualification import cheap_checks, largest_class_share, membership_test
     from unlearning.sequential import permutations_for
 
     t0 = time.perf_counter()
@@ -42,7 +42,9 @@ def qualified_outcome(method: str, args: dict, params: Params, state, rows: Batc
                                                                                                 g.n_permutations),
                              params.base.seed)
     out.metrics.update({"mia_auc/forget_vs_validation": auc, "membership_pvalue/forget_vs_validation": p})
-    checks, failures = cheap_checks(out.metrics, g.max_validation_drop, p, g.alpha)
+    share = largest_class_share(state.prepared.label[rows.forget], state.prepared.label[rows.before])
+    checks, failures = cheap_checks(out.metrics, g.max_validation_drop, p, g.alpha, share,
+                                    params.validation.qualified_max_class_share)
     out.verdict = Verdict(passed=out.verdict.passed and not failures, objective=objective,
                           failures=[*out.verdict.failures, *failures], checks={**out.verdict.checks, **checks})
     out.cost["wall_seconds"] = time.perf_counter() - t0

@@ -58,7 +58,9 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
     # Accuracy spread of the reference oracles, KLoM and its permutation test (p-value, same-size floor).
     cert, extra = retrain_equivalence_metrics(
         logits["candidate"], logits["shadow_unlearned"], logits["oracle_ref"], logits["accuracy_ref"], labels, splits,
-        n_permutations=gate.retrain_equivalence.n_permutations, seed=seed)
+        n_permutations=gate.retrain_equivalence.n_permutations, seed=seed,
+        epsilon=gate.epsilon if gate.criterion == "epsilon" else None,
+        confidence=1 - gate.retrain_equivalence.alpha)  # the look's alpha: one-sided bounds at 1 - alpha
     metrics.update(cert)
     metrics["candidate_is_retrain"] = float(method in EXACT_METHODS)
     m_unl, m_orc, klom_values = extra["m_unl"], extra["m_orc"], extra["klom"]
@@ -78,6 +80,8 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
                                "klom": klom_values, "klom_null_example": extra["klom_null_example"],
                                "output_gap": gap,
                                "margin_unlearned_mean": m_unl.mean(0), "margin_oracle_mean": m_orc.mean(0)})
+    if extra["epsilon_rows"] is not None:
+        per_sample["epsilon"], per_sample["epsilon_upper"] = extra["epsilon_rows"].point, extra["epsilon_rows"].upper
     forget_idx = np.flatnonzero(splits == "forget")
     worst = forget_idx[np.argsort(-np.nan_to_num(klom_values[forget_idx], nan=np.inf))[:4]]
     return CandidateOutcome(method=method, model=candidate.cpu(), metrics=metrics, verdict=verdict, cost=cost,

@@ -6,7 +6,9 @@ bench/calibration.py so the bench measures exactly what the gate sees).
   checks the candidate lies in that spread, widened by a binomial term;
 * KLoM of the shadow-unlearned vs the oracle margins (docs/design.md §4.2) per split: `klom_p95`, `klom_mean`, and
   the permutation test of metrics/permutation.py: `klom_pvalue`, `noise_floor_p95` (median of the null, the
-  same-size N_u-vs-N_o floor) and `noise_floor_null_p95`.
+  same-size N_u-vs-N_o floor) and `noise_floor_null_p95`;
+* under `gate.criterion: epsilon`, the per-row epsilon of the shadow-unlearned vs the oracle margins
+  (unlearning/metrics/epsilon.py) per split: `epsilon`, `epsilon_mean`, `epsilon_lower`, `epsilon_upper`.
 """
 
 from __future__ import annotations
@@ -16,18 +18,22 @@ from typing import Any
 import numpy as np
 
 from unlearning import metrics as M
+from unlearning.metrics.epsilon import epsilon_metrics
 from unlearning.metrics.permutation import klom_permutation_test
 
 
 def retrain_equivalence_metrics(candidate_logits: Any, shadow_unlearned_logits: Any, oracle_logits: Any,
                                 accuracy_ref_logits: Any, labels: Any, splits: np.ndarray, *,
-                                n_permutations: int = 200, seed: int = 0) -> tuple[dict[str, float], dict]:
+                                n_permutations: int = 200, seed: int = 0, epsilon=None,
+                                confidence: float = 0.99) -> tuple[dict[str, float], dict]:
     """-> (metrics, extra) where extra holds per-sample `klom` [n], the margins `m_unl`, `m_orc`, the permutation
     null of the KLoM P95 per split `klom_null_p95` {split: [P]} and `klom_null_example` [n] (per-sample KLoM
     of one relabeling of the pooled models).
 
     candidate_logits [n, C] or [1, n, C]; shadow_unlearned_logits [N_u, n, C] and oracle_logits [N_o, n, C]
-    (the KLoM comparison); accuracy_ref_logits [N_a, n, C]: oracles the candidate was NOT drawn from."""
+    (the KLoM comparison); accuracy_ref_logits [N_a, n, C]: oracles the candidate was NOT drawn from.
+    `epsilon`: gate.epsilon (unlearning/config.py EpsilonGate) to measure the per-row epsilon too, its bounds at
+    one-sided `confidence` (the look's 1 - alpha); extra then holds `epsilon_rows` (point, lower, upper [n])."""
     out: dict[str, float] = {}
     for s, v in M.accuracy_by_split(candidate_logits, labels, splits).items():
         out[f"acc/{s}"] = v
@@ -54,5 +60,10 @@ def retrain_equivalence_metrics(candidate_logits: Any, shadow_unlearned_logits: 
     pooled = np.concatenate([m_unl, m_orc], axis=0)
     order = np.random.default_rng(seed).permutation(len(pooled))
     null_example = M.klom(pooled[order[:len(m_unl)]], pooled[order[len(m_unl):]])
-    return out, {"klom": kl, "m_unl": m_unl, "m_orc": m_orc, "klom_null_p95": null_p95,
+    eps_rows = None
+    if epsilon is not None:
+        eps, eps_rows = epsilon_metrics(m_unl, m_orc, splits, epsilon.estimator, epsilon.delta, epsilon.quantile,
+                                        confidence, n_bootstrap=epsilon.n_bootstrap, seed=seed)
+        out.update(eps)
+    return out, {"epsilon_rows": eps_rows, "klom": kl, "m_unl": m_unl, "m_orc": m_orc, "klom_null_p95": null_p95,
                  "klom_null_example": null_example}

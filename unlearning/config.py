@@ -333,6 +333,10 @@ class Validation(Strict):
     qualified_bound: Literal["lower", "point"] = Field(
         "lower", description="the qualified pass rate: the lower end of its interval (qualify.confidence) or the "
                              "point estimate")
+    qualified_max_class_share: float | None = Field(
+        0.5, gt=0, le=1, description="qualified mode's cheap checks: a batch whose forget rows hold more than this "
+                                     "share of some class's training rows is a class-level request, never licensed "
+                                     "(no reference-free check sees it: docs/certificate.md); null = off")
     audit: AuditSchedule = Field(AuditSchedule(every=5), description="qualified mode: which batches are audited")
 
     n_oracles: int = Field(80, ge=2)
@@ -405,7 +409,30 @@ class SuppressionGate(Strict):
     min_validation_accuracy: float | None = Field(None, ge=0, le=1, description="absolute floor (null = off)")
 
 
+class EpsilonGate(Strict):
+    """The equivalence question (docs/certificate.md, "Two questions"): how far from retraining, at most,
+    in differential privacy's epsilon, per row of each split, aggregated by a high quantile."""
+
+    max: float = Field(3.0, gt=0, description="the budget: a split passes when the `quantile` of its rows' epsilon "
+                                              "upper bounds is at most this (rejected early when the lower bounds' "
+                                              "quantile exceeds it)")
+    delta: float = Field(1e-3, gt=0, lt=1, description="the delta of (epsilon, delta)-indistinguishability")
+    quantile: float = Field(0.95, gt=0, le=1, description="the batch's epsilon: this quantile over a split's rows "
+                                                          "(1 = the worst row; the mean is logged beside it)")
+    estimator: Literal["threshold", "gaussian"] = Field(
+        "gaussian", description="per-row estimator (unlearning/metrics/epsilon.py): threshold = the NeurIPS 2023 "
+                                "challenge's scan with Clopper-Pearson bounds (floor ~1.4, cap log N); gaussian = "
+                                "a Gaussian fit per row read through the Gaussian-DP curve, bootstrap bounds")
+    n_bootstrap: int = Field(200, ge=20, le=100_000, description="bootstrap resamples of the references for the "
+                                                                 "gaussian estimator's bounds (raised to 2/alpha)")
+
+
 class Gate(Strict):
+    criterion: Literal["difference", "epsilon"] = Field(
+        "difference", description="retrain_equivalence's question: difference = can the candidate be told apart "
+                                  "from retrains (KLoM permutation test, accuracy intervals); epsilon = is it within "
+                                  "`epsilon.max` of retraining, at the look's confidence")
+    epsilon: EpsilonGate = EpsilonGate()
     retrain_equivalence: RetrainEquivalenceGate = RetrainEquivalenceGate()
     suppression: SuppressionGate = SuppressionGate()
     exact_retrain_overrides: bool = Field(
@@ -688,6 +715,12 @@ class Qualify(Strict):
                               description="upper edges of the predicted-gap bins (noise units); the last bin is open")
     confidence: float = Field(0.8, gt=0, lt=1, description="two-sided confidence of each row's interval")
     interval: Literal["wilson", "clopper_pearson"] = "wilson"
+    min_sets_per_bin: int = Field(0, ge=0, description="after the suite, draw more sets (aimed along the self-"
+                                                       "leverage ranking) until every bin of predicted gap holds at "
+                                                       "least this many; 0 = the suite alone")
+    max_extra_sets: int = Field(20, ge=0, description="the budget of sets drawn for min_sets_per_bin; bins still "
+                                                      "short are named in the qualification")
+    extra_set_size: int = Field(50, ge=1, description="rows per set drawn for min_sets_per_bin")
 
     @model_validator(mode="after")
     def _bins_increase(self):

@@ -122,6 +122,18 @@ def smallest_klom_pvalue(n_unlearned: int, n_oracles: int, n_permutations: int) 
     return (1 + n_permutations / distinct) / (1 + n_permutations)
 
 
+def criterion_line(gate: Gate) -> str:
+    """What retrain_equivalence asks, in one line (`unlearn plan`): the difference test and its alpha, or the
+    epsilon budget with its delta, quantile and estimator."""
+    if gate.criterion == "epsilon":
+        e = gate.epsilon
+        return (f"gate criterion: epsilon: accepted when the {e.quantile:g}-quantile of each split's per-row epsilon "
+                f"upper bound is <= {e.max:g} (delta {e.delta:g}, {e.estimator} estimator), rejected early when its "
+                f"lower bound exceeds it")
+    return (f"gate criterion: difference: accepted when no split's KLoM permutation p-value is below alpha "
+            f"{gate.retrain_equivalence.alpha:g} (gate.criterion: epsilon asks for a budget instead)")
+
+
 def _pvalue_text(p: float, alpha: float) -> str:
     return format_beside(p, alpha, f"{p:.3f}")
 
@@ -130,6 +142,10 @@ def verdict_summary(verdict: Verdict, metrics: dict[str, float], alpha: float) -
     """The verdict in one line, naming what was gated: retrain_equivalence by the KLoM permutation p-values
     (against alpha), suppression by its absolute bounds (KLoM is not gated there, so it is not quoted)."""
     outcome = "passed" if verdict.passed else "failed: " + "; ".join(verdict.failures)
+    bounds = {name.split("/", 1)[1]: c for name, c in verdict.checks.items() if name.startswith("epsilon_upper/")}
+    if verdict.objective == "retrain_equivalence" and bounds:
+        eps = ", ".join(f"{s} {c['value']:.3g}" for s, c in bounds.items())
+        return f"gate {outcome} (epsilon upper bounds: {eps}; budget {next(iter(bounds.values()))['limit']})"
     if verdict.objective == "retrain_equivalence" and any(k.startswith("klom_pvalue/") for k in metrics):
         pvals = ", ".join(f"{s} {_pvalue_text(metrics[f'klom_pvalue/{s}'], alpha)}" for s in SPLITS
                           if f"klom_pvalue/{s}" in metrics)
@@ -142,7 +158,7 @@ def verdict_summary(verdict: Verdict, metrics: dict[str, float], alpha: float) -
 
 # The checks that compare a candidate with the oracles statistically: an exact retrain fails them only by
 # chance (at the measured false-reject rate). The absolute bounds (floors, gaps, KLoM caps) are business rules.
-STATISTICAL_CHECKS = ("klom_pvalue/", "acc/forget", "acc/adjacent", "acc/remote", "acc/validation")
+STATISTICAL_CHECKS = ("klom_pvalue/", "epsilon_upper/", "acc/forget", "acc/adjacent", "acc/remote", "acc/validation")
 
 
 def only_statistical_failures(verdict: "Verdict") -> bool:
@@ -156,7 +172,8 @@ def only_statistical_failures(verdict: "Verdict") -> bool:
 
 def _failed_statistical_checks_only(checks: dict) -> bool:
     failed = [name for name, c in checks.items() if not c["passed"]]
-    return bool(failed) and all(name.startswith("klom_pvalue/") or name in STATISTICAL_CHECKS for name in failed)
+    return bool(failed) and all(name.startswith(("klom_pvalue/", "epsilon_upper/")) or name in STATISTICAL_CHECKS
+                                for name in failed)
 
 
 def _validation_floors(checks: dict, failures: list, g, metrics: dict[str, float], absolute_name: str) -> None:
@@ -182,17 +199,27 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
       * `acc/<split>` within `accuracy_interval` of the oracle accuracies (`oracle_acc_min/<split>`,
         `oracle_acc_max/<split>`, split size `n/<split>`), when those keys are given;
       * optional extra bounds: max_accuracy_gap, max_klom_p95_forget, max_klom_to_noise_floor (null = off).
+    Under `gate.criterion: epsilon` the KLoM p-value and the accuracy interval give way to
+    `epsilon_upper/<split>` <= `gate.epsilon.max` (unlearning/metrics/epsilon.py); floors and extra bounds stay.
     `candidate_is_retrain` = 1 marks exact retrain: a failure of statistical checks only then also says it is a
     gate defect."""
     checks: dict[str, dict] = {}
     failures: list[str] = []
     if objective == "retrain_equivalence":
         g = gate.retrain_equivalence
+        by_epsilon = gate.criterion == "epsilon"
         for split in SPLITS:
             acc = metrics.get(f"acc/{split}")
             if acc is None or math.isnan(acc):
                 continue
-            if f"oracle_acc_min/{split}" in metrics and f"n/{split}" in metrics:
+            if by_epsilon:
+                # the equivalence question replaces both difference tests (KLoM p-value, accuracy interval): the
+                # split's epsilon upper bound (the quantile over its rows) within the budget; compared with
+                # references (a KLoM p-value) but without an epsilon, nothing measured passes
+                if f"epsilon_upper/{split}" in metrics or f"klom_pvalue/{split}" in metrics:
+                    _check(checks, failures, f"epsilon_upper/{split}", metrics.get(f"epsilon_upper/{split}"), "<=",
+                           gate.epsilon.max, "not measured: the certificate computed no epsilon for this split")
+            elif f"oracle_acc_min/{split}" in metrics and f"n/{split}" in metrics:
                 lo, hi = accuracy_interval(metrics[f"oracle_acc_min/{split}"], metrics[f"oracle_acc_max/{split}"],
                                            metrics[f"oracle_acc/{split}"], int(metrics[f"n/{split}"]), g.accuracy_z,
                                            metrics.get(f"oracle_acc_std/{split}"),
@@ -207,7 +234,7 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
             if g.max_accuracy_gap is not None:
                 gap = abs(acc - metrics[f"oracle_acc/{split}"])
                 _check(checks, failures, f"accuracy_gap/{split}", gap, "<=", g.max_accuracy_gap)
-            if f"klom_pvalue/{split}" in metrics:
+            if f"klom_pvalue/{split}" in metrics and not by_epsilon:
                 _check(checks, failures, f"klom_pvalue/{split}", metrics[f"klom_pvalue/{split}"], ">=", g.alpha)
         _validation_floors(checks, failures, g, metrics, "acc/validation_min")
         if g.max_klom_p95_forget is not None and "klom_p95/forget" in metrics:

@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 EXACT = "retrain"  # always licensed: exact unlearning by construction
-SUITE_KINDS = ("random", "group", "class", "high_self_leverage", "low_self_leverage")
+SUITE_KINDS = ("random", "group", "class", "high_self_leverage", "low_self_leverage")  # (+ gap_fill: drawn to fill bins)
 AUDIT_STREAM = 0x417544  # the audit draw's own SeedSequence word ("AuD"): disjoint from every role stream
 SUITE_STREAM = 0x517561  # the suite draw's ("Qua")
 
@@ -88,6 +88,61 @@ def draw_suite(entries: Iterable, seed: int, train_rows: np.ndarray, labels: np.
         else:
             raise ValueError(f"qualify.suite kind {kind!r} is not known; allowed: {list(SUITE_KINDS)}")
     return out
+
+
+# --- filling the bins of predicted gap ----------------------------------------------------------------------------
+
+def bin_deficits(gaps: Sequence[float], bins: Sequence[float], min_sets: int) -> list[tuple[float, float, int]]:
+    """The bins of predicted gap holding fewer than `min_sets` sets: (lo, hi, sets missing), lowest bin first.
+    A NaN gap falls in no bin."""
+    out = []
+    for lo, hi in bin_edges(bins):
+        have = sum(1 for g in gaps if lo <= g < hi)
+        if have < min_sets:
+            out.append((lo, hi, min_sets - have))
+    return out
+
+
+def rank_position(rows: np.ndarray, train_rows: np.ndarray, score: np.ndarray) -> float:
+    """Where a set sits on the self-leverage ranking of the training rows: the mean rank of its rows, in [0, 1]
+    (0 = the lowest score). The predicted gap grows with it, which is how `window_for` aims a new set."""
+    order = np.argsort(np.asarray(score), kind="stable")
+    rank = np.empty(len(order))
+    rank[order] = np.arange(len(order)) / max(len(order) - 1, 1)
+    where = np.searchsorted(np.asarray(train_rows), np.asarray(rows))
+    return float(rank[where].mean())
+
+
+def window_for(observed: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    """The ranking position at which a new set should land in the gap bin [lo, hi): interpolated on log(1 + gap)
+    through the (position, gap) pairs seen so far, sorted by gap (ties and a flat relation fall back to the ends:
+    0 below every gap seen, 1 above)."""
+    pts = sorted((g, p) for p, g in observed if np.isfinite(g))
+    if not pts:
+        return 0.5
+    target = math.log1p(lo if math.isinf(hi) else (lo + hi) / 2 if lo > 0 else hi / 2)
+    g = np.log1p([x[0] for x in pts])
+    pos = np.array([x[1] for x in pts])
+    if target <= g[0]:
+        return float(max(0.0, pos[0] - 0.1)) if pos[0] > 0.05 else 0.0
+    if target >= g[-1]:
+        return float(min(1.0, pos[-1] + 0.1)) if pos[-1] < 0.95 else 1.0
+    return float(np.clip(np.interp(target, g, pos), 0.0, 1.0))
+
+
+def draw_window_set(name: str, rng: np.random.Generator, train_rows: np.ndarray, score: np.ndarray,
+                    position: float, size: int, width: float = 0.1) -> SuiteSet:
+    """A set of `size` rows drawn at random from the window of the self-leverage ranking centred on `position`
+    (`width` of the rows, at least `size`)."""
+    order = np.argsort(np.asarray(score), kind="stable")
+    n = len(order)
+    half = max(int(width * n / 2), size // 2 + 1)
+    centre = int(round(position * (n - 1)))
+    a, b = max(0, centre - half), min(n, centre + half)
+    if b - a < size:
+        a, b = (0, size) if a == 0 else (n - size, n)
+    pick = rng.choice(order[a:b], min(size, b - a), replace=False)
+    return SuiteSet(name, "gap_fill", np.sort(np.asarray(train_rows)[pick]))
 
 
 def gap_in_noise_units(predicted_gap_forget: np.ndarray, noise: float) -> float:
@@ -306,13 +361,35 @@ def membership_test(forget_losses: np.ndarray, forget_labels: np.ndarray, valida
     return observed, float((1 + np.count_nonzero(null >= observed - 1e-12)) / (1 + n_permutations))
 
 
-def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p: float, alpha: float
+def largest_class_share(forget_labels: np.ndarray, before_labels: np.ndarray) -> float:
+    """The largest share of one class's training rows (before the batch) that the forget rows take: 1.0 for a
+    request of a whole class. 0 for no forget row."""
+    fy, by = np.asarray(forget_labels), np.asarray(before_labels)
+    if fy.size == 0:
+        return 0.0
+    classes, counts = np.unique(fy, return_counts=True)
+    return float(max(c / max(int(np.count_nonzero(by == k)), 1) for k, c in zip(classes, counts)))
+
+
+def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p: float, alpha: float,
+                 class_share: float | None = None, max_class_share: float | None = None
                  ) -> tuple[dict[str, dict], list[str]]:
     """The reference-free checks of a qualified batch's candidate: accuracy on each retained split and on
     validation at least the original's minus `max_drop` (gate.retrain_equivalence.max_validation_drop; None:
-    not checked), and the membership test's p-value at least `alpha`. -> (checks, failures in words)."""
+    not checked), the membership test's p-value at least `alpha`, and the forget rows' `largest_class_share` at
+    most `max_class_share` (validation.qualified_max_class_share; None: not checked): a class-level request
+    changes what a retrain predicts on the whole class, held-out rows included, so neither the accuracy against
+    the original nor the membership test against validation rows of that class can see it.
+    -> (checks, failures in words)."""
     checks: dict[str, dict] = {}
     failures: list[str] = []
+    if max_class_share is not None and class_share is not None:
+        ok = class_share <= max_class_share + 1e-12
+        checks["class_share/forget"] = {"value": class_share, "op": "<=", "limit": max_class_share, "passed": ok}
+        if not ok:
+            failures.append(f"the forget rows hold {class_share:.0%} of one class's training rows (> "
+                            f"validation.qualified_max_class_share = {max_class_share}): a class-level request is "
+                            f"never licensed")
     if max_drop is not None:
         for s in ("adjacent", "remote", "validation"):
             acc, orig = metrics.get(f"acc/{s}"), metrics.get(f"original_acc/{s}")
@@ -404,6 +481,7 @@ class Qualification:
     trials: list[Trial] = field(default_factory=list)
     fingerprint: dict = field(default_factory=dict)
     skipped: str | None = None  # why nothing was qualified (validation.mode per_batch)
+    unfilled: list[str] = field(default_factory=list)  # bins left under qualify.min_sets_per_bin, in words
 
     @property
     def table(self) -> list[Row]:
@@ -412,11 +490,12 @@ class Qualification:
     def with_trial(self, trial: Trial) -> "Qualification":
         """The qualification with one more trial (a failed or passed audit counts as evidence)."""
         return Qualification(self.methods, self.bins, self.confidence, self.interval, self.noise,
-                             [*self.trials, trial], dict(self.fingerprint), self.skipped)
+                             [*self.trials, trial], dict(self.fingerprint), self.skipped, list(self.unfilled))
 
     def to_dict(self) -> dict:
         return {"methods": self.methods, "bins": self.bins, "confidence": self.confidence, "interval": self.interval,
                 "noise": self.noise, "fingerprint": self.fingerprint, "skipped": self.skipped,
+                "unfilled": self.unfilled,
                 "trials": [asdict(t) for t in self.trials],
                 "table": [{**asdict(r), "gap_hi": None if math.isinf(r.gap_hi) else r.gap_hi,
                            "rate": None if math.isnan(r.rate) else r.rate} for r in self.table]}
@@ -424,7 +503,8 @@ class Qualification:
     @classmethod
     def from_dict(cls, d: dict) -> "Qualification":
         return cls(list(d["methods"]), list(d["bins"]), float(d["confidence"]), d["interval"], float(d["noise"]),
-                   [Trial(**t) for t in d.get("trials", [])], dict(d.get("fingerprint") or {}), d.get("skipped"))
+                   [Trial(**t) for t in d.get("trials", [])], dict(d.get("fingerprint") or {}), d.get("skipped"),
+                   list(d.get("unfilled") or []))
 
     def tag(self) -> str:
         """A short name of this qualification, for the registered version's tag."""

@@ -45,15 +45,18 @@ class Look:
     decision: str  # reject | continue | final
     seconds: float = 0.0
     failing: list[str] = field(default_factory=list)
+    budget: float | None = None  # gate.epsilon.max under the epsilon criterion: `pvalues` then holds lower bounds
 
     def line(self, method: str, index: int, total: int) -> str:
         from unlearning.gate import format_beside
 
-        ps = ", ".join(f"{s} {format_beside(p, float(f'{self.alpha:.4g}'))}" for s, p in self.pvalues.items())
+        bound = float(f"{self.alpha:.4g}") if self.budget is None else self.budget
+        ps = ", ".join(f"{s} {format_beside(p, bound)}" for s, p in self.pvalues.items())
+        what_is = "KLoM p-values" if self.budget is None else f"epsilon lower bounds (budget {self.budget:g})"
         what = {"reject": f"rejected ({'; '.join(self.failing)})", "continue": "not decisive: more references",
                 "final": "final look: the whole gate decides"}[self.decision]
         return (f"certificate of {method}: look {index + 1}/{total} with {self.n_shadows} shadows + "
-                f"{self.n_oracles} oracles (alpha {self.alpha:.4g}): KLoM p-values {ps}: {what} "
+                f"{self.n_oracles} oracles (alpha {self.alpha:.4g}): {what_is} {ps}: {what} "
                 f"[{self.seconds:.1f} s]")
 
 
@@ -67,6 +70,24 @@ def interim_decision(pvalues: dict[str, float], alpha_k: float) -> tuple[str, li
     return ("reject" if failing else "continue"), failing
 
 
+def interim_epsilon_decision(lowers: dict[str, float], budget: float) -> tuple[str, list[str]]:
+    """Under the epsilon criterion: reject when some split's epsilon lower bound exceeds the budget (NaN counts
+    as above: nothing measured passes); otherwise continue. Returns (decision, the failing splits in words)."""
+    from unlearning.gate import format_beside
+
+    failing = [f"{s}: epsilon lower bound {format_beside(e, budget)} > {budget:g}" for s, e in lowers.items()
+               if not (e <= budget)]
+    return ("reject" if failing else "continue"), failing
+
+
+def interim_bounds(metrics: dict[str, float], gate) -> dict[str, float]:
+    """What an interim look tests per split: the KLoM p-values, or the epsilon lower bounds (epsilon criterion)."""
+    from unlearning.metrics.summary import SPLITS
+
+    key = "epsilon_lower" if gate.criterion == "epsilon" else "klom_pvalue"
+    return {s: metrics[f"{key}/{s}"] for s in SPLITS if f"{key}/{s}" in metrics}
+
+
 def look_gate(gate, alpha: float, n_permutations: int):
     """The gate of one look (params.gate with the look's alpha and permutation count)."""
     re = gate.retrain_equivalence.model_copy(update={"alpha": alpha, "n_permutations": n_permutations})
@@ -76,16 +97,23 @@ def look_gate(gate, alpha: float, n_permutations: int):
 def look_verdict(metrics: dict[str, float], gate, objective: str, alpha: float, final: bool, look: int):
     """-> (Verdict, decision, failing) of one look over the certificate's metrics (unlearning/certificate.py,
     computed with the look's permutation count): the whole gate at alpha at the final look; at an interim look
-    a rejection when some split's KLoM p-value is below alpha, else "continue" (a passing verdict so far)."""
+    a rejection when some split's KLoM p-value is below alpha (under `gate.criterion: epsilon`: when some
+    split's epsilon lower bound exceeds gate.epsilon.max), else "continue" (a passing verdict so far)."""
     from unlearning.gate import Verdict, evaluate_gate
-    from unlearning.metrics.summary import SPLITS
 
     if final:
         return evaluate_gate(objective, metrics, look_gate(gate, alpha, gate.retrain_equivalence.n_permutations)), \
             "final", []
-    pvalues = {s: metrics[f"klom_pvalue/{s}"] for s in SPLITS if f"klom_pvalue/{s}" in metrics}
-    decision, failing = interim_decision(pvalues, alpha)
-    checks = {f"klom_pvalue/{s}": {"value": p, "op": ">=", "limit": alpha, "passed": bool(p >= alpha)}
-              for s, p in pvalues.items()}
+    if gate.criterion == "epsilon":
+        budget = gate.epsilon.max
+        lowers = interim_bounds(metrics, gate)
+        decision, failing = interim_epsilon_decision(lowers, budget)
+        checks = {f"epsilon_lower/{s}": {"value": e, "op": "<=", "limit": budget, "passed": bool(e <= budget)}
+                  for s, e in lowers.items()}
+    else:
+        pvalues = interim_bounds(metrics, gate)
+        decision, failing = interim_decision(pvalues, alpha)
+        checks = {f"klom_pvalue/{s}": {"value": p, "op": ">=", "limit": alpha, "passed": bool(p >= alpha)}
+                  for s, p in pvalues.items()}
     failures = [f"rejected at interim look {look + 1}: {f}" for f in failing]
     return Verdict(passed=not failing, objective=objective, failures=failures, checks=checks), decision, failing

@@ -72,6 +72,8 @@ def test_unlearn_plan_says_what_the_batch_will_train_before_anything_runs(projec
     assert plan["steps"][0]["looks"] == [[8, 8], [16, 16], [24, 24]]
     assert plan["models_to_train"] == {"retrain": 1, "oracles": 24, "shadows": 24}
     assert plan["predicted_seconds"]["total"] > 0 and plan["peak_mb"] > 0 and plan["refusal"] is None
+    assert plan["gate_criterion"] == {"criterion": "difference"}
+    assert any(n.startswith("gate criterion: difference") for n in plan["notes_cli"])
     assert sorted(p.name for p in (project / "data" / "prepared").iterdir()) == before
     assert not (project / "state" / "ledger.jsonl").exists() or not (project / "state" / "ledger.jsonl").read_text()
 
@@ -112,3 +114,29 @@ def test_do_nothing_is_rejected_at_the_first_look_then_its_oracles_are_the_next_
     second = ensembles_metrics(tracker, r2["run_id"])
     assert second["n_shadows"] >= 8 and second["shadows_cached_chunks"] >= 1  # batch 1's oracles, reused
     assert second["oracles_cached_chunks"] == 0  # this batch's oracles are new models of a new stream
+
+
+def test_under_the_epsilon_criterion_the_batch_logs_its_epsilon_and_rejects_on_the_lower_bound(project):
+    """gate.criterion: epsilon: `unlearn plan` states the budget; a whole class under do_nothing is rejected at
+    the first look because its forget rows' epsilon lower bound exceeds it, and the candidate's MLflow run holds
+    the estimate and its bounds."""
+    from flows.deletion_batch import run
+    from adapters.tracking import Tracker
+
+    eps = {"gate": {"criterion": "epsilon", "epsilon": {"max": 2.0}}}
+    req = project / "eps.csv"
+    class_request(project, req, "6", 60)
+    params = load_params(project / "params.yaml", eps)
+    from unlearning.gate import criterion_line
+
+    assert "epsilon" in criterion_line(params.gate) and "<= 2" in criterion_line(params.gate)
+    tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
+    (r,) = run(str(req), str(project / "params.yaml"), eps)
+    assert (r["status"], r["method"]) == ("applied", "retrain")
+    (look,) = looks_of(tracker, r["run_id"])
+    assert look["decision"] == "reject" and look["budget"] == 2.0 and look["pvalues"]["forget"] > 2.0
+    child = next(c for c in tracker.client.search_runs([tracker.experiment_id],
+                                                       filter_string=f"tags.mlflow.parentRunId = '{r['run_id']}'")
+                 if c.info.run_name == "unlearn-do_nothing")
+    m = child.data.metrics
+    assert m["epsilon_lower/forget"] > 2.0 and m["epsilon_upper/forget"] >= m["epsilon/forget"]

@@ -248,3 +248,80 @@ def test_audit_status_lists_unaudited_versions_and_the_history():
     assert lines[0] == "qualified versions not audited: v3; audits: 2, 1 failed"
     assert lines[2].endswith("FAILED -> exact retrain v5") and lines[1].endswith("passed")
     assert audit_lines(audit_status([])) == []
+
+
+# --- qualify.min_sets_per_bin: drawing sets until each bin of predicted gap holds enough -------------------------
+
+def test_bin_deficits_count_what_each_bin_lacks():
+    from unlearning.qualification import bin_deficits
+
+    assert bin_deficits([0.1, 0.2, 3.0, math.nan], [0.5, 1.0], 2) == [(0.5, 1.0, 2), (1.0, math.inf, 1)]
+    assert bin_deficits([0.1, 0.7, 2.0], [0.5, 1.0], 1) == []
+
+
+def test_window_sets_land_where_the_ranking_says():
+    from unlearning.qualification import draw_window_set, rank_position, window_for
+
+    D = np.arange(100, 300)
+    score = np.arange(200.0)  # row D[i] has rank i
+    s = draw_window_set("w", np.random.default_rng(0), D, score, 0.8, 10, width=0.1)
+    assert len(s.rows) == 10 and s.kind == "gap_fill" and 0.7 <= rank_position(s.rows, D, score) <= 0.9
+    # gap grows with the position: aim between the gaps seen (log scale), below them, above them
+    seen = [(0.2, 0.3), (0.5, 3.0), (0.9, 30.0)]
+    assert 0.2 < window_for(seen, 0.5, 1.0) < 0.5
+    assert window_for(seen, 0.0, 0.25) < 0.2 and window_for(seen, 40.0, math.inf) > 0.9
+
+
+def _fill(gap_of_position, min_sets=2, budget=20):
+    from types import SimpleNamespace
+
+    from tasks.qualification import fill_bins
+    from unlearning.qualification import rank_position
+
+    D, score = np.arange(1000), np.random.default_rng(1).random(1000)
+    q = SimpleNamespace(bins=[0.5, 1.0, 2.0, 4.0], min_sets_per_bin=min_sets, max_extra_sets=budget, extra_set_size=20)
+    drawn = []
+
+    def certify(s, label):
+        drawn.append(s.name)
+        return gap_of_position(rank_position(s.rows, D, score))
+
+    observed = [(p, gap_of_position(p)) for p in (0.1, 0.5, 0.9)]
+    return fill_bins(q, observed, D, score, 0, certify), observed, drawn
+
+
+def test_fill_bins_draws_until_every_bin_holds_enough():
+    short, observed, drawn = _fill(lambda p: 8.0 * p ** 2)  # gaps 0.08, 2, 6.5 from the suite
+    assert short == [] and 0 < len(drawn) <= 20
+    from unlearning.qualification import bin_deficits
+
+    assert bin_deficits([g for _, g in observed], [0.5, 1.0, 2.0, 4.0], 2) == []
+
+
+def test_fill_bins_names_a_bin_it_cannot_reach_within_the_budget():
+    short, _, drawn = _fill(lambda p: 1.5 + p)  # every gap in [1.5, 2.5): the bins below 1 are out of reach
+    assert len(drawn) <= 20
+    assert any(line.startswith("gap [0, 0.5): 2 set(s) short") for line in short)
+    assert any(line.startswith("gap [0.5, 1): 2 set(s) short") for line in short)
+
+
+def test_bins_left_short_survive_the_stored_round_trip():
+    q = Qualification(["do_nothing"], [0.5], 0.8, "wilson", 0.01, unfilled=["gap [0, 0.5): 2 set(s) short"])
+    assert Qualification.from_dict(q.to_dict()).unfilled == q.unfilled
+    assert Qualification.from_dict({**q.to_dict(), "unfilled": None}).unfilled == []  # a file from before the key
+
+
+def test_a_class_level_request_fails_the_cheap_checks():
+    """do_nothing on a whole class passes the accuracy checks (it is the original) and the membership test (the
+    class's validation rows are as well fitted as its training rows): only the class share catches it."""
+    from unlearning.qualification import cheap_checks, largest_class_share
+
+    before = np.array([0] * 10 + [1] * 20)
+    assert largest_class_share(before[:10], before) == 1.0
+    assert largest_class_share(np.array([0, 0, 1]), before) == pytest.approx(0.2)
+    assert largest_class_share(np.array([], dtype=int), before) == 0.0
+    m = {"acc/validation": 0.9, "original_acc/validation": 0.9}
+    checks, failures = cheap_checks(m, 0.05, 0.6, 0.01, class_share=1.0, max_class_share=0.5)
+    assert not checks["class_share/forget"]["passed"] and "class-level request" in failures[0]
+    assert cheap_checks(m, 0.05, 0.6, 0.01, class_share=0.2, max_class_share=0.5)[1] == []
+    assert cheap_checks(m, 0.05, 0.6, 0.01, class_share=1.0, max_class_share=None)[1] == []  # off
