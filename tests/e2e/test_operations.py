@@ -296,6 +296,27 @@ def test_flow_runs_are_named_after_the_request_file(ops):
     assert "deletion 2026-11-30T1000_a" in names, names
 
 
+def test_prefect_ui_lists_the_flow_run_by_its_request_file(ops):
+    """The Prefect UI's runs page (a fresh browser, 1,400 px) lists the deletion's flow run by its request file."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
+    from tests.e2e.cdp import Browser
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    ui = ops["env"]["PREFECT_API_URL"].removesuffix("/api")
+    browser = Browser(chromium, ops["base"] / "chrome-prefect", width=1400, height=900)
+    try:
+        browser.goto(f"{ui}/runs")
+        browser.wait("document.body.innerText.includes('deletion 2026-11-30T1000_a')",
+                     "the flow run named after its request file in the Prefect UI")
+        shot = ARTIFACTS / "prefect_flow_runs.png"
+        browser.screenshot(shot)
+        docs_copy(shot)
+    finally:
+        browser.close()
+
+
 def test_schedule_survives_a_restart_of_serve(ops):
     """Stop the serve process (SIGTERM, like an operator would), check on the server that the cron
     deployment is neither paused nor without its active schedule, then start serve again."""
