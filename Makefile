@@ -84,11 +84,15 @@ test-all: setup ## every tier except gpu
 ui: setup ## MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project's store
 	@# a taken port: one line and a non-zero exit (mlflow ui would log the bind error and still exit 0)
 	@$(BIN)/python -c "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); 	  sys.exit(0 if s.connect_ex(('127.0.0.1', $(MLFLOW_PORT))) else 'error: port $(MLFLOW_PORT) is taken (another MLflow UI or server?): stop it, or make ui MLFLOW_PORT=5001')"
-	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}" \
+	@# adapters/mlflow_ui.py: `mlflow ui` whose page opens an experiment on its batch runs (docs/review.md)
+	$(BIN)/python -m adapters.mlflow_ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}" \
 	  --default-artifact-root "file://$(CURDIR)/mlartifacts" --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1
 
 server: setup ## local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite; set PREFECT_API_DATABASE_CONNECTION_URL for Postgres)
-	$(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
+	@# The UI's page asks its API at PREFECT_UI_API_URL, which Prefect derives from its settings (port 4200), not
+	@# from --port: set from the port, so `make server PREFECT_PORT=4300` serves a UI that talks to port 4300.
+	PREFECT_UI_API_URL=$${PREFECT_UI_API_URL:-http://127.0.0.1:$(PREFECT_PORT)/api} \
+	  $(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)
 
 serve: setup ## serve the scheduled + event-triggered deployments and watch the inbox (needs `make server`)
 	PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:$(PREFECT_PORT)/api} $(BIN)/unlearn serve

@@ -16,35 +16,53 @@ def _verdict_word(passed: bool | None) -> str:
     return "" if passed is None else (": gate passed" if passed else ": gate FAILED")
 
 
+def _drawn(values) -> bool:
+    """Whether any value is finite: a series of NaNs draws nothing, so it gets no legend entry."""
+    return bool(np.any(np.isfinite(np.asarray(values, dtype=float))))
+
+
+def _legend(ax, **kwargs) -> None:
+    """A legend of what the axes draw, none when nothing drawn carries a label (matplotlib warns otherwise)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
 @tracks
 def accuracy_bars(metrics: dict, title: str, checks: dict | None = None, passed: bool | None = None):
     """Per-split accuracy: original, candidate, and the oracle mean with the oracles' spread (min..max of
     the member accuracies) as error bars; the gate's accepted interval (checks["acc/<split>"]["limit"]) is
-    drawn as a bracket, and a candidate bar is red where its split failed."""
+    drawn as a bracket, and a candidate bar is red where its split failed. The legend lists only what is drawn:
+    an exact retrain trains no oracles, so it has no oracle bars and no oracle entry."""
     checks = checks or {}
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     x = np.arange(len(SPLITS))
     w = 0.27
-    ax.bar(x - w, [metrics.get(f"original_acc/{s}", np.nan) for s in SPLITS], w, label="original", color="tab:gray")
+    original = [metrics.get(f"original_acc/{s}", np.nan) for s in SPLITS]
+    if _drawn(original):
+        ax.bar(x - w, original, w, label="original", color="tab:gray")
     cand = [metrics.get(f"acc/{s}", np.nan) for s in SPLITS]
-    colors = ["tab:red" if not checks.get(f"acc/{s}", {}).get("passed", True) else "tab:blue" for s in SPLITS]
-    ax.bar(x, cand, w, label="candidate (red: outside the gate interval)", color=colors)
+    red = [not checks.get(f"acc/{s}", {}).get("passed", True) for s in SPLITS]
+    ax.bar(x, cand, w, label="candidate (red: outside the gate interval)" if any(red) else "candidate",
+           color=["tab:red" if r else "tab:blue" for r in red])
     mean = np.array([metrics.get(f"oracle_acc/{s}", np.nan) for s in SPLITS])
     lo = np.array([metrics.get(f"oracle_acc_min/{s}", m) for s, m in zip(SPLITS, mean)])
     hi = np.array([metrics.get(f"oracle_acc_max/{s}", m) for s, m in zip(SPLITS, mean)])
-    ax.bar(x + w, mean, w, label="oracles (min..max)", color="tab:green",
-           yerr=np.vstack([np.clip(mean - lo, 0, None), np.clip(hi - mean, 0, None)]), capsize=3)
+    if _drawn(mean):
+        ax.bar(x + w, mean, w, label="oracles (min..max)", color="tab:green",
+               yerr=np.vstack([np.clip(mean - lo, 0, None), np.clip(hi - mean, 0, None)]), capsize=3)
+    labelled = False
     for i, s in enumerate(SPLITS):
         limit = checks.get(f"acc/{s}", {}).get("limit")
         if isinstance(limit, (list, tuple)) and len(limit) == 2:
             ax.plot([x[i] - w / 2, x[i] + w / 2], [limit[0]] * 2, color="k", lw=1)
             ax.plot([x[i] - w / 2, x[i] + w / 2], [limit[1]] * 2, color="k", lw=1,
-                    label="gate interval" if i == 0 else None)
+                    label=None if labelled else "gate interval")
+            labelled = True
     ax.set_xticks(x, SPLITS)
     ax.set_ylim(0, 1.08)
     ax.set_ylabel("accuracy")
     ax.set_title(title + _verdict_word(passed))
-    ax.legend(loc="lower right", fontsize=7)
+    _legend(ax, loc="lower right", fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -77,7 +95,7 @@ def klom_against_null(klom: np.ndarray, null_example: np.ndarray, splits: np.nda
                      color="black" if ok or p is None else "tab:red")
         ax.set_xlabel("KLoM")
     axes[0][0].set_ylabel("fraction of samples")
-    axes[0][0].legend(fontsize=6)
+    _legend(axes[0][0], fontsize=6)
     fig.suptitle(title + _verdict_word(passed))
     fig.tight_layout()
     return fig
@@ -94,12 +112,13 @@ def history(points: list[dict], title: str = "champion across batches"):
                                "champion output gap to oracles")):
         ax.plot(steps, [p[key] for p in points], marker="o", color="tab:blue")
         retrains = [p for p in points if p["method"] == "retrain"]
-        ax.scatter([p["step"] for p in retrains], [p[key] for p in retrains], marker="s", s=60,
-                   facecolors="none", edgecolors="tab:red", label="exact retrain", zorder=3)
+        if retrains:  # no retrain yet: no marker, and no legend entry for one
+            ax.scatter([p["step"] for p in retrains], [p[key] for p in retrains], marker="s", s=60,
+                       facecolors="none", edgecolors="tab:red", label="exact retrain", zorder=3)
         ax.set_xlabel("batch")
         ax.set_title(label, fontsize=9)
         ax.set_xticks(steps)
-    axes[0].legend(fontsize=7)
+    _legend(axes[0], fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     return fig

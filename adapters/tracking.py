@@ -38,13 +38,25 @@ EXPERIMENT_DESCRIPTION = (
     "its summary; its charts hold the champion's history across batches (`history/*`). Useful columns: tags "
     "`method`, `gate`, `model_version`; metrics `n_forgotten`, `wall_seconds`: the shared view `batches` shows "
     "them (`unlearn status` prints its link).")
+# The registered model's description in the registry (the Models page): what a version is and how to use one.
+MODEL_DESCRIPTION = (
+    "The pipeline's classifier: the trained original (`unlearn train`) and, after it, one version per applied "
+    "deletion batch: the model after it forgot the batch's rows, registered by the batch run it links to "
+    "(tags: `batch_id`, `method`; `promoted=true` on the versions that became champion, `promoted=false` on "
+    "those of a batch that failed afterwards). The alias (`champion` by default, `tracking.alias`) names the "
+    "version to serve: `mlflow.pyfunc.load_model(\"models:/<name>@champion\")`. Input: the prepared store's "
+    "features `[B, d]`, or raw rows for a project's own table or image folder (see the version's signature); "
+    "output: class probabilities `[B, C]`, one column per class. An erasure deletes the versions trained on "
+    "erased rows beyond `erasure.keep_versions` (docs/erasure.md); docs/review.md says how to review a batch.")
 # A shared view of the runs table (MLflow stores shared views as experiment tags; the UI opens one from
 # `?viewStateShareKey=`): the batch runs, newest first, with the columns a reviewer needs.
 BATCHES_VIEW = "batches"
+BATCHES_COLUMNS = ["tags.`method`", "tags.`gate`", "tags.`model_version`", "metrics.`wall_seconds`",
+                   "metrics.`n_forgotten`"]
 BATCHES_VIEW_STATE = {"searchFilter": "tags.stage = 'deletion_batch'", "orderByKey": "attributes.start_time",
-                      "orderByAsc": False,
-                      "selectedColumns": ["tags.`method`", "tags.`gate`", "metrics.`n_forgotten`", "tags.`model_version`",
-                                          "metrics.`wall_seconds`", "tags.`request_file`"]}
+                      "orderByAsc": False, "selectedColumns": BATCHES_COLUMNS,
+                      "columnOrder": ["0", "attributes.`Run Name`", "runDateAndNestInfo", "duration", *BATCHES_COLUMNS],
+                      "columnWidths": {"attributes.`Run Name`": 330, "runDateAndNestInfo": 130}}
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -156,8 +168,20 @@ class Tracker:
             tags["mlflow.parentRunId"] = parent_id
         return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
 
-    def end_run(self, run_id: str, ok: bool = True) -> None:
-        self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED))
+    def end_run(self, run_id: str, ok: bool = True, seconds: float | None = None) -> None:
+        """End the run; `seconds`: its duration as the UI's Duration column shows it (end time = start time +
+        `seconds`), so a duration the run also logs (a batch's `wall_seconds`) is the same number there."""
+        end_time = None
+        if seconds is not None:
+            end_time = self.client.get_run(run_id).info.start_time + int(round(seconds * 1000))
+        self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED if ok else RunStatus.FAILED),
+                                   end_time=end_time)
+
+    def run_seconds(self, run_id: str) -> float:
+        """Seconds since the run started (its start time in the store, wall clock)."""
+        import time
+
+        return max(0.0, time.time() - self.client.get_run(run_id).info.start_time / 1000)
 
     def set_tags(self, run_id: str, tags: dict) -> None:
         for k, v in tags.items():
@@ -350,7 +374,13 @@ class Tracker:
                                            "input": described,
                                            "n_members": model.n_models, "arch": model.arch,
                                            **({"input_types": types} if types else {})})
+        self.describe_model(registered_name)
         return str(info.registered_model_version)
+
+    def describe_model(self, name: str, description: str = MODEL_DESCRIPTION) -> None:
+        """The registered model's description (the registry's Models page), set where it differs."""
+        if (self.client.get_registered_model(name).description or "") != description:
+            self.client.update_registered_model(name, description=description)
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self.client.set_registered_model_alias(name, alias, version)
@@ -472,6 +502,51 @@ class Tracker:
 
 def batches_url_hint(experiment_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={BATCHES_VIEW}&workflowType=machine_learning"
+
+
+# --- the review UI (adapters/mlflow_ui.py): MLflow's server, its store and its CLI ---------------------------------
+def batches_views() -> dict[str, dict]:
+    """Experiment id -> its `batches` shared view (the tag `Tracker` keeps), read from the running MLflow server's
+    own store (the UI's page seeds it as the experiment's saved runs-table state)."""
+    from mlflow.server.handlers import _get_tracking_store
+
+    tag = f"mlflow.sharedViewState.{BATCHES_VIEW}"
+    views = {}
+    for exp in _get_tracking_store().search_experiments(max_results=1000):
+        if tag in exp.tags:
+            try:
+                views[exp.experiment_id] = json.loads(exp.tags[tag])
+            except ValueError:  # a damaged tag: that experiment opens as MLflow would open it
+                continue
+    return views
+
+
+def mlflow_server_app():
+    """(MLflow's server app (ASGI), the path prefix it serves its page under)."""
+    from mlflow.server.fastapi_app import app
+    from mlflow.server.handlers import STATIC_PREFIX_ENV_VAR
+
+    return app, os.environ.get(STATIC_PREFIX_ENV_VAR, "")
+
+
+def run_mlflow_server(argv: list[str], app_name: str, app_path: str) -> None:
+    """`mlflow server <argv>` serving the app factory at `app_path` ("module:function"). MLflow's CLI takes another
+    app only as an installed plugin's name (`--app-name`, an entry point); here its server runner is given
+    `app_name` and the name is answered with `app_path` directly, so nothing is installed. An `--app-name` of
+    the command line (basic-auth...) still wins."""
+    import mlflow.server
+    from mlflow.cli import cli
+
+    find_app, run_server = mlflow.server._find_app, mlflow.server._run_server
+
+    def run_with_app(**options):
+        if options.get("app_name") is None:
+            options["app_name"] = app_name
+        return run_server(**options)
+
+    mlflow.server._find_app = lambda name: app_path if name == app_name else find_app(name)
+    mlflow.server._run_server = run_with_app
+    cli.main(["server", *argv], prog_name="mlflow")
 
 
 def _alias_version(client: MlflowClient, name: str, alias: str) -> str | None:

@@ -225,7 +225,8 @@ class Team:
             "mlflow": {
                 # The store URI comes from the environment (MLflow's own variable): no password on a command line.
                 # psycopg2 named explicitly: SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3.
-                "cmd": [py, "-m", "mlflow", "server", "--host", self.host, "--port", str(self.mlflow_port),
+                # adapters.mlflow_ui: `mlflow server` whose page opens the experiment on its batch runs.
+                "cmd": [py, "-m", "adapters.mlflow_ui", "server", "--host", self.host, "--port", str(self.mlflow_port),
                         "--workers", str(self.mlflow_workers), "--serve-artifacts",
                         "--artifacts-destination", str(self.artifacts)],
                 "env": {**base, "MLFLOW_BACKEND_STORE_URI": self.db_url("mlflow", "psycopg2")},

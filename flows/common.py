@@ -140,3 +140,26 @@ def _has_make_target(makefile: Path, target: str) -> bool:
     except OSError:
         return False
     return re.search(rf"^{re.escape(target)}\s*:", text, flags=re.MULTILINE) is not None
+
+
+def deletion_run_name() -> str:
+    """The Prefect flow run's name of a deletion batch: `deletion <request file>` (`deletion
+    2026-11-30T0900_erasure`), so the flow runs read as the requests. A run over the whole inbox is named after
+    its first file and how many follow (`deletion 2026-11-30T0900_erasure +2`). Never raises: a name it cannot
+    read falls back to `deletion inbox` (a failing name would fail the run before it starts)."""
+    from prefect.runtime import flow_run
+
+    parameters = flow_run.parameters or {}
+    if parameters.get("request_path"):
+        return f"deletion {Path(str(parameters['request_path'])).stem}"
+    try:
+        from unlearning.config import load_params
+        from unlearning.requests import scan_inbox
+
+        params = load_params(parameters.get("params_path", "params.yaml"), parameters.get("overrides"))
+        pending = scan_inbox(params.path("inbox"))[0]
+    except Exception:
+        return "deletion inbox"
+    if not pending:
+        return "deletion inbox (empty)"
+    return f"deletion {pending[0].stem}" + (f" +{len(pending) - 1}" if len(pending) > 1 else "")

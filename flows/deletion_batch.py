@@ -20,6 +20,7 @@ from prefect import flow
 from flows.common import (
     base_parser, device_of, params_or_exit, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path,
 )
+from flows.common import deletion_run_name
 from flows.errors import EXIT_BAD_INPUT, EXIT_GATE_REJECTED, one_line_errors
 from tasks import stages as S
 from adapters.clock import computes
@@ -412,7 +413,7 @@ def preflight(params: Params) -> None:
                 raise PermissionError(f"{what} {folder} is not writable: fix its permissions (nothing was changed)")
 
 
-@flow(name="deletion_batch")
+@flow(name="deletion_batch", flow_run_name=deletion_run_name)  # `deletion <request file>` in the Prefect UI
 def deletion_batch(request_path: str | None = None, params_path: str = "params.yaml",
                    overrides: dict | None = None, dvc_commit: bool = False) -> list[dict]:
     """Process one request file, or (without `request_path`) every file in the inbox, in name order.

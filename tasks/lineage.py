@@ -33,12 +33,12 @@ def commit_lineage(params: Params) -> dict:
         if remote not in configured:  # not a remote name: a folder, relative to the project
             folder = Path(remote) if Path(remote).is_absolute() else root / remote
             folder.mkdir(parents=True, exist_ok=True)
-            remote = _ensure_remote(root, folder)
+            remote = ensure_remote(root, folder)
         dvc_ops.push(root, remote)
         pushed = remote
     return {"committed": True, "pushed": pushed}
 
 
-def _ensure_remote(root: Path, folder: Path) -> str:
+def ensure_remote(root: Path, folder: Path) -> str:
     """Register a local-folder remote (in .dvc/config.local, never committed) and return its name."""
     return dvc_ops.add_local_remote(root, "pipeline-local", folder)

@@ -65,6 +65,7 @@ class BatchRun:
     seconds: dict = field(default_factory=dict)  # measured seconds per stage, beside the plan's predictions
     probe: tuple | None = None  # the planner's (Timing, Footprint) of this batch, measured once
     started: float = field(default_factory=time.perf_counter)
+    wall: float | None = None  # the batch's one duration, fixed when it closes (`wall_seconds`)
 
     def open(self, name: str, tags: dict | None = None) -> str:
         self.child = self.tracker.start_run(name, self.parent, tags)
@@ -627,13 +628,13 @@ def record_not_trained_on(batch: BatchRun, params: Params, state: State, request
 def finish_not_trained_on(batch: BatchRun, promoted: dict, erasure: dict | None, n_erased: int) -> None:
     """The batch run of a file of validation rows only: its counts, tags and summary (no candidate, no gate)."""
     t = batch.tracker
-    t.log_metrics(batch.parent, {"wall_seconds": time.perf_counter() - batch.started, "n_forgotten": 0,
+    t.log_metrics(batch.parent, {"wall_seconds": wall_seconds(batch), "n_forgotten": 0,
                                  "n_erased_not_trained_on": n_erased})
     t.set_tags(batch.parent, {"method": "none", "gate": "not_needed (validation rows only: not trained on)",
                               "model_version": str(promoted["version"])})
     publish_summary(batch, status="applied (validation rows only: erased, not trained on; champion unchanged)",
                     erasure=erasure)
-    t.end_run(batch.parent)
+    t.end_run(batch.parent, seconds=wall_seconds(batch))
 
 
 # 8. erase ------------------------------------------------------------------------------------------------
@@ -660,19 +661,28 @@ def finish(batch: BatchRun, outcome: CandidateOutcome, promoted: dict, erasure: 
     """The batch run's closing metrics, the champion history (step-indexed metrics and its figure), tags and
     the batch summary (MLflow description + Prefect artifact)."""
     t, history = batch.tracker, promoted["history"]
-    wall = time.perf_counter() - batch.started
+    wall = wall_seconds(batch)
     t.log_metrics(batch.parent, {**outcome.metrics, "wall_seconds": wall, "n_forgotten": batch.summary["n_forgotten"]})
     t.log_series(batch.parent, history, HISTORY_METRICS)
     fig = plots.history(history, f"champion across {len(history)} batch(es)")
     t.log_figure(batch.parent, fig, "champion_history.png"); plots.close(fig)
     t.set_tags(batch.parent, {"method": outcome.method, "gate": "passed", "model_version": promoted["version"]})
     publish_summary(batch, status="applied", erasure=erasure)
-    t.end_run(batch.parent)
+    t.end_run(batch.parent, seconds=wall)
+
+
+def wall_seconds(batch: BatchRun) -> float:
+    """The batch's one duration, in seconds to 0.1 s: its MLflow run's, from the run's start to the moment the
+    batch first asks (it closes). The `wall_seconds` metric, the summary's wall time and the run's end time
+    (`end_run(seconds=)`: the UI's Duration column) all say this number, not three clocks read at three moments."""
+    if batch.wall is None:
+        batch.wall = round(batch.tracker.run_seconds(batch.parent), 1)
+    return batch.wall
 
 
 def publish_summary(batch: BatchRun, *, status: str, erasure: dict | None = None, error: str | None = None) -> str:
     """The batch summary as the batch run's description and as a markdown artifact of the Prefect flow run."""
-    md = summary_markdown(**batch.summary, status=status, wall_seconds=time.perf_counter() - batch.started,
+    md = summary_markdown(**batch.summary, status=status, wall_seconds=wall_seconds(batch),
                           erasure=erasure, error=error)
     batch.tracker.set_description(batch.parent, md)
     markdown_artifact(md, key=batch.batch_id, description=f"deletion batch {batch.summary['request_file']}: {status}")
@@ -711,6 +721,6 @@ def fail(batch: BatchRun, error: BaseException, rejected: bool) -> None:
         t.set_tags(batch.parent, {"gate": "rejected" if rejected else "error"})
         publish_summary(batch, status="rejected" if rejected else "error",
                         error=None if rejected else f"{type(error).__name__}: {error}")
-        t.end_run(batch.parent, ok=False)
+        t.end_run(batch.parent, ok=False, seconds=wall_seconds(batch))
     except Exception:  # the tracking store itself failed: the error that brought us here is the one to raise
         pass

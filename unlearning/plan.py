@@ -1,5 +1,5 @@
 """The batch plan: which candidates a batch tries, how each is certified, which reference models it trains,
-what that costs in units of one retrain of the user's model, and its peak memory (docs/design.md §4.5).
+what that costs in units of one retrain of the user's model, and its peak memory (docs/design.md §4.6).
 
 A batch plans before it trains anything. The planner is a pure function of cheap facts: the ordered candidate
 list of the selection rules (unlearning/policy.py), the objective, the config slices, and two measurements of

@@ -9,9 +9,10 @@ the ensemble cache, the MLflow registry, the DVC cache... Each is one small clas
 - `purge(scope)`: remove them (idempotent); the records go into the erasure report;
 - `verify(scope)`: look again and judge: a `Finding` whose `problems` are not empty fails `unlearn verify-erasure`.
 
-`tasks/erasure.py`'s `erase` and `verify_erasure` are loops over `STORES`, in registration order (the order
-`tasks/stores/__init__.py` imports the modules in: the DVC cache last, since it re-commits what the others rewrote).
-Adding a store is one class with `@register_store` and one test (tests/unit/test_erasure_stores.py).
+`tasks/erasure.py`'s `erase` and `verify_erasure` are loops over `STORES`, in the order `tasks/stores/__init__.py`
+declares (`ORDER`: the DVC cache last, since it re-commits what the others rewrote). Adding a store is one class
+with `@register_store` (on `StoreBase`, which gives the default `locate`), its name in `ORDER` and one test
+(tests/unit/test_erasure_stores.py).
 """
 
 from __future__ import annotations
@@ -91,12 +92,18 @@ class Store(Protocol):
         ...
 
 
-class CountedOnly:
-    """A store the pipeline never rewrites (the team's own sources, Great Expectations' results): what `locate`
-    finds is what `verify` counts, and `purge` has nothing to do. Subclasses give `name` and `verify`."""
+class StoreBase:
+    """The stores' common base: `locate` is what `verify` finds, unjudged (the same counts, no problems), as the
+    `Store` protocol says. Subclasses give `name`, `purge` and `verify`; a store whose `locate` looks somewhere
+    `verify` does not overrides it."""
 
     def locate(self, scope: Scope) -> list[Finding]:
-        return self.verify(scope)
+        return unjudged(self.verify(scope))
+
+
+class CountedOnly(StoreBase):
+    """A store the pipeline never rewrites (the team's own sources, Great Expectations' results): `locate` counts
+    what `verify` counts, and `purge` has nothing to do. Subclasses give `name` and `verify`."""
 
     def purge(self, scope: Scope) -> list[Purged]:
         return []
@@ -114,6 +121,19 @@ def register_store(cls: type) -> type:
         raise TypeError(f"store {cls.__name__} lacks one of name, locate, purge, verify")
     STORES.append(store)
     return cls
+
+
+def in_declared_order(stores: list[Store], order: tuple[str, ...]) -> list[Store]:
+    """`stores` in the order `order` names them (tasks/stores/__init__.py's `ORDER`): the order `erase` purges
+    and `verify_erasure` checks is declared, not the order the modules happen to be imported in. A registered
+    store that `order` does not name, or a name no store has, is an error that says which."""
+    by_name = {s.name: s for s in stores}
+    unlisted = [n for n in by_name if n not in order]
+    unknown = [n for n in order if n not in by_name]
+    if unlisted or unknown:
+        raise ValueError(f"the stores' ORDER (tasks/stores/__init__.py) does not match the registered stores: "
+                         f"not in ORDER {unlisted}, no such store {unknown}; add each new store's name to ORDER")
+    return [by_name[n] for n in order]
 
 
 def get_store(name: str) -> Store:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.stores.base import CountedOnly, Scope, prepared_rows, register_store, unjudged
+from tasks.stores.base import CountedOnly, Scope, StoreBase, prepared_rows, register_store
 from unlearning.config import Params
 from unlearning.data import read_state_manifest
 from unlearning.data.store import manifest_csv_bytes, rewrite_without
@@ -29,14 +29,11 @@ def legacy_report(report: dict, hash_ids: bool) -> bool:
 
 
 @register_store
-class ErasureReports:
+class ErasureReports(StoreBase):
     """state/erasure/<batch>.json: what each pass purged and the fingerprints of the rows (written by `erase`
     itself). Verified: a batch in scope has a report, and no report waits with a pending purge."""
 
     name = "erasure reports"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         return []  # the report is the erasure's record: `erase` writes it after the stores' purges
@@ -53,15 +50,12 @@ class ErasureReports:
 
 
 @register_store
-class Tombstones:
+class Tombstones(StoreBase):
     """base.paths.tombstones: every erased id (keyed), outside every DVC out; prepare leaves these rows out.
     `erase` adds the batch's ids first (every other store's purge reads them); verified: every forgotten id is
     tombstoned, else a re-prepare would bring it back."""
 
     name = "tombstones"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         return [Purged(self.name, str(scope.params.path("tombstones")), {"entries": len(scope.tombstones)})]
@@ -76,14 +70,11 @@ class Tombstones:
 
 
 @register_store
-class PreparedStore:
+class PreparedStore(StoreBase):
     """base.paths.prepared_dir: rewritten without the forgotten rows (a staging folder, then a swap). Inside
     `dvc repro` it is prepare's output, held by the repro: pending for `unlearn erase`."""
 
     name = "prepared store"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         folder = scope.params.path("prepared_dir")
@@ -117,7 +108,7 @@ class PreparedStore:
 
 
 @register_store
-class StateManifest:
+class StateManifest(StoreBase):
     """state/manifest.csv: its rows stay aligned with the prepared store (the ledger keeps the record), so it is
     rewritten with it, and waits with it inside `dvc repro`."""
 
@@ -125,9 +116,6 @@ class StateManifest:
 
     def _path(self, params: Params) -> Path:
         return params.path("state_dir") / "manifest.csv"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         path = self._path(scope.params)

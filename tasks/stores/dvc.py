@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from adapters import dvc_ops
 from tasks.stores.base import (
-    Scope, dvc_cache_dir, is_dvc_repo, raw_rows_finding, register_store, remote_folder, unjudged,
+    Scope, StoreBase, dvc_cache_dir, is_dvc_repo, raw_rows_finding, register_store, remote_folder,
 )
 from unlearning.config import Params
 from unlearning.erasure import Finding, Purged
@@ -22,12 +22,12 @@ def dvc_gc(params: Params) -> dict:
     dvc_ops.gc_workspace(root)
     configured = dvc_ops.remotes(root)
     if configured:
-        from tasks.lineage import _ensure_remote
+        from tasks.lineage import ensure_remote
 
         name = params.operations.dvc_remote
         if name not in configured:
             folder = remote_folder(params)
-            name = _ensure_remote(root, folder) if folder is not None else None
+            name = ensure_remote(root, folder) if folder is not None else None
         if name:
             dvc_ops.push(root, name)
             dvc_ops.gc_workspace(root, remote=name)
@@ -36,15 +36,12 @@ def dvc_gc(params: Params) -> dict:
 
 
 @register_store
-class DvcCache:
+class DvcCache(StoreBase):
     """.dvc/cache and the remote (operations.dvc_remote): purged by commit + gc (erasure.dvc_gc, in a DVC repo
     only); inside `dvc repro` the repro holds the lock: pending for `unlearn erase`. Verified by searching their
     .npy objects for the forgotten rows' bytes."""
 
     name = "DVC cache"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         params = scope.params

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.stores.base import Scope, register_store, unjudged
+from tasks.stores.base import Scope, StoreBase, register_store
 from unlearning.config import Params
 from unlearning.ensembles import trained_on
 from unlearning.erasure import Finding, Purged, clean_of_tombstones, state_is_clean, tombstones_digest
@@ -13,7 +13,7 @@ from unlearning.io import atomic_save, load_checkpoint, read_json_file
 
 
 @register_store
-class EnsembleCache:
+class EnsembleCache(StoreBase):
     """<cache_dir>/ensembles/*.pt: a cached ensemble trained on a forgotten row is deleted with its `.ids.json`;
     one whose training rows are not recorded cannot be proven clean and is deleted too."""
 
@@ -30,9 +30,6 @@ class EnsembleCache:
             if ids is None or ids & scope.cache_hashes:
                 out.append(f)
         return out
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         removed = []
@@ -85,15 +82,12 @@ def replace_original(params: Params, digest: str) -> str | None:
 
 
 @register_store
-class Checkpoints:
+class Checkpoints(StoreBase):
     """models/*.pt (the original model) and the state's champion: models/original.pt is replaced by the champion
     (which the gate certified as unlearned), so the pipeline keeps a starting model and no checkpoint trained on
     a forgotten row remains. Inside `dvc repro` models/ is train's output: pending for `unlearn erase`."""
 
     name = "models"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         folder = str(scope.params.path("models_dir"))

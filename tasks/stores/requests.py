@@ -7,7 +7,7 @@ import os
 import time
 from datetime import datetime, timezone
 
-from tasks.stores.base import CountedOnly, Scope, files_naming, register_store, unjudged
+from tasks.stores.base import CountedOnly, Scope, StoreBase, files_naming, register_store
 from unlearning.config import Params
 from unlearning.erasure import Finding, Purged
 from unlearning.io import atomic_write_bytes
@@ -80,15 +80,12 @@ def redact_request_files(params: Params, key, tombstones: set[str]) -> list[dict
 
 
 @register_store
-class RequestFiles:
+class RequestFiles(StoreBase):
     """requests/processed/ and requests/rejected/. With deletion.hash_sample_ids they name no forgotten id in
     plain text: the purge rewrites them with keyed ids, the verification reads their ids, keys them and fails on
     a forgotten one. With plain ids (hashing off) the applied files are the audit trail: counted as references."""
 
     name = "request files"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         if not scope.hash_ids:

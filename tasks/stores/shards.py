@@ -7,18 +7,15 @@ trained on exactly its plan rows (a checkpoint from before a deletion fails)."""
 from __future__ import annotations
 
 from tasks.sharding import check_folder, original_shards, read_plan, replace_original_shards, state_shards
-from tasks.stores.base import Scope, register_store, unjudged
+from tasks.stores.base import Scope, StoreBase, register_store
 from unlearning.erasure import Finding, Purged
 
 
 @register_store
-class ShardCheckpoints:
+class ShardCheckpoints(StoreBase):
     """models/shards/ and state/shards/: plan.json and one checkpoint per (shard, slice)."""
 
     name = "shard checkpoints"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         folder = original_shards(scope.params)

@@ -3,7 +3,7 @@ through the tracking adapter (adapters/tracking.py, the one module that imports 
 
 from __future__ import annotations
 
-from tasks.stores.base import Scope, files_naming, raw_rows_finding, register_store, unjudged
+from tasks.stores.base import Scope, StoreBase, files_naming, raw_rows_finding, register_store
 from unlearning.config import Params
 from unlearning.erasure import Finding, Purged
 from unlearning.io import read_json_file
@@ -17,14 +17,11 @@ def versions_to_keep(params: Params, tracker, champion_version) -> set[str]:
 
 
 @register_store
-class RegistryVersions:
+class RegistryVersions(StoreBase):
     """The registered model's versions: every one but the champion and the `erasure.keep_versions` newest others
     is deleted with its model artifacts (an older version was trained on the forgotten rows)."""
 
     name = "MLflow registry"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         if scope.tracker is None:
@@ -48,16 +45,13 @@ class RegistryVersions:
 
 
 @register_store
-class MLflowArtifacts:
+class MLflowArtifacts(StoreBase):
     """The runs' artifacts (base.paths.mlflow_artifacts): searched for the forgotten rows' bytes (.npy files). The
     model artifacts of purged versions go with the registry's purge; a batch's tables (per-sample KLoM, leverage,
     partition) name ids, hashed with deletion.hash_sample_ids, plain otherwise: then they are counted as
     references (the review's and the audit's), not problems."""
 
     name = "MLflow artifacts"
-
-    def locate(self, scope: Scope) -> list[Finding]:
-        return unjudged(self.verify(scope))
 
     def purge(self, scope: Scope) -> list[Purged]:
         return []  # nothing of its own: the versions' artifacts are deleted by the registry's purge

@@ -191,9 +191,13 @@ def test_mlflow_ui_shows_the_batch(ops):
 
     p = load_params(proj / "params.yaml")
     tracker = Tracker(p.mlflow_tracking_uri(), p.tracking.experiment)
-    run = tracker.client.search_runs([tracker.experiment_id], filter_string="tags.stage = 'deletion_batch'",
-                                     order_by=["attributes.start_time ASC"])[0]
-    ui = start([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", p.mlflow_tracking_uri(),
+    runs = tracker.client.search_runs([tracker.experiment_id], filter_string="tags.stage = 'deletion_batch'",
+                                      order_by=["attributes.start_time ASC"])
+    for failed in (r for r in runs if r.info.status != "FINISHED"):  # a run Prefect retried (a loaded machine)
+        print(f"batch run {failed.info.run_name} {failed.info.status}: {failed.data.tags.get('gate')}")
+    run = next(r for r in runs if r.info.status == "FINISHED")
+    # What `make ui` runs: MLflow's server with the page script that opens an experiment on its batch runs.
+    ui = start([sys.executable, "-m", "adapters.mlflow_ui", "--backend-store-uri", p.mlflow_tracking_uri(),
                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], proj, env, ops["base"] / "ui.log")
     ops["procs"].append(ui)
     wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 120, "the MLflow UI")
@@ -230,6 +234,87 @@ def test_mlflow_ui_shows_the_batch(ops):
     dom = page(tracker.batches_url_hint(), "mlflow_batches_view.png")
     for column in ("wall_seconds", "n_forgotten", "method"):
         assert column in dom, column
+    # One duration per batch: the run's Duration (end - start), its wall_seconds metric (to 0.1 s) and the
+    # summary's wall time are one number.
+    run = tracker.client.get_run(run.info.run_id)
+    wall = run.data.metrics["wall_seconds"]
+    assert wall == round(wall, 1) and run.info.end_time - run.info.start_time == round(wall * 1000)
+    assert f"**Wall time:** {wall:.1f} s" in run.data.tags["mlflow.note.content"]
+    # The registered model's description, on its registry page.
+    name = p.tracking.registered_model
+    description = tracker.client.get_registered_model(name).description
+    assert description and "champion" in description
+    assert "The pipeline's classifier" in page(f"#/models/{name}", "mlflow_model_page.png")
+    from_the_experiment_list(chromium, base, ops["base"] / "chrome-fresh", p.tracking.experiment, run, wall)
+
+
+def from_the_experiment_list(chromium: str, base: str, profile: Path, experiment: str, run, wall: float) -> None:
+    """A reviewer's first visit (a fresh browser profile, a 1,400 px window): MLflow's experiment list, a click on
+    the experiment, and the batches table with the method, gate, version and wall time columns in view (not
+    the GenAI overview, not the default Source/Models/Dataset columns, no assistant panel over the table)."""
+    from tests.e2e.cdp import Browser
+
+    browser = Browser(chromium, profile, width=1400, height=900)
+    try:
+        browser.goto(base + "#/experiments")
+        link = f"[...document.querySelectorAll('a[data-testid=experiment-list-item-link]')].find(a => a.textContent === {experiment!r})"
+        browser.wait(f"Boolean({link})", "the experiment in MLflow's experiment list")
+        browser.screenshot(ARTIFACTS / "mlflow_experiment_list.png")
+        browser.eval(f"{link}.click()")
+        columns = browser.wait(
+            "location.hash.includes('/runs') && document.querySelectorAll('.ag-header-cell[col-id]').length > 4 && "
+            "Object.fromEntries([...document.querySelectorAll('.ag-header-cell[col-id]')].map(h => "
+            "[h.getAttribute('col-id'), [h.getBoundingClientRect().left, h.getBoundingClientRect().right]]))",
+            "the runs table after a click on the experiment")
+        browser.wait(f"document.body.innerText.includes({run.info.run_name!r})", "the batch run in the table")
+        shot = ARTIFACTS / "mlflow_experiment_from_list.png"
+        browser.screenshot(shot)
+        docs_copy(shot)
+        width = browser.eval("window.innerWidth")
+        text = browser.eval("document.body.innerText")
+        hash_ = browser.eval("location.hash")
+    finally:
+        browser.close()
+    assert "/runs" in hash_ and "deletion_batch" in hash_, hash_  # the runs table, filtered to the batch runs
+    for column in ("tags.`method`", "tags.`gate`", "tags.`model_version`", "metrics.`wall_seconds`"):
+        assert column in columns, (column, sorted(columns))
+        left, right = columns[column]
+        assert 0 <= left and right <= width, (column, left, right, width)  # in view, not scrolled off
+    assert "Ask questions about your" not in text  # the assistant panel stayed closed (its button stays)
+    assert run.data.tags["method"] in text and "Traces 0" not in text
+    assert f"{wall:g}" in text  # the wall time, rounded as logged
+
+
+def test_flow_runs_are_named_after_the_request_file(ops):
+    """The Prefect UI lists a deletion run as `deletion <request file>` (the first file dropped above)."""
+    import httpx
+
+    res = httpx.post(f"{ops['env']['PREFECT_API_URL']}/flow_runs/filter",
+                     json={"flows": {"name": {"any_": ["deletion_batch"]}}}, timeout=30)
+    res.raise_for_status()
+    names = {r["name"] for r in res.json()}
+    assert "deletion 2026-11-30T1000_a" in names, names
+
+
+def test_prefect_ui_lists_the_flow_run_by_its_request_file(ops):
+    """The Prefect UI's runs page (a fresh browser, 1,400 px) lists the deletion's flow run by its request file."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
+    from tests.e2e.cdp import Browser
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    ui = ops["env"]["PREFECT_API_URL"].removesuffix("/api")
+    browser = Browser(chromium, ops["base"] / "chrome-prefect", width=1400, height=900)
+    try:
+        browser.goto(f"{ui}/runs")
+        browser.wait("document.body.innerText.includes('deletion 2026-11-30T1000_a')",
+                     "the flow run named after its request file in the Prefect UI")
+        shot = ARTIFACTS / "prefect_flow_runs.png"
+        browser.screenshot(shot)
+        docs_copy(shot)
+    finally:
+        browser.close()
 
 
 def test_schedule_survives_a_restart_of_serve(ops):

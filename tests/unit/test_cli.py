@@ -101,3 +101,23 @@ def test_ui_hint_names_make_ui_only_where_a_makefile_has_it(tmp_path):
     assert "make ui" not in ui_route(params)
     (tmp_path / "Makefile").write_text("run:\n\techo\nui: ## the MLflow UI\n\tmlflow ui\n")
     assert ui_route(params, "#/x").startswith("`make ui` (or `mlflow ui") and ui_route(params, "#/x").endswith("/#/x")
+
+
+def test_deletion_flow_runs_are_named_after_the_request_file(tmp_path, monkeypatch):
+    import prefect.runtime.flow_run as flow_run
+
+    from flows.common import deletion_run_name
+    from flows.deletion_batch import deletion_batch
+    from tests.helpers import make_project
+
+    assert deletion_batch.flow_run_name is deletion_run_name
+    monkeypatch.setattr(flow_run, "parameters", {"request_path": "/p/requests/inbox/2026-11-30T0900_erasure.csv"},
+                        raising=False)
+    assert deletion_run_name() == "deletion 2026-11-30T0900_erasure"
+    params_path = make_project(tmp_path / "p")  # the whole inbox: its first file and how many follow
+    inbox = sorted(p.stem for p in (tmp_path / "p" / "requests" / "inbox").iterdir() if p.suffix == ".csv")
+    monkeypatch.setattr(flow_run, "parameters", {"request_path": None, "params_path": str(params_path)})
+    expected = f"deletion {inbox[0]}" + (f" +{len(inbox) - 1}" if len(inbox) > 1 else "")
+    assert deletion_run_name() == expected
+    monkeypatch.setattr(flow_run, "parameters", {"params_path": str(tmp_path / "missing.yaml")})
+    assert deletion_run_name() == "deletion inbox"

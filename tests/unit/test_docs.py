@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT / "docs"))
 import gen_params  # noqa: E402  (docs/gen_params.py: the generator of the configuration reference)
 
 # The pages a newcomer needs; each is in the nav and built.
-PAGES = ["index.md", "getting-started.md", "own-data.md", "sharding.md", "requests.md", "certificate.md", "erasure.md",
-         "operations.md", "review.md", "troubleshooting.md", "configuration.md", "evidence.md", "design.md"]
+PAGES = ["index.md", "getting-started.md", "own-data.md", "sharding.md", "requests.md", "certificate.md", "methods.md",
+         "erasure.md", "operations.md", "review.md", "troubleshooting.md", "configuration.md", "evidence.md", "design.md"]
 # The API reference of the core (mkdocstrings): one page per area, each rendering the modules it names.
 API_PAGES = {"api/index.md": [], "api/plan.md": ["unlearning.plan"],
              "api/acceptance.md": ["unlearning.acceptance", "unlearning.certificate"],
@@ -30,7 +30,11 @@ API_PAGES = {"api/index.md": [], "api/plan.md": ["unlearning.plan"],
              "api/methods.md": ["unlearning.methods.registry"], "api/metrics.md": ["unlearning.metrics.klom"],
              "api/models.md": ["unlearning.models.ensemble"], "api/data.md": ["unlearning.data.store"],
              "api/erasure.md": ["unlearning.ledger", "unlearning.erasure"], "api/requests.md": ["unlearning.requests"],
-             "api/ensembles.md": ["unlearning.ensembles"], "api/config.md": ["unlearning.config"]}
+             "api/ensembles.md": ["unlearning.ensembles"], "api/config.md": ["unlearning.config"],
+             "api/qualification.md": ["unlearning.qualification"], "api/sharding.md": ["unlearning.sharding"],
+             "api/batch.md": ["unlearning.batch", "unlearning.history"], "api/serving.md": ["unlearning.serving"],
+             "api/studies.md": ["unlearning.studies.digits"], "api/support.md": ["unlearning.io"],
+             "api/stores.md": ["tasks.stores", "tasks.stores.base", "tasks.stores.dvc"]}
 PAGES += list(API_PAGES)
 
 
@@ -64,6 +68,33 @@ def test_mkdocs_build_strict_builds_every_page(tmp_path):
         html = (tmp_path / "site" / page.replace(".md", "/index.html").replace("index/index.html", "index.html")
                 ).read_text()
         assert all(f'id="{m}"' in html for m in modules), page
+    # A docstring's list renders as a list (docs/griffe_lists.py), not folded into the sentence above it.
+    plan = (tmp_path / "site" / "api" / "plan" / "index.html").read_text()
+    assert re.search(r"How a candidate is certified:</p>\s*<ul>", plan)
+
+
+def documented_modules() -> set[str]:
+    return {m for page in (ROOT / "docs" / "api").glob("*.md")
+            for m in re.findall(r"^::: ([\w.]+)", page.read_text(), flags=re.MULTILINE)}
+
+
+def test_every_core_module_and_store_has_an_api_page():
+    """Every module of the core (unlearning/) and of the erasure's stores (tasks/stores/) is rendered by a page of
+    docs/api/ (a package's __init__ and a private module excepted)."""
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts) for d in ("unlearning", "tasks/stores")
+               for p in (ROOT / d).rglob("*.py") if p.name != "__init__.py" and not p.name.startswith("_")}
+    missing = sorted(modules - documented_modules())
+    assert not missing, f"modules without an API page (add `::: module` to a page of docs/api/): {missing}"
+
+
+def test_a_list_under_its_sentence_gets_its_blank_line():
+    from griffe_lists import blank_line_before_lists
+
+    assert blank_line_before_lists("Each is:\n- a\n- b\n  more of b\nAfter.") == \
+        "Each is:\n\n- a\n- b\n  more of b\nAfter."
+    assert blank_line_before_lists("Steps:\n1. one\n2. two") == "Steps:\n\n1. one\n2. two"
+    unchanged = ["Prose.\n\n- a", "a - b is not a list", "```\nx = 1\n- 2\n```", "See §4.5 and\n4.6 here"]
+    assert [blank_line_before_lists(t) for t in unchanged] == unchanged
 
 
 def test_the_readme_is_short_and_its_links_reach_pages():

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from tasks.stores import STORES, Scope, Store, get_store, register_store
-from tasks.stores.base import digest_list, retained_twins
+from tasks.stores import ORDER, STORES, Scope, Store, get_store, register_store
+from tasks.stores.base import CountedOnly, StoreBase, digest_list, in_declared_order, retained_twins
 from unlearning.config import parse_params
 from unlearning.data import load_prepared
 from unlearning.data.registry import load_dataset
@@ -87,6 +87,40 @@ def test_every_registered_store_keeps_the_contract(tmp_path):
 
 def test_every_registered_store_has_its_own_test():
     assert set(PER_STORE) == {s.name for s in STORES}, "add the new store's test to PER_STORE"
+
+
+def test_the_order_of_the_stores_is_declared():
+    assert [s.name for s in STORES] == list(ORDER)
+
+    class Named:
+        def __init__(self, name):
+            self.name = name
+
+    a, b, dvc = Named("a"), Named("b"), Named("DVC cache")
+    assert in_declared_order([dvc, b, a], ("a", "b", "DVC cache")) == [a, b, dvc]  # not the registration order
+    with pytest.raises(ValueError, match=r"not in ORDER \['b'\], no such store \['c'\]"):
+        in_declared_order([a, b], ("a", "c"))
+
+
+def test_the_default_locate_is_verify_unjudged():
+    judged = Finding("src", "here", {"forgotten_rows": 2}, ("2 forgotten rows remain",))
+
+    class Judging(StoreBase):
+        name = "judging"
+
+        def purge(self, scope): return []
+        def verify(self, scope): return [judged]
+
+    class Source(CountedOnly):
+        name = "source"
+
+        def verify(self, scope): return [judged]
+
+    for store in (Judging(), Source()):
+        [found] = store.locate(None)
+        assert (found.store, found.where, found.counts, found.problems) == ("src", "here", {"forgotten_rows": 2}, ())
+        assert isinstance(store, Store)
+    assert Source().purge(None) == []
 
 
 def test_register_store_refuses_a_second_name_and_an_incomplete_class():

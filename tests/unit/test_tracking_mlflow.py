@@ -177,6 +177,23 @@ def test_log_model_leaves_the_root_logger_alone(store):
     assert before == after  # level and handlers (importing mlflow.pytorch ran logging.basicConfig(level=ERROR))
 
 
+def test_the_registered_model_has_a_description(store):
+    from adapters.tracking import MODEL_DESCRIPTION
+
+    description = store["tracker"].client.get_registered_model("clf").description
+    assert description == MODEL_DESCRIPTION and "champion" in description
+
+
+def test_a_run_ended_with_seconds_shows_that_duration(store):
+    """The UI's Duration column (end time - start time) says the duration the run logs (a batch's wall_seconds)."""
+    tracker = store["tracker"]
+    run_id = tracker.start_run("batch")
+    assert 0 <= tracker.run_seconds(run_id) < 600
+    tracker.end_run(run_id, seconds=12.8)
+    info = tracker.client.get_run(run_id).info
+    assert (info.end_time - info.start_time, info.status) == (12800, "FINISHED")
+
+
 def test_metric_names_keep_their_slash(store):
     tracker = store["tracker"]
     run_id = tracker.start_run("metrics")
