@@ -177,16 +177,17 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     from tasks.planning import batch_plan, probe
     from unlearning.plan import PlanRefused, plan_lines
 
-    if batch.probe is None:  # a batch that plans again (after the first look's noise floor) probes once
-        batch.probe = probe(params, state, rows, batch.device)
+    # a batch that plans again (after the first look's noise floor) reads the first probe back from the cache
+    # (tasks/planning.py), timing only the candidates it had not timed
+    batch.probe = probe(params, state, rows, batch.device, selection["candidates"])
     timing, footprint = batch.probe
     from tasks.sharding import sisa_share
 
     the_plan = batch_plan(params, selection, objective, timing, footprint, batch.seconds.get("diagnostics", 0.0),
-                          sisa_cost=sisa_share(state, rows))
+                          sisa_cost=sisa_share(state, rows), device=batch.device)
     batch.seconds["retrain_probe"] = timing.retrain_seconds
     lines = plan_lines(the_plan)
-    batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.__dict__}, "plan.json")
+    batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.to_dict()}, "plan.json")
     batch.tracker.log_metrics(batch.parent, {f"predicted_seconds/{k}": v for k, v in
                                              the_plan.predicted_seconds.items()}
                               | {"predicted_retrains": the_plan.predicted_retrains,
@@ -253,7 +254,7 @@ def recipe_check(state: State, rows: BatchRows, shadows: Ensemble, device: str, 
         eval_rows = np.sort(np.random.default_rng(seed).choice(eval_rows, RECIPE_CHECK_ROWS, replace=False))
     labels = state.prepared.label[eval_rows]
     production = margins(eval_logits(state.model.to(device), state.prepared, eval_rows).numpy(), labels)
-    reference = margins(eval_logits(shadows, state.prepared, eval_rows).numpy(), labels)
+    reference = margins(eval_logits(shadows.to(device), state.prepared, eval_rows).numpy(), labels)
     return exchangeability_test(production.mean(axis=0), reference)
 
 
