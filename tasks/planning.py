@@ -30,8 +30,9 @@ from unlearning.config import Params
 from unlearning.costs import PROBE_MIN_STEPS, CostCurve, DeviceMemory, measure_curve, method_retrains, probe_sizes
 from unlearning.history import EXACT_METHODS
 from unlearning.io import atomic_write_json
-from unlearning.models import fit, predict_logits
+from unlearning.models import predict_logits
 from unlearning.plan import CPU_CHUNK, Footprint, Plan, Timing, plan_batch
+from unlearning.probe import StepTimer
 from unlearning.seeds import method_seed, role_seeds
 
 PROBE_MIN_ROWS = 512  # rows of the timing probe: at least this, PROBE_MIN_STEPS minibatches, at most the retain rows
@@ -96,43 +97,6 @@ def planned_probe_chunk(params: Params, device: str, footprint: Footprint, mem: 
         return max(1, min(PROBE_MEMBERS, cap, n_role))
     fits = (mem.budget_bytes - footprint.data_bytes) // max(footprint.member_training_bytes(), 1)
     return int(max(1, min(cap, n_role, fits)))
-
-
-class StepTimer:
-    """`time_steps(k)`: the seconds of each optimizer step of a fresh chunk of k members, trained on the probe's
-    sample (enough epochs for PROBE_MIN_STEPS steps); on CUDA each step is synchronized and the peak device
-    memory per member recorded (`member_bytes`)."""
-
-    def __init__(self, params: Params, prepared, X: torch.Tensor, y: torch.Tensor, device: str):
-        self.params, self.prepared, self.X, self.y, self.device = params, prepared, X, y, device
-        steps_per_epoch = math.ceil(len(X) / params.train.batch_size)
-        self.recipe = dataclasses.replace(recipe(params), epochs=max(1, math.ceil(PROBE_MIN_STEPS / steps_per_epoch)))
-        self.cuda = torch.device(device).type == "cuda"
-        self.member_bytes: int | None = None
-        self.model = None  # the last chunk timed (the eval timing reuses it)
-
-    def __call__(self, k: int) -> list[float]:
-        model = build(self.params, self.prepared, role_seeds(self.params.base.seed, "bench", k)).to(self.device)
-        times: list[float] = []
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            before = torch.cuda.memory_allocated(self.device)
-        last = [time.perf_counter()]
-
-        def on_step():
-            if self.cuda:
-                torch.cuda.synchronize(self.device)
-            now = time.perf_counter()
-            times.append(now - last[0])
-            last[0] = now
-
-        fit(model, self.X, self.y, self.recipe, on_step=on_step)
-        if self.cuda:  # the chunk's own bytes (weights, optimizer state, activations): the data was there before
-            self.member_bytes = max(self.member_bytes or 0,
-                                    (torch.cuda.max_memory_allocated(self.device) - before) // k)
-        self.model = model
-        return times
 
 
 def cache_path(params: Params, state, device: str, sample_rows: int) -> Path:
@@ -200,12 +164,12 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
     if "curve" not in cached:
         X = torch.as_tensor(prepared.X[sample], dtype=torch.float32).to(device)
         y = torch.as_tensor(prepared.label[sample], dtype=torch.long).to(device)
-        timer = StepTimer(params, prepared, X, y, device)
+        timer = StepTimer(lambda k: build(params, prepared, role_seeds(params.base.seed, "bench", k)), X, y,
+                          recipe(params), device)
         mem = device_memory(params, device)
         planned = planned_probe_chunk(params, device, footprint, mem)
         curve = measure_curve(timer, probe_sizes(planned),
-                              source=f"probe on {device}: {len(sample)} rows, the median of "
-                                     f"{timer.recipe.epochs * math.ceil(len(sample) / params.train.batch_size) - 1} "
+                              source=f"probe on {device}: {len(sample)} rows, the median of {timer.steps - 1} "
                                      f"steps after a warm-up step per size")
         t = time.perf_counter()
         predict_logits(timer.model, X)

@@ -1,0 +1,57 @@
+"""The planner's timing probe on a real model (docs/design.md §4.6, §4.8): each optimizer step of a fresh chunk
+of k members, timed on a sample of rows (synchronized on CUDA, where it also records the chunk's peak device
+memory per member). unlearning/costs.py measure_curve turns these into the cost curve; tasks/planning.py and
+bench/gpu_batch.py both time with it, so the batch and the bench price alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import torch
+
+from unlearning.costs import PROBE_MIN_STEPS
+from unlearning.models import Ensemble, TrainRecipe, fit
+
+
+class StepTimer:
+    """`timer(k)`: the seconds of each optimizer step of `make(k)` (a fresh chunk of k members) trained on
+    (X, y) with `recipe`, for enough epochs to take PROBE_MIN_STEPS steps (the first is the warm-up);
+    `member_bytes`: on CUDA, the largest chunk's peak device memory per member (the data was there before);
+    `model`: the last chunk timed (the evaluation's timing reuses it)."""
+
+    def __init__(self, make: Callable[[int], Ensemble], X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe,
+                 device: str | torch.device):
+        self.make, self.X, self.y, self.device = make, X, y, torch.device(device)
+        steps_per_epoch = math.ceil(len(X) / recipe.batch_size)
+        self.recipe = dataclasses.replace(recipe, epochs=max(1, math.ceil(PROBE_MIN_STEPS / steps_per_epoch)))
+        self.steps = self.recipe.epochs * steps_per_epoch
+        self.cuda = self.device.type == "cuda"
+        self.member_bytes: int | None = None
+        self.model: Ensemble | None = None
+
+    def __call__(self, k: int) -> list[float]:
+        model = self.make(k).to(self.device)
+        times: list[float] = []
+        before = 0
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+        last = [time.perf_counter()]
+
+        def on_step():
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            now = time.perf_counter()
+            times.append(now - last[0])
+            last[0] = now
+
+        fit(model, self.X, self.y, self.recipe, on_step=on_step)
+        if self.cuda:
+            peak = (torch.cuda.max_memory_allocated(self.device) - before) // k
+            self.member_bytes = max(self.member_bytes or 0, int(peak))
+        self.model = model
+        return times
