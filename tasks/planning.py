@@ -32,7 +32,7 @@ from unlearning.history import EXACT_METHODS
 from unlearning.io import atomic_write_json
 from unlearning.models import predict_logits
 from unlearning.plan import CPU_CHUNK, Footprint, Plan, Timing, plan_batch
-from unlearning.probe import StepTimer
+from unlearning.probe import StepTimer, activation_floats_per_row  # noqa: F401 (re-exported)
 from unlearning.seeds import method_seed, role_seeds
 
 PROBE_MIN_ROWS = 512  # rows of the timing probe: at least this, PROBE_MIN_STEPS minibatches, at most the retain rows
@@ -49,22 +49,6 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def activation_floats_per_row(module: torch.nn.Module, in_shape: list[int]) -> int:
-    """Floats that the outputs of every leaf module hold for one input row (forward hooks on a plain member),
-    plus the input itself: what one row's activations cost in memory, in float32 elements."""
-    total = [int(np.prod(in_shape))]
-    hooks = [m.register_forward_hook(lambda _m, _i, out: total.append(out.numel() if torch.is_tensor(out) else 0))
-             for m in module.modules() if not list(m.children())]
-    try:
-        with torch.no_grad():
-            module.eval()
-            module(torch.zeros(1, *in_shape))
-    finally:
-        for h in hooks:
-            h.remove()
-    return int(sum(total))
 
 
 def _probe_positions(n_retain: int, batch_size: int, seed: int) -> np.ndarray:

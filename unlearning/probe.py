@@ -10,6 +10,7 @@ import math
 import time
 from typing import Callable
 
+import numpy as np
 import torch
 
 from unlearning.costs import PROBE_MIN_STEPS
@@ -55,3 +56,19 @@ class StepTimer:
             self.member_bytes = max(self.member_bytes or 0, int(peak))
         self.model = model
         return times
+
+
+def activation_floats_per_row(module: torch.nn.Module, in_shape: list[int]) -> int:
+    """Floats that the outputs of every leaf module hold for one input row (forward hooks on a plain member),
+    plus the input itself: what one row's activations cost in memory, in float32 elements."""
+    total = [int(np.prod(in_shape))]
+    hooks = [m.register_forward_hook(lambda _m, _i, out: total.append(out.numel() if torch.is_tensor(out) else 0))
+             for m in module.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            module.eval()
+            module(torch.zeros(1, *in_shape))
+    finally:
+        for h in hooks:
+            h.remove()
+    return int(sum(total))
