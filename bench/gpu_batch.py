@@ -1,5 +1,5 @@
 """The core batch path on one device with no servers: plan, references, candidate, sequential certificate,
-acceptance (docs/gpu.md, docs/design.md §4.6, §4.8).
+acceptance (docs/gpu.md, docs/design.md §4.6).
 
 Nothing here imports Prefect, MLflow or DVC (the device machine has none of them): it calls the pure core as the
 stages do. Per point (Fashion-MNIST at --rows training rows x one model, the default recipe of params.yaml):
@@ -22,6 +22,7 @@ Usage: python bench/gpu_batch.py [--points mlp,cnn,resnet] [--rows 60000] [--n 8
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import platform
@@ -182,8 +183,8 @@ def probe_timing(pt: Point, methods: list[str], original: Ensemble, mem: DeviceM
         planned = min(8, n_role)
     else:
         planned = max(1, min(n_role, (mem.budget_bytes - footprint.data_bytes) // footprint.member_training_bytes()))
-    curve = measure_curve(timer, probe_sizes(planned), source=f"probe on {device}: {n} rows, the median of "
-                                                              f"{timer.steps - 1} steps after a warm-up per size")
+    curve = measure_curve(timer, probe_sizes(planned))
+    curve = dataclasses.replace(curve, source=f"probe on {device}: {n} rows, {timer.describe()}")
     _, eval_s = timed(device, predict_logits, timer.model, pt.X_eval)
     steps = params.train.epochs * math.ceil(len(pt.rows.retain) / params.train.batch_size)
     retrain = curve.seconds(1) * steps
@@ -192,13 +193,10 @@ def probe_timing(pt: Point, methods: list[str], original: Ensemble, mem: DeviceM
         ctx = unlearn_context(original.to(device), pt.prepared, pt.rows, pt.recipe, method_seed(params.base.seed),
                               progress=False)
         _, s = timed(device, run_method, m, ctx, {})
-        runs[m] = method_retrains(s, len(pt.rows.forget) + len(pt.rows.retain),
-                                  len(pt.rows.forget) + len(pt.rows.retain), retrain)
+        runs[m] = method_retrains(s, 1, 1, retrain)  # timed on the batch's own rows: nothing to scale
     timing = Timing(retrain_seconds=retrain, member_seconds=retrain, source=curve.source,
                     eval_seconds_per_member=eval_s / timer.model.n_models, curve=curve, steps=steps,
                     method_retrains=runs)
-    import dataclasses
-
     return timing, dataclasses.replace(footprint, device_member_bytes=timer.member_bytes)
 
 

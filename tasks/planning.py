@@ -2,10 +2,11 @@
 itself for a batch: a short timing probe and the memory footprint (parameters, activations per row, data, the
 process; on CUDA the peak device memory of the probe's chunks).
 
-The probe (docs/design.md §4.6, §4.8; unlearning/costs.py) times training steps of chunks of 1, an
+The probe (docs/design.md §4.6, docs/gpu.md; unlearning/costs.py) times training steps of chunks of 1, an
 intermediate number and the planned number of members on a sample of the retain rows: each size's first step
 is a warm-up, the median of the others counts, and their spread is reported. It times each approximate
-candidate method once, on the original and a sample of the batch's rows. The result is cached per model version
+candidate method once, on the original and a sample of the batch's rows, and carries the seconds to the batch's
+size by the method's own budget of gradient evaluations (its stop rule). The result is cached per model version
 and device (cache/costs/), so `unlearn plan` and the batch that follows it plan with the same estimate.
 """
 
@@ -38,7 +39,7 @@ from unlearning.seeds import method_seed, role_seeds
 PROBE_MIN_ROWS = 512  # rows of the timing probe: at least this, PROBE_MIN_STEPS minibatches, at most the retain rows
 PROBE_MEMBERS = 8  # on a CPU, the largest chunk the probe times (the curve is affine there; larger ones extrapolate)
 PROBE_FORGET_ROWS = 256  # forget rows at most in a method's timed run
-PROBE_VERSION = 2  # bump when what the probe measures changes: older cache entries are ignored
+PROBE_VERSION = 3  # bump when what the probe measures changes: older cache entries are ignored
 MB = 1024 * 1024
 
 
@@ -103,10 +104,24 @@ def _read_cache(path: Path) -> dict:
         return {}
 
 
+def method_work(params: Params, method: str, sizes) -> int:
+    """The method's stop rule as a budget of gradient evaluations (unlearning/methods/args.py) at `sizes`."""
+    from unlearning.methods.registry import parse_args
+
+    return int(parse_args(method, params.deletion.method_args.get(method, {})).budget(sizes, params.train.epochs))
+
+
+def rows_sizes(rows: BatchRows, n_classes: int):
+    from unlearning.methods.args import DataSizes
+
+    n_adj = int(np.count_nonzero(rows.adjacent_mask))
+    return DataSizes(len(rows.forget), len(rows.retain), n_adj, len(rows.retain) - n_adj, n_classes)
+
+
 def time_method(params: Params, state, rows: BatchRows, positions: np.ndarray, method: str, device: str
                 ) -> tuple[float, int]:
-    """(seconds, rows) of one run of `method` on the original, on at most PROBE_FORGET_ROWS forget rows and the
-    probe's sample of the retain rows."""
+    """(seconds, work) of one run of `method` on the original, on at most PROBE_FORGET_ROWS forget rows and the
+    probe's sample of the retain rows; work: its budget of gradient evaluations there (`method_work`)."""
     from unlearning.methods import run_method
 
     forget = rows.forget[:PROBE_FORGET_ROWS]
@@ -120,7 +135,7 @@ def time_method(params: Params, state, rows: BatchRows, positions: np.ndarray, m
     run_method(method, ctx, params.deletion.method_args.get(method, {}))
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - t, int(len(forget) + len(positions))
+    return time.perf_counter() - t, method_work(params, method, rows_sizes(sample, state.prepared.n_classes))
 
 
 def timed_methods(methods) -> list[str]:
@@ -153,8 +168,8 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
         mem = device_memory(params, device)
         planned = planned_probe_chunk(params, device, footprint, mem)
         curve = measure_curve(timer, probe_sizes(planned),
-                              source=f"probe on {device}: {len(sample)} rows, the median of {timer.steps - 1} "
-                                     f"steps after a warm-up step per size")
+                              source=f"probe on {device}: {len(sample)} rows")
+        curve = dataclasses.replace(curve, source=f"{curve.source}, {timer.describe()}")
         t = time.perf_counter()
         predict_logits(timer.model, X)
         eval_per = (time.perf_counter() - t) / len(sample) / timer.model.n_models
@@ -162,8 +177,8 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
                   "device_member_bytes": timer.member_bytes, "methods": {}}
     for m in wanted:
         if m not in cached["methods"]:
-            seconds, n = time_method(params, state, rows, positions, m, device)
-            cached["methods"][m] = {"seconds": seconds, "rows": n}
+            seconds, work = time_method(params, state, rows, positions, m, device)
+            cached["methods"][m] = {"seconds": seconds, "work": work}
     if fresh:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, cached)
@@ -172,12 +187,12 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
         curve = dataclasses.replace(curve, source=curve.source + "; cached for this model version")
     steps = params.train.epochs * math.ceil(len(rows.retain) / params.train.batch_size)
     retrain = curve.seconds(1) * steps
-    full_rows = len(rows.forget) + len(rows.retain)
+    full = rows_sizes(rows, prepared.n_classes)
     timing = Timing(retrain_seconds=retrain, member_seconds=curve.seconds(1) * steps,
                     eval_seconds_per_member=cached["eval_seconds_per_row_member"] * eval_rows,
                     source=curve.source, curve=curve, steps=steps,
-                    method_retrains={m: method_retrains(cached["methods"][m]["seconds"], cached["methods"][m]["rows"],
-                                                        full_rows, retrain) for m in wanted})
+                    method_retrains={m: method_retrains(cached["methods"][m]["seconds"], cached["methods"][m]["work"],
+                                                        method_work(params, m, full), retrain) for m in wanted})
     footprint = dataclasses.replace(footprint, device_member_bytes=cached.get("device_member_bytes"))
     return timing, footprint
 

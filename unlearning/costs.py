@@ -1,9 +1,9 @@
 """What training costs on this device: a curve of one training step's seconds against the number of members
-trained together, measured by a short probe, and the chunk size it implies (docs/design.md §4.6, §4.8).
+trained together, measured by a short probe, and the chunk size it implies (docs/design.md §4.6, docs/gpu.md).
 
 On a CPU a chunk of k members costs about k times one member (the curve is affine, a + b k, with a small a).
 On a GPU k members in one vectorized pass cost about one member until the device fills, then grow: 80 CNN
-members on one H200 cost 1.31x one retrain (docs/design.md §4.8). A planner that times one chunk and scales it
+members on one H200 cost 1.31x one retrain (docs/gpu.md). A planner that times one chunk and scales it
 linearly overprices references there about 8x, so the probe times chunks at a few sizes (1, an intermediate
 size, the planned chunk), each the median of its steps after a warm-up step, and the planner reads the curve
 between them (piecewise linear; past the largest size, the last segment's slope).
@@ -101,12 +101,18 @@ def probe_sizes(planned: int) -> list[int]:
 
 def steady(step_times: Sequence[float]) -> tuple[float, float]:
     """(median, spread) of a probe's step times with the first (warm-up: allocation, kernel selection, lazy
-    initialisation) left out; spread = (max - min) / median of the counted steps."""
+    initialisation) left out; spread = the interquartile range / median of the counted steps ((max - min) /
+    median below 4 steps): one step stalled by another process on the machine does not swing it."""
     counted = list(step_times[1:]) if len(step_times) > 1 else list(step_times)
     if not counted:
         raise ValueError("a probe timed no training step")
     med = statistics.median(counted)
-    return med, (max(counted) - min(counted)) / med if med > 0 else 0.0
+    if len(counted) >= 4:
+        q1, _, q3 = statistics.quantiles(counted, n=4)
+        width = q3 - q1
+    else:
+        width = max(counted) - min(counted)
+    return med, width / med if med > 0 else 0.0
 
 
 def measure_curve(time_steps: Callable[[int], Sequence[float]], sizes: Sequence[int], source: str = "probe"
@@ -115,6 +121,11 @@ def measure_curve(time_steps: Callable[[int], Sequence[float]], sizes: Sequence[
     warm-up). tasks/planning.py passes a real timer; the tests pass synthetic curves."""
     sizes = sorted(set(int(k) for k in sizes))
     meds, spreads = zip(*(steady(time_steps(k)) for k in sizes))
+    # more members never cost less: a smaller chunk timed slower than a larger one was slowed by something
+    # else (another process: interference only adds time), so it takes the larger chunk's time
+    meds = list(meds)
+    for i in range(len(meds) - 2, -1, -1):
+        meds[i] = min(meds[i], meds[i + 1])
     return CostCurve(tuple(sizes), tuple(meds), tuple(spreads), source)
 
 
@@ -166,9 +177,10 @@ def cuda_chunk_cap(memory: DeviceMemory, fixed_bytes: int, member_bytes: int) ->
     return int(free // max(member_bytes, 1)), None
 
 
-def method_retrains(sample_seconds: float, sample_rows: int, full_rows: int, retrain_seconds: float) -> float:
-    """A method's cost in retrains from a timed run on a sample of the batch's rows (`sample_rows` of
-    `full_rows` forget and retain rows), scaled linearly by rows: the methods pass over the retain and forget
-    rows per epoch, so it is their cost; for one whose work grows slower (a Newton step on the forget rows) it
-    is an upper bound."""
-    return sample_seconds * max(full_rows, 1) / max(sample_rows, 1) / max(retrain_seconds, 1e-12)
+def method_retrains(sample_seconds: float, sample_work: float, full_work: float, retrain_seconds: float) -> float:
+    """A method's cost in retrains from one timed run on a sample of the batch's rows: the measured seconds,
+    carried to the batch's size by the method's own work measure (its stop rule's budget of gradient
+    evaluations on the sample and on the batch: a method with a fixed number of steps costs the same on both,
+    one with epochs over the retain rows grows with them). No work measured (do_nothing): the seconds as they are."""
+    scale = full_work / sample_work if sample_work > 0 else 1.0
+    return sample_seconds * scale / max(retrain_seconds, 1e-12)

@@ -23,7 +23,7 @@ candidate named explicitly (`deletion.method`) is honoured.
 
 Costs come from timings on this model on this device (unlearning/costs.py): the references from the probe's
 cost curve (one step's seconds against members per chunk: linear on a CPU, flat on a GPU until the device
-fills, docs/design.md §4.8), a method from a timed run of it on a sample of the batch's rows. Chunks are sized
+fills, docs/gpu.md), a method from a timed run of it on a sample of the batch's rows. Chunks are sized
 by the device's memory: `validation.memory_mb` on a CPU, `validation.gpu_memory_mb` (or the free device memory)
 on CUDA.
 """
@@ -296,7 +296,7 @@ def _audit_step(method: str, validation: Validation, refs: Callable[[int], float
     """The exact retrain certified against oracles: the retrain IS oracle member 0 (same seed, same rows), so it
     trains as one more member of the oracles' pass, and the audit judges it against the other oracles (retrain
     against retrains: no shadows are needed). Its cost is the oracles' pass, on a GPU little more than one
-    retrain (docs/design.md §4.8)."""
+    retrain (docs/gpu.md)."""
     n = validation.n_oracles
     cost = refs(n)
     return Step(method, "audit", ((0, n),), cost_retrains_reject=cost, cost_retrains_accept=cost,

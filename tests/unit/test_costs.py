@@ -51,12 +51,20 @@ def test_small_costs_keep_significant_figures():
 
 def test_the_probe_is_the_median_after_a_warm_up_with_its_spread():
     med, spread = steady([WARMUP, 1.0, 1.2, 0.9, 1.0])
-    assert med == pytest.approx(1.0) and spread == pytest.approx(0.3)
+    assert med == pytest.approx(1.0) and spread == pytest.approx(0.225)  # interquartile range / median
+    med, spread = steady([WARMUP, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 50.0])  # one step stalled by another process
+    assert med == 1.0 and spread == pytest.approx(0.0)
+    assert steady([WARMUP, 1.0, 1.5]) == (1.25, pytest.approx(0.4))  # too few steps for quartiles: the range
     curve = measure_curve(LINEAR, probe_sizes(8))
     assert curve.sizes == (1, 3, 8)
     assert curve.step_seconds[0] == pytest.approx(0.0102)  # the warm-up's 5 s are not in it
-    assert all(s == pytest.approx(0.15, abs=1e-9) for s in curve.spread)
-    assert "spread 15%" in curve.lines()[0]
+    assert all(s == pytest.approx(0.1125, abs=1e-9) for s in curve.spread)
+    assert "spread 11%" in curve.lines()[0]
+
+
+def test_a_smaller_chunk_timed_slower_than_a_larger_one_takes_the_larger_ones_time():
+    stalled = timer_of(lambda k: {1: 0.01, 3: 0.05, 8: 0.02}[k])  # the 3-member chunk shared the machine
+    assert measure_curve(stalled, [1, 3, 8]).step_seconds == (0.01, 0.02, 0.02)
 
 
 def test_the_curve_reads_between_its_points_and_extrapolates_the_last_slope():
@@ -117,8 +125,11 @@ def test_a_method_is_priced_by_its_timed_run_not_by_counted_gradients():
     assert plan.steps[0].cost_retrains_accept == pytest.approx(3.0 * 2 + 2.0)
     assert plan.predicted_seconds["unlearn"] == pytest.approx(6.0 * slow.retrain_seconds)
     assert "method newton_ggn: 3 retrain(s)" in "\n".join(plan_lines(plan))
-    # a method timed at 13.6 s on 1,000 of 10,000 rows, against a 40 s retrain: 3.4 retrains
+    # timed at 13.6 s on a sample where its stop rule allows 1,000 gradient evaluations, 10,000 on the batch,
+    # against a 40 s retrain: 3.4 retrains; a fixed-step method (the same budget on both) is not scaled
     assert method_retrains(13.6, 1_000, 10_000, 40.0) == pytest.approx(3.4)
+    assert method_retrains(13.6, 2_560, 2_560, 40.0) == pytest.approx(0.34)
+    assert method_retrains(0.01, 0, 0, 40.0) == pytest.approx(0.00025)  # do_nothing: no work to scale
 
 
 def test_the_audited_retrain_trains_in_the_oracles_pass_with_no_shadows():

@@ -3,6 +3,7 @@ its warm-up, a curve over the probed sizes, each approximate candidate timed, an
 the cache by `unlearn plan` and the batch that follows it."""
 
 import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +16,7 @@ from unlearning.costs import PROBE_MIN_STEPS, measure_curve
 from unlearning.data import load_dataset
 from unlearning.data.store import load_prepared, write_prepared
 from unlearning.models import TrainRecipe, build_model
-from unlearning.probe import StepTimer
+from unlearning.probe import PROBE_MAX_STEPS, StepTimer
 
 MLP = {"arch": "mlp", "in_shape": [8], "n_classes": 3, "kwargs": {"hidden": [8]}}
 
@@ -23,10 +24,16 @@ MLP = {"arch": "mlp", "in_shape": [8], "n_classes": 3, "kwargs": {"hidden": [8]}
 def test_the_step_timer_times_every_step_of_a_fresh_chunk():
     g = torch.Generator().manual_seed(0)
     X, y = torch.randn(96, 8, generator=g), torch.randint(0, 3, (96,), generator=g)
-    timer = StepTimer(lambda k: build_model(MLP, list(range(1, k + 1))), X, y, TrainRecipe(epochs=9, batch_size=32,
-                                                                                           lr=0.01), "cpu")
+    def make(k):
+        return build_model(MLP, list(range(1, k + 1)))
+
+    recipe = TrainRecipe(epochs=9, batch_size=32, lr=0.01)
+    timer = StepTimer(make, X, y, recipe, "cpu", min_seconds=0.0)
     times = timer(4)
-    assert timer.recipe.epochs == 2 and len(times) == timer.steps == 6 >= PROBE_MIN_STEPS  # 3 steps an epoch
+    assert timer.recipe.epochs == 2 and timer.steps == len(times) == 6 >= PROBE_MIN_STEPS  # 3 steps an epoch
+    # steps too fast for the probe's minimum time: a second run, as many steps as it allows, one warm-up in all
+    longer = StepTimer(make, X, y, recipe, "cpu", min_seconds=1e9)(2)
+    assert len(longer) == 3 * math.ceil(PROBE_MAX_STEPS / 3)
     assert all(t > 0 for t in times) and timer.model.n_models == 4 and timer.member_bytes is None
     curve = measure_curve(timer, [1, 2, 4])
     assert curve.sizes == (1, 2, 4) and all(t > 0 for t in curve.step_seconds) and len(curve.spread) == 3
