@@ -144,9 +144,10 @@ def timed_methods(methods) -> list[str]:
 
 
 def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tuple[Timing, Footprint]:
-    """The cost curve of training chunks (1, an intermediate size, the planned chunk), the evaluation's cost, each
-    of `methods`' timed run (the approximate ones), and the memory footprint; read from the cache when this
-    model version was probed on this device before (`unlearn plan`, then its batch)."""
+    """The cost curve of training chunks (1, an intermediate size, the planned chunk; one member alone when no
+    candidate of `methods` needs references), the evaluation's cost, each of `methods`' timed run (the
+    approximate ones), and the memory footprint; read from the cache when this model version was probed on this
+    device before (`unlearn plan`, then its batch)."""
     prepared = state.prepared
     positions = _probe_positions(len(rows.retain), params.train.batch_size, params.base.seed)
     sample = rows.retain[positions]
@@ -159,22 +160,25 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
     path = cache_path(params, state, device, len(sample))
     cached = _read_cache(path)
     wanted = timed_methods(methods)
-    fresh = "curve" not in cached or any(m not in cached.get("methods", {}) for m in wanted)
-    if "curve" not in cached:
+    # only a plan with references needs the curve past one member (an exact retrain alone: its own cost)
+    needs_curve = bool(wanted) or params.validation.audit_retrain
+    sizes = probe_sizes(planned_probe_chunk(params, device, footprint, device_memory(params, device))) \
+        if needs_curve else [1]
+    measure = not set(sizes) <= set(cached.get("curve", {}).get("sizes", []))
+    fresh = measure or any(m not in cached.get("methods", {}) for m in wanted)
+    if measure:
         X = torch.as_tensor(prepared.X[sample], dtype=torch.float32).to(device)
         y = torch.as_tensor(prepared.label[sample], dtype=torch.long).to(device)
         timer = StepTimer(lambda k: build(params, prepared, role_seeds(params.base.seed, "bench", k)), X, y,
                           recipe(params), device)
-        mem = device_memory(params, device)
-        planned = planned_probe_chunk(params, device, footprint, mem)
-        curve = measure_curve(timer, probe_sizes(planned),
-                              source=f"probe on {device}: {len(sample)} rows")
-        curve = dataclasses.replace(curve, source=f"{curve.source}, {timer.describe()}")
+        curve = measure_curve(timer, sizes)
+        what = "" if needs_curve else " (one member: no candidate needs references)"
+        curve = dataclasses.replace(curve, source=f"probe on {device}: {len(sample)} rows, {timer.describe()}{what}")
         t = time.perf_counter()
         predict_logits(timer.model, X)
         eval_per = (time.perf_counter() - t) / len(sample) / timer.model.n_models
         cached = {"curve": curve.to_dict(), "eval_seconds_per_row_member": eval_per,
-                  "device_member_bytes": timer.member_bytes, "methods": {}}
+                  "device_member_bytes": timer.member_bytes, "methods": cached.get("methods", {})}
     for m in wanted:
         if m not in cached["methods"]:
             seconds, work = time_method(params, state, rows, positions, m, device)

@@ -15,7 +15,7 @@ import torch
 
 from unlearning.costs import PROBE_MIN_STEPS
 
-PROBE_MIN_SECONDS = 0.2  # counted step time per size at least (more steps when they are fast)
+PROBE_MIN_SECONDS = 0.1  # counted step time per size at least (more steps when they are fast)
 PROBE_MAX_STEPS = 400  # steps per size at most
 from unlearning.models import Ensemble, TrainRecipe, fit
 

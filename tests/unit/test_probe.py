@@ -69,7 +69,9 @@ def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):
     plan = batch_plan(params, {"candidates": ["do_nothing", "retrain"]}, "retrain_equivalence", again, footprint)
     text = "\n".join(plan_lines(plan))
     assert "cost curve" in text and "planned chunk" in text and "method do_nothing" in text
-    # another model version probes again
+    # another model version probes again; a plan with the exact retrain alone times one member
     state.champion = {"model_version": "4"}
-    later, _ = probe(params, state, rows, "cpu", ["do_nothing"])
-    assert "cached" not in later.source
+    later, _ = probe(params, state, rows, "cpu", ["retrain"])
+    assert "cached" not in later.source and later.curve.sizes == (1,) and not later.method_retrains
+    wider, _ = probe(params, state, rows, "cpu", ["do_nothing", "retrain"])  # then references: the whole curve
+    assert wider.curve.sizes == (1, 3, 8) and "cached" not in wider.source
