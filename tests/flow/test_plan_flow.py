@@ -112,3 +112,25 @@ def test_do_nothing_is_rejected_at_the_first_look_then_its_oracles_are_the_next_
     second = ensembles_metrics(tracker, r2["run_id"])
     assert second["n_shadows"] >= 8 and second["shadows_cached_chunks"] >= 1  # batch 1's oracles, reused
     assert second["oracles_cached_chunks"] == 0  # this batch's oracles are new models of a new stream
+
+
+def test_an_audited_retrain_trains_the_oracles_alone(tmp_path_factory, prefect_harness):
+    """validation.audit_retrain: the retrain is oracle member 0, trained in the oracles' pass and judged against
+    the others; no shadow is trained (it trained n_shadows unused ones besides)."""
+    import os
+
+    from adapters.tracking import Tracker
+    from flows.deletion_batch import run
+
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    root = tmp_path_factory.mktemp("audit_project")
+    trained_project(root, {"validation": {"audit_retrain": True, "n_oracles": 6, "n_shadows": 6, "looks": []},
+                           "diagnostics": {"enabled": False}, "deletion": {"method": "retrain"}}, inbox_files=False)
+    params = load_params(root / "params.yaml")
+    req = root / "audit.csv"
+    class_request(root, req, "2", 5)
+    (r,) = run(str(req), str(root / "params.yaml"))
+    assert (r["status"], r["method"]) == ("applied", "retrain")
+    tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
+    refs = ensembles_metrics(tracker, r["run_id"])
+    assert (refs["n_oracles"], refs["n_shadows"]) == (6, 0)
