@@ -375,10 +375,13 @@ def plan_batch(candidates: list[str], objective: str, validation: Validation, ga
     cuda = device_memory is not None and device_memory.kind == "cuda"
     workers = 1 if cuda else max(1, workers)
     n_role = max(validation.n_oracles, validation.n_shadows)
-    # the chunk: the largest the memory allows for the certificate's references, unless the cost curve says a
-    # smaller one trains them faster (unlearning/costs.py choose_chunk)
+    # the chunk: the largest the memory allows for the certificate's references, unless, on a GPU, the cost
+    # curve says a smaller one trains them faster (unlearning/costs.py choose_chunk: a curve that steps up where
+    # the device fills). On a CPU the largest stands: each chunk also costs a task and a cache entry, which the
+    # curve does not see, and a noisy probe must not split the references into many small chunks.
     cap, *_ = fit_memory(footprint, validation.memory_mb, validation.chunk_size, n_role, device_memory)
-    chunk = choose_chunk(timing.curve if timing is not None else None, n_role, max(cap, 1), workers, balanced_chunks)
+    curve = timing.curve if timing is not None and cuda else None
+    chunk = choose_chunk(curve, n_role, max(cap, 1), workers, balanced_chunks)
     member = timing.member_in_retrains if timing is not None else 1.0
     steps, skipped = plan_steps(candidates, objective, validation, gate, weigh_cost=weigh_cost, explicit=explicit,
                                 member_in_retrains=member, sisa_cost=sisa_cost, timing=timing, chunk=chunk)

@@ -111,6 +111,10 @@ def test_a_stepped_curve_picks_the_chunk_where_the_device_fills():
                       explicit=False, timing=t, footprint=footprint(), device_memory=gpu())
     assert max(balanced_chunks(80, plan.chunk_size, 1)) == 16  # 5 chunks of 16: 5 steps' worth, not 10
     assert plan.steps[0].cost_retrains_accept == pytest.approx(10.0)
+    # on a CPU the largest chunk memory allows stands whatever the curve (each chunk is a task and a cache entry)
+    cpu = plan_batch(["do_nothing", "retrain"], "retrain_equivalence", Validation(), G, weigh_cost=False,
+                     explicit=False, timing=t, footprint=footprint())
+    assert cpu.chunk_size == 32
     # on a curve with no step the largest chunk memory allows stands
     assert choose_chunk(CostCurve((1, 80), (1.0, 1.0)), 80, 80, 1, balanced_chunks) == 80
     assert choose_chunk(None, 80, 24, 1, balanced_chunks) == 24
