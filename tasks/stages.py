@@ -214,10 +214,12 @@ def plan_vs_actual(batch: BatchRun, the_plan, pool, outcomes_seconds: float) -> 
     retrain = max(batch.seconds.get("retrain_probe", 0.0), 1e-9)
     batch.tracker.log_metrics(batch.parent, {f"actual_seconds/{k}": v for k, v in actual.items()}
                               | {"actual_retrains": actual["total"] / retrain})
+    from unlearning.costs import sig
+
     predicted = the_plan.predicted_seconds.get("total")
     run_logger().info(f"{batch.path.name}: plan vs actual: predicted {predicted if predicted is not None else '?'} s "
-                      f"({the_plan.predicted_retrains:.1f} retrains), took {actual['total']:.1f} s "
-                      f"({actual['total'] / retrain:.1f} retrains of {retrain:.2f} s; diagnostics "
+                      f"({sig(the_plan.predicted_retrains)} retrains), took {actual['total']:.1f} s "
+                      f"({sig(actual['total'] / retrain)} retrains of {sig(retrain, 3)} s; diagnostics "
                       f"{actual['diagnostics']:.1f} s, references {refs:.1f} s, candidates {outcomes_seconds:.1f} s)")
 
 

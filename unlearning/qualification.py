@@ -342,8 +342,10 @@ def advise_mode(certificate_retrains: float, retrain_seconds: float, mode: str) 
     `mode`: validation.mode as configured (the advice says whether it agrees)."""
     seconds = certificate_retrains * retrain_seconds
     advice = "per_batch" if seconds <= PER_BATCH_SECONDS else "qualified"
-    why = (f"certifying an approximate candidate trains about {certificate_retrains:.0f} retrains' worth of "
-           f"references ({seconds:.0f} s at {retrain_seconds:.2f} s a retrain): "
+    from unlearning.costs import sig
+
+    why = (f"certifying an approximate candidate trains about {sig(certificate_retrains)} retrains' worth of "
+           f"references ({sig(seconds)} s at {sig(retrain_seconds, 3)} s a retrain): "
            + ("cheap enough to certify every batch" if advice == "per_batch" else
               f"more than {PER_BATCH_SECONDS:.0f} s a batch: qualify the model once (`dvc repro qualify`) and audit "
               f"sampled batches"))

@@ -168,3 +168,14 @@ def test_a_plan_that_cannot_fit_the_device_is_refused_before_anything_trains():
     plan = plan_batch(["retrain"], "retrain_equivalence", Validation(audit_retrain=True), G, weigh_cost=True,
                       explicit=False, footprint=footprint(), device_memory=gpu(budget_mb=200, member_bytes=50 * MB))
     assert plan.refusal and "validation.gpu_memory_mb" in plan.refusal
+
+
+def test_small_costs_print_with_significant_figures_in_the_plan():
+    t = timing(measure_curve(FLAT, probe_sizes(80)))
+    plan = plan_batch(["sisa", "retrain"], "retrain_equivalence", Validation(), G, weigh_cost=True, explicit=False,
+                      timing=t, sisa_cost=0.00042)
+    text = "\n".join(plan_lines(plan))
+    assert "cost 0.00042 retrains to accept" in text and "0.0 retrains" not in text
+    from unlearning.qualification import advise_mode
+
+    assert "about 0.3 retrains' worth" in advise_mode(0.3, 40.0, "per_batch")[1]

@@ -9,7 +9,7 @@ from unlearning.config import ConfigError, load_params
 MB = 2**20
 
 
-def params_with(**validation) -> Params:
+def params_with(**validation):
     from tests.helpers import ROOT
 
     return load_params(ROOT / "params.yaml", {"validation": validation})
