@@ -100,6 +100,8 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
             noise = noise_floor(eval_logits(shadows, prepared, V))
             out.noise = noise
         gap = gap_in_noise_units(report.predicted_gap_forget, noise)
+        if k == 0:  # each method's run timed on this model (cached per version: a batch's plan reads it back)
+            out.method_retrains = method_costs(params, state, rows, device, list(q.methods))
         sampled = sampled_for_certificate(rows, v.certificate_rows, params.base.seed)
         for m in q.methods:
             step = sequential_step(m, v, params.gate, 1.0)
@@ -114,6 +116,21 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
     out.trials = trials
     log.info(f"qualified {len(q.methods)} method(s) on {len(suite)} sets in {time.perf_counter() - started:.0f} s")
     return out
+
+
+def method_costs(params: Params, state: State, rows, device: str, methods: list[str]) -> dict[str, float]:
+    """Each method's run on one model in retrains, timed on this model on a sample of the set's rows
+    (tasks/planning.py probe), logged; the license reads the methods cheapest first by it."""
+    from tasks.planning import probe
+    from unlearning.costs import sig
+
+    timing, _ = probe(params, state, rows, device, methods)
+    costs = dict(timing.method_retrains)
+    if costs:
+        run_logger().info("qualify: method costs timed on this model: " + ", ".join(
+            f"{m} {sig(r)} retrain(s)" for m, r in sorted(costs.items(), key=lambda kv: kv[1]))
+                          + f" (one retrain {sig(timing.retrain_seconds, 3)} s)")
+    return costs
 
 
 def table_frame(q: Qualification) -> pd.DataFrame:
@@ -167,7 +184,7 @@ def license_for_batch(params: Params, state, rows, report, n_train: int):
                                    f"(>= {v.qualified_min_pass}, {v.qualified_bound} bound): exact retrain, "
                                    "diagnostics skipped")
     else:
-        lic = license_method(q.table, gap, q.methods, v.qualified_min_pass, v.qualified_bound)
+        lic = license_method(q.table, gap, q.by_cost(), v.qualified_min_pass, v.qualified_bound)
     debt = retraining_debt(state.ledger, n_train)
     forced = debt_reasons(debt, len(rows.forget), params.deletion.debt.max_forgotten_fraction,
                           params.deletion.debt.max_batches_since_retrain)

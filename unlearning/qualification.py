@@ -245,7 +245,8 @@ def licenses_any(table: Sequence[Row], methods: Sequence[str], min_pass: float, 
 
 def license_method(table: Sequence[Row], gap_to_noise: float, methods: Sequence[str], min_pass: float,
                    bound: str = "lower") -> License:
-    """The cheapest method (`methods` is in order of cost, cheapest first) whose row at this predicted gap has a
+    """The cheapest method (`methods` is in order of cost, cheapest first: Qualification.by_cost) whose row at this
+    predicted gap has a
     qualified rate (`qualified_rate`) of at least `min_pass`; else exact retrain. A NaN gap (no diagnostics)
     licenses nothing but the retrain."""
     if not np.isfinite(gap_to_noise):
@@ -406,19 +407,29 @@ class Qualification:
     trials: list[Trial] = field(default_factory=list)
     fingerprint: dict = field(default_factory=dict)
     skipped: str | None = None  # why nothing was qualified (validation.mode per_batch)
+    # a method's run on one model in retrains, timed on this model (tasks/planning.py probe); {} = not timed
+    method_retrains: dict[str, float] = field(default_factory=dict)
 
     @property
     def table(self) -> list[Row]:
         return pass_rate_table(self.trials, self.methods, self.bins, self.confidence, self.interval)
 
+    def by_cost(self) -> list[str]:
+        """The methods cheapest first: by their timed cost on this model where it was measured (a count of
+        gradient evaluations misprices them: a GGN solve or an autograd step against the fused retrain kernel),
+        in the declared order otherwise (stable: the timed ones first, then the others as declared)."""
+        timed = sorted((m for m in self.methods if m in self.method_retrains), key=lambda m: self.method_retrains[m])
+        return timed + [m for m in self.methods if m not in self.method_retrains]
+
     def with_trial(self, trial: Trial) -> "Qualification":
         """The qualification with one more trial (a failed or passed audit counts as evidence)."""
         return Qualification(self.methods, self.bins, self.confidence, self.interval, self.noise,
-                             [*self.trials, trial], dict(self.fingerprint), self.skipped)
+                             [*self.trials, trial], dict(self.fingerprint), self.skipped, dict(self.method_retrains))
 
     def to_dict(self) -> dict:
         return {"methods": self.methods, "bins": self.bins, "confidence": self.confidence, "interval": self.interval,
                 "noise": self.noise, "fingerprint": self.fingerprint, "skipped": self.skipped,
+                "method_retrains": self.method_retrains,
                 "trials": [asdict(t) for t in self.trials],
                 "table": [{**asdict(r), "gap_hi": None if math.isinf(r.gap_hi) else r.gap_hi,
                            "rate": None if math.isnan(r.rate) else r.rate} for r in self.table]}
@@ -426,7 +437,8 @@ class Qualification:
     @classmethod
     def from_dict(cls, d: dict) -> "Qualification":
         return cls(list(d["methods"]), list(d["bins"]), float(d["confidence"]), d["interval"], float(d["noise"]),
-                   [Trial(**t) for t in d.get("trials", [])], dict(d.get("fingerprint") or {}), d.get("skipped"))
+                   [Trial(**t) for t in d.get("trials", [])], dict(d.get("fingerprint") or {}), d.get("skipped"),
+                   {k: float(v) for k, v in (d.get("method_retrains") or {}).items()})
 
     def tag(self) -> str:
         """A short name of this qualification, for the registered version's tag."""
