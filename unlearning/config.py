@@ -679,7 +679,8 @@ class Qualify(Strict):
     trained model (flows/qualify.py; docs/certificate.md, "Two modes")."""
 
     methods: list[str] = Field(["do_nothing", "gradient_ascent"], min_length=1,
-                               description="methods to qualify, cheapest first (exact retrain is always the fallback)")
+                               description="methods to qualify, cheapest first (the license reorders them by their "
+                                           "runs timed on the model; exact retrain is always the fallback)")
     suite: list[QualifySet] = Field(
         [QualifySet(kind="random", size=10, count=10), QualifySet(kind="random", size=50, count=10),
          QualifySet(kind="random", size=200, count=4), QualifySet(kind="group", count=1),
