@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from unlearning.acceptance import outcome_from_logits, reference_free_outcome  # noqa: E402
 from unlearning.batch import BatchRows, batch_rows, sampled_for_certificate, unlearn_context  # noqa: E402
 from unlearning.config import load_params  # noqa: E402
-from unlearning.costs import DeviceMemory, measure_curve, method_retrains, probe_sizes, sig  # noqa: E402
+from unlearning.costs import DeviceMemory, method_retrains, sig  # noqa: E402
 from unlearning.data import load_dataset  # noqa: E402
 from unlearning.data.store import initial_state_manifest, load_prepared, write_prepared  # noqa: E402
 from unlearning.devices import resolve_device  # noqa: E402
@@ -51,7 +51,7 @@ from unlearning.models.training import recipe_from  # noqa: E402
 from unlearning.models.zoo import spec_from  # noqa: E402
 from unlearning.partition import partition_by_group  # noqa: E402
 from unlearning.plan import Footprint, Step, Timing, balanced_chunks, plan_batch, predicted_seconds  # noqa: E402
-from unlearning.probe import StepTimer, activation_floats_per_row  # noqa: E402
+from unlearning.probe import StepTimer, activation_floats_per_row, curve_within_memory  # noqa: E402
 from unlearning.seeds import method_seed, reference_seeds, role_seeds  # noqa: E402
 from unlearning.sequential import look_gate, look_verdict  # noqa: E402
 
@@ -183,7 +183,7 @@ def probe_timing(pt: Point, methods: list[str], original: Ensemble, mem: DeviceM
         planned = min(8, n_role)
     else:
         planned = max(1, min(n_role, (mem.budget_bytes - footprint.data_bytes) // footprint.member_training_bytes()))
-    curve = measure_curve(timer, probe_sizes(planned))
+    curve = curve_within_memory(timer, planned)
     curve = dataclasses.replace(curve, source=f"probe on {device}: {n} rows, {timer.describe()}")
     _, eval_s = timed(device, predict_logits, timer.model, pt.X_eval)
     steps = params.train.epochs * math.ceil(len(pt.rows.retain) / params.train.batch_size)

@@ -28,12 +28,12 @@ import torch
 from tasks.training import build, model_spec, recipe
 from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
 from unlearning.config import Params
-from unlearning.costs import PROBE_MIN_STEPS, CostCurve, DeviceMemory, measure_curve, method_retrains, probe_sizes
+from unlearning.costs import PROBE_MIN_STEPS, CostCurve, DeviceMemory, method_retrains, probe_sizes
 from unlearning.history import EXACT_METHODS
 from unlearning.io import atomic_write_json
 from unlearning.models import predict_logits
 from unlearning.plan import CPU_CHUNK, Footprint, Plan, Timing, plan_batch
-from unlearning.probe import StepTimer, activation_floats_per_row  # noqa: F401 (re-exported)
+from unlearning.probe import StepTimer, activation_floats_per_row, curve_within_memory  # noqa: F401
 from unlearning.seeds import method_seed, role_seeds
 
 PROBE_MIN_ROWS = 512  # rows of the timing probe: at least this, PROBE_MIN_STEPS minibatches, at most the retain rows
@@ -162,8 +162,8 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
     wanted = timed_methods(methods)
     # only a plan with references needs the curve past one member (an exact retrain alone: its own cost)
     needs_curve = bool(wanted) or params.validation.audit_retrain
-    sizes = probe_sizes(planned_probe_chunk(params, device, footprint, device_memory(params, device))) \
-        if needs_curve else [1]
+    planned = planned_probe_chunk(params, device, footprint, device_memory(params, device)) if needs_curve else 1
+    sizes = probe_sizes(planned)
     measure = not set(sizes) <= set(cached.get("curve", {}).get("sizes", []))
     fresh = measure or any(m not in cached.get("methods", {}) for m in wanted)
     if measure:
@@ -171,7 +171,7 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
         y = torch.as_tensor(prepared.label[sample], dtype=torch.long).to(device)
         timer = StepTimer(lambda k: build(params, prepared, role_seeds(params.base.seed, "bench", k)), X, y,
                           recipe(params), device)
-        curve = measure_curve(timer, sizes)
+        curve = curve_within_memory(timer, planned)
         what = "" if needs_curve else " (one member: no candidate needs references)"
         curve = dataclasses.replace(curve, source=f"probe on {device}: {len(sample)} rows, {timer.describe()}{what}")
         t = time.perf_counter()

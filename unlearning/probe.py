@@ -95,3 +95,19 @@ def activation_floats_per_row(module: torch.nn.Module, in_shape: list[int]) -> i
         for h in hooks:
             h.remove()
     return int(sum(total))
+
+
+def curve_within_memory(timer: StepTimer, planned: int, source: str = "probe"):
+    """measure_curve over probe_sizes(planned), halving the planned chunk while the device runs out of memory on
+    it (the analytic footprint that planned it undercounts some modules' activations under vmap)."""
+    from unlearning.costs import measure_curve, probe_sizes
+
+    while True:
+        try:
+            return measure_curve(timer, probe_sizes(planned), source)
+        except torch.cuda.OutOfMemoryError:
+            if planned <= 1:
+                raise
+            torch.cuda.empty_cache()
+            planned //= 2
+            timer.counted.clear()

@@ -75,3 +75,18 @@ def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):
     assert "cached" not in later.source and later.curve.sizes == (1,) and not later.method_retrains
     wider, _ = probe(params, state, rows, "cpu", ["do_nothing", "retrain"])  # then references: the whole curve
     assert wider.curve.sizes == (1, 3, 8) and "cached" not in wider.source
+
+
+def test_a_planned_chunk_the_device_cannot_hold_is_halved_until_it_fits():
+    from unlearning.probe import curve_within_memory
+
+    class Tight:  # a device that holds 20 members in training
+        counted = []
+
+        def __call__(self, k):
+            if k > 20:
+                raise torch.cuda.OutOfMemoryError(f"{k} members")
+            return [1.0, 0.01, 0.01, 0.01]
+
+    curve = curve_within_memory(Tight(), 80)
+    assert curve.sizes == (1, 4, 20)  # 80 and 40 ran out of memory
