@@ -146,14 +146,13 @@ def apply_not_trained_on(batch: S.BatchRun, params: Params, state, requests, obj
 def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report):
     """Select, plan, then train only what the plan needs: each step in order until one is accepted
     (unlearning/plan.py). Raises BatchRejected when none is."""
-    from tasks.planning import workers_of
     from tasks.references import ReferencePool
 
     n_train = n_original_train(state.manifest, state.ledger)
     batch_index = len(state.champion.get("history", []))
     selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, None, n_train)
     the_plan = S.plan(batch, params, state, rows, selection, objective)
-    pool = ReferencePool(params, state, rows, batch.device, batch_index, the_plan.chunk_size, workers_of(params))
+    pool = ReferencePool(params, state, rows, batch.device, batch_index, the_plan.chunk_size, the_plan.workers)
     if S.needs_noise_floor(selection, params.deletion.weigh_cost):
         # a rule waits for the oracles' noise floor: train the first look's references, then select again
         first = (params.validation.looks or [params.validation.n_oracles])[0]
@@ -164,7 +163,10 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str,
     outcome, spent = None, 0.0
     try:
         for step in the_plan.steps:
-            if step.looks:
+            if step.certificate == "audit":  # oracle 0 is the retrain; the test splits the others in two halves
+                others = step.references[1] - 1
+                S.warn_if_the_test_cannot_fail(params, others // 2, others - others // 2)
+            elif step.looks:
                 S.warn_if_the_test_cannot_fail(params, *step.references)
             out = S.unlearn_and_certify(batch, step, params, state, rows, pool, the_plan, objective, batch_index)
             spent += float(out.cost.get("wall_seconds", 0.0))

@@ -58,7 +58,7 @@ def batch_plan_for(path: Path, params, device: str):
     facts = batch_facts(params.deletion, params.train.epochs, objective, rows, None, device=device, sharded=sharded)
     selection, _, _ = selection_with_debt(params.deletion, facts, state.ledger, n_original_train(m, state.ledger),
                                           len(rows.forget))
-    timing, footprint = probe(params, state, rows, device)
+    timing, footprint = probe(params, state, rows, device, selection["candidates"])
     d = params.diagnostics
     diag = 0.0
     if (d.enabled or params.deletion.partition.mode == "leverage") and not sharded:
@@ -67,9 +67,10 @@ def batch_plan_for(path: Path, params, device: str):
         notes.append(f"diagnostics: at most {bound:g} retrain(s) (diagnostics.max_retrains), counted in full")
     from tasks.sharding import sisa_share
 
-    plan = batch_plan(params, selection, objective, timing, footprint, diag, sisa_cost=sisa_share(state, rows))
+    plan = batch_plan(params, selection, objective, timing, footprint, diag, sisa_cost=sisa_share(state, rows),
+                      device=device)
     return plan, timing, selection, notes + [f"forget rows: {len(rows.forget)}, retain rows: {len(rows.retain)}",
-                                             f"timing {timing.source}"]
+                                             f"timing: {timing.source}"]
 
 
 def cmd_plan(args) -> int:
@@ -87,17 +88,18 @@ def cmd_plan(args) -> int:
     except NothingToUnlearn as e:
         print(json.dumps({"nothing_to_unlearn": str(e)}) if args.json else str(e))
         return 0
-    from unlearning.plan import sequential_step
+    from unlearning.plan import cost_functions, sequential_step
     from unlearning.qualification import advise_mode
 
-    certificate = sequential_step("any", params.validation, params.gate, timing.member_in_retrains)
+    # the references from the probe's cost curve at the plan's chunk, as the plan prices them
+    certificate = sequential_step("any", params.validation, params.gate, cost_functions(timing, plan.chunk_size)[0])
     advice, advice_line = advise_mode(certificate.cost_retrains_accept, timing.retrain_seconds,
                                       params.validation.mode)
     from unlearning.gate import criterion_line
 
     notes = [advice_line, criterion_line(params.gate), *notes]
     if args.json:
-        print(json.dumps({**plan.to_dict(), "timing": timing.__dict__, "mode_advice": advice,
+        print(json.dumps({**plan.to_dict(), "timing": timing.to_dict(), "mode_advice": advice,
                           "gate_criterion": {"criterion": params.gate.criterion,
                                              **({"epsilon": params.gate.epsilon.model_dump()}
                                                 if params.gate.criterion == "epsilon" else {})}, "selection": {

@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import torch
 from unlearning.seeds import method_seed
-from unlearning.batch import BatchRows, eval_logits, retain_rows, unlearn_context
+from unlearning.batch import BatchRows, retain_rows, unlearn_context
 from unlearning.config import Gate, Partition
 from unlearning.data.store import Prepared
 from unlearning.methods import run_method
 from unlearning.methods.base import TrainRecipe
-from unlearning.models import Ensemble
+from unlearning.models import Ensemble, predict_logits
 from unlearning.partition import partition_by_embedding, partition_by_group, partition_by_score
 from unlearning.acceptance import CandidateOutcome, outcome_from_logits  # the certifier lives in the core
 
@@ -45,7 +45,8 @@ def partition_retain(cfg: Partition, prepared: Prepared, state_manifest: pd.Data
 def unlearn_and_validate(method: str, method_args: dict, gate: Gate, seed: int, progress: bool, prepared: Prepared,
                          rows: BatchRows, production: Ensemble, shadows: Ensemble, oracles: Ensemble,
                          recipe: TrainRecipe, objective: str, device: str) -> CandidateOutcome:
-    """Run `method` on the production model and on the N shadow originals, then compare with the oracles:
+    """Run `method` on the production model and on the N shadow originals, then compare with the oracles
+    (`retrain`: oracle member 0 against the others; `shadows` may be None, no shadow is needed):
     per-split accuracy, KLoM (shadow-unlearned vs oracle margins), output gap, MIA; then the gate.
     `gate`: params.gate; `seed`: base.seed; `progress`: base.progress (passed explicitly: Dask workers do not
     share the flow's process default)."""
@@ -78,8 +79,9 @@ def unlearn_and_validate(method: str, method_args: dict, gate: Gate, seed: int, 
         cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
                 "shadow_gradient_evals": shadow_res.cost.gradient_evals, "shadow_seconds": shadow_res.cost.seconds}
     eval_rows, _ = rows.eval_rows()
-    logits = {name: eval_logits(m, prepared, eval_rows) for name, m in
+    X = torch.as_tensor(prepared.X[eval_rows], dtype=torch.float32).to(device)  # once, on base.device
+    logits = {name: predict_logits(m.to(device), X) for name, m in
               (("candidate", candidate), ("original", production), ("oracles", oracles),
                ("shadow_unlearned", shadow_unlearned), ("oracle_ref", oracle_ref), ("accuracy_ref", accuracy_ref))}
     return outcome_from_logits(method, candidate, logits, prepared, rows, gate, objective, seed, cost, t0,
-                               n_shadows=shadows.n_models)
+                               n_shadows=shadows.n_models if shadows is not None else 0)

@@ -20,10 +20,11 @@ from tasks.references import ReferencePool
 from tasks.reporting import run_logger
 from tasks.training import model_spec, recipe as recipe_of, train_ensemble_chunk
 from unlearning.acceptance import CandidateOutcome, outcome_from_logits, reference_free_outcome
-from unlearning.batch import BatchRows, eval_logits, sampled_for_certificate, unlearn_context
+from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
 from unlearning.config import Gate, Params
 from unlearning.methods import run_method
-from unlearning.models import Ensemble
+from unlearning.metrics.summary import SPLITS
+from unlearning.models import Ensemble, predict_logits
 from unlearning.plan import Plan, Step
 from unlearning.progress import Progress
 from unlearning.salt import id_salt
@@ -32,14 +33,22 @@ from unlearning.sequential import Look, interim_bounds, look_gate, look_verdict
 
 
 class Evaluator:
-    """Logits on the evaluated rows, streamed under the plan's memory sizes."""
+    """Logits on the evaluated rows, streamed under the plan's memory sizes, on `device` (base.device: the
+    reference chunks come back from their tasks on the CPU, and are evaluated where the batch computes). The
+    evaluated rows' features move to the device once, on the first call, not once per member chunk."""
 
-    def __init__(self, prepared, rows: BatchRows, plan: Plan | None):
-        self.prepared, self.rows = prepared, rows
+    def __init__(self, prepared, rows: BatchRows, plan: Plan | None, device: str | None = None):
+        self.prepared, self.rows, self.device = prepared, rows, device
         self.eval_rows, self.splits = rows.eval_rows()
         self.labels = prepared.label[self.eval_rows]
         self.members = plan.eval_members if plan is not None and plan.eval_members else None
         self.block = plan.eval_block_rows if plan is not None and plan.eval_block_rows else 8192
+        self._X: torch.Tensor | None = None  # [n_eval, ...] features, on the device after the first call
+
+    def features(self, device: torch.device) -> torch.Tensor:
+        if self._X is None or self._X.device != device:
+            self._X = torch.as_tensor(self.prepared.X[self.eval_rows], dtype=torch.float32).to(device)
+        return self._X
 
     def __call__(self, model: Ensemble, bar: Progress | None = None) -> torch.Tensor:
         """[N, n, C] logits, member chunk by member chunk; `bar` counts the members done (its ETA is in
@@ -48,7 +57,10 @@ class Evaluator:
         parts = []
         for i in range(0, model.n_models, step):
             part = model if step >= model.n_models else model.select(list(range(i, min(i + step, model.n_models))))
-            parts.append(eval_logits(part, self.prepared, self.eval_rows, rows_per_pass=self.block))
+            if self.device is not None:
+                part = part.to(self.device)
+            X = self.features(next(part.parameters()).device)
+            parts.append(predict_logits(part, X, self.block))
             if bar is not None:
                 bar.update(part.n_models)
         return torch.cat(parts, 0)
@@ -58,7 +70,7 @@ def run_step(step: Step, params: Params, state, rows: BatchRows, pool: Reference
              device: str, objective: str, batch_index: int) -> tuple[CandidateOutcome, list[Look]]:
     """Run and certify one step; returns the outcome and, for a sequential certificate, its looks."""
     args = params.deletion.method_args.get(step.method, {})
-    ev = Evaluator(state.prepared, rows, plan)
+    ev = Evaluator(state.prepared, rows, plan, device)
     if step.method == "sisa":
         return sisa(params, state, rows, device, objective, ev), []
     if step.certificate == "exact":
@@ -70,14 +82,15 @@ def run_step(step: Step, params: Params, state, rows: BatchRows, pool: Reference
         from tasks.qualified import qualified_outcome
 
         return qualified_outcome(step.method, args, params, state, rows, device, objective,
-                                 Evaluator(state.prepared, sampled, plan)), []
+                                 Evaluator(state.prepared, sampled, plan, device)), []
     if step.certificate == "audit":
         shadows, oracles = pool.ensure(*step.references)
         return unlearn_and_validate(step.method, args, params.gate, params.base.seed, params.base.progress,
                                     state.prepared, rows, state.model, shadows, oracles, recipe_of(params),
                                     objective, device), []
     sampled = sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed)
-    return sequential(step, args, params, state, rows, pool, device, objective, Evaluator(state.prepared, sampled, plan))
+    return sequential(step, args, params, state, rows, pool, device, objective,
+                      Evaluator(state.prepared, sampled, plan, device))
 
 
 def _reference_free_outcome(method: str, model: Ensemble, ev: Evaluator, production: Ensemble, gate: Gate,

@@ -32,6 +32,7 @@ def leverage_diagnostics(cfg: Diagnostics, weight_decay: float, seed: int, progr
     f_rows, r_rows, v_rows = prepared.rows(forget_ids), retain_rows(m, forget_ids), validation_rows(m)
     X = prepared.tensor()
     y = torch.as_tensor(prepared.label, dtype=torch.long)
+    home = next(model.parameters()).device  # the state's model goes back there: later stages compute on it
     report = compute_diagnostics(model.cpu(), X[f_rows], y[f_rows], X[r_rows], y[r_rows], X[v_rows], y[v_rows],
                                  lam=cfg.damping(len(f_rows) + len(r_rows), weight_decay), solver=cfg.solver,
                                  device=device, proj_dim=cfg.proj_dim, check_subset=cfg.check_subset, seed=seed,
@@ -41,6 +42,7 @@ def leverage_diagnostics(cfg: Diagnostics, weight_decay: float, seed: int, progr
                                  last_layer_above=cfg.last_layer_above, budget_retrains=cfg.max_retrains,
                                  head_rank=cfg.head_rank, threads=cfg.threads,
                                  epochs=epochs)
+    model.to(home)
     ids = m["sample_id"].to_numpy()
     cross = np.full(len(r_rows), np.nan)  # NaN: a retain row outside the cross-leverage sample
     cross[report.cross_leverage_rows if report.cross_leverage_rows is not None else slice(None)] = report.cross_leverage

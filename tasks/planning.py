@@ -1,26 +1,46 @@
 """The measurements the planner needs (unlearning/plan.py), taken on this model on this device, and the plan
-itself for a batch: a short timing probe (one epoch of one member, and of a small vectorized chunk, on a sample
-of the retain rows) and the memory footprint (parameters, activations per row, data, the process)."""
+itself for a batch: a short timing probe and the memory footprint (parameters, activations per row, data, the
+process; on CUDA the peak device memory of the probe's chunks).
+
+The probe (docs/design.md §4.6, docs/gpu.md; unlearning/costs.py) times training steps of chunks of 1, an
+intermediate number and the planned number of members on a sample of the retain rows: each size's first step
+is a warm-up, the median of the others counts, and their spread is reported. It times each approximate
+candidate method once, on the original and a sample of the batch's rows, and carries the seconds to the batch's
+size by the method's own budget of gradient evaluations (its stop rule). The result is cached per model version
+and device (cache/costs/), so `unlearn plan` and the batch that follows it plan with the same estimate.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import math
 import os
 import resource
 import time
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
-from tasks.training import build, recipe
-from unlearning.batch import BatchRows, sampled_for_certificate
+from tasks.training import build, model_spec, recipe
+from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
 from unlearning.config import Params
-from unlearning.models import fit, predict_logits
-from unlearning.plan import Footprint, Plan, Timing, plan_batch
-from unlearning.seeds import role_seeds
+from unlearning.costs import PROBE_MIN_STEPS, CostCurve, DeviceMemory, method_retrains, probe_sizes
+from unlearning.history import EXACT_METHODS
+from unlearning.io import atomic_write_json
+from unlearning.models import predict_logits
+from unlearning.plan import CPU_CHUNK, Footprint, Plan, Timing, plan_batch
+from unlearning.probe import StepTimer, activation_floats_per_row, curve_within_memory  # noqa: F401
+from unlearning.seeds import method_seed, role_seeds
 
-PROBE_MIN_ROWS = 512  # rows of the timing probe: at least this, at least 4 minibatches, at most the retain rows
-PROBE_MEMBERS = 8  # members of the probe's vectorized chunk (at most validation.chunk_size)
+PROBE_MIN_ROWS = 512  # rows of the timing probe: at least this, PROBE_MIN_STEPS minibatches, at most the retain rows
+PROBE_MEMBERS = 8  # on a CPU, the largest chunk the probe times (the curve is affine there; larger ones extrapolate)
+PROBE_FORGET_ROWS = 256  # forget rows at most in a method's timed run
+PROBE_VERSION = 3  # bump when what the probe measures changes: older cache entries are ignored
+MB = 1024 * 1024
 
 
 def rss_bytes() -> int:
@@ -32,78 +52,199 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def activation_floats_per_row(module: torch.nn.Module, in_shape: list[int]) -> int:
-    """Floats that the outputs of every leaf module hold for one input row (forward hooks on a plain member),
-    plus the input itself: what one row's activations cost in memory, in float32 elements."""
-    total = [int(np.prod(in_shape))]
-    hooks = [m.register_forward_hook(lambda _m, _i, out: total.append(out.numel() if torch.is_tensor(out) else 0))
-             for m in module.modules() if not list(m.children())]
+def _probe_positions(n_retain: int, batch_size: int, seed: int) -> np.ndarray:
+    """Positions in the retain rows of the probe's sample (sorted)."""
+    n = min(n_retain, max(PROBE_MIN_ROWS, PROBE_MIN_STEPS * batch_size))
+    return np.sort(np.random.default_rng(seed).choice(n_retain, n, replace=False))
+
+
+def device_memory(params: Params, device: str, member_bytes: int | None = None,
+                  mem_get_info: Callable[[], tuple[int, int]] | None = None) -> DeviceMemory | None:
+    """The CUDA device's budget for the reference chunks: validation.gpu_memory_mb, else 90% of the free memory
+    `mem_get_info()` (torch.cuda.mem_get_info: (free, total) bytes) reports now; None on a CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    v = params.validation
+    if v.gpu_memory_mb is not None:
+        return DeviceMemory("cuda", v.gpu_memory_mb * MB, "validation.gpu_memory_mb", member_bytes)
+    free, _ = (mem_get_info or (lambda: torch.cuda.mem_get_info(torch.device(device))))()
+    return DeviceMemory("cuda", int(0.9 * free), "validation.gpu_memory_mb (null: 90% of the free device memory)",
+                        member_bytes)
+
+
+def planned_probe_chunk(params: Params, device: str, footprint: Footprint, mem: DeviceMemory | None) -> int:
+    """The largest chunk the probe times: on a CPU PROBE_MEMBERS (the curve is affine); on CUDA the chunk the
+    device memory holds for one role's references (the curve bends there: the probe must see it)."""
+    v = params.validation
+    n_role = max(v.n_oracles, v.n_shadows)
+    cap = v.chunk_size or (n_role if mem is not None else CPU_CHUNK)
+    if mem is None:
+        return max(1, min(PROBE_MEMBERS, cap, n_role))
+    fits = (mem.budget_bytes - footprint.data_bytes) // max(footprint.member_training_bytes(), 1)
+    return int(max(1, min(cap, n_role, fits)))
+
+
+def cache_path(params: Params, state, device: str, sample_rows: int) -> Path:
+    """cache/costs/<key>.json: the probe's measurements of this model version, recipe and architecture on this
+    device (what decides them; no row and no id)."""
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    key = json.dumps({"v": PROBE_VERSION, "spec": model_spec(params, state.prepared),
+                      "recipe": dataclasses.asdict(recipe(params)), "device": name, "torch": torch.__version__,
+                      "version": str(state.champion.get("model_version")), "rows": sample_rows,
+                      "chunk": params.validation.chunk_size, "gpu_mb": params.validation.gpu_memory_mb,
+                      "args": params.deletion.method_args}, sort_keys=True, default=str)
+    return params.path("cache_dir") / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _read_cache(path: Path) -> dict:
     try:
-        with torch.no_grad():
-            module.eval()
-            module(torch.zeros(1, *in_shape))
-    finally:
-        for h in hooks:
-            h.remove()
-    return int(sum(total))
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
-def _probe_rows(rows: BatchRows, batch_size: int, seed: int) -> np.ndarray:
-    n = min(len(rows.retain), max(PROBE_MIN_ROWS, 4 * batch_size))
-    return np.sort(np.random.default_rng(seed).choice(rows.retain, n, replace=False))
+def method_work(params: Params, method: str, sizes) -> int:
+    """The method's stop rule as a budget of gradient evaluations (unlearning/methods/args.py) at `sizes`."""
+    from unlearning.methods.registry import parse_args
+
+    return int(parse_args(method, params.deletion.method_args.get(method, {})).budget(sizes, params.train.epochs))
 
 
-def probe(params: Params, state, rows: BatchRows, device: str) -> tuple[Timing, Footprint]:
-    """Time one epoch of one member and of a chunk of PROBE_MEMBERS members on a sample of the retain rows,
-    scaled to the recipe's epochs over every retain row; measure the memory footprint on member 0."""
+def rows_sizes(rows: BatchRows, n_classes: int):
+    from unlearning.methods.args import DataSizes
+
+    n_adj = int(np.count_nonzero(rows.adjacent_mask))
+    return DataSizes(len(rows.forget), len(rows.retain), n_adj, len(rows.retain) - n_adj, n_classes)
+
+
+def time_method(params: Params, state, rows: BatchRows, positions: np.ndarray, method: str, device: str
+                ) -> tuple[float, int]:
+    """(seconds, work) of one run of `method` on the original, on at most PROBE_FORGET_ROWS forget rows and the
+    probe's sample of the retain rows; work: its budget of gradient evaluations there (`method_work`)."""
+    from unlearning.methods import run_method
+
+    forget = rows.forget[:PROBE_FORGET_ROWS]
+    sample = BatchRows(before=rows.before, forget=forget, retain=rows.retain[positions],
+                       adjacent_mask=rows.adjacent_mask[positions], validation=rows.validation[:0])
+    ctx = unlearn_context(state.model.to(device), state.prepared, sample, recipe(params), method_seed(params.base.seed),
+                          progress=False)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    run_method(method, ctx, params.deletion.method_args.get(method, {}))
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t, method_work(params, method, rows_sizes(sample, state.prepared.n_classes))
+
+
+def timed_methods(methods) -> list[str]:
+    """The candidates whose run the plan times: the approximate ones (an exact method's cost is a retrain)."""
+    return [m for m in dict.fromkeys(methods) if m not in EXACT_METHODS and m != "sisa"]
+
+
+def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tuple[Timing, Footprint]:
+    """The cost curve of training chunks (1, an intermediate size, the planned chunk; one member alone when no
+    candidate of `methods` needs references), the evaluation's cost, each of `methods`' timed run (the
+    approximate ones), and the memory footprint; read from the cache when this model version was probed on this
+    device before (`unlearn plan`, then its batch)."""
     prepared = state.prepared
-    sample = _probe_rows(rows, params.train.batch_size, params.base.seed)
-    X = torch.as_tensor(prepared.X[sample], dtype=torch.float32).to(device)
-    y = torch.as_tensor(prepared.label[sample], dtype=torch.long).to(device)
-    one_epoch = dataclasses.replace(recipe(params), epochs=1)
-    k = max(1, min(PROBE_MEMBERS, params.validation.chunk_size))
-    seeds = role_seeds(params.base.seed, "bench", k)
-    single = build(params, prepared, seeds[:1]).to(device)
-    fit(single, X[: params.train.batch_size], y[: params.train.batch_size], one_epoch)  # warm-up: first-call costs
-    t = time.perf_counter()
-    fit(single, X, y, one_epoch)
-    per_row_single = (time.perf_counter() - t) / len(sample)
-    chunk = build(params, prepared, seeds).to(device)
-    t = time.perf_counter()
-    fit(chunk, X, y, one_epoch)
-    per_row_member = (time.perf_counter() - t) / len(sample) / k
-    t = time.perf_counter()
-    predict_logits(chunk, X)
-    eval_per_row_member = (time.perf_counter() - t) / len(sample) / k
-    # the sequential certificate evaluates a stated sample of the retain and validation rows (the exact path's
-    # two models every row: far less than the references' evaluation)
+    positions = _probe_positions(len(rows.retain), params.train.batch_size, params.base.seed)
+    sample = rows.retain[positions]
     eval_rows = len(sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed).eval_rows()[0])
-    row_epochs = len(rows.retain) * params.train.epochs
-    timing = Timing(retrain_seconds=per_row_single * row_epochs, member_seconds=per_row_member * row_epochs,
-                    eval_seconds_per_member=eval_per_row_member * eval_rows,
-                    source=f"probe: 1 epoch on {len(sample)} rows, 1 and {k} members, {device}")
-    member = chunk.module_of(0)
+    member = build(params, prepared, role_seeds(params.base.seed, "bench", 1)).module_of(0)
     footprint = Footprint(n_params=sum(p.numel() for p in member.parameters()),
-                          activation_floats_per_row=activation_floats_per_row(member, chunk.in_shape),
+                          activation_floats_per_row=activation_floats_per_row(member, list(_in_shape(prepared))),
                           data_bytes=int(np.asarray(prepared.X).nbytes), baseline_bytes=rss_bytes(),
                           batch_size=params.train.batch_size, n_eval_rows=eval_rows, n_classes=prepared.n_classes)
+    path = cache_path(params, state, device, len(sample))
+    cached = _read_cache(path)
+    wanted = timed_methods(methods)
+    # only a plan with references needs the curve past one member (an exact retrain alone: its own cost)
+    needs_curve = bool(wanted) or params.validation.audit_retrain
+    planned = planned_probe_chunk(params, device, footprint, device_memory(params, device)) if needs_curve else 1
+    sizes = probe_sizes(planned)
+    measure = not set(sizes) <= set(cached.get("curve", {}).get("sizes", []))
+    fresh = measure or any(m not in cached.get("methods", {}) for m in wanted)
+    if measure:
+        X = torch.as_tensor(prepared.X[sample], dtype=torch.float32).to(device)
+        y = torch.as_tensor(prepared.label[sample], dtype=torch.long).to(device)
+        timer = StepTimer(lambda k: build(params, prepared, role_seeds(params.base.seed, "bench", k)), X, y,
+                          recipe(params), device)
+        curve = curve_within_memory(timer, planned)
+        what = "" if needs_curve else " (one member: no candidate needs references)"
+        curve = dataclasses.replace(curve, source=f"probe on {device}: {len(sample)} rows, {timer.describe()}{what}")
+        t = time.perf_counter()
+        predict_logits(timer.model, X)
+        eval_per = (time.perf_counter() - t) / len(sample) / timer.model.n_models
+        cached = {"curve": curve.to_dict(), "eval_seconds_per_row_member": eval_per,
+                  "device_member_bytes": timer.member_bytes, "methods": cached.get("methods", {})}
+    for m in wanted:
+        if m not in cached["methods"]:
+            seconds, work = time_method(params, state, rows, positions, m, device)
+            cached["methods"][m] = {"seconds": seconds, "work": work}
+    if fresh:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, cached)
+    curve = CostCurve.from_dict(cached["curve"])
+    if not fresh:
+        curve = dataclasses.replace(curve, source=curve.source + "; cached for this model version")
+    steps = params.train.epochs * math.ceil(len(rows.retain) / params.train.batch_size)
+    retrain = curve.seconds(1) * steps
+    full = rows_sizes(rows, prepared.n_classes)
+    timing = Timing(retrain_seconds=retrain, member_seconds=curve.seconds(1) * steps,
+                    eval_seconds_per_member=cached["eval_seconds_per_row_member"] * eval_rows,
+                    source=curve.source, curve=curve, steps=steps,
+                    method_retrains={m: method_retrains(cached["methods"][m]["seconds"], cached["methods"][m]["work"],
+                                                        method_work(params, m, full), retrain) for m in wanted})
+    footprint = dataclasses.replace(footprint, device_member_bytes=cached.get("device_member_bytes"))
     return timing, footprint
+
+
+def _in_shape(prepared) -> list[int]:
+    from tasks.training import in_shape_of
+
+    return in_shape_of(prepared)
 
 
 THREAD_WORKERS = 2  # the threads runner's pool (flows/common.py task_runner_for builds it with this many)
 
 
-def workers_of(params: Params) -> int:
-    """Workers the reference chunks run on: the thread pool's, or the Dask cluster's."""
+def workers_of(params: Params, device: str = "cpu") -> int:
+    """Workers the reference chunks run on: the thread pool's, or the Dask cluster's; one on a local CUDA
+    device (its chunks share the device: two side by side only split it)."""
     v = params.validation
-    return v.dask_workers if v.task_runner == "dask" else THREAD_WORKERS
+    if v.task_runner == "dask":
+        return v.dask_workers
+    return 1 if torch.device(device).type == "cuda" else THREAD_WORKERS
 
 
 def batch_plan(params: Params, selection: dict, objective: str, timing: Timing | None, footprint: Footprint | None,
-               diagnostics_seconds: float = 0.0, sisa_cost: float | None = None) -> Plan:
+               diagnostics_seconds: float = 0.0, sisa_cost: float | None = None, device: str = "cpu") -> Plan:
     """The plan for a batch's selection (unlearning/selection.py candidate_methods' dict); `sisa_cost`: the share
-    of a retrain `sisa` costs for this batch (tasks/sharding.py sisa_share; None: not sharded)."""
+    of a retrain `sisa` costs for this batch (tasks/sharding.py sisa_share; None: not sharded); `device`: where
+    the references train (on CUDA the chunks are sized by its memory)."""
+    member_bytes = footprint.device_member_bytes if footprint is not None else None
     return plan_batch(selection["candidates"], objective, params.validation, params.gate,
                       weigh_cost=params.deletion.weigh_cost, explicit=params.deletion.method != "auto",
                       timing=timing, footprint=footprint, diagnostics_seconds=diagnostics_seconds,
-                      workers=workers_of(params), sisa_cost=sisa_cost)
+                      workers=workers_of(params, device), sisa_cost=sisa_cost,
+                      device_memory=device_memory(params, device, member_bytes))
+
+
+def reference_chunk(params: Params, prepared, device: str) -> int:
+    """The chunk cap outside a batch's plan (the qualify stage): validation.chunk_size, else CPU_CHUNK on a CPU
+    and what the device memory holds on CUDA (from the analytic footprint of one member)."""
+    v = params.validation
+    n_role = max(v.n_oracles, v.n_shadows)
+    if v.chunk_size is not None:
+        return max(1, min(v.chunk_size, n_role))
+    mem = device_memory(params, device)
+    if mem is None:
+        return max(1, min(CPU_CHUNK, n_role))
+    member = build(params, prepared, role_seeds(params.base.seed, "bench", 1)).module_of(0)
+    fp = Footprint(n_params=sum(p.numel() for p in member.parameters()),
+                   activation_floats_per_row=activation_floats_per_row(member, _in_shape(prepared)),
+                   data_bytes=int(np.asarray(prepared.X).nbytes), baseline_bytes=0,
+                   batch_size=params.train.batch_size, n_eval_rows=0, n_classes=prepared.n_classes)
+    return planned_probe_chunk(params, device, fp, mem)

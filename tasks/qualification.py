@@ -21,7 +21,7 @@ import torch
 from tasks.batch import partition_retain
 from tasks.certify import Evaluator, sequential
 from tasks.diagnostics import leverage_diagnostics
-from tasks.planning import workers_of
+from tasks.planning import reference_chunk, workers_of
 from tasks.references import ReferencePool
 from tasks.reporting import run_logger
 from tasks.state import State, current_fingerprint, initial_state_manifest, original_path
@@ -86,7 +86,7 @@ def self_leverage_score(state: State, rows: np.ndarray) -> np.ndarray:
     with the residual, as bench/calibration.py ranks them; the exact per-row self-leverage of every row would cost
     more than the stage)."""
     y = torch.as_tensor(state.prepared.label[rows], dtype=torch.long)
-    logits = eval_logits(state.model.cpu(), state.prepared, rows)[0]
+    logits = eval_logits(state.model, state.prepared, rows)[0]  # where the model is (base.device)
     return torch.nn.functional.cross_entropy(logits.double(), y, reduction="none").numpy()
 
 
@@ -102,7 +102,7 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
     score = self_leverage_score(state, D)
     suite = draw_suite(q.suite, params.base.seed, D, prepared.label, groups, score)
     objective = "retrain_equivalence"
-    chunk = max(1, min(v.chunk_size, v.n_oracles))
+    chunk = reference_chunk(params, prepared, device)
     out = Qualification(list(q.methods), list(q.bins), q.confidence, q.interval, float("nan"),
                         fingerprint=dict(state.fingerprint))
     trials: list[Trial] = []
@@ -121,18 +121,20 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
         cross = report.cross_leverage if params.deletion.partition.mode == "leverage" else None
         partition = partition_retain(params.deletion.partition, prepared, manifest, forget_ids, state.model, cross)
         rows = batch_rows(prepared, manifest, forget_ids, partition)
-        pool = ReferencePool(params, state, rows, device, 0, chunk, workers_of(params))
+        pool = ReferencePool(params, state, rows, device, 0, chunk, workers_of(params, device))
         if noise is None:  # the noise unit: the shadow originals (held out from V) on the validation rows
             shadows, _ = pool.ensure(v.n_shadows, 2)  # (2 oracles: the first look trains them anyway)
             noise = noise_floor(eval_logits(shadows, prepared, V))
             out.noise = noise
         gap = gap_in_noise_units(report.predicted_gap_forget, noise)
+        if k == 0:  # each method's run timed on this model (cached per version: a batch's plan reads it back)
+            out.method_retrains = method_costs(params, state, rows, device, list(q.methods))
         sampled = sampled_for_certificate(rows, v.certificate_rows, params.base.seed)
         for m in q.methods:
             step = sequential_step(m, v, params.gate, 1.0)
             tm = time.perf_counter()
             outcome, looks = sequential(step, params.deletion.method_args.get(m, {}), params, state, rows, pool,
-                                        device, objective, Evaluator(prepared, sampled, None))
+                                        device, objective, Evaluator(prepared, sampled, None, device))
             trials.append(Trial(s.name, s.kind, int(len(s.rows)), m, gap, bool(outcome.verdict.passed),
                                 int(looks[-1].n_shadows + looks[-1].n_oracles), round(time.perf_counter() - tm, 2)))
         log.info(f"qualify [{label}] {s.name} ({len(s.rows)} rows): predicted gap {gap:.3g} noise units; "
@@ -149,6 +151,21 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
     out.trials = trials
     log.info(f"qualified {len(q.methods)} method(s) on {len(suite)} sets in {time.perf_counter() - started:.0f} s")
     return out
+
+
+def method_costs(params: Params, state: State, rows, device: str, methods: list[str]) -> dict[str, float]:
+    """Each method's run on one model in retrains, timed on this model on a sample of the set's rows
+    (tasks/planning.py probe), logged; the license reads the methods cheapest first by it."""
+    from tasks.planning import probe
+    from unlearning.costs import sig
+
+    timing, _ = probe(params, state, rows, device, methods)
+    costs = dict(timing.method_retrains)
+    if costs:
+        run_logger().info("qualify: method costs timed on this model: " + ", ".join(
+            f"{m} {sig(r)} retrain(s)" for m, r in sorted(costs.items(), key=lambda kv: kv[1]))
+                          + f" (one retrain {sig(timing.retrain_seconds, 3)} s)")
+    return costs
 
 
 def table_frame(q: Qualification) -> pd.DataFrame:
@@ -202,7 +219,7 @@ def license_for_batch(params: Params, state, rows, report, n_train: int):
                                    f"(>= {v.qualified_min_pass}, {v.qualified_bound} bound): exact retrain, "
                                    "diagnostics skipped")
     else:
-        lic = license_method(q.table, gap, q.methods, v.qualified_min_pass, v.qualified_bound)
+        lic = license_method(q.table, gap, q.by_cost(), v.qualified_min_pass, v.qualified_bound)
     debt = retraining_debt(state.ledger, n_train)
     forced = debt_reasons(debt, len(rows.forget), params.deletion.debt.max_forgotten_fraction,
                           params.deletion.debt.max_batches_since_retrain)
@@ -260,11 +277,12 @@ def audit_certificate(params: Params, state: State, rows, device: str, method: s
     seeds): what per_batch mode would have decided."""
     v = params.validation
     started = time.perf_counter()
-    pool = ReferencePool(params, state, rows, device, batch_index, max(1, min(v.chunk_size, v.n_oracles)),
-                         workers_of(params))
+    pool = ReferencePool(params, state, rows, device, batch_index, reference_chunk(params, state.prepared, device),
+                         workers_of(params, device))
     sampled = sampled_for_certificate(rows, v.certificate_rows, params.base.seed)
     outcome, looks = sequential(sequential_step(method, v, params.gate, 1.0), params.deletion.method_args.get(method, {}),
-                                params, state, rows, pool, device, objective, Evaluator(state.prepared, sampled, None))
+                                params, state, rows, pool, device, objective,
+                                Evaluator(state.prepared, sampled, None, device))
     return {"passed": bool(outcome.verdict.passed), "references": int(looks[-1].n_shadows + looks[-1].n_oracles),
             "looks": len(looks), "failures": list(outcome.verdict.failures)[:5],
             "seconds": round(time.perf_counter() - started, 2)}

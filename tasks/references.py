@@ -56,7 +56,11 @@ class RoleModels:
     chunks: int = 0
     seconds: float = 0.0
 
-    def ensemble(self, n: int | None = None) -> Ensemble:
+    def ensemble(self, n: int | None = None) -> Ensemble | None:
+        """The first `n` members (all: None); None when none is asked for and none was trained (an audited
+        retrain trains oracles alone)."""
+        if not self.models and n == 0:
+            return None
         whole = Ensemble.concat(self.models)
         return whole if n is None or n >= whole.n_models else whole.select(list(range(n)))
 

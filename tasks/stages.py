@@ -178,16 +178,17 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     from tasks.planning import batch_plan, probe
     from unlearning.plan import PlanRefused, plan_lines
 
-    if batch.probe is None:  # a batch that plans again (after the first look's noise floor) probes once
-        batch.probe = probe(params, state, rows, batch.device)
+    # a batch that plans again (after the first look's noise floor) reads the first probe back from the cache
+    # (tasks/planning.py), timing only the candidates it had not timed
+    batch.probe = probe(params, state, rows, batch.device, selection["candidates"])
     timing, footprint = batch.probe
     from tasks.sharding import sisa_share
 
     the_plan = batch_plan(params, selection, objective, timing, footprint, batch.seconds.get("diagnostics", 0.0),
-                          sisa_cost=sisa_share(state, rows))
+                          sisa_cost=sisa_share(state, rows), device=batch.device)
     batch.seconds["retrain_probe"] = timing.retrain_seconds
     lines = plan_lines(the_plan)
-    batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.__dict__}, "plan.json")
+    batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.to_dict()}, "plan.json")
     batch.tracker.log_metrics(batch.parent, {f"predicted_seconds/{k}": v for k, v in
                                              the_plan.predicted_seconds.items()}
                               | {"predicted_retrains": the_plan.predicted_retrains,
@@ -214,10 +215,12 @@ def plan_vs_actual(batch: BatchRun, the_plan, pool, outcomes_seconds: float) -> 
     retrain = max(batch.seconds.get("retrain_probe", 0.0), 1e-9)
     batch.tracker.log_metrics(batch.parent, {f"actual_seconds/{k}": v for k, v in actual.items()}
                               | {"actual_retrains": actual["total"] / retrain})
+    from unlearning.costs import sig
+
     predicted = the_plan.predicted_seconds.get("total")
     run_logger().info(f"{batch.path.name}: plan vs actual: predicted {predicted if predicted is not None else '?'} s "
-                      f"({the_plan.predicted_retrains:.1f} retrains), took {actual['total']:.1f} s "
-                      f"({actual['total'] / retrain:.1f} retrains of {retrain:.2f} s; diagnostics "
+                      f"({sig(the_plan.predicted_retrains)} retrains), took {actual['total']:.1f} s "
+                      f"({sig(actual['total'] / retrain)} retrains of {sig(retrain, 3)} s; diagnostics "
                       f"{actual['diagnostics']:.1f} s, references {refs:.1f} s, candidates {outcomes_seconds:.1f} s)")
 
 
@@ -254,7 +257,7 @@ def recipe_check(state: State, rows: BatchRows, shadows: Ensemble, device: str, 
         eval_rows = np.sort(np.random.default_rng(seed).choice(eval_rows, RECIPE_CHECK_ROWS, replace=False))
     labels = state.prepared.label[eval_rows]
     production = margins(eval_logits(state.model.to(device), state.prepared, eval_rows).numpy(), labels)
-    reference = margins(eval_logits(shadows, state.prepared, eval_rows).numpy(), labels)
+    reference = margins(eval_logits(shadows.to(device), state.prepared, eval_rows).numpy(), labels)
     return exchangeability_test(production.mean(axis=0), reference)
 
 

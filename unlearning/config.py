@@ -341,8 +341,11 @@ class Validation(Strict):
 
     n_oracles: int = Field(80, ge=2)
     n_shadows: int = Field(80, ge=1)
-    chunk_size: int = Field(32, gt=0, description="members trained together at most (the memory budget may "
-                                                  "lower it; chunks are sized to the workers)")
+    chunk_size: int | None = Field(None, gt=0, description="members trained together at most; null = auto: "
+                                                           "32 on a CPU, as many as the device memory holds on "
+                                                           "CUDA (the memory budget may lower it; the cost curve "
+                                                           "of the plan's probe may pick fewer; chunks are sized "
+                                                           "to the workers)")
     looks: list[int] = Field([16, 32], description="references per role at the sequential certificate's interim "
                                                    "looks (the final look is at n_oracles/n_shadows; looks at or "
                                                    "past it are not taken); [] = one look")
@@ -352,6 +355,9 @@ class Validation(Strict):
                                                    "construction: by default it trains one model, checked against "
                                                    "the original's accuracy)")
     memory_mb: int = Field(4096, ge=64, description="peak memory budget of a batch's training and evaluation (MB)")
+    gpu_memory_mb: int | None = Field(None, ge=64, description="CUDA: device memory the reference chunks may use "
+                                                               "(MB); null = 90% of the free device memory at "
+                                                               "the plan (torch.cuda.mem_get_info)")
     certificate_rows: int | None = Field(2000, ge=100, description="the sequential certificate evaluates every "
                                                                    "forget row and a seeded sample of at most this "
                                                                    "many retain and validation rows each (null = "
@@ -704,7 +710,8 @@ class Qualify(Strict):
     trained model (flows/qualify.py; docs/certificate.md, "Two modes")."""
 
     methods: list[str] = Field(["do_nothing", "gradient_ascent"], min_length=1,
-                               description="methods to qualify, cheapest first (exact retrain is always the fallback)")
+                               description="methods to qualify, cheapest first (the license reorders them by their "
+                                           "runs timed on the model; exact retrain is always the fallback)")
     suite: list[QualifySet] = Field(
         [QualifySet(kind="random", size=10, count=10), QualifySet(kind="random", size=50, count=10),
          QualifySet(kind="random", size=200, count=4), QualifySet(kind="group", count=1),

@@ -17,20 +17,30 @@ How a candidate is certified:
   at the first decisive look, accepted only at the last (`"sequential"`).
 
 The policy weighs cost (`deletion.weigh_cost`): accepting an approximate candidate trains at least
-n_oracles + n_shadows reference models, so when that costs more than the exact retrain it would replace, the
-planner goes straight to retrain and says why. A candidate named explicitly (`deletion.method`) is honoured.
+n_oracles + n_shadows reference models and runs the method on the original and on the shadows, so when that
+costs more than the exact retrain it would replace, the planner goes straight to retrain and says why. A
+candidate named explicitly (`deletion.method`) is honoured.
+
+Costs come from timings on this model on this device (unlearning/costs.py): the references from the probe's
+cost curve (one step's seconds against members per chunk: linear on a CPU, flat on a GPU until the device
+fills, docs/gpu.md), a method from a timed run of it on a sample of the batch's rows. Chunks are sized
+by the device's memory: `validation.memory_mb` on a CPU, `validation.gpu_memory_mb` (or the free device memory)
+on CUDA.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from unlearning.config import ConfigError, Gate, Validation
+from unlearning.costs import CostCurve, DeviceMemory, choose_chunk, cuda_chunk_cap, sig
 from unlearning.history import EXACT_METHODS
 from unlearning.sequential import alpha_schedule, permutations_for
 
 MB = 1024 * 1024
+CPU_CHUNK = 32  # members per chunk at most on a CPU when validation.chunk_size is null (auto)
 
 
 class PlanRefused(ConfigError):
@@ -39,17 +49,63 @@ class PlanRefused(ConfigError):
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds of this model on this device (tasks/planning.py measures them with a short probe)."""
+    """Seconds of this model on this device (tasks/planning.py measures them with a short probe).
+
+    `curve`: one training step's seconds against members per chunk (unlearning/costs.py); `steps`: optimizer
+    steps of one retrain (epochs x minibatches of the retain rows), so a chunk of k members trains in
+    curve.seconds(k) x steps. `method_retrains`: a method's run on one model (the original), in retrains,
+    timed on this model. Without a curve a member costs `member_seconds` whatever the chunk."""
 
     retrain_seconds: float  # one plain retrain of one member on the retain rows, the whole recipe
     member_seconds: float  # one reference member trained inside an ensemble chunk, the whole recipe
     eval_seconds_per_member: float  # one member's forward pass over the evaluated rows
     source: str = "probe"
+    curve: CostCurve | None = None
+    steps: int = 0
+    method_retrains: dict[str, float] = field(default_factory=dict)
 
     @property
     def member_in_retrains(self) -> float:
         """A reference member's cost in units of one retrain (< 1 where members train vectorized)."""
         return self.member_seconds / max(self.retrain_seconds, 1e-9)
+
+    def references_seconds(self, n: int, chunk: int, workers: int = 1) -> float:
+        """Seconds to train `n` members of one role in chunks of at most `chunk` on `workers` side by side."""
+        if n <= 0:
+            return 0.0
+        if self.curve is None or self.steps <= 0:
+            return n * self.member_seconds / max(workers, 1)
+        return sum(self.curve.seconds(k) for k in balanced_chunks(n, chunk, workers)) * self.steps / max(workers, 1)
+
+    def references_retrains(self, n: int, chunk: int) -> float:
+        """`n` members' compute in retrains (one worker: the cost, not the wall time)."""
+        return self.references_seconds(n, chunk) / max(self.retrain_seconds, 1e-9)
+
+    def vectorized(self, n: int, chunk: int) -> float:
+        """What a pass over `n` members costs against one member (1 <= it <= n): a method run on n shadows at
+        once, in units of its run on one model."""
+        if n <= 0:
+            return 0.0
+        if self.curve is None:
+            return float(n)
+        return sum(self.curve.seconds(k) for k in balanced_chunks(n, chunk)) / max(self.curve.seconds(1), 1e-12)
+
+    def lines(self, chunk: int) -> list[str]:
+        """Where the costs come from, in words: the curve, its source, the planned chunk."""
+        out = []
+        if self.curve is not None:
+            out += self.curve.lines()
+            per = self.curve.seconds(chunk) / max(chunk, 1) / max(self.curve.seconds(1), 1e-12)
+            out.append(f"planned chunk {chunk} member(s): a member costs {sig(per)} of a retrain inside it "
+                       f"(one retrain {sig(self.retrain_seconds, 3)} s = {self.steps} steps)")
+        for m, r in self.method_retrains.items():
+            out.append(f"method {m}: {sig(r)} retrain(s) on one model (timed on a sample of the batch's rows)")
+        return out
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "curve"}
+        d["curve"] = self.curve.to_dict() if self.curve is not None else None
+        return d
 
 
 @dataclass(frozen=True)
@@ -63,6 +119,7 @@ class Footprint:
     batch_size: int  # train.batch_size
     n_eval_rows: int  # rows the certificate evaluates
     n_classes: int
+    device_member_bytes: int | None = None  # CUDA: one member of a chunk in training, peak allocated (measured)
 
     def member_training_bytes(self) -> int:
         """One member in training: weights, gradients and two optimizer moments (4 x params), plus the
@@ -107,6 +164,8 @@ class Plan:
     memory_mb: int
     refusal: str | None = None  # why the plan cannot run (names the key to change)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    workers: int = 1  # chunks trained side by side (one on a GPU: its chunks share the device)
+    cost_model: tuple[str, ...] = ()  # the cost curve, where it came from, the planned chunk (Timing.lines)
 
     @property
     def methods(self) -> list[str]:
@@ -116,7 +175,7 @@ class Plan:
         """Models the plan trains at most: the exact retrain's one model, oracles and shadows (largest look)."""
         out = {"retrain": 0, "oracles": 0, "shadows": 0}
         for s in self.steps:
-            if s.certificate == "exact":  # an audited retrain is oracle member 0: no model of its own
+            if s.certificate == "exact":  # an audited retrain is oracle member 0: trained in the oracles' pass
                 out["retrain"] = 1
             shadows, oracles = s.references
             out["oracles"], out["shadows"] = max(out["oracles"], oracles), max(out["shadows"], shadows)
@@ -136,27 +195,57 @@ def certificate_looks(validation: Validation) -> tuple[tuple[int, int], ...]:
     return (*((n, n) for n in validation.looks if n < min(final)), final)
 
 
-def sequential_step(method: str, validation: Validation, gate: Gate, member: float) -> Step:
+def sequential_step(method: str, validation: Validation, gate: Gate, member: float | Callable[[int], float],
+                    method_run: Callable[[int], float] | None = None) -> Step:
     """The sequential certificate's step for `method`: its looks, alpha and permutations per look, and its cost
-    in retrains (`member`: one reference member's cost in retrains). bench/calibration.py judges with it too."""
+    in retrains. `member`: one reference member's cost in retrains, or a function of the members of one role
+    (Timing.references_retrains: chunks cost less than their members on a GPU); `method_run(n)`: the method's
+    runs on the original and on n shadows, in retrains (None: not counted). bench/calibration.py judges with
+    it too."""
     looks = certificate_looks(validation)
     g = gate.retrain_equivalence
     alphas = alpha_schedule(g.alpha, len(looks) - 1, validation.interim_alpha_share)
+    refs = member if callable(member) else (lambda n: n * member)
+    run = method_run or (lambda n: 0.0)
+
+    def cost(look: tuple[int, int]) -> float:
+        return refs(look[0]) + refs(look[1]) + run(look[0])
+
     first, last = looks[0], looks[-1]
     return Step(method, "sequential", looks, alphas, tuple(permutations_for(a, g.n_permutations) for a in alphas),
-                cost_retrains_reject=sum(first) * member, cost_retrains_accept=sum(last) * member,
+                cost_retrains_reject=cost(first), cost_retrains_accept=cost(last),
                 why=f"approximate: references in looks {[o for _, o in looks]} per role, rejected at the first "
                     f"decisive look, accepted only at the last")
 
 
+def cost_functions(timing: Timing | None, chunk: int, member_in_retrains: float = 1.0
+                   ) -> tuple[Callable[[int], float], Callable[[str], Callable[[int], float]]]:
+    """(members of one role -> retrains, method -> (shadows -> its runs in retrains)) from the timing; without
+    one a member counts `member_in_retrains` and a method's run is not counted."""
+    if timing is None:
+        return (lambda n: n * member_in_retrains), (lambda method: (lambda n: 0.0))
+
+    def method_run(method: str) -> Callable[[int], float]:
+        one = timing.method_retrains.get(method, 0.0)  # the method on one model (the original)
+        return lambda n: one * (1.0 + timing.vectorized(n, chunk))  # then on n shadows, vectorized
+
+    return (lambda n: timing.references_retrains(n, chunk)), method_run
+
+
 def plan_steps(candidates: list[str], objective: str, validation: Validation, gate: Gate, *, weigh_cost: bool,
                explicit: bool, member_in_retrains: float = 1.0, sisa_cost: float | None = None,
+               timing: Timing | None = None, chunk: int = CPU_CHUNK,
                ) -> tuple[list[Step], list[tuple[str, str]]]:
     """The steps for the ordered `candidates` (retrain last) and the candidates skipped, with why.
 
-    `member_in_retrains`: one reference member's cost in retrains (Timing.member_in_retrains; 1 unmeasured).
-    `sisa_cost`: the share of a full retrain `sisa` retrains for this batch (unlearning/sharding.py
-    cost_in_retrains); None: the original is not sharded, and `sisa` is skipped with why."""
+    `member_in_retrains`: one reference member's cost in retrains when there is no `timing` (1 unmeasured);
+    `timing`/`chunk`: the measured costs and the planned chunk (references from the cost curve, methods from
+    their timed runs). `sisa_cost`: the share of a full retrain `sisa` retrains for this batch
+    (unlearning/sharding.py cost_in_retrains); None: the original is not sharded, and `sisa` is skipped with why."""
+    refs, method_run = cost_functions(timing, chunk, member_in_retrains)
+    # what the exact path this candidate would replace costs: one retrain, or the audited retrain's oracle pass
+    audited = validation.audit_retrain and objective == "retrain_equivalence"
+    exact_cost = max(1.0, refs(validation.n_oracles)) if audited else 1.0
     steps: list[Step] = []
     skipped: list[tuple[str, str]] = []
     if sisa_cost is not None:  # a sharded original: sisa alone keeps it sharded and exact; the others see one model
@@ -178,35 +267,42 @@ def plan_steps(candidates: list[str], objective: str, validation: Validation, ga
                 continue
             steps.append(Step(method, "exact", cost_retrains_accept=sisa_cost,
                               why=f"exact by construction: the shards that held the rows retrain from the checkpoint "
-                                  f"before their first slice ({sisa_cost:.3f} of a full retrain), checked against the "
-                                  f"original's accuracy"))
+                                  f"before their first slice ({sig(sisa_cost, 3)} of a full retrain), checked against "
+                                  f"the original's accuracy"))
             break  # nothing after an exact method is ever tried
         if method in EXACT_METHODS:
-            audit = validation.audit_retrain and objective == "retrain_equivalence"
-            steps.append(_audit_step(method, validation, member_in_retrains) if audit else
+            steps.append(_audit_step(method, validation, refs) if audited else
                          Step(method, "exact", why="exact by construction: one model on the retain rows, checked "
                                                    "against the original's accuracy"))
             break  # nothing after the exact retrain is ever tried
         if objective == "suppression":
-            steps.append(Step(method, "absolute", cost_retrains_accept=0.0,
+            steps.append(Step(method, "absolute", cost_retrains_accept=method_run(method)(0),
                               why="suppression: absolute bounds and the original's accuracy, no references"))
             continue
-        step = sequential_step(method, validation, gate, member_in_retrains)
-        if weigh_cost and not explicit and step.cost_retrains_accept > 1.0:
+        step = sequential_step(method, validation, gate, refs, method_run(method))
+        if weigh_cost and not explicit and step.cost_retrains_accept > exact_cost:
             n_s, n_o = step.references
-            skipped.append((method, f"certifying it trains {n_o} oracles and {n_s} shadows (about "
-                                    f"{step.cost_retrains_accept:.1f} retrains to accept, "
-                                    f"{step.cost_retrains_reject:.1f} to reject at the first look); an exact retrain "
-                                    f"costs 1: straight to retrain (deletion.weigh_cost)"))
+            exact = "an exact retrain costs 1" if not audited else f"the audited retrain costs {sig(exact_cost)}"
+            skipped.append((method, f"certifying it trains {n_o} oracles and {n_s} shadows and runs it on them "
+                                    f"(about {sig(step.cost_retrains_accept)} retrains to accept, "
+                                    f"{sig(step.cost_retrains_reject)} to reject at the first look); {exact}: "
+                                    f"straight to retrain (deletion.weigh_cost)"))
             continue
         steps.append(step)
     return steps, skipped
 
 
-def _audit_step(method: str, validation: Validation, member: float) -> Step:
-    n = (validation.n_shadows, validation.n_oracles)
-    return Step(method, "audit", (n,), cost_retrains_reject=sum(n) * member, cost_retrains_accept=sum(n) * member,
-                why="exact retrain audited against oracles (validation.audit_retrain)")
+def _audit_step(method: str, validation: Validation, refs: Callable[[int], float]) -> Step:
+    """The exact retrain certified against oracles: the retrain IS oracle member 0 (same seed, same rows), so it
+    trains as one more member of the oracles' pass, and the audit judges it against the other oracles (retrain
+    against retrains: no shadows are needed). Its cost is the oracles' pass, on a GPU little more than one
+    retrain (docs/gpu.md)."""
+    n = validation.n_oracles
+    cost = refs(n)
+    return Step(method, "audit", ((0, n),), cost_retrains_reject=cost, cost_retrains_accept=cost,
+                why=f"exact retrain audited against oracles (validation.audit_retrain): the retrain is oracle member "
+                    f"0 and trains in the oracles' pass of {n} members ({sig(cost)} retrains on this device), judged "
+                    f"against the other {n - 1}; no shadows")
 
 
 def balanced_chunks(n: int, cap: int, workers: int = 1) -> list[int]:
@@ -222,25 +318,38 @@ def balanced_chunks(n: int, cap: int, workers: int = 1) -> list[int]:
     return [base + 1] * extra + [base] * (k - extra)
 
 
-def fit_memory(footprint: Footprint | None, memory_mb: int, chunk_cap: int, n_members: int
-               ) -> tuple[int, int, int, int, str | None]:
+def fit_memory(footprint: Footprint | None, memory_mb: int, chunk_cap: int | None, n_members: int,
+               device_memory: DeviceMemory | None = None) -> tuple[int, int, int, int, str | None]:
     """(chunk size, eval members, eval block rows, peak bytes, refusal) under `memory_mb`.
 
     Peak = baseline + data + the largest of: a training chunk (members x member_training_bytes), the logits the
-    certificate holds plus one evaluation block (members x rows x activation floats). Without a footprint
-    nothing is refused and the configured sizes stand."""
+    certificate holds plus one evaluation block (members x rows x activation floats). On CUDA
+    (`device_memory.kind == "cuda"`) the training chunk lives on the device: it is sized from the device's
+    budget (validation.gpu_memory_mb, or its free memory) and the measured member footprint, and the host
+    budget holds the process, the data and the logits. `chunk_cap` None: no cap besides memory (CPU_CHUNK on
+    a CPU). Without a footprint nothing is refused and the configured sizes stand."""
+    cuda = device_memory is not None and device_memory.kind == "cuda"
+    cap = chunk_cap if chunk_cap is not None else (max(n_members, 1) if cuda else CPU_CHUNK)
     if footprint is None:
-        return chunk_cap, max(n_members, 1), 8192, 0, None
+        return cap, max(n_members, 1), 8192, 0, None
     budget = memory_mb * MB
     fixed = footprint.baseline_bytes + footprint.data_bytes
     free = budget - fixed
     member = footprint.member_training_bytes()
-    if free < member:
+    if cuda:
+        device_member = device_memory.member_bytes or member
+        fits, refusal = cuda_chunk_cap(device_memory, footprint.data_bytes, device_member)
+        if refusal:
+            return 0, 0, 0, footprint.data_bytes + device_member, refusal
+        chunk = max(1, min(cap, fits))
+        member = 0  # training takes no host memory beyond the data
+    elif free < member:
         return 0, 0, 0, fixed + member, (
             f"validation.memory_mb = {memory_mb} cannot hold the batch: the process and data take "
             f"{fixed / MB:.0f} MB and one member in training {member / MB:.0f} MB more; raise validation.memory_mb "
             f"to at least {math.ceil((fixed + member) / MB * 1.1)}, or lower train.batch_size")
-    chunk = max(1, min(chunk_cap, free // member))
+    else:
+        chunk = max(1, min(cap, free // member))
     logits = footprint.logits_bytes(n_members + 2)  # references + candidate + original
     eval_free = free - logits
     per_row = 4 * max(footprint.activation_floats_per_row, 1)
@@ -258,37 +367,58 @@ def fit_memory(footprint: Footprint | None, memory_mb: int, chunk_cap: int, n_me
 
 def plan_batch(candidates: list[str], objective: str, validation: Validation, gate: Gate, *, weigh_cost: bool,
                explicit: bool, timing: Timing | None = None, footprint: Footprint | None = None,
-               diagnostics_seconds: float = 0.0, workers: int = 1, sisa_cost: float | None = None) -> Plan:
+               diagnostics_seconds: float = 0.0, workers: int = 1, sisa_cost: float | None = None,
+               device_memory: DeviceMemory | None = None) -> Plan:
     """The batch's plan (module docstring). `timing`/`footprint` None: predictions and the memory check are
-    left out (said in the notes). `sisa_cost`: see `plan_steps`."""
+    left out (said in the notes). `sisa_cost`: see `plan_steps`. `device_memory`: the CUDA device's budget
+    (None: a CPU, validation.memory_mb alone). On CUDA the chunks share one device: `workers` is 1 there."""
+    cuda = device_memory is not None and device_memory.kind == "cuda"
+    workers = 1 if cuda else max(1, workers)
+    n_role = max(validation.n_oracles, validation.n_shadows)
+    # the chunk: the largest the memory allows for the certificate's references, unless, on a GPU, the cost
+    # curve says a smaller one trains them faster (unlearning/costs.py choose_chunk: a curve that steps up where
+    # the device fills). On a CPU the largest stands: each chunk also costs a task and a cache entry, which the
+    # curve does not see, and a noisy probe must not split the references into many small chunks.
+    cap, *_ = fit_memory(footprint, validation.memory_mb, validation.chunk_size, n_role, device_memory)
+    curve = timing.curve if timing is not None and cuda else None
+    chunk = choose_chunk(curve, n_role, max(cap, 1), workers, balanced_chunks)
     member = timing.member_in_retrains if timing is not None else 1.0
     steps, skipped = plan_steps(candidates, objective, validation, gate, weigh_cost=weigh_cost, explicit=explicit,
-                                member_in_retrains=member, sisa_cost=sisa_cost)
+                                member_in_retrains=member, sisa_cost=sisa_cost, timing=timing, chunk=chunk)
     n_refs = max((sum(s.references) for s in steps), default=0)
-    chunk, eval_members, block, peak, refusal = fit_memory(footprint, validation.memory_mb, validation.chunk_size,
-                                                           n_refs)
+    fitted, eval_members, block, peak, refusal = fit_memory(footprint, validation.memory_mb, chunk, n_refs,
+                                                           device_memory)
+    chunk = min(chunk, fitted) if fitted else chunk
     notes = []
     if timing is None:
         notes.append("no timing probe: costs are in retrains with a reference member counted as one retrain")
     if footprint is None:
         notes.append("no memory footprint: the memory budget was not checked")
+    if cuda:
+        notes.append(f"chunks sized by the device's memory ({device_memory.key}: "
+                     f"{device_memory.budget_bytes / MB:.0f} MB), one chunk at a time on the device")
     first = steps[0] if steps else None
-    seconds = predicted_seconds(first, timing, diagnostics_seconds, workers)
+    seconds = predicted_seconds(first, timing, diagnostics_seconds, workers, chunk)
     retrains = 0.0 if first is None else first.cost_retrains_accept  # an exact step: 1, or sisa's share
     if timing is not None:
         retrains += diagnostics_seconds / max(timing.retrain_seconds, 1e-9)
+    cost_model = tuple(timing.lines(chunk)) if timing is not None else ()
     return Plan(objective, tuple(steps), tuple(skipped), chunk, eval_members, block, seconds, retrains, peak,
-                validation.memory_mb, refusal, tuple(notes))
+                validation.memory_mb, refusal, tuple(notes), workers, cost_model)
 
 
 def predicted_seconds(step: Step | None, timing: Timing | None, diagnostics_seconds: float,
-                      workers: int) -> dict[str, float]:
+                      workers: int, chunk: int = CPU_CHUNK) -> dict[str, float]:
     """Seconds per stage if `step` (the first candidate) is taken: diagnostics, references, unlearn, certify."""
     if timing is None or step is None:
         return {}
     shadows, oracles = step.references
-    refs = (shadows + oracles) * timing.member_seconds / max(workers, 1)
-    unlearn = timing.retrain_seconds * step.cost_retrains_accept if step.certificate == "exact" else 0.0
+    refs = timing.references_seconds(shadows, chunk, workers) + timing.references_seconds(oracles, chunk, workers)
+    if step.certificate == "exact":
+        unlearn = timing.retrain_seconds * step.cost_retrains_accept
+    else:  # the method on the original and on the shadows (vectorized), from its timed run
+        unlearn = timing.retrain_seconds * timing.method_retrains.get(step.method, 0.0) * (
+            1.0 + timing.vectorized(shadows, chunk))
     certify = (shadows + oracles + 2) * timing.eval_seconds_per_member
     return {"diagnostics": round(diagnostics_seconds, 3), "references": round(refs, 3),
             "unlearn": round(unlearn, 3), "certify": round(certify, 3),
@@ -301,16 +431,18 @@ def plan_lines(plan: Plan) -> list[str]:
     for s in plan.steps:
         refs = (f"; references per look (shadows, oracles) {list(s.looks)}, alpha per look "
                 f"{[round(a, 5) for a in s.alphas]}" if s.looks else "; no reference models")
-        lines.append(f"- {s.method}: {s.certificate} ({s.why}){refs}; cost {s.cost_retrains_accept:.1f} retrains "
-                     f"to accept" + (f", {s.cost_retrains_reject:.1f} to reject" if s.certificate == "sequential" else ""))
+        lines.append(f"- {s.method}: {s.certificate} ({s.why}){refs}; cost {sig(s.cost_retrains_accept)} retrains "
+                     f"to accept" + (f", {sig(s.cost_retrains_reject)} to reject" if s.certificate == "sequential"
+                                     else ""))
     for method, why in plan.skipped:
         lines.append(f"- skipped {method}: {why}")
     m = plan.models_to_train()
     lines.append(f"models it trains at most: {m['retrain']} retrain, {m['oracles']} oracles, {m['shadows']} shadows "
-                 f"(in chunks of {plan.chunk_size})")
+                 f"(in chunks of {plan.chunk_size}, {plan.workers} at a time)")
+    lines += list(plan.cost_model)
     if plan.predicted_seconds:
-        lines.append("predicted seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in plan.predicted_seconds.items())
-                     + f" (about {plan.predicted_retrains:.1f} retrains)")
+        lines.append("predicted seconds: " + ", ".join(f"{k} {sig(v, 3)}" for k, v in plan.predicted_seconds.items())
+                     + f" (about {sig(plan.predicted_retrains)} retrains)")
     if plan.peak_bytes:
         lines.append(f"predicted peak memory {plan.peak_bytes / MB:.0f} MB of validation.memory_mb = {plan.memory_mb}")
     lines += [f"note: {n}" for n in plan.notes]

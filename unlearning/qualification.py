@@ -300,7 +300,8 @@ def licenses_any(table: Sequence[Row], methods: Sequence[str], min_pass: float, 
 
 def license_method(table: Sequence[Row], gap_to_noise: float, methods: Sequence[str], min_pass: float,
                    bound: str = "lower") -> License:
-    """The cheapest method (`methods` is in order of cost, cheapest first) whose row at this predicted gap has a
+    """The cheapest method (`methods` is in order of cost, cheapest first: Qualification.by_cost) whose row at this
+    predicted gap has a
     qualified rate (`qualified_rate`) of at least `min_pass`; else exact retrain. A NaN gap (no diagnostics)
     licenses nothing but the retrain."""
     if not np.isfinite(gap_to_noise):
@@ -419,8 +420,10 @@ def advise_mode(certificate_retrains: float, retrain_seconds: float, mode: str) 
     `mode`: validation.mode as configured (the advice says whether it agrees)."""
     seconds = certificate_retrains * retrain_seconds
     advice = "per_batch" if seconds <= PER_BATCH_SECONDS else "qualified"
-    why = (f"certifying an approximate candidate trains about {certificate_retrains:.0f} retrains' worth of "
-           f"references ({seconds:.0f} s at {retrain_seconds:.2f} s a retrain): "
+    from unlearning.costs import sig
+
+    why = (f"certifying an approximate candidate trains about {sig(certificate_retrains)} retrains' worth of "
+           f"references ({sig(seconds)} s at {sig(retrain_seconds, 3)} s a retrain): "
            + ("cheap enough to certify every batch" if advice == "per_batch" else
               f"more than {PER_BATCH_SECONDS:.0f} s a batch: qualify the model once (`dvc repro qualify`) and audit "
               f"sampled batches"))
@@ -482,20 +485,31 @@ class Qualification:
     fingerprint: dict = field(default_factory=dict)
     skipped: str | None = None  # why nothing was qualified (validation.mode per_batch)
     unfilled: list[str] = field(default_factory=list)  # bins left under qualify.min_sets_per_bin, in words
+    # a method's run on one model in retrains, timed on this model (tasks/planning.py probe); {} = not timed
+    method_retrains: dict[str, float] = field(default_factory=dict)
 
     @property
     def table(self) -> list[Row]:
         return pass_rate_table(self.trials, self.methods, self.bins, self.confidence, self.interval)
 
+    def by_cost(self) -> list[str]:
+        """The methods cheapest first: by their timed cost on this model where it was measured (a count of
+        gradient evaluations misprices them: a GGN solve or an autograd step against the fused retrain kernel),
+        in the declared order otherwise (stable: the timed ones first, then the others as declared)."""
+        timed = sorted((m for m in self.methods if m in self.method_retrains), key=lambda m: self.method_retrains[m])
+        return timed + [m for m in self.methods if m not in self.method_retrains]
+
     def with_trial(self, trial: Trial) -> "Qualification":
         """The qualification with one more trial (a failed or passed audit counts as evidence)."""
         return Qualification(self.methods, self.bins, self.confidence, self.interval, self.noise,
-                             [*self.trials, trial], dict(self.fingerprint), self.skipped, list(self.unfilled))
+                             [*self.trials, trial], dict(self.fingerprint), self.skipped, list(self.unfilled),
+                             dict(self.method_retrains))
 
     def to_dict(self) -> dict:
         return {"methods": self.methods, "bins": self.bins, "confidence": self.confidence, "interval": self.interval,
                 "noise": self.noise, "fingerprint": self.fingerprint, "skipped": self.skipped,
                 "unfilled": self.unfilled,
+                "method_retrains": self.method_retrains,
                 "trials": [asdict(t) for t in self.trials],
                 "table": [{**asdict(r), "gap_hi": None if math.isinf(r.gap_hi) else r.gap_hi,
                            "rate": None if math.isnan(r.rate) else r.rate} for r in self.table]}
@@ -504,7 +518,8 @@ class Qualification:
     def from_dict(cls, d: dict) -> "Qualification":
         return cls(list(d["methods"]), list(d["bins"]), float(d["confidence"]), d["interval"], float(d["noise"]),
                    [Trial(**t) for t in d.get("trials", [])], dict(d.get("fingerprint") or {}), d.get("skipped"),
-                   list(d.get("unfilled") or []))
+                   list(d.get("unfilled") or []),
+                   {k: float(v) for k, v in (d.get("method_retrains") or {}).items()})
 
     def tag(self) -> str:
         """A short name of this qualification, for the registered version's tag."""

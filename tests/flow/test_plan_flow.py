@@ -140,3 +140,25 @@ def test_under_the_epsilon_criterion_the_batch_logs_its_epsilon_and_rejects_on_t
                  if c.info.run_name == "unlearn-do_nothing")
     m = child.data.metrics
     assert m["epsilon_lower/forget"] > 2.0 and m["epsilon_upper/forget"] >= m["epsilon/forget"]
+
+
+def test_an_audited_retrain_trains_the_oracles_alone(tmp_path_factory, prefect_harness):
+    """validation.audit_retrain: the retrain is oracle member 0, trained in the oracles' pass and judged against
+    the others; no shadow is trained (it trained n_shadows unused ones besides)."""
+    import os
+
+    from adapters.tracking import Tracker
+    from flows.deletion_batch import run
+
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    root = tmp_path_factory.mktemp("audit_project")
+    trained_project(root, {"validation": {"audit_retrain": True, "n_oracles": 6, "n_shadows": 6, "looks": []},
+                           "diagnostics": {"enabled": False}, "deletion": {"method": "retrain"}}, inbox_files=False)
+    params = load_params(root / "params.yaml")
+    req = root / "audit.csv"
+    class_request(root, req, "2", 5)
+    (r,) = run(str(req), str(root / "params.yaml"))
+    assert (r["status"], r["method"]) == ("applied", "retrain")
+    tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
+    refs = ensembles_metrics(tracker, r["run_id"])
+    assert (refs["n_oracles"], refs["n_shadows"]) == (6, 0)

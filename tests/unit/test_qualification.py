@@ -325,3 +325,18 @@ def test_a_class_level_request_fails_the_cheap_checks():
     assert not checks["class_share/forget"]["passed"] and "class-level request" in failures[0]
     assert cheap_checks(m, 0.05, 0.6, 0.01, class_share=0.2, max_class_share=0.5)[1] == []
     assert cheap_checks(m, 0.05, 0.6, 0.01, class_share=1.0, max_class_share=None)[1] == []  # off
+
+
+def test_the_license_orders_methods_by_their_timed_cost_on_this_model():
+    """Both qualified at a low gap; declared cheapest first is newton_ggn, but timed on this model it costs 3.4
+    retrains and finetune 0.2: the license takes finetune. A method not timed keeps its declared place after."""
+    ts = trials("newton_ggn", [(0.1, True)] * 30) + trials("finetune", [(0.1, True)] * 30)
+    q = Qualification(["newton_ggn", "finetune", "salun"], [1.0], 0.9, "clopper_pearson", 0.01, ts,
+                      method_retrains={"newton_ggn": 3.4, "finetune": 0.2})
+    assert q.by_cost() == ["finetune", "newton_ggn", "salun"]
+    assert license_method(q.table, 0.3, q.by_cost(), 0.9).method == "finetune"
+    back = Qualification.from_dict(q.to_dict())
+    assert back.method_retrains == {"newton_ggn": 3.4, "finetune": 0.2} and back.by_cost() == q.by_cost()
+    assert q.with_trial(ts[0]).method_retrains == q.method_retrains
+    untimed = Qualification(["newton_ggn", "finetune"], [1.0], 0.9, "clopper_pearson", 0.01, ts)
+    assert untimed.by_cost() == ["newton_ggn", "finetune"]

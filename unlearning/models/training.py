@@ -14,7 +14,7 @@ import re
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -134,6 +134,7 @@ def train_ensemble(
     kernel: str = "auto",
     rows: torch.Tensor | None = None,
     order_seeds: Sequence[int] | None = None,
+    on_step: Callable[[], None] | None = None,
 ) -> TrainCost:
     """Train every member of `model` in place on (X [n, d], y [n]) with the recipe given by the keywords.
 
@@ -147,7 +148,8 @@ def train_ensemble(
     `rows` [N, m] (long): per-member data, member k trains on X[rows[k]] (every member m rows; the sharded
     constituents of unlearning/sharding.py, each on its own shard); None = every member on all of X.
     `order_seeds`: the members' data-order streams (default: their seeds), so a slice of a sliced training run
-    has an order stream of its own."""
+    has an order stream of its own. `on_step`: called after every optimizer step (the planner's probe times
+    each step with it: tasks/planning.py)."""
     recipe = TrainRecipe(epochs, batch_size, lr, weight_decay, optimizer, momentum, schedule, label_smoothing)
     if kernel not in ("auto", "fused", "autograd"):
         raise ValueError(f"kernel={kernel!r} is not known; allowed: ['auto', 'fused', 'autograd']")
@@ -156,7 +158,7 @@ def train_ensemble(
     if fused and not fused_mlp.supports(model):
         raise ValueError(f"kernel='fused' supports MLP ensembles only, got {model.module_class}; use 'autograd'")
     with intra_op_threads(threads if X.device.type == "cpu" else None), flush_denormals(X.device.type == "cpu"):
-        return _train(model, X, y, recipe, progress, fused, rows, order_seeds)
+        return _train(model, X, y, recipe, progress, fused, rows, order_seeds, on_step)
 
 
 def recipe_from(train_cfg) -> TrainRecipe:
@@ -214,7 +216,8 @@ def make_optimizer(params, recipe: TrainRecipe, fused_ok: bool = True) -> torch.
     return torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay, fused=fused_ok)
 
 
-def _train(model: Ensemble, X, y, recipe: TrainRecipe, progress, fused, rows=None, order_seeds=None) -> TrainCost:
+def _train(model: Ensemble, X, y, recipe: TrainRecipe, progress, fused, rows=None, order_seeds=None,
+           on_step=None) -> TrainCost:
     start = time.perf_counter()
     device = next(model.parameters()).device
     X, y = X.to(device), y.to(device)
@@ -261,6 +264,8 @@ def _train(model: Ensemble, X, y, recipe: TrainRecipe, progress, fused, rows=Non
                 opt.step()
                 steps += 1
                 bar.update()
+                if on_step is not None:
+                    on_step()
             _stop_if_diverged(model, kernel, epoch_loss, epoch, recipe)
     if kernel is not None:
         kernel.write_back(model)
