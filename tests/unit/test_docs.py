@@ -28,7 +28,7 @@ API_PAGES = {"api/index.md": [], "api/plan.md": ["unlearning.plan", "unlearning.
              "api/sequential.md": ["unlearning.sequential"],
              "api/gate.md": ["unlearning.gate", "unlearning.policy", "unlearning.selection"],
              "api/leverage.md": ["unlearning.leverage.diagnostics"], "api/partition.md": ["unlearning.partition"],
-             "api/methods.md": ["unlearning.methods.registry"], "api/metrics.md": ["unlearning.metrics.klom"],
+             "api/methods.md": ["unlearning.methods.registry"], "api/metrics.md": ["unlearning.metrics.klom", "unlearning.metrics.epsilon"],
              "api/models.md": ["unlearning.models.ensemble"], "api/data.md": ["unlearning.data.store"],
              "api/erasure.md": ["unlearning.ledger", "unlearning.erasure"], "api/requests.md": ["unlearning.requests"],
              "api/ensembles.md": ["unlearning.ensembles"], "api/config.md": ["unlearning.config"],
