@@ -505,7 +505,10 @@ class Team:
         """A new password for the MLflow account `name` (the admin's too): set on the server, then written to
         its file (the admin's file last, as the call itself logs in with the old one)."""
         password = secrets.token_urlsafe(24)
-        self.mlflow_call("PATCH", "/api/2.0/mlflow/users/update-password", {"username": name, "password": password})
+        body = {"username": name, "password": password}
+        if name == MLFLOW_ADMIN:  # MLflow asks for the current password when an account changes its own
+            body["current_password"] = secret(self.mlflow_admin_file)
+        self.mlflow_call("PATCH", "/api/2.0/mlflow/users/update-password", body)
         write_secret(self.mlflow_admin_file if name == MLFLOW_ADMIN else self.user_file(name), password)
         log(f"new password for MLflow account {name} (in its file)")
 
