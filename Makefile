@@ -25,7 +25,7 @@ TEAM_PG_PORT ?= 54329
 TEAM_PY = deploy/team.py --dir $(TEAM_DIR)
 
 .PHONY: help setup run report test test-slow test-all ui server serve bench docs docs-serve screenshots clean reset \
-	team-db team-up team-env team-status team-down
+	team-db team-up team-env team-user team-status team-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -97,14 +97,18 @@ server: setup ## local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite; set 
 serve: setup ## serve the scheduled + event-triggered deployments and watch the inbox (needs `make server`)
 	PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:$(PREFECT_PORT)/api} $(BIN)/unlearn serve
 
-team-db: setup ## PostgreSQL for the team servers: a cluster in .team/pg on 127.0.0.1:$(TEAM_PG_PORT), databases prefect + mlflow
+team-db: setup ## PostgreSQL for the team servers: a cluster in .team/pg on 127.0.0.1:$(TEAM_PG_PORT), databases prefect, mlflow, mlflow_auth
 	$(BIN)/python $(TEAM_PY) --pg-port $(TEAM_PG_PORT) db
 
-team-up: setup ## team-db + Prefect server (:$(PREFECT_PORT)) + MLflow server serving artifacts (:$(MLFLOW_PORT)), on Postgres, in the background
+team-up: setup ## team-db + Prefect server (:$(PREFECT_PORT)) + MLflow server serving artifacts (:$(MLFLOW_PORT)), on Postgres, logins on both, in the background
 	$(BIN)/python $(TEAM_PY) --pg-port $(TEAM_PG_PORT) --prefect-port $(PREFECT_PORT) --mlflow-port $(MLFLOW_PORT) up
 
-team-env: ## the client's variables of the team servers: eval "$(make -s team-env)"
+team-env: ## the pipeline account's variables, secrets by reference to their files: eval "$(make -s team-env)"
 	@$(PYTHON) $(TEAM_PY) env
+
+team-user: ## an MLflow account on the team server: make team-user NAME=alice ROLE=reviewer|pipeline (password in .team/users/)
+	@test -n "$(NAME)" -a -n "$(ROLE)" || { echo "error: give NAME=<account> ROLE=reviewer|pipeline"; exit 2; }
+	$(BIN)/python $(TEAM_PY) user --name "$(NAME)" --role "$(ROLE)"
 
 team-status: ## is the team setup up: PostgreSQL, both servers (health, pid, log)
 	@$(PYTHON) $(TEAM_PY) status

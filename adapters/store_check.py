@@ -9,6 +9,7 @@ import sqlite3
 import urllib.request
 from pathlib import Path
 
+from adapters.server_auth import mlflow_headers, mlflow_login_problem, mlflow_tls
 from unlearning.config import is_tracking_server
 
 
@@ -45,14 +46,14 @@ def tracking_store_problem(tracking_uri: str, timeout: float = 5.0) -> str | Non
     if is_tracking_server(tracking_uri):
         url = tracking_uri.rstrip("/") + "/health"
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:
+            with urllib.request.urlopen(url, timeout=timeout, context=mlflow_tls()) as r:
                 if r.status >= 400:
                     raise OSError(f"HTTP {r.status}")
         except Exception as e:
             return (f"MLflow tracking server {tracking_uri} is unreachable ({getattr(e, 'reason', e)}); start it "
                     f"(`make ui`, or `mlflow server --host 127.0.0.1 --port 5000 ...`) or unset MLFLOW_TRACKING_URI "
                     f"to use the project's SQLite store; nothing was changed")
-        return None
+        return mlflow_login_problem(tracking_uri, timeout)  # /health answers without a login
     db = sqlite_file(tracking_uri)
     if db is None:
         return None
@@ -114,7 +115,8 @@ def registry_holds(tracking_uri: str, name: str, version: str, timeout: float = 
         url = (tracking_uri.rstrip("/") + "/api/2.0/mlflow/model-versions/get?"
                + urlencode({"name": name, "version": str(version)}))
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=mlflow_headers()), timeout=timeout,
+                                        context=mlflow_tls()) as r:
                 return bool(json.load(r).get("model_version"))
         except HTTPError as e:
             return False if e.code == 404 else None

@@ -2,12 +2,18 @@
 
     python deploy/team.py [--dir .team] db      # init + start a project-local PostgreSQL cluster, create the databases
     python deploy/team.py [--dir .team] up      # db + Prefect server + MLflow server, in the background
-    python deploy/team.py [--dir .team] env     # the client's environment (eval "$(... env)")
+    python deploy/team.py [--dir .team] env     # the pipeline client's environment (eval "$(... env)")
+    python deploy/team.py [--dir .team] user --name alice --role reviewer   # an MLflow account (password in a file)
+    python deploy/team.py [--dir .team] rotate --name pipeline|admin|prefect   # a new password (docs/operations.md)
     python deploy/team.py [--dir .team] status  # what runs, on which port, with which pid
     python deploy/team.py [--dir .team] down    # stop both servers and the cluster (the data stays)
 
-`make team-db / team-up / team-env / team-status / team-down` call it. Everything lives in one folder
-(default `.team/`, git-ignored):
+`make team-db / team-up / team-env / team-user / team-status / team-down` call it. Both servers always ask for a
+login (docs/operations.md, "Accounts and threat model"): MLflow runs its basic-auth app (users and permissions in
+the `mlflow_auth` database, `default_permission = NO_PERMISSIONS`), Prefect checks one shared basic-auth string.
+Every secret is generated here into a mode-600 file and reaches a server through its environment, never its
+command line (`ps` shows command lines to every user) and never a log. Everything lives in one folder (default
+`.team/`, git-ignored):
 
     pg/data            the PostgreSQL cluster (owned by the `postgres` system user when run as root: PostgreSQL
                        refuses to run as root), listening on 127.0.0.1:<pg port> only, no Unix socket, password auth
@@ -16,15 +22,24 @@
     artifacts/         the MLflow server's artifact store (`--artifacts-destination`): clients upload and download
                        over HTTP (`mlflow-artifacts:/` URIs), nothing is written to a client's disk
     prefect-home/      the Prefect server's home (its settings; its database is the `prefect` database)
-    team.json          ports and host of the last `up`; *.pid and *.log of each process
+    prefect.auth       the Prefect server's basic-auth string `team:<password>` (mode 600)
+    mlflow-admin.password, mlflow-flask.key   the MLflow admin's password and the auth app's CSRF key (mode 600)
+    mlflow-auth.ini    the auth app's config (mode 600: its database URL holds the PostgreSQL password)
+    users/<name>.password   each MLflow account's password (mode 600); `pipeline` is made by `up`
+    team.json          ports, host and TLS files of the last `up` (no secret); *.pid and *.log of each process
 
-Standard library only: it starts the `prefect` and `mlflow` command-line servers as processes and imports
-neither (the import rules keep Prefect in flows/ and tasks/, MLflow in adapters/tracking.py).
+Standard library only (PyYAML, for the experiment's and registered model's names in params.yaml, in `up` and
+`user` alone): it starts the `prefect` and `mlflow` command-line servers as processes and talks to them over
+REST; it imports neither (the import rules keep Prefect in flows/ and tasks/, MLflow in adapters/tracking.py).
+
+Binding beyond loopback needs TLS (`--tls-cert`/`--tls-key`): the servers' basic auth would otherwise send every
+password in clear text over the network. Both servers then serve HTTPS themselves (uvicorn's TLS).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import glob
 import json
 import os
@@ -33,14 +48,25 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 ROLE = "team"
-DATABASES = ("prefect", "mlflow")
+DATABASES = ("prefect", "mlflow", "mlflow_auth")  # mlflow_auth: the MLflow auth app's users and permissions
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MLFLOW_ADMIN = "admin"
+PREFECT_USER = "team"  # the user part of Prefect's one shared basic-auth string
+PIPELINE = "pipeline"  # the account `up` makes and `env` prints
+# What each MLflow account may do on the project's experiment and registered model (and nothing else: the
+# default permission is NO_PERMISSIONS). MANAGE, not EDIT, for the pipeline: erasure deletes runs' model
+# artifacts and purges old model versions, which need the delete right (mlflow/server/auth/permissions.py).
+ROLES = {"pipeline": "MANAGE", "reviewer": "READ"}
 OFFLINE = {"DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
            "DVC_NO_ANALYTICS": "1"}
 SYSTEM_USER = "unlearn-pg"  # created only when running as root on a machine without Debian's `postgres` user
@@ -48,6 +74,26 @@ SYSTEM_USER = "unlearn-pg"  # created only when running as root on a machine wit
 
 class TeamError(RuntimeError):
     pass
+
+
+class MlflowAnswer(TeamError):
+    """An HTTP error answer of the MLflow server (`code`: its status)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def tracking_names(params: Path) -> tuple[str, str]:
+    """The experiment's and the registered model's names in the project's params file (`tracking`)."""
+    import yaml  # the project's venv has it; `env`, `status` and `down` run without it
+
+    try:
+        tracking = (yaml.safe_load(params.read_text()) or {})["tracking"]
+        return str(tracking["experiment"]), str(tracking["registered_model"])
+    except (OSError, KeyError, TypeError) as e:
+        raise TeamError(f"{params}: cannot read tracking.experiment and tracking.registered_model ({e!r}); "
+                        f"pass --params with the project's params.yaml") from None
 
 
 def log(msg: str) -> None:
@@ -111,6 +157,30 @@ def _has_group(name: str) -> bool:
         return False
 
 
+# --- secrets -----------------------------------------------------------------------------------------------
+def write_secret(path: Path, value: str) -> None:
+    """`value` into `path`, mode 600 from its first byte (a temporary file renamed over it: a reader sees the
+    old secret or the new one, never half of one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    os.replace(tmp, path)
+
+
+def secret(path: Path, make=lambda: secrets.token_urlsafe(24)) -> str:
+    """The secret in `path`, generated into it (mode 600) the first time."""
+    if not path.exists():
+        write_secret(path, make())
+    return path.read_text().strip()
+
+
+def basic_auth(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     res = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if res.returncode != 0:
@@ -120,28 +190,65 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 class Team:
     def __init__(self, folder: Path, host: str, pg_port: int, prefect_port: int, mlflow_port: int,
-                 mlflow_workers: int = 1, timeout: float = 180):
+                 mlflow_workers: int = 1, timeout: float = 180, tls_cert: str | None = None,
+                 tls_key: str | None = None, params: Path = Path("params.yaml")):
         self.dir = folder.resolve()
+        self.params = params
         self.host, self.pg_port, self.prefect_port, self.mlflow_port = host, pg_port, prefect_port, mlflow_port
         self.mlflow_workers, self.timeout = mlflow_workers, timeout
+        self.tls_cert = str(Path(tls_cert).resolve()) if tls_cert else None
+        self.tls_key = str(Path(tls_key).resolve()) if tls_key else None
         self.pg_dir = self.dir / "pg"
         self.data = self.pg_dir / "data"
         self.password_file = self.dir / "pg.password"
         self.artifacts = self.dir / "artifacts"
         self.prefect_home = self.dir / "prefect-home"
+        self.prefect_auth_file = self.dir / "prefect.auth"
+        self.mlflow_admin_file = self.dir / "mlflow-admin.password"
+        self.mlflow_key_file = self.dir / "mlflow-flask.key"
+        self.auth_ini = self.dir / "mlflow-auth.ini"
+        self.users_dir = self.dir / "users"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
 
     # where clients connect: $TEAM_CLIENT_HOST, else the bind address (for 0.0.0.0, this machine's name)
     @property
     def client_host(self) -> str:
         return os.environ.get("TEAM_CLIENT_HOST") or (socket.getfqdn() if self.host in ("0.0.0.0", "::") else self.host)
 
+    # where this machine reaches the servers (health checks, the admin's calls)
+    @property
+    def local_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "localhost") else self.host
+
     @property
     def prefect_api_url(self) -> str:
-        return f"http://{self.client_host}:{self.prefect_port}/api"
+        return f"{self.scheme}://{self.client_host}:{self.prefect_port}/api"
 
     @property
     def mlflow_tracking_uri(self) -> str:
-        return f"http://{self.client_host}:{self.mlflow_port}"
+        return f"{self.scheme}://{self.client_host}:{self.mlflow_port}"
+
+    @property
+    def mlflow_local(self) -> str:
+        return f"{self.scheme}://{self.local_host}:{self.mlflow_port}"
+
+    def user_file(self, name: str) -> Path:
+        return self.users_dir / f"{name}.password"
+
+    def check_exposure(self) -> None:
+        """Refuse to listen beyond loopback without TLS: basic auth sends the password with every request."""
+        if self.host not in LOOPBACK and not (self.tls_cert and self.tls_key):
+            raise TeamError(f"refusing to bind to {self.host} without TLS: the servers' logins would cross the "
+                            f"network in clear text. Pass --tls-cert and --tls-key (TEAM_TLS_CERT, TEAM_TLS_KEY; "
+                            f"docs/operations.md, \"TLS\"), or bind to 127.0.0.1")
+        for what, path in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key)):
+            if path and not Path(path).is_file():
+                raise TeamError(f"{what} {path} is not a file")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise TeamError("--tls-cert and --tls-key go together: give both, or neither")
 
     def password(self) -> str:
         return self.password_file.read_text().strip()
@@ -152,7 +259,19 @@ class Team:
     def save(self) -> None:
         (self.dir / "team.json").write_text(json.dumps(
             {"host": self.host, "pg_port": self.pg_port, "prefect_port": self.prefect_port,
-             "mlflow_port": self.mlflow_port}, indent=2) + "\n")
+             "mlflow_port": self.mlflow_port, "tls_cert": self.tls_cert, "tls_key": self.tls_key}, indent=2) + "\n")
+
+    def write_auth_config(self) -> None:
+        """The MLflow auth app's config, rewritten at each `up` (the PostgreSQL port may have changed). The admin's
+        password is not in it: the first start takes it from MLFLOW_AUTH_ADMIN_PASSWORD (the environment)."""
+        url = self.db_url("mlflow_auth", "psycopg2").replace("%", "%%")  # configparser's interpolation
+        write_secret(self.auth_ini, "\n".join([
+            "[mlflow]",
+            "default_permission = NO_PERMISSIONS",
+            f"database_uri = {url}",
+            f"admin_username = {MLFLOW_ADMIN}",
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
+            "grant_default_workspace_access = false"]))
 
     # --- database ----------------------------------------------------------------------------------------
     def pg_running(self) -> bool:
@@ -210,28 +329,53 @@ class Team:
             run(as_pg([pg_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]))
 
     # --- servers -----------------------------------------------------------------------------------------
-    def servers(self) -> dict:
+    def servers(self, secrets_too: bool = False) -> dict:
+        """Each server's command, environment (with its secrets only when `secrets_too`: `status` and `down`
+        neither read nor create them), health URL and port."""
         py = sys.executable
         base = {**os.environ, **OFFLINE, "PYTHONUNBUFFERED": "1"}
-        for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
+        for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                    "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY"):
             base.pop(key, None)
+        if secrets_too:
+            prefect_auth = secret(self.prefect_auth_file, lambda: f"{PREFECT_USER}:{secrets.token_urlsafe(24)}")
+            prefect_secrets = {"PREFECT_API_DATABASE_CONNECTION_URL": self.db_url("prefect", "asyncpg"),
+                               "PREFECT_SERVER_API_AUTH_STRING": prefect_auth, "PREFECT_API_AUTH_STRING": prefect_auth}
+            mlflow_secrets = {"MLFLOW_BACKEND_STORE_URI": self.db_url("mlflow", "psycopg2"),
+                              "MLFLOW_AUTH_ADMIN_PASSWORD": secret(self.mlflow_admin_file),
+                              "MLFLOW_FLASK_SERVER_SECRET_KEY": secret(self.mlflow_key_file,
+                                                                       lambda: secrets.token_hex(32))}
+        else:
+            prefect_secrets = mlflow_secrets = {}
+        prefect_cmd = [py, "-m", "prefect", "server", "start", "--host", self.host, "--port", str(self.prefect_port)]
+        prefect_env = {}
+        mlflow_tls = []
+        if self.tls_cert:
+            # `prefect server start` has no TLS options: uvicorn runs Prefect's app factory itself, as
+            # `prefect server start --background` does (PREFECT__SERVER_FINAL: the full app, services included).
+            prefect_cmd = [py, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+                           "--host", self.host, "--port", str(self.prefect_port),
+                           "--ssl-certfile", self.tls_cert, "--ssl-keyfile", self.tls_key]
+            prefect_env = {"PREFECT__SERVER_FINAL": "1"}
+            mlflow_tls = ["--uvicorn-opts", f"--ssl-certfile {self.tls_cert} --ssl-keyfile {self.tls_key}"]
         return {
             "prefect": {
-                "cmd": [py, "-m", "prefect", "server", "start", "--host", self.host, "--port", str(self.prefect_port)],
-                "env": {**base, "PREFECT_HOME": str(self.prefect_home),
-                        "PREFECT_API_DATABASE_CONNECTION_URL": self.db_url("prefect", "asyncpg")},
-                "health": f"http://127.0.0.1:{self.prefect_port}/api/health", "port": self.prefect_port,
-                "marker": "prefect"},
+                "cmd": prefect_cmd,
+                # The auth string for the server's checks, and for its own client calls (the same string).
+                "env": {**base, **prefect_env, "PREFECT_HOME": str(self.prefect_home), **prefect_secrets},
+                "health": f"{self.scheme}://{self.local_host}:{self.prefect_port}/api/health",
+                "port": self.prefect_port, "marker": "prefect"},
             "mlflow": {
                 # The store URI comes from the environment (MLflow's own variable): no password on a command line.
                 # psycopg2 named explicitly: SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3.
-                # adapters.mlflow_ui: `mlflow server` whose page opens the experiment on its batch runs.
-                "cmd": [py, "-m", "adapters.mlflow_ui", "server", "--host", self.host, "--port", str(self.mlflow_port),
-                        "--workers", str(self.mlflow_workers), "--serve-artifacts",
-                        "--artifacts-destination", str(self.artifacts)],
-                "env": {**base, "MLFLOW_BACKEND_STORE_URI": self.db_url("mlflow", "psycopg2")},
-                "health": f"http://127.0.0.1:{self.mlflow_port}/health", "port": self.mlflow_port,
-                "marker": "mlflow"},
+                # The auth app (a team server needs logins) rather than adapters.mlflow_ui: an --app-name replaces
+                # that page's seeding; the links the pipeline prints (?viewStateShareKey=batches) open the runs table.
+                # The auth app reads its config file (mode 600) and, on its first start, the admin's password.
+                "cmd": [py, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", self.host,
+                        "--port", str(self.mlflow_port), "--workers", str(self.mlflow_workers), "--serve-artifacts",
+                        "--artifacts-destination", str(self.artifacts), *mlflow_tls],
+                "env": {**base, "MLFLOW_AUTH_CONFIG_PATH": str(self.auth_ini), **mlflow_secrets},
+                "health": f"{self.mlflow_local}/health", "port": self.mlflow_port, "marker": "mlflow"},
         }
 
     def pid_of(self, name: str) -> int | None:
@@ -242,13 +386,14 @@ class Team:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (OSError, ValueError):
             return None
-        return pid if name in cmdline and "server" in cmdline else None
+        return pid if name in cmdline and ("server" in cmdline or "uvicorn" in cmdline) else None
 
     def start_servers(self) -> None:
+        self.write_auth_config()
         self.artifacts.mkdir(parents=True, exist_ok=True)
         self.prefect_home.mkdir(parents=True, exist_ok=True)
         started = {}
-        for name, spec in self.servers().items():
+        for name, spec in self.servers(secrets_too=True).items():
             if self.pid_of(name):
                 log(f"{name} server already running (pid {self.pid_of(name)})")
                 continue
@@ -263,7 +408,7 @@ class Team:
             log(f"started {name} server (pid {proc.pid}, log {self.dir / (name + '.log')})")
         deadline = time.monotonic() + self.timeout
         for name, spec in self.servers().items():
-            while not http_ok(spec["health"]):
+            while not http_ok(spec["health"], self.tls_cert):
                 proc = started.get(name)
                 if proc is not None and proc.poll() is not None:
                     raise TeamError(f"the {name} server exited ({proc.returncode}):\n{tail(self.dir / f'{name}.log')}")
@@ -284,11 +429,107 @@ class Team:
         for name in self.servers():
             (self.dir / f"{name}.pid").unlink(missing_ok=True)
 
+    # --- MLflow accounts (the auth app's REST API, as the admin) ------------------------------------------
+    def mlflow_call(self, method: str, path: str, body: dict | None = None, query: dict | None = None) -> dict:
+        """One call to the MLflow server as its admin; raises TeamError naming the call and MLflow's answer
+        (which holds no secret: the password travels in the header and, for users, the body only)."""
+        url = f"{self.mlflow_local}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method, headers={
+            "Authorization": basic_auth(MLFLOW_ADMIN, secret(self.mlflow_admin_file)),
+            "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=tls_context(self.tls_cert)) as r:
+                text = r.read().decode()
+        except urllib.error.HTTPError as e:
+            answer = e.read().decode(errors="replace")[:500]
+            raise MlflowAnswer(e.code, f"MLflow {method} {path} answered {e.code}: {answer}") from None
+        return json.loads(text) if text.strip() else {}
+
+    def project_resources(self) -> tuple[str, str]:
+        """(experiment id, registered model name) of the project's MLflow names (params.yaml `tracking`), made by
+        the admin when missing: a grant names an existing resource, and the accounts get no right to anything
+        else."""
+        experiment, model = tracking_names(self.params)
+        try:
+            exp_id = self.mlflow_call("GET", "/api/2.0/mlflow/experiments/get-by-name",
+                                      query={"experiment_name": experiment})["experiment"]["experiment_id"]
+        except MlflowAnswer as e:
+            if e.code != 404:
+                raise
+            log(f"creating MLflow experiment {experiment!r}")
+            exp_id = self.mlflow_call("POST", "/api/2.0/mlflow/experiments/create",
+                                      {"name": experiment})["experiment_id"]
+        try:
+            self.mlflow_call("GET", "/api/2.0/mlflow/registered-models/get", query={"name": model})
+        except MlflowAnswer as e:
+            if e.code != 404:
+                raise
+            log(f"creating MLflow registered model {model!r}")
+            self.mlflow_call("POST", "/api/2.0/mlflow/registered-models/create", {"name": model})
+        return exp_id, model
+
+    def user(self, name: str, role: str, rotate: bool = False) -> None:
+        """The MLflow account `name` with `role`'s permission (ROLES) on the project's experiment and registered
+        model; its password generated into users/<name>.password. An existing account keeps its password
+        unless `rotate` (or its file is gone), and gets the role's permission in place of any earlier one."""
+        if role not in ROLES:
+            raise TeamError(f"role {role!r} is not one of {', '.join(ROLES)}")
+        if not name.replace("-", "").replace("_", "").isalnum() or name == MLFLOW_ADMIN:
+            raise TeamError(f"account name {name!r}: use letters, digits, - and _ (and not {MLFLOW_ADMIN!r})")
+        exp_id, model = self.project_resources()
+        self.users_dir.mkdir(mode=0o700, exist_ok=True)
+        path = self.user_file(name)
+        try:
+            self.mlflow_call("GET", "/api/2.0/mlflow/users/get", query={"username": name})
+            exists = True
+        except MlflowAnswer as e:
+            if e.code != 404:
+                raise
+            exists = False
+        if not exists:
+            password = secrets.token_urlsafe(24)
+            self.mlflow_call("POST", "/api/2.0/mlflow/users/create", {"username": name, "password": password})
+            write_secret(path, password)
+            log(f"created MLflow account {name} ({role}); its password is in {path}")
+        elif rotate or not path.exists():
+            self.rotate_mlflow(name)
+        for resource_type, resource_id in (("experiment", exp_id), ("registered_model", model)):
+            grant = {"username": name, "resource_type": resource_type, "resource_id": resource_id}
+            try:
+                self.mlflow_call("POST", "/api/3.0/mlflow/users/permissions/revoke", grant)
+            except MlflowAnswer:
+                pass  # no earlier grant
+            self.mlflow_call("POST", "/api/3.0/mlflow/users/permissions/grant", {**grant, "permission": ROLES[role]})
+        log(f"MLflow account {name}: {ROLES[role]} on experiment {exp_id} and registered model {model!r}")
+
+    def rotate_mlflow(self, name: str) -> None:
+        """A new password for the MLflow account `name` (the admin's too): set on the server, then written to
+        its file (the admin's file last, as the call itself logs in with the old one)."""
+        password = secrets.token_urlsafe(24)
+        body = {"username": name, "password": password}
+        if name == MLFLOW_ADMIN:  # MLflow asks for the current password when an account changes its own
+            body["current_password"] = secret(self.mlflow_admin_file)
+        self.mlflow_call("PATCH", "/api/2.0/mlflow/users/update-password", body)
+        write_secret(self.mlflow_admin_file if name == MLFLOW_ADMIN else self.user_file(name), password)
+        log(f"new password for MLflow account {name} (in its file)")
+
+    def rotate(self, what: str) -> None:
+        if what == "prefect":
+            write_secret(self.prefect_auth_file, f"{PREFECT_USER}:{secrets.token_urlsafe(24)}")
+            log("new Prefect auth string written; it takes effect when the Prefect server restarts "
+                "(make team-down team-up); clients then need the new PREFECT_API_AUTH_STRING (make -s team-env)")
+        else:
+            self.rotate_mlflow(what)
+
     # --- commands ----------------------------------------------------------------------------------------
     def up(self) -> None:
+        self.check_exposure()
+        tracking_names(self.params)  # a params file without the names fails before anything starts
         self.start_db()
         self.save()
         self.start_servers()
+        self.user(PIPELINE, "pipeline")
         print(self.env_lines())
 
     def down(self) -> None:
@@ -301,16 +542,25 @@ class Team:
         if errors:
             raise TeamError("\n".join(errors))
 
-    def env_lines(self) -> str:
-        return (f"export PREFECT_API_URL={self.prefect_api_url}\n"
-                f"export MLFLOW_TRACKING_URI={self.mlflow_tracking_uri}")
+    def env_lines(self, account: str = PIPELINE) -> str:
+        """The client's variables; each secret by reference to its file (`$(cat ...)`), never the secret itself:
+        this output lands in terminals, logs and shell histories."""
+        lines = [f"export PREFECT_API_URL={self.prefect_api_url}",
+                 f"export MLFLOW_TRACKING_URI={self.mlflow_tracking_uri}",
+                 f'export PREFECT_API_AUTH_STRING="$(cat {self.prefect_auth_file})"',
+                 f"export MLFLOW_TRACKING_USERNAME={account}",
+                 f'export MLFLOW_TRACKING_PASSWORD="$(cat {self.user_file(account)})"']
+        if self.tls_cert:  # the servers' certificate, for a self-signed one (both clients verify TLS)
+            lines += [f"export MLFLOW_TRACKING_SERVER_CERT_PATH={self.tls_cert}",
+                      f"export PREFECT_API_SSL_CERT_FILE={self.tls_cert}"]
+        return "\n".join(lines)
 
     def status(self) -> int:
         db = self.pg_running() if (self.data / "PG_VERSION").exists() else False
         print(f"postgres  127.0.0.1:{self.pg_port}  {'running' if db else 'stopped'}  {self.data}")
         ok = db
         for name, spec in self.servers().items():
-            pid, healthy = self.pid_of(name), http_ok(spec["health"])
+            pid, healthy = self.pid_of(name), http_ok(spec["health"], self.tls_cert)
             ok = ok and healthy
             print(f"{name:<9} {self.host}:{spec['port']}  {'healthy' if healthy else 'down'}"
                   f"{f'  pid {pid}' if pid else ''}  log {self.dir / (name + '.log')}")
@@ -324,9 +574,19 @@ def port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def http_ok(url: str) -> bool:
+def tls_context(cert: str | None) -> ssl.SSLContext | None:
+    """For this machine's own calls to its servers over HTTPS: their certificate is trusted as given (a
+    self-signed one included); the host name is not checked, as these calls go to loopback."""
+    if not cert:
+        return None
+    ctx = ssl.create_default_context(cafile=cert)
+    ctx.check_hostname = False
+    return ctx
+
+
+def http_ok(url: str, cert: str | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=3) as r:
+        with urllib.request.urlopen(url, timeout=3, context=tls_context(cert)) as r:
             return r.status == 200
     except Exception:
         return False
@@ -380,7 +640,7 @@ def group_alive(pgid: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     env = os.environ.get
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=["db", "up", "down", "env", "status"])
+    ap.add_argument("command", choices=["db", "up", "down", "env", "user", "rotate", "status"])
     ap.add_argument("--dir", default=env("TEAM_DIR", ".team"), help="the team folder (default .team, $TEAM_DIR)")
     ap.add_argument("--host", default=None, help="address the servers bind to (default 127.0.0.1, $TEAM_HOST)")
     ap.add_argument("--pg-port", type=int, default=None, help="PostgreSQL port (default 54329, $TEAM_PG_PORT)")
@@ -389,7 +649,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mlflow-workers", type=int, default=int(env("TEAM_MLFLOW_WORKERS", "1")))
     ap.add_argument("--timeout", type=float, default=float(env("TEAM_TIMEOUT", "180")),
                     help="seconds to wait for each server to become healthy")
+    ap.add_argument("--tls-cert", default=None, help="PEM certificate both servers serve HTTPS with ($TEAM_TLS_CERT); "
+                    "required to bind beyond loopback")
+    ap.add_argument("--tls-key", default=None, help="its private key ($TEAM_TLS_KEY)")
+    ap.add_argument("--params", type=Path, default=Path(__file__).resolve().parents[1] / "params.yaml",
+                    help="the project's params file: the MLflow experiment and registered model the accounts get "
+                         "rights on (tracking.experiment, tracking.registered_model)")
+    ap.add_argument("--name", help="user: the MLflow account; rotate: an account, `admin` or `prefect`")
+    ap.add_argument("--role", choices=sorted(ROLES), help="user: what the account may do (docs/operations.md)")
+    ap.add_argument("--rotate", action="store_true", help="user: a new password for an existing account")
     a = ap.parse_args(argv)
+    if a.command in ("user", "rotate") and not a.name:
+        ap.error(f"{a.command} needs --name")
+    if a.command == "user" and not a.role:
+        ap.error(f"user needs --role ({' or '.join(sorted(ROLES))})")
     folder = Path(a.dir)
     saved = {}
     if a.command != "up" and (folder / "team.json").exists():  # env/status/down/db follow the last `up`
@@ -402,7 +675,9 @@ def main(argv: list[str] | None = None) -> int:
                 pg_port=int(pick(a.pg_port, "pg_port", "TEAM_PG_PORT", 54329)),
                 prefect_port=int(pick(a.prefect_port, "prefect_port", "PREFECT_PORT", 4200)),
                 mlflow_port=int(pick(a.mlflow_port, "mlflow_port", "MLFLOW_PORT", 5000)),
-                mlflow_workers=a.mlflow_workers, timeout=a.timeout)
+                mlflow_workers=a.mlflow_workers, timeout=a.timeout,
+                tls_cert=pick(a.tls_cert, "tls_cert", "TEAM_TLS_CERT", None),
+                tls_key=pick(a.tls_key, "tls_key", "TEAM_TLS_KEY", None), params=a.params)
     try:
         if a.command == "db":
             team.start_db()
@@ -413,6 +688,10 @@ def main(argv: list[str] | None = None) -> int:
             team.down()
         elif a.command == "env":
             print(team.env_lines())
+        elif a.command == "user":
+            team.user(a.name, a.role, rotate=a.rotate)
+        elif a.command == "rotate":
+            team.rotate(a.name)
         elif a.command == "status":
             return team.status()
     except TeamError as e:

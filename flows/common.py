@@ -64,6 +64,13 @@ def prefect_api():
     if url:
         if not api_ready():  # `make run`'s session: its server may still be starting (checked after the params)
             raise SystemExit(1)
+        if os.environ.get(ENV_TEMPORARY_SERVER) != url:  # a team server asks for a login: one line without it
+            from adapters.server_auth import prefect_login_problem
+
+            problem = prefect_login_problem(url)
+            if problem:
+                print(f"error: {problem}", file=sys.stderr, flush=True)
+                raise SystemExit(1)
         with temporary_settings(updates=no_heartbeats if os.environ.get(ENV_TEMPORARY_SERVER) == url else {}):
             yield url
         return
@@ -84,6 +91,13 @@ def tracker_for(params: Params):
     # Against a tracking server the server stores the artifacts (mlflow-artifacts:/): a local folder here would
     # make each client write to its own disk.
     local = None if is_tracking_server(uri) else params.path("mlflow_artifacts")
+    if local is None:  # the first call of a flow to the server: a missing login is one line, not a 401 traceback
+        from adapters.server_auth import mlflow_login_problem
+        from adapters.tracking import TrackingUnavailable
+
+        problem = mlflow_login_problem(uri)
+        if problem:
+            raise TrackingUnavailable(problem)
     return Tracker(uri, params.tracking.experiment, local)
 
 

@@ -399,11 +399,16 @@ def preflight(params: Params) -> None:
     if api:  # a deployment's Prefect server: fail in seconds, not after the client's retries
         import urllib.request
 
+        from adapters.server_auth import prefect_login_problem, prefect_tls
+
         try:
-            urllib.request.urlopen(api.rstrip("/") + "/health", timeout=5).close()
+            urllib.request.urlopen(api.rstrip("/") + "/health", timeout=5, context=prefect_tls()).close()
         except Exception as e:
             raise ConnectionError(f"Prefect API {api} is unreachable ({getattr(e, 'reason', e)}); start it "
                                   f"(`prefect server start`) or unset PREFECT_API_URL; nothing was changed") from None
+        problem = prefect_login_problem(api)
+        if problem:
+            raise ConnectionError(problem)
     root = params.root
     if (root / ".dvc").is_dir():
         cache = root / ".dvc" / "cache"

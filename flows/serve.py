@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from adapters.server_auth import prefect_headers, prefect_login_problem, prefect_tls
 from flows.common import base_parser, task_runner_for
 from unlearning.config import Params, load_params
 
@@ -40,6 +41,12 @@ EVENT = "deletion.request.created"
 
 class ServerUnavailable(RuntimeError):
     pass
+
+
+def _login() -> dict:
+    """httpx's arguments for a team server: its login (PREFECT_API_AUTH_STRING) and certificate, as Prefect's
+    client sends them (adapters/server_auth.py)."""
+    return {"headers": prefect_headers(), "verify": prefect_tls() or True}
 
 
 def require_server() -> str:
@@ -51,13 +58,16 @@ def require_server() -> str:
         raise ServerUnavailable("PREFECT_API_URL is not set. Start a server (`make server`) and export "
                                 "PREFECT_API_URL=http://127.0.0.1:4200/api; events sent without it reach no trigger.")
     try:
-        ok = httpx.get(f"{url}/health", timeout=5).status_code == 200
+        ok = httpx.get(f"{url}/health", **_login(), timeout=5).status_code == 200
     except httpx.HTTPError as e:
         ok, why = False, str(e)
     else:
         why = "health check failed"
     if not ok:
         raise ServerUnavailable(f"Prefect server at {url} is not reachable ({why}); start it with `make server`.")
+    problem = prefect_login_problem(url)
+    if problem:
+        raise ServerUnavailable(problem)
     return url
 
 
@@ -199,7 +209,7 @@ def trigger_deployment_exists(url: str) -> Callable[[], bool]:
             last[0] = time.monotonic()
             try:
                 last[1] = httpx.get(f"{url}/deployments/name/deletion_batch/on-request-file",
-                                    timeout=5).status_code == 200
+                                    **_login(), timeout=5).status_code == 200
             except httpx.HTTPError:
                 last[1] = False
         return last[1]
@@ -217,7 +227,7 @@ def _deployment_runs(url: str, state_types: tuple[str, ...]) -> list[dict]:
 
     body = {"flows": {"name": {"any_": ["deletion_batch"]}}, "deployments": {"name": {"any_": list(DEPLOYMENTS)}},
             "flow_runs": {"state": {"type": {"any_": list(state_types)}}}, "limit": 200}
-    r = httpx.post(f"{url}/flow_runs/filter", json=body, timeout=10)
+    r = httpx.post(f"{url}/flow_runs/filter", json=body, **_login(), timeout=10)
     r.raise_for_status()
     return r.json()
 
@@ -281,7 +291,7 @@ def crash_orphaned_runs(url: str, params: Params) -> list[str]:
         with batch_lock(params, 0, say_waiting=False):
             runs = _deployment_runs(url, ("RUNNING", "PENDING", "CANCELLING"))
             for run in runs:
-                httpx.post(f"{url}/flow_runs/{run['id']}/set_state", timeout=10, json={
+                httpx.post(f"{url}/flow_runs/{run['id']}/set_state", **_login(), timeout=10, json={
                     "state": {"type": "CRASHED", "name": "Crashed", "message": CRASHED_MESSAGE},
                     "force": True}).raise_for_status()
     except LockTimeout:

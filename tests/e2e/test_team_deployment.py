@@ -1,19 +1,23 @@
 """The team deployment (`make team-up`, i.e. deploy/team.py): one deletion batch through a Prefect server and an
-MLflow server, both on a project-local PostgreSQL cluster, with the MLflow server serving the artifacts.
+MLflow server, both on a project-local PostgreSQL cluster, with the MLflow server serving the artifacts, and both
+asking for a login (docs/operations.md, "Accounts and threat model").
 
 Everything runs in a temporary folder on free loopback ports (a developer's `make server`/`make team-up` is left
 alone) and is stopped in a `finally`: both servers by their process groups, then the cluster. The checks go
-through the servers' REST APIs over plain HTTP, as another team member's machine would see them."""
+through the servers' REST APIs over plain HTTP, as another team member's machine would see them: anonymously, as
+the `reviewer` account (made here with `team.py user`), and as the `pipeline` account that runs the batch."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,16 +45,37 @@ def team_module():
     return mod
 
 
-def http_json(method: str, url: str, **kw):
+def http_json(method: str, url: str, expect: int = 200, **kw):
     import httpx
 
     res = httpx.request(method, url, timeout=30, **kw)
-    assert res.status_code == 200, f"{method} {url}: {res.status_code} {res.text[:2000]}"
-    return res.json()
+    assert res.status_code == expect, f"{method} {url}: {res.status_code} {res.text[:2000]}"
+    return res.json() if expect == 200 else res
 
 
-@pytest.fixture(scope="module")
-def team():
+def client_env(env_out: str) -> dict:
+    """`team.py env`'s lines as a client's variables, each `"$(cat FILE)"` read from its file, as the shell does
+    in `eval "$(make -s team-env)"`."""
+    out = {}
+    for line in env_out.splitlines():
+        if line.startswith("export "):
+            key, value = line.removeprefix("export ").split("=", 1)
+            ref = re.fullmatch(r'"\$\(cat (.+)\)"', value)
+            out[key] = Path(ref.group(1)).read_text().strip() if ref else value
+    return out
+
+
+def secrets_of(folder: Path) -> dict:
+    """Every secret the deployment generated, by file (the Prefect string without its fixed user part)."""
+    files = [folder / n for n in ("pg.password", "prefect.auth", "mlflow-admin.password", "mlflow-flask.key")]
+    files += sorted((folder / "users").glob("*.password"))
+    return {f: f.read_text().strip().split(":", 1)[-1] for f in files}
+
+
+@contextmanager
+def deployment(*extra: str):
+    """`team.py up` in a temporary folder on free ports (with `extra` arguments), stopped in a `finally`.
+    Yields (folder, ports, env, the `up` result)."""
     # Not pytest's tmp_path: its parents are mode 700, and PostgreSQL runs as the `postgres` user under root.
     base = Path(tempfile.mkdtemp(prefix="team-e2e-"))
     base.chmod(0o755)
@@ -62,14 +87,11 @@ def team():
                 "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"})
     t0 = time.monotonic()
     try:
-        up = subprocess.run([*TEAM, "--dir", str(folder), *args, "up"], env=env, capture_output=True, text=True,
-                            timeout=300)
+        up = subprocess.run([*TEAM, "--dir", str(folder), *args, *extra, "up"], env=env, capture_output=True,
+                            text=True, timeout=420)
         assert up.returncode == 0, f"team up failed:\n{up.stdout[-4000:]}\n{up.stderr[-4000:]}"
         print(f"team up: {time.monotonic() - t0:.1f} s")
-        client = dict(line.removeprefix("export ").split("=", 1) for line in up.stdout.splitlines()
-                      if line.startswith("export "))
-        assert set(client) == {"PREFECT_API_URL", "MLFLOW_TRACKING_URI"}
-        yield {"base": base, "dir": folder, "env": env, "client": client, "ports": ports}
+        yield base, folder, ports, env, up
     finally:
         down = subprocess.run([*TEAM, "--dir", str(folder), "down"], env=env, capture_output=True, text=True,
                               timeout=120)
@@ -86,6 +108,26 @@ def team():
                                       "stop"]), capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
         assert down.returncode == 0, f"team down failed:\n{down.stdout}\n{down.stderr}"
+
+
+@pytest.fixture(scope="module")
+def team():
+    with deployment() as (base, folder, ports, env, up):
+        client = client_env(up.stdout)
+        assert set(client) == {"PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_AUTH_STRING",
+                               "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"}
+        assert client["MLFLOW_TRACKING_USERNAME"] == "pipeline"
+        # `make -s team-env` prints the same variables, by reference to the files
+        env_out = subprocess.run([*TEAM, "--dir", str(folder), "env"], env=env, capture_output=True, text=True,
+                                 timeout=60).stdout
+        assert client_env(env_out) == client
+        user = subprocess.run([*TEAM, "--dir", str(folder), "user", "--name", "reviewer", "--role", "reviewer"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert user.returncode == 0, f"team user failed:\n{user.stdout[-4000:]}\n{user.stderr[-4000:]}"
+        reviewer = ("reviewer", (folder / "users" / "reviewer.password").read_text().strip())
+        outputs = {"team up": up.stdout + up.stderr, "team env": env_out, "team user": user.stdout + user.stderr}
+        yield {"base": base, "dir": folder, "env": env, "client": client, "ports": ports, "reviewer": reviewer,
+               "outputs": outputs}
 
 
 @pytest.fixture(scope="module")
@@ -106,15 +148,19 @@ def batch(team, tmp_path_factory):
     out = sh([sys.executable, "-m", "dvc", "repro", "deletion"], proj, env)
     print(f"dvc repro deletion through the team servers: {time.monotonic() - t0:.1f} s")
     assert "promoted" in out
+    team["outputs"]["dvc repro"] = out
     ledger = [json.loads(l) for l in (proj / "state" / "ledger.jsonl").read_text().splitlines()]
     mlflow = team["client"]["MLFLOW_TRACKING_URI"]
-    exp = http_json("GET", f"{mlflow}/api/2.0/mlflow/experiments/get-by-name",
+    # Read as the reviewer: the account that may only look sees the batch
+    exp = http_json("GET", f"{mlflow}/api/2.0/mlflow/experiments/get-by-name", auth=team["reviewer"],
                     params={"experiment_name": params["tracking"]["experiment"]})["experiment"]
-    runs = http_json("POST", f"{mlflow}/api/2.0/mlflow/runs/search",
+    runs = http_json("POST", f"{mlflow}/api/2.0/mlflow/runs/search", auth=team["reviewer"],
                      json={"experiment_ids": [exp["experiment_id"]],
                            "filter": "tags.stage = 'deletion_batch'"}).get("runs", [])
+    prefect_auth = tuple(team["client"]["PREFECT_API_AUTH_STRING"].split(":", 1))
     return {"proj": proj, "env": env, "params": params, "ledger": ledger, "mlflow": mlflow, "experiment": exp,
-            "runs": runs, "prefect": team["client"]["PREFECT_API_URL"]}
+            "runs": runs, "prefect": team["client"]["PREFECT_API_URL"], "reviewer": team["reviewer"],
+            "prefect_auth": prefect_auth}
 
 
 def test_batch_run_with_metrics_on_the_server(batch):
@@ -134,7 +180,7 @@ def test_artifacts_are_served_by_the_mlflow_server(batch, team):
     # Proxied artifact access: the experiment and run point at mlflow-artifacts:/, not at a path on a client.
     assert batch["experiment"]["artifact_location"].startswith("mlflow-artifacts:"), batch["experiment"]
     assert run["info"]["artifact_uri"].startswith("mlflow-artifacts:"), run["info"]["artifact_uri"]
-    listed = http_json("GET", f"{batch['mlflow']}/api/2.0/mlflow/artifacts/list",
+    listed = http_json("GET", f"{batch['mlflow']}/api/2.0/mlflow/artifacts/list", auth=batch["reviewer"],
                        params={"run_id": run["info"]["run_id"]}).get("files", [])
     names = {f["path"] for f in listed}
     assert names, "the batch run has no artifacts on the server"
@@ -142,7 +188,7 @@ def test_artifacts_are_served_by_the_mlflow_server(batch, team):
     import httpx
 
     got = httpx.get(f"{batch['mlflow']}/get-artifact", params={"run_id": run["info"]["run_id"], "path": one},
-                    timeout=30)
+                    auth=batch["reviewer"], timeout=30)
     assert got.status_code == 200 and got.content
     # The bytes live in the server's artifact destination; the client wrote no artifact folder.
     stored = [p for p in (team["dir"] / "artifacts").rglob("*") if p.is_file()]
@@ -152,9 +198,9 @@ def test_artifacts_are_served_by_the_mlflow_server(batch, team):
 
 def test_champion_alias_points_at_the_new_version(batch):
     name, alias = batch["params"]["tracking"]["registered_model"], batch["params"]["tracking"]["alias"]
-    version = http_json("GET", f"{batch['mlflow']}/api/2.0/mlflow/registered-models/alias",
+    version = http_json("GET", f"{batch['mlflow']}/api/2.0/mlflow/registered-models/alias", auth=batch["reviewer"],
                         params={"name": name, "alias": alias})["model_version"]
-    versions = http_json("GET", f"{batch['mlflow']}/api/2.0/mlflow/model-versions/search",
+    versions = http_json("GET", f"{batch['mlflow']}/api/2.0/mlflow/model-versions/search", auth=batch["reviewer"],
                          params={"filter": f"name = '{name}'"})["model_versions"]
     assert version["version"] == str(max(int(v["version"]) for v in versions))
     assert str(batch["ledger"][0]["model_version_after"]) == version["version"]
@@ -172,11 +218,188 @@ def test_champion_alias_points_at_the_new_version(batch):
 
 def test_flow_runs_completed_on_the_prefect_server(batch):
     prefect = batch["prefect"]
-    runs = http_json("POST", f"{prefect}/flow_runs/filter",
+    runs = http_json("POST", f"{prefect}/flow_runs/filter", auth=batch["prefect_auth"],
                      json={"flows": {"name": {"any_": ["prepare", "train", "deletion_batch"]}}, "limit": 50})
-    flows = {f["id"]: f["name"] for f in http_json("POST", f"{prefect}/flows/filter", json={"limit": 50})}
+    flows = {f["id"]: f["name"] for f in http_json("POST", f"{prefect}/flows/filter", auth=batch["prefect_auth"],
+                                                   json={"limit": 50})}
     states = {}
     for r in runs:
         states.setdefault(flows[r["flow_id"]], []).append(r["state_type"])
     assert states.get("deletion_batch") == ["COMPLETED"], states
     assert states.get("prepare") == ["COMPLETED"] and states.get("train") == ["COMPLETED"], states
+
+
+def test_anonymous_requests_get_401(batch):
+    import httpx
+
+    (run,) = batch["runs"]
+    run_id, mlflow, prefect = run["info"]["run_id"], batch["mlflow"], batch["prefect"]
+    name, alias = batch["params"]["tracking"]["registered_model"], batch["params"]["tracking"]["alias"]
+    asks = [("GET", f"{mlflow}/", {}),  # the UI
+            ("GET", f"{mlflow}/api/2.0/mlflow/experiments/search", {"params": {"max_results": 1}}),
+            ("GET", f"{mlflow}/api/2.0/mlflow/runs/get", {"params": {"run_id": run_id}}),
+            ("GET", f"{mlflow}/api/2.0/mlflow/registered-models/alias", {"params": {"name": name, "alias": alias}}),
+            ("GET", f"{mlflow}/get-artifact", {"params": {"run_id": run_id, "path": "description.md"}}),
+            ("POST", f"{mlflow}/api/2.0/mlflow/runs/delete", {"json": {"run_id": run_id}}),
+            ("POST", f"{prefect}/flow_runs/filter", {"json": {"limit": 1}}),
+            ("GET", f"{prefect}/admin/version", {})]
+    for method, url, kw in asks:
+        for auth in (None, ("reviewer", "not-the-password")):  # no login, and a wrong one
+            got = httpx.request(method, url, timeout=30, auth=auth, **kw)
+            assert got.status_code == 401, f"{method} {url} (auth {auth and auth[0]}): {got.status_code}"
+    assert httpx.get(f"{prefect}/flows/filter", auth=("team", "wrong"), timeout=30).status_code == 401
+
+
+def test_reviewer_reads_but_cannot_promote_or_delete(batch):
+    (run,) = batch["runs"]
+    run_id, mlflow, rev = run["info"]["run_id"], batch["mlflow"], batch["reviewer"]
+    name, alias = batch["params"]["tracking"]["registered_model"], batch["params"]["tracking"]["alias"]
+    assert http_json("GET", f"{mlflow}/api/2.0/mlflow/runs/get", auth=rev,
+                     params={"run_id": run_id})["run"]["info"]["run_id"] == run_id
+    version = http_json("GET", f"{mlflow}/api/2.0/mlflow/registered-models/alias", auth=rev,
+                        params={"name": name, "alias": alias})["model_version"]["version"]
+    got = http_json("GET", f"{mlflow}/api/2.0/mlflow/model-versions/get", auth=rev,
+                    params={"name": name, "version": version})["model_version"]
+    assert got["name"] == name and got["version"] == version
+    # promote (move the alias), delete the run, delete the version: refused
+    http_json("POST", f"{mlflow}/api/2.0/mlflow/registered-models/alias", expect=403, auth=rev,
+              json={"name": name, "alias": alias, "version": version})
+    http_json("POST", f"{mlflow}/api/2.0/mlflow/registered-models/alias", expect=403, auth=rev,
+              json={"name": name, "alias": "reviewed", "version": version})
+    http_json("POST", f"{mlflow}/api/2.0/mlflow/runs/delete", expect=403, auth=rev, json={"run_id": run_id})
+    http_json("DELETE", f"{mlflow}/api/2.0/mlflow/model-versions/delete", expect=403, auth=rev,
+              json={"name": name, "version": version})
+    # and nothing changed
+    assert http_json("GET", f"{mlflow}/api/2.0/mlflow/runs/get", auth=rev,
+                     params={"run_id": run_id})["run"]["info"]["lifecycle_stage"] == "active"
+    model = http_json("GET", f"{mlflow}/api/2.0/mlflow/registered-models/get", auth=rev,
+                      params={"name": name})["registered_model"]
+    assert {a["alias"]: a["version"] for a in model.get("aliases", [])} == {alias: version}
+
+
+def test_a_client_without_login_gets_one_line(batch):
+    """Each server's first contact: one `error:` line naming the server and the variable, no traceback, and no
+    state changed."""
+    proj, env = batch["proj"], batch["env"]
+    ledger_before = (proj / "state" / "ledger.jsonl").read_bytes()
+    cases = [(["MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"], ["-m", "flows.cli", "erase"],
+              f"MLflow tracking server {batch['mlflow']} requires a login: set MLFLOW_TRACKING_USERNAME"),
+             (["PREFECT_API_AUTH_STRING"], ["-m", "flows.prepare"],
+              f"Prefect server {batch['prefect']} requires a login and PREFECT_API_AUTH_STRING is not set")]
+    for drop, args, expected in cases:
+        res = subprocess.run([sys.executable, *args], cwd=proj, capture_output=True, text=True, timeout=300,
+                             env={k: v for k, v in env.items() if k not in drop})
+        errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+        assert res.returncode != 0 and len(errors) == 1 and expected in errors[0], (args, res.stderr[-3000:])
+        assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert (proj / "state" / "ledger.jsonl").read_bytes() == ledger_before
+
+
+def test_no_secret_in_logs_ps_or_team_json(batch, team):
+    folder = team["dir"]
+    found = secrets_of(folder)
+    assert len(found) >= 6 and all(found.values()), sorted(f.name for f in found)  # 4 + pipeline, reviewer
+    for f in [*found, folder / "mlflow-auth.ini"]:
+        assert f.stat().st_mode & 0o777 == 0o600, f"{f} is mode {oct(f.stat().st_mode & 0o777)}"
+    cmdlines = []  # what `ps` shows every user: each process's command line (read while both servers run)
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmdlines.append(p.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            pass
+    assert any("basic-auth" in c for c in cmdlines), "the MLflow server does not run its auth app"
+    texts = {"ps": "\n".join(cmdlines), "team.json": (folder / "team.json").read_text(), **team["outputs"]}
+    for log in [*folder.glob("*.log"), folder / "pg" / "postgres.log"]:
+        texts[log.name] = log.read_text(errors="replace")
+    for where, text in texts.items():
+        for f, value in found.items():
+            assert value not in text, f"the secret of {f.name} appears in {where}"
+    # The auth app's users and permissions live on the team's PostgreSQL, not in a SQLite file
+    assert not [p for p in folder.rglob("*.db")], sorted(folder.rglob("*.db"))
+    users = subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(team["ports"]["--pg-port"]), "-U", "team", "-d",
+                            "mlflow_auth", "-tAc", "SELECT username FROM users ORDER BY username"],
+                           env={**team["env"], "PGPASSWORD": (folder / "pg.password").read_text().strip()},
+                           capture_output=True, text=True, timeout=60)
+    assert {"admin", "pipeline", "reviewer"} <= set(users.stdout.split()), users.stdout + users.stderr
+
+
+def test_binding_beyond_loopback_needs_tls(tmp_path):
+    folder = tmp_path / "team"
+    res = subprocess.run([*TEAM, "--dir", str(folder), "--host", "0.0.0.0", "up"], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("TEAM_")})
+    assert res.returncode == 1 and "refusing to bind to 0.0.0.0 without TLS" in res.stderr, res.stderr
+    assert not folder.exists()  # nothing started, nothing written
+
+
+def test_tls_deployment_serves_https_with_logins(tmp_path, monkeypatch):
+    """With a certificate both servers speak HTTPS only (the way `team-up` allows binding beyond loopback), the
+    logins still hold, and the project's login checks trust the certificate from the clients' variables."""
+    import httpx
+
+    if shutil.which("openssl") is None:  # Debian's ca-certificates brings it
+        pytest.skip("the openssl command is not installed (`apt-get install -y openssl`)")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=120)
+    with deployment("--tls-cert", str(cert), "--tls-key", str(key)) as (base, folder, ports, env, up):
+        client = client_env(up.stdout)
+        mlflow, prefect = client["MLFLOW_TRACKING_URI"], client["PREFECT_API_URL"]
+        assert mlflow.startswith("https://") and prefect.startswith("https://"), client
+        assert client["MLFLOW_TRACKING_SERVER_CERT_PATH"] == client["PREFECT_API_SSL_CERT_FILE"] == str(cert)
+        search = f"{mlflow}/api/2.0/mlflow/experiments/search"
+        login = (client["MLFLOW_TRACKING_USERNAME"], client["MLFLOW_TRACKING_PASSWORD"])
+        assert httpx.get(search, params={"max_results": 1}, verify=str(cert), timeout=30).status_code == 401
+        assert httpx.get(search, params={"max_results": 1}, auth=login, verify=str(cert), timeout=30).status_code == 200
+        prefect_login = tuple(client["PREFECT_API_AUTH_STRING"].split(":", 1))
+        assert httpx.get(f"{prefect}/admin/version", verify=str(cert), timeout=30).status_code == 401
+        assert httpx.get(f"{prefect}/admin/version", auth=prefect_login, verify=str(cert),
+                         timeout=30).status_code == 200
+        for url in (search.replace("https://", "http://"), f"{prefect}/admin/version".replace("https://", "http://")):
+            with pytest.raises(httpx.HTTPError):  # no plain HTTP on either port
+                httpx.get(url, timeout=10).raise_for_status()
+        from adapters.server_auth import prefect_login_problem
+        from adapters.store_check import tracking_store_problem
+
+        for var in ("MLFLOW_TRACKING_SERVER_CERT_PATH", "PREFECT_API_SSL_CERT_FILE"):
+            monkeypatch.setenv(var, client[var])
+        for var in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_AUTH_STRING"):
+            monkeypatch.delenv(var, raising=False)
+        assert "requires a login: set MLFLOW_TRACKING_USERNAME" in (tracking_store_problem(mlflow) or "")
+        assert "PREFECT_API_AUTH_STRING is not set" in (prefect_login_problem(prefect) or "")
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", login[0])
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", login[1])
+        monkeypatch.setenv("PREFECT_API_AUTH_STRING", client["PREFECT_API_AUTH_STRING"])
+        assert tracking_store_problem(mlflow) is None and prefect_login_problem(prefect) is None
+
+
+def test_rotation_changes_a_password_on_the_server_and_in_its_file(team):
+    """`team.py rotate` for the admin, then for an account of its own (the other tests' accounts stay as they are):
+    the old password gets 401, the new one (only in its mode-600 file, never printed) works."""
+    import httpx
+
+    folder, env = team["dir"], team["env"]
+    search = f"{team['client']['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search"
+
+    def status(user, password):
+        return httpx.get(search, params={"max_results": 1}, auth=(user, password), timeout=30).status_code
+
+    def team_py(*args):
+        res = subprocess.run([*TEAM, "--dir", str(folder), *args], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, f"{args}:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        return res.stdout + res.stderr
+
+    admin_file = folder / "mlflow-admin.password"
+    old_admin = admin_file.read_text().strip()
+    out = team_py("rotate", "--name", "admin")
+    new_admin = admin_file.read_text().strip()
+    assert new_admin != old_admin and new_admin not in out and admin_file.stat().st_mode & 0o777 == 0o600
+    assert status("admin", old_admin) == 401 and status("admin", new_admin) == 200
+    team_py("user", "--name", "rotated", "--role", "reviewer")  # the admin's calls use its new password
+    account = folder / "users" / "rotated.password"
+    old = account.read_text().strip()
+    out = team_py("rotate", "--name", "rotated")
+    new = account.read_text().strip()
+    assert new != old and new not in out and account.stat().st_mode & 0o777 == 0o600
+    assert status("rotated", old) == 401 and status("rotated", new) == 200
