@@ -12,7 +12,10 @@ environment and its stdin/stdout/stderr file descriptors; the worker forks, the 
 the client, which exits with it. The child is an ordinary process of the same program: the same code path,
 the same Prefect flow runs and MLflow runs as `python -m flows.prepare`, only without the import time.
 
-Without a worker (no `UNLEARN_WARM_WORKER` in the environment, e.g. a plain `dvc repro`), or when it cannot
+A stage of a plain `dvc repro` (no session in its environment) first joins the session of that `dvc repro`,
+starting it when it is the first stage (flows.session.join_session); a stage with nothing to do (flows/idle.py)
+ends before any of this.
+Without a worker (no `UNLEARN_WARM_WORKER` in the environment, e.g. UNLEARN_NO_SESSION=1), or when it cannot
 be reached, or when the request's Prefect/MLflow settings differ from the worker's (those packages read
 them at import), the client runs the module in its own process: same result, the old start-up time, and
 one line on stderr saying why when a worker was configured.
@@ -509,6 +512,13 @@ USAGE = """usage: python -m flows.warm run MODULE[:FUNCTION] [ARGS...]   run it 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) >= 2 and args[0] == "run":
+        from flows.idle import nothing_to_do
+
+        if nothing_to_do(args[1], args[2:]):  # qualify under per_batch, an empty inbox: no server, no imports
+            return 0
+        from flows.session import join_session
+
+        join_session()  # a plain `dvc repro`: one session for all its stages (flows/session.py)
         code = forward(args[1], args[2:])
         return run_target(args[1], args[2:]) if code is None else code
     if len(args) == 2 and args[0] == "serve":
