@@ -478,7 +478,7 @@ def _state_against_params(params, champion: dict) -> tuple[list[str], str | None
 def _erasure_pending(params) -> list[str]:
     if not params.erasure.enabled:
         return []
-    from tasks.erasure import pending_erasures
+    from tasks.pending import pending_erasures  # without the stores' imports (MLflow, DVC, torch)
 
     return pending_erasures(params)
 
@@ -535,13 +535,16 @@ def cmd_status(args) -> int:
 
     champion = read_json_file(state_dir / "champion.json")
     notes, warnings, follows_original = [], *_state_against_params(params, champion)
-    from adapters.store_check import state_champion_store_problem
+    from adapters.store_check import alias_in_sync, state_champion_store_problem
 
     problem, note = (None, None) if follows_original else state_champion_store_problem(params)
     if follows_original:
         notes.append(follows_original)
     elif problem:  # shown (also when mlflow.db is gone), and nothing reconciled into a store not the champion's
         warnings.append(problem.replace("; nothing was changed", ""))
+    elif alias_in_sync(params, champion.get("model_version")):  # the local store's alias, read without MLflow
+        if note:
+            notes.append(note)
     elif os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
         from flows.common import tracker_for
         from adapters.tracking import preflight
@@ -604,7 +607,7 @@ def cmd_status(args) -> int:
 
 def _qualified_status(params) -> dict:
     """validation.mode qualified: the versions not audited yet and the audit history (state/audits.jsonl)."""
-    from tasks.qualification import read_audits
+    from tasks.pending import read_audits  # without the certificate's imports (torch, Prefect)
     from unlearning.qualification import audit_status
 
     return audit_status(read_audits(params))

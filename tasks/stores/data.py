@@ -13,8 +13,7 @@ from unlearning.erasure import Finding, Purged, shown
 from unlearning.io import atomic_write_bytes, commit_dir, discard_dir, staging_dir
 
 
-def reports_dir(params: Params) -> Path:
-    return params.path("state_dir") / "erasure"
+from tasks.pending import reports_dir  # noqa: E402,F401  (one definition: unlearn status reads it too)
 
 
 @register_store
