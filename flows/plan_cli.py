@@ -72,6 +72,15 @@ def batch_plan_for(path: Path, params, device: str):
                                              f"timing {timing.source}"]
 
 
+def batch_wall_time(plan, params) -> tuple[dict, str]:
+    """The batch's wall time: the plan's training seconds plus the measured fixed costs (unlearning/overhead.py)."""
+    from unlearning.overhead import batch_wall_seconds, fixed_costs, wall_time_line
+
+    costs, source = fixed_costs(params.root)
+    wall = batch_wall_seconds(plan.predicted_seconds.get("total", 0.0), costs)
+    return wall, wall_time_line(wall, source)
+
+
 def cmd_plan(args) -> int:
     """Print the plan of a batch of args.file (see the module docstring)."""
     from flows.common import device_of
@@ -94,13 +103,15 @@ def cmd_plan(args) -> int:
     advice, advice_line = advise_mode(certificate.cost_retrains_accept, timing.retrain_seconds,
                                       params.validation.mode)
     notes = [advice_line, *notes]
+    wall, wall_line = batch_wall_time(plan, params)
     if args.json:
-        print(json.dumps({**plan.to_dict(), "timing": timing.__dict__, "mode_advice": advice, "selection": {
+        print(json.dumps({**plan.to_dict(), "timing": timing.__dict__, "mode_advice": advice, "wall_seconds": wall,
+                          "selection": {
             "candidates": selection["candidates"], "fired": selection["fired"], "skipped": selection["skipped"]},
             "notes_cli": notes}, indent=2, default=str))
     else:
         print(f"plan for {path.name}:")
-        for line in plan_lines(plan) + [f"note: {n}" for n in notes]:
+        for line in plan_lines(plan) + [wall_line] + [f"note: {n}" for n in notes]:
             print(f"  {line}")
     if plan.refusal:
         print(f"error: {plan.refusal}", file=sys.stderr)

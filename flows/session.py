@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from flows.warm import ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers
+from flows.procs import ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers
 from adapters.clock import ENV_FILE as TIMINGS_FILE
 
 

@@ -44,14 +44,13 @@ import sys
 import threading
 import time
 import traceback
-import urllib.request  # here, not in the session's watcher thread (see _PRCTL)
 from typing import NoReturn
 
 from adapters import clock  # stdlib only
+# the names flows.session shares with the worker (re-exported: flows.session, flows.common, the tests)
+from flows.procs import (ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, _PRCTL, die_with_parent,  # noqa: F401
+                         prefect_api_answers)
 
-ENV_SOCKET = "UNLEARN_WARM_WORKER"
-ENV_WAIT_FOR_API = "UNLEARN_WAIT_FOR_API"  # set by flows.session while its temporary server may still be starting
-ENV_TEMPORARY_SERVER = "UNLEARN_TEMPORARY_SERVER"  # flows.session's server's API URL: it ends with the session
 
 # What the workers import, in the order the stages need them. The first worker ("early") imports what prepare
 # and train need, answering requests between two imports (a stage that arrives early waits until the plan is
@@ -76,7 +75,8 @@ EARLY_PLAN = (
 )
 FULL_PLAN = (
     "great_expectations", "great_expectations.render.renderer", "jinja2.ext", "tasks.validation",
-    "adapters.request_check", "flows.deletion_batch", "adapters.plots", "matplotlib.pyplot", "matplotlib.backends.backend_agg",
+    "adapters.request_check",
+    "adapters.request_check:cache_data_docs_templates", "flows.deletion_batch", "adapters.plots", "matplotlib.pyplot", "matplotlib.backends.backend_agg",
     "PIL.PngImagePlugin", "tasks.erasure", "dvc.repo", "flows.audit", "flows.cli",
 )
 EARLY_TARGETS = frozenset({"flows.prepare", "flows.train"})
@@ -89,27 +89,6 @@ STARTED = time.perf_counter()
 
 def _settings(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(SETTINGS_PREFIXES)}
-
-
-def _libc_prctl():
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: SIGTERM handlers and the socket's EOF cover the usual cases
-        return None
-
-
-# Resolved at import, not in a forked child: a child forked while another thread holds the import lock (the
-# session's server watcher) would wait for it forever on `import ctypes`.
-_PRCTL = _libc_prctl()
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (even by SIGKILL); Linux only. Safe to call
-    between fork and exec (no import, no lock)."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def _flush_stdio() -> None:
@@ -126,15 +105,6 @@ def _signal_group(pid: int, signum: int) -> None:
         os.killpg(pid, signum)
     except ProcessLookupError:
         pass
-
-
-def prefect_api_answers(api_url: str) -> bool:
-    """One `/health` request to a Prefect API (`.../api`): True when it answers."""
-    try:
-        urllib.request.urlopen(api_url.rstrip("/") + "/health", timeout=2).close()
-        return True
-    except Exception:
-        return False
 
 
 # ----------------------------------------------------------------------------------------------------- client
