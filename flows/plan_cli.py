@@ -33,7 +33,7 @@ def batch_plan_for(path: Path, params, device: str):
 
     state = load_state.fn(params, device)
     check = check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info),
-                           gx_when_invalid=False)
+                           gx_when_invalid=False, gx_suite=False)  # the suite's rules in pandas: the plan applies nothing
     if check.status == "invalid":
         raise check.error()
     requests = coerce_requests(check.pending)
