@@ -83,6 +83,7 @@ def test_two_batches_through_unlearn_repro_start_one_server_each(tmp_path):
     table = pd.DataFrame(d.data[:600], columns=[f"p{i}" for i in range(64)])
     table.insert(0, "id", [f"img-{i:04d}" for i in range(len(table))])
     table["digit"] = d.target[:600]
+    table["split"] = ["val" if i % 5 == 4 else "train" for i in range(len(table))]  # the ids below: train rows
     table.to_csv(tmp_path / "digits.csv", index=False)
     proj = tmp_path / "mine"
     home = str(tmp_path / "prefect")
@@ -92,7 +93,7 @@ def test_two_batches_through_unlearn_repro_start_one_server_each(tmp_path):
         env.pop(key, None)
     unlearn = [sys.executable, "-m", "flows.cli"]
     out, _ = run_watched([*unlearn, "init", str(proj), "--dataset", "table", "--path", str(tmp_path / "digits.csv"),
-                          "--id-column", "id", "--label-column", "digit"], tmp_path, env)
+                          "--id-column", "id", "--label-column", "digit", "--split-column", "split"], tmp_path, env)
     assert "unlearn repro" in out  # the next step it names
 
     drop_request(proj, "2026-12-01T0900_first", ["img-0003", "img-0010"])
@@ -103,7 +104,7 @@ def test_two_batches_through_unlearn_repro_start_one_server_each(tmp_path):
 
     drop_request(proj, "2026-12-01T1000_second", ["img-0020"])
     out, seen = run_watched([*unlearn, "repro"], proj, env)
-    assert "promoted" in out and "2 batch(es)" in out, out[-3000:]
+    assert "promoted" in out and "3 request(s) in 2 batch(es)" in out, out[-3000:]
     assert len(seen) == 1, f"servers started by the second `unlearn repro`: {sorted(seen)}"
     assert none_left(home), "a Prefect server outlived `unlearn repro`"
 
