@@ -19,6 +19,11 @@ Expectations again (5-9 s). This wrapper:
 
 Nothing outlives it: the server, the worker and CMD are started with the Linux parent-death signal, so even a
 `kill -9` of this wrapper stops them, and SIGTERM / Ctrl-C stop CMD, the worker and the server before it exits.
+
+`python -m flows.session --for PID` is the session of a plain `dvc repro` (PID: the `dvc` process): started by
+its first stage with work (`join_session`), joined by the next ones through .unlearning/sessions/PID.json, and
+ended when PID ends (docs/operations.md, "One session per run"). `unlearn repro` is this wrapper around
+`dvc repro`, `unlearn erase` and `unlearn status`.
 """
 
 from __future__ import annotations
@@ -541,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
 USAGE = """usage: python -m flows.session [--cold] CMD [ARGS...] [--then CMD [ARGS...] ...]
   e.g. python -m flows.session dvc repro deletion --then unlearn erase --then unlearn status
   Runs the commands in order (stops at the first that fails) with one temporary Prefect server (unless
-  PREFECT_API_URL names one) and a warm worker that imports the pipeline once (--cold: without it)."""
+  PREFECT_API_URL names one) and a warm worker that imports the pipeline once (--cold: without it).
+       python -m flows.session --for PID   a server and a warm worker until process PID ends (a dvc repro's)"""
 
 
 if __name__ == "__main__":
