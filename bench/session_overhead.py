@@ -238,8 +238,9 @@ def timed(cmd: list[str], proj: Path, env: dict, report: Path | None = None) -> 
     return round(wall, 2), res.stdout + res.stderr, json.loads(report.read_text()) if report else {}
 
 
-def drop(proj: Path, name: str, ids: list[str]) -> Path:
-    path = proj / "requests" / "inbox" / f"{name}.csv"
+def drop(proj: Path, name: str, ids: list[str], folder: Path | None = None) -> Path:
+    """A request file naming `ids`, in the project's inbox (or in `folder`)."""
+    path = (folder or proj / "requests" / "inbox") / f"{name}.csv"
     lines = ["request_id,sample_id,requested_at,reason"] + [f"{name}-{i},{x},2026-12-01T08:00:00Z,bench"
                                                               for i, x in enumerate(ids)]
     path.write_text("\n".join(lines) + "\n")
@@ -285,7 +286,7 @@ def init_project(tmp: Path, stream: int) -> dict:
         out["fixed_costs_file"] = str(write_fixed_costs(proj, out["fixed_costs"]).relative_to(proj))
     out["commands"]["dvc repro, nothing to do"], _, _ = timed([str(BIN / "dvc"), "repro"], proj, env)
     processed = proj / "requests" / "processed" / batch.name
-    probe = drop(tmp, "probe", ids[30:130])  # 100 rows, outside the inbox: validate and plan only read it
+    probe = drop(proj, "probe", ids[30:130], folder=tmp)  # 100 rows, outside the inbox: validate and plan only read it
     for name, cmd in (("status", ["status"]), ("ids", ["ids", "--head", "5"]), ("lookup", ["lookup", ids[0]]),
                       ("validate (100 rows)", ["validate", str(probe)]), ("verify-erasure", ["verify-erasure"]),
                       ("plan (100 rows, with its probe)", ["plan", str(probe)])):
