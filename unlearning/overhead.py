@@ -9,7 +9,9 @@ erasure (`unlearn erase` after `dvc repro`). With a one-second model these are m
 They are measured, not modelled: bench/session_overhead.py runs one batch of a project scaffolded by
 `unlearn init` through `unlearn repro` and writes them (seconds) to `.unlearning/fixed_costs.json` of that
 project, or prints them; `fixed_costs` reads that file when the project has one, else `DEFAULT_FIXED_S`
-(this bench on the digits table, 2 cores, loaded machine: an upper bound). Pure: json and pathlib only.
+(from `make run`'s session on a quieter day, docs/evidence.md "`make run`'s wall time": the deletion stage's
+wall time less its training, and `unlearn erase`; on a loaded machine both are several times larger, which
+the project's own measured file then says). Pure: json and pathlib only.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ import math
 from pathlib import Path
 
 FILE = Path(".unlearning") / "fixed_costs.json"  # relative to the project folder (the one holding params.yaml)
-# seconds per batch, by part (bench/session_overhead.py, `unlearn repro` of one 20-row batch on digits)
+# the parts, by name (bench/session_overhead.py measures them on `unlearn repro` of one 20-row batch)
 PARTS = {
     "stage": "the deletion stage minus its training: DVC, the session, Prefect runs, loading the state, "
              "validating the file, promoting, MLflow",
     "erase": "`unlearn erase` after `dvc repro` (rewrites the prepared store and the original, dvc commit, dvc gc)",
 }
-DEFAULT_FIXED_S = {"stage": 12.0, "erase": 5.0}
+DEFAULT_FIXED_S = {"stage": 12.0, "erase": 4.0}
 
 
 def fixed_costs(root: str | Path | None = None) -> tuple[dict[str, float], str]:
