@@ -320,10 +320,42 @@ def _data_docs(ctx, gx_dir: Path, result_id, run_name: str) -> str:
     return str(folder)
 
 
+_TEMPLATES_CACHED = False
+
+
+def cache_data_docs_templates() -> None:
+    """Data Docs without recompiling their templates: GX builds a new Jinja environment for every page it
+    renders, and compiles the ~55 templates of a request's pages again each time (1.5-1.8 s of a 100-row
+    file's 2.4 s check on a 2-core machine). A Jinja bytecode cache (a private per-user folder in the system
+    temp, Jinja's own FileSystemBytecodeCache: keyed by template name and source checksum) lets every
+    environment, in this process and the next ones, load them compiled. The pages are the same. Once per
+    process; the warm worker calls it (flows/warm.py), so each batch it forks inherits it."""
+    global _TEMPLATES_CACHED
+    if _TEMPLATES_CACHED:
+        return
+    from great_expectations.render.view.view import DefaultJinjaView
+    from jinja2 import FileSystemBytecodeCache
+
+    try:
+        cache = FileSystemBytecodeCache()
+    except (OSError, RuntimeError):  # no private temp folder to be had: compile as GX does
+        return
+    init = DefaultJinjaView.__init__
+
+    def init_with_cache(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.env.bytecode_cache = cache
+
+    DefaultJinjaView.__init__ = init_with_cache
+    _TEMPLATES_CACHED = True
+
+
 def run_suite(frame: pd.DataFrame, gx_dir: str | Path | None = None, run_name: str = "request") -> SuiteRun:
     """The persisted suite (the project's `gx_dir`; in memory when None) on the lookup frame, through its
     checkpoint; Data Docs for this run when there is a project."""
     import great_expectations as gx  # 3-5 s import: only here, and only for a file that passed stage 1
+
+    cache_data_docs_templates()
 
     ctx = _context(gx_dir)
     result = ctx.checkpoints.get(GX_NAME).run(batch_parameters={"dataframe": frame},
@@ -426,14 +458,16 @@ def gx_sample(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 def manifest_problems(df: pd.DataFrame, manifest: pd.DataFrame, key=lambda s: s,
                       tombstoned: set[str] | None = None, ledger: list[dict] | None = None,
                       gx_dir: str | Path | None = None, run_name: str = "request",
-                      left_out: str = "", gx_when_invalid: bool = True) -> tuple[list[str], dict, str | None]:
+                      left_out: str = "", gx_when_invalid: bool = True,
+                      gx_suite: bool = True) -> tuple[list[str], dict, str | None]:
     """Stage 2: the GX suite on the lookup frame; (problem lines, GX result, Data Docs folder).
     `gx_when_invalid=False` (the CLI): the rules are first evaluated with pandas (`rule_failures`); a file
     they reject gets its lines without the suite (no GX result, no Data Docs); the batch's own check keeps
-    the default and records the suite's result for every file."""
+    the default and records the suite's result for every file. `gx_suite=False` (`unlearn plan`, which applies
+    nothing): the rules with pandas only, whatever they find (no GX import: 3-10 s)."""
     lk = lookup_frame(df, manifest, key, tombstoned, ledger, left_out)
-    failures = rule_failures(lk.frame) if not gx_when_invalid or len(lk.frame) > GX_MAX_ROWS else []
-    if not gx_when_invalid and failures:
+    failures = rule_failures(lk.frame) if not (gx_when_invalid and gx_suite) or len(lk.frame) > GX_MAX_ROWS else []
+    if (not gx_when_invalid and failures) or not gx_suite:
         return problem_lines(SuiteRun(failures), lk), {}, None
     sample, note = gx_sample(lk.frame)
     run = run_suite(sample, gx_dir, run_name)
@@ -463,7 +497,7 @@ def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame, cheap: list[st
                         gx: bool = True, *, key=lambda s: s, tombstoned: set[str] | None = None,
                         ledger: list[dict] | None = None, gx_dir: str | Path | None = None,
                         run_name: str = "request", left_out: str = "",
-                        gx_when_invalid: bool = True) -> RequestCheck:
+                        gx_when_invalid: bool = True, gx_suite: bool = True) -> RequestCheck:
     """pandera, then (when it and the `cheap` problems found nothing, and `gx`) the GX suite. Rows are
     named by `df`'s index + 1 (keep the file's index when rows were left out)."""
     problems = [*(f"schema: {p}" for p in structural_problems(df)), *(cheap or [])]
@@ -473,7 +507,7 @@ def check_request_frame(df: pd.DataFrame, manifest: pd.DataFrame, cheap: list[st
     if not len(df.columns):
         return RequestCheck(problems=[])
     lines, described, docs = manifest_problems(df, manifest, key, tombstoned, ledger, gx_dir, run_name, left_out,
-                                               gx_when_invalid)
+                                               gx_when_invalid, gx_suite)
     return RequestCheck(problems=lines, gx_result=described, data_docs=docs,
                         gx_note=described.get("sample", {}).get("note", ""))
 
@@ -577,7 +611,8 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
                        salt: str = "", max_clock_skew_seconds: float = 300.0, now=None,
                        tombstoned: set[str] | None = None, gx: bool = True,
                        gx_dir: str | Path | None = None, left_out: str = "",
-                       gx_when_invalid: bool = True, inbox: str | Path | None = None) -> FileCheck:
+                       gx_when_invalid: bool = True, inbox: str | Path | None = None,
+                       gx_suite: bool = True) -> FileCheck:
     """Read and validate one request file against the ledger and the live manifest: stage 1 (ledger,
     structure and types, mixed objectives, future times), then, when it found nothing and `gx`, stage 2
     (the GX suite: exists, training row, not deleted or erased). `gx=False` runs stage 1 only (the CLI's
@@ -606,7 +641,7 @@ def check_request_file(path, manifest: pd.DataFrame, ledger: list[dict], *, hash
     cheap += [f"schema: {p}" for p in future_problems(rows, max_clock_skew_seconds, now)]
     check = check_request_frame(rows, manifest, cheap, gx=gx and not conflicts, key=key, tombstoned=tombstoned,
                                 ledger=ledger, gx_dir=gx_dir, run_name=Path(path).name, left_out=left_out,
-                                gx_when_invalid=gx_when_invalid)
+                                gx_when_invalid=gx_when_invalid, gx_suite=gx_suite)
     pending = rows.reset_index(drop=True)
     pending.attrs = dict(df.attrs)
     problems = [*conflicts, *check.problems]
@@ -694,7 +729,7 @@ def live_state(params) -> LiveState | None:
 
 
 def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True,
-                   gx_when_invalid: bool = True) -> FileCheck:
+                   gx_when_invalid: bool = True, gx_suite: bool = True) -> FileCheck:
     """`check_request_file` with the arguments the deletion flow passes (flows.deletion_batch.check_file);
     the CLI passes `gx_when_invalid=False` (a bad file answers before Great Expectations is imported)."""
     from unlearning.erasure import read_tombstones
@@ -704,7 +739,7 @@ def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True,
                               salt=id_salt(params), max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,
                               tombstoned=read_tombstones(params.path("tombstones")), gx=gx,
                               gx_dir=params.path("gx_dir"), left_out=left_out_note(params, live.info),
-                              gx_when_invalid=gx_when_invalid, inbox=params.path("inbox"))
+                              gx_when_invalid=gx_when_invalid, inbox=params.path("inbox"), gx_suite=gx_suite)
 
 
 __all__ = ["RequestCheck", "FileCheck", "RequestConflict", "LiveState", "Lookup", "SuiteRun", "check_request_file",

@@ -24,7 +24,17 @@ and a warm worker, both started and settled (their imports done, their CPU idle)
 the same commands (the session starts neither: PREFECT_API_URL is set, and `--cold` with UNLEARN_WARM_WORKER
 naming the resident worker's folder forwards every stage and command to it). What it leaves is the overhead
 no start-up cost explains: per-stage orchestration (DVC, flow and task runs) and tracking.
-Usage: python bench/session_overhead.py [--repeats 1] [--out bench/results/session_overhead.json]
+
+A project of one's own (`--only init`, and by default after the modes above): digits written as a user's CSV,
+`unlearn init`, then the documented commands, each timed by its wall clock: the first `unlearn repro`
+(prepare, train, a first batch), one more 20-row batch through `unlearn repro` (the session's split per stage:
+overhead = wall minus compute; the batch's fixed costs = its deletion stage minus the training the flow
+reports, plus `unlearn erase`, written to the project's .unlearning/fixed_costs.json for `unlearn plan`:
+unlearning/overhead.py), a `dvc repro` with nothing to do, the read-only commands (status, ids, lookup,
+validate, verify-erasure, plan), and `--stream N` batches of one request file each (`unlearn repro`).
+The table goes to docs/evidence.md between the bench:session:begin/end markers.
+Usage: python bench/session_overhead.py [--repeats 1] [--only make-run|init] [--stream 20]
+       [--out bench/results/session_overhead.json]
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -39,7 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_io import write_json  # noqa: E402  (bench/ is on sys.path when run as a script)
+from results_io import write_between, write_json  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -210,11 +221,133 @@ def median_of(runs: list[dict], key: str) -> float:
     return round(statistics.median(r[key] for r in runs), 2)
 
 
+# ---------------------------------------------------------------------------- a project made by `unlearn init`
+TOOK = re.compile(r"plan vs actual: predicted [\d.]+ s .*?, took ([\d.]+) s")
+TARGETS = {"one batch: overhead (wall - compute)": 15.0, "dvc repro, nothing to do": 5.0, "status": 3.0,
+           "verify-erasure": 10.0, "stream: per batch": 10.0}
+
+
+def timed(cmd: list[str], proj: Path, env: dict, report: Path | None = None) -> tuple[float, str, dict]:
+    """(wall seconds, output, the session's report when `report`): the command must succeed."""
+    env = {**env, **({"UNLEARN_SESSION_REPORT": str(report)} if report else {})}
+    started = time.perf_counter()
+    res = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - started
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed (rc {res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return round(wall, 2), res.stdout + res.stderr, json.loads(report.read_text()) if report else {}
+
+
+def drop(proj: Path, name: str, ids: list[str], folder: Path | None = None) -> Path:
+    """A request file naming `ids`, in the project's inbox (or in `folder`)."""
+    path = (folder or proj / "requests" / "inbox") / f"{name}.csv"
+    lines = ["request_id,sample_id,requested_at,reason"] + [f"{name}-{i},{x},2026-12-01T08:00:00Z,bench"
+                                                              for i, x in enumerate(ids)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def init_project(tmp: Path, stream: int) -> dict:
+    """The init'd project's commands, timed (see the module docstring)."""
+    from sklearn.datasets import load_digits
+    import pandas as pd
+
+    from unlearning.overhead import write_fixed_costs
+
+    d = load_digits()
+    table = pd.DataFrame(d.data, columns=[f"p{i}" for i in range(64)])
+    table.insert(0, "id", [f"img-{i:04d}" for i in range(len(table))])
+    table["digit"] = d.target
+    table["split"] = ["val" if i % 5 == 4 else "train" for i in range(len(table))]  # the requests name train rows
+    table.to_csv(tmp / "digits.csv", index=False)
+    proj = tmp / "mine"
+    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
+    for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "UNLEARN_WARM_WORKER", "UNLEARN_TIMINGS"):
+        env.pop(key, None)
+    unlearn = [str(BIN / "unlearn")]
+    out: dict = {"load_avg_1m_start": os.getloadavg()[0], "commands": {}}
+    wall, _, _ = timed([*unlearn, "init", str(proj), "--dataset", "table", "--path", str(tmp / "digits.csv"),
+                        "--id-column", "id", "--label-column", "digit", "--split-column", "split"], tmp, env)
+    out["commands"]["init"] = wall
+    ids = [f"img-{i:04d}" for i in range(0, 1797, 7) if i % 5 != 4]  # training rows, spread over the table
+    drop(proj, "2026-12-01T0800_first", ids[:5])
+    out["commands"]["repro (first: prepare, train, one batch)"], _, out["first_repro"] = timed(
+        [*unlearn, "repro"], proj, env, tmp / "first.json")
+    batch = drop(proj, "2026-12-01T0900_batch", ids[5:25])
+    wall, log, report = timed([*unlearn, "repro"], proj, env, tmp / "batch.json")
+    out["commands"]["repro (one 20-row batch)"] = wall
+    out["one_batch"] = report
+    took = [float(x) for x in TOOK.findall(log)]
+    deletion = next((st for st in report["stages"] if st["stage"] == "deletion"), None)
+    erase = next((st for st in report["stages"] if st["stage"].endswith("erase")), None)
+    if deletion and erase and took:
+        out["fixed_costs"] = {"stage": round(deletion["wall_s"] - took[-1], 2), "erase": erase["wall_s"]}
+        out["fixed_costs_file"] = str(write_fixed_costs(proj, out["fixed_costs"]).relative_to(proj))
+    out["commands"]["dvc repro, nothing to do"], _, _ = timed([str(BIN / "dvc"), "repro"], proj, env)
+    processed = proj / "requests" / "processed" / batch.name
+    probe = drop(proj, "probe", ids[30:130], folder=tmp)  # 100 rows, outside the inbox: validate and plan only read it
+    for name, cmd in (("status", ["status"]), ("ids", ["ids", "--head", "5"]), ("lookup", ["lookup", ids[0]]),
+                      ("validate (100 rows)", ["validate", str(probe)]), ("verify-erasure", ["verify-erasure"]),
+                      ("plan (100 rows, with its probe)", ["plan", str(probe)])):
+        out["commands"][name], _, _ = timed([*unlearn, *cmd], proj, env)
+    out["processed_file_kept"] = processed.exists()
+    per_batch = []
+    for i in range(stream):
+        drop(proj, f"2026-12-02T{i:04d}_stream", [ids[130 + i]])
+        per_batch.append(timed([*unlearn, "repro"], proj, env)[0])
+    out["stream"] = {"batches": stream, "wall_s": per_batch,
+                     "per_batch_s": round(statistics.median(per_batch), 2) if per_batch else None}
+    out["load_avg_1m_end"] = os.getloadavg()[0]
+    return out
+
+
+def init_rows(res: dict) -> list[tuple[str, float, float | None]]:
+    """(what, seconds, target or None) for the docs table."""
+    batch = res["one_batch"]
+    rows = [(f"one batch: stage {st['stage']} (wall {st['wall_s']:.1f} s, compute {st['compute_s']:.1f} s): overhead",
+             round(st["wall_s"] - st["compute_s"], 2), None) for st in batch["stages"] if st["wall_s"] > 0]
+    rows.append(("one batch: overhead (wall - compute)", round(batch["total_s"] - batch["compute_s"], 2),
+                 TARGETS["one batch: overhead (wall - compute)"]))
+    rows += [(f"command: {k}", v, TARGETS.get(k)) for k, v in res["commands"].items()]
+    if res["stream"]["per_batch_s"] is not None:
+        rows.append((f"stream: per batch (median of {res['stream']['batches']}, `unlearn repro` each)",
+                     res["stream"]["per_batch_s"], TARGETS["stream: per batch"]))
+    for k, v in res.get("fixed_costs", {}).items():
+        rows.append((f"fixed cost per batch for `unlearn plan`: {k}", v, None))
+    return rows
+
+
+def init_table(res: dict) -> str:
+    lines = [f"`python bench/session_overhead.py --only init --stream {res['stream']['batches']}` (digits as a CSV, "
+             f"`unlearn init`; load average {res['load_avg_1m_start']:.1f} at the start, {res['load_avg_1m_end']:.1f} "
+             f"at the end, on {os.cpu_count()} cores shared with other work: upper bounds)", "",
+             "| what | seconds | target |", "|---|---:|---:|"]
+    for what, sec, target in init_rows(res):
+        verdict = "" if target is None else f"<= {target:g} s: {'met' if sec <= target else 'NOT met'}"
+        lines.append(f"| {what} | {sec:.1f} | {verdict} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=1, help="rounds of warm, cold and resident runs (default 1)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "session_overhead.json"))
+    ap.add_argument("--only", choices=["make-run", "init"], help="one part only (default: both)")
+    ap.add_argument("--stream", type=int, default=3, help="init part: batches of one request each (default 3)")
+    ap.add_argument("--docs", default=str(ROOT / "docs" / "evidence.md"), help="where the init part's table goes")
     a = ap.parse_args()
+    if a.only != "make-run":
+        with tempfile.TemporaryDirectory(prefix="session-bench-init-") as tmp:
+            res = init_project(Path(tmp), a.stream)
+        res.pop("fixed_costs_file", None)
+        table = init_table(res)
+        print(table)
+        write_between(a.docs, "<!-- bench:session:begin -->", "<!-- bench:session:end -->", table)
+        out = Path(a.out).with_name(Path(a.out).stem + "_init.json")
+        write_json(str(out), {"what": "a project made by unlearn init: its commands' wall times", **res})
+        if a.only == "init":
+            return
     runs = []
     for i in range(a.repeats):
         for mode in MODES:

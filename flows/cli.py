@@ -29,6 +29,7 @@ examples:
   unlearn verify-erasure [BATCH]       re-check every store for forgotten rows; exit 1 if any remain
   unlearn lookup ID                    was this sample id erased, when and by which batch (from its salted hash)
   unlearn erase                        finish erasures left pending by `dvc repro` or a crash
+  unlearn repro [TARGET]               dvc repro, unlearn erase, unlearn status: one Prefect server for all
   unlearn serve                        schedule + inbox-triggered deployments (needs a Prefect server)
   unlearn reset                        start over: archive state/ and cache/ (ledger kept), after a prompt
   unlearn init myproj --dataset table --path data.csv --id-column id --label-column y
@@ -72,7 +73,7 @@ INIT_EPILOG = """examples:
       --arch custom --factory my_model:build    (my_model.py in the project folder)
   unlearn init shop --dataset table --path orders.csv --id-column order_id --label-column returned \
       --shard-by customer_id    (sharded by customer: one customer's deletion retrains one shard)
-then: cd DIR && dvc repro && unlearn status
+then: cd DIR && unlearn repro   (dvc repro, unlearn erase and unlearn status, one Prefect server for all)
 """
 
 
@@ -477,7 +478,7 @@ def _state_against_params(params, champion: dict) -> tuple[list[str], str | None
 def _erasure_pending(params) -> list[str]:
     if not params.erasure.enabled:
         return []
-    from tasks.erasure import pending_erasures
+    from tasks.pending import pending_erasures  # without the stores' imports (MLflow, DVC, torch)
 
     return pending_erasures(params)
 
@@ -534,13 +535,16 @@ def cmd_status(args) -> int:
 
     champion = read_json_file(state_dir / "champion.json")
     notes, warnings, follows_original = [], *_state_against_params(params, champion)
-    from adapters.store_check import state_champion_store_problem
+    from adapters.store_check import alias_in_sync, state_champion_store_problem
 
     problem, note = (None, None) if follows_original else state_champion_store_problem(params)
     if follows_original:
         notes.append(follows_original)
     elif problem:  # shown (also when mlflow.db is gone), and nothing reconciled into a store not the champion's
         warnings.append(problem.replace("; nothing was changed", ""))
+    elif alias_in_sync(params, champion.get("model_version")):  # the local store's alias, read without MLflow
+        if note:
+            notes.append(note)
     elif os.environ.get("MLFLOW_TRACKING_URI") or params.path("mlflow_db").exists():
         from flows.common import tracker_for
         from adapters.tracking import preflight
@@ -603,7 +607,7 @@ def cmd_status(args) -> int:
 
 def _qualified_status(params) -> dict:
     """validation.mode qualified: the versions not audited yet and the audit history (state/audits.jsonl)."""
-    from tasks.qualification import read_audits
+    from tasks.pending import read_audits  # without the certificate's imports (torch, Prefect)
     from unlearning.qualification import audit_status
 
     return audit_status(read_audits(params))
@@ -768,6 +772,26 @@ def _cmd_plan(args) -> int:
     return cmd_plan(args)
 
 
+def cmd_repro(args) -> int:
+    """`unlearn repro [TARGET]`: `dvc repro [TARGET]`, `unlearn erase` and `unlearn status` in one session (one
+    temporary Prefect server and one warm worker for every stage and command: flows/session.py), run from the
+    folder of the params file. Plain `dvc repro` does the same work (each stage joins one session per run);
+    this adds the erasure `dvc repro` leaves pending and the status, as `make run` does."""
+    from flows.session import main as session
+
+    bindir = Path(sys.executable).parent
+    dvc = str(bindir / "dvc") if (bindir / "dvc").exists() else "dvc"
+    unlearn = [str(bindir / "unlearn")] if (bindir / "unlearn").exists() else [sys.executable, "-m", "flows.cli"]
+    folder = Path(args.params).resolve().parent
+    params = ["--params", Path(args.params).name] if Path(args.params).name != "params.yaml" else []
+    if folder != Path.cwd():
+        print(f"unlearn repro: in {folder}", flush=True)
+        os.chdir(folder)
+    target = [args.target] if args.target else []
+    return session([dvc, "repro", *target, "--then", *unlearn, *params, "erase", "--then", *unlearn, *params,
+                    "status"])
+
+
 def _column_list(value: str) -> list[str]:
     cols = [c.strip() for c in value.split(",") if c.strip()]
     if not cols:
@@ -846,6 +870,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_run)
     for name, (help_, description, examples) in SIMPLE.items():
         add(name, help_, description, examples).set_defaults(fn=globals()[f"cmd_{name}"])
+    s = add("repro", "dvc repro, then unlearn erase and unlearn status, with one Prefect server for all",
+            "The whole job for a project: `dvc repro [TARGET]` (prepare, train, every request file in the inbox), "
+            "then `unlearn erase` (what a running `dvc repro` leaves pending) and `unlearn status`, with one "
+            "temporary Prefect server and one warm worker that imports the pipeline once (python -m flows.session; "
+            "`make run` is this for the digits demo). Stops at the first command that fails, with its exit code.",
+            ["unlearn repro", "unlearn repro deletion", "cp erase_these.csv requests/inbox/ && unlearn repro"])
+    s.add_argument("target", nargs="?", metavar="TARGET", help="a stage of dvc.yaml (default: every stage)")
+    s.set_defaults(fn=cmd_repro)
     s = add("plan", "the plan a batch of a request file would follow, before anything runs",
             "Check the file, select the candidates as the batch would, time a one-epoch probe of the model on this "
             "machine or device, and print the plan: the candidates in order and how each is certified, the models "

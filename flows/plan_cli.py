@@ -33,7 +33,7 @@ def batch_plan_for(path: Path, params, device: str):
 
     state = load_state.fn(params, device)
     check = check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info),
-                           gx_when_invalid=False)
+                           gx_when_invalid=False, gx_suite=False)  # the suite's rules in pandas: the plan applies nothing
     if check.status == "invalid":
         raise check.error()
     requests = coerce_requests(check.pending)
@@ -73,6 +73,15 @@ def batch_plan_for(path: Path, params, device: str):
                                              f"timing: {timing.source}"]
 
 
+def batch_wall_time(plan, params) -> tuple[dict, str]:
+    """The batch's wall time: the plan's training seconds plus the measured fixed costs (unlearning/overhead.py)."""
+    from unlearning.overhead import batch_wall_seconds, fixed_costs, wall_time_line
+
+    costs, source = fixed_costs(params.root)
+    wall = batch_wall_seconds(plan.predicted_seconds.get("total", 0.0), costs)
+    return wall, wall_time_line(wall, source)
+
+
 def cmd_plan(args) -> int:
     """Print the plan of a batch of args.file (see the module docstring)."""
     from flows.common import device_of
@@ -98,8 +107,9 @@ def cmd_plan(args) -> int:
     from unlearning.gate import criterion_line
 
     notes = [advice_line, criterion_line(params.gate), *notes]
+    wall, wall_line = batch_wall_time(plan, params)
     if args.json:
-        print(json.dumps({**plan.to_dict(), "timing": timing.to_dict(), "mode_advice": advice,
+        print(json.dumps({**plan.to_dict(), "timing": timing.to_dict(), "mode_advice": advice, "wall_seconds": wall,
                           "gate_criterion": {"criterion": params.gate.criterion,
                                              **({"epsilon": params.gate.epsilon.model_dump()}
                                                 if params.gate.criterion == "epsilon" else {})}, "selection": {
@@ -107,7 +117,7 @@ def cmd_plan(args) -> int:
             "notes_cli": notes}, indent=2, default=str))
     else:
         print(f"plan for {path.name}:")
-        for line in plan_lines(plan) + [f"note: {n}" for n in notes]:
+        for line in plan_lines(plan) + [wall_line] + [f"note: {n}" for n in notes]:
             print(f"  {line}")
     if plan.refusal:
         print(f"error: {plan.refusal}", file=sys.stderr)

@@ -19,6 +19,11 @@ Expectations again (5-9 s). This wrapper:
 
 Nothing outlives it: the server, the worker and CMD are started with the Linux parent-death signal, so even a
 `kill -9` of this wrapper stops them, and SIGTERM / Ctrl-C stop CMD, the worker and the server before it exits.
+
+`python -m flows.session --for PID` is the session of a plain `dvc repro` (PID: the `dvc` process): started by
+its first stage with work (`join_session`), joined by the next ones through .unlearning/sessions/PID.json, and
+ended when PID ends (docs/operations.md, "One session per run"). `unlearn repro` is this wrapper around
+`dvc repro`, `unlearn erase` and `unlearn status`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from flows.warm import ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers
+from flows.procs import ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers
 from adapters.clock import ENV_FILE as TIMINGS_FILE
 
 
@@ -329,6 +334,146 @@ def timing_table(split: dict) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------ one session for a plain `dvc repro`
+# A stage of a plain `dvc repro` (no session in its environment) starts a session for the whole `dvc repro`:
+# `python -m flows.session --for PID` (PID: the `dvc` process), detached, which writes
+# .unlearning/sessions/<PID>.json and ends when that process ends. The later stages of the same `dvc repro`
+# find it there (`join_session`), so the run starts one server and one warm worker, not one per stage.
+SESSIONS_DIR = os.path.join(".unlearning", "sessions")
+ENV_NO_SESSION = "UNLEARN_NO_SESSION"  # "1": each stage on its own (its own temporary server), as before
+SESSION_WAIT_S = 15.0
+
+
+def _proc_parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _proc_argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def dvc_ancestor(pid: int | None = None, depth: int = 6) -> int | None:
+    """The `dvc` process this one runs under (DVC starts a stage's command through a shell), or None."""
+    pid = os.getppid() if pid is None else _proc_parent(pid)
+    for _ in range(depth):
+        if not pid or pid <= 1:
+            return None
+        argv = _proc_argv(pid)
+        if any(os.path.basename(a) == "dvc" for a in argv[:2]) or argv[1:3] == ["-m", "dvc"]:
+            return pid
+        pid = _proc_parent(pid)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def session_file(owner: int, root: str = ".") -> str:
+    return os.path.join(root, SESSIONS_DIR, f"{owner}.json")
+
+
+def read_session(owner: int, root: str = ".") -> dict | None:
+    """The session started for `owner`, while it runs (a stale file from a killed one is None)."""
+    try:
+        with open(session_file(owner, root), encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return info if _alive(int(info.get("pid", 0))) and _alive(owner) else None
+
+
+def session_env(info: dict) -> dict:
+    """What a stage's process needs to use a session: its server and its warm worker."""
+    return {"PREFECT_API_URL": info["api_url"], ENV_TEMPORARY_SERVER: info["api_url"], ENV_WAIT_FOR_API: "1",
+            ENV_SOCKET: info["folder"]}
+
+
+def join_session(env=None) -> str | None:
+    """For a stage of a plain `dvc repro` (`python -m flows.warm run ...`): use the session of this `dvc repro`,
+    starting it when none runs yet; updates `env` (default os.environ) and returns the API URL, or None (a
+    session in the environment already, `PREFECT_API_URL` set, not under `dvc`, or UNLEARN_NO_SESSION=1:
+    the stage runs as before)."""
+    env = os.environ if env is None else env
+    if env.get(ENV_SOCKET) or env.get("PREFECT_API_URL") or env.get(ENV_NO_SESSION) == "1":
+        return None
+    owner = dvc_ancestor()
+    if owner is None:
+        return None
+    info = read_session(owner)
+    if info is None:
+        os.makedirs(SESSIONS_DIR, exist_ok=True)
+        # detached (its own session, no parent-death signal): it outlives this stage and ends with `dvc`
+        with open(os.path.join(SESSIONS_DIR, f"{owner}.log"), "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "flows.session", "--for", str(owner)], env=dict(env),
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + SESSION_WAIT_S
+        while info is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            info = read_session(owner)
+        if info is None:
+            print("no session started for this dvc repro: this stage starts its own Prefect server", file=sys.stderr)
+            return None
+        print(f"one temporary Prefect server for this dvc repro: {info['api_url']} (ends with it)", flush=True)
+    env.update(session_env(info))
+    return info["api_url"]
+
+
+def serve_for(owner: int) -> int:
+    """`python -m flows.session --for PID`: a server and a warm worker until process PID ends (or SIGTERM)."""
+    import shutil
+    import tempfile
+
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    env = dict(os.environ)
+    folder = tempfile.mkdtemp(prefix="unlearn-session-")
+    path = session_file(owner)
+    server = ServerProcess(env)
+    env.update({"PREFECT_API_URL": server.api_url, ENV_WAIT_FOR_API: "1", ENV_TEMPORARY_SERVER: server.api_url})
+    worker = start_warm_worker(env, folder)
+    try:
+        deadline = time.monotonic() + SESSION_WAIT_S  # the worker's socket first: the stage that waits uses it
+        while not os.path.exists(os.path.join(folder, "early.sock")) and worker.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump({"pid": os.getpid(), "owner": owner, "api_url": server.api_url, "folder": folder}, f)
+        os.replace(path + ".tmp", path)
+        while _alive(owner) and server.proc.poll() is None:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in (path, path.replace(".json", ".log")):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        for proc in (worker, server.proc):
+            _terminate(proc)
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import shutil
     import tempfile
@@ -337,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] in (["--help"], ["-h"]):  # the session's own help, not a command named --help
         print(f"{USAGE}\n\n{__doc__.strip()}")
         return 0
+    if args[:1] == ["--for"] and len(args) == 2 and args[1].isdigit():
+        return serve_for(int(args[1]))
     try:
         commands, warm = split_commands(args)
     except ValueError as e:
@@ -399,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
 USAGE = """usage: python -m flows.session [--cold] CMD [ARGS...] [--then CMD [ARGS...] ...]
   e.g. python -m flows.session dvc repro deletion --then unlearn erase --then unlearn status
   Runs the commands in order (stops at the first that fails) with one temporary Prefect server (unless
-  PREFECT_API_URL names one) and a warm worker that imports the pipeline once (--cold: without it)."""
+  PREFECT_API_URL names one) and a warm worker that imports the pipeline once (--cold: without it).
+       python -m flows.session --for PID   a server and a warm worker until process PID ends (a dvc repro's)"""
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ environment and its stdin/stdout/stderr file descriptors; the worker forks, the 
 the client, which exits with it. The child is an ordinary process of the same program: the same code path,
 the same Prefect flow runs and MLflow runs as `python -m flows.prepare`, only without the import time.
 
-Without a worker (no `UNLEARN_WARM_WORKER` in the environment, e.g. a plain `dvc repro`), or when it cannot
+A stage of a plain `dvc repro` (no session in its environment) first joins the session of that `dvc repro`,
+starting it when it is the first stage (flows.session.join_session); a stage with nothing to do (flows/idle.py)
+ends before any of this.
+Without a worker (no `UNLEARN_WARM_WORKER` in the environment, e.g. UNLEARN_NO_SESSION=1), or when it cannot
 be reached, or when the request's Prefect/MLflow settings differ from the worker's (those packages read
 them at import), the client runs the module in its own process: same result, the old start-up time, and
 one line on stderr saying why when a worker was configured.
@@ -41,14 +44,13 @@ import sys
 import threading
 import time
 import traceback
-import urllib.request  # here, not in the session's watcher thread (see _PRCTL)
 from typing import NoReturn
 
 from adapters import clock  # stdlib only
+# the names flows.session shares with the worker (re-exported: flows.session, flows.common, the tests)
+from flows.procs import (ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, _PRCTL, die_with_parent,  # noqa: F401
+                         prefect_api_answers)
 
-ENV_SOCKET = "UNLEARN_WARM_WORKER"
-ENV_WAIT_FOR_API = "UNLEARN_WAIT_FOR_API"  # set by flows.session while its temporary server may still be starting
-ENV_TEMPORARY_SERVER = "UNLEARN_TEMPORARY_SERVER"  # flows.session's server's API URL: it ends with the session
 
 # What the workers import, in the order the stages need them. The first worker ("early") imports what prepare
 # and train need, answering requests between two imports (a stage that arrives early waits until the plan is
@@ -73,7 +75,8 @@ EARLY_PLAN = (
 )
 FULL_PLAN = (
     "great_expectations", "great_expectations.render.renderer", "jinja2.ext", "tasks.validation",
-    "adapters.request_check", "flows.deletion_batch", "adapters.plots", "matplotlib.pyplot", "matplotlib.backends.backend_agg",
+    "adapters.request_check",
+    "adapters.request_check:cache_data_docs_templates", "flows.deletion_batch", "adapters.plots", "matplotlib.pyplot", "matplotlib.backends.backend_agg",
     "PIL.PngImagePlugin", "tasks.erasure", "dvc.repo", "flows.audit", "flows.cli",
 )
 EARLY_TARGETS = frozenset({"flows.prepare", "flows.train"})
@@ -86,27 +89,6 @@ STARTED = time.perf_counter()
 
 def _settings(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(SETTINGS_PREFIXES)}
-
-
-def _libc_prctl():
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: SIGTERM handlers and the socket's EOF cover the usual cases
-        return None
-
-
-# Resolved at import, not in a forked child: a child forked while another thread holds the import lock (the
-# session's server watcher) would wait for it forever on `import ctypes`.
-_PRCTL = _libc_prctl()
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (even by SIGKILL); Linux only. Safe to call
-    between fork and exec (no import, no lock)."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def _flush_stdio() -> None:
@@ -123,15 +105,6 @@ def _signal_group(pid: int, signum: int) -> None:
         os.killpg(pid, signum)
     except ProcessLookupError:
         pass
-
-
-def prefect_api_answers(api_url: str) -> bool:
-    """One `/health` request to a Prefect API (`.../api`): True when it answers."""
-    try:
-        urllib.request.urlopen(api_url.rstrip("/") + "/health", timeout=2).close()
-        return True
-    except Exception:
-        return False
 
 
 # ----------------------------------------------------------------------------------------------------- client
@@ -509,6 +482,13 @@ USAGE = """usage: python -m flows.warm run MODULE[:FUNCTION] [ARGS...]   run it 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) >= 2 and args[0] == "run":
+        from flows.idle import nothing_to_do
+
+        if nothing_to_do(args[1], args[2:]):  # qualify under per_batch, an empty inbox: no server, no imports
+            return 0
+        from flows.session import join_session
+
+        join_session()  # a plain `dvc repro`: one session for all its stages (flows/session.py)
         code = forward(args[1], args[2:])
         return run_target(args[1], args[2:]) if code is None else code
     if len(args) == 2 and args[0] == "serve":

@@ -26,6 +26,7 @@ import numpy as np
 
 from adapters import dvc_ops
 from adapters.clock import computes
+from tasks.pending import pending_erasures, tombstoned_rows  # noqa: F401  (unlearn status: without the stores)
 from tasks.stores import STORES, Scope
 from tasks.stores.base import digest_list, files_naming, in_dvc_stage, is_dvc_repo, retained_twins  # noqa: F401
 from tasks.stores.data import (  # noqa: F401
@@ -167,44 +168,12 @@ def erase_pending(params: Params, tracker=None, champion_version: str | None = N
     return out
 
 
-def pending_erasures(params: Params) -> list[str]:
-    """What `unlearn erase` would finish, one line each ([] when nothing is pending): reports marked pending (a
-    batch inside `dvc repro`), ledger ids not yet tombstoned (a batch killed between its commit and its erasure),
-    tombstoned rows still in the prepared store. Reads no model: `unlearn status` calls it."""
-    from unlearning.ledger import read_ledger
-
-    out = []
-    for path in sorted(reports_dir(params).glob("*.json")):
-        report = read_json_file(path)
-        out += [f"batch {report.get('batch_id', path.stem)}: {p}" for p in report.get("pending", [])]
-    ledger = read_ledger(params.path("state_dir") / "ledger.jsonl")
-    missing = {str(e["sample_id"]) for e in ledger} - read_tombstones(params.path("tombstones"))
-    if missing:
-        out.append(f"{len(missing)} forgotten id(s) of the ledger are not tombstoned yet (a batch stopped between "
-                   f"its commit and its erasure)")
-    prepared = _prepared_or_none(params)
-    n = int(tombstoned_rows(params, prepared).sum()) if prepared is not None else 0
-    if n and not out:
-        out.append(f"the prepared store {params.path('prepared_dir')} still holds {n} erased row(s)")
-    return out
-
-
 def _prepared_holds_tombstoned(params: Params) -> bool:
     try:
         prepared = load_prepared(params.path("prepared_dir"))
     except FileNotFoundError:
         return False
     return tombstoned_rows(params, prepared).any()
-
-
-def tombstoned_rows(params: Params, prepared, tombstones: set[str] | None = None) -> np.ndarray:
-    """[n] bool: the prepared store's rows whose id is tombstoned (read from data/tombstones.txt unless given)."""
-    if tombstones is None:
-        tombstones = read_tombstones(params.path("tombstones"))
-    from unlearning.salt import id_salt
-
-    erased = is_erased(tombstones, params.deletion.hash_sample_ids, id_salt(params))
-    return prepared.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
 
 
 def id_references(params: Params, forgotten: set[str], max_bytes: int = 50_000_000) -> list[dict]:

@@ -241,14 +241,7 @@ def diagnostics_decide(params: Params, state) -> bool:
 
 # --- audits ----------------------------------------------------------------------------------------------------
 
-AUDITS = "audits.jsonl"  # in state/: the qualified versions and their audits (staging copies it along)
-
-
-def read_audits(params: Params) -> list[dict]:
-    path = params.path("state_dir") / AUDITS
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from tasks.pending import AUDITS, read_audits  # noqa: E402,F401  (unlearn status: without the certificate)
 
 
 def append_audit(params: Params, record: dict) -> None:

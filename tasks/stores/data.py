@@ -14,8 +14,7 @@ from unlearning.io import atomic_write_bytes, commit_dir, discard_dir, staging_d
 from unlearning.ledger import HASH_PREFIX
 
 
-def reports_dir(params: Params) -> Path:
-    return params.path("state_dir") / "erasure"
+from tasks.pending import reports_dir  # noqa: E402,F401  (one definition: unlearn status reads it too)
 
 
 LEGACY_KEYS = ("row_ids_by_digest", "cache_id_hashes")  # an older version's: which id each row was, unsalted ids

@@ -78,3 +78,24 @@ def test_a_rejected_file_never_imports_great_expectations(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "gx not imported"
+
+
+def test_the_plans_check_runs_the_rules_with_pandas_only(monkeypatch):
+    """`unlearn plan` (gx_suite=False) applies nothing: the suite's rules with pandas, for a bad file and a good
+    one alike; never the suite itself."""
+    called = []
+    monkeypatch.setattr(rc, "run_suite", lambda *a, **k: called.append(1))
+    bad = rc.check_request_frame(frame(CASES["mixed"]), manifest(), tombstoned={"gone-0042"}, gx_when_invalid=False,
+                                 gx_suite=False)
+    good = rc.check_request_frame(frame(CASES["good"]), manifest(), gx_when_invalid=False, gx_suite=False)
+    assert len(bad.problems) == 3 and good.ok and good.manifest_checked and not called
+
+
+def test_data_docs_templates_compile_once(tmp_path):
+    """After cache_data_docs_templates, every Data Docs view GX builds loads its templates through one Jinja
+    bytecode cache (compiled once per machine, not once per page)."""
+    rc.cache_data_docs_templates()
+    from great_expectations.render.view.view import DefaultJinjaView
+
+    a, b = DefaultJinjaView(), DefaultJinjaView()
+    assert a.env.bytecode_cache is not None and a.env.bytecode_cache is b.env.bytecode_cache
