@@ -145,6 +145,7 @@ OPTION_RUNS = {
     "gradient_ascent": {"geometry": "diag_fisher", "fisher_samples": 20},
     "descent_ascent": {"geometry": "diag_fisher", "fisher_samples": 20, "target_forget_acc": 0.8},
     "finetune": {"batch_size": 53, "epochs": 2},
+    "noisy_finetune": {"batch_size": 53, "epochs": 2, "output_noise": 0.01},  # Langevin and output noise streams
 }
 
 

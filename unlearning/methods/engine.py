@@ -28,6 +28,7 @@ from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult, m
 from unlearning.methods.geometry import Geometry
 from unlearning.methods.losses import correct, per_sample_loss
 from unlearning.methods.memberwise import Vec, member_generators, member_view
+from unlearning.methods.noise import add_member_noise
 from unlearning.methods.optim import MemberOptimizer, OptimizerSpec
 from unlearning.methods.projection import Projection
 from unlearning.methods.sampling import PoolStream
@@ -80,6 +81,7 @@ class Phase:
     stop: StopRule = field(default_factory=StopRule)
     pre_momentum: float = 0.0  # momentum on the raw direction BEFORE projection (al_wpgd stage 2)
     param_mask: Vec | None = None  # per-member 0/1 masks shaped like the parameters (SalUn)
+    noise_std: float = 0.0  # Gaussian weight noise added after every step (Langevin steps; noise.py)
 
 
 def pool_rows(ctx: UnlearnContext, pool: str) -> torch.Tensor:
@@ -252,9 +254,10 @@ def _check_phase(phase: Phase, max_grad_evals: int | None) -> dict:
 
 
 def _take_step(run: _Run, phase: Phase, terms: dict, losses: dict, opt: MemberOptimizer, batch: dict,
-               buf: Vec | None, active: torch.Tensor, cost: int) -> Vec | None:
-    """One optimizer step of the active members [N] bool on `batch` (term -> row indices [N, b]); the frozen
-    members' parameters and buffers stay exactly as they were. Returns the momentum buffer."""
+               buf: Vec | None, active: torch.Tensor, cost: int, noise_gens: list | None = None) -> Vec | None:
+    """One optimizer step of the active members [N] bool on `batch` (term -> row indices [N, b]), then the
+    phase's weight noise (`noise_gens`: one generator per member); the frozen members' parameters and buffers
+    stay exactly as they were. Returns the momentum buffer."""
     saved = run.kept.snapshot()
     direction, reduced, buf = _step_direction(run.ctx, run.model, run.params, phase, terms, losses, batch, buf,
                                               active)
@@ -265,6 +268,8 @@ def _take_step(run: _Run, phase: Phase, terms: dict, losses: dict, opt: MemberOp
         for p, u, trainable in zip(run.params, update, run.model.trainable_mask()):
             if trainable:  # a frozen parameter (requires_grad=False in the team's module) never moves
                 p.sub_(u)
+    if phase.noise_std > 0:
+        add_member_noise(run.model, noise_gens, phase.noise_std, active)
     run.kept.restore(saved, ~active)
     run.evals[active] += cost
     phase.weighting.after_step({k: v.detach() for k, v in reduced.items()}, active)
@@ -292,6 +297,8 @@ def _run_phase(run: _Run, phase: Phase, several: bool) -> dict:
     losses = {k: (t.loss or default_loss(ctx)) for k, t in terms.items()}
     opt = _phase_optimizer(phase, run.optimizers, n)
     frozen = run.out_of_budget.clone()  # [N]: members that take no more steps in this phase
+    noise_gens = member_generators(ctx.seed, run.model.seeds, run.method, phase.name, "noise") \
+        if phase.noise_std > 0 else None
     buf: Vec | None = None
 
     def check_target() -> None:
@@ -320,7 +327,7 @@ def _run_phase(run: _Run, phase: Phase, several: bool) -> dict:
                                                                  run.out_of_budget, p_info["stop"]):
                 done = True
                 break
-            buf = _take_step(run, phase, terms, losses, opt, batch, buf, ~frozen, cost)
+            buf = _take_step(run, phase, terms, losses, opt, batch, buf, ~frozen, cost, noise_gens)
             p_info["steps"] += 1
             run.bar.update()
             if stop.target_forget_acc is not None and p_info["steps"] % stop.check_every == 0:
