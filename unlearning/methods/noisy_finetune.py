@@ -33,7 +33,8 @@ class NoisyFinetuneArgs(IterativeArgs):
     epochs: int = Field(2, ge=0, description="passes over the retain set")
     lr: float = Field(1e-2, gt=0)
     optimizer: Literal["adam", "sgd"] = "sgd"
-    sigma: float = Field(1e-2, ge=0, description="Langevin noise: each step adds N(0, 2 lr sigma^2) per weight")
+    # sigma 0.1 by bench/equivalence.py (0.003-0.03 barely moved the model; docs/methods-equivalence.md)
+    sigma: float = Field(1e-1, ge=0, description="Langevin noise: each step adds N(0, 2 lr sigma^2) per weight")
     output_noise: float = Field(0.0, ge=0, description="sd of the Gaussian added to every weight after the last "
                                                        "step (Descent-to-Delete's output perturbation)")
 
