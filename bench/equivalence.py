@@ -68,7 +68,8 @@ SPLIT_GROUPS = {"forget": ("forget",), "retain": ("adjacent", "remote"), "valida
 SWEEP = {
     "finetune": [{"optimizer": "adam", "lr": 1e-3, "epochs": 5}, {"lr": 1e-2, "epochs": 1}, {"lr": 1e-3},
                  {"optimizer": "adam", "lr": 1e-4}],
-    "noisy_finetune": [{"sigma": 1e-2}, {"sigma": 3e-2}, {"sigma": 5e-2}, {"sigma": 2e-1}, {"sigma": 5e-2, "output_noise": 2e-2}],
+    "noisy_finetune": [{"sigma": 1e-2}, {"sigma": 3e-2}, {"sigma": 5e-2}, {"sigma": 2e-1},
+                       {"sigma": 5e-2, "output_noise": 2e-2}],
     "scrub": [{"epochs": 4}, {"epochs": 1, "max_epochs": 1}, {"lr": 2e-3}],
     "salun": [{"lr": 1e-3, "epochs": 10}, {"lr": 1e-4}, {"lr": 3e-4, "epochs": 10}],
     "descent_ascent": [{"lr": 1e-3, "epochs": 2, "forget_weight": 0.5}, {"lr": 2e-4}, {"forget_weight": 0.5}],
@@ -288,8 +289,8 @@ def before_after_table(s: dict, labels: list[str]) -> str:
         if old not in s:
             continue
         for kind in KINDS:
-            cells = [" / ".join(f"{s[x][kind][f'eps_{g}']:.2f}" for g in SPLIT_GROUPS) + f" ({s[x][kind]['val_acc']:.3f})"
-                     for x in (old, label)]
+            cells = [" / ".join(f"{s[x][kind][f'eps_{g}']:.2f}" for g in SPLIT_GROUPS)
+                     + f" ({s[x][kind]['val_acc']:.3f})" for x in (old, label)]
             score = f"{geo_ratio(s, old):.2f} → {geo_ratio(s, label):.2f}" if kind == KINDS[0] else ""
             lines.append(f"| {label} | {kind} | {cells[0]} | {cells[1]} | {score} |")
     return "\n".join(lines)
@@ -370,8 +371,10 @@ def main() -> None:
     s = summarize(rows, labels)
     result = {"benchmark": "equivalence", "sweep": a.sweep, "n": a.n, "sets_per_size": a.sets_per_size,
               "delta": a.delta, "seed": a.seed, "threads": a.threads, "machine": platform.platform(),
-              "model": bench.prob.spec, "recipe": vars(bench.prob.recipe), "runs": {k: list(v) for k, v in runs.items()},
-              "summary": s, "score": {k: geo_ratio(s, k) for k in ["retrain", *labels]}, "sets": rows, "seconds": time.perf_counter() - t_start,
+              "model": bench.prob.spec, "recipe": vars(bench.prob.recipe),
+              "runs": {k: list(v) for k, v in runs.items()}, "summary": s,
+              "score": {k: geo_ratio(s, k) for k in ["retrain", *labels]}, "sets": rows,
+              "seconds": time.perf_counter() - t_start,
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     name = "equivalence_sweep.json" if a.sweep else "equivalence.json"
     write_json(a.out or ROOT / "bench/results" / name, result)

@@ -6,7 +6,9 @@ Every step of a phase computes, member-wise,
 
 with geometry P (`geometry.py`), weighting w_R, w_F, per-sample weights and loss clipping
 (`weighting.py`) and projection Proj (`projection.py`); eta and any momentum / Adam scaling come from a
-member-wise optimizer (`optim.py`). A method is a list of phases (al_wpgd has two, SCRUB alternates).
+member-wise optimizer (`optim.py`). A phase with `noise_std` > 0 then adds N(0, noise_std^2) to every trainable
+weight of the active members (Langevin steps, `noise.py`; `noisy_finetune`). A method is a list of phases
+(al_wpgd has two, SCRUB alternates).
 
 Members never interact: the ensemble objective is the sum of the members' objectives, projections
 and Gram solves are per member, optimizer states are per member, and each member draws its batches
