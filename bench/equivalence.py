@@ -20,6 +20,10 @@ vectorized).
 The Gaussian fit reads a wider spread as closeness (a larger pooled sd lowers mu): the table also reports each
 candidate's validation accuracy next to the retrain's, so noise bought with accuracy shows.
 
+`newton_finetune` and `newton_ggn` are not in the default method list: their dense GGN solve per member takes
+about 15-20 s on this machine, so N = 32 over 11 sets would take hours (`--methods`, a smaller `--n` and
+`--section` run them into their own section of the page).
+
 `--sweep` runs the presets' tuning grid (SWEEP) on one set of each kind instead and writes
 bench/results/equivalence_sweep.json and its table (how the defaults were chosen).
 
