@@ -20,8 +20,8 @@ import gen_params  # noqa: E402  (docs/gen_params.py: the generator of the confi
 
 # The pages a newcomer needs; each is in the nav and built.
 PAGES = ["index.md", "getting-started.md", "own-data.md", "sharding.md", "requests.md", "certificate.md", "methods.md",
-         "erasure.md", "operations.md", "review.md", "troubleshooting.md", "configuration.md", "evidence.md", "design.md",
-         "gpu.md"]
+         "erasure.md", "operations.md", "review.md", "troubleshooting.md", "configuration.md", "evidence.md",
+         "methods-equivalence.md", "design.md", "gpu.md"]
 # The API reference of the core (mkdocstrings): one page per area, each rendering the modules it names.
 API_PAGES = {"api/index.md": [], "api/plan.md": ["unlearning.plan", "unlearning.costs"],
              "api/acceptance.md": ["unlearning.acceptance", "unlearning.certificate"],

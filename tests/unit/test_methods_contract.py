@@ -101,7 +101,9 @@ def test_reports_cost_within_declared_budget(name, kind):
 
 # Runs long enough that half their cost still allows some steps (newton_ggn takes one step by default, and
 # without the line search its worst-case step cost is its actual cost).
-TRUNCATION_ARGS = {"newton_ggn": {"steps": 4, "line_search": False, "gradient": "retain"}}
+# descent_ascent's default is one pass, one step on the toy: two passes leave a step within half the cost.
+TRUNCATION_ARGS = {"newton_ggn": {"steps": 4, "line_search": False, "gradient": "retain"},
+                   "descent_ascent": {"epochs": 2}}
 
 
 @pytest.mark.parametrize("name", [n for n in METHODS if "max_grad_evals" in REGISTRY[n].args_model.model_fields])
@@ -145,6 +147,7 @@ OPTION_RUNS = {
     "gradient_ascent": {"geometry": "diag_fisher", "fisher_samples": 20},
     "descent_ascent": {"geometry": "diag_fisher", "fisher_samples": 20, "target_forget_acc": 0.8},
     "finetune": {"batch_size": 53, "epochs": 2},
+    "noisy_finetune": {"batch_size": 53, "epochs": 2, "output_noise": 0.01},  # Langevin and output noise streams
 }
 
 
@@ -173,4 +176,4 @@ def test_describe_methods_lists_every_method_with_its_defaults():
         assert r["summary"] and isinstance(r["args"], dict)
         assert r["args"] == parse_args(r["name"], {}).model_dump()  # every default is a valid value
     fin = next(r for r in rows if r["name"] == "finetune")
-    assert fin["args"]["epochs"] == 5 and fin["args"]["max_grad_evals"] is None
+    assert fin["args"]["epochs"] == 2 and fin["args"]["max_grad_evals"] is None

@@ -110,7 +110,8 @@ def test_frozen_parameters_stay_frozen_and_the_count_says_so():
 
 
 
-@pytest.mark.parametrize("method", ["finetune", "gradient_ascent", "descent_ascent", "scrub", "salun", "al_wpgd"])
+@pytest.mark.parametrize("method", ["finetune", "noisy_finetune", "gradient_ascent", "descent_ascent", "scrub", "salun",
+                                    "al_wpgd"])
 def test_the_engines_methods_never_move_a_frozen_parameter(method):
     from unlearning.methods import TrainRecipe, UnlearnContext, run_method
 

@@ -7,7 +7,8 @@ the args (pydantic, extra="forbid") and runs the method on a clone of ctx.model.
 from __future__ import annotations
 
 from unlearning.methods import (  # noqa: F401  (imported to register the presets)
-    al_wpgd, descent_ascent, do_nothing, finetune, gradient_ascent, newton_ggn, retrain, salun, scrub, sisa,
+    al_wpgd, descent_ascent, do_nothing, finetune, gradient_ascent, newton_finetune, newton_ggn, noisy_finetune, retrain,
+    salun, scrub, sisa,
 )
 from unlearning.methods.base import MethodCost, TrainRecipe, UnlearnContext, UnlearnResult
 from unlearning.methods.registry import REGISTRY, get_method, parse_args, register, run_method

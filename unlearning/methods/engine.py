@@ -6,7 +6,9 @@ Every step of a phase computes, member-wise,
 
 with geometry P (`geometry.py`), weighting w_R, w_F, per-sample weights and loss clipping
 (`weighting.py`) and projection Proj (`projection.py`); eta and any momentum / Adam scaling come from a
-member-wise optimizer (`optim.py`). A method is a list of phases (al_wpgd has two, SCRUB alternates).
+member-wise optimizer (`optim.py`). A phase with `noise_std` > 0 then adds N(0, noise_std^2) to every trainable
+weight of the active members (Langevin steps, `noise.py`; `noisy_finetune`). A method is a list of phases
+(al_wpgd has two, SCRUB alternates).
 
 Members never interact: the ensemble objective is the sum of the members' objectives, projections
 and Gram solves are per member, optimizer states are per member, and each member draws its batches
@@ -28,6 +30,7 @@ from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult, m
 from unlearning.methods.geometry import Geometry
 from unlearning.methods.losses import correct, per_sample_loss
 from unlearning.methods.memberwise import Vec, member_generators, member_view
+from unlearning.methods.noise import add_member_noise
 from unlearning.methods.optim import MemberOptimizer, OptimizerSpec
 from unlearning.methods.projection import Projection
 from unlearning.methods.sampling import PoolStream
@@ -80,6 +83,7 @@ class Phase:
     stop: StopRule = field(default_factory=StopRule)
     pre_momentum: float = 0.0  # momentum on the raw direction BEFORE projection (al_wpgd stage 2)
     param_mask: Vec | None = None  # per-member 0/1 masks shaped like the parameters (SalUn)
+    noise_std: float = 0.0  # Gaussian weight noise added after every step (Langevin steps; noise.py)
 
 
 def pool_rows(ctx: UnlearnContext, pool: str) -> torch.Tensor:
@@ -252,9 +256,10 @@ def _check_phase(phase: Phase, max_grad_evals: int | None) -> dict:
 
 
 def _take_step(run: _Run, phase: Phase, terms: dict, losses: dict, opt: MemberOptimizer, batch: dict,
-               buf: Vec | None, active: torch.Tensor, cost: int) -> Vec | None:
-    """One optimizer step of the active members [N] bool on `batch` (term -> row indices [N, b]); the frozen
-    members' parameters and buffers stay exactly as they were. Returns the momentum buffer."""
+               buf: Vec | None, active: torch.Tensor, cost: int, noise_gens: list | None = None) -> Vec | None:
+    """One optimizer step of the active members [N] bool on `batch` (term -> row indices [N, b]), then the
+    phase's weight noise (`noise_gens`: one generator per member); the frozen members' parameters and buffers
+    stay exactly as they were. Returns the momentum buffer."""
     saved = run.kept.snapshot()
     direction, reduced, buf = _step_direction(run.ctx, run.model, run.params, phase, terms, losses, batch, buf,
                                               active)
@@ -265,6 +270,8 @@ def _take_step(run: _Run, phase: Phase, terms: dict, losses: dict, opt: MemberOp
         for p, u, trainable in zip(run.params, update, run.model.trainable_mask()):
             if trainable:  # a frozen parameter (requires_grad=False in the team's module) never moves
                 p.sub_(u)
+    if phase.noise_std > 0:
+        add_member_noise(run.model, noise_gens, phase.noise_std, active)
     run.kept.restore(saved, ~active)
     run.evals[active] += cost
     phase.weighting.after_step({k: v.detach() for k, v in reduced.items()}, active)
@@ -292,6 +299,8 @@ def _run_phase(run: _Run, phase: Phase, several: bool) -> dict:
     losses = {k: (t.loss or default_loss(ctx)) for k, t in terms.items()}
     opt = _phase_optimizer(phase, run.optimizers, n)
     frozen = run.out_of_budget.clone()  # [N]: members that take no more steps in this phase
+    noise_gens = member_generators(ctx.seed, run.model.seeds, run.method, phase.name, "noise") \
+        if phase.noise_std > 0 else None
     buf: Vec | None = None
 
     def check_target() -> None:
@@ -320,7 +329,7 @@ def _run_phase(run: _Run, phase: Phase, several: bool) -> dict:
                                                                  run.out_of_budget, p_info["stop"]):
                 done = True
                 break
-            buf = _take_step(run, phase, terms, losses, opt, batch, buf, ~frozen, cost)
+            buf = _take_step(run, phase, terms, losses, opt, batch, buf, ~frozen, cost, noise_gens)
             p_info["steps"] += 1
             run.bar.update()
             if stop.target_forget_acc is not None and p_info["steps"] % stop.check_every == 0:
