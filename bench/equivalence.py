@@ -45,7 +45,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.special import log_ndtr, ndtr, ndtri
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,6 +56,7 @@ from unlearning.config import load_params  # noqa: E402
 from unlearning.methods import run_method  # noqa: E402
 from unlearning.methods.base import UnlearnContext  # noqa: E402
 from unlearning.metrics import margins  # noqa: E402
+from unlearning.metrics.epsilon import gaussian_mu, gdp_epsilon  # noqa: E402
 from unlearning.models import predict_logits  # noqa: E402
 from unlearning.seeds import method_seed, role_seeds  # noqa: E402
 from unlearning.studies.diagnostics_study import row_self_leverage  # noqa: E402
@@ -91,32 +91,11 @@ BEFORE = {
 }
 
 
-def _gdp_delta(eps: np.ndarray, mu: np.ndarray) -> np.ndarray:
-    """delta(eps) of mu-GDP (Dong, Roth and Su 2019, Cor. 2.13), the second term in log space (e^eps overflows)."""
-    return ndtr(-eps / mu + mu / 2) - np.exp(eps + log_ndtr(-eps / mu - mu / 2))
-
-
-def _gaussian_mu_per_row(u: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """[n] mu per row from margins u [N_u, n] and r [N_r, n]: mean difference over the pooled sd (ddof 1)."""
-    sd = np.sqrt((u.var(0, ddof=1) + r.var(0, ddof=1)) / 2)
-    return np.abs(u.mean(0) - r.mean(0)) / np.maximum(sd, 1e-12)
-
-
-def _gaussian_eps_per_row(u: np.ndarray, r: np.ndarray, delta: float = 1e-3, iters: int = 80) -> np.ndarray:
-    """[n] eps(delta) per row on the mu-GDP curve (mu from `_gaussian_mu_per_row`), by bisection: delta(eps)
-    falls in eps, delta(0) = 2 Phi(mu/2) - 1 (eps 0 when that is already <= delta), and
-    eps_hi = mu (mu/2 + Phi^-1(1 - delta)) has delta(eps_hi) <= Phi(-eps_hi/mu + mu/2) = delta."""
-    mu = np.minimum(_gaussian_mu_per_row(u, r), 1e6)
-    out = np.zeros_like(mu)
-    live = (mu > 1e-12) & (2 * ndtr(mu / 2) - 1 > delta)
-    m = mu[live]
-    lo, hi = np.zeros_like(m), m * (m / 2 + ndtri(1 - delta))
-    for _ in range(iters):
-        mid = (lo + hi) / 2
-        above = _gdp_delta(mid, m) > delta
-        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
-    out[live] = hi
-    return out
+def _gaussian_eps_per_row(u: np.ndarray, r: np.ndarray, delta: float = 1e-3) -> np.ndarray:
+    """[n] eps(delta) per row: the core's Gaussian fit (unlearning/metrics/epsilon.py: mu = mean difference over the
+    pooled sd, read through the mu-GDP curve of Dong, Roth and Su 2019), mu capped at 1e6 so a row with no spread
+    (both samples constant, different) counts as far, not infinite, in a batch mean."""
+    return gdp_epsilon(np.minimum(gaussian_mu(u, r), 1e6), delta)
 
 
 def split_means(eps: np.ndarray, splits: np.ndarray) -> dict[str, float]:

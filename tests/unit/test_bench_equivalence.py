@@ -1,5 +1,6 @@
-"""bench/equivalence.py's per-row Gaussian eps (float64): mu from two samples of margins, eps(delta) on the Gaussian-DP
-curve delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (Dong, Roth and Su 2019), inverted by bisection."""
+"""bench/equivalence.py's per-row Gaussian eps (float64), the core's estimator (unlearning/metrics/epsilon.py) as the
+bench reads it: mu from two samples of margins, eps(delta) on the Gaussian-DP curve
+delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (Dong, Roth and Su 2019), inverted by bisection."""
 
 import sys
 from pathlib import Path
@@ -22,7 +23,13 @@ def samples_at(mu: np.ndarray, n: int = 6) -> tuple[np.ndarray, np.ndarray]:
 
 def test_mu_per_row_is_the_mean_difference_over_the_pooled_sd():
     u, r = samples_at(np.array([0.0, 0.5, 2.0]))
-    np.testing.assert_allclose(equivalence._gaussian_mu_per_row(u, r), [0.0, 0.5, 2.0], atol=1e-12)
+    np.testing.assert_allclose(equivalence.gaussian_mu(u, r), [0.0, 0.5, 2.0], atol=1e-12)
+
+
+def test_a_row_without_spread_is_far_but_finite():
+    u, r = np.ones((4, 1)), np.zeros((4, 1))  # constant samples, different: mu = inf in the core, capped here
+    eps = equivalence._gaussian_eps_per_row(u, r, delta=1e-3)
+    assert np.isfinite(eps[0]) and eps[0] > 100
 
 
 def test_eps_per_row_inverts_the_gaussian_dp_curve():
