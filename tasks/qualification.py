@@ -127,7 +127,7 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
             noise = noise_floor(eval_logits(shadows, prepared, V))
             out.noise = noise
         gap = gap_in_noise_units(report.predicted_gap_forget, noise)
-        if k == 0:  # each method's run timed on this model (cached per version: a batch's plan reads it back)
+        if not trials:  # the first set: each method's run timed on this model (cached per version: the plan reads it)
             out.method_retrains = method_costs(params, state, rows, device, list(q.methods))
         sampled = sampled_for_certificate(rows, v.certificate_rows, params.base.seed)
         for m in q.methods:
