@@ -74,11 +74,12 @@ def batch_plan_for(path: Path, params, device: str):
 
 def cmd_plan(args) -> int:
     """Print the plan of a batch of args.file (see the module docstring)."""
-    from flows.common import device_of
+    from flows.common import device_of, use_project_path
     from unlearning.config import load_params
     from unlearning.plan import plan_lines
 
     params = load_params(args.params)
+    use_project_path(params)  # a custom model factory beside params.yaml (as every other command loads it)
     path = Path(args.file)
     if not path.exists():
         raise FileNotFoundError(f"{args.file}: no such request file")

@@ -112,3 +112,26 @@ def test_do_nothing_is_rejected_at_the_first_look_then_its_oracles_are_the_next_
     second = ensembles_metrics(tracker, r2["run_id"])
     assert second["n_shadows"] >= 8 and second["shadows_cached_chunks"] >= 1  # batch 1's oracles, reused
     assert second["oracles_cached_chunks"] == 0  # this batch's oracles are new models of a new stream
+
+
+def test_unlearn_plan_loads_a_custom_model_module_beside_params_yaml(tmp_path_factory, prefect_harness):
+    """`train.model.factory: team_net:bn_mlp` with team_net.py in the project folder: `unlearn plan` run from
+    another folder imports it from the project path, as `unlearn run` does (without it: "cannot import module")."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    root = tmp_path_factory.mktemp("plan_custom")
+    shutil.copy(Path(__file__).resolve().parents[1] / "unit" / "custom_modules.py", root / "team_net.py")
+    custom = {**SEQUENTIAL, "train": {"model": {"arch": "custom", "factory": "team_net:bn_mlp"}}}
+    trained_project(root, custom, inbox_files=False)
+    req = root / "plan.csv"
+    class_request(root, req, "3", 5)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")  # not the project folder: `python -m` puts the cwd on sys.path
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "--params", str(root / "params.yaml"), "plan", str(req),
+                          "--json"], capture_output=True, text=True, cwd=elsewhere,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert out.returncode == 0, out.stderr
+    assert "cannot import" not in out.stderr
+    assert json.loads(out.stdout)["steps"][0]["method"] == "do_nothing"
