@@ -92,8 +92,9 @@ def cmd_plan(args) -> int:
     from unlearning.qualification import advise_mode
 
     certificate = sequential_step("any", params.validation, params.gate, timing.member_in_retrains)
+    exact = tuple(s.method for s in plan.steps) if all(s.certificate == "exact" for s in plan.steps) else ()
     advice, advice_line = advise_mode(certificate.cost_retrains_accept, timing.retrain_seconds,
-                                      params.validation.mode)
+                                      params.validation.mode, exact_only=exact)
     notes = [advice_line, *notes]
     if args.json:
         print(json.dumps({**plan.to_dict(), "timing": timing.__dict__, "mode_advice": advice, "selection": {

@@ -248,3 +248,11 @@ def test_audit_status_lists_unaudited_versions_and_the_history():
     assert lines[0] == "qualified versions not audited: v3; audits: 2, 1 failed"
     assert lines[2].endswith("FAILED -> exact retrain v5") and lines[1].endswith("passed")
     assert audit_lines(audit_status([])) == []
+
+
+def test_mode_advice_with_exact_candidates_only_keeps_the_configured_mode():
+    """sisa alone (a sharded original) certifies nothing: qualified would be advice for nothing."""
+    from unlearning.qualification import PER_BATCH_SECONDS, advise_mode
+
+    mode, line = advise_mode(160.0, PER_BATCH_SECONDS, "per_batch", exact_only=("sisa",))
+    assert mode == "per_batch" and "qualify" not in line and "sisa" in line and "exact" in line
