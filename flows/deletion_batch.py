@@ -21,6 +21,7 @@ from flows.common import (
     base_parser, device_of, params_or_exit, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path,
 )
 from flows.errors import EXIT_BAD_INPUT, EXIT_GATE_REJECTED, one_line_errors
+from flows.intake import reject  # noqa: F401  (one writer of <name>.error.json; tests and flows import it from here)
 from tasks import stages as S
 from adapters.clock import computes
 from adapters.dvc_metrics import write_deletion_metrics
@@ -281,20 +282,6 @@ def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
     # (a file already moved to processed/ or rejected/ by an earlier run, or an entry scan_inbox refused, is
     # not processed again)
     return [p for p in pending if p.name <= path.name]
-
-
-def reject(path: Path, params: Params, error: BaseException | str) -> Path:
-    """Move an inbox entry to requests/rejected/ beside <name>.error.json (what was wrong, one line each; for a
-    gate rejection, each failing check of each candidate in words, with its value and its bound: the
-    `failing_checks` tasks.stages.fail set on the error)."""
-    failing = list(getattr(error, "failing_checks", None) or [])
-    problems = getattr(error, "problems", None) or [str(error), *failing]
-    dest = move_unique(path, params.path("rejected"))
-    atomic_write_json(dest.with_name(dest.name + ".error.json"), {
-        "file": path.name, "rejected_at": datetime.now(timezone.utc).isoformat(),
-        "error": type(error).__name__ if isinstance(error, BaseException) else "not a request file",
-        "problems": problems, **({"failing_checks": failing} if failing else {}), "nothing_changed": True})
-    return dest
 
 
 def processed(path: Path, params: Params) -> Path:
