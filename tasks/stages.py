@@ -317,7 +317,18 @@ def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows:
     rules = "; ".join(f"{name} ({why})" for name, why in selection["fired"]) or "no rule fired"
     log.info(f"{batch.path.name}: {len(rows.forget)} sample(s) to forget, objective {objective}; "
              f"candidates {selection['candidates']}; rules that fired: {rules}")
+    if not forced and (line := nearest_miss_line(selection)):
+        log.info(f"{batch.path.name}: {line}")
     return selection
+
+
+def nearest_miss_line(selection: dict) -> str | None:
+    """Why a method was not picked, in one line: the rule nearest to firing and the value that kept it off."""
+    miss = selection.get("nearest_miss")
+    if not miss:
+        return None
+    name, method, why = miss
+    return f"nearest rule that did not fire: {name} -> {method} ({why})"
 
 
 def selection_markdown(selection: dict, request_file: str) -> str:
