@@ -18,8 +18,8 @@ pytestmark = pytest.mark.flow
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, prefect_harness):
-    """prepare + train once for the module. The tests share it in file order: the applied batch below
-    creates the state the later tests pick fresh ids from."""
+    """prepare + train once for the module. A test that needs the sample request applied (a state, an inbox
+    holding its own files only) asks for the `applied` fixture; none relies on the file order."""
     import os
 
     os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -34,10 +34,31 @@ def project(tmp_path_factory, prefect_harness):
 
 
 def fresh_ids(root, k: int, skip: int) -> list[str]:
-    """k retained training ids of the live manifest (skip keeps tests on disjoint samples)."""
-    m = pd.read_csv(root / "state" / "manifest.csv", dtype=str)
-    ids = m.loc[(m.split == "train") & (m.status == "retained"), "sample_id"].tolist()
+    """k retained training ids (skip keeps tests on disjoint samples): of the live manifest once a batch made
+    the state, else of the prepared one, never one the sample request names (the `applied` fixture erases
+    those), so a test that only needs ids runs alone, first or last."""
+    live = root / "state" / "manifest.csv"
+    m = pd.read_csv(live if live.exists() else root / "data" / "prepared" / "manifest.csv", dtype=str)
+    sample = set().union(*(set(pd.read_csv(f, dtype=str)["sample_id"]) for f in sample_requests()))
+    keep = (m.split == "train") & (m.get("status", "retained") == "retained") & ~m.sample_id.isin(sample)
+    ids = m.loc[keep, "sample_id"].tolist()
     return ids[skip : skip + k]
+
+
+@pytest.fixture
+def dask_cluster():
+    """A 2-process local Dask cluster of this test's own (loopback, no dashboard), closed in teardown, with
+    connect timeouts that a loaded machine does not run past; the batch reaches it by validation.dask_address."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "120s", "distributed.comm.timeouts.tcp": "300s"}):
+        cluster = LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
+                               dashboard_address=None)
+        try:
+            yield cluster.scheduler_address
+        finally:
+            cluster.close(timeout=60)
 
 
 def snapshot(root):
@@ -223,7 +244,7 @@ def test_bad_file_changes_nothing_and_lists_every_problem(project, tmp_path):
     assert snapshot(project) == before
 
 
-def test_failure_mid_batch_changes_nothing(project, monkeypatch):
+def test_failure_mid_batch_changes_nothing(project, applied, monkeypatch):
     """A fault inside the unlearning task (the method itself raising: the one fault here no input can cause,
     since bad method args are refused before the batch starts) leaves the previous model, manifest and ledger
     standing, and the MLflow batch run is marked FAILED."""
@@ -251,7 +272,7 @@ def test_failure_mid_batch_changes_nothing(project, monkeypatch):
     assert runs and runs[0].info.status == "FAILED" and runs[0].data.tags["gate"] == "error"
 
 
-def test_bad_method_args_are_refused_before_the_batch_starts(project):
+def test_bad_method_args_are_refused_before_the_batch_starts(project, applied):
     from flows.deletion_batch import run
     from adapters.tracking import Tracker
     from unlearning.config import ConfigError
@@ -269,7 +290,7 @@ def test_bad_method_args_are_refused_before_the_batch_starts(project):
     assert not tracker.client.search_runs([tracker.experiment_id], filter_string="tags.request_file = 'two.csv'")
 
 
-def test_audit_changes_nothing(project):
+def test_audit_changes_nothing(project, applied):
     from flows.audit import audit
 
     before = snapshot(project)
@@ -283,7 +304,7 @@ def test_audit_changes_nothing(project):
     assert snapshot(project) == before
 
 
-def test_dask_task_runner_local_cluster(project):
+def test_dask_task_runner_local_cluster(project, dask_cluster):
     """Ensemble chunks run as Prefect tasks on a 2-process local Dask cluster (validation.task_runner)."""
     from flows.deletion_batch import run
 
@@ -291,14 +312,14 @@ def test_dask_task_runner_local_cluster(project):
     (sid,) = fresh_ids(project, 1, skip=300)
     req.write_text(f"request_id,sample_id,requested_at,reason\ndask-1,{sid},2026-11-30T10:00:00Z,gdpr\n")
     # do_nothing named explicitly is certified against references: their chunks run on the Dask workers
-    overrides = {"validation": {"task_runner": "dask", "dask_workers": 2}, "diagnostics": {"enabled": False},
-                 "deletion": {"method": "do_nothing"}}
+    overrides = {"validation": {"task_runner": "dask", "dask_address": dask_cluster},
+                 "diagnostics": {"enabled": False}, "deletion": {"method": "do_nothing"}}
     results = run(str(req), str(project / "params.yaml"), overrides)
     assert [r["status"] for r in results] == ["applied"]
     assert results[0]["metrics"]["n_oracles"] == 4.0
 
 
-def test_inbox_rejects_bad_files_and_later_files_proceed(project):
+def test_inbox_rejects_bad_files_and_later_files_proceed(project, applied):
     """No head-of-line blocking: a file rejected by validation, one rejected by the gate, an unknown suffix
     and a directory all leave the inbox for requests/rejected/ (with an error report); the good file after
     them is applied and moves to requests/processed/."""
@@ -336,7 +357,7 @@ def test_inbox_rejects_bad_files_and_later_files_proceed(project):
     assert (rejected / "e_gate.csv.error.json").exists() and snapshot(project) == before
 
 
-def test_a_file_still_being_written_stays_in_the_inbox_until_complete(project, monkeypatch):
+def test_a_file_still_being_written_stays_in_the_inbox_until_complete(project, applied, monkeypatch):
     """A writer that appends to the file while its batch runs (not an atomic drop): what was read is applied
     and recorded, the file is neither filed as processed nor rejected, and the next run applies the rest."""
     import flows.deletion_batch as db
@@ -368,7 +389,7 @@ def test_a_file_still_being_written_stays_in_the_inbox_until_complete(project, m
     assert [e["request_id"] for e in ledger if e["request_id"].startswith("slow-")] == ["slow-1", "slow-2"]
 
 
-def test_status_warns_that_the_next_batch_would_stop(project, capsys):
+def test_status_warns_that_the_next_batch_would_stop(project, applied, capsys):
     """`unlearn status` with params the state was not built from: the batch would stop; status says so."""
     import yaml
 
@@ -389,7 +410,7 @@ def test_status_warns_that_the_next_batch_would_stop(project, capsys):
     assert json.loads(capsys.readouterr().out)["warnings"] == []
 
 
-def test_a_run_that_rejects_a_file_says_so_in_its_state(project):
+def test_a_run_that_rejects_a_file_says_so_in_its_state(project, applied):
     """The deployment's run of a rejected file: Completed with rejections (its message names the file), not a
     plain Completed an operator would pass over; the caller still gets the results."""
     from flows.deletion_batch import deletion_batch
@@ -403,7 +424,7 @@ def test_a_run_that_rejects_a_file_says_so_in_its_state(project):
     assert [r["status"] for r in state.result()] == ["rejected"]
 
 
-def test_a_lost_mlflow_store_stops_the_batch_instead_of_starting_a_new_registry(project, capsys):
+def test_a_lost_mlflow_store_stops_the_batch_instead_of_starting_a_new_registry(project, applied, capsys):
     """mlflow.db moved away under a promoted state (a sweep of `unlearn serve` did it): the batch registered
     its model as v1 in a new, empty store, and the old store, once back, kept `@champion` on a model holding
     the row the batch erased. Now the batch stops before anything changes, and so does a recreated empty
