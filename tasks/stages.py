@@ -120,7 +120,7 @@ def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, 
     params.diagnostics, `weight_decay`: train.weight_decay (the GGN damping), `seed`/`progress`: base.*,
     `label_smoothing`: train.label_smoothing, `epochs`: train.epochs (solver auto's budget of max_retrains
     retrains), `cross_every_row`: deletion.partition.mode is leverage (it ranks every retain row)."""
-    from tasks.diagnostics import leverage_diagnostics, log_diagnostics
+    from tasks.diagnostics import leverage_diagnostics, log_diagnostics, poor_check_line
 
     if getattr(state.model, "shard_state", None) is not None:  # sisa is exact: the diagnostics would decide nothing
         run_logger().info(f"{batch.path.name}: diagnostics skipped: the original is sharded (train.sharding), and "
@@ -134,6 +134,8 @@ def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, 
     batch.seconds["diagnostics"] = time.perf_counter() - started  # the plan counts them (plan_vs_actual)
     log_diagnostics(batch.tracker, run, report, tables)
     batch.close()
+    if poor := poor_check_line(report):
+        run_logger().warning(f"{batch.path.name}: {poor}")
     table_artifact([{"diagnostic": k, "value": round(float(v), 6)} for k, v in {
         "self-leverage trace": report.self_leverage_trace,
         "self-leverage spectral norm": report.self_leverage_spectral_norm,
