@@ -89,3 +89,18 @@ def test_init_shard_by_a_skewed_column_warns(tmp_path, capsys):
     assert "'United-States' alone holds 60 rows" in out
     assert main([base[0], str(tmp_path / "even"), *base[2:-4], "--shard-by", "household", "--shards", "4"]) == 0
     assert "warning: --shard-by" not in capsys.readouterr().out
+
+
+def test_train_says_the_aggregates_accuracy_against_its_constituents_and_how_to_get_a_single_models():
+    from tasks.sharding import sharded_accuracy_lines
+
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(20, 4, generator=g)
+    y = (X[:, 0] > 0).long()
+    agg = Aggregate(build_model(SPEC, [1, 2, 3]), "size_weighted", weights=[30, 5, 5])
+    warn = "train.sharding: skewed shards (30 rows down to 5; ...)"
+    lines, metrics = sharded_accuracy_lines(agg, X, y, {"shard_rows": [30, 5, 5], "aggregate": "size_weighted",
+                                                        "skew_warning": warn})
+    assert lines[0].startswith("sharded original: the aggregate (size_weighted) of 3 constituents has val accuracy")
+    assert "dvc exp run -S train.sharding.shards=null" in lines[0] and lines[1] == warn
+    assert 0 <= metrics["constituent_val_accuracy_min"] <= metrics["constituent_val_accuracy_max"] <= 1
