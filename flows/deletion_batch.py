@@ -178,10 +178,10 @@ def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids:
     """(rows, report): the leverage partition ranks retain rows by the diagnostics, so they come first there;
     otherwise the partition comes first, and the diagnostics run only when a candidate the plan could try needs
     them (`diagnostics_unused`), saying on the console when they are skipped."""
-    def diagnose():
+    def diagnose(skipped: str | None = None):
         return S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
                           state, forget_ids, params.train.label_smoothing, params.train.epochs,
-                          params.deletion.partition.mode == "leverage")
+                          params.deletion.partition.mode == "leverage", skipped=skipped)
 
     def partition(report):
         return S.partition(batch, params.deletion.partition, state, forget_ids,
@@ -193,11 +193,7 @@ def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids:
     rows = partition(None)
     if not wants_diagnostics(params, state, objective):
         return rows, None
-    why = diagnostics_unused(batch, params, state, rows, objective)
-    if why:
-        run_logger().info(f"{batch.path.name}: diagnostics skipped: {why}")
-        return rows, None
-    return rows, diagnose()
+    return rows, diagnose(diagnostics_unused(batch, params, state, rows, objective))
 
 
 def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective: str) -> str | None:
@@ -206,8 +202,9 @@ def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective
     they give (it might fire), and the fallbacks; planned as the batch plans (deletion.weigh_cost drops an
     approximate candidate whose certificate costs more than the retrain, with the batch's own timing probe,
     kept for its plan). Only exact steps left: the diagnostics decide nothing. The qualified mode reads them
-    for its licence (wants_diagnostics decides there); a sharded original skips them in S.diagnose."""
-    if params.validation.mode == "qualified" and objective == "retrain_equivalence":
+    for its licence (wants_diagnostics decides there); a sharded original skips them in S.diagnose;
+    diagnostics.record keeps them for every batch's record."""
+    if params.diagnostics.record or (params.validation.mode == "qualified" and objective == "retrain_equivalence"):
         return None
     if getattr(state.model, "shard_state", None) is not None:
         return None  # S.diagnose says why it skips them

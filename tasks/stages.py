@@ -115,13 +115,19 @@ def validate(batch: BatchRun, check, pending: pd.DataFrame,
 @computes
 def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, state: State,
              forget_ids: list[str], label_smoothing: float = 0.0, epochs: int | None = None,
-             cross_every_row: bool = False):
-    """Leverage diagnostics of the production model for this forget set, before any unlearning runs; `cfg`:
+             cross_every_row: bool = False, skipped: str | None = None):
+    """Leverage diagnostics of the production model for this forget set, before any unlearning runs (`skipped`:
+    why no candidate would read them: said on the console and in the stage's artifact, nothing computed); `cfg`:
     params.diagnostics, `weight_decay`: train.weight_decay (the GGN damping), `seed`/`progress`: base.*,
     `label_smoothing`: train.label_smoothing, `epochs`: train.epochs (solver auto's budget of max_retrains
     retrains), `cross_every_row`: deletion.partition.mode is leverage (it ranks every retain row)."""
     from tasks.diagnostics import leverage_diagnostics, log_diagnostics, poor_check_line
 
+    if skipped:
+        run_logger().info(f"{batch.path.name}: diagnostics skipped: {skipped}")
+        markdown_artifact(f"### Leverage diagnostics skipped\n\n{skipped} (diagnostics.record: true computes them "
+                          f"for the record anyway)", key=batch.key("diagnostics"), description="leverage diagnostics")
+        return None
     if getattr(state.model, "shard_state", None) is not None:  # sisa is exact: the diagnostics would decide nothing
         run_logger().info(f"{batch.path.name}: diagnostics skipped: the original is sharded (train.sharding), and "
                           f"method sisa unlearns it exactly")

@@ -271,6 +271,8 @@ class Diagnostics(Strict):
     """Leverage diagnostics (docs/design.md §4.1) computed for every batch before unlearning."""
 
     enabled: bool = True
+    record: bool = Field(False, description="compute them for every batch's record, also when no candidate the plan "
+                                            "could try reads them (false: skipped then, saying why)")
     solver: Literal["auto", "exact", "projected", "cg", "last_layer"] = "auto"
     lam: float | None = Field(None, gt=0, description="GGN damping; null = n_train * train.weight_decay")
     min_lam: float = Field(1.0, gt=0, description="lower bound of the derived damping")

@@ -47,6 +47,14 @@ def test_an_explicit_approximate_method_keeps_them():
     assert unused({"method": "do_nothing"}, DEAR) is None
 
 
+def test_the_record_keeps_them_when_asked():
+    from flows.deletion_batch import diagnostics_unused
+
+    params = load_params(overrides={"deletion": {"method": "retrain"}, "diagnostics": {"record": True}})
+    batch = SimpleNamespace(probe=(CHEAP, None), device="cpu")
+    assert diagnostics_unused(batch, params, SimpleNamespace(model=object()), ROWS, "retrain_equivalence") is None
+
+
 @pytest.mark.parametrize("approx,poor", [
     ({"predicted_gap_spearman": 0.23, "self_leverage_rel_err": 0.87, "self_leverage_max_rel_err": 3.0},
      ["predicted gap Spearman 0.23 < 0.5", "self leverage relative error 0.87 > 0.5"]),
