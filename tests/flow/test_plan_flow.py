@@ -37,7 +37,8 @@ def class_request(root, path, label: str, k: int, skip: int = 0) -> None:
                     dtype=str)
     keep = m[(m.split == "train") & (m.get("status", "retained") == "retained") & (m.label == label)]
     ids = keep["sample_id"].tolist()[skip: skip + k]
-    rows = [f"r-{label}-{skip}-{i},{s},2026-11-30T10:00:00Z,gdpr" for i, s in enumerate(ids)]
+    # the file's name in the request ids: one id names one request forever (the ledger refuses a reuse)
+    rows = [f"r-{path.stem}-{label}-{skip}-{i},{s},2026-11-30T10:00:00Z,gdpr" for i, s in enumerate(ids)]
     path.write_text("request_id,sample_id,requested_at,reason\n" + "\n".join(rows) + "\n")
 
 
