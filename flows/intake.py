@@ -74,9 +74,12 @@ def reject_unhashable(params) -> list[tuple[str, str, Path]]:
     return moved
 
 
-def intake(params_path: str = "params.yaml", out=sys.stdout) -> int:
-    """The pre-step: exit 0 for an inbox DVC can hash, 2 (after moving the rest) when an entry was rejected."""
+def intake(params_path: str = "params.yaml", out=None) -> int:
+    """The pre-step: exit 0 for an inbox DVC can hash, 2 (after moving the rest) when an entry was rejected.
+    `out`: where the lines go (None: sys.stdout as it is at the call)."""
     from unlearning.config import load_params
+
+    out = out or sys.stdout
 
     moved = reject_unhashable(load_params(params_path))
     for name, why, dest in moved:
