@@ -18,8 +18,12 @@ trained from scratch on the rows left (max abs difference; float32 on the CPU).
 
 Writes bench/results/sharding.json, the table between `<!-- bench:sharding:begin -->` and
 `<!-- bench:sharding:end -->` in docs/sharding.md, and the short summary between the same markers in README.md.
+`--skewed`: instead, the skewed-grouping study (`skew_study`): one value holding 85% of the rows; the aggregate's
+accuracy (mean_probs, size_weighted, vote) under hash and greedy (the pipeline's) placement, and what deleting one
+row of the largest shard costs; written to bench/results/sharding_skew.json and between
+`<!-- bench:sharding-skew:begin -->` and `<!-- bench:sharding-skew:end -->` in docs/sharding.md.
 Usage: python bench/sharding.py [--datasets digits,fashion_mnist] [--shards 1,5,10,20] [--slices 1,4]
-                                [--epochs N] [--draws 3] [--threads 1]
+                                [--epochs N] [--draws 3] [--threads 1] [--skewed]
 """
 
 from __future__ import annotations
@@ -157,6 +161,77 @@ def audit(spec, X, y, ids, users, recipe) -> dict:
             "max_abs_param_difference": diff, "exact_to_1e-6": diff <= 1e-6}
 
 
+SKEW_BEGIN, SKEW_END = "<!-- bench:sharding-skew:begin -->", "<!-- bench:sharding-skew:end -->"
+
+
+def skewed_keys(n: int, share: float, others: int, seed: int = 0) -> np.ndarray:
+    """A skewed grouping of n rows (Adult's native_country: one value holds ~90%): `share` of the rows in one
+    value, the rest spread over `others` values of Zipf-like sizes."""
+    rng = np.random.default_rng(seed + 2)
+    weights = 1.0 / np.arange(1, others + 1)
+    small = rng.choice(others, n, p=weights / weights.sum())
+    return np.where(rng.random(n) < share, "dominant", np.char.add("v", small.astype(str))).astype(object)
+
+
+def hash_placement(plan, keys: np.ndarray, seed: int):
+    """The plan with each value in shard sha256(value) mod S (the placement a plain hash gives; the pipeline's own
+    is greedy bin-packing, unlearning/sharding.py assign_shards), slices recut the same way."""
+    import dataclasses
+    import hashlib
+
+    from unlearning.sharding import assign_slices
+
+    shard = np.asarray([int(hashlib.sha256(str(k).encode()).hexdigest(), 16) % plan.shards for k in keys])
+    return dataclasses.replace(plan, shard=shard, slice=assign_slices(keys, shard, plan.shards, plan.slices, seed))
+
+
+def skew_study(name: str, shards: int, epochs: int | None, share: float = 0.85, others: int = 40) -> dict:
+    """What balanced placement and the size-weighted aggregate do on a skewed grouping: validation accuracy of
+    the single model and of the aggregate (mean_probs, size_weighted, vote) under hash and greedy placement, the
+    shard sizes, and what deleting one row of the largest shard costs in retrains."""
+    from unlearning.sharding import cost_in_retrains, shard_skew
+
+    t = Params().train
+    recipe = TrainRecipe(epochs=epochs or t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
+                         optimizer=t.optimizer, schedule=t.schedule)
+    X, y, Xv, yv, ids, _, n_classes = data(name, 30)
+    keys = skewed_keys(len(ids), share, others)
+    spec = {"arch": "mlp", "in_shape": [X.shape[1]], "n_classes": n_classes, "kwargs": {"hidden": list(t.model.hidden)}}
+    single = build_model(spec, [0])
+    fit(single, X, y, recipe)
+    out = {"dataset": name, "shards": shards, "epochs": recipe.epochs, "dominant_share": share, "values": others + 1,
+           "single_val_accuracy": float(accuracy(single, Xv, yv)[0]), "placements": {}}
+    greedy = make_plan(ids, keys, shards, 1, 0, recipe.epochs, seeds_for(0, shards, 7_000), by="group")
+    for placement, plan in (("hash", hash_placement(greedy, keys, 0)), ("greedy", greedy)):
+        sizes = plan.sizes()
+        constituents, _ = train_from_scratch(spec, plan, X, y, recipe)
+        accs = {agg: float(accuracy(ShardState(plan, X, y, {}, agg).model(constituents), Xv, yv)[0])
+                for agg in ("mean_probs", "size_weighted", "vote")}
+        largest = int(np.argmax(sizes))
+        out["placements"][placement] = {
+            "shard_rows": sizes, "skew": shard_skew(sizes), "val_accuracy": accs,
+            "one_row_of_largest_shard_retrains": cost_in_retrains(plan, {largest: 0})}
+        print(f"  skewed {name} S={shards} {placement}: sizes {sorted(sizes, reverse=True)}, acc "
+              + ", ".join(f"{k} {v:.4f}" for k, v in accs.items())
+              + f" (single {out['single_val_accuracy']:.4f})", flush=True)
+    return out
+
+
+def skew_table(result: dict) -> str:
+    lines = [f"Measured {result['measured_at']} on {result['machine']} (2 cores shared with other jobs, loaded) by "
+             f"`python bench/sharding.py --skewed`: {result['dataset']}, {result['epochs']} epochs, S = "
+             f"{result['shards']}, one value holding {result['dominant_share']:.0%} of the rows and "
+             f"{result['values'] - 1} small ones; one draw (a small run).", "",
+             "| placement | shard rows | largest / mean | one row of the largest shard | mean_probs | size_weighted "
+             "| vote | single model |", "|---|---|---|---|---|---|---|---|"]
+    for name, p in result["placements"].items():
+        a = p["val_accuracy"]
+        lines.append(f"| {name} | {' / '.join(map(str, sorted(p['shard_rows'], reverse=True)))} | {p['skew']:.1f} | "
+                     f"{p['one_row_of_largest_shard_retrains']:.2f} retrains | {a['mean_probs']:.3f} | "
+                     f"{a['size_weighted']:.3f} | {a['vote']:.3f} | {result['single_val_accuracy']:.3f} |")
+    return "\n".join(lines)
+
+
 def _fmt(x: float) -> str:
     return f"{x:.1f}x"
 
@@ -262,7 +337,20 @@ def main() -> None:
     ap.add_argument("--readme", default=str(ROOT / "README.md"))
     ap.add_argument("--merge", help="a,b.json: join the datasets of earlier runs' JSON (one run per dataset) and "
                                     "write the JSON and the tables, training nothing")
+    ap.add_argument("--skewed", action="store_true", help="only the skewed-grouping study: hash vs greedy placement, "
+                                                           "mean_probs vs size_weighted vs vote (first of --datasets, "
+                                                           "first of --shards above 1)")
     a = ap.parse_args()
+    if a.skewed:
+        torch.set_num_threads(a.threads)
+        torch.manual_seed(0)
+        S = next((int(s) for s in a.shards.split(",") if int(s) > 1), 5)
+        result = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "machine": platform.machine(), **skew_study(a.datasets.split(",")[0], S, a.epochs)}
+        write_json(Path(a.out).with_name("sharding_skew.json"), result)
+        if a.page:
+            write_between(a.page, SKEW_BEGIN, SKEW_END, skew_table(result))
+        return
     if a.merge:
         parts = [__import__("json").loads(Path(f).read_text()) for f in a.merge.split(",")]
         result = {**parts[-1], "datasets": [d for p in parts for d in p["datasets"]],

@@ -22,6 +22,7 @@ from flows.common import (
 )
 from flows.common import deletion_run_name
 from flows.errors import EXIT_BAD_INPUT, EXIT_GATE_REJECTED, one_line_errors
+from flows.intake import reject  # noqa: F401  (one writer of <name>.error.json; tests and flows import it from here)
 from tasks import stages as S
 from adapters.clock import computes
 from adapters.dvc_metrics import write_deletion_metrics
@@ -84,12 +85,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
         state, requests, forget_ids = split_requests(batch, params, state, requests, objective)
         if not forget_ids:  # validation rows only: erased, nothing to unlearn, no new model version
             return apply_not_trained_on(batch, params, state, requests, objective)
-        report = (S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
-                             state, forget_ids, params.train.label_smoothing, params.train.epochs,
-                             params.deletion.partition.mode == "leverage")
-                  if wants_diagnostics(params, state, objective) else None)
-        rows = S.partition(batch, params.deletion.partition, state, forget_ids,
-                           report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))
+        rows, report = diagnose_and_partition(batch, params, state, forget_ids, objective)
         licensing = None
         if params.validation.mode == "qualified" and objective == "retrain_equivalence":
             outcome, licensing = qualified_run(batch, params, state, rows, objective, report)
@@ -179,6 +175,71 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str,
     if outcome is None:
         raise BatchRejected(f"no candidate passed the gate for {batch.path.name}; the previous champion stays")
     return outcome
+
+
+def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids: list[str], objective: str):
+    """(rows, report): the leverage partition ranks retain rows by the diagnostics, so they come first there;
+    otherwise the partition comes first, and the diagnostics run only when a candidate the plan could try needs
+    them (`diagnostics_unused`), saying on the console when they are skipped."""
+    def diagnose(skipped: str | None = None):
+        return S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
+                          state, forget_ids, params.train.label_smoothing, params.train.epochs,
+                          params.deletion.partition.mode == "leverage", skipped=skipped)
+
+    def partition(report):
+        return S.partition(batch, params.deletion.partition, state, forget_ids,
+                           report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))
+
+    if params.deletion.partition.mode == "leverage":
+        report = diagnose()
+        return partition(report), report
+    rows = partition(None)
+    if not wants_diagnostics(params, state, objective):
+        return rows, None
+    return rows, diagnose(diagnostics_unused(batch, params, state, rows, objective))
+
+
+def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective: str) -> str | None:
+    """Why no candidate this batch could try would use the leverage diagnostics (None: one could). The
+    candidates are those the rules pick without them plus every method of a rule that waits for a fact only
+    they give (it might fire), and the fallbacks; planned as the batch plans (deletion.weigh_cost drops an
+    approximate candidate whose certificate costs more than the retrain, with the batch's own timing probe,
+    kept for its plan). Only exact steps left: the diagnostics decide nothing. The qualified mode reads them
+    for its licence (wants_diagnostics decides there); a sharded original skips them in S.diagnose;
+    diagnostics.record keeps them for every batch's record."""
+    if params.diagnostics.record or (params.validation.mode == "qualified" and objective == "retrain_equivalence"):
+        return None
+    if getattr(state.model, "shard_state", None) is not None:
+        return None  # S.diagnose says why it skips them
+    from tasks.sharding import sisa_share
+    from unlearning.plan import PlanRefused, plan_steps
+    from unlearning.policy import FALLBACK, parse_key, select_methods
+    from unlearning.selection import batch_facts
+
+    d = params.deletion
+    if d.method == "auto":
+        facts = batch_facts(d, params.train.epochs, objective, rows, None, device=batch.device)
+        sel = select_methods(d.rules, facts)
+        waiting = [r.method for r in d.rules
+                   if any(facts.get(parse_key(k)[0]) is None for k in r.when)]  # a diagnostics or oracle fact
+        possible = [*sel.candidates, *waiting]
+    else:
+        possible = [d.method]
+    possible = list(dict.fromkeys([m for m in [*possible, *d.fallback] if m != FALLBACK] + [FALLBACK]))
+    if batch.probe is None:
+        from tasks.planning import probe
+
+        batch.probe = probe(params, state, rows, batch.device)  # S.plan reuses it
+    try:
+        steps, _ = plan_steps(possible, objective, params.validation, params.gate, weigh_cost=d.weigh_cost,
+                              explicit=d.method != "auto", member_in_retrains=batch.probe[0].member_in_retrains,
+                              sisa_cost=sisa_share(state, rows))
+    except PlanRefused:
+        return None  # the batch's own plan refuses it, with its one line
+    if any(s.certificate not in ("exact", "audit") for s in steps):
+        return None
+    return (f"the only candidate(s) the plan could try ({', '.join(s.method for s in steps)}) are exact, so no "
+            f"selection rule or certificate would read them (candidates considered: {', '.join(possible)})")
 
 
 def wants_diagnostics(params: Params, state, objective: str) -> bool:
@@ -284,20 +345,6 @@ def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
     # (a file already moved to processed/ or rejected/ by an earlier run, or an entry scan_inbox refused, is
     # not processed again)
     return [p for p in pending if p.name <= path.name]
-
-
-def reject(path: Path, params: Params, error: BaseException | str) -> Path:
-    """Move an inbox entry to requests/rejected/ beside <name>.error.json (what was wrong, one line each; for a
-    gate rejection, each failing check of each candidate in words, with its value and its bound: the
-    `failing_checks` tasks.stages.fail set on the error)."""
-    failing = list(getattr(error, "failing_checks", None) or [])
-    problems = getattr(error, "problems", None) or [str(error), *failing]
-    dest = move_unique(path, params.path("rejected"))
-    atomic_write_json(dest.with_name(dest.name + ".error.json"), {
-        "file": path.name, "rejected_at": datetime.now(timezone.utc).isoformat(),
-        "error": type(error).__name__ if isinstance(error, BaseException) else "not a request file",
-        "problems": problems, **({"failing_checks": failing} if failing else {}), "nothing_changed": True})
-    return dest
 
 
 def processed(path: Path, params: Params) -> Path:

@@ -84,11 +84,12 @@ def batch_wall_time(plan, params) -> tuple[dict, str]:
 
 def cmd_plan(args) -> int:
     """Print the plan of a batch of args.file (see the module docstring)."""
-    from flows.common import device_of
+    from flows.common import device_of, use_project_path
     from unlearning.config import load_params
     from unlearning.plan import plan_lines
 
     params = load_params(args.params)
+    use_project_path(params)  # a custom model factory beside params.yaml (as every other command loads it)
     path = Path(args.file)
     if not path.exists():
         raise FileNotFoundError(f"{args.file}: no such request file")
@@ -102,8 +103,9 @@ def cmd_plan(args) -> int:
 
     # the references from the probe's cost curve at the plan's chunk, as the plan prices them
     certificate = sequential_step("any", params.validation, params.gate, cost_functions(timing, plan.chunk_size)[0])
+    exact = tuple(s.method for s in plan.steps) if all(s.certificate == "exact" for s in plan.steps) else ()
     advice, advice_line = advise_mode(certificate.cost_retrains_accept, timing.retrain_seconds,
-                                      params.validation.mode)
+                                      params.validation.mode, exact_only=exact)
     from unlearning.gate import criterion_line
 
     notes = [advice_line, criterion_line(params.gate), *notes]

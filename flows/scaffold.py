@@ -207,6 +207,25 @@ def _project_path(path: Path, root: Path) -> str:
         return str(path)
 
 
+def shard_skew_preview(data_path: Path, column: str, shards: int) -> str | None:
+    """The train stage's skew warning (unlearning/sharding.py skew_warning, at the default
+    train.sharding.max_skew), said at init: the shards `column`'s values would make, placed as training places
+    them (largest value first onto the least-loaded shard), over every row of the table."""
+    from unlearning.config import Sharding
+    from unlearning.data.sources import read_table
+    from unlearning.sharding import assign_shards, skew_warning
+
+    try:
+        keys = read_table(data_path, (column,))[column].astype(str).to_numpy()
+    except (OSError, ValueError, KeyError):
+        return None  # prepare reports an unreadable table with its own line
+    if len(set(keys)) < shards:
+        return None  # the train stage refuses it with its own line (fewer values than shards)
+    sizes = np.bincount(assign_shards(keys, shards, 0), minlength=shards)
+    line = skew_warning(sizes, Sharding().max_skew, keys, f"column {column!r}")
+    return line and line.replace("train.sharding: skewed", f"--shard-by {column}: skewed", 1)
+
+
 def _columns(path: Path) -> list[str] | None:
     """The column names of a CSV/TSV or Parquet file (None when the format is not readable here)."""
     suffix = path.suffix.lower()
@@ -450,7 +469,7 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
                                 ("--split-column", split_column)) if v]
         if given:
             raise ScaffoldError(f"{', '.join(given)}: only for --dataset table")
-    sharding = None
+    sharding = skewed = None
     if shard_by is not None:
         if dataset != "table":
             raise ScaffoldError(f"--shard-by {shard_by}: only for --dataset table (a column of the table)")
@@ -467,6 +486,7 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
                                 f"model input (every column but the id, label and group ones is); list the inputs "
                                 f"with --feature-columns, without {shard_by}")
         sharding = {"shards": shards, "slices": slices, "by": "column", "column": shard_by, "aggregate": "mean_probs"}
+        skewed = shard_skew_preview(data_path, shard_by, shards)
     _check_arch(arch, factory, dataset)
     image_format, found = read_image_format(data_path) if dataset == "image_folder" else ({}, None)
     try:
@@ -495,6 +515,8 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
                 + ")")
     if found:
         done.append(found)
+    if skewed:
+        done.append(f"warning: {skewed}")
     data_dep = "${prepare.table.path}" if dataset == "table" else "${prepare.image_folder.path}"
     (target / "dvc.yaml").write_text(dvc_yaml_for(params, data_dep, extra_deps))
     done.append(f"wrote {target / 'dvc.yaml'} (stages prepare -> train -> deletion; qualify)")

@@ -258,6 +258,16 @@ def params_problem(cmd: list[str], path: str = "params.yaml") -> str | None:
         return str(e)
 
 
+def repro_reads_inbox(cmd: list[str]) -> bool:
+    """Whether `cmd` is a `dvc repro` (or `python -m dvc repro`) that reaches the deletion stage, whose inbox
+    dependency DVC hashes before the stage runs: no target (every stage), or a target naming it."""
+    words = cmd[2:] if len(cmd) > 2 and cmd[1:3] == ["-m", "dvc"] else cmd
+    if os.path.basename(words[0]) != "dvc" or "repro" not in words[1:]:
+        return False
+    targets = [w for w in words[words.index("repro") + 1:] if not w.startswith("-")]
+    return not targets or any(t.split(":")[-1] == "deletion" or t == "dvc.yaml" for t in targets)
+
+
 def split_commands(args: list[str]) -> tuple[list[list[str]], bool]:
     """`[--cold] CMD ARGS [--then CMD ARGS ...]` -> the commands, and whether to use the warm worker."""
     warm = True
@@ -500,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     env[TIMINGS_FILE] = os.path.join(folder, "timings.jsonl")
     server = worker = None
     rows: list[tuple[str, float]] = []
-    rc = 0
+    rc = held = 0
     try:
         if not env.get("PREFECT_API_URL"):
             server = ServerProcess(env)
@@ -512,6 +522,14 @@ def main(argv: list[str] | None = None) -> int:
             env[ENV_SOCKET] = folder
         for i, cmd in enumerate(commands):
             label = " ".join(os.path.basename(c) if j == 0 else c for j, c in enumerate(cmd))
+            if repro_reads_inbox(cmd) and os.path.exists("params.yaml"):
+                from flows.intake import intake  # stdlib + pydantic: an entry DVC cannot hash leaves first
+                from unlearning.config import ConfigError
+
+                try:
+                    held = held or intake("params.yaml")  # 2: a file was rejected; the stage applies the others
+                except ConfigError:
+                    pass  # params.yaml the stage itself refuses, with its one line
             since = time.perf_counter()
             cmd_rc, stages, files_held = run_timed(cmd, {**env, "UNLEARN_TIMING_LABEL": label})
             rc = rc or cmd_rc
@@ -528,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label}: a request file was not applied (exit {cmd_rc}); the next commands still run, for "
                       f"the files that were", flush=True)
         timings = read_timings(env[TIMINGS_FILE])
+        rc = rc or held  # a failed command's own code first
     finally:
         for proc in (worker, server.proc if server else None):
             if proc is not None:

@@ -84,3 +84,18 @@ def log_diagnostics(tracker, run_id: str, report: LeverageReport, tables: dict[s
     eig = np.linalg.eigvalsh(report.self_leverage_matrix) if report.self_leverage_matrix.size else np.zeros(0)
     fig = plots.spectrum(eig[::-1], "Spectrum of the forget self-leverage S_F")
     tracker.log_figure(run_id, fig, "self_leverage_spectrum.png"); plots.close(fig)
+
+
+def poor_check_line(report: LeverageReport) -> str | None:
+    """One console line when the diagnostics' own error check against exact is poor (unlearning/leverage/check.py
+    POOR_SPEARMAN, POOR_REL_ERR): the rules reading the predicted gap would then decide on noise."""
+    from unlearning.leverage.check import poor_check
+
+    poor = poor_check(report.approx_error)
+    if not poor:
+        return None
+    return (f"diagnostics' error check against exact is poor ({'; '.join(poor)}; solver {report.solver}): the "
+            f"predicted gaps the selection rules read are unreliable for this model; try diagnostics.solver exact or "
+            f"a larger diagnostics.proj_dim, or leave the choice to the certificate (deletion.method auto still "
+            f"certifies whatever it picks)")
+

@@ -23,7 +23,8 @@ from unlearning.data.store import Prepared
 from unlearning.io import atomic_save, atomic_write_json, load_checkpoint, read_json_file
 from unlearning.models import Ensemble, TrainRecipe, load_model, save_model, seeds_for
 from unlearning.salt import id_salt
-from unlearning.sharding import ShardPlan, ShardState, id_hash, legacy_plan, make_plan, train_from_scratch
+from unlearning.sharding import (ShardPlan, ShardState, id_hash, legacy_plan, make_plan, skew_warning,
+                                 train_from_scratch)
 
 PLAN = "plan.json"
 SHARD_SEED_OFFSET = 7_000  # the constituents' seeds: their own block of the base seed's stream
@@ -76,6 +77,7 @@ def train_sharded(params: Params, prepared: Prepared, train_rows: np.ndarray, re
     salt = id_salt(params)
     plan = make_plan([id_hash(i, salt) for i in ids], keys, s.shards, s.slices, params.base.seed, recipe.epochs,
                      seeds_for(params.base.seed, s.shards, SHARD_SEED_OFFSET), s.by, s.column)
+    skewed = skew_warning(plan.sizes(), s.max_skew, keys if s.by != "random" else None, key_label(params))
     X = torch.as_tensor(np.asarray(prepared.X[train_rows]), dtype=torch.float32)
     y = torch.as_tensor(np.asarray(prepared.label[train_rows]), dtype=torch.long)
     checkpoints: dict[tuple[int, int], Ensemble] = {}
@@ -87,7 +89,32 @@ def train_sharded(params: Params, prepared: Prepared, train_rows: np.ndarray, re
     write_folder(original_shards(params), state)
     return state.model(constituents.cpu()).to(device), {
         "shards": s.shards, "slices": s.slices, "by": s.by, "shard_rows": plan.sizes(),
-        "slice_epochs": plan.slice_epochs, "gradient_evals": report.gradient_evals}
+        "slice_epochs": plan.slice_epochs, "gradient_evals": report.gradient_evals, "skew_warning": skewed,
+        "aggregate": s.aggregate}
+
+
+def key_label(params: Params) -> str:
+    """How the shard key is named in a warning: the column, the data's group, or the id."""
+    s = params.train.sharding
+    return {"column": f"column {s.column!r}", "group": "the group column"}.get(s.by, "the id")
+
+
+def sharded_accuracy_lines(model, X_val: torch.Tensor, y_val: torch.Tensor, sharding: dict) -> tuple[list[str], dict]:
+    """What the train stage says of a sharded original (docs/sharding.md): the aggregate's validation accuracy
+    against its constituents' (each trained on one shard), and how to measure a single model on every row
+    (the comparison needs a training run of its own). Returns (console lines, metrics)."""
+    from unlearning.models import accuracy
+
+    agg = float(accuracy(model, X_val, y_val)[0])
+    each = [float(a) for a in accuracy(model.constituents, X_val, y_val)]
+    largest = int(np.argmax(sharding["shard_rows"]))
+    lines = [f"sharded original: the aggregate ({sharding['aggregate']}) of {len(each)} constituents has val accuracy "
+             f"{agg:.3f}; the constituents alone {min(each):.3f} to {max(each):.3f} (the largest shard's "
+             f"{each[largest]:.3f}); a single model on every row: `dvc exp run -S train.sharding.shards=null` "
+             f"(or `unlearn train` with it) and compare val_accuracy (`dvc exp show`, metrics/train.json)"]
+    if sharding.get("skew_warning"):
+        lines.append(sharding["skew_warning"])
+    return lines, {"constituent_val_accuracy_min": min(each), "constituent_val_accuracy_max": max(each)}
 
 
 def write_folder(folder: Path, state: ShardState) -> None:

@@ -116,13 +116,19 @@ def validate(batch: BatchRun, check, pending: pd.DataFrame,
 @computes
 def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, state: State,
              forget_ids: list[str], label_smoothing: float = 0.0, epochs: int | None = None,
-             cross_every_row: bool = False):
-    """Leverage diagnostics of the production model for this forget set, before any unlearning runs; `cfg`:
+             cross_every_row: bool = False, skipped: str | None = None):
+    """Leverage diagnostics of the production model for this forget set, before any unlearning runs (`skipped`:
+    why no candidate would read them: said on the console and in the stage's artifact, nothing computed); `cfg`:
     params.diagnostics, `weight_decay`: train.weight_decay (the GGN damping), `seed`/`progress`: base.*,
     `label_smoothing`: train.label_smoothing, `epochs`: train.epochs (solver auto's budget of max_retrains
     retrains), `cross_every_row`: deletion.partition.mode is leverage (it ranks every retain row)."""
-    from tasks.diagnostics import leverage_diagnostics, log_diagnostics
+    from tasks.diagnostics import leverage_diagnostics, log_diagnostics, poor_check_line
 
+    if skipped:
+        run_logger().info(f"{batch.path.name}: diagnostics skipped: {skipped}")
+        markdown_artifact(f"### Leverage diagnostics skipped\n\n{skipped} (diagnostics.record: true computes them "
+                          f"for the record anyway)", key=batch.key("diagnostics"), description="leverage diagnostics")
+        return None
     if getattr(state.model, "shard_state", None) is not None:  # sisa is exact: the diagnostics would decide nothing
         run_logger().info(f"{batch.path.name}: diagnostics skipped: the original is sharded (train.sharding), and "
                           f"method sisa unlearns it exactly")
@@ -135,6 +141,8 @@ def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, 
     batch.seconds["diagnostics"] = time.perf_counter() - started  # the plan counts them (plan_vs_actual)
     log_diagnostics(batch.tracker, run, report, tables)
     batch.close()
+    if poor := poor_check_line(report):
+        run_logger().warning(f"{batch.path.name}: {poor}")
     table_artifact([{"diagnostic": k, "value": round(float(v), 6)} for k, v in {
         "self-leverage trace": report.self_leverage_trace,
         "self-leverage spectral norm": report.self_leverage_spectral_norm,
@@ -321,7 +329,18 @@ def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows:
     rules = "; ".join(f"{name} ({why})" for name, why in selection["fired"]) or "no rule fired"
     log.info(f"{batch.path.name}: {len(rows.forget)} sample(s) to forget, objective {objective}; "
              f"candidates {selection['candidates']}; rules that fired: {rules}")
+    if not forced and (line := nearest_miss_line(selection)):
+        log.info(f"{batch.path.name}: {line}")
     return selection
+
+
+def nearest_miss_line(selection: dict) -> str | None:
+    """Why a method was not picked, in one line: the rule nearest to firing and the value that kept it off."""
+    miss = selection.get("nearest_miss")
+    if not miss:
+        return None
+    name, method, why = miss
+    return f"nearest rule that did not fire: {name} -> {method} ({why})"
 
 
 def selection_markdown(selection: dict, request_file: str) -> str:

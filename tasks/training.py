@@ -152,8 +152,14 @@ def train_original(params: Params, prepared: Prepared, device: str) -> tuple[Ens
                "val_accuracy": float(accuracy(model, X_val, y_val)[0]),
                "train_seconds": seconds, "n_train": int(len(train_rows)), "n_val": int(len(val_rows))}
     if sharding:
+        from tasks.sharding import sharded_accuracy_lines
+
         metrics.update({"shards": sharding["shards"], "slices": sharding["slices"],
                         "min_shard_rows": min(sharding["shard_rows"]), "max_shard_rows": max(sharding["shard_rows"])})
+        lines, more = sharded_accuracy_lines(model, X_val, y_val, sharding)
+        metrics.update(more)
+        for line in lines:
+            (run_logger().warning if line is sharding.get("skew_warning") else run_logger().info)(line)
     model.origin = source  # "trained" or "init_checkpoint <file>": the train flow reports it
     return model, metrics
 

@@ -186,8 +186,11 @@ class Sharding(Strict):
         "random", description="random (rows spread evenly) | group (the data's group column) | column (any "
                               "column of your table, e.g. a customer id): every value of the key in one shard")
     column: str | None = Field(None, description="by: column -- the table column whose values pick the shard")
-    aggregate: Literal["mean_probs", "vote"] = Field("mean_probs", description="how the constituents predict "
-                                                                               "together")
+    aggregate: Literal["mean_probs", "size_weighted", "vote"] = Field(
+        "mean_probs", description="how the constituents predict together: mean_probs (the mean of their softmax) | "
+                                  "size_weighted (that mean weighted by each shard's rows: for skewed shards) | vote")
+    max_skew: float = Field(3.0, gt=1, description="warn (at `unlearn init --shard-by` and at train) when the largest "
+                                                   "shard holds more than this multiple of the mean shard's rows")
 
     @model_validator(mode="after")
     def _column_iff_by_column(self) -> "Sharding":
@@ -272,6 +275,8 @@ class Diagnostics(Strict):
     """Leverage diagnostics (docs/design.md §4.1) computed for every batch before unlearning."""
 
     enabled: bool = True
+    record: bool = Field(False, description="compute them for every batch's record, also when no candidate the plan "
+                                            "could try reads them (false: skipped then, saying why)")
     solver: Literal["auto", "exact", "projected", "cg", "last_layer"] = "auto"
     lam: float | None = Field(None, gt=0, description="GGN damping; null = n_train * train.weight_decay")
     min_lam: float = Field(1.0, gt=0, description="lower bound of the derived damping")

@@ -172,10 +172,14 @@ class Plan:
         return [s.method for s in self.steps]
 
     def models_to_train(self) -> dict[str, int]:
-        """Models the plan trains at most: the exact retrain's one model, oracles and shadows (largest look)."""
+        """Models the plan trains at most: the exact retrain's one model, oracles and shadows (largest look).
+        `sisa` trains no full model: the shards holding the rows retrain from a checkpoint, `sisa_share` of a
+        full retrain (docs/design.md, sharding)."""
         out = {"retrain": 0, "oracles": 0, "shadows": 0}
         for s in self.steps:
-            if s.certificate == "exact":  # an audited retrain is oracle member 0: trained in the oracles' pass
+            if s.method == "sisa":
+                out["sisa_share"] = s.cost_retrains_accept
+            elif s.certificate == "exact":  # an audited retrain is oracle member 0: trained in the oracles' pass
                 out["retrain"] = 1
             shadows, oracles = s.references
             out["oracles"], out["shadows"] = max(out["oracles"], oracles), max(out["shadows"], shadows)
@@ -437,7 +441,9 @@ def plan_lines(plan: Plan) -> list[str]:
     for method, why in plan.skipped:
         lines.append(f"- skipped {method}: {why}")
     m = plan.models_to_train()
-    lines.append(f"models it trains at most: {m['retrain']} retrain, {m['oracles']} oracles, {m['shadows']} shadows "
+    sisa = (f"the shards holding the rows, from their checkpoints ({sig(m['sisa_share'])} of a full retrain)"
+            if "sisa_share" in m else f"{m['retrain']} retrain")
+    lines.append(f"models it trains at most: {sisa}, {m['oracles']} oracles, {m['shadows']} shadows "
                  f"(in chunks of {plan.chunk_size}, {plan.workers} at a time)")
     lines += list(plan.cost_model)
     if plan.predicted_seconds:

@@ -151,6 +151,44 @@ def evaluate(rule: Rule, facts: dict[str, Any]) -> tuple[bool | None, str]:
     return True, "; ".join(held) or "no conditions"
 
 
+# How far a failed condition is from holding (nearest_miss): a threshold by its relative margin, a fact not
+# computed for the batch by MISSING_DISTANCE (it might have held), any other mismatch (a category, a flag) by 1.
+MISSING_DISTANCE = 0.5
+
+
+def failing_conditions(rule: Rule, facts: dict[str, Any]) -> list[tuple[str, float]]:
+    """Every condition of `rule` that keeps it off, with the value that does, and its distance from holding."""
+    out = []
+    for key, want in rule.when.items():
+        fact, op = parse_key(key)
+        fn, sym = _OPS[op]
+        have = facts.get(fact)
+        if have is None:
+            out.append((f"{fact} not computed for this batch", MISSING_DISTANCE))
+        elif not fn(have, want):
+            threshold = op in ("gt", "ge", "lt", "le") and _is_num(have) and _is_num(want)
+            far = abs(have - want) / max(abs(want), 1e-12) if threshold else 1.0
+            out.append((f"{fact}={_fmt(have)} is not {sym} {_fmt(want)}", far))
+    return out
+
+
+def nearest_miss(rules: SelectionPolicy | Sequence[Rule | dict], facts: dict[str, Any],
+                 candidates: Sequence[str]) -> tuple[str, str, str] | None:
+    """The rule nearest to firing among those that did not, for a method that is not a candidate: the least
+    summed distance of its failed conditions (a threshold by its relative margin: `predicted_gap_to_noise=0.83
+    is not < 0.5` is 0.66 away; a flag or a category that differs, 1), the earlier rule on a tie
+    (docs/design.md §4.5). (name, method, what kept it off), or None when every rule's method is a candidate
+    anyway. Says on the console why a method was not picked."""
+    policy = rules if isinstance(rules, SelectionPolicy) else SelectionPolicy(
+        rules=[r if isinstance(r, Rule) else Rule(**r) for r in rules])
+    misses = [(sum(d for _, d in off), i, r, off) for i, r in enumerate(policy.rules)
+              if r.method not in candidates and (off := failing_conditions(r, facts))]
+    if not misses:
+        return None
+    _, _, rule, off = min(misses, key=lambda m: (m[0], m[1]))
+    return rule.name, rule.method, "; ".join(why for why, _ in off)
+
+
 def validate_facts(facts: dict[str, Any]) -> None:
     for fact, value in facts.items():
         if fact not in FACTS:

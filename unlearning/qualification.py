@@ -413,11 +413,17 @@ def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p
 PER_BATCH_SECONDS = 600.0  # a per-batch certificate past 10 minutes a batch: qualify once instead
 
 
-def advise_mode(certificate_retrains: float, retrain_seconds: float, mode: str) -> tuple[str, str]:
+def advise_mode(certificate_retrains: float, retrain_seconds: float, mode: str,
+                exact_only: tuple[str, ...] = ()) -> tuple[str, str]:
     """The mode a model of this size calls for, and why in words: per_batch while certifying one approximate
     candidate (`certificate_retrains`: its references, in retrains, all looks) takes at most PER_BATCH_SECONDS;
     qualified past it, where a batch's certificate costs far more than the retrain it is meant to avoid.
-    `mode`: validation.mode as configured (the advice says whether it agrees)."""
+    `mode`: validation.mode as configured (the advice says whether it agrees). `exact_only`: the candidates,
+    when every one is exact (sisa on a sharded original, retrain): no batch certifies anything, so the mode
+    changes nothing and the advice is the configured mode."""
+    if exact_only:
+        return mode, (f"mode: {mode} as configured, and either mode does the same here: the only candidate(s) "
+                      f"({', '.join(exact_only)}) are exact, so no batch certifies an approximate candidate")
     seconds = certificate_retrains * retrain_seconds
     advice = "per_batch" if seconds <= PER_BATCH_SECONDS else "qualified"
     from unlearning.costs import sig

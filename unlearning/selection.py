@@ -108,6 +108,8 @@ def candidate_methods(deletion: Deletion, facts: dict) -> dict:
     d = deletion
     check_method_config(d)  # also for callers that did not check first (the benches)
     fired, skipped = [], []
+    from unlearning.policy import nearest_miss, retrain_last
+
     if d.method == "auto":
         from unlearning.policy import select_methods
 
@@ -116,11 +118,10 @@ def candidate_methods(deletion: Deletion, facts: dict) -> dict:
     else:
         first = [d.method]
         fired = [("explicit", f"deletion.method = {d.method!r}")]
-    from unlearning.policy import retrain_last
-
     ordered = retrain_last([*first, *d.fallback])
+    miss = nearest_miss(d.rules, facts, ordered) if d.method == "auto" else None
     return {"candidates": ordered, "fired": fired, "skipped": skipped, "facts": facts,
-            "rule_methods": {r.name: r.method for r in d.rules}}
+            "rule_methods": {r.name: r.method for r in d.rules}, "nearest_miss": miss}
 
 
 def selection_with_debt(deletion: Deletion, facts: dict, ledger, n_train: int,

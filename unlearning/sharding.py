@@ -4,7 +4,8 @@ Bourtoule et al., "Machine Unlearning", IEEE S&P 2021).
 The training rows are split into S shards; one constituent (a member of the user's module, seed = its shard's
 seed) trains on each shard, in R slices: slice r trains on the shard's slices 0..r for `slice_epochs` epochs with
 a fresh optimizer and a data-order stream of its own, and its result is checkpointed. The deployed model is the
-aggregate of the constituents (`Aggregate`: mean of the softmax, or a majority vote).
+aggregate of the constituents (`Aggregate`: mean of the softmax, its mean weighted by each shard's rows, or a
+majority vote).
 
 A deletion retrains only the shards that held a forgotten row, each from the checkpoint before the first slice
 that held one, over the later slices without the forgotten rows (`affected`, `sisa_unlearn`). Slices before it
@@ -54,6 +55,36 @@ def assign_shards(keys: Sequence, shards: int, seed: int) -> np.ndarray:
         shard_of_value[v] = k
         load[k] += counts[v]
     return shard_of_value[inverse.reshape(-1)]
+
+
+def shard_skew(sizes: Sequence[int]) -> float:
+    """The largest shard's rows over the mean shard's (1.0: even; S: every row in one shard)."""
+    sizes = np.asarray(list(sizes), dtype=float)
+    return float(sizes.max() / max(sizes.mean(), 1e-12)) if sizes.size else 1.0
+
+
+def skew_warning(sizes: Sequence[int], max_skew: float, keys: Sequence | None = None,
+                 key_name: str = "the key") -> str | None:
+    """One line when the largest shard holds more than `max_skew` (train.sharding.max_skew) times the mean
+    shard's rows, else None. A deletion in the largest shard then costs about its share of a retrain, not 1/S
+    (`cost_in_retrains`), and the aggregate's vote is spread unevenly. `keys` (per row): names the largest value,
+    which no placement can split (every value sits in one shard)."""
+    sizes = [int(n) for n in sizes]
+    skew = shard_skew(sizes)
+    if skew <= max_skew:
+        return None
+    total = max(sum(sizes), 1)
+    line = (f"train.sharding: skewed shards ({max(sizes)} rows down to {min(sizes)}; the largest is {skew:.1f} x the "
+            f"mean of {total / len(sizes):.0f}, over train.sharding.max_skew = {max_skew:g}): deleting a row of the "
+            f"largest shard retrains about {max(sizes) / total:.2g} of a full retrain, not 1/{len(sizes)}")
+    if keys is not None and len(keys):
+        values, counts = np.unique(np.asarray(keys, dtype=object).astype(str), return_counts=True)
+        top = int(np.argmax(counts))
+        if counts[top] * len(sizes) > total:  # one value alone holds more than a shard's fair share
+            line += (f"; {key_name} value {str(values[top])!r} alone holds {int(counts[top])} rows "
+                     f"({counts[top] / total:.0%}), and a value never splits across shards")
+    return line + ("; shard by a finer key (a person or customer column), by: random, or fewer shards; "
+                   "train.sharding.aggregate: size_weighted weighs each constituent by its rows")
 
 
 def assign_slices(keys: Sequence, shard: np.ndarray, shards: int, slices: int, seed: int) -> np.ndarray:
@@ -309,7 +340,7 @@ class ShardState:
     def model(self, constituents: Ensemble) -> Aggregate:
         """The deployed aggregate of `constituents`, empty shards left out, with this state attached."""
         sizes = self.plan.sizes()
-        agg = Aggregate(constituents, self.aggregate, [n > 0 for n in sizes])
+        agg = Aggregate(constituents, self.aggregate, [n > 0 for n in sizes], weights=sizes)
         agg.shard_state = self
         return agg
 

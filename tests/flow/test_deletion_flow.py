@@ -18,8 +18,9 @@ pytestmark = pytest.mark.flow
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, prefect_harness):
-    """prepare + train once for the module. The tests share it in file order: the applied batch below
-    creates the state the later tests pick fresh ids from."""
+    """prepare + train once for the tests that run batches of their own. A test that needs the sample request
+    applied first (a state, an inbox holding its own files only) asks for `sample_applied`; the tests of the
+    sample batch's record read `applied` (a project of its own); none relies on the file order."""
     import os
 
     os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -33,11 +34,58 @@ def project(tmp_path_factory, prefect_harness):
     return root
 
 
+@pytest.fixture(scope="module")
+def applied_project(tmp_path_factory, prefect_harness):
+    """A project of its own for the tests that read the sample batch's record (its ledger, versions, runs): the
+    other tests' batches never change what they read, whatever the order."""
+    import os
+
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    from flows.prepare import prepare
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("applied_project")
+    params_path = make_project(root)
+    prepare(str(params_path))
+    train(str(params_path))
+    return root
+
+
+@pytest.fixture(scope="module")
+def sample_applied(project):
+    """The sample request applied to `project` once: a state with a champion, and an inbox holding only what a
+    test puts there (for the tests that run the whole inbox)."""
+    from flows.deletion_batch import run
+
+    return run(None, str(project / "params.yaml"))
+
+
 def fresh_ids(root, k: int, skip: int) -> list[str]:
-    """k retained training ids of the live manifest (skip keeps tests on disjoint samples)."""
-    m = pd.read_csv(root / "state" / "manifest.csv", dtype=str)
-    ids = m.loc[(m.split == "train") & (m.status == "retained"), "sample_id"].tolist()
+    """k retained training ids (skip keeps tests on disjoint samples): of the live manifest once a batch made
+    the state, else of the prepared one, never one the sample request names (the `applied` fixture erases
+    those), so a test that only needs ids runs alone, first or last."""
+    live = root / "state" / "manifest.csv"
+    m = pd.read_csv(live if live.exists() else root / "data" / "prepared" / "manifest.csv", dtype=str)
+    sample = set().union(*(set(pd.read_csv(f, dtype=str)["sample_id"]) for f in sample_requests()))
+    keep = (m.split == "train") & (m.get("status", "retained") == "retained") & ~m.sample_id.isin(sample)
+    ids = m.loc[keep, "sample_id"].tolist()
     return ids[skip : skip + k]
+
+
+@pytest.fixture
+def dask_cluster():
+    """A 2-process local Dask cluster of this test's own (loopback, dashboard on a free port), closed in teardown, with
+    connect timeouts that a loaded machine does not run past; the batch reaches it by validation.dask_address."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "120s", "distributed.comm.timeouts.tcp": "300s"}):
+        cluster = LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
+                               dashboard_address=":0")  # a free port: None still took 8787
+        try:
+            yield cluster.scheduler_address
+        finally:
+            cluster.close(timeout=60)
 
 
 def snapshot(root):
@@ -46,15 +94,15 @@ def snapshot(root):
 
 
 @pytest.fixture(scope="module")
-def applied(project):
+def applied(applied_project):
     """The inbox's sample file applied once for the module; the tests below each read one concern of it."""
     from flows.deletion_batch import run
     from adapters.tracking import Tracker
 
-    params = load_params(project / "params.yaml")
-    request_file = next((project / "requests" / "inbox").glob("*.csv"))
+    params = load_params(applied_project / "params.yaml")
+    request_file = next((applied_project / "requests" / "inbox").glob("*.csv"))
     requests = pd.read_csv(request_file, dtype=str)
-    results = run(None, str(project / "params.yaml"))
+    results = run(None, str(applied_project / "params.yaml"))
     tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
     r = results[0]
     children = tracker.client.search_runs([tracker.experiment_id],
@@ -77,30 +125,30 @@ def child_run(applied, name):
     return next(c for c in applied["children"] if c.info.run_name == name)
 
 
-def test_the_applied_file_leaves_the_inbox_and_enters_the_ledger(project, applied):
+def test_the_applied_file_leaves_the_inbox_and_enters_the_ledger(applied_project, applied):
     r, request_file, requests = applied["r"], applied["request_file"], applied["requests"]
     assert [x["status"] for x in applied["results"]] == ["applied"]
     # The applied file left the inbox for requests/processed/.
-    assert not request_file.exists() and (project / "requests" / "processed" / request_file.name).exists()
-    ledger = [json.loads(l) for l in (project / "state" / "ledger.jsonl").read_text().splitlines()]
+    assert not request_file.exists() and (applied_project / "requests" / "processed" / request_file.name).exists()
+    ledger = [json.loads(l) for l in (applied_project / "state" / "ledger.jsonl").read_text().splitlines()]
     assert [e["request_id"] for e in ledger] == requests["request_id"].tolist()
     assert {e["model_version_after"] for e in ledger} == {r["model_version"]}
 
 
-def test_the_forgotten_rows_leave_the_prepared_store_and_the_manifest(project, applied):
+def test_the_forgotten_rows_leave_the_prepared_store_and_the_manifest(applied_project, applied):
     """Erased: the forgotten rows left the prepared store and the live manifest; the ledger and the tombstones
     keep the record."""
     from unlearning.erasure import id_key, read_tombstones
     from unlearning.salt import id_salt
 
     forgotten = set(applied["requests"]["sample_id"])
-    manifest = pd.read_csv(project / "state" / "manifest.csv", dtype=str)
+    manifest = pd.read_csv(applied_project / "state" / "manifest.csv", dtype=str)
     assert not set(manifest["sample_id"]) & forgotten
-    prepared = pd.read_csv(project / "data" / "prepared" / "manifest.csv", dtype=str)
+    prepared = pd.read_csv(applied_project / "data" / "prepared" / "manifest.csv", dtype=str)
     assert not set(prepared["sample_id"]) & forgotten
     # the tombstones name them by their salted hash (deletion.hash_sample_ids is on by default)
-    key = id_key(True, id_salt(load_params(project / "params.yaml")))
-    assert {key(s) for s in forgotten} <= read_tombstones(project / "data" / "tombstones.txt")
+    key = id_key(True, id_salt(load_params(applied_project / "params.yaml")))
+    assert {key(s) for s in forgotten} <= read_tombstones(applied_project / "data" / "tombstones.txt")
 
 
 def test_the_alias_moves_and_the_batch_run_holds_its_datasets_and_stage_runs(applied):
@@ -136,7 +184,7 @@ def test_the_candidate_run_holds_metrics_figures_and_a_per_sample_table(applied)
     assert len(table) > 0
 
 
-def test_the_champion_loads_as_a_pyfunc_model_returning_probabilities(project, applied):
+def test_the_champion_loads_as_a_pyfunc_model_returning_probabilities(applied_project, applied):
     import mlflow
 
     from adapters.tracking import fluent_store
@@ -145,7 +193,7 @@ def test_the_champion_loads_as_a_pyfunc_model_returning_probabilities(project, a
     params, tracker = applied["params"], applied["tracker"]
     with fluent_store(tracker.tracking_uri):  # `models:/` URIs read the process-wide tracking URI
         served = mlflow.pyfunc.load_model(f"models:/{params.tracking.registered_model}@champion")
-    prep = load_prepared(project / "data" / "prepared")
+    prep = load_prepared(applied_project / "data" / "prepared")
     probs = served.predict(pd.DataFrame(np.asarray(prep.X[:3], dtype="float64")))
     assert probs.shape == (3, len(prep.info["class_names"])) and np.allclose(probs.sum(axis=1), 1, atol=1e-5)
 
@@ -156,7 +204,7 @@ def test_the_validate_run_holds_the_gx_result_and_its_data_docs(applied):
     assert {"gx_result.json", "data_docs"} <= validate_artifacts  # GX's Data Docs of this validation
 
 
-def test_the_batch_reads_well_in_the_mlflow_ui(project, applied):
+def test_the_batch_reads_well_in_the_mlflow_ui(applied_project, applied):
     """A readable name, the hash as a tag, the summary as the description, the champion's history as
     step-indexed metrics and a figure; the experiment opens on the runs table."""
     tracker, r, run_, request_file = applied["tracker"], applied["r"], applied["run"], applied["request_file"]
@@ -168,7 +216,7 @@ def test_the_batch_reads_well_in_the_mlflow_ui(project, applied):
     assert [m.step for m in tracker.client.get_metric_history(r["run_id"], "history/forgotten_fraction")] == [1]
     assert tracker.client.get_experiment(tracker.experiment_id).tags["mlflow.experimentKind"] == \
         "custom_model_development"
-    champion = json.loads((project / "state" / "champion.json").read_text())
+    champion = json.loads((applied_project / "state" / "champion.json").read_text())
     assert [p["step"] for p in champion["history"]] == [1]
 
 
@@ -191,17 +239,17 @@ def test_the_prefect_flow_run_holds_the_batch_summary(applied):
     assert arts and arts[0].type == "markdown" and f"`{applied['request_file'].name}`: applied" in arts[0].data
 
 
-def test_the_same_file_again_is_a_no_op_that_changes_nothing(project, applied):
+def test_the_same_file_again_is_a_no_op_that_changes_nothing(applied_project, applied):
     from flows.deletion_batch import run
 
     request_file = applied["request_file"]
-    before = snapshot(project)
+    before = snapshot(applied_project)
     # the file as it was sent (the processed copy holds hashed ids: deletion.hash_sample_ids is on by default)
     (original,) = [f for f in sample_requests() if f.name == request_file.name]
     shutil.copy(original, request_file)
-    again = run(None, str(project / "params.yaml"))
+    again = run(None, str(applied_project / "params.yaml"))
     assert [x["status"] for x in again] == ["already_processed"]
-    assert snapshot(project) == before
+    assert snapshot(applied_project) == before
     assert not request_file.exists()
 
 
@@ -223,7 +271,7 @@ def test_bad_file_changes_nothing_and_lists_every_problem(project, tmp_path):
     assert snapshot(project) == before
 
 
-def test_failure_mid_batch_changes_nothing(project, monkeypatch):
+def test_failure_mid_batch_changes_nothing(project, sample_applied, monkeypatch):
     """A fault inside the unlearning task (the method itself raising: the one fault here no input can cause,
     since bad method args are refused before the batch starts) leaves the previous model, manifest and ledger
     standing, and the MLflow batch run is marked FAILED."""
@@ -251,7 +299,7 @@ def test_failure_mid_batch_changes_nothing(project, monkeypatch):
     assert runs and runs[0].info.status == "FAILED" and runs[0].data.tags["gate"] == "error"
 
 
-def test_bad_method_args_are_refused_before_the_batch_starts(project):
+def test_bad_method_args_are_refused_before_the_batch_starts(project, sample_applied):
     from flows.deletion_batch import run
     from adapters.tracking import Tracker
     from unlearning.config import ConfigError
@@ -269,7 +317,7 @@ def test_bad_method_args_are_refused_before_the_batch_starts(project):
     assert not tracker.client.search_runs([tracker.experiment_id], filter_string="tags.request_file = 'two.csv'")
 
 
-def test_audit_changes_nothing(project):
+def test_audit_changes_nothing(project, sample_applied):
     from flows.audit import audit
 
     before = snapshot(project)
@@ -283,7 +331,7 @@ def test_audit_changes_nothing(project):
     assert snapshot(project) == before
 
 
-def test_dask_task_runner_local_cluster(project):
+def test_dask_task_runner_local_cluster(project, dask_cluster):
     """Ensemble chunks run as Prefect tasks on a 2-process local Dask cluster (validation.task_runner)."""
     from flows.deletion_batch import run
 
@@ -291,14 +339,14 @@ def test_dask_task_runner_local_cluster(project):
     (sid,) = fresh_ids(project, 1, skip=300)
     req.write_text(f"request_id,sample_id,requested_at,reason\ndask-1,{sid},2026-11-30T10:00:00Z,gdpr\n")
     # do_nothing named explicitly is certified against references: their chunks run on the Dask workers
-    overrides = {"validation": {"task_runner": "dask", "dask_workers": 2}, "diagnostics": {"enabled": False},
-                 "deletion": {"method": "do_nothing"}}
+    overrides = {"validation": {"task_runner": "dask", "dask_address": dask_cluster},
+                 "diagnostics": {"enabled": False}, "deletion": {"method": "do_nothing"}}
     results = run(str(req), str(project / "params.yaml"), overrides)
     assert [r["status"] for r in results] == ["applied"]
     assert results[0]["metrics"]["n_oracles"] == 4.0
 
 
-def test_inbox_rejects_bad_files_and_later_files_proceed(project):
+def test_inbox_rejects_bad_files_and_later_files_proceed(project, sample_applied):
     """No head-of-line blocking: a file rejected by validation, one rejected by the gate, an unknown suffix
     and a directory all leave the inbox for requests/rejected/ (with an error report); the good file after
     them is applied and moves to requests/processed/."""
@@ -336,7 +384,7 @@ def test_inbox_rejects_bad_files_and_later_files_proceed(project):
     assert (rejected / "e_gate.csv.error.json").exists() and snapshot(project) == before
 
 
-def test_a_file_still_being_written_stays_in_the_inbox_until_complete(project, monkeypatch):
+def test_a_file_still_being_written_stays_in_the_inbox_until_complete(project, sample_applied, monkeypatch):
     """A writer that appends to the file while its batch runs (not an atomic drop): what was read is applied
     and recorded, the file is neither filed as processed nor rejected, and the next run applies the rest."""
     import flows.deletion_batch as db
@@ -368,7 +416,7 @@ def test_a_file_still_being_written_stays_in_the_inbox_until_complete(project, m
     assert [e["request_id"] for e in ledger if e["request_id"].startswith("slow-")] == ["slow-1", "slow-2"]
 
 
-def test_status_warns_that_the_next_batch_would_stop(project, capsys):
+def test_status_warns_that_the_next_batch_would_stop(project, sample_applied, capsys):
     """`unlearn status` with params the state was not built from: the batch would stop; status says so."""
     import yaml
 
@@ -389,7 +437,7 @@ def test_status_warns_that_the_next_batch_would_stop(project, capsys):
     assert json.loads(capsys.readouterr().out)["warnings"] == []
 
 
-def test_a_run_that_rejects_a_file_says_so_in_its_state(project):
+def test_a_run_that_rejects_a_file_says_so_in_its_state(project, sample_applied):
     """The deployment's run of a rejected file: Completed with rejections (its message names the file), not a
     plain Completed an operator would pass over; the caller still gets the results."""
     from flows.deletion_batch import deletion_batch
@@ -403,7 +451,7 @@ def test_a_run_that_rejects_a_file_says_so_in_its_state(project):
     assert [r["status"] for r in state.result()] == ["rejected"]
 
 
-def test_a_lost_mlflow_store_stops_the_batch_instead_of_starting_a_new_registry(project, capsys):
+def test_a_lost_mlflow_store_stops_the_batch_instead_of_starting_a_new_registry(project, sample_applied, capsys):
     """mlflow.db moved away under a promoted state (a sweep of `unlearn serve` did it): the batch registered
     its model as v1 in a new, empty store, and the old store, once back, kept `@champion` on a model holding
     the row the batch erased. Now the batch stops before anything changes, and so does a recreated empty

@@ -37,7 +37,8 @@ def class_request(root, path, label: str, k: int, skip: int = 0) -> None:
                     dtype=str)
     keep = m[(m.split == "train") & (m.get("status", "retained") == "retained") & (m.label == label)]
     ids = keep["sample_id"].tolist()[skip: skip + k]
-    rows = [f"r-{label}-{skip}-{i},{s},2026-11-30T10:00:00Z,gdpr" for i, s in enumerate(ids)]
+    # the file's name in the request ids: one id names one request forever (the ledger refuses a reuse)
+    rows = [f"r-{path.stem}-{label}-{skip}-{i},{s},2026-11-30T10:00:00Z,gdpr" for i, s in enumerate(ids)]
     path.write_text("request_id,sample_id,requested_at,reason\n" + "\n".join(rows) + "\n")
 
 
@@ -64,6 +65,8 @@ def test_unlearn_plan_says_what_the_batch_will_train_before_anything_runs(projec
     req = project / "plan.csv"
     class_request(project, req, "3", 60)
     before = sorted(p.name for p in (project / "data" / "prepared").iterdir())
+    ledger = project / "state" / "ledger.jsonl"
+    ledger_before = ledger.read_text() if ledger.exists() else None  # another test's batches may have made one
     out = subprocess.run([sys.executable, "-m", "flows.cli", "--params", str(project / "params.yaml"), "plan",
                           str(req), "--json"], capture_output=True, text=True, cwd=project)
     assert out.returncode == 0, out.stderr
@@ -75,7 +78,7 @@ def test_unlearn_plan_says_what_the_batch_will_train_before_anything_runs(projec
     assert plan["gate_criterion"] == {"criterion": "difference"}
     assert any(n.startswith("gate criterion: difference") for n in plan["notes_cli"])
     assert sorted(p.name for p in (project / "data" / "prepared").iterdir()) == before
-    assert not (project / "state" / "ledger.jsonl").exists() or not (project / "state" / "ledger.jsonl").read_text()
+    assert (ledger.read_text() if ledger.exists() else None) == ledger_before  # the plan wrote nothing
 
 
 def test_a_plan_that_cannot_fit_the_memory_budget_is_refused_naming_the_key(project):
@@ -162,3 +165,26 @@ def test_an_audited_retrain_trains_the_oracles_alone(tmp_path_factory, prefect_h
     tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)
     refs = ensembles_metrics(tracker, r["run_id"])
     assert (refs["n_oracles"], refs["n_shadows"]) == (6, 0)
+
+
+def test_unlearn_plan_loads_a_custom_model_module_beside_params_yaml(tmp_path_factory, prefect_harness):
+    """`train.model.factory: team_net:bn_mlp` with team_net.py in the project folder: `unlearn plan` run from
+    another folder imports it from the project path, as `unlearn run` does (without it: "cannot import module")."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    root = tmp_path_factory.mktemp("plan_custom")
+    shutil.copy(Path(__file__).resolve().parents[1] / "unit" / "custom_modules.py", root / "team_net.py")
+    custom = {**SEQUENTIAL, "train": {"model": {"arch": "custom", "factory": "team_net:bn_mlp"}}}
+    trained_project(root, custom, inbox_files=False)
+    req = root / "plan.csv"
+    class_request(root, req, "3", 5)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")  # not the project folder: `python -m` puts the cwd on sys.path
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "--params", str(root / "params.yaml"), "plan", str(req),
+                          "--json"], capture_output=True, text=True, cwd=elsewhere,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert out.returncode == 0, out.stderr
+    assert "cannot import" not in out.stderr
+    assert json.loads(out.stdout)["steps"][0]["method"] == "do_nothing"

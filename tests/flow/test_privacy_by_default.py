@@ -50,7 +50,8 @@ def batch(tmp_path_factory, prefect_harness):
 
     root = tmp_path_factory.mktemp("privacy")
     # the shipped defaults: no deletion.hash_sample_ids override; the leverage diagnostics on (leverage_forget.json)
-    params_path = make_project(root, {"diagnostics": {"enabled": True, "cross_sample": 200}}, inbox_files=False)
+    params_path = make_project(root, {"diagnostics": {"enabled": True, "record": True, "cross_sample": 200}},
+                               inbox_files=False)
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
     (root / "dvc.yaml").write_text(DVC_YAML)
     prepare(str(params_path))

@@ -16,38 +16,56 @@ def fresh_clock():
     clock.reset()
 
 
-def test_tracking_inside_compute_is_counted_once_as_tracking():
+@pytest.fixture
+def fake_now(monkeypatch):
+    """adapters.clock reads this list's value as its clock: the tests assert what is counted (once, as the union),
+    never how long the machine took (a loaded machine made sleeps run past any bound)."""
+    import types
+
+    now = [100.0]
+    monkeypatch.setattr(clock, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    return now
+
+
+def test_tracking_inside_compute_is_counted_once_as_tracking(fake_now):
     @clock.tracks
     def log():
-        time.sleep(0.10)
+        fake_now[0] += 0.10
 
     @clock.computes
     def task():
-        time.sleep(0.10)
+        fake_now[0] += 0.10
         log()
 
     task()
     t = clock.totals()
-    assert 0.09 <= t["compute_s"] < 0.16 and 0.09 <= t["tracking_s"] < 0.16
+    assert t["compute_s"] == pytest.approx(0.10) and t["tracking_s"] == pytest.approx(0.10)
 
 
-def test_parallel_sections_count_their_union_and_nested_ones_their_outermost():
+def test_parallel_sections_count_their_union_and_nested_ones_their_outermost(fake_now):
+    """Four threads inside the same 0.15 s (a nested 0.05 s section each): 0.15 s of compute, not 0.6 or 0.8."""
+    gate = threading.Barrier(4)
+
+    def step(seconds: float) -> None:
+        if gate.wait() == 0:  # one thread moves the clock while every thread stands inside its sections
+            fake_now[0] += seconds
+        gate.wait()
+
     @clock.computes
     def inner():
-        time.sleep(0.05)
+        step(0.05)
 
     @clock.computes
     def chunk():
         inner()  # nested compute: not counted twice
-        time.sleep(0.10)
+        step(0.10)
 
     threads = [threading.Thread(target=chunk) for _ in range(4)]
     for th in threads:
         th.start()
     for th in threads:
-        th.join()
-    t = clock.totals()
-    assert 0.14 <= t["compute_s"] < 0.35  # four overlapping 0.15 s sections: about 0.15 s of wall, not 0.6 s
+        th.join(timeout=30)
+    assert clock.totals()["compute_s"] == pytest.approx(0.15)
 
 
 def test_interval_arithmetic_in_float64_on_tiny_cases():
@@ -110,20 +128,24 @@ def test_the_label_is_the_dvc_stage_else_the_sessions_command(monkeypatch):
     assert clock.stage_label("flows.train") == "train"
 
 
-def test_compute_done_in_another_process_counts_once():
+def test_compute_done_in_another_process_counts_once(monkeypatch):
     """A Dask worker's task body is compute of the stage that waited for it; where the same work was timed here
-    too (the threads runner), the union of intervals counts it once."""
-    import time
+    too (the threads runner), the union of intervals counts it once. A fake clock: the behaviour (once vs
+    twice), never the machine's speed, decides the figures."""
+    import types
+
+    import pytest
 
     from adapters import clock
 
+    now = [100.0]
+    monkeypatch.setattr(clock, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     clock.reset()
     with clock.section("compute", "here"):
-        time.sleep(0.05)
+        now[0] += 0.05
     clock.elsewhere("compute", "worker", 0.05)  # the same 50 ms, seen from the worker: no double count
-    assert 0.04 <= clock.totals()["compute_s"] <= 0.09
-    clock.elsewhere("compute", "worker", 0.0)
-    time.sleep(0.02)
-    clock.elsewhere("compute", "worker", 0.01)  # disjoint work: added
-    assert 0.05 <= clock.totals()["compute_s"] <= 0.11
+    assert clock.totals()["compute_s"] == pytest.approx(0.05)
+    now[0] += 0.02
+    clock.elsewhere("compute", "worker", 0.01)  # disjoint work (ended 20 ms later, lasted 10 ms): added
+    assert clock.totals()["compute_s"] == pytest.approx(0.06)
     clock.reset()

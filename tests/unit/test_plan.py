@@ -93,3 +93,14 @@ def test_predicted_seconds_and_cost_in_retrains():
                      timing=t, workers=2)
     assert seq.predicted_seconds["references"] == pytest.approx(160 * 2.0 / 2)
     assert seq.steps[0].cost_retrains_reject == pytest.approx(32 * 0.2)
+
+
+def test_sisa_on_a_sharded_original_trains_its_share_of_a_retrain_not_one_retrain():
+    """The planner's sisa step retrains the shards holding the rows from a checkpoint: the plan says that
+    share, never "1 retrain"."""
+    plan = plan_batch(["do_nothing", "sisa", "retrain"], "retrain_equivalence", V, G, weigh_cost=True,
+                      explicit=False, sisa_cost=0.125)
+    assert plan.methods == ["sisa"]
+    assert plan.models_to_train() == {"retrain": 0, "oracles": 0, "shadows": 0, "sisa_share": 0.125}
+    (line,) = [x for x in plan_lines(plan) if x.startswith("models it trains at most")]
+    assert "1 retrain" not in line and "0.125 of a full retrain" in line

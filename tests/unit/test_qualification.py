@@ -340,3 +340,11 @@ def test_the_license_orders_methods_by_their_timed_cost_on_this_model():
     assert q.with_trial(ts[0]).method_retrains == q.method_retrains
     untimed = Qualification(["newton_ggn", "finetune"], [1.0], 0.9, "clopper_pearson", 0.01, ts)
     assert untimed.by_cost() == ["newton_ggn", "finetune"]
+
+
+def test_mode_advice_with_exact_candidates_only_keeps_the_configured_mode():
+    """sisa alone (a sharded original) certifies nothing: qualified would be advice for nothing."""
+    from unlearning.qualification import PER_BATCH_SECONDS, advise_mode
+
+    mode, line = advise_mode(160.0, PER_BATCH_SECONDS, "per_batch", exact_only=("sisa",))
+    assert mode == "per_batch" and "qualify" not in line and "sisa" in line and "exact" in line

@@ -155,3 +155,25 @@ def test_the_noise_floor_is_waited_for_only_when_an_approximate_candidate_could_
     assert needs_noise_floor(waiting, weigh_cost=False)
     assert not needs_noise_floor(waiting, weigh_cost=True)  # the planner would skip do_nothing for its cost
     assert not needs_noise_floor({"skipped": [("x", "objective='suppression' is not ...")]}, weigh_cost=False)
+
+
+def test_the_nearest_rule_that_did_not_fire_is_named_with_the_value_that_kept_it_off():
+    """The default rules on an unsharded batch whose predicted gap is 0.83 of its noise: retrain is picked; the
+    gap rule (0.66 from its threshold) is nearer than the sharding flag or the suppression rules (1 each)."""
+    from tasks.stages import nearest_miss_line
+    from unlearning.config import load_params
+
+    params = load_params()
+    facts = {"objective": "retrain_equivalence", "n_forget": 3, "n_retain": 10, "forget_fraction": 0.2,
+             "adjacent_fraction": 0.4, "retrain_cost": 10, "budget": 100, "retrain_cost_lt_budget": True,
+             "has_gpu": False, "sharded": False, "noise_floor": 1.0, "predicted_gap": 0.83,
+             "predicted_gap_to_noise": 0.83}
+    sel = candidate_methods(params.deletion.model_copy(update={"method": "auto"}), facts)
+    assert sel["candidates"] == ["retrain"]
+    assert sel["nearest_miss"] == ("gap_below_noise_floor", "do_nothing", "predicted_gap_to_noise=0.83 is not < 0.5")
+    assert nearest_miss_line(sel) == ("nearest rule that did not fire: gap_below_noise_floor -> do_nothing "
+                                      "(predicted_gap_to_noise=0.83 is not < 0.5)")
+    # without the diagnostics the gap rule is off for a fact not computed: still nearer than a flag that differs
+    del facts["predicted_gap_to_noise"]
+    name, _, why = candidate_methods(params.deletion.model_copy(update={"method": "auto"}), facts)["nearest_miss"]
+    assert name == "gap_below_noise_floor" and why == "predicted_gap_to_noise not computed for this batch"

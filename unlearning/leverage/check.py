@@ -152,3 +152,25 @@ def subsample_check(fn: OutputFunction, theta, X_F, t_F, X_R, t_R, loss: str, la
         "predicted_gap_rel_err": gap["rel_err"], "predicted_gap_spearman": gap["spearman"],
         "newton_step_rel_err": step_err,
     }
+
+
+# The diagnostics' own error check (the solver against exact, `subsample_check` or the check subset) is POOR
+# past these: a predicted gap ranked with Spearman below POOR_SPEARMAN against exact orders the forget rows little
+# better than chance, and a relative error above POOR_REL_ERR is as large as the quantity. The rules that read
+# these numbers (predicted_gap_to_noise, leakage) then decide on noise: the batch warns on the console.
+POOR_SPEARMAN = 0.5
+POOR_REL_ERR = 0.5
+
+
+def poor_check(approx_error: dict | None) -> list[str]:
+    """The measures of a diagnostics error check past POOR_SPEARMAN / POOR_REL_ERR, in words (empty: fine)."""
+    poor = []
+    for key, value in (approx_error or {}).items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value):
+            continue
+        if key.endswith("_spearman") and value < POOR_SPEARMAN:
+            poor.append(f"{key.removesuffix('_spearman').replace('_', ' ')} Spearman {value:.2f} < {POOR_SPEARMAN}")
+        elif key.endswith("_rel_err") and not key.endswith("max_rel_err") and value > POOR_REL_ERR:
+            poor.append(f"{key.removesuffix('_rel_err').replace('_', ' ')} relative error {value:.2f} > "
+                        f"{POOR_REL_ERR}")
+    return poor

@@ -10,7 +10,7 @@ from torch import nn
 
 from unlearning.models.ensemble import Ensemble
 
-AGGREGATES = ("mean_probs", "vote")
+AGGREGATES = ("mean_probs", "size_weighted", "vote")
 
 
 class Aggregate(nn.Module):
@@ -18,10 +18,13 @@ class Aggregate(nn.Module):
     one-member `Ensemble`, so code that evaluates or serves one (softmax over the last axis, mean over members)
     works unchanged. Its logits are log-probabilities: `mean_probs`, log of the mean of the constituents'
     softmax; `vote`, log of each class's vote share, the mean softmax breaking ties (shares + 1e-3 x mean,
-    renormalised). `active` [S] (bool): constituents that count (a shard whose every row was forgotten holds no
-    data and is left out)."""
+    renormalised); `size_weighted`, log of the constituents' softmax averaged with weights proportional to
+    `weights` [S] (each shard's training rows: a constituent trained on 143 rows does not outvote one trained on
+    35,068; the mean of per-shard estimates weighted by sample size). `active` [S] (bool): constituents that
+    count (a shard whose every row was forgotten holds no data and is left out)."""
 
-    def __init__(self, constituents: Ensemble, aggregate: str = "mean_probs", active: Sequence[bool] | None = None):
+    def __init__(self, constituents: Ensemble, aggregate: str = "mean_probs", active: Sequence[bool] | None = None,
+                 weights: Sequence[float] | None = None):
         super().__init__()
         if aggregate not in AGGREGATES:
             raise ValueError(f"train.sharding.aggregate = {aggregate!r} is not known; allowed: {list(AGGREGATES)}")
@@ -32,6 +35,12 @@ class Aggregate(nn.Module):
         if not bool(mask.any()):
             raise ValueError("every shard is empty: the aggregate has no constituent to predict with")
         self.register_buffer("active", mask)
+        w = torch.ones(constituents.n_models, dtype=torch.float64) if weights is None else \
+            torch.as_tensor(list(weights), dtype=torch.float64)
+        if w.shape != mask.shape or bool((w < 0).any()) or not bool((w[mask] > 0).any()):
+            raise ValueError(f"aggregate weights {w.tolist()}: one non-negative weight per constituent, some active "
+                             f"one above 0")
+        self.register_buffer("weights", w)
 
     # the one-member Ensemble interface the pipeline reads (serving, tracking, evaluation)
     n_models = 1
@@ -64,8 +73,12 @@ class Aggregate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.constituents(x)[self.active.to(x.device)]  # [S', B, C]
-        probs = torch.softmax(logits.double(), -1)
-        mean = probs.mean(0)
+        probs = torch.softmax(logits.double(), -1)  # [S', B, C]
+        if self.aggregate == "size_weighted":
+            w = self.weights.to(x.device)[self.active.to(x.device)]  # [S']
+            mean = torch.einsum("s,sbc->bc", w / w.sum(), probs)
+        else:
+            mean = probs.mean(0)
         if self.aggregate == "vote":
             votes = nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double().mean(0)
             mean = votes + 1e-3 * mean
@@ -81,9 +94,9 @@ def aggregate_payload(model: Aggregate) -> dict:
     constituents' spec, seeds and weights, the rule and the active mask."""
     return {"format": AGGREGATE_FORMAT, "spec": model.spec(), "seeds": model.seeds,
             "state_dict": model.constituents.state_dict(), "aggregate": model.aggregate,
-            "active": model.active.tolist()}
+            "active": model.active.tolist(), "weights": model.weights.tolist()}
 
 
 def aggregate_from(ckpt: dict, constituents: Ensemble) -> Aggregate:
     constituents.load_state_dict(ckpt["state_dict"])
-    return Aggregate(constituents.eval(), ckpt["aggregate"], ckpt["active"]).eval()
+    return Aggregate(constituents.eval(), ckpt["aggregate"], ckpt["active"], ckpt.get("weights")).eval()
