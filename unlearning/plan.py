@@ -441,7 +441,7 @@ def plan_lines(plan: Plan) -> list[str]:
     for method, why in plan.skipped:
         lines.append(f"- skipped {method}: {why}")
     m = plan.models_to_train()
-    sisa = (f"the shards holding the rows, from their checkpoints ({sig(m['sisa_share'])} of a full retrain)"
+    sisa = (f"the shards holding the rows, from their checkpoints ({sig(m['sisa_share'], 3)} of a full retrain)"
             if "sisa_share" in m else f"{m['retrain']} retrain")
     lines.append(f"models it trains at most: {sisa}, {m['oracles']} oracles, {m['shadows']} shadows "
                  f"(in chunks of {plan.chunk_size}, {plan.workers} at a time)")

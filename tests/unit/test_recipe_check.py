@@ -69,9 +69,11 @@ def test_the_batch_scores_a_seeded_sample_of_a_large_table(monkeypatch):
     model = SimpleNamespace(k=1, to=lambda device: model)
     state = SimpleNamespace(prepared=prepared, model=model)
     rows = SimpleNamespace(eval_rows=lambda: (np.arange(n), np.array(["remote"] * n)))
-    out = S.recipe_check(state, rows, SimpleNamespace(k=8), "cpu", seed=3)
+    shadows = SimpleNamespace(k=8)
+    shadows.to = lambda device: shadows  # the shadows move to the batch's device, as the model does
+    out = S.recipe_check(state, rows, shadows, "cpu", seed=3)
     assert out["n_pool"] == 9
     assert len(seen[0]) == S.RECIPE_CHECK_ROWS and np.array_equal(seen[0], seen[1])
     assert np.all(np.diff(seen[0]) > 0)
-    S.recipe_check(state, rows, SimpleNamespace(k=8), "cpu", seed=3)
+    S.recipe_check(state, rows, shadows, "cpu", seed=3)
     assert np.array_equal(seen[2], seen[0])  # the same sample for the same seed
