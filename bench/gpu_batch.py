@@ -101,15 +101,6 @@ def prepare(params, folder: Path):
     return load_prepared(folder)
 
 
-def in_shape(prepared) -> list[int]:
-    info = prepared.info
-    if info.get("in_shape"):
-        return [int(s) for s in info["in_shape"]]
-    if info.get("image_shape"):
-        return [1, *map(int, info["image_shape"])]
-    return [int(prepared.X.shape[1])]
-
-
 def forget_rows(prepared, n: int, seed: int) -> BatchRows:
     """A random forget set of n training rows; the retain set partitioned by group (as the batch's default)."""
     manifest = initial_state_manifest(prepared.manifest)
@@ -127,7 +118,7 @@ class Point:
 
     def __init__(self, params, prepared, rows: BatchRows, device: torch.device):
         self.params, self.prepared, self.rows, self.device = params, prepared, rows, device
-        self.spec = spec_from(params.train.model, in_shape(prepared), prepared.n_classes)
+        self.spec = spec_from(params.train.model, prepared.in_shape, prepared.n_classes)
         self.recipe = recipe_from(params.train)
         X = torch.as_tensor(np.asarray(prepared.X), dtype=torch.float32).to(device)  # every row, once
         y = torch.as_tensor(np.asarray(prepared.label), dtype=torch.long).to(device)

@@ -154,7 +154,7 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
     eval_rows = len(sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed).eval_rows()[0])
     member = build(params, prepared, role_seeds(params.base.seed, "bench", 1)).module_of(0)
     footprint = Footprint(n_params=sum(p.numel() for p in member.parameters()),
-                          activation_floats_per_row=activation_floats_per_row(member, list(_in_shape(prepared))),
+                          activation_floats_per_row=activation_floats_per_row(member, list(prepared.in_shape)),
                           data_bytes=int(np.asarray(prepared.X).nbytes), baseline_bytes=rss_bytes(),
                           batch_size=params.train.batch_size, n_eval_rows=eval_rows, n_classes=prepared.n_classes)
     path = cache_path(params, state, device, len(sample))
@@ -201,12 +201,6 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
     return timing, footprint
 
 
-def _in_shape(prepared) -> list[int]:
-    from tasks.training import in_shape_of
-
-    return in_shape_of(prepared)
-
-
 THREAD_WORKERS = 2  # the threads runner's pool (flows/common.py task_runner_for builds it with this many)
 
 
@@ -244,7 +238,7 @@ def reference_chunk(params: Params, prepared, device: str) -> int:
         return max(1, min(CPU_CHUNK, n_role))
     member = build(params, prepared, role_seeds(params.base.seed, "bench", 1)).module_of(0)
     fp = Footprint(n_params=sum(p.numel() for p in member.parameters()),
-                   activation_floats_per_row=activation_floats_per_row(member, _in_shape(prepared)),
+                   activation_floats_per_row=activation_floats_per_row(member, prepared.in_shape),
                    data_bytes=int(np.asarray(prepared.X).nbytes), baseline_bytes=0,
                    batch_size=params.train.batch_size, n_eval_rows=0, n_classes=prepared.n_classes)
     return planned_probe_chunk(params, device, fp, mem)

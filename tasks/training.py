@@ -26,19 +26,9 @@ from unlearning.models.training import recipe_from
 from unlearning.models.zoo import spec_from
 
 
-def in_shape_of(prepared: Prepared) -> list[int]:
-    """The shape of one input sample as the prepared data declares it (flat [d] when it declares none)."""
-    info = prepared.info
-    if info.get("in_shape"):
-        return [int(s) for s in info["in_shape"]]
-    if info.get("image_shape"):
-        return [1, *map(int, info["image_shape"])]
-    return [int(prepared.X.shape[1])]
-
-
 def model_spec(params: Params, prepared: Prepared) -> dict:
     """The architecture for this data: train.model plus the data's in_shape and class count."""
-    return spec_from(params.train.model, in_shape_of(prepared), prepared.n_classes)
+    return spec_from(params.train.model, prepared.in_shape, prepared.n_classes)
 
 
 def recipe(params: Params) -> TrainRecipe:

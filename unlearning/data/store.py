@@ -202,9 +202,9 @@ class Prepared:
     def in_shape(self) -> list[int]:
         """Shape of one sample before flattening; folders from before `in_shape` derive it."""
         if self.info.get("in_shape"):
-            return list(self.info["in_shape"])
+            return [int(s) for s in self.info["in_shape"]]
         shape = self.info.get("image_shape")
-        return [1, *shape] if shape else [int(self.X.shape[1])]
+        return [1, *map(int, shape)] if shape else [int(self.X.shape[1])]
 
     def tensor(self, rows=None):
         """X (or X[rows]) as a float32 torch tensor in memory: a writable copy of the read-only memory map
