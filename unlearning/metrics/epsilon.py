@@ -1,5 +1,5 @@
 """How far a candidate is from retraining, in differential privacy's unit: a per-row epsilon with confidence
-bounds, from the shadow-unlearned models' and the oracles' statistics on that row (docs/design.md §4.2;
+bounds, from the shadow-unlearned models' and the oracles' statistics on that row (docs/design.md §4.7;
 docs/certificate.md, "Two questions: gate.criterion").
 
 For one row x let U be the statistic (the margin, log(p/(1-p)) of the true label: metrics/margins.py) over the
