@@ -188,7 +188,7 @@ def test_a_run_ended_with_seconds_shows_that_duration(store):
     """The UI's Duration column (end time - start time) says the duration the run logs (a batch's wall_seconds)."""
     tracker = store["tracker"]
     run_id = tracker.start_run("batch")
-    assert 0 <= tracker.run_seconds(run_id) < 600
+    assert tracker.run_seconds(run_id) >= 0  # seconds since the start: never negative (a clock skew is clamped)
     tracker.end_run(run_id, seconds=12.8)
     info = tracker.client.get_run(run_id).info
     assert (info.end_time - info.start_time, info.status) == (12800, "FINISHED")
