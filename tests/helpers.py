@@ -97,3 +97,20 @@ def trained_project(dest: Path, overrides: dict | None = None, inbox_files: bool
     prepare(str(params_path))
     train(str(params_path))
     return params_path
+
+
+def fabricated_state(params_path: Path, manifest_rows: str, ledger: str = "") -> tuple[dict, Path]:
+    """A state as a batch leaves it, without running one: an empty champion checkpoint, champion.json of version 2,
+    the manifest (`manifest_rows`: CSV lines after the header) and the ledger's text. -> (params, state folder)."""
+    import json
+
+    params = yaml.safe_load(params_path.read_text())
+    state = params_path.parent / params["base"]["paths"]["state_dir"]
+    state.mkdir(parents=True)
+    (state / "model.pt").write_bytes(b"")
+    (state / "champion.json").write_text(json.dumps({"model_version": "2", "method": "retrain", "batch_id": "b1",
+                                                     "history": []}))
+    (state / "manifest.csv").write_text("sample_id,split,label,group,class_name,status,deleted_in_batch\n"
+                                        + manifest_rows)
+    (state / "ledger.jsonl").write_text(ledger)
+    return params, state

@@ -7,9 +7,8 @@ import json
 import subprocess
 import sys
 
-import yaml
 
-from tests.helpers import ROOT, make_project
+from tests.helpers import ROOT, fabricated_state, make_project
 
 PROBE = """
 import sys
@@ -31,17 +30,9 @@ def idle(target: str, params_path) -> tuple[bool, list[str]]:
 
 
 def with_state(params_path, ledger_lines: int) -> dict:
-    params = yaml.safe_load(params_path.read_text())
-    state = params_path.parent / params["base"]["paths"]["state_dir"]
-    state.mkdir(parents=True)
-    (state / "model.pt").write_bytes(b"")
-    (state / "champion.json").write_text(json.dumps({"model_version": "2", "method": "retrain", "batch_id": "b1",
-                                                     "history": []}))
-    (state / "manifest.csv").write_text("sample_id,split,label,group,class_name,status,deleted_in_batch\n"
-                                        "a,train,0,0,0,deleted,b1\nb,train,1,1,1,retained,\n")
-    (state / "ledger.jsonl").write_text("".join(
-        json.dumps({"batch_id": "b1", "sample_id": f"sha256:{i}", "request_id": f"r{i}", "kind": "unlearned",
-                    "method": "retrain"}) + "\n" for i in range(ledger_lines)))
+    ledger = "".join(json.dumps({"batch_id": "b1", "sample_id": f"sha256:{i}", "request_id": f"r{i}",
+                                 "kind": "unlearned", "method": "retrain"}) + "\n" for i in range(ledger_lines))
+    params, _ = fabricated_state(params_path, "a,train,0,0,0,deleted,b1\nb,train,1,1,1,retained,\n", ledger)
     return params
 
 

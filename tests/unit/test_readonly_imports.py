@@ -9,9 +9,8 @@ import sqlite3
 import subprocess
 import sys
 
-import yaml
 
-from tests.helpers import ROOT, make_project
+from tests.helpers import ROOT, fabricated_state, make_project
 
 HEAVY = ("prefect", "mlflow", "great_expectations", "torch")
 
@@ -42,16 +41,8 @@ def a_project_with_a_state(tmp_path):
     """A state as a batch leaves it (champion, manifest, ledger) and a local registry whose alias already points
     at the champion: nothing to reconcile."""
     params_path = make_project(tmp_path / "proj", inbox_files=False)
-    params = yaml.safe_load(params_path.read_text())
+    params, _ = fabricated_state(params_path, "a,train,0,0,0,retained,\nb,val,1,1,1,retained,\n")
     root = params_path.parent
-    state = root / params["base"]["paths"]["state_dir"]
-    state.mkdir(parents=True)
-    (state / "model.pt").write_bytes(b"")
-    (state / "champion.json").write_text(json.dumps({"model_version": "2", "method": "retrain", "batch_id": "b1",
-                                                     "history": []}))
-    (state / "manifest.csv").write_text("sample_id,split,label,group,class_name,status,deleted_in_batch\n"
-                                        "a,train,0,0,0,retained,\nb,val,1,1,1,retained,\n")
-    (state / "ledger.jsonl").write_text("")
     db = root / params["base"]["paths"]["mlflow_db"]
     con = sqlite3.connect(db)
     con.execute("CREATE TABLE registered_model_aliases (alias TEXT, version INTEGER, name TEXT)")
