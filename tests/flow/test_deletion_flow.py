@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers import make_project, sample_requests
+from tests.helpers import sample_requests, trained_project
 from unlearning.config import load_params
 from unlearning.requests import RequestValidationError
 
@@ -24,13 +24,8 @@ def project(tmp_path_factory, prefect_harness):
     import os
 
     os.environ.pop("MLFLOW_TRACKING_URI", None)
-    from flows.prepare import prepare
-    from flows.train import train
-
     root = tmp_path_factory.mktemp("project")
-    params_path = make_project(root)
-    prepare(str(params_path))
-    train(str(params_path))
+    trained_project(root)
     return root
 
 
@@ -41,13 +36,8 @@ def applied_project(tmp_path_factory, prefect_harness):
     import os
 
     os.environ.pop("MLFLOW_TRACKING_URI", None)
-    from flows.prepare import prepare
-    from flows.train import train
-
     root = tmp_path_factory.mktemp("applied_project")
-    params_path = make_project(root)
-    prepare(str(params_path))
-    train(str(params_path))
+    trained_project(root)
     return root
 
 
