@@ -26,8 +26,6 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from unlearning.metrics.epsilon import clopper_pearson_bounds
-
 EXACT = "retrain"  # always licensed: exact unlearning by construction
 SUITE_KINDS = ("random", "group", "class", "high_self_leverage", "low_self_leverage")  # (+ gap_fill: drawn to fill bins)
 AUDIT_STREAM = 0x417544  # the audit draw's own SeedSequence word ("AuD"): disjoint from every role stream
@@ -157,6 +155,24 @@ def gap_in_noise_units(predicted_gap_forget: np.ndarray, noise: float) -> float:
 
 # --- binomial confidence intervals ---------------------------------------------------------------------------
 
+def _binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k), X ~ Binomial(n, p), summed exactly."""
+    if k <= 0:
+        return 1.0
+    return float(sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1)))
+
+
+def _bisect(f, lo: float = 0.0, hi: float = 1.0, iters: int = 100) -> float:
+    """The root of an increasing f on [lo, hi] by bisection (f(lo) <= 0 <= f(hi))."""
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if f(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
     """The exact two-sided interval for a binomial proportion (Clopper and Pearson 1934): lower L with
     P(X >= k | L) = (1 - confidence) / 2 (0 when k = 0), upper U with P(X <= k | U) = (1 - confidence) / 2
@@ -165,9 +181,10 @@ def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
         return 0.0, 1.0
     if not 0 <= k <= n:
         raise ValueError(f"k = {k} must lie in [0, n = {n}]")
-    # two-sided at `confidence`: each side one-sided at 1 - (1 - confidence) / 2 (one bisection, cached per n)
-    lower, upper = clopper_pearson_bounds(n, 1 - (1 - confidence) / 2)
-    return float(lower[k]), float(upper[k])
+    tail = (1 - confidence) / 2
+    lower = 0.0 if k == 0 else _bisect(lambda p: _binom_sf(k, n, p) - tail)
+    upper = 1.0 if k == n else _bisect(lambda p: tail - (1 - _binom_sf(k + 1, n, p)))
+    return lower, upper
 
 
 def wilson(k: int, n: int, confidence: float) -> tuple[float, float]:
