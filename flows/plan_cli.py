@@ -58,7 +58,7 @@ def batch_plan_for(path: Path, params, device: str):
     facts = batch_facts(params.deletion, params.train.epochs, objective, rows, None, device=device, sharded=sharded)
     selection, _, _ = selection_with_debt(params.deletion, facts, state.ledger, n_original_train(m, state.ledger),
                                           len(rows.forget))
-    timing, footprint = probe(params, state, rows, device, selection["candidates"])
+    timing, footprint = probe(params, state, rows, device, selection.candidates)
     d = params.diagnostics
     diag = 0.0
     if (d.enabled or params.deletion.partition.mode == "leverage") and not sharded:

@@ -18,7 +18,7 @@ from adapters import plots
 from tasks.qualification import (original_state, qualification_path, qualify_model, table_frame,
                                  write_qualification)
 from tasks.reporting import run_logger
-from unlearning.config import ConfigError, Params, load_params
+from unlearning.config import EXACT_RETRAIN, CertificateKind, ConfigError, Params, load_params
 from unlearning.qualification import Qualification
 
 
@@ -128,7 +128,7 @@ def audit_qualified_batch(batch_id: str) -> dict:
         D = retained_train_rows(after.manifest)
         rows = BatchRows(before=D, forget=np.zeros(0, dtype=np.int64), retain=D,
                          adjacent_mask=np.zeros(len(D), dtype=bool), validation=validation_rows(after.manifest))
-        retrain = S.unlearn_and_certify(batch, Step("retrain", "exact"), params, after, rows, None, None,
+        retrain = S.unlearn_and_certify(batch, Step(EXACT_RETRAIN, CertificateKind.EXACT), params, after, rows, None, None,
                                         c["objective"], lic["batch_index"])
         if not S.accepted(batch, retrain, params.gate.exact_retrain_overrides):
             raise RuntimeError(f"the audit of v{version} failed and the exact retrain missed a floor of the gate: "

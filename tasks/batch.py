@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 from unlearning.seeds import method_seed
 from unlearning.batch import BatchRows, retain_rows, unlearn_context
-from unlearning.config import Gate, Partition
+from unlearning.config import Gate, Partition, method_traits
 from unlearning.data.store import Prepared
 from unlearning.methods import run_method
 from unlearning.methods.base import TrainRecipe
@@ -53,7 +53,7 @@ def unlearn_and_validate(method: str, method_args: dict, gate: Gate, seed: int, 
     m_seed = method_seed(seed)  # the "method" role's stream (unlearning/seeds.py)
     t0 = time.perf_counter()
     accuracy_ref = oracles
-    if method == "retrain":
+    if method_traits(method).exact:
         # The oracles ARE exact retrains on R: promote member 0 and judge it only against oracles it was not
         # drawn from: its accuracy against the spread of members 1..N-1, KLoM as a permutation test of one half
         # of members 1..N-1 against the other (retrain vs retrain: the p-value is uniform, a rejection is a

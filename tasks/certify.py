@@ -21,7 +21,7 @@ from tasks.reporting import run_logger
 from tasks.training import model_spec, recipe as recipe_of, train_ensemble_chunk
 from unlearning.acceptance import CandidateOutcome, outcome_from_logits, reference_free_outcome
 from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
-from unlearning.config import Gate, Params
+from unlearning.config import EXACT_RETRAIN, CertificateKind, Gate, Params, method_traits
 from unlearning.methods import run_method
 from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble, predict_logits
@@ -71,19 +71,19 @@ def run_step(step: Step, params: Params, state, rows: BatchRows, pool: Reference
     """Run and certify one step; returns the outcome and, for a sequential certificate, its looks."""
     args = params.deletion.method_args.get(step.method, {})
     ev = Evaluator(state.prepared, rows, plan, device)
-    if step.method == "sisa":
-        return sisa(params, state, rows, device, objective, ev), []
-    if step.certificate == "exact":
+    if step.certificate == CertificateKind.EXACT and method_traits(step.method).needs_sharded_original:
+        return sharded_exact(step.method, params, state, rows, device, objective, ev), []
+    if step.certificate == CertificateKind.EXACT:
         return exact_retrain(params, state, rows, device, objective, batch_index, ev), []
-    if step.certificate == "absolute":
+    if step.certificate == CertificateKind.ABSOLUTE:
         return absolute(step.method, args, params, state, rows, device, objective, ev), []
-    if step.certificate == "qualified":
+    if step.certificate == CertificateKind.QUALIFIED:
         sampled = sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed)
         from tasks.qualified import qualified_outcome
 
         return qualified_outcome(step.method, args, params, state, rows, device, objective,
                                  Evaluator(state.prepared, sampled, plan, device)), []
-    if step.certificate == "audit":
+    if step.certificate == CertificateKind.AUDIT:
         shadows, oracles = pool.ensure(*step.references)
         return unlearn_and_validate(step.method, args, params.gate, params.base.seed, params.base.progress,
                                     state.prepared, rows, state.model, shadows, oracles, recipe_of(params),
@@ -113,32 +113,33 @@ def exact_retrain(params: Params, state, rows: BatchRows, device: str, objective
     y = torch.as_tensor(prepared.label[rows.retain], dtype=torch.long)
     ids = prepared.manifest["sample_id"].to_numpy()[rows.retain].tolist()
     model, cached, seconds = train_ensemble_chunk.fn(model_spec(params, prepared), X, y, ids, recipe_of(params),
-                                                     [seed], str(params.path("cache_dir")), device, "retrain",
+                                                     [seed], str(params.path("cache_dir")), device, EXACT_RETRAIN,
                                                      [str(params.root)], progress=params.base.progress,
                                                      salt=id_salt(params))
     cost = {"gradient_evals": 0 if cached else int(len(rows.retain)) * params.train.epochs, "steps": 0,
             "seconds": seconds, "from_cache": bool(cached), "models_trained": 0 if cached else 1}
-    return _reference_free_outcome("retrain", model, ev, state.model, params.gate, objective, cost, t0)
+    return _reference_free_outcome(EXACT_RETRAIN, model, ev, state.model, params.gate, objective, cost, t0)
 
 
-def sisa(params: Params, state, rows: BatchRows, device: str, objective: str, ev: Evaluator) -> CandidateOutcome:
-    """Exact unlearning of a sharded original (unlearning/methods/sisa.py): the shards that held the forget rows
+def sharded_exact(method: str, params: Params, state, rows: BatchRows, device: str, objective: str,
+                  ev: Evaluator) -> CandidateOutcome:
+    """Exact unlearning of a sharded original (`method`: unlearning/methods/sisa.py): the shards that held the forget rows
     retrain from the checkpoint before their first slice; the result, with its new shard state, is judged as an
     exact retrain is (accuracy against the original's, no references). A model trained as one is refused."""
     t0 = time.perf_counter()
     ids = state.prepared.manifest["sample_id"].astype(str).to_numpy()[rows.forget].tolist()
     ctx = unlearn_context(state.model, state.prepared, rows, recipe_of(params), method_seed(params.base.seed),
-                          progress="sisa" if params.base.progress else False)
+                          progress=method if params.base.progress else False)
     ctx.forget_ids = ids
-    res = run_method("sisa", ctx, params.deletion.method_args.get("sisa", {}))
+    res = run_method(method, ctx, params.deletion.method_args.get(method, {}))
     info = res.info
-    run_logger().info(f"  sisa: retrained shard(s) {info['shards_retrained']} of {info['shards']} from slice(s) "
+    run_logger().info(f"  {method}: retrained shard(s) {info['shards_retrained']} of {info['shards']} from slice(s) "
                       f"{info['first_slice']} ({len(info['slices_retrained'])} of {info['shards'] * info['slices']} "
                       f"slices, {info['cost_in_retrains']:.3f} of a full retrain)")
     cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
             "models_trained": len(info["shards_retrained"]), "cost_in_retrains": info["cost_in_retrains"],
             "shards_retrained": len(info["shards_retrained"]), "slices_retrained": len(info["slices_retrained"])}
-    out = _reference_free_outcome("sisa", res.model, ev, state.model, params.gate, objective, cost, t0)
+    out = _reference_free_outcome(method, res.model, ev, state.model, params.gate, objective, cost, t0)
     out.info = info  # the ledger records which shards and slices were retrained
     return out
 

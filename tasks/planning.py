@@ -27,11 +27,11 @@ import torch
 
 from tasks.training import build, model_spec, recipe
 from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
-from unlearning.config import Params
+from unlearning.config import Params, method_traits
 from unlearning.costs import PROBE_MIN_STEPS, CostCurve, DeviceMemory, method_retrains, probe_sizes
-from unlearning.history import EXACT_METHODS
 from unlearning.io import atomic_write_json
 from unlearning.models import predict_logits
+from unlearning.records import Selection
 from unlearning.plan import CPU_CHUNK, Footprint, Plan, Timing, plan_batch
 from unlearning.probe import StepTimer, activation_floats_per_row, curve_within_memory  # noqa: F401
 from unlearning.seeds import method_seed, role_seeds
@@ -140,7 +140,7 @@ def time_method(params: Params, state, rows: BatchRows, positions: np.ndarray, m
 
 def timed_methods(methods) -> list[str]:
     """The candidates whose run the plan times: the approximate ones (an exact method's cost is a retrain)."""
-    return [m for m in dict.fromkeys(methods) if m not in EXACT_METHODS and m != "sisa"]
+    return [m for m in dict.fromkeys(methods) if not method_traits(m).exact]
 
 
 def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tuple[Timing, Footprint]:
@@ -213,14 +213,16 @@ def workers_of(params: Params, device: str = "cpu") -> int:
     return 1 if torch.device(device).type == "cuda" else THREAD_WORKERS
 
 
-def batch_plan(params: Params, selection: dict, objective: str, timing: Timing | None, footprint: Footprint | None,
+def batch_plan(params: Params, selection, objective: str, timing: Timing | None, footprint: Footprint | None,
                diagnostics_seconds: float = 0.0, sisa_cost: float | None = None, device: str = "cpu") -> Plan:
-    """The plan for a batch's selection (unlearning/selection.py candidate_methods' dict); `sisa_cost`: the share
+    """The plan for a batch's selection (unlearning/records.py Selection: its candidates, and whether
+    deletion.method named one, which the cost rule honours); `sisa_cost`: the share
     of a retrain `sisa` costs for this batch (tasks/sharding.py sisa_share; None: not sharded); `device`: where
     the references train (on CUDA the chunks are sized by its memory)."""
     member_bytes = footprint.device_member_bytes if footprint is not None else None
-    return plan_batch(selection["candidates"], objective, params.validation, params.gate,
-                      weigh_cost=params.deletion.weigh_cost, explicit=params.deletion.method != "auto",
+    selection = Selection.of(selection)
+    return plan_batch(selection.candidates, objective, params.validation, params.gate,
+                      weigh_cost=params.deletion.weigh_cost, explicit=selection.explicit,
                       timing=timing, footprint=footprint, diagnostics_seconds=diagnostics_seconds,
                       workers=workers_of(params, device), sisa_cost=sisa_cost,
                       device_memory=device_memory(params, device, member_bytes))

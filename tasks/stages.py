@@ -33,7 +33,8 @@ from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
 from unlearning.data.store import class_names_after
-from unlearning.gate import format_beside, smallest_klom_pvalue, verdict_summary
+from unlearning.gate import format_beside, verdict_summary
+from unlearning.resolution import can_reject, smallest_klom_pvalue
 from unlearning.history import HISTORY_METRICS, history_point
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
 from unlearning.ledger import ERASED_NOT_TRAINED_ON, UNLEARNED, appended, hash_sample_id
@@ -45,6 +46,7 @@ from unlearning.partition import subset_sizes
 from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
 from unlearning.salt import id_salt, keep_copy
 from unlearning.serving import input_example
+from unlearning.records import Selection
 from unlearning.selection import batch_facts, selection_with_debt
 
 # A stage's inputs are models, stores and an MLflow client: its result is never cached by its inputs.
@@ -179,7 +181,7 @@ def partition(batch: BatchRun, cfg: Partition, state: State, forget_ids: list[st
 # 4. plan: which candidates, certified how, with which reference models -----------------------------------
 @task(name="plan", **STAGE)
 @computes
-def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selection: dict, objective: str):
+def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selection: Selection, objective: str):
     """The batch's plan (unlearning/plan.py) from the selection, a short timing probe and the memory footprint:
     logged (MLflow `plan.json`, a Prefect artifact, the console) before any model is trained. A plan that
     cannot fit validation.memory_mb raises PlanRefused, naming the key."""
@@ -188,7 +190,7 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
 
     # a batch that plans again (after the first look's noise floor) reads the first probe back from the cache
     # (tasks/planning.py), timing only the candidates it had not timed
-    batch.probe = probe(params, state, rows, batch.device, selection["candidates"])
+    batch.probe = probe(params, state, rows, batch.device, selection.candidates)
     timing, footprint = batch.probe
     from tasks.sharding import sisa_share
 
@@ -290,8 +292,8 @@ def warn_if_not_the_recipe(check: dict[str, float], params: Params, state: State
 def warn_if_the_test_cannot_fail(params: Params, n_shadows: int, n_oracles: int) -> None:
     """A KLoM test that cannot fail certifies nothing: say so in every batch it happens in."""
     g = params.gate.retrain_equivalence
-    floor = smallest_klom_pvalue(n_shadows, n_oracles, g.n_permutations)
-    if floor > g.alpha:
+    if not can_reject(g.alpha, g.n_permutations, n_shadows, n_oracles):
+        floor = smallest_klom_pvalue(n_shadows, n_oracles, g.n_permutations)
         run_logger().warning(f"the KLoM permutation test cannot fail with {n_shadows} shadows and {n_oracles} "
                              f"oracles: its smallest p-value is about {floor:.3f}, above alpha = {g.alpha}; raise "
                              f"validation.n_oracles and n_shadows (the default is 80 each)")
@@ -304,7 +306,7 @@ FLOOR_SAMPLE_SEED = 11  # the same-size validation sample of the noise floor (un
 @task(name="select", **STAGE)
 @computes
 def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows: BatchRows, objective: str,
-           report, oracles: Ensemble | None, n_train: int) -> dict:
+           report, oracles: Ensemble | None, n_train: int) -> Selection:
     """The ordered candidate list: `deletion.method`, or the rules over the batch's facts, then the fallback,
     retrain last; the retraining debt (`deletion.debt`) overrides it with exact retrain alone. `oracles`: the
     references trained so far, for the noise floor (None before any: the rules that need it are skipped)."""
@@ -321,20 +323,20 @@ def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows:
         log.info(f"{batch.path.name}: retraining debt: {'; '.join(forced)}: exact retrain alone")
     batch.summary.update(selection=selection, debt=debt)
     batch.tracker.log_metrics(batch.parent, {f"debt/{k}": v for k, v in debt.items()})
-    batch.tracker.log_json(batch.parent, selection, "selection.json")
-    batch.tracker.log_params(batch.parent, {"selection.fired": [f[0] for f in selection["fired"]],
-                                            "selection.candidates": selection["candidates"]})
+    batch.tracker.log_json(batch.parent, selection.to_dict(), "selection.json")
+    batch.tracker.log_params(batch.parent, {"selection.fired": [f[0] for f in selection.fired],
+                                            "selection.candidates": selection.candidates})
     markdown_artifact(selection_markdown(selection, batch.path.name), key=batch.key("selection"),
                       description=f"candidates for {batch.path.name}")
-    rules = "; ".join(f"{name} ({why})" for name, why in selection["fired"]) or "no rule fired"
+    rules = "; ".join(f"{name} ({why})" for name, why in selection.fired) or "no rule fired"
     log.info(f"{batch.path.name}: {len(rows.forget)} sample(s) to forget, objective {objective}; "
-             f"candidates {selection['candidates']}; rules that fired: {rules}")
+             f"candidates {selection.candidates}; rules that fired: {rules}")
     if not forced and (line := nearest_miss_line(selection)):
         log.info(f"{batch.path.name}: {line}")
     return selection
 
 
-def nearest_miss_line(selection: dict) -> str | None:
+def nearest_miss_line(selection: Selection) -> str | None:
     """Why a method was not picked, in one line: the rule nearest to firing and the value that kept it off."""
     miss = selection.get("nearest_miss")
     if not miss:
@@ -343,15 +345,15 @@ def nearest_miss_line(selection: dict) -> str | None:
     return f"nearest rule that did not fire: {name} -> {method} ({why})"
 
 
-def selection_markdown(selection: dict, request_file: str) -> str:
-    fired = "\n".join(f"- `{name}`: {why}" for name, why in selection["fired"]) or "- (none)"
-    skipped = "\n".join(f"- `{name}`: {why}" for name, why in selection.get("skipped", [])) or "- (none)"
+def selection_markdown(selection: Selection, request_file: str) -> str:
+    fired = "\n".join(f"- `{name}`: {why}" for name, why in selection.fired) or "- (none)"
+    skipped = "\n".join(f"- `{name}`: {why}" for name, why in selection.skipped) or "- (none)"
     return (f"### Selection for `{request_file}`\n\nCandidates, in order: "
-            f"{', '.join(f'`{m}`' for m in selection['candidates'])}\n\nRules that fired:\n{fired}\n\n"
+            f"{', '.join(f'`{m}`' for m in selection.candidates)}\n\nRules that fired:\n{fired}\n\n"
             f"Rules skipped:\n{skipped}\n")
 
 
-def needs_noise_floor(selection: dict, weigh_cost: bool) -> bool:
+def needs_noise_floor(selection: Selection, weigh_cost: bool) -> bool:
     """Whether a rule was skipped only for want of the oracles' noise floor and could still add a candidate:
     with deletion.weigh_cost an approximate candidate is never certified per batch, so the floor decides nothing."""
     return not weigh_cost and any("noise_floor" in why for _, why in selection.get("skipped", []))
@@ -443,9 +445,9 @@ def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bo
     batch.summary["candidates"].append(line)
     decision = accept(out, exact_retrain_overrides)
     if decision.as_false_reject:
-        run_logger().info("  retrain: promoted although the gate rejected it: a false reject of the gate, not an "
+        run_logger().info(f"  {out.method}: promoted although the gate rejected it: a false reject of the gate, not an "
                           "unlearning failure (gate.exact_retrain_overrides)")
-        batch.tracker.set_tags(batch.parent, {"gate_false_reject": "retrain"})
+        batch.tracker.set_tags(batch.parent, {"gate_false_reject": out.method})
         line.promoted_as_false_reject = True
     return decision.accepted
 

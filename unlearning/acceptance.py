@@ -27,7 +27,7 @@ from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.config import Gate
 from unlearning.data.store import Prepared
 from unlearning.gate import Verdict, evaluate_gate, only_statistical_failures
-from unlearning.history import EXACT_METHODS
+from unlearning.history import is_exact
 from unlearning.models import Ensemble
 
 
@@ -62,7 +62,7 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
         epsilon=gate.epsilon if gate.criterion == "epsilon" else None,
         confidence=1 - gate.retrain_equivalence.alpha)  # the look's alpha: one-sided bounds at 1 - alpha
     metrics.update(cert)
-    metrics["candidate_is_retrain"] = float(method in EXACT_METHODS)
+    metrics["candidate_is_retrain"] = float(is_exact(method))
     m_unl, m_orc, klom_values = extra["m_unl"], extra["m_orc"], extra["klom"]
     gap = M.output_gap(logits["candidate"].numpy(), logits["oracles"].numpy())
     for s in SPLITS:
@@ -104,7 +104,7 @@ def reference_free_outcome(method: str, model: Ensemble, candidate_logits: torch
     for s in SPLITS:
         if (splits == s).any():
             metrics[f"n/{s}"] = float(np.count_nonzero(splits == s))
-    metrics.update({"candidate_is_retrain": float(method in EXACT_METHODS), "n_oracles": 0.0, "n_shadows": 0.0})
+    metrics.update({"candidate_is_retrain": float(is_exact(method)), "n_oracles": 0.0, "n_shadows": 0.0})
     verdict = evaluate_gate(objective, metrics, gate)
     cost["wall_seconds"] = time.perf_counter() - t0
     nan = np.full(len(splits), np.nan)
@@ -162,6 +162,6 @@ def accept(outcome: CandidateOutcome, exact_retrain_overrides: bool) -> Acceptan
     misses (max_validation_drop, min_validation_accuracy) still rejects it."""
     if outcome.verdict.passed:
         return Acceptance(True, False)
-    if outcome.method == "retrain" and exact_retrain_overrides and only_statistical_failures(outcome.verdict):
+    if is_exact(outcome.method) and exact_retrain_overrides and only_statistical_failures(outcome.verdict):
         return Acceptance(True, True)
     return Acceptance(False, False)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from unlearning.config import method_traits
+
 
 @dataclass
 class CandidateLine:
@@ -57,14 +59,15 @@ def failing_checks_in_words(checks: dict[str, dict]) -> list[str]:
 
 
 def chosen_rule(selection: dict, method: str) -> str:
-    """The rule that put `method` on the candidate list, in words (selection: unlearning.selection's dict)."""
+    """The rule that put `method` on the candidate list, in words (selection: unlearning/selection.py Selection,
+    or its JSON form)."""
     rule_methods = selection.get("rule_methods", {})
     for name, why in selection.get("fired", []):
         if name == "retraining_debt" or (name == "explicit" and why.endswith(repr(method))):
             return f"{name}: {why}"
         if rule_methods.get(name) == method:
             return f"rule `{name}` ({why})"
-    if method == "retrain":
+    if method_traits(method).fallback:
         return "exact retrain is always the last candidate"
     return "it is listed in deletion.fallback"
 
@@ -94,8 +97,8 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
     if debt:
         lines.append(f"- **Retraining debt before this batch:** {debt['batches_since_retrain']} approximate "
                      f"batch(es), {debt['forgotten_since_retrain']} sample(s) "
-                     f"({debt['forgotten_fraction_since_retrain']:.1%} of the training set) since the last exact "
-                     f"retrain")
+                     f"({debt['forgotten_fraction_since_retrain']:.1%} of the training set) since the last "
+                     f"exact retrain")
     for reason in selection.get("debt_reasons", []):
         lines.append(f"- **Retrain forced by the retraining debt:** {reason} (the rules would have tried "
                      f"{', '.join(selection.get('rules_would_have_tried', []))})")

@@ -8,15 +8,87 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from unlearning.policy import DEFAULT_RULES, Rule
+from unlearning.resolution import can_reject, permutations_needed
+from unlearning.rules import Rule
 
 PARAMS_FILE = "params.yaml"
+
+
+# --- what each method is, for the code that plans, certifies and accounts for it ---------------------------------
+@dataclass(frozen=True)
+class MethodTraits:
+    """What the pipeline needs to know of a method besides its code (unlearning/methods/registry.py MethodSpec
+    hands them out as `spec.traits`). They live here, torch-free, because `unlearn status` and the retraining debt
+    read them without importing the methods (which import torch)."""
+
+    exact: bool = False  # its result IS a retrain on the retain rows: certified by construction, clears the debt
+    needs_sharded_original: bool = False  # it unlearns a sharded original only (train.sharding)
+    fallback: bool = False  # the exact method every candidate list ends with, whatever the rules say
+
+
+METHOD_TRAITS: dict[str, MethodTraits] = {
+    "retrain": MethodTraits(exact=True, fallback=True),  # unlearning/methods/retrain.py
+    "sisa": MethodTraits(exact=True, needs_sharded_original=True),  # unlearning/methods/sisa.py
+}
+PLAIN = MethodTraits()  # every other method: approximate, any original
+
+
+def method_traits(name: str) -> MethodTraits:
+    """The traits of method `name` (an approximate method on any original unless declared above)."""
+    return METHOD_TRAITS.get(name, PLAIN)
+
+
+EXACT_RETRAIN = next(name for name, t in METHOD_TRAITS.items() if t.fallback)  # the last candidate of every batch
+SHARDED_EXACT = next(name for name, t in METHOD_TRAITS.items() if t.needs_sharded_original)  # a sharded original's
+
+
+class CertificateKind(StrEnum):
+    """How a candidate is certified (unlearning/plan.py Step; docs/design.md §4.6)."""
+
+    EXACT = "exact"  # exact by construction: checked against the original's accuracy, no references
+    AUDIT = "audit"  # the exact retrain judged against oracles too (validation.audit_retrain)
+    ABSOLUTE = "absolute"  # suppression: absolute bounds and the original's accuracy, no references
+    SEQUENTIAL = "sequential"  # references in looks, rejected at the first decisive look (unlearning/sequential.py)
+    QUALIFIED = "qualified"  # validation.mode qualified: the cheap checks of a licensed method, no references
+
+
+def sharded_original_problem(method: str, sharded: bool, key: str = "deletion.method") -> str | None:
+    """Why `method` cannot unlearn this original (None: it can): a method that needs a sharded original, asked
+    of one model. The one rule, read by the params' validation (train.sharding off), the planner (the champion is
+    one model) and the method itself (unlearning/sharding.py)."""
+    if sharded or not method_traits(method).needs_sharded_original:
+        return None
+    return (f"{key} = {method!r} needs a sharded original, and this one is one model: set train.sharding.shards "
+            f"(e.g. 10; docs/sharding.md) and run the train stage again (`dvc repro train`), or set "
+            f"deletion.method: auto")
+
+
+# docs/design.md §4.5's example list as calibrated by bench/calibration.py (params.yaml declares the same; it may declare
+# its own). Dropped after the calibration bench: `high_leakage -> newton_ggn` (the raw leakage ratio fires on
+# vanishing norms, and newton_ggn was farther from the oracles than do_nothing there) and `privacy_default ->
+# finetune` (failed the calibrated gate on the bench's sets at a cost above a retrain, which the gate's oracles
+# already are: promoting one costs nothing more).
+DEFAULT_RULES: list[dict] = [
+    # a sharded original (train.sharding): exact unlearning for the share of the shards the rows sit in
+    {"name": "sharded_original", "method": "sisa", "when": {"sharded": True}},
+    {"name": "gap_below_noise_floor", "method": "do_nothing",
+     "when": {"objective": "retrain_equivalence", "predicted_gap_to_noise_lt": 0.5}},
+    # retrain_equivalence only: a retrain keeps what the forget set shares with the rest, so it cannot suppress
+    {"name": "retrain_within_budget", "method": "retrain",
+     "when": {"objective": "retrain_equivalence", "retrain_cost_lt_budget": True}},
+    {"name": "oracles_are_retrains", "method": "retrain", "when": {"objective": "retrain_equivalence"}},
+    {"name": "suppression_with_adjacency", "method": "al_wpgd",
+     "when": {"objective": "suppression", "adjacent_fraction_gt": 0.0}},
+    {"name": "suppression", "method": "descent_ascent", "when": {"objective": "suppression"}},
+]
 
 
 class Strict(BaseModel):
@@ -402,9 +474,9 @@ class RetrainEquivalenceGate(Strict):
     @model_validator(mode="after")
     def _test_can_fail(self):
         # The smallest p-value the permutation test can give is 1 / (1 + n_permutations): above alpha, no
-        # candidate could ever fail the test, whatever it did.
-        if 1 / (1 + self.n_permutations) > self.alpha:
-            need = int(-(-1 // self.alpha)) - 1
+        # candidate could ever fail the test, whatever it did (unlearning/resolution.py).
+        if not can_reject(self.alpha, self.n_permutations):
+            need = permutations_needed(self.alpha)
             raise ValueError(f"n_permutations = {self.n_permutations} cannot give a p-value below alpha = "
                              f"{self.alpha} (its smallest is 1/(1 + n) = {1 / (1 + self.n_permutations):.4f}), so the "
                              f"KLoM test could never fail: set n_permutations >= {need} or raise alpha")
@@ -738,9 +810,10 @@ class Qualify(Strict):
     def _bins_increase(self):
         if any(b <= a for a, b in zip(self.bins, self.bins[1:])) or self.bins[0] <= 0:
             raise ValueError(f"qualify.bins = {self.bins} must be positive and increasing, e.g. [0.5, 1, 2, 4]")
-        if "retrain" in self.methods:
-            raise ValueError(f"qualify.methods = {self.methods} must not list retrain: exact retrain is always the "
-                             f"fallback and needs no qualification")
+        exact = [m for m in self.methods if method_traits(m).exact]
+        if exact:
+            raise ValueError(f"qualify.methods = {self.methods} must not list {', '.join(exact)}: an exact method is exact by "
+                             f"construction (exact retrain is always the fallback) and needs no qualification")
         return self
 
 
@@ -764,10 +837,9 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _sisa_needs_shards(self) -> "Params":
-        if self.deletion.method == "sisa" and not self.train.sharding.on:
-            raise ValueError("deletion.method = 'sisa' needs a sharded original, but train.sharding.shards is null (one "
-                             "model): set train.sharding.shards (e.g. 10; docs/sharding.md) and run the train stage "
-                             "again, or set deletion.method: auto")
+        problem = sharded_original_problem(self.deletion.method, self.train.sharding.on)
+        if problem:
+            raise ValueError(problem.replace("this one is one model", "train.sharding.shards is null (one model)"))
         return self
 
     def path(self, name: str) -> Path:

@@ -7,6 +7,7 @@ from functools import lru_cache
 from dataclasses import dataclass, field
 
 from unlearning.config import Gate
+from unlearning.resolution import smallest_klom_pvalue  # noqa: F401  (re-exported)
 from unlearning.metrics.summary import SPLITS
 
 
@@ -110,16 +111,6 @@ def student_t_quantile(p: float, df: int) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
     return (lo + hi) / 2
-
-
-def smallest_klom_pvalue(n_unlearned: int, n_oracles: int, n_permutations: int) -> float:
-    """About the smallest p-value the KLoM permutation test can give (metrics/permutation.py): at least
-    1 / (1 + n_permutations), and, with random relabelings drawn from only C(N_u + N_o, N_u) distinct ones, at
-    least the chance that a draw repeats the observed labeling, times the draws: 1 + n_permutations / C over
-    1 + n_permutations. Above the gate's alpha, the test cannot fail whatever the candidate did: 4 shadows and 4
-    oracles have C = 70 relabelings, so about 0.019 with 200 permutations, above alpha = 0.01."""
-    distinct = math.comb(n_unlearned + n_oracles, n_unlearned)
-    return (1 + n_permutations / distinct) / (1 + n_permutations)
 
 
 def criterion_line(gate: Gate) -> str:

@@ -20,9 +20,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from unlearning.config import method_traits
 from unlearning.ledger import trained_on
+from unlearning.records import Selection
 
-EXACT_METHODS = frozenset({"retrain", "sisa"})  # methods whose result IS a retrain on the retain set: they clear the debt
+
+def is_exact(method: str | None) -> bool:
+    """Whether `method`'s result IS a retrain on the retain rows (its trait `exact`): it clears the debt."""
+    return method is not None and method_traits(method).exact
 
 
 def n_original_train(manifest, ledger: list[dict]) -> int:
@@ -50,7 +55,7 @@ def retraining_debt(ledger: Iterable[dict], n_train: int) -> dict[str, Any]:
     since = 0
     forgotten = 0
     for b in reversed(batches):
-        if b["method"] in EXACT_METHODS:
+        if is_exact(b["method"]):
             break
         since += 1
         forgotten += b["n_forgotten"]
@@ -76,10 +81,10 @@ def debt_reasons(debt: dict[str, Any], n_new: int, max_forgotten_fraction: float
     return reasons
 
 
-def force_retrain(selection: dict, reasons: list[str]) -> dict:
-    """The selection with exact retrain as the only candidate, saying why (the rules' own result is kept)."""
-    return {**selection, "candidates": ["retrain"], "fired": [("retraining_debt", "; ".join(reasons))],
-            "rules_would_have_tried": list(selection["candidates"]), "debt_reasons": list(reasons)}
+def force_retrain(selection, reasons: list[str]):
+    """The selection (unlearning/selection.py Selection, or its JSON form) with exact retrain as the only
+    candidate, saying why (the rules' own result is kept)."""
+    return Selection.of(selection).forced_retrain(reasons)
 
 
 def history_point(history: list[dict], *, batch_id: str, request_file: str, method: str, n_forgotten: int,
@@ -88,7 +93,7 @@ def history_point(history: list[dict], *, batch_id: str, request_file: str, meth
     """The next point of the champion's history (step = 1 for the first batch)."""
     last = history[-1] if history else {"step": 0, "cumulative_forgotten": 0, "batches_since_retrain": 0}
     cumulative = int(last["cumulative_forgotten"]) + int(n_forgotten)
-    since = 0 if method in EXACT_METHODS else int(last["batches_since_retrain"]) + 1
+    since = 0 if is_exact(method) else int(last["batches_since_retrain"]) + 1
     return {"step": int(last["step"]) + 1, "batch_id": batch_id, "request_file": request_file, "method": method,
             "n_forgotten": int(n_forgotten), "cumulative_forgotten": cumulative,
             "forgotten_fraction": cumulative / max(n_train, 1), "champion_validation_accuracy": float(validation_accuracy),

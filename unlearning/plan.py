@@ -34,9 +34,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from unlearning.config import ConfigError, Gate, Validation
+from unlearning.config import (
+    EXACT_RETRAIN, SHARDED_EXACT, CertificateKind, ConfigError, Gate, Validation, method_traits, sharded_original_problem,
+)
 from unlearning.costs import CostCurve, DeviceMemory, choose_chunk, cuda_chunk_cap, sig
-from unlearning.history import EXACT_METHODS
 from unlearning.sequential import alpha_schedule, permutations_for
 
 MB = 1024 * 1024
@@ -136,13 +137,20 @@ class Step:
     """One candidate and how it is certified. `looks`: (shadows, oracles) per look; () = no references."""
 
     method: str
-    certificate: str  # exact | audit | absolute | sequential
+    certificate: CertificateKind  # exact | audit | absolute | sequential | qualified (a str: compares as one)
     looks: tuple[tuple[int, int], ...] = ()
     alphas: tuple[float, ...] = ()
     permutations: tuple[int, ...] = ()
     cost_retrains_reject: float = 0.0  # predicted cost when rejected at the first look
     cost_retrains_accept: float = 1.0  # predicted cost when accepted (all looks)
     why: str = ""
+
+    def __post_init__(self):  # "exact" -> CertificateKind.EXACT; an unknown kind fails here, naming the allowed ones
+        try:
+            object.__setattr__(self, "certificate", CertificateKind(self.certificate))
+        except ValueError:
+            raise ValueError(f"Step.certificate = {self.certificate!r}; allowed: "
+                             f"{[k.value for k in CertificateKind]}") from None
 
     @property
     def references(self) -> tuple[int, int]:
@@ -175,12 +183,12 @@ class Plan:
         """Models the plan trains at most: the exact retrain's one model, oracles and shadows (largest look).
         `sisa` trains no full model: the shards holding the rows retrain from a checkpoint, `sisa_share` of a
         full retrain (docs/design.md, sharding)."""
-        out = {"retrain": 0, "oracles": 0, "shadows": 0}
+        out = {EXACT_RETRAIN: 0, "oracles": 0, "shadows": 0}
         for s in self.steps:
-            if s.method == "sisa":
+            if method_traits(s.method).needs_sharded_original:
                 out["sisa_share"] = s.cost_retrains_accept
-            elif s.certificate == "exact":  # an audited retrain is oracle member 0: trained in the oracles' pass
-                out["retrain"] = 1
+            elif s.certificate == CertificateKind.EXACT:  # an audited retrain is oracle member 0: trained in the oracles' pass
+                out[EXACT_RETRAIN] = 1
             shadows, oracles = s.references
             out["oracles"], out["shadows"] = max(out["oracles"], oracles), max(out["shadows"], shadows)
         return out
@@ -216,7 +224,7 @@ def sequential_step(method: str, validation: Validation, gate: Gate, member: flo
         return refs(look[0]) + refs(look[1]) + run(look[0])
 
     first, last = looks[0], looks[-1]
-    return Step(method, "sequential", looks, alphas, tuple(permutations_for(a, g.n_permutations) for a in alphas),
+    return Step(method, CertificateKind.SEQUENTIAL, looks, alphas, tuple(permutations_for(a, g.n_permutations) for a in alphas),
                 cost_retrains_reject=cost(first), cost_retrains_accept=cost(last),
                 why=f"approximate: references in looks {[o for _, o in looks]} per role, rejected at the first "
                     f"decisive look, accepted only at the last")
@@ -252,35 +260,36 @@ def plan_steps(candidates: list[str], objective: str, validation: Validation, ga
     exact_cost = max(1.0, refs(validation.n_oracles)) if audited else 1.0
     steps: list[Step] = []
     skipped: list[tuple[str, str]] = []
-    if sisa_cost is not None:  # a sharded original: sisa alone keeps it sharded and exact; the others see one model
-        others = [m for m in candidates if m != "sisa"]
-        if explicit and others and "sisa" not in candidates:
+    if sisa_cost is not None:  # a sharded original: its exact method alone keeps it sharded; the others see one model
+        sharded = [m for m in candidates if method_traits(m).needs_sharded_original]
+        others = [m for m in candidates if not method_traits(m).needs_sharded_original]
+        if explicit and others and not sharded:
             raise PlanRefused(f"deletion.method = {others[0]!r}: the original is sharded (train.sharding), and only "
-                              f"method sisa unlearns it (exactly, for its share of a retrain); set deletion.method: "
-                              f"sisa or auto")
-        skipped += [(m, "the original is sharded (train.sharding): sisa unlearns it exactly") for m in others]
-        candidates = ["sisa"]
+                              f"method {SHARDED_EXACT} unlearns it (exactly, for its share of a retrain); set "
+                              f"deletion.method: {SHARDED_EXACT} or auto")
+        skipped += [(m, f"the original is sharded (train.sharding): {SHARDED_EXACT} unlearns it exactly")
+                    for m in others]
+        candidates = sharded or [SHARDED_EXACT]
     for method in candidates:
-        if method == "sisa":  # exact, sharded originals only (unlearning/methods/sisa.py)
+        traits = method_traits(method)
+        if traits.needs_sharded_original:  # exact, sharded originals only (e.g. unlearning/methods/sisa.py)
             if sisa_cost is None and explicit:
-                raise PlanRefused("deletion.method = 'sisa' needs a sharded original, and the champion is one model: "
-                                  "set train.sharding.shards (docs/sharding.md) and run the train stage again "
-                                  "(`dvc repro train`), or set deletion.method: auto")
+                raise PlanRefused(sharded_original_problem(method, False))
             if sisa_cost is None:
                 skipped.append((method, "the original is one model, not sharded (train.sharding.shards: null)"))
                 continue
-            steps.append(Step(method, "exact", cost_retrains_accept=sisa_cost,
+            steps.append(Step(method, CertificateKind.EXACT, cost_retrains_accept=sisa_cost,
                               why=f"exact by construction: the shards that held the rows retrain from the checkpoint "
                                   f"before their first slice ({sig(sisa_cost, 3)} of a full retrain), checked against "
                                   f"the original's accuracy"))
             break  # nothing after an exact method is ever tried
-        if method in EXACT_METHODS:
+        if traits.exact:
             steps.append(_audit_step(method, validation, refs) if audited else
-                         Step(method, "exact", why="exact by construction: one model on the retain rows, checked "
-                                                   "against the original's accuracy"))
+                         Step(method, CertificateKind.EXACT, why="exact by construction: one model on the retain "
+                                                                 "rows, checked against the original's accuracy"))
             break  # nothing after the exact retrain is ever tried
         if objective == "suppression":
-            steps.append(Step(method, "absolute", cost_retrains_accept=method_run(method)(0),
+            steps.append(Step(method, CertificateKind.ABSOLUTE, cost_retrains_accept=method_run(method)(0),
                               why="suppression: absolute bounds and the original's accuracy, no references"))
             continue
         step = sequential_step(method, validation, gate, refs, method_run(method))
@@ -303,7 +312,7 @@ def _audit_step(method: str, validation: Validation, refs: Callable[[int], float
     retrain (docs/gpu.md)."""
     n = validation.n_oracles
     cost = refs(n)
-    return Step(method, "audit", ((0, n),), cost_retrains_reject=cost, cost_retrains_accept=cost,
+    return Step(method, CertificateKind.AUDIT, ((0, n),), cost_retrains_reject=cost, cost_retrains_accept=cost,
                 why=f"exact retrain audited against oracles (validation.audit_retrain): the retrain is oracle member "
                     f"0 and trains in the oracles' pass of {n} members ({sig(cost)} retrains on this device), judged "
                     f"against the other {n - 1}; no shadows")
@@ -418,7 +427,7 @@ def predicted_seconds(step: Step | None, timing: Timing | None, diagnostics_seco
         return {}
     shadows, oracles = step.references
     refs = timing.references_seconds(shadows, chunk, workers) + timing.references_seconds(oracles, chunk, workers)
-    if step.certificate == "exact":
+    if step.certificate == CertificateKind.EXACT:
         unlearn = timing.retrain_seconds * step.cost_retrains_accept
     else:  # the method on the original and on the shadows (vectorized), from its timed run
         unlearn = timing.retrain_seconds * timing.method_retrains.get(step.method, 0.0) * (
@@ -436,13 +445,13 @@ def plan_lines(plan: Plan) -> list[str]:
         refs = (f"; references per look (shadows, oracles) {list(s.looks)}, alpha per look "
                 f"{[round(a, 5) for a in s.alphas]}" if s.looks else "; no reference models")
         lines.append(f"- {s.method}: {s.certificate} ({s.why}){refs}; cost {sig(s.cost_retrains_accept)} retrains "
-                     f"to accept" + (f", {sig(s.cost_retrains_reject)} to reject" if s.certificate == "sequential"
+                     f"to accept" + (f", {sig(s.cost_retrains_reject)} to reject" if s.certificate == CertificateKind.SEQUENTIAL
                                      else ""))
     for method, why in plan.skipped:
         lines.append(f"- skipped {method}: {why}")
     m = plan.models_to_train()
     sisa = (f"the shards holding the rows, from their checkpoints ({sig(m['sisa_share'], 3)} of a full retrain)"
-            if "sisa_share" in m else f"{m['retrain']} retrain")
+            if "sisa_share" in m else f"{m[EXACT_RETRAIN]} retrain")
     lines.append(f"models it trains at most: {sisa}, {m['oracles']} oracles, {m['shadows']} shadows "
                  f"(in chunks of {plan.chunk_size}, {plan.workers} at a time)")
     lines += list(plan.cost_model)

@@ -26,7 +26,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-EXACT = "retrain"  # always licensed: exact unlearning by construction
+from unlearning.config import EXACT_RETRAIN
+
+EXACT = EXACT_RETRAIN  # always licensed: exact unlearning by construction
 SUITE_KINDS = ("random", "group", "class", "high_self_leverage", "low_self_leverage")  # (+ gap_fill: drawn to fill bins)
 AUDIT_STREAM = 0x417544  # the audit draw's own SeedSequence word ("AuD"): disjoint from every role stream
 SUITE_STREAM = 0x517561  # the suite draw's ("Qua")

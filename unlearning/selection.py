@@ -12,6 +12,7 @@ import torch
 
 from unlearning.batch import BatchRows
 from unlearning.config import ConfigError, Deletion
+from unlearning.records import Selection
 
 
 def _mean_kl_to_mean(logits: torch.Tensor) -> float:
@@ -101,7 +102,7 @@ def check_method_config(deletion: Deletion) -> None:
             raise ConfigError(f"deletion.method_args.{name}: {e}") from None
 
 
-def candidate_methods(deletion: Deletion, facts: dict) -> dict:
+def candidate_methods(deletion: Deletion, facts: dict) -> Selection:
     """The ordered candidate list for `deletion` (params.deletion) over the batch's facts."""
     from unlearning.methods import REGISTRY
 
@@ -120,12 +121,12 @@ def candidate_methods(deletion: Deletion, facts: dict) -> dict:
         fired = [("explicit", f"deletion.method = {d.method!r}")]
     ordered = retrain_last([*first, *d.fallback])
     miss = nearest_miss(d.rules, facts, ordered) if d.method == "auto" else None
-    return {"candidates": ordered, "fired": fired, "skipped": skipped, "facts": facts,
-            "rule_methods": {r.name: r.method for r in d.rules}, "nearest_miss": miss}
+    return Selection(ordered, fired, skipped, facts, {r.name: r.method for r in d.rules}, miss,
+                     explicit=d.method != "auto")
 
 
 def selection_with_debt(deletion: Deletion, facts: dict, ledger, n_train: int,
-                        n_forget: int) -> tuple[dict, dict, list[str]]:
+                        n_forget: int) -> tuple[Selection, dict, list[str]]:
     """The batch's candidates (`candidate_methods`), overridden by the retraining debt (`deletion.debt`): exact
     retrain alone when it is due. Returns (selection, debt, the reasons the debt forced a retrain)."""
     from unlearning.history import debt_reasons, force_retrain, retraining_debt

@@ -15,8 +15,9 @@ its smallest p-value, 1 / (1 + P), is at most alpha_k / 2.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from unlearning.resolution import permutations_for  # noqa: F401  (re-exported: the looks' relabelings)
 
 
 def alpha_schedule(alpha: float, n_interim: int, interim_share: float) -> tuple[float, ...]:
@@ -26,12 +27,6 @@ def alpha_schedule(alpha: float, n_interim: int, interim_share: float) -> tuple[
         return (alpha,)
     each = alpha * interim_share / n_interim
     return (*([each] * n_interim), alpha - each * n_interim)
-
-
-def permutations_for(alpha_k: float, n_permutations: int) -> int:
-    """Relabelings for a look at level alpha_k: at least the configured number, and enough that the smallest
-    p-value 1 / (1 + P) is at most alpha_k / 2 (else the look could never reject)."""
-    return max(int(n_permutations), math.ceil(2 / alpha_k) - 1)
 
 
 @dataclass

@@ -353,9 +353,8 @@ class NotSharded(ValueError):
     """Method `sisa` asked of an original that was not trained in shards: bad input, one line with the fix."""
 
 
-NOT_SHARDED = ("method 'sisa' needs a sharded original, and this one is one model: set train.sharding.shards "
-               "(e.g. 10; docs/sharding.md) and run the train stage again (`dvc repro train`), or choose another "
-               "method (deletion.method: auto)")
+NOT_SHARDED = ("this original is one model, not an aggregate of shards with their checkpoints (a shard_state): "
+               "set train.sharding.shards (docs/sharding.md) and run the train stage again (`dvc repro train`)")
 
 
 def unlearn_state(model: Aggregate, forget_keys: Sequence[str], recipe: TrainRecipe,

@@ -1,4 +1,8 @@
-"""Registry of unlearning methods: name -> (pydantic args model, run function, one-line summary)."""
+"""Registry of unlearning methods: name -> (pydantic args model, run function, one-line summary, traits).
+
+A method's traits (`exact`, `needs_sharded_original`, `fallback`: unlearning/config.py MethodTraits) say what
+the planner, the certificate and the debt need to know of it, so that no code outside a method's own module
+compares method names."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ValidationError
 
+from unlearning.config import MethodTraits, method_traits
 from unlearning.methods.base import UnlearnContext, UnlearnResult
 
 
@@ -16,6 +21,10 @@ class MethodSpec:
     args_model: type[BaseModel]
     run: Callable[[UnlearnContext, BaseModel], UnlearnResult]
     summary: str
+
+    @property
+    def traits(self) -> MethodTraits:
+        return method_traits(self.name)
 
 
 REGISTRY: dict[str, MethodSpec] = {}

@@ -15,7 +15,8 @@ from unlearning.methods.args import DataSizes, MethodArgs
 from unlearning.methods.base import MethodCost, UnlearnContext, UnlearnResult
 from unlearning.methods.registry import register
 from unlearning.progress import resolve
-from unlearning.sharding import NOT_SHARDED, NotSharded, cost_in_retrains, id_hash, unlearn_state
+from unlearning.config import sharded_original_problem
+from unlearning.sharding import NotSharded, cost_in_retrains, id_hash, unlearn_state
 
 
 class SisaArgs(MethodArgs):
@@ -29,8 +30,9 @@ class SisaArgs(MethodArgs):
                             "from the checkpoint before their first slice")
 def run(ctx: UnlearnContext, args: SisaArgs) -> UnlearnResult:
     st = getattr(ctx.model, "shard_state", None)
-    if st is None:
-        raise NotSharded(NOT_SHARDED)
+    problem = sharded_original_problem("sisa", st is not None, key="method")
+    if problem:
+        raise NotSharded(problem)
     if ctx.forget_ids is None:
         raise ValueError("method 'sisa' finds the forgotten rows by id: the context names none (forget_ids)")
     keys = [id_hash(i, st.salt) for i in ctx.forget_ids]

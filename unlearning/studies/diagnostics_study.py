@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from unlearning.config import Params, S5Diagnostics
+from unlearning.config import Params, S5Diagnostics, method_traits
 from unlearning.leverage import compute_diagnostics
 from unlearning.leverage.diagnostics import spearman
 from unlearning.models import predict_logits
@@ -81,7 +81,7 @@ def structures(prob: DigitsProblem, cfg: S5Diagnostics, self_lev: np.ndarray | N
 
 def accepted(res: dict, params: Params) -> bool:
     """What the flow promotes: the gate passed, or an exact retrain with gate.exact_retrain_overrides."""
-    return bool(res["passed"] or (res["method"] == "retrain" and params.gate.exact_retrain_overrides))
+    return bool(res["passed"] or (method_traits(res["method"]).exact and params.gate.exact_retrain_overrides))
 
 
 def policy_outcome(candidates: list[str], results: dict, params: Params) -> dict:

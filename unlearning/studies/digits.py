@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from unlearning.config import method_traits
 from unlearning.batch import SPLITS, BatchRows
 from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.config import Gate, Params
@@ -182,7 +183,7 @@ def run_candidate(orig: Originals, fs: ForgetSet, method: str, args: dict, gate:
     """Run `method` (with `args`) on the original and on the N shadows, then judge it. `retrain` is the
     independent retrain: member 0 of oracle set B as the candidate, B's N models as the shadow-unlearned side."""
     prob = orig.prob
-    if method == "retrain":
+    if method_traits(method).exact:
         res = judge(fs, fs.logits_b[:1], fs.logits_b, gate, n_permutations=n_permutations, seed=orig.seed,
                     is_retrain=True)
         res["seconds"] = fs.seconds_one_retrain

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from unlearning.config import EXACT_RETRAIN
 from unlearning.data import load_dataset
 from unlearning.data.registry import FASHION_CLASSES
 from unlearning.devices import resolve_device
@@ -66,7 +67,7 @@ AL_WPGD_ARGS: dict[str, Any] = {"target_forget_acc": 0.0, "stage1_lr": 1e-4, "st
                                 "mu": 10.0, "stage2_lr": 5e-3, "stage2_momentum": 0.5, "stage2_steps": 2400,
                                 "alpha": 0.5}
 METHOD_ARGS: dict[str, dict[str, Any]] = {
-    "retrain": {},
+    EXACT_RETRAIN: {},
     "finetune": {},
     "gradient_ascent": {},
     "descent_ascent": {},

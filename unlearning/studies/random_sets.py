@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from unlearning.batch import SPLITS
-from unlearning.config import Params, S3Random
+from unlearning.config import EXACT_RETRAIN, Params, S3Random, method_traits
 from unlearning.progress import Progress
 from unlearning.studies.digits import (digits_problem, make_forget_set, run_candidate, setting_label,
                                        train_originals)
@@ -75,7 +75,7 @@ def summarize(sets: list[dict], far_ratio: float = 1.5) -> dict:
               if "do_nothing" in s["candidates"]]
         far = [r for _, r in rs if r.get("independent_ratio") is not None and r["independent_ratio"] > far_ratio]
         row["n_far"], row["false_accepts"] = len(far), int(sum(r["passed"] for r in far))
-        row["false_rejects"] = int(sum(not r["passed"] for _, r in rs)) if row["method"] == "retrain" else None
+        row["false_rejects"] = int(sum(not r["passed"] for _, r in rs)) if method_traits(row["method"]).exact else None
         row["closer_than_do_nothing"] = int(sum(a < b for a, b in dn))
         row["compared_with_do_nothing"] = len(dn)
         per_size = {}
@@ -92,7 +92,7 @@ def summarize(sets: list[dict], far_ratio: float = 1.5) -> dict:
 def gate_errors(sets: list[dict], far_ratio: float = 1.5) -> dict:
     """Over every (set, candidate): false rejects of the independent retrain, false accepts of the rest."""
     cands = [r for s in sets for r in s["candidates"].values()]
-    retr = [r for r in cands if r["method"] == "retrain"]
+    retr = [r for r in cands if method_traits(r["method"]).exact]
     far = [r for r in cands if r.get("independent_ratio") is not None and r["independent_ratio"] > far_ratio]
     near = [r for r in cands if r.get("independent_ratio") is not None and r["independent_ratio"] <= far_ratio]
     return {"retrain_runs": len(retr), "false_rejects": int(sum(not r["passed"] for r in retr)),
@@ -126,7 +126,7 @@ def run_s3(params: Params, cfg: S3Random | None = None, progress: bool | str | N
             k = int(name.rsplit("_", 1)[1])
             for label, method, args in candidates(params, cfg, k):
                 run_candidate(orig, fs, method, args, gate, n_permutations=n_perm, label=label)
-            a = fs.results["retrain"] if "retrain" in fs.results else next(iter(fs.results.values()))
+            a = fs.results.get(EXACT_RETRAIN) or next(iter(fs.results.values()))
             sets.append({"set": name, "size": size, "n_forget": int(len(F)),
                          "oracle_acc": {"forget": a["oracle_acc/forget"], "validation": a["oracle_acc/validation"]},
                          "seconds_oracles": fs.seconds_oracles, "candidates": fs.results})

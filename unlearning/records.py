@@ -1,0 +1,65 @@
+"""The typed records of the batch path (docs/design.md §1, §4.5): what a stage hands the next, frozen.
+
+- `Selection`: which candidates a batch tries, in order, and why (unlearning/selection.py makes it);
+- `Licensing`: what the qualification licensed for a batch in qualified mode (tasks/qualification.py);
+- `BatchResult`: what one request file came to (the deletion flow's result per file).
+
+Their JSON forms (`to_dict`) are what MLflow and the flow's callers store; read-only item access
+(`record["candidates"]`) serves the readers of that form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping
+
+from unlearning.config import EXACT_RETRAIN
+
+
+class ItemAccess:
+    """Read-only `record[key]` and `record.get(key, default)` over a frozen dataclass's fields (a field that is
+    None reads as missing for `get`, as the JSON form leaves it out)."""
+
+    def __getitem__(self, key: str):
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default=None):
+        value = getattr(self, key, None) if key in self.__dataclass_fields__ else None
+        return default if value is None else value
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Selection(ItemAccess):
+    """Which candidates a batch tries, in order, and why (docs/design.md §4.5): the record the planner, the
+    batch summary and `selection.json` read. `explicit`: deletion.method named one method (the planner honours
+    it over the cost rule); `rules_would_have_tried` and `debt_reasons`: set when the retraining debt forced an
+    exact retrain (unlearning/history.py force_retrain). Read-only item access (`sel["candidates"]`) serves
+    readers of its JSON form."""
+
+    candidates: list[str]
+    fired: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    rule_methods: dict[str, str] = field(default_factory=dict)
+    nearest_miss: tuple[str, str, str] | None = None
+    explicit: bool = False
+    rules_would_have_tried: list[str] | None = None
+    debt_reasons: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, value: "Selection | Mapping") -> "Selection":
+        """A Selection from itself or from its JSON form (a dict with its field names)."""
+        if isinstance(value, Selection):
+            return value
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in dict(value).items() if k in names})
+
+    def forced_retrain(self, reasons: list[str]) -> "Selection":
+        """Exact retrain alone, saying why (the rules' own list is kept in `rules_would_have_tried`)."""
+        return replace(self, candidates=[EXACT_RETRAIN], fired=[("retraining_debt", "; ".join(reasons))],
+                       rules_would_have_tried=list(self.candidates), debt_reasons=list(reasons))
