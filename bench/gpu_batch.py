@@ -236,10 +236,16 @@ def do_nothing_path(pt: Point, original: Ensemble, plan) -> dict:
         both = torch.cat(oracles, 0)
         logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
         gate_k = look_gate(params.gate, alpha, n_perm)
-        out = outcome_from_logits("do_nothing", candidate, logits, pt.prepared, pt.sampled, gate_k,
-                                  "retrain_equivalence", seed, {}, t0, n_s)
         final = k == len(step.looks) - 1
-        verdict, decision, _ = look_verdict(out.metrics, gate_k, "retrain_equivalence", alpha, final, k)
+        decided: dict = {}
+
+        def judge(metrics, gate_k=gate_k, final=final, k=k, decided=decided):  # the look's verdict, once
+            verdict, decided["decision"], _ = look_verdict(metrics, gate_k, "retrain_equivalence", alpha, final, k)
+            return verdict
+
+        out = outcome_from_logits("do_nothing", candidate, logits, pt.prepared, pt.sampled, gate_k,
+                                  "retrain_equivalence", seed, {}, t0, n_s, judge=judge, alpha=alpha)
+        verdict, decision = out.verdict, decided["decision"]
         looks.append({"n": n_o, "decision": decision, "passed": bool(verdict.passed)})
         done_s, done_o = n_s, n_o
         if decision != "continue":

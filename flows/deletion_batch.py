@@ -112,7 +112,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                                    f"The next run reconciles the registry alias and finishes the erasure") from e
         raise
     return {"file": path.name, "status": "applied", "batch_id": batch.batch_id, "method": outcome.method,
-            "model_version": promoted["version"], "run_id": batch.parent, "metrics": outcome.metrics}
+            "model_version": promoted["version"], "run_id": batch.parent, "metrics": outcome.tracked_metrics()}
 
 
 def split_requests(batch: S.BatchRun, params: Params, state, requests, objective: str):

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -140,8 +141,7 @@ def sharded_exact(method: str, params: Params, state, rows: BatchRows, device: s
             "models_trained": len(info["shards_retrained"]), "cost_in_retrains": info["cost_in_retrains"],
             "shards_retrained": len(info["shards_retrained"]), "slices_retrained": len(info["slices_retrained"])}
     out = _reference_free_outcome(method, res.model, ev, state.model, params.gate, objective, cost, t0)
-    out.info = info  # the ledger records which shards and slices were retrained
-    return out
+    return replace(out, info=info)  # the ledger records which shards and slices were retrained
 
 
 def absolute(method: str, args: dict, params: Params, state, rows: BatchRows, device: str, objective: str,
@@ -190,18 +190,26 @@ def sequential(step: Step, args: dict, params: Params, state, rows: BatchRows, p
             both = torch.cat(oracle_parts, 0)
             logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
             gate_k = look_gate(params.gate, alpha, n_perm)
+            final = k == len(step.looks) - 1
+            decided: dict = {}
+
+            def judge(metrics: dict, gate_k=gate_k, final=final, k=k, decided=decided):
+                """The look's verdict, evaluated once: the whole gate at the last look, KLoM (or epsilon) alone
+                before it (unlearning/sequential.py look_verdict)."""
+                verdict, decided["decision"], decided["failing"] = look_verdict(metrics, gate_k, objective, alpha,
+                                                                                final, k)
+                return verdict
+
             out = outcome_from_logits(step.method, res.model, logits, state.prepared, ev.rows, gate_k, objective,
-                                      seed, dict(cost), t0, n_s)
+                                      seed, dict(cost), t0, n_s, judge=judge, alpha=alpha)
             bar.update()
         done_s, done_o = n_s, n_o
-        final = k == len(step.looks) - 1
-        out.verdict, decision, failing = look_verdict(out.metrics, gate_k, objective, alpha, final, k)
+        decision, failing = decided["decision"], decided["failing"]
         by_eps = params.gate.criterion == "epsilon"
         look = Look(n_s, n_o, alpha, interim_bounds(out.metrics, params.gate), decision,
                     time.perf_counter() - look_start, failing, params.gate.epsilon.max if by_eps else None)
         looks.append(look)
         log.info("  " + look.line(step.method, k, len(step.looks)))
-        out.metrics.update({"certificate/looks": float(k + 1), "certificate/alpha": alpha})
         if decision != "continue":
-            return out, looks
+            return replace(out, looks=tuple(looks)), looks
     raise AssertionError("a sequential step has at least one look")

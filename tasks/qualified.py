@@ -5,11 +5,12 @@ model (tasks/certify.py runs it for a step whose certificate is `qualified`)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
 from tasks.training import recipe as recipe_of
-from unlearning.acceptance import CandidateOutcome, reference_free_outcome
+from unlearning.acceptance import CandidateOutcome, reference_free_outcome, split_records_of
 from unlearning.batch import BatchRows, unlearn_context
 from unlearning.config import Params
 from unlearning.methods import run_method
@@ -21,7 +22,6 @@ def qualified_outcome(method: str, args: dict, params: Params, state, rows: Batc
     """A method the model's qualification licensed (validation.mode qualified), on the production model alone,
     with the cheap checks (unlearning/qualification.py cheap_checks): accuracy per split against the original's,
     and the membership test of the forget rows against the validation rows. No reference model."""
-    from unlearning.gate import Verdict
     from unlearning.qualification import cheap_checks, largest_class_share, membership_test
     from unlearning.sequential import permutations_for
 
@@ -41,11 +41,10 @@ def qualified_outcome(method: str, args: dict, params: Params, state, rows: Batc
     auc, p = membership_test(losses[f], ev.labels[f], losses[v], ev.labels[v], permutations_for(g.alpha,
                                                                                                 g.n_permutations),
                              params.base.seed)
-    out.metrics.update({"mia_auc/forget_vs_validation": auc, "membership_pvalue/forget_vs_validation": p})
+    metrics = {**out.metrics, "mia_auc/forget_vs_validation": auc, "membership_pvalue/forget_vs_validation": p}
     share = largest_class_share(state.prepared.label[rows.forget], state.prepared.label[rows.before])
-    checks, failures = cheap_checks(out.metrics, g.max_validation_drop, p, g.alpha, share,
+    checks, failures = cheap_checks(metrics, g.max_validation_drop, p, g.alpha, share,
                                     params.validation.qualified_max_class_share)
-    out.verdict = Verdict(passed=out.verdict.passed and not failures, objective=objective,
-                          failures=[*out.verdict.failures, *failures], checks={**out.verdict.checks, **checks})
-    out.cost["wall_seconds"] = time.perf_counter() - t0
-    return out
+    verdict = out.verdict.with_checks(checks, failures)
+    return replace(out, metrics=metrics, verdict=verdict, cost={**out.cost, "wall_seconds": time.perf_counter() - t0},
+                   splits=split_records_of(metrics, verdict))

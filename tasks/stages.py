@@ -373,13 +373,14 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
     out, looks = run_step(step, params, state, rows, pool, the_plan, batch.device, objective, batch_index)
     gate = params.gate
     t = batch.tracker
-    t.log_metrics(run, out.metrics)
+    t.log_metrics(run, out.tracked_metrics())
     t.log_metrics(run, {f"cost/{k}": float(v) for k, v in out.cost.items()})
     t.log_json(run, out.verdict.to_dict(), "gate_verdict.json")
     if looks:
         t.log_json(run, [look.__dict__ for look in looks], "certificate_looks.json")
     t.log_table(run, out.per_sample, "per_sample_klom.json")
-    log_candidate_figures(t, run, out, out.metrics.get("certificate/alpha", gate.retrain_equivalence.alpha))
+    alpha = out.alpha if out.alpha is not None else gate.retrain_equivalence.alpha
+    log_candidate_figures(t, run, out, alpha)
     t.set_tags(run, {"gate": "passed" if out.verdict.passed else "failed"})
     batch.close()
     passed = "passed" if out.verdict.passed else "failed"
@@ -392,7 +393,7 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
                       + ("\n".join(f"- {f}" for f in failures) or "- every check passed")
                       + f"\n\n{out.cost.get('wall_seconds', 0.0):.1f} s", key=batch.key(f"{method}-verdict"),
                       description=f"gate verdict of {method} for {batch.path.name}")
-    run_logger().info(f"  {method}: {verdict_summary(out.verdict, out.metrics, out.metrics.get('certificate/alpha', gate.retrain_equivalence.alpha))}")
+    run_logger().info(f"  {method}: {verdict_summary(out.verdict, out.metrics, alpha)}")
     return out
 
 
@@ -400,7 +401,7 @@ def split_table(outcome: CandidateOutcome) -> list[dict]:
     """One row per split (unlearning/acceptance.py split_records): the candidate's accuracy and the original's,
     the oracles' interval, KLoM P95, its floor and the p-value (with the digits that keep it on its side of the
     look's alpha: 2/201 is 0.00995, not 0.01), and whether the split passed."""
-    alpha = outcome.metrics.get("certificate/alpha", outcome.verdict.checks.get("klom_pvalue/forget", {}).get("limit"))
+    alpha = outcome.alpha
 
     def r(v):
         return None if v is None else round(float(v), 4)
@@ -686,7 +687,7 @@ def finish(batch: BatchRun, outcome: CandidateOutcome, promoted: dict, erasure: 
     the batch summary (MLflow description + Prefect artifact)."""
     t, history = batch.tracker, promoted["history"]
     wall = wall_seconds(batch)
-    t.log_metrics(batch.parent, {**outcome.metrics, "wall_seconds": wall, "n_forgotten": batch.summary["n_forgotten"]})
+    t.log_metrics(batch.parent, {**outcome.tracked_metrics(), "wall_seconds": wall, "n_forgotten": batch.summary["n_forgotten"]})
     t.log_series(batch.parent, history, HISTORY_METRICS)
     fig = plots.history(history, f"champion across {len(history)} batch(es)")
     t.log_figure(batch.parent, fig, "champion_history.png"); plots.close(fig)

@@ -7,7 +7,7 @@
 - `reference_free_outcome`: the same for a candidate judged without reference models (an exact retrain, a
   suppression method): accuracies against the original's;
 - `split_records`: one `SplitRecord` per split (accuracy, the oracles' interval, KLoM P95, its same-size floor,
-  the p-value, pass), the table a reviewer reads;
+  the p-value, pass), the table a reviewer reads, built once with the outcome (`Outcome.splits`);
 - `accept`: whether the batch takes the candidate: it passed, or it is an audited exact retrain that failed
   statistical checks alone (a false reject of the gate, `gate.exact_retrain_overrides`).
 """
@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
+from unlearning import metric_keys as K
 from unlearning import metrics as M
 from unlearning.batch import SPLITS, BatchRows, membership_metrics
 from unlearning.certificate import retrain_equivalence_metrics
@@ -31,8 +33,27 @@ from unlearning.history import is_exact
 from unlearning.models import Ensemble
 
 
-@dataclass
-class CandidateOutcome:
+@dataclass(frozen=True)
+class SplitRecord:
+    """One split of a candidate's certificate: what was measured, against what, and whether it passed."""
+
+    split: str
+    accuracy: float
+    original_accuracy: float | None
+    interval: tuple[float, float] | None  # where one more exact retrain's accuracy falls (None: no references)
+    klom_p95: float | None
+    floor: float | None  # the same-size noise floor of KLoM P95 (median of the permutation null)
+    pvalue: float | None
+    passed: bool  # every gate check of this split passed
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One candidate, run and certified: the record every later step reads (acceptance, promotion, the review
+    screens). `alpha`: the alpha the deciding look applied (None: judged without references); `looks`: the
+    sequential certificate's looks (unlearning/sequential.py Look); `splits`: the per-split table; `info`: what
+    the method reports for the ledger (sisa: the shards and slices it retrained)."""
+
     method: str
     model: Ensemble  # the unlearned production model (one member)
     metrics: dict[str, float]
@@ -41,15 +62,44 @@ class CandidateOutcome:
     per_sample: pd.DataFrame  # per evaluated sample: split, KLoM, margins summary
     worst: dict = field(default_factory=dict)  # margins of the worst forget samples, for plots
     klom_null_p95: dict = field(default_factory=dict)  # {split: [P]} permutation null of the KLoM P95, for plots
+    info: dict = field(default_factory=dict)
+    alpha: float | None = None
+    looks: tuple = ()
+    splits: tuple[SplitRecord, ...] = ()
+
+    def tracked_metrics(self) -> dict[str, float]:
+        """Its metrics as MLflow logs them (unlearning/metric_keys.py for_tracking: with alpha and looks)."""
+        return K.for_tracking(self.metrics, self.alpha, len(self.looks))
+
+
+CandidateOutcome = Outcome  # the name the shell and the tests have used
+
+
+def split_records_of(metrics: dict[str, float], verdict: Verdict) -> tuple[SplitRecord, ...]:
+    """One record per split present, from the certificate's measurements and the verdict's checks."""
+    out = []
+    for s in SPLITS:
+        acc = K.of_split(metrics, "acc", s)
+        if acc is None:
+            continue
+        acc_check = verdict.checks.get(K.key("acc", s), {})
+        interval = tuple(acc_check["limit"]) if acc_check.get("op") == "in" else None
+        out.append(SplitRecord(s, acc, K.of_split(metrics, "original_acc", s), interval,
+                               K.of_split(metrics, "klom_p95", s), K.of_split(metrics, "noise_floor_p95", s),
+                               K.of_split(metrics, "klom_pvalue", s), verdict.passed_for(s)))
+    return tuple(out)
 
 
 def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torch.Tensor], prepared: Prepared,
                         rows: BatchRows, gate: Gate, objective: str, seed: int, cost: dict, t0: float,
-                        n_shadows: int) -> CandidateOutcome:
+                        n_shadows: int, judge: Callable[[dict[str, float]], Verdict] | None = None,
+                        alpha: float | None = None) -> Outcome:
     """The certificate's metrics and the gate's verdict from the logits on the evaluated rows [N, n, C]:
     `candidate`, `original`, `oracles` (every oracle), `shadow_unlearned` and `oracle_ref` (the KLoM
     comparison), `accuracy_ref` (oracles the candidate was not drawn from). `gate.retrain_equivalence`'s alpha
-    and n_permutations are the look's (unlearning/sequential.py)."""
+    and n_permutations are the look's (unlearning/sequential.py). `judge`: the verdict over the metrics, once
+    (a sequential look's, unlearning/sequential.py look_verdict; default: the whole gate); `alpha`: the alpha
+    it applied, for the record."""
     eval_rows, splits = rows.eval_rows()
     labels = prepared.label[eval_rows]
     metrics: dict[str, float] = {}
@@ -74,7 +124,7 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
                                                    M.margins(logits["oracles"].numpy(), labels)[:, splits == "forget"])
     metrics["n_oracles"] = float(logits["oracles"].shape[0])
     metrics["n_shadows"] = float(n_shadows)
-    verdict = evaluate_gate(objective, metrics, gate)
+    verdict = judge(metrics) if judge is not None else evaluate_gate(objective, metrics, gate)
     cost["wall_seconds"] = time.perf_counter() - t0
     per_sample = pd.DataFrame({"sample_id": prepared.manifest["sample_id"].to_numpy()[eval_rows], "split": splits,
                                "klom": klom_values, "klom_null_example": extra["klom_null_example"],
@@ -84,16 +134,18 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
         per_sample["epsilon"], per_sample["epsilon_upper"] = extra["epsilon_rows"].point, extra["epsilon_rows"].upper
     forget_idx = np.flatnonzero(splits == "forget")
     worst = forget_idx[np.argsort(-np.nan_to_num(klom_values[forget_idx], nan=np.inf))[:4]]
-    return CandidateOutcome(method=method, model=candidate.cpu(), metrics=metrics, verdict=verdict, cost=cost,
-                            per_sample=per_sample, klom_null_p95=extra["klom_null_p95"],
-                            worst={"unlearned": m_unl[:, worst], "oracle": m_orc[:, worst],
-                                   "names": list(per_sample["sample_id"].to_numpy()[worst])})
+    return Outcome(method=method, model=candidate.cpu(), metrics=metrics, verdict=verdict, cost=cost,
+                   per_sample=per_sample, klom_null_p95=extra["klom_null_p95"],
+                   worst={"unlearned": m_unl[:, worst], "oracle": m_orc[:, worst],
+                          "names": list(per_sample["sample_id"].to_numpy()[worst])},
+                   alpha=gate.retrain_equivalence.alpha if alpha is None else alpha,
+                   splits=split_records_of(metrics, verdict))
 
 
 def reference_free_outcome(method: str, model: Ensemble, candidate_logits: torch.Tensor,
                            original_logits: torch.Tensor, labels: np.ndarray, splits: np.ndarray,
                            sample_ids: np.ndarray, gate: Gate, objective: str, cost: dict,
-                           t0: float) -> CandidateOutcome:
+                           t0: float) -> Outcome:
     """Accuracy per split of the candidate and of the original ([1, n, C] logits on the evaluated rows), and the
     gate over them (no reference models: KLoM and the output gap to oracles are not measured, NaN per sample)."""
     metrics: dict[str, float] = {}
@@ -110,43 +162,14 @@ def reference_free_outcome(method: str, model: Ensemble, candidate_logits: torch
     nan = np.full(len(splits), np.nan)
     per_sample = pd.DataFrame({"sample_id": sample_ids, "split": splits, "klom": nan, "klom_null_example": nan,
                                "output_gap": nan, "margin_unlearned_mean": nan, "margin_oracle_mean": nan})
-    return CandidateOutcome(method=method, model=model.cpu(), metrics=metrics, verdict=verdict, cost=cost,
-                            per_sample=per_sample)
+    return Outcome(method=method, model=model.cpu(), metrics=metrics, verdict=verdict, cost=cost,
+                   per_sample=per_sample, splits=split_records_of(metrics, verdict))
 
 
-@dataclass(frozen=True)
-class SplitRecord:
-    """One split of a candidate's certificate: what was measured, against what, and whether it passed."""
-
-    split: str
-    accuracy: float
-    original_accuracy: float | None
-    interval: tuple[float, float] | None  # where one more exact retrain's accuracy falls (None: no references)
-    klom_p95: float | None
-    floor: float | None  # the same-size noise floor of KLoM P95 (median of the permutation null)
-    pvalue: float | None
-    passed: bool  # every gate check of this split passed
-
-
-def split_records(outcome: CandidateOutcome) -> list[SplitRecord]:
-    """The candidate's certificate, one record per split present (from its metrics and its verdict's checks)."""
-    m, checks = outcome.metrics, outcome.verdict.checks
-
-    def get(key: str) -> float | None:
-        return float(m[key]) if key in m else None
-
-    out = []
-    for s in SPLITS:
-        if f"acc/{s}" not in m:
-            continue
-        acc_check = checks.get(f"acc/{s}", {})
-        interval = tuple(acc_check["limit"]) if acc_check.get("op") == "in" else None
-        mine = [c for name, c in checks.items() if name.endswith(f"/{s}") or (s == "validation" and
-                                                                            name.startswith("acc/validation"))]
-        out.append(SplitRecord(s, float(m[f"acc/{s}"]), get(f"original_acc/{s}"), interval, get(f"klom_p95/{s}"),
-                               get(f"noise_floor_p95/{s}"), get(f"klom_pvalue/{s}"),
-                               all(c.get("passed", True) for c in mine)))
-    return out
+def split_records(outcome: Outcome) -> list[SplitRecord]:
+    """The candidate's certificate, one record per split present (built with the outcome; an outcome made by
+    hand without them gets them from its metrics and its verdict's checks)."""
+    return list(outcome.splits or split_records_of(outcome.metrics, outcome.verdict))
 
 
 @dataclass(frozen=True)
@@ -155,7 +178,7 @@ class Acceptance:
     as_false_reject: bool  # an exact retrain promoted although the gate rejected it on statistical checks alone
 
 
-def accept(outcome: CandidateOutcome, exact_retrain_overrides: bool) -> Acceptance:
+def accept(outcome: Outcome, exact_retrain_overrides: bool) -> Acceptance:
     """The batch takes a candidate that passed the gate, or an (audited) exact retrain that failed the
     statistical comparisons with the oracles only: exact retrain is exact unlearning by construction, so that
     failure measures the gate, not the model, and blocking it would leave the batch no way forward. A floor it

@@ -11,12 +11,29 @@ from unlearning.resolution import smallest_klom_pvalue  # noqa: F401  (re-export
 from unlearning.metrics.summary import SPLITS
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
+    """The gate's verdict on one candidate: passed, and each check (`checks`: name -> value, op, limit, passed;
+    a check's name is `<metric>/<split>` or a floor's own name, e.g. `acc/validation_drop`)."""
+
     passed: bool
     objective: str
     failures: list[str] = field(default_factory=list)
     checks: dict[str, dict] = field(default_factory=dict)
+
+    def checks_of(self, split: str) -> dict[str, dict]:
+        """The checks that judge `split` (the validation floors judge the validation split)."""
+        return {name: c for name, c in self.checks.items()
+                if name.endswith(f"/{split}") or (split == "validation" and name.startswith("acc/validation"))}
+
+    def passed_for(self, split: str) -> bool:
+        """Every check of `split` passed (a split no check judges passes)."""
+        return all(c.get("passed", True) for c in self.checks_of(split).values())
+
+    def with_checks(self, checks: dict[str, dict], failures: list[str]) -> "Verdict":
+        """This verdict with more checks (e.g. qualified mode's cheap checks): passed only if they pass too."""
+        return Verdict(self.passed and not failures, self.objective, [*self.failures, *failures],
+                       {**self.checks, **checks})
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "objective": self.objective, "failures": self.failures, "checks": self.checks}

@@ -1,0 +1,135 @@
+"""The batch path's typed records and the methods' traits: no code outside a method's own module and the config
+compares method names; Step.certificate lists every kind; a sequential look evaluates its verdict once; the
+records are frozen and carry what later steps read (the applied alpha, the looks, the per-split table)."""
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from unlearning import acceptance
+from unlearning.acceptance import Outcome, outcome_from_logits, split_records
+from unlearning.batch import BatchRows
+from unlearning.config import METHOD_TRAITS, CertificateKind, Gate, method_traits
+from unlearning.data.store import Prepared
+from unlearning.gate import Verdict
+from unlearning.metric_keys import ALPHA, LOOKS
+from unlearning.models import build_model
+from unlearning.plan import Step
+from unlearning.records import Selection
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME_HOMES = {"unlearning/config.py"}  # the trait table and the defaults name methods; so do the methods' modules
+
+
+def method_name_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of every string constant in `path` that is a method the trait table knows."""
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in METHOD_TRAITS]
+
+
+def test_no_code_outside_a_method_and_the_config_compares_method_names():
+    offenders = {}
+    for layer in ("unlearning", "tasks", "flows"):
+        for p in (ROOT / layer).rglob("*.py"):
+            rel = str(p.relative_to(ROOT))
+            if rel in NAME_HOMES or rel.startswith("unlearning/methods/"):
+                continue
+            if found := method_name_literals(p):
+                offenders[rel] = found
+    assert offenders == {}
+
+
+def test_the_finder_finds_a_name_compare(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text('def f(m):\n    return m == "retrain" or m in ("sisa",)\n')
+    assert method_name_literals(src) == [(2, "retrain"), (2, "sisa")]
+
+
+def test_every_trait_names_a_registered_method_and_the_registry_hands_them_out():
+    from unlearning.methods import REGISTRY
+
+    assert set(METHOD_TRAITS) <= set(REGISTRY)
+    assert REGISTRY["retrain"].traits.exact and REGISTRY["retrain"].traits.fallback
+    assert REGISTRY["sisa"].traits.needs_sharded_original and REGISTRY["sisa"].traits.exact
+    assert not REGISTRY["finetune"].traits.exact and method_traits("not-a-method") == method_traits("finetune")
+    assert sum(t.fallback for t in METHOD_TRAITS.values()) == 1  # one method ends every candidate list
+
+
+def test_step_certificate_is_an_enum_listing_every_kind():
+    assert {k.value for k in CertificateKind} == {"exact", "audit", "absolute", "sequential", "qualified"}
+    step = Step("do_nothing", "sequential")
+    assert step.certificate is CertificateKind.SEQUENTIAL and step.certificate == "sequential"
+    assert f"{step.certificate}" == "sequential"  # the plan's lines and MLflow tags read the value
+    with pytest.raises(ValueError, match=r"Step.certificate = 'oracle'; allowed: \['exact', 'audit'"):
+        Step("do_nothing", "oracle")
+
+
+def test_the_selection_is_a_frozen_record_with_its_json_form():
+    sel = Selection(["do_nothing", "retrain"], [("gap_below_noise_floor", "x")], explicit=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sel.candidates = ["retrain"]
+    forced = sel.forced_retrain(["too much debt"])
+    assert forced.candidates == ["retrain"] and forced.rules_would_have_tried == ["do_nothing", "retrain"]
+    assert Selection.of(forced.to_dict()) == forced
+    assert "nearest_miss" not in sel.to_dict() and sel["candidates"] == sel.candidates
+
+
+def _tiny_batch(n_forget=6, n_retain=20, n_val=10, classes=3):
+    rng = np.random.default_rng(0)
+    n = n_forget + n_retain + n_val
+    X = rng.normal(size=(n, 4)).astype(np.float32)
+    label = rng.integers(0, classes, n)
+    manifest = pd.DataFrame({"sample_id": [f"s{i}" for i in range(n)]})
+    prepared = Prepared(X, label, manifest, {"class_names": [str(c) for c in range(classes)]})
+    forget, retain = np.arange(n_forget), np.arange(n_forget, n_forget + n_retain)
+    rows = BatchRows(before=np.arange(n_forget + n_retain), forget=forget, retain=retain,
+                     adjacent_mask=np.arange(n_retain) < 5, validation=np.arange(n_forget + n_retain, n))
+    return prepared, rows
+
+
+def test_a_look_evaluates_its_verdict_once_and_the_outcome_records_alpha(monkeypatch):
+    prepared, rows = _tiny_batch()
+    n_eval = len(rows.eval_rows()[0])
+    g = torch.Generator().manual_seed(0)
+    logits = {k: torch.randn(m, n_eval, 3, generator=g) for k, m in
+              (("candidate", 1), ("original", 1), ("oracles", 6), ("shadow_unlearned", 6), ("oracle_ref", 6),
+               ("accuracy_ref", 6))}
+    model = build_model({"arch": "mlp", "in_shape": [4], "n_classes": 3, "kwargs": {"hidden": [2]}}, [0])
+
+    def no_second_verdict(*a, **k):
+        raise AssertionError("the gate was evaluated besides the look's own verdict")
+
+    monkeypatch.setattr(acceptance, "evaluate_gate", no_second_verdict)
+    calls = []
+
+    def judge(metrics):
+        calls.append(metrics)
+        return Verdict(passed=False, objective="retrain_equivalence", failures=["look 1"],
+                       checks={"klom_pvalue/forget": {"value": 0.001, "op": ">=", "limit": 0.0025, "passed": False}})
+
+    out = outcome_from_logits("do_nothing", model, logits, prepared, rows, Gate(), "retrain_equivalence", 0, {}, 0.0,
+                              6, judge=judge, alpha=0.0025)
+    assert len(calls) == 1 and out.verdict.failures == ["look 1"]
+    assert out.alpha == 0.0025 and out.tracked_metrics()[ALPHA] == 0.0025 and ALPHA not in out.metrics
+    recs = {r.split: r for r in out.splits}
+    assert recs["forget"].passed is False and recs["validation"].passed is True
+    assert recs["forget"].pvalue == out.metrics["klom_pvalue/forget"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.verdict = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.verdict.passed = True
+    looked = dataclasses.replace(out, looks=("look 1", "look 2"))
+    assert looked.tracked_metrics()[LOOKS] == 2.0 and split_records(looked) == list(out.splits)
+
+
+def test_a_hand_made_outcome_gets_its_split_records_from_its_metrics():
+    v = Verdict(True, "retrain_equivalence", checks={"acc/validation_drop": {"value": 0.9, "op": ">=", "limit": 0.95,
+                                                                             "passed": False}})
+    out = Outcome("retrain", None, {"acc/forget": 0.5, "acc/validation": 0.9}, v, {}, pd.DataFrame())
+    recs = {r.split: r for r in split_records(out)}
+    assert recs["validation"].passed is False and recs["forget"].passed is True and recs["forget"].accuracy == 0.5
