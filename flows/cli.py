@@ -993,7 +993,7 @@ def _main(argv: list[str] | None) -> int:
             from unlearning.config import ConfigError, device_problem, load_params
 
             params = load_params(args.params)
-            problem = device_problem(params) if args.command in COMPUTES else None
+            problem = device_problem(params.base) if args.command in COMPUTES else None
             if problem:  # before a server starts or torch is imported
                 raise ConfigError(problem)
             _settle_interrupted_swaps(params)

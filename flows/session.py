@@ -253,7 +253,7 @@ def params_problem(cmd: list[str], path: str = "params.yaml") -> str | None:
     from unlearning.config import ConfigError, device_problem, load_params  # pydantic + yaml: ~0.4 s
 
     try:
-        return device_problem(load_params(path))
+        return device_problem(load_params(path).base)
     except ConfigError as e:
         return str(e)
 

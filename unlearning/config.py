@@ -944,12 +944,12 @@ def deep_merge(a: dict, b: dict) -> dict:
 GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
 
 
-def device_problem(params: Params) -> str | None:
-    """`base.device: cuda` on a machine with no GPU device node at all: said before any server starts or torch
-    is imported (2-3 s); where a node exists, torch decides later (resolve_device)."""
+def device_problem(base: Base) -> str | None:
+    """`base.device: cuda` (`base`: params.base) on a machine with no GPU device node at all: said before any
+    server starts or torch is imported (2-3 s); where a node exists, torch decides later (resolve_device)."""
     import glob
 
-    if params.base.device != "cuda" or any(glob.glob(p) for p in GPU_DEVICE_NODES):
+    if base.device != "cuda" or any(glob.glob(p) for p in GPU_DEVICE_NODES):
         return None
     return "base.device = 'cuda' but this machine has no GPU device (no /dev/nvidia*); use 'auto' or 'cpu'"
 

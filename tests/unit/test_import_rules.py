@@ -176,3 +176,44 @@ def test_no_import_cycles_counting_imports_inside_functions():
     assert new == [], f"import cycles (counting imports inside functions): {new}"
     broken = [c for c in KNOWN_CYCLES if c not in cycles]
     assert broken == [], f"no longer a cycle: remove it from KNOWN_CYCLES: {broken}"
+
+
+# --- the core takes its slice of the params ------------------------------------------------------------------------
+# Core functions that take the whole params by design, and why; every other core function the batch path calls
+# takes its slice (params.gate, params.validation, ...). unlearning/studies/ are the benches' study drivers (a
+# study is a whole configuration), not the batch path; unlearning/config.py defines Params.
+WHOLE_PARAMS_BY_DESIGN = {
+    # the project's salt lives beside params.yaml: base.paths (salt, state_dir, tombstones) against the project
+    # root, and deletion.hash_sample_ids
+    ("unlearning/salt.py", "project_salt"), ("unlearning/salt.py", "id_salt"), ("unlearning/salt.py", "keep_copy"),
+    # a fingerprint is OF the params: the recipe, the seed, the model (a custom model's source under the root)
+    ("unlearning/fingerprint.py", "params_fingerprint"), ("unlearning/fingerprint.py", "prepared_fingerprint"),
+}
+
+
+def whole_params_functions(path: Path) -> list[str]:
+    """Functions of `path` with an argument annotated `Params`, or named `params` without an annotation."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        for a in args:
+            ann = ast.unparse(a.annotation) if a.annotation is not None else None
+            if (ann is not None and ann.strip("'\"").split(".")[-1] == "Params") or (a.arg == "params" and ann is None):
+                out.append(node.name)
+                break
+    return out
+
+
+def test_the_core_takes_slices_of_the_params_not_the_whole():
+    found = {(str(p.relative_to(ROOT)), name) for p in (ROOT / "unlearning").rglob("*.py")
+             if "studies" not in p.parts and p.name != "config.py" for name in whole_params_functions(p)}
+    assert found - WHOLE_PARAMS_BY_DESIGN == set()
+
+
+def test_the_whole_params_finder_finds_one(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("def a(params): ...\ndef b(gate: Gate, params: dict): ...\ndef c(p: 'Params'): ...\n"
+                   "def d(p: unlearning.config.Params): ...\n")
+    assert whole_params_functions(src) == ["a", "c", "d"]

@@ -517,7 +517,7 @@ class Ensemble(nn.Module):
         with _transform_safe_kernels():  # under vmap too: the fused kernels have no batching rule (a slow fallback)
             return vmap(call, in_dims=(0, 0, x_dim))(params, buffers, xs)
 
-    def _forward_each(self, params, buffers, xs, x_dim) -> torch.Tensor:
+    def _forward_each(self, params: dict, buffers: dict, xs, x_dim) -> torch.Tensor:
         """Member by member, each with its own dropout generator (exact per-member randomness)."""
         device = xs.device
         if self._rng_states is None:

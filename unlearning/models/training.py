@@ -14,7 +14,7 @@ import re
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -209,7 +209,7 @@ def has_batchnorm(model: Ensemble) -> bool:
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model._base.modules())
 
 
-def make_optimizer(params, recipe: TrainRecipe, fused_ok: bool = True) -> torch.optim.Optimizer:
+def make_optimizer(params: Iterable, recipe: TrainRecipe, fused_ok: bool = True) -> torch.optim.Optimizer:
     """The recipe's optimizer over `params` (fused kernels where torch has them)."""
     if recipe.optimizer == "sgd":
         return torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
