@@ -63,3 +63,63 @@ class Selection(ItemAccess):
         """Exact retrain alone, saying why (the rules' own list is kept in `rules_would_have_tried`)."""
         return replace(self, candidates=[EXACT_RETRAIN], fired=[("retraining_debt", "; ".join(reasons))],
                        rules_would_have_tried=list(self.candidates), debt_reasons=list(reasons))
+
+
+@dataclass(frozen=True)
+class Licensing:
+    """What the qualification licensed for one batch in qualified mode (docs/certificate.md, "Two modes"):
+    the license (unlearning/qualification.py License: the method, the row, why), the batch's predicted gap in
+    noise units and the unit, whether the batch is due an audit, its index, and the qualification it read."""
+
+    license: Any  # unlearning.qualification.License
+    gap_to_noise: float
+    noise_unit: float
+    audit_due: bool
+    batch_index: int
+    qualification: str  # the qualification's tag (model version and fingerprint)
+
+    @property
+    def method(self) -> str:
+        return self.license.method
+
+    def qualifies(self, method: str) -> bool:
+        """Whether `method`, promoted, is the licensed approximate method ("qualified, not audited"), not the
+        exact retrain the batch fell back to."""
+        from unlearning.config import method_traits
+
+        return method == self.method and not method_traits(method).exact
+
+    def to_dict(self) -> dict:
+        """The JSON form MLflow keeps (`qualification_license.json`)."""
+        return {"license": self.license.to_dict(), "gap_to_noise": self.gap_to_noise, "noise_unit": self.noise_unit,
+                "audit_due": self.audit_due, "batch_index": self.batch_index, "qualification": self.qualification}
+
+
+@dataclass(frozen=True)
+class BatchResult(ItemAccess, Mapping):
+    """What one request file came to in the deletion flow: `status` applied | already_processed | rejected |
+    changed (it changed, or was still open for writing: it stays in the inbox). Fields that do not apply are
+    None and left out of its mapping and JSON form (`unlearn run --json` prints it)."""
+
+    file: str
+    status: str
+    batch_id: str | None = None
+    method: str | None = None  # the promoted method (None: nothing unlearned)
+    model_version: str | None = None
+    run_id: str | None = None  # the batch's MLflow run
+    metrics: dict | None = None
+    erased_not_trained_on: int | None = None  # validation rows the file named: erased, never trained on
+    error: str | None = None
+    moved_to: str | None = None  # where the file went (processed/, rejected/); None: it stayed
+    reason: str | None = None  # why it was not applied: validation | gate | not a request file | ...
+    applied_status: str | None = None  # a file that changed while it was processed: what was applied of it
+
+    def __iter__(self):
+        return iter(k for k in self.__dataclass_fields__ if getattr(self, k) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def but(self, **changes) -> "BatchResult":
+        """This result with some fields changed (it is frozen)."""
+        return replace(self, **changes)
