@@ -730,7 +730,7 @@ def live_state(params) -> LiveState | None:
 
 def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True,
                    gx_when_invalid: bool = True, gx_suite: bool = True) -> FileCheck:
-    """`check_request_file` with the arguments the deletion flow passes (flows.deletion_batch.check_file);
+    """`check_request_file` with the arguments the deletion flow passes (tasks.batch_path.check_file);
     the CLI passes `gx_when_invalid=False` (a bad file answers before Great Expectations is imported)."""
     from unlearning.erasure import read_tombstones
     from unlearning.salt import id_salt

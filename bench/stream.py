@@ -227,7 +227,7 @@ def run_dataset(name: str, params, a) -> dict:
             rep = diagnostics(p, params, production, rows, seed)
             gap = gap_in_noise_units(rep.predicted_gap_forget, noise)
             lic = license_method(qual.table, gap, [METHOD], v.qualified_min_pass, v.qualified_bound)
-        else:  # as the flow (flows/deletion_batch.py wants_diagnostics): no gap could license, none is computed
+        else:  # as the flow (tasks/batch_path.py wants_diagnostics): no gap could license, none is computed
             gap, lic = float("nan"), License(EXACT, None, "nothing licensed at any gap: diagnostics skipped")
         diag_s = time.perf_counter() - td
         probe = None

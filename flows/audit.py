@@ -39,7 +39,7 @@ def validate_request(path: str, df: pd.DataFrame, manifest: pd.DataFrame, gx_dir
 def audit_redaction(params: Params, key: Callable[[str], str], manifest: pd.DataFrame,
                     requests: pd.DataFrame) -> dict | None:
     """The tracker's redaction (plain id -> hashed id) under deletion.hash_sample_ids, else None: the live
-    manifest's ids, as the deletion batch's (flows/deletion_batch.open_batch), and the file's own ids, which
+    manifest's ids, as the deletion batch's (tasks/batch_path.py open_batch), and the file's own ids, which
     an erased or unknown id is not among (ids already in the hashed form stay as they are)."""
     if not params.deletion.hash_sample_ids:
         return None

@@ -180,7 +180,7 @@ def _precheck_request(args) -> None:
 
 
 def cmd_validate(args) -> int:
-    """The same checks as `unlearn run` (adapters.request_check, the arguments of flows.deletion_batch.check_file);
+    """The same checks as `unlearn run` (adapters.request_check, the arguments of tasks.batch_path.check_file);
     changes nothing. Great Expectations (3-5 s to import) runs only for a file that passed the cheap checks and
     the manifest rules evaluated with pandas (`gx_when_invalid=False`): a bad file answers in about a second."""
     from adapters.request_check import check_file_for

@@ -11,6 +11,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from adapters.tracker import tracker_for  # noqa: F401  (below tasks/: the stages open the same tracker)
 from unlearning.config import Params, is_tracking_server, resolve_device
 
 log = logging.getLogger("unlearning")
@@ -82,23 +83,6 @@ def prefect_api():
     server = start_temporary_server()
     with temporary_settings(updates={PREFECT_API_URL: server.api_url, **no_heartbeats}):
         yield server.api_url
-
-
-def tracker_for(params: Params):
-    from adapters.tracking import Tracker
-
-    uri = params.mlflow_tracking_uri()
-    # Against a tracking server the server stores the artifacts (mlflow-artifacts:/): a local folder here would
-    # make each client write to its own disk.
-    local = None if is_tracking_server(uri) else params.path("mlflow_artifacts")
-    if local is None:  # the first call of a flow to the server: a missing login is one line, not a 401 traceback
-        from adapters.server_auth import mlflow_login_problem
-        from adapters.tracking import TrackingUnavailable
-
-        problem = mlflow_login_problem(uri)
-        if problem:
-            raise TrackingUnavailable(problem)
-    return Tracker(uri, params.tracking.experiment, local)
 
 
 def device_of(params: Params) -> str:

@@ -33,10 +33,10 @@ from tasks.stores.data import (  # noqa: F401
     LEGACY_KEYS, legacy_report, reports_dir, source_folder_checks, source_table_checks,
 )
 from tasks.stores.requests import kept_request_files, redact_request_files  # noqa: F401
-from tasks.stores.tracking import versions_to_keep  # noqa: F401  (flows/deletion_batch.py)
+from tasks.stores.tracking import versions_to_keep  # noqa: F401  (tasks/inbox_ops.py)
 from unlearning.config import Params
 from unlearning.data import load_prepared
-from unlearning.erasure import (  # noqa: F401  (read_tombstones: flows/deletion_batch.py)
+from unlearning.erasure import (  # noqa: F401  (read_tombstones: tasks/inbox_ops.py)
     UnknownBatch, add_tombstones, id_key, is_erased, keyed_forms, read_tombstones, salted_digests,
 )
 from unlearning.io import atomic_write_json, read_json_file

@@ -156,12 +156,18 @@ def dvc_cache_dir(params: Params) -> Path:
     return params.root / ".dvc" / "cache"
 
 
-def remote_folder(params: Params) -> Path | None:
+def remote_path(params: Params) -> Path | None:
+    """operations.dvc_remote as a path: absolute, or relative to the project root; None when unset."""
     remote = params.operations.dvc_remote
     if not remote:
         return None
-    folder = Path(remote) if Path(remote).is_absolute() else params.root / remote
-    return folder if folder.is_dir() else None
+    return Path(remote) if Path(remote).is_absolute() else params.root / remote
+
+
+def remote_folder(params: Params) -> Path | None:
+    """The DVC remote folder when it exists (None: unset, or not created yet)."""
+    folder = remote_path(params)
+    return folder if folder is not None and folder.is_dir() else None
 
 
 def digest_list(X: np.ndarray, key: Callable[[str], str] = str) -> list[str]:

@@ -62,7 +62,7 @@ def rewrite(f, data: bytes) -> None:
 
 def redact_request_files(params: Params, key, tombstones: set[str]) -> list[dict]:
     """With deletion.hash_sample_ids: the kept request files name no forgotten id in plain text. An applied
-    file is written with keyed ids when it is moved (flows.deletion_batch.processed); this pass covers a
+    file is written with keyed ids when it is moved (tasks.inbox_ops.processed); this pass covers a
     rejected file naming an id a later batch erased, and a file moved before it could be rewritten. An applied
     file within its erasure.keep_request_files days keeps its plain ids until they are over (`kept_until`)."""
     out = []

@@ -1,0 +1,290 @@
+"""The deletion batch's path from an open batch to its accepted outcome (docs/design.md §1, §4.5-§4.6): the
+batch's MLflow run (`open_batch`), the requests split by kind, the diagnostics and the partition, then the
+candidates: the plan's steps in order (`plan_and_run`) or, in qualified mode, the method the model's
+qualification licenses (`qualified_run`, docs/certificate.md "Two modes"). flows/deletion_batch.py puts these
+steps in order around the stages of tasks/stages.py."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from adapters.clock import computes
+from adapters.tracker import tracker_for
+from tasks import stages as S
+from tasks.quality import BatchRejected
+from tasks.reporting import run_logger
+from unlearning.config import Params
+from unlearning.history import n_original_train
+from unlearning.ledger import hash_sample_id
+from unlearning.salt import id_salt
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """What a batch reads of the state it computes on, counted once: `n_train`, the original training set's size
+    (unlearning/history.py n_original_train: the retraining debt's denominator, in the selection, the licence
+    and the promotion), and `batch_index`, this batch's place in the champion's history (the references' and the
+    audit's seed stream, unlearning/seeds.py)."""
+    n_train: int
+    batch_index: int
+
+    @classmethod
+    def of(cls, state) -> "BatchCounts":
+        return cls(n_original_train(state.manifest, state.ledger), len(state.champion.get("history", [])))
+
+
+def qualified_mode(params: Params, objective: str) -> bool:
+    """validation.mode qualified applies to retrain equivalence only (docs/certificate.md, "Two modes")."""
+    return params.validation.mode == "qualified" and objective == "retrain_equivalence"
+
+
+@computes  # validating the batch is the pipeline's first step (adapters/clock.py: Great Expectations' validation)
+def check_file(path: Path, params: Params, state) -> "FileCheck":
+    """The one validation path (`unlearn validate` calls the same check_file_for): ledger, structure,
+    manifest (the persisted GX suite, with Data Docs), objective, time. Not a task of its own: its verdict
+    decides whether a batch (and its MLflow run) opens at all; `stages.validate` logs it to the batch's run."""
+    from adapters.request_check import LiveState, check_file_for
+
+    return check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info))
+
+
+def open_batch(path: Path, params: Params, state, pending, device: str, started: float) -> S.BatchRun:
+    """The batch's MLflow run (named after the request file and date; the hash is a tag) and its summary."""
+    batch_id = _batch_id([str(r) for r in pending.get("request_id", [])])
+    tracker = tracker_for(params)
+    if params.deletion.hash_sample_ids:  # MLflow artifacts, params and tags carry hashed ids only
+        salt = id_salt(params)
+        tracker.redaction = {s: hash_sample_id(s, salt) for s in state.manifest["sample_id"].astype(str)}
+    parent = tracker.start_run(run_name(path), tags={"stage": "deletion_batch", "request_file": path.name,
+                                                     "batch_id": batch_id, "dataset": state.prepared.info["name"]})
+    summary = {"request_file": path.name, "batch_id": batch_id, "n_forgotten": len(pending),
+               "objective": params.deletion.objective, "candidates": [], "selection": {}, "chosen": None,
+               "version_before": state.champion.get("model_version"), "version_after": None, "debt": None}
+    return S.BatchRun(tracker, parent, path, batch_id, device, summary, started=started)
+
+
+def _batch_id(request_ids: list[str]) -> str:
+    return "batch-" + hashlib.sha256("\n".join(sorted(request_ids)).encode()).hexdigest()[:12]
+
+
+def run_name(path: Path, when: datetime | None = None) -> str:
+    """A name a person can read in the MLflow runs table: the request file and the date (the hash is a tag)."""
+    when = when or datetime.now(timezone.utc)
+    return f"{path.stem} @ {when.strftime('%Y-%m-%d %H:%M')} UTC"
+
+
+def split_requests(batch: S.BatchRun, params: Params, state, requests, objective: str):
+    """(the state the batch computes on, the requests with their kind, the ids to unlearn); logs the batch's
+    params. The validation rows a file names are erased, not unlearned (no model trained on them): the state's
+    manifest marks them deleted, so the batch's metrics and gate use the other validation rows (tasks/stages.py
+    split_by_kind)."""
+    state, requests = S.split_by_kind(state, requests, batch.batch_id)
+    forget_ids = requests["sample_id"][S.unlearned_mask(requests)].tolist()
+    batch.summary.update(n_forgotten=len(forget_ids))
+    log_batch_params(batch, params, objective, forget_ids)
+    return state, requests, forget_ids
+
+
+def log_batch_params(batch: S.BatchRun, params: Params, objective: str, forget_ids: list[str]) -> None:
+    batch.tracker.log_params(batch.parent, {
+        "objective": objective, "n_forget": len(forget_ids), "batch_id": batch.batch_id,
+        "deletion": params.deletion.model_dump(), "validation": params.validation.model_dump(),
+        "train": params.train.model_dump(), "seed": params.base.seed, "device": batch.device})
+
+
+def apply_not_trained_on(batch: S.BatchRun, params: Params, state, requests, objective: str) -> dict:
+    """A file of validation rows only: recorded in the ledger and erased; nothing to unlearn, the champion stays."""
+    erased_ids = requests["sample_id"].tolist()
+    promoted = S.record_not_trained_on(batch, params, state, requests, objective)
+    erasure = erase_batch(batch, params, erased_ids, promoted["version"])
+    S.finish_not_trained_on(batch, promoted, erasure, len(erased_ids))
+    return {"file": batch.path.name, "status": "applied", "batch_id": batch.batch_id, "method": None,
+            "model_version": promoted["version"], "run_id": batch.parent, "metrics": {},
+            "erased_not_trained_on": len(erased_ids)}
+
+
+def erase_batch(batch: S.BatchRun, params: Params, erased_ids: list[str], version) -> dict | None:
+    """The erasure of the batch's ids from every store (tasks/erasure.py), when erasure.enabled."""
+    return S.erase(batch, params, erased_ids, id_salt(params), version) if params.erasure.enabled else None
+
+
+def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids: list[str], objective: str):
+    """(rows, report): the leverage partition ranks retain rows by the diagnostics, so they come first there;
+    otherwise the partition comes first, and the diagnostics run only when a candidate the plan could try needs
+    them (`diagnostics_unused`), saying on the console when they are skipped."""
+    def diagnose(skipped: str | None = None):
+        return S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
+                          state, forget_ids, params.train.label_smoothing, params.train.epochs,
+                          params.deletion.partition.mode == "leverage", skipped=skipped)
+
+    def partition(report):
+        return S.partition(batch, params.deletion.partition, state, forget_ids,
+                           report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))
+
+    if params.deletion.partition.mode == "leverage":
+        report = diagnose()
+        return partition(report), report
+    rows = partition(None)
+    if not wants_diagnostics(params, state, objective):
+        return rows, None
+    return rows, diagnose(diagnostics_unused(batch, params, state, rows, objective))
+
+
+def wants_diagnostics(params: Params, state, objective: str) -> bool:
+    """The leverage partition needs them; otherwise diagnostics.enabled, except in qualified mode when the
+    qualification licenses nothing at any gap: the batch is an exact retrain whatever they predict."""
+    if params.deletion.partition.mode == "leverage":
+        return True
+    if params.diagnostics.enabled and qualified_mode(params, objective):
+        from tasks.qualification import diagnostics_decide
+
+        return diagnostics_decide(params, state)
+    return params.diagnostics.enabled
+
+
+def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective: str) -> str | None:
+    """Why no candidate this batch could try would use the leverage diagnostics (None: one could). The
+    candidates are those the rules pick without them plus every method of a rule that waits for a fact only
+    they give (it might fire), and the fallbacks; planned as the batch plans (deletion.weigh_cost drops an
+    approximate candidate whose certificate costs more than the retrain, with the batch's own timing probe,
+    kept for its plan). Only exact steps left: the diagnostics decide nothing. The qualified mode reads them
+    for its licence (wants_diagnostics decides there); a sharded original skips them in S.diagnose;
+    diagnostics.record keeps them for every batch's record."""
+    if params.diagnostics.record or qualified_mode(params, objective):
+        return None
+    if getattr(state.model, "shard_state", None) is not None:
+        return None  # S.diagnose says why it skips them
+    from tasks.sharding import sisa_share
+    from unlearning.plan import PlanRefused, plan_steps
+    from unlearning.policy import FALLBACK, parse_key, select_methods
+    from unlearning.selection import batch_facts
+
+    d = params.deletion
+    if d.method == "auto":
+        facts = batch_facts(d, params.train.epochs, objective, rows, None, device=batch.device)
+        sel = select_methods(d.rules, facts)
+        waiting = [r.method for r in d.rules
+                   if any(facts.get(parse_key(k)[0]) is None for k in r.when)]  # a diagnostics or oracle fact
+        possible = [*sel.candidates, *waiting]
+    else:
+        possible = [d.method]
+    possible = list(dict.fromkeys([m for m in [*possible, *d.fallback] if m != FALLBACK] + [FALLBACK]))
+    if batch.probe is None:
+        from tasks.planning import probe
+
+        batch.probe = probe(params, state, rows, batch.device)  # S.plan reuses it
+    try:
+        steps, _ = plan_steps(possible, objective, params.validation, params.gate, weigh_cost=d.weigh_cost,
+                              explicit=d.method != "auto", member_in_retrains=batch.probe[0].member_in_retrains,
+                              sisa_cost=sisa_share(state, rows))
+    except PlanRefused:
+        return None  # the batch's own plan refuses it, with its one line
+    if any(s.certificate not in ("exact", "audit") for s in steps):
+        return None
+    return (f"the only candidate(s) the plan could try ({', '.join(s.method for s in steps)}) are exact, so no "
+            f"selection rule or certificate would read them (candidates considered: {', '.join(possible)})")
+
+
+def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report, counts: BatchCounts):
+    """Select, plan, then train only what the plan needs: each step in order until one is accepted
+    (unlearning/plan.py). Raises BatchRejected when none is."""
+    from tasks.references import ReferencePool
+
+    n_train, batch_index = counts.n_train, counts.batch_index
+    selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, None, n_train)
+    the_plan = S.plan(batch, params, state, rows, selection, objective)
+    pool = ReferencePool(params, state, rows, batch.device, batch_index, the_plan.chunk_size, the_plan.workers)
+    if S.needs_noise_floor(selection, params.deletion.weigh_cost):
+        # a rule waits for the oracles' noise floor: train the first look's references, then select again
+        first = (params.validation.looks or [params.validation.n_oracles])[0]
+        _, oracles = pool.ensure(min(first, params.validation.n_shadows), min(first, params.validation.n_oracles))
+        selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, oracles,
+                             n_train)
+        the_plan = S.plan(batch, params, state, rows, selection, objective)
+    outcome, spent = None, 0.0
+    try:
+        for step in the_plan.steps:
+            if step.certificate == "audit":  # oracle 0 is the retrain; the test splits the others in two halves
+                others = step.references[1] - 1
+                S.warn_if_the_test_cannot_fail(params, others // 2, others - others // 2)
+            elif step.looks:
+                S.warn_if_the_test_cannot_fail(params, *step.references)
+            out = S.unlearn_and_certify(batch, step, params, state, rows, pool, the_plan, objective, batch_index)
+            spent += float(out.cost.get("wall_seconds", 0.0))
+            if S.accepted(batch, out, params.gate.exact_retrain_overrides):
+                outcome = out
+                break
+    finally:
+        S.references_report(batch, params, state, rows, pool)
+        S.plan_vs_actual(batch, the_plan, pool, spent)
+    if outcome is None:
+        raise BatchRejected(f"no candidate passed the gate for {batch.path.name}; the previous champion stays")
+    return outcome
+
+
+def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report, counts: BatchCounts):
+    """validation.mode qualified (docs/certificate.md, "Two modes"): the method the model's qualification
+    licenses at this batch's predicted gap, judged by the cheap checks alone (no reference model); exact retrain
+    when nothing is licensed, the debt is due, or the licensed candidate fails a cheap check. Returns the accepted
+    outcome and the licensing (the row, the gap, whether the batch is due an audit); raises BatchRejected when
+    even the retrain misses a floor."""
+    from tasks.qualification import license_for_batch
+    from unlearning.plan import Step
+    from unlearning.qualification import EXACT, audit_due
+
+    warn_method_ignored(batch, params)
+    batch_index = counts.batch_index
+    lic, gap, q, debt = license_for_batch(params, state, rows, report, counts.n_train)
+    a = params.validation.audit
+    due = audit_due(a.every, a.probability, params.base.seed, batch_index)
+    steps = ([Step(lic.method, "qualified")] if lic.method != EXACT else []) + [Step(EXACT, "exact")]
+    licensing = {"license": lic.to_dict(), "gap_to_noise": gap, "noise_unit": q.noise, "audit_due": due,
+                 "batch_index": batch_index, "qualification": q.tag()}
+    batch.summary.update(
+        debt=debt, selection={"candidates": [st.method for st in steps], "fired": [("qualification", lic.reason)],
+                              "rule_methods": {"qualification": lic.method}, "skipped": [],
+                              "facts": {"predicted_gap_to_noise": gap}},
+        plan=[f"validation.mode qualified: predicted gap {gap:.3g} noise units; licensed `{lic.method}` by "
+              f"{lic.row.row_id if lic.row else 'no row'}",
+              "cheap checks, no reference model: accuracy per split against the original's, membership test of "
+              "the forget rows against validation; exact retrain when they fail",
+              f"audit: {'due' if due else 'not drawn'} for batch {batch_index} (validation.audit)"])
+    batch.tracker.log_json(batch.parent, licensing, "qualification_license.json")
+    batch.tracker.set_tags(batch.parent, {"validation_mode": "qualified", "licensed": lic.method,
+                                          "qualification_row": lic.row.row_id if lic.row else "none"})
+    run_logger().info(f"{batch.path.name}: qualified mode: predicted gap {gap:.3g} noise units; {lic.reason}")
+    for step in steps:
+        out = S.unlearn_and_certify(batch, step, params, state, rows, None, None, objective, batch_index)
+        if S.accepted(batch, out, params.gate.exact_retrain_overrides):
+            return out, licensing
+    raise BatchRejected(f"no candidate passed the cheap checks for {batch.path.name}; the previous champion stays")
+
+
+def warn_method_ignored(batch: S.BatchRun, params: Params) -> None:
+    """Qualified mode runs the method the qualification licenses (else the exact retrain): a deletion.method
+    other than `auto` is not run, and the batch says so rather than leaving it unread in silence."""
+    method = params.deletion.method
+    if method != "auto":
+        run_logger().warning(f"{batch.path.name}: deletion.method = {method!r} is ignored in qualified mode "
+                             f"(validation.mode qualified): the qualification's license decides the method (the "
+                             f"exact retrain when it licenses none); set deletion.method: auto to silence this")
+
+
+def mark_qualified(batch: S.BatchRun, params: Params, version: str, method: str, licensing: dict) -> None:
+    """Tag the promoted version with what promised it: "qualified, not audited" (the licensed method passed the
+    cheap checks), or exact retrain (exact by construction, nothing to audit)."""
+    row = (licensing["license"].get("row") or {}).get("row_id")
+    qualified = method == licensing["license"]["method"] and method != "retrain"
+    tags = {"validation_mode": "qualified",
+            "qualified": "qualified, not audited" if qualified else "exact retrain",
+            "qualification_row": row if qualified and row else "none",
+            "audit": ("due" if licensing["audit_due"] else "not drawn") if qualified else "not needed"}
+    batch.tracker.set_version_tags(params.tracking.registered_model, version, tags)
+    if qualified:  # `unlearn status` lists the qualified versions not audited yet
+        from tasks.qualification import append_audit
+
+        append_audit(params, {"kind": "promoted", "batch_id": batch.batch_id, "version": str(version), "method": method,
+                              "row": row, "gap_to_noise": licensing["gap_to_noise"], "audit": tags["audit"]})

@@ -1,0 +1,143 @@
+"""The operations around a deletion batch (docs/operations.md): the checks before anything changes
+(`preflight`), the registry brought back in line with state/ (`reconcile`), and an applied request file moved
+to requests/processed/ with its ids keyed (`processed`). flows/deletion_batch.py calls them around the batches;
+`unlearn erase` and `unlearn reset` reconcile too."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from adapters.tracker import tracker_for
+from tasks.reporting import run_logger
+from tasks.state import stale_unbatched_state
+from unlearning.config import Params
+from unlearning.io import atomic_write_bytes, move_unique, read_json_file
+from unlearning.requests import file_sha256
+from unlearning.salt import id_salt, keep_copy
+
+
+def reconcile_if_started(params: Params) -> list[str]:
+    """Reconcile the registry with state/ once anything exists to reconcile (a first run has nothing)."""
+    if ((params.path("state_dir") / "champion.json").exists() or params.path("mlflow_db").exists()
+            or os.environ.get("MLFLOW_TRACKING_URI")):
+        return reconcile(params, tracker_for(params))
+    return []
+
+
+def processed(path: Path, params: Params) -> Path:
+    """Move an applied (or already applied) inbox file to requests/processed/. With deletion.hash_sample_ids
+    its sample ids are written in their keyed form (the ledger's), so no forgotten id stays there in plain text;
+    under erasure.keep_request_files = N days it keeps them N days from now (its mtime), then a run rewrites it
+    (tasks/stores/requests.py expire_request_files)."""
+    dest_dir = params.path("processed")
+    keep_days = params.erasure.request_file_days()
+    keyed = _keyed_request_bytes(path, params) if params.deletion.hash_sample_ids and not keep_days else None
+    same = dest_dir / path.name
+    if same.is_file() and not path.is_symlink() and file_sha256(same) == (
+            hashlib.sha256(keyed).hexdigest() if keyed is not None else file_sha256(path)):
+        path.unlink()  # the same file was processed before: keep one copy
+        return same
+    dest = move_unique(path, dest_dir)
+    if keyed is not None:
+        atomic_write_bytes(dest, keyed)
+    elif keep_days:
+        os.utime(dest)  # applied now: its plain ids are kept keep_request_files days from this time
+    return dest
+
+
+def _expire_request_files(params: Params) -> list[str]:
+    from tasks.stores.requests import expire_request_files
+    from unlearning.erasure import id_key
+
+    if not params.deletion.hash_sample_ids or not params.erasure.request_file_days():
+        return []
+    return expire_request_files(params, id_key(True, id_salt(params)))
+
+
+def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
+    from unlearning.erasure import id_key
+    from unlearning.requests import redacted_request_bytes
+
+    return redacted_request_bytes(path, id_key(True, id_salt(params)))
+
+
+def reconcile(params: Params, tracker) -> list[str]:
+    """state/ decides: point the registry alias at state/champion.json's version, mark runs of killed batches
+    FAILED, tag never-promoted versions, finish pending erasures, and (once rows were erased) purge the
+    never-promoted versions the erasure's keep rule does not keep. Idempotent; returns what it changed."""
+    notes = []
+    champion_file = params.path("state_dir") / "champion.json"
+    # StateCorrupt (one line, exit 1) for a truncated file, as everywhere else: json.loads raised a traceback
+    version = read_json_file(champion_file).get("model_version") if champion_file.exists() else None
+    name, alias = params.tracking.registered_model, params.tracking.alias
+    # a batch-less state built from other params follows the retrained original at the next batch (ensure_state):
+    # until then the alias stays on that original (`unlearn erase` after `dvc repro train` moved it back)
+    if version is not None and not stale_unbatched_state(params):
+        before, changed = tracker.reconcile_alias(name, alias, str(version))
+        if changed:
+            notes.append(f"reconciled {name}@{alias}: v{before} -> v{version} (state/champion.json decides)")
+    failed = tracker.fail_stale_runs()
+    if failed:
+        notes.append(f"marked {len(failed)} run(s) of killed batches FAILED")
+    tagged = tracker.tag_unpromoted(name, version)
+    if version is not None:  # the salt's copy in the state (a first batch's state, or one with erasure off)
+        keep_copy(params, params.path("state_dir"))
+    if tagged:
+        notes.append(f"tagged never-promoted version(s) {tagged} promoted=false")
+    if params.erasure.enabled:
+        from tasks.erasure import erase_pending, read_tombstones, versions_to_keep
+
+        done = erase_pending(params, tracker, version)
+        if done:
+            notes.append(f"finished {len(done)} pending erasure(s)")
+        expired = _expire_request_files(params)
+        if expired:
+            notes.append(f"rewrote {len(expired)} applied request file(s) with hashed ids: their "
+                         f"erasure.keep_request_files = {params.erasure.keep_request_files} day(s) are over: {expired}")
+        if version is not None and read_tombstones(params.path("tombstones")):
+            # a batch that failed after registering its model left a version no erasure ran for: the registry
+            # keeps what an erasure keeps (verify-erasure failed on such an orphan until a later batch's erasure)
+            keep = versions_to_keep(params, tracker, version)
+            orphans = [v for v in tracker.unpromoted_versions(name) if v not in keep]
+            if orphans:
+                tracker.purge_versions(name, set(tracker.versions(name)) - set(orphans))
+                notes.append(f"purged never-promoted version(s) {orphans} (erasure.keep_versions = "
+                             f"{params.erasure.keep_versions})")
+    return notes
+
+
+def preflight(params: Params) -> None:
+    """Before any state changes: the tracking store, the DVC cache (and a remote folder) must be usable."""
+    from adapters.store_check import state_champion_store_problem
+    from adapters.tracking import TrackingUnavailable, preflight as tracking_preflight
+
+    tracking_preflight(params.mlflow_tracking_uri())
+    problem, note = state_champion_store_problem(params)
+    if problem:
+        raise TrackingUnavailable(problem)
+    if note:
+        run_logger().warning(note)
+    api = os.environ.get("PREFECT_API_URL")
+    if api:  # a deployment's Prefect server: fail in seconds, not after the client's retries
+        import urllib.request
+
+        from adapters.server_auth import prefect_login_problem, prefect_tls
+
+        try:
+            urllib.request.urlopen(api.rstrip("/") + "/health", timeout=5, context=prefect_tls()).close()
+        except Exception as e:
+            raise ConnectionError(f"Prefect API {api} is unreachable ({getattr(e, 'reason', e)}); start it "
+                                  f"(`prefect server start`) or unset PREFECT_API_URL; nothing was changed") from None
+        problem = prefect_login_problem(api)
+        if problem:
+            raise ConnectionError(problem)
+    from tasks.stores.base import dvc_cache_dir, is_dvc_repo, remote_path  # the erasure's own rule for the remote
+
+    if is_dvc_repo(params):
+        cache = dvc_cache_dir(params)
+        for what, folder in (("DVC cache", cache if cache.exists() else cache.parent),
+                             ("DVC remote folder", remote_path(params))):
+            if folder is not None and folder.exists() and not os.access(folder, os.W_OK):
+                raise PermissionError(f"{what} {folder} is not writable: fix its permissions (nothing was changed)")
