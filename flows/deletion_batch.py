@@ -39,6 +39,7 @@ from tasks.reporting import run_logger
 from tasks.state import batch_lock, ensure_state, load_state, original_path
 from unlearning.config import Params, load_params
 from unlearning.io import open_for_writing
+from unlearning.records import BatchResult
 from unlearning.requests import (
     RequestValidationError, file_sha256, in_inbox, leftover_dot_files, read_request_file, scan_inbox,
 )
@@ -49,7 +50,7 @@ class AfterCommitError(RuntimeError):
     """A failure after the batch was committed to state/: the batch IS applied; the message says what is not."""
 
 
-def process_request_file(path: Path, params: Params, device: str) -> dict:
+def process_request_file(path: Path, params: Params, device: str) -> BatchResult:
     """One request file through the pipeline (the diagram in tasks/stages.py), all or nothing: validate -> split
     -> diagnose and partition -> run (the plan's steps, or the qualified licence) -> quality -> promote -> audit
     (qualified mode, when due) -> erase -> finish."""
@@ -58,7 +59,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
     check = check_file(path, params, state)
     if check.status == "already_processed":
         run_logger().info(check.summary())
-        return {"file": path.name, "status": "already_processed"}
+        return BatchResult(path.name, "already_processed")
     pending = check.pending if check.pending is not None else read_request_file(path)
     batch = open_batch(path, params, state, pending, device, started)
     try:
@@ -79,7 +80,7 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                              warnings=quality)
         if licensing is not None:
             mark_qualified(batch, params, promoted["version"], outcome.method, licensing)
-            if licensing["audit_due"] and outcome.method == licensing["license"]["method"] != "retrain":
+            if licensing.audit_due and licensing.qualifies(outcome.method):
                 from flows.qualify import audit_after_promotion  # its own flow run; the alias has moved
 
                 promoted = audit_after_promotion(batch, params, state, rows, objective, outcome.method, licensing,
@@ -93,8 +94,8 @@ def process_request_file(path: Path, params: Params, device: str) -> dict:
                                    f"manifest and ledger); what failed afterwards is not: {type(e).__name__}: {e}. "
                                    f"The next run reconciles the registry alias and finishes the erasure") from e
         raise
-    return {"file": path.name, "status": "applied", "batch_id": batch.batch_id, "method": outcome.method,
-            "model_version": promoted["version"], "run_id": batch.parent, "metrics": outcome.tracked_metrics()}
+    return BatchResult(path.name, "applied", batch.batch_id, outcome.method, promoted["version"], batch.parent,
+                       outcome.tracked_metrics())
 
 
 def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
@@ -116,7 +117,7 @@ def files_to_process(request_path: str | None, inbox: Path) -> list[Path]:
 
 @flow(name="deletion_batch", flow_run_name=deletion_run_name)  # `deletion <request file>` in the Prefect UI
 def deletion_batch(request_path: str | None = None, params_path: str = "params.yaml",
-                   overrides: dict | None = None, dvc_commit: bool = False) -> list[dict]:
+                   overrides: dict | None = None, dvc_commit: bool = False) -> list[BatchResult]:
     """Process one request file, or (without `request_path`) every file in the inbox, in name order.
 
     Holds the pipeline's batch lock throughout: one batch per model at a time. Deployment runs pass
@@ -155,7 +156,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     return final_state(results)
 
 
-def final_state(results: list[dict]):
+def final_state(results: list[BatchResult]):
     """The results, or, when a file was rejected or left in the inbox, a Completed state named so: a deployment
     run shows "Completed with rejections" in the Prefect UI (not a plain green "Completed" an operator would
     pass over), with the files in its message; the caller still gets the results."""
@@ -178,19 +179,19 @@ def report_leftover_dot_files(inbox: Path) -> None:
                              f"drop it, or delete it")
 
 
-def reject_unreadable_entries(inbox: Path, params: Params) -> list[dict]:
+def reject_unreadable_entries(inbox: Path, params: Params) -> list[BatchResult]:
     """Inbox entries that are not request files (unknown suffix, folder, symlink out): moved, with the reason;
     one result each, like a rejected request file (`unlearn run` exits 2 for them too)."""
     results = []
     for entry, why in scan_inbox(inbox)[1]:
         dest = reject(entry, params, why)
         run_logger().warning(f"{entry.name}: {why}; moved to {dest}")
-        results.append({"file": entry.name, "status": "rejected", "error": why, "moved_to": str(dest),
-                        "reason": "not a request file"})
+        results.append(BatchResult(entry.name, "rejected", error=why, moved_to=str(dest),
+                                   reason="not a request file"))
     return results
 
 
-def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> dict:
+def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> BatchResult:
     """One file; an inbox file that fails validation or the gate moves to rejected/ and later files proceed.
 
     An inbox file whose content changed while it was processed (a writer still appending: not an atomic drop)
@@ -202,22 +203,22 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> dic
         return still_open(f, writers)
     before = file_sha256(f) if from_inbox and f.is_file() else None
     try:
-        r = process_request_file(f, params, device)
+        r = BatchResult.of(process_request_file(f, params, device))
     except (RequestValidationError, BatchRejected) as e:
         if not from_inbox:
             raise
         if changed_since(f, before):
-            return still_changing(f, {"file": f.name, "status": "changed", "error": str(e)}, "checked")
+            return still_changing(f, BatchResult(f.name, "changed", error=str(e)), "checked")
         dest = reject(f, params, e)
         run_logger().info(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); "
                           f"later files proceed")
-        return {"file": f.name, "status": "rejected", "error": str(e), "moved_to": str(dest),
-                "reason": "gate" if isinstance(e, BatchRejected) else "validation"}
+        return BatchResult(f.name, "rejected", error=str(e), moved_to=str(dest),
+                           reason="gate" if isinstance(e, BatchRejected) else "validation")
     if from_inbox:
         if changed_since(f, before):
-            return still_changing(f, {**r, "status": "changed", "applied_status": r["status"]}, "processed")
+            return still_changing(f, r.but(status="changed", applied_status=r.status), "processed")
         try:
-            r["moved_to"] = str(processed(f, params))
+            r = r.but(moved_to=str(processed(f, params)))
         except OSError as e:  # the batch is in state/ already: not "bad input, nothing changed" (exit 2)
             if r.get("status") != "applied":
                 raise
@@ -232,18 +233,17 @@ def changed_since(path: Path, sha256: str | None) -> bool:
     return sha256 is not None and path.is_file() and file_sha256(path) != sha256
 
 
-def still_open(path: Path, writers: list[int]) -> dict:
+def still_open(path: Path, writers: list[int]) -> BatchResult:
     """An inbox file another process still holds open for writing: its last row may be half written (a cut
     reason still parses), and the writer's later rows would follow the file into processed/ unread. Nothing of it
     is applied; it stays in the inbox for the next run."""
     run_logger().warning(f"{path.name} is still open for writing by process(es) {writers}: nothing of it was "
                          f"applied, it stays in {path.parent}; the next run takes it once it is closed (drop files "
                          f"atomically: write a dot-file and rename it)")
-    return {"file": path.name, "status": "changed", "reason": f"open for writing by process(es) {writers}",
-            "moved_to": None}
+    return BatchResult(path.name, "changed", reason=f"open for writing by process(es) {writers}")
 
 
-def still_changing(path: Path, result: dict, what: str) -> dict:
+def still_changing(path: Path, result: BatchResult, what: str) -> BatchResult:
     """The result for a file that changed while it was being checked or processed: it stays in the inbox."""
     applied = result.get("applied_status") == "applied"
     run_logger().warning(
@@ -251,10 +251,10 @@ def still_changing(path: Path, result: dict, what: str) -> dict:
         f"dot-file and rename it): it stays in {path.parent}; "
         + (f"batch {result.get('batch_id')} applied the rows read (the ledger records them), the next run "
            f"applies the rest" if applied else "nothing of it was applied; the next run checks it again"))
-    return {**result, "moved_to": None}
+    return result.but(moved_to=None)
 
 
-def commit_applied(params: Params, results: list[dict]) -> None:
+def commit_applied(params: Params, results: list[BatchResult]) -> None:
     """A deployment's run records the new state in DVC; a failure says what was applied and what was not."""
     try:
         run_logger().info(f"lineage: {commit_lineage(params)}")
@@ -265,7 +265,7 @@ def commit_applied(params: Params, results: list[dict]) -> None:
 
 
 def run(request_path: str | None = None, params_path: str = "params.yaml", overrides: dict | None = None,
-        dvc_commit: bool = False) -> list[dict]:
+        dvc_commit: bool = False) -> list[BatchResult]:
     """Run the flow with the task runner declared in params.yaml (preflight first: an unreachable store fails in
     seconds, before the flow starts a Prefect server or changes anything)."""
     params = load_params(params_path, overrides)
@@ -274,7 +274,7 @@ def run(request_path: str | None = None, params_path: str = "params.yaml", overr
                                                                             dvc_commit)
 
 
-def report_results(results: list[dict]) -> int:
+def report_results(results: list[BatchResult]) -> int:
     """One `error:` line on stderr per kind of file not applied, and the exit code of the batch: 2 when a file was
     bad input (or changed while it was processed), 3 when the gate rejected it, else 0. `unlearn run` and the
     DVC stage answer alike, so `dvc repro` fails (and a scheduler sees it) when a file was not applied."""

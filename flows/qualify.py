@@ -74,7 +74,7 @@ def qualify(params_path: str = "params.yaml") -> dict:
 _PENDING: dict[str, dict] = {}  # the in-memory context of an audit about to run (models, rows: no flow parameters)
 
 
-def audit_after_promotion(batch, params: Params, state, rows, objective: str, method: str, licensing: dict,
+def audit_after_promotion(batch, params: Params, state, rows, objective: str, method: str, licensing,
                           promoted: dict, requests, device: str) -> dict:
     """Run the audit of a qualified batch as its own flow run, after its version was promoted (the alias has
     moved). Returns the promotion that stands afterwards: the batch's, or the exact retrain a failed audit
@@ -110,10 +110,10 @@ def audit_qualified_batch(batch_id: str) -> dict:
     batch, params, lic, promoted = c["batch"], c["params"], c["licensing"], c["promoted"]
     name, version = params.tracking.registered_model, str(promoted["version"])
     log = run_logger()
-    result = audit_certificate(params, c["state"], c["rows"], c["device"], c["method"], lic["batch_index"], c["objective"])
+    result = audit_certificate(params, c["state"], c["rows"], c["device"], c["method"], lic.batch_index, c["objective"])
     record = {"kind": "audit", "batch_id": batch_id, "version": version, "method": c["method"],
-              "gap_to_noise": lic["gap_to_noise"], "n_forget": int(len(c["rows"].forget)),
-              "row": (lic["license"].get("row") or {}).get("row_id"), "audited_at":
+              "gap_to_noise": lic.gap_to_noise, "n_forget": int(len(c["rows"].forget)),
+              "row": lic.license.row.row_id if lic.license.row else None, "audited_at":
                   datetime.now(timezone.utc).isoformat(timespec="seconds"), **result}
     batch.tracker.set_version_tags(name, version, {
         "audit": "passed" if result["passed"] else "failed",
@@ -129,7 +129,7 @@ def audit_qualified_batch(batch_id: str) -> dict:
         rows = BatchRows(before=D, forget=np.zeros(0, dtype=np.int64), retain=D,
                          adjacent_mask=np.zeros(len(D), dtype=bool), validation=validation_rows(after.manifest))
         retrain = S.unlearn_and_certify(batch, Step(EXACT_RETRAIN, CertificateKind.EXACT), params, after, rows, None, None,
-                                        c["objective"], lic["batch_index"])
+                                        c["objective"], lic.batch_index)
         if not S.accepted(batch, retrain, params.gate.exact_retrain_overrides):
             raise RuntimeError(f"the audit of v{version} failed and the exact retrain missed a floor of the gate: "
                                f"{retrain.verdict.failures}; v{version} stays, tagged audit failed")

@@ -19,6 +19,7 @@ from tasks.reporting import run_logger
 from unlearning.config import Params
 from unlearning.history import n_original_train
 from unlearning.ledger import hash_sample_id
+from unlearning.records import BatchResult
 from unlearning.salt import id_salt
 
 
@@ -95,15 +96,14 @@ def log_batch_params(batch: S.BatchRun, params: Params, objective: str, forget_i
         "train": params.train.model_dump(), "seed": params.base.seed, "device": batch.device})
 
 
-def apply_not_trained_on(batch: S.BatchRun, params: Params, state, requests, objective: str) -> dict:
+def apply_not_trained_on(batch: S.BatchRun, params: Params, state, requests, objective: str) -> BatchResult:
     """A file of validation rows only: recorded in the ledger and erased; nothing to unlearn, the champion stays."""
     erased_ids = requests["sample_id"].tolist()
     promoted = S.record_not_trained_on(batch, params, state, requests, objective)
     erasure = erase_batch(batch, params, erased_ids, promoted["version"])
     S.finish_not_trained_on(batch, promoted, erasure, len(erased_ids))
-    return {"file": batch.path.name, "status": "applied", "batch_id": batch.batch_id, "method": None,
-            "model_version": promoted["version"], "run_id": batch.parent, "metrics": {},
-            "erased_not_trained_on": len(erased_ids)}
+    return BatchResult(batch.path.name, "applied", batch.batch_id, None, promoted["version"], batch.parent, {},
+                       erased_not_trained_on=len(erased_ids))
 
 
 def erase_batch(batch: S.BatchRun, params: Params, erased_ids: list[str], version) -> dict | None:
@@ -232,27 +232,29 @@ def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str
     outcome and the licensing (the row, the gap, whether the batch is due an audit); raises BatchRejected when
     even the retrain misses a floor."""
     from tasks.qualification import license_for_batch
+    from unlearning.config import CertificateKind
     from unlearning.plan import Step
     from unlearning.qualification import EXACT, audit_due
+    from unlearning.records import Licensing, Selection
 
     warn_method_ignored(batch, params)
     batch_index = counts.batch_index
     lic, gap, q, debt = license_for_batch(params, state, rows, report, counts.n_train)
     a = params.validation.audit
     due = audit_due(a.every, a.probability, params.base.seed, batch_index)
-    steps = ([Step(lic.method, "qualified")] if lic.method != EXACT else []) + [Step(EXACT, "exact")]
-    licensing = {"license": lic.to_dict(), "gap_to_noise": gap, "noise_unit": q.noise, "audit_due": due,
-                 "batch_index": batch_index, "qualification": q.tag()}
+    steps = ([Step(lic.method, CertificateKind.QUALIFIED)] if lic.method != EXACT else []) + [
+        Step(EXACT, CertificateKind.EXACT)]
+    licensing = Licensing(lic, gap, q.noise, due, batch_index, q.tag())
     batch.summary.update(
-        debt=debt, selection={"candidates": [st.method for st in steps], "fired": [("qualification", lic.reason)],
-                              "rule_methods": {"qualification": lic.method}, "skipped": [],
-                              "facts": {"predicted_gap_to_noise": gap}},
+        debt=debt, selection=Selection([st.method for st in steps], [("qualification", lic.reason)],
+                                       facts={"predicted_gap_to_noise": gap},
+                                       rule_methods={"qualification": lic.method}),
         plan=[f"validation.mode qualified: predicted gap {gap:.3g} noise units; licensed `{lic.method}` by "
               f"{lic.row.row_id if lic.row else 'no row'}",
               "cheap checks, no reference model: accuracy per split against the original's, membership test of "
               "the forget rows against validation; exact retrain when they fail",
               f"audit: {'due' if due else 'not drawn'} for batch {batch_index} (validation.audit)"])
-    batch.tracker.log_json(batch.parent, licensing, "qualification_license.json")
+    batch.tracker.log_json(batch.parent, licensing.to_dict(), "qualification_license.json")
     batch.tracker.set_tags(batch.parent, {"validation_mode": "qualified", "licensed": lic.method,
                                           "qualification_row": lic.row.row_id if lic.row else "none"})
     run_logger().info(f"{batch.path.name}: qualified mode: predicted gap {gap:.3g} noise units; {lic.reason}")
@@ -273,18 +275,19 @@ def warn_method_ignored(batch: S.BatchRun, params: Params) -> None:
                              f"exact retrain when it licenses none); set deletion.method: auto to silence this")
 
 
-def mark_qualified(batch: S.BatchRun, params: Params, version: str, method: str, licensing: dict) -> None:
-    """Tag the promoted version with what promised it: "qualified, not audited" (the licensed method passed the
-    cheap checks), or exact retrain (exact by construction, nothing to audit)."""
-    row = (licensing["license"].get("row") or {}).get("row_id")
-    qualified = method == licensing["license"]["method"] and method != "retrain"
+def mark_qualified(batch: S.BatchRun, params: Params, version: str, method: str, licensing) -> None:
+    """Tag the promoted version with what promised it (`licensing`: unlearning/records.py Licensing): "qualified,
+    not audited" (the licensed method passed the cheap checks), or exact retrain (exact by construction, nothing
+    to audit)."""
+    row = licensing.license.row.row_id if licensing.license.row else None
+    qualified = licensing.qualifies(method)
     tags = {"validation_mode": "qualified",
             "qualified": "qualified, not audited" if qualified else "exact retrain",
             "qualification_row": row if qualified and row else "none",
-            "audit": ("due" if licensing["audit_due"] else "not drawn") if qualified else "not needed"}
+            "audit": ("due" if licensing.audit_due else "not drawn") if qualified else "not needed"}
     batch.tracker.set_version_tags(params.tracking.registered_model, version, tags)
     if qualified:  # `unlearn status` lists the qualified versions not audited yet
         from tasks.qualification import append_audit
 
         append_audit(params, {"kind": "promoted", "batch_id": batch.batch_id, "version": str(version), "method": method,
-                              "row": row, "gap_to_noise": licensing["gap_to_noise"], "audit": tags["audit"]})
+                              "row": row, "gap_to_noise": licensing.gap_to_noise, "audit": tags["audit"]})

@@ -120,6 +120,13 @@ class BatchResult(ItemAccess, Mapping):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+    @classmethod
+    def of(cls, value: "BatchResult | Mapping") -> "BatchResult":
+        """A BatchResult from itself or from its mapping form."""
+        if isinstance(value, BatchResult):
+            return value
+        return cls(**{k: v for k, v in dict(value).items() if k in cls.__dataclass_fields__})
+
     def but(self, **changes) -> "BatchResult":
         """This result with some fields changed (it is frozen)."""
         return replace(self, **changes)

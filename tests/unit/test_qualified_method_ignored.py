@@ -49,7 +49,7 @@ def qualified_batch(method: str, monkeypatch) -> list[str]:
         out, licensing = qualified_run(batch, params, None, None, "retrain_equivalence", None, BatchCounts(100, 0))
     finally:
         logger.removeHandler(warned)
-    assert out.method == EXACT and licensing["license"]["method"] == EXACT
+    assert out.method == EXACT and licensing.method == EXACT
     return warned.lines
 
 
