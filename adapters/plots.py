@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from adapters.clock import tracks  # noqa: E402
+from unlearning import metric_keys as K
 from unlearning.batch import SPLITS  # noqa: E402
 
 
@@ -37,22 +38,22 @@ def accuracy_bars(metrics: dict, title: str, checks: dict | None = None, passed:
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     x = np.arange(len(SPLITS))
     w = 0.27
-    original = [metrics.get(f"original_acc/{s}", np.nan) for s in SPLITS]
+    original = [metrics.get(K.key("original_acc", s), np.nan) for s in SPLITS]
     if _drawn(original):
         ax.bar(x - w, original, w, label="original", color="tab:gray")
-    cand = [metrics.get(f"acc/{s}", np.nan) for s in SPLITS]
-    red = [not checks.get(f"acc/{s}", {}).get("passed", True) for s in SPLITS]
+    cand = [metrics.get(K.key("acc", s), np.nan) for s in SPLITS]
+    red = [not checks.get(K.key("acc", s), {}).get("passed", True) for s in SPLITS]
     ax.bar(x, cand, w, label="candidate (red: outside the gate interval)" if any(red) else "candidate",
            color=["tab:red" if r else "tab:blue" for r in red])
-    mean = np.array([metrics.get(f"oracle_acc/{s}", np.nan) for s in SPLITS])
-    lo = np.array([metrics.get(f"oracle_acc_min/{s}", m) for s, m in zip(SPLITS, mean)])
-    hi = np.array([metrics.get(f"oracle_acc_max/{s}", m) for s, m in zip(SPLITS, mean)])
+    mean = np.array([metrics.get(K.key("oracle_acc", s), np.nan) for s in SPLITS])
+    lo = np.array([metrics.get(K.key("oracle_acc_min", s), m) for s, m in zip(SPLITS, mean)])
+    hi = np.array([metrics.get(K.key("oracle_acc_max", s), m) for s, m in zip(SPLITS, mean)])
     if _drawn(mean):
         ax.bar(x + w, mean, w, label="oracles (min..max)", color="tab:green",
                yerr=np.vstack([np.clip(mean - lo, 0, None), np.clip(hi - mean, 0, None)]), capsize=3)
     labelled = False
     for i, s in enumerate(SPLITS):
-        limit = checks.get(f"acc/{s}", {}).get("limit")
+        limit = checks.get(K.key("acc", s), {}).get("limit")
         if isinstance(limit, (list, tuple)) and len(limit) == 2:
             ax.plot([x[i] - w / 2, x[i] + w / 2], [limit[0]] * 2, color="k", lw=1)
             ax.plot([x[i] - w / 2, x[i] + w / 2], [limit[1]] * 2, color="k", lw=1,

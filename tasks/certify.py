@@ -12,8 +12,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-import numpy as np
-import pandas as pd
 import torch
 
 from tasks.batch import unlearn_and_validate
@@ -24,7 +22,6 @@ from unlearning.acceptance import CandidateOutcome, outcome_from_logits, referen
 from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
 from unlearning.config import EXACT_RETRAIN, CertificateKind, Gate, Params, method_traits
 from unlearning.methods import run_method
-from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble, predict_logits
 from unlearning.plan import Plan, Step
 from unlearning.progress import Progress

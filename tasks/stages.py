@@ -31,7 +31,7 @@ from tasks.state import State, write_state
 from adapters.store_check import store_identity
 from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
-from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition
+from unlearning.config import Deletion, Diagnostics, Params, Partition
 from unlearning.data.store import class_names_after
 from unlearning.gate import format_beside, verdict_summary
 from unlearning.resolution import can_reject, smallest_klom_pvalue
@@ -40,7 +40,6 @@ from unlearning.io import commit_dir, discard_dir, fault, staging_dir
 from unlearning.ledger import ERASED_NOT_TRAINED_ON, UNLEARNED, appended, hash_sample_id
 from unlearning.metrics.exchangeability import exchangeability_test
 from unlearning.metrics.margins import margins
-from unlearning.metrics.summary import SPLITS
 from unlearning.models import Ensemble
 from unlearning.partition import subset_sizes
 from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
@@ -423,13 +422,12 @@ def log_candidate_figures(tracker, run_id: str, out: CandidateOutcome, alpha: fl
     fig = plots.accuracy_bars(out.metrics, f"{method}: accuracy per split", out.verdict.checks, passed)
     tracker.log_figure(run_id, fig, "accuracy_per_split.png"); plots.close(fig)
     ps = out.per_sample
-    present = [s for s in SPLITS if f"klom_p95/{s}" in out.metrics]
+    present = [r for r in split_records(out) if r.klom_p95 is not None]
     if present:  # (an exact retrain or a suppression candidate trains no references: no KLoM to draw)
         fig = plots.klom_against_null(ps["klom"].to_numpy(), ps["klom_null_example"].to_numpy(),
                                       ps["split"].to_numpy(), out.klom_null_p95,
-                                      {s: out.metrics[f"klom_p95/{s}"] for s in present},
-                                      {s: out.metrics[f"klom_pvalue/{s}"] for s in present
-                                       if f"klom_pvalue/{s}" in out.metrics},
+                                      {r.split: r.klom_p95 for r in present},
+                                      {r.split: r.pvalue for r in present if r.pvalue is not None},
                                       alpha, f"{method}: KLoM per sample vs retrains", passed)
         tracker.log_figure(run_id, fig, "klom_per_split.png"); plots.close(fig)
     if out.worst.get("names"):  # panels titled as the run names the samples (hashed under redaction)

@@ -104,7 +104,7 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
     labels = prepared.label[eval_rows]
     metrics: dict[str, float] = {}
     for s, v in M.accuracy_by_split(logits["original"], labels, splits).items():
-        metrics[f"original_acc/{s}"] = v
+        metrics[K.key("original_acc", s)] = v
     # Accuracy spread of the reference oracles, KLoM and its permutation test (p-value, same-size floor).
     cert, extra = retrain_equivalence_metrics(
         logits["candidate"], logits["shadow_unlearned"], logits["oracle_ref"], logits["accuracy_ref"], labels, splits,
@@ -117,7 +117,7 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
     gap = M.output_gap(logits["candidate"].numpy(), logits["oracles"].numpy())
     for s in SPLITS:
         if (splits == s).any():
-            metrics[f"output_gap/{s}"] = float(gap[splits == s].mean())
+            metrics[K.key("output_gap", s)] = float(gap[splits == s].mean())
     metrics.update(membership_metrics(logits["candidate"].numpy(), logits["shadow_unlearned"].numpy(),
                                         logits["oracle_ref"].numpy(), labels, splits))
     metrics["coverage/forget"] = M.oracle_coverage(M.margins(logits["candidate"].numpy(), labels)[0][splits == "forget"],
@@ -150,12 +150,12 @@ def reference_free_outcome(method: str, model: Ensemble, candidate_logits: torch
     gate over them (no reference models: KLoM and the output gap to oracles are not measured, NaN per sample)."""
     metrics: dict[str, float] = {}
     for s, v in M.accuracy_by_split(candidate_logits, labels, splits).items():
-        metrics[f"acc/{s}"] = v
+        metrics[K.key("acc", s)] = v
     for s, v in M.accuracy_by_split(original_logits, labels, splits).items():
-        metrics[f"original_acc/{s}"] = v
+        metrics[K.key("original_acc", s)] = v
     for s in SPLITS:
         if (splits == s).any():
-            metrics[f"n/{s}"] = float(np.count_nonzero(splits == s))
+            metrics[K.key("n", s)] = float(np.count_nonzero(splits == s))
     metrics.update({"candidate_is_retrain": float(is_exact(method)), "n_oracles": 0.0, "n_shadows": 0.0})
     verdict = evaluate_gate(objective, metrics, gate)
     cost["wall_seconds"] = time.perf_counter() - t0

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from unlearning import metric_keys as K
 from unlearning import metrics as M
 from unlearning.metrics.epsilon import epsilon_metrics
 from unlearning.metrics.permutation import klom_permutation_test
@@ -36,24 +37,24 @@ def retrain_equivalence_metrics(candidate_logits: Any, shadow_unlearned_logits: 
     one-sided `confidence` (the look's 1 - alpha); extra then holds `epsilon_rows` (point, lower, upper [n])."""
     out: dict[str, float] = {}
     for s, v in M.accuracy_by_split(candidate_logits, labels, splits).items():
-        out[f"acc/{s}"] = v
+        out[K.key("acc", s)] = v
     for s, v in M.accuracy_by_split(shadow_unlearned_logits, labels, splits).items():
-        out[f"shadow_acc/{s}"] = v
+        out[K.key("shadow_acc", s)] = v
     for s, a in M.accuracy_by_split_per_member(accuracy_ref_logits, labels, splits).items():
-        out[f"oracle_acc/{s}"], out[f"oracle_acc_std/{s}"] = float(a.mean()), float(a.std())
-        out[f"oracle_acc_min/{s}"], out[f"oracle_acc_max/{s}"] = float(a.min()), float(a.max())
-        out[f"oracle_n/{s}"] = float(len(a))
-        out[f"n/{s}"] = float(np.count_nonzero(splits == s))
+        out[K.key("oracle_acc", s)], out[K.key("oracle_acc_std", s)] = float(a.mean()), float(a.std())
+        out[K.key("oracle_acc_min", s)], out[K.key("oracle_acc_max", s)] = float(a.min()), float(a.max())
+        out[K.key("oracle_n", s)] = float(len(a))
+        out[K.key("n", s)] = float(np.count_nonzero(splits == s))
     m_unl = M.margins(np.asarray(shadow_unlearned_logits), labels)
     m_orc = M.margins(np.asarray(oracle_logits), labels)
     kl = M.klom(m_unl, m_orc)
     for s, summ in M.klom_summary(kl, splits).items():
-        out[f"klom_p95/{s}"], out[f"klom_mean/{s}"] = summ["p95"], summ["mean"]
+        out[K.key("klom_p95", s)], out[K.key("klom_mean", s)] = summ["p95"], summ["mean"]
     null_p95 = {}
     for s, r in klom_permutation_test(m_unl, m_orc, splits, n_permutations=n_permutations, seed=seed,
                                       return_null=True).items():
-        out[f"klom_pvalue/{s}"] = r["pvalue"]
-        out[f"noise_floor_p95/{s}"], out[f"noise_floor_null_p95/{s}"] = r["null_median"], r["null_p95"]
+        out[K.key("klom_pvalue", s)] = r["pvalue"]
+        out[K.key("noise_floor_p95", s)], out[K.key("noise_floor_null_p95", s)] = r["null_median"], r["null_p95"]
         null_p95[s] = r["null"]
     # Per-sample KLoM under one relabeling of the pooled models: what two sets of retrains of these same sizes
     # look like sample by sample (the oracle-vs-oracle picture the reviewer compares the candidate's with).

@@ -6,6 +6,7 @@ import math
 from functools import lru_cache
 from dataclasses import dataclass, field
 
+from unlearning import metric_keys as K
 from unlearning.config import Gate
 from unlearning.resolution import smallest_klom_pvalue  # noqa: F401  (re-exported)
 from unlearning.metrics.summary import SPLITS
@@ -155,8 +156,8 @@ def verdict_summary(verdict: Verdict, metrics: dict[str, float], alpha: float) -
         eps = ", ".join(f"{s} {c['value']:.3g}" for s, c in bounds.items())
         return f"gate {outcome} (epsilon upper bounds: {eps}; budget {next(iter(bounds.values()))['limit']})"
     if verdict.objective == "retrain_equivalence" and any(k.startswith("klom_pvalue/") for k in metrics):
-        pvals = ", ".join(f"{s} {_pvalue_text(metrics[f'klom_pvalue/{s}'], alpha)}" for s in SPLITS
-                          if f"klom_pvalue/{s}" in metrics)
+        pvals = ", ".join(f"{s} {_pvalue_text(metrics[K.key('klom_pvalue', s)], alpha)}" for s in SPLITS
+                          if K.key("klom_pvalue", s) in metrics)
         return f"gate {outcome} (KLoM permutation p-values: {pvals}; alpha {alpha})"
     bounds = ", ".join(f"{name} {c['value']:.3f} {c['op']} {c['limit']}" for name, c in verdict.checks.items())
     what = ("no reference models, checked against the original" if verdict.objective == "retrain_equivalence"
@@ -217,42 +218,42 @@ def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verd
         g = gate.retrain_equivalence
         by_epsilon = gate.criterion == "epsilon"
         for split in SPLITS:
-            acc = metrics.get(f"acc/{split}")
+            acc = metrics.get(K.key("acc", split))
             if acc is None or math.isnan(acc):
                 continue
             if by_epsilon:
                 # the equivalence question replaces both difference tests (KLoM p-value, accuracy interval): the
                 # split's epsilon upper bound (the quantile over its rows) within the budget; compared with
                 # references (a KLoM p-value) but without an epsilon, nothing measured passes
-                if f"epsilon_upper/{split}" in metrics or f"klom_pvalue/{split}" in metrics:
-                    _check(checks, failures, f"epsilon_upper/{split}", metrics.get(f"epsilon_upper/{split}"), "<=",
+                if K.key("epsilon_upper", split) in metrics or K.key("klom_pvalue", split) in metrics:
+                    _check(checks, failures, K.key("epsilon_upper", split), metrics.get(K.key("epsilon_upper", split)), "<=",
                            gate.epsilon.max, "not measured: the certificate computed no epsilon for this split")
-            elif f"oracle_acc_min/{split}" in metrics and f"n/{split}" in metrics:
-                lo, hi = accuracy_interval(metrics[f"oracle_acc_min/{split}"], metrics[f"oracle_acc_max/{split}"],
-                                           metrics[f"oracle_acc/{split}"], int(metrics[f"n/{split}"]), g.accuracy_z,
-                                           metrics.get(f"oracle_acc_std/{split}"),
-                                           int(metrics[f"oracle_n/{split}"]) if f"oracle_n/{split}" in metrics else None)
+            elif K.key("oracle_acc_min", split) in metrics and K.key("n", split) in metrics:
+                lo, hi = accuracy_interval(metrics[K.key("oracle_acc_min", split)], metrics[K.key("oracle_acc_max", split)],
+                                           metrics[K.key("oracle_acc", split)], int(metrics[K.key("n", split)]), g.accuracy_z,
+                                           metrics.get(K.key("oracle_acc_std", split)),
+                                           int(metrics[K.key("oracle_n", split)]) if K.key("oracle_n", split) in metrics else None)
                 # a tolerance of float rounding: with N identical oracles at 1.0 on 3 rows, lo is
                 # 0.6666666666666667 and an accuracy of 2/3, printed as the bound itself, failed it
                 ok = lo - ACC_TOLERANCE <= acc <= hi + ACC_TOLERANCE
-                checks[f"acc/{split}"] = {"value": acc, "op": "in", "limit": [round(lo, 6), round(hi, 6)], "passed": ok}
+                checks[K.key("acc", split)] = {"value": acc, "op": "in", "limit": [round(lo, 6), round(hi, 6)], "passed": ok}
                 if not ok:
                     failures.append(f"acc/{split} = {acc:.4f} (needs within the oracles' accuracy range "
-                                    f"[{lo:.4f}, {hi:.4f}], n = {int(metrics[f'n/{split}'])})")
+                                    f"[{lo:.4f}, {hi:.4f}], n = {int(metrics[K.key('n', split)])})")
             if g.max_accuracy_gap is not None:
-                gap = abs(acc - metrics[f"oracle_acc/{split}"])
-                _check(checks, failures, f"accuracy_gap/{split}", gap, "<=", g.max_accuracy_gap)
-            if f"klom_pvalue/{split}" in metrics and not by_epsilon:
-                _check(checks, failures, f"klom_pvalue/{split}", metrics[f"klom_pvalue/{split}"], ">=", g.alpha)
+                gap = abs(acc - metrics[K.key("oracle_acc", split)])
+                _check(checks, failures, K.key("accuracy_gap", split), gap, "<=", g.max_accuracy_gap)
+            if K.key("klom_pvalue", split) in metrics and not by_epsilon:
+                _check(checks, failures, K.key("klom_pvalue", split), metrics[K.key("klom_pvalue", split)], ">=", g.alpha)
         _validation_floors(checks, failures, g, metrics, "acc/validation_min")
         if g.max_klom_p95_forget is not None and "klom_p95/forget" in metrics:
             _check(checks, failures, "klom_p95/forget", metrics["klom_p95/forget"], "<=", g.max_klom_p95_forget)
         if g.max_klom_to_noise_floor is not None:
             # Optional extra bound over the same-size floor (median of the permutation null).
             for split in SPLITS:
-                floor = metrics.get(f"noise_floor_p95/{split}")
-                if floor is not None and f"klom_p95/{split}" in metrics and not math.isnan(floor):
-                    _check(checks, failures, f"klom_p95/{split}", metrics[f"klom_p95/{split}"], "<=",
+                floor = metrics.get(K.key("noise_floor_p95", split))
+                if floor is not None and K.key("klom_p95", split) in metrics and not math.isnan(floor):
+                    _check(checks, failures, K.key("klom_p95", split), metrics[K.key("klom_p95", split)], "<=",
                            round(g.max_klom_to_noise_floor * floor, 6))
         # an absolute floor (acc/validation_min, a KLoM P95 bound) binds a retrain too: only a failure of the
         # statistical checks alone is the gate's false reject

@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from unlearning import metric_keys as K
 from unlearning.config import EXACT_RETRAIN
 
 EXACT = EXACT_RETRAIN  # always licensed: exact unlearning by construction
@@ -395,11 +396,11 @@ def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p
                             f"never licensed")
     if max_drop is not None:
         for s in ("adjacent", "remote", "validation"):
-            acc, orig = metrics.get(f"acc/{s}"), metrics.get(f"original_acc/{s}")
+            acc, orig = metrics.get(K.key("acc", s)), metrics.get(K.key("original_acc", s))
             if acc is None or orig is None or math.isnan(acc) or math.isnan(orig):
                 continue
             ok = acc >= orig - max_drop - 1e-12
-            checks[f"acc_vs_original/{s}"] = {"value": acc, "op": ">=", "limit": round(orig - max_drop, 6), "passed": ok}
+            checks[K.key("acc_vs_original", s)] = {"value": acc, "op": ">=", "limit": round(orig - max_drop, 6), "passed": ok}
             if not ok:
                 failures.append(f"acc/{s} = {acc:.4f} (needs >= the original's {orig:.4f} - {max_drop})")
     ok = not (membership_p < alpha)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from unlearning import metric_keys as K
 from unlearning.resolution import permutations_for  # noqa: F401  (re-exported: the looks' relabelings)
 
 
@@ -103,12 +104,12 @@ def look_verdict(metrics: dict[str, float], gate, objective: str, alpha: float, 
         budget = gate.epsilon.max
         lowers = interim_bounds(metrics, gate)
         decision, failing = interim_epsilon_decision(lowers, budget)
-        checks = {f"epsilon_lower/{s}": {"value": e, "op": "<=", "limit": budget, "passed": bool(e <= budget)}
+        checks = {K.key("epsilon_lower", s): {"value": e, "op": "<=", "limit": budget, "passed": bool(e <= budget)}
                   for s, e in lowers.items()}
     else:
         pvalues = interim_bounds(metrics, gate)
         decision, failing = interim_decision(pvalues, alpha)
-        checks = {f"klom_pvalue/{s}": {"value": p, "op": ">=", "limit": alpha, "passed": bool(p >= alpha)}
+        checks = {K.key("klom_pvalue", s): {"value": p, "op": ">=", "limit": alpha, "passed": bool(p >= alpha)}
                   for s, p in pvalues.items()}
     failures = [f"rejected at interim look {look + 1}: {f}" for f in failing]
     return Verdict(passed=not failing, objective=objective, failures=failures, checks=checks), decision, failing

@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from unlearning import metric_keys as K
+
 from ._arrays import as_f64, as_split_labels, require_finite
 
 ESTIMATORS = ("threshold", "gaussian")
@@ -295,7 +297,7 @@ def epsilon_metrics(u: Any, r: Any, splits: Any, estimator: str, delta: float, q
     for s in dict.fromkeys(labels.tolist()):
         mask = labels == s
         point = aggregate(rows.point[mask], quantile)
-        out[f"epsilon/{s}"], out[f"epsilon_mean/{s}"] = point["quantile"], point["mean"]
-        out[f"epsilon_lower/{s}"] = aggregate(rows.lower[mask], quantile)["quantile"]
-        out[f"epsilon_upper/{s}"] = aggregate(rows.upper[mask], quantile)["quantile"]
+        out[K.key("epsilon", s)], out[K.key("epsilon_mean", s)] = point["quantile"], point["mean"]
+        out[K.key("epsilon_lower", s)] = aggregate(rows.lower[mask], quantile)["quantile"]
+        out[K.key("epsilon_upper", s)] = aggregate(rows.upper[mask], quantile)["quantile"]
     return out, rows
