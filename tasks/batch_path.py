@@ -209,9 +209,9 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str,
         for step in the_plan.steps:
             if step.certificate == "audit":  # oracle 0 is the retrain; the test splits the others in two halves
                 others = step.references[1] - 1
-                S.warn_if_the_test_cannot_fail(params, others // 2, others - others // 2)
+                S.warn_if_the_test_cannot_fail(params.gate, others // 2, others - others // 2)
             elif step.looks:
-                S.warn_if_the_test_cannot_fail(params, *step.references)
+                S.warn_if_the_test_cannot_fail(params.gate, *step.references)
             out = S.unlearn_and_certify(batch, step, params, state, rows, pool, the_plan, objective, batch_index)
             spent += float(out.cost.get("wall_seconds", 0.0))
             if S.accepted(batch, out, params.gate.exact_retrain_overrides):

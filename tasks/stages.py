@@ -31,7 +31,7 @@ from tasks.state import State, write_state
 from adapters.store_check import store_identity
 from unlearning.batch import BatchRows, batch_rows, eval_logits
 from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
-from unlearning.config import Deletion, Diagnostics, Params, Partition
+from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition, Train
 from unlearning.data.store import class_names_after
 from unlearning.gate import format_beside, verdict_summary
 from unlearning.resolution import can_reject, smallest_klom_pvalue
@@ -245,7 +245,7 @@ def references_report(batch: BatchRun, params: Params, state: State, rows: Batch
     if shadows.trained:
         check = recipe_check(state, rows, shadows.ensemble(), batch.device, params.base.seed)
         batch.tracker.log_metrics(run, {f"recipe_check/{k}": v for k, v in check.items()})
-        warn_if_not_the_recipe(check, params, state)
+        warn_if_not_the_recipe(check, params.train, state)
     batch.close()
     table_artifact([{"ensemble": name, "members": role.trained, "chunks": role.chunks,
                      "from cache": role.cached_chunks, "seconds": round(role.seconds, 2)}
@@ -270,13 +270,14 @@ def recipe_check(state: State, rows: BatchRows, shadows: Ensemble, device: str, 
     return exchangeability_test(production.mean(axis=0), reference)
 
 
-def warn_if_not_the_recipe(check: dict[str, float], params: Params, state: State) -> None:
-    """Say so when the production model lies beyond every shadow original (p = 1 / (N + 1), the smallest)."""
+def warn_if_not_the_recipe(check: dict[str, float], train: Train, state: State) -> None:
+    """Say so when the production model lies beyond every shadow original (p = 1 / (N + 1), the smallest);
+    `train`: params.train (the declared recipe)."""
     if check["rank"] < check["n_pool"]:
         return
     n = int(check["n_pool"]) - 1
-    if params.train.init_checkpoint and not state.ledger:
-        why = (f"train.init_checkpoint ({params.train.init_checkpoint}) was probably not trained by the declared "
+    if train.init_checkpoint and not state.ledger:
+        why = (f"train.init_checkpoint ({train.init_checkpoint}) was probably not trained by the declared "
                f"recipe (optimizer, schedule, lr, weight decay, epochs, batch size, label smoothing): KLoM compares "
                f"retrains of that recipe, so the certificate speaks for your checkpoint only if the recipe is how it "
                f"was trained; set train.* to it, or let the gate promote a retrain")
@@ -288,9 +289,9 @@ def warn_if_not_the_recipe(check: dict[str, float], params: Params, state: State
                          f"p = {check['pvalue']:.3f}); {why}")
 
 
-def warn_if_the_test_cannot_fail(params: Params, n_shadows: int, n_oracles: int) -> None:
-    """A KLoM test that cannot fail certifies nothing: say so in every batch it happens in."""
-    g = params.gate.retrain_equivalence
+def warn_if_the_test_cannot_fail(gate: Gate, n_shadows: int, n_oracles: int) -> None:
+    """A KLoM test that cannot fail certifies nothing: say so in every batch it happens in (`gate`: params.gate)."""
+    g = gate.retrain_equivalence
     if not can_reject(g.alpha, g.n_permutations, n_shadows, n_oracles):
         floor = smallest_klom_pvalue(n_shadows, n_oracles, g.n_permutations)
         run_logger().warning(f"the KLoM permutation test cannot fail with {n_shadows} shadows and {n_oracles} "
