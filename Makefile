@@ -25,7 +25,7 @@ TEAM_PG_PORT ?= 54329
 TEAM_PY = deploy/team.py --dir $(TEAM_DIR)
 
 .PHONY: help setup run report test test-slow test-all ui server serve bench docs docs-serve screenshots clean reset \
-	team-db team-up team-env team-user team-status team-down
+	team-db team-up team-env team-user team-status team-down device-pack
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -77,6 +77,9 @@ test: setup ## fast unit + flow tests (the default tier)
 
 test-slow: setup ## end-to-end tests: dvc repro, real servers, browser
 	$(BIN)/python -m pytest -m "slow and not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+device-pack: setup ## pack .device/ (wheels, Fashion-MNIST) for the device check: bench/device/run.sh, docs/gpu.md
+	PY=$(BIN)/python bash bench/device/pack.sh
 
 test-all: setup ## every tier except gpu
 	$(BIN)/python -m pytest -m "not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc

@@ -120,7 +120,7 @@ class Point:
         self.params, self.prepared, self.rows, self.device = params, prepared, rows, device
         self.spec = spec_from(params.train.model, prepared.in_shape, prepared.n_classes)
         self.recipe = recipe_from(params.train)
-        X = torch.as_tensor(np.asarray(prepared.X), dtype=torch.float32).to(device)  # every row, once
+        X = prepared.tensor().to(device)  # every row, once (a writable float32 copy of the memory map)
         y = torch.as_tensor(np.asarray(prepared.label), dtype=torch.long).to(device)
         self.X, self.y = X, y
         idx = {k: torch.as_tensor(v, device=device) for k, v in
