@@ -218,7 +218,7 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str,
                 outcome = out
                 break
     finally:
-        S.references_report(batch, params, state, rows, pool)
+        S.references_report(batch, params.base.seed, params.train, state, rows, pool)
         S.plan_vs_actual(batch, the_plan, pool, spent)
     if outcome is None:
         raise BatchRejected(f"no candidate passed the gate for {batch.path.name}; the previous champion stays")

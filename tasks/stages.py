@@ -233,9 +233,10 @@ def plan_vs_actual(batch: BatchRun, the_plan, pool, outcomes_seconds: float) -> 
                       f"{actual['diagnostics']:.1f} s, references {refs:.1f} s, candidates {outcomes_seconds:.1f} s)")
 
 
-def references_report(batch: BatchRun, params: Params, state: State, rows: BatchRows, pool) -> None:
+def references_report(batch: BatchRun, seed: int, train: Train, state: State, rows: BatchRows, pool) -> None:
     """What the reference models cost (MLflow metrics, a Prefect artifact) and, when shadows were trained,
-    whether the production model is exchangeable with them (recipe_check). Nothing when none were trained."""
+    whether the production model is exchangeable with them (recipe_check; `seed`: base.seed, `train`: the
+    declared recipe, params.train). Nothing when none were trained."""
     info = pool.summary() if pool is not None else {}
     if not info.get("n_oracles") and not info.get("n_shadows"):
         return
@@ -243,9 +244,9 @@ def references_report(batch: BatchRun, params: Params, state: State, rows: Batch
     batch.tracker.log_metrics(run, info)
     shadows = pool.roles["shadows"]
     if shadows.trained:
-        check = recipe_check(state, rows, shadows.ensemble(), batch.device, params.base.seed)
+        check = recipe_check(state, rows, shadows.ensemble(), batch.device, seed)
         batch.tracker.log_metrics(run, {f"recipe_check/{k}": v for k, v in check.items()})
-        warn_if_not_the_recipe(check, params.train, state)
+        warn_if_not_the_recipe(check, train, state)
     batch.close()
     table_artifact([{"ensemble": name, "members": role.trained, "chunks": role.chunks,
                      "from cache": role.cached_chunks, "seconds": round(role.seconds, 2)}
