@@ -53,7 +53,7 @@ from unlearning.partition import partition_by_group  # noqa: E402
 from unlearning.plan import Footprint, Step, Timing, balanced_chunks, plan_batch, predicted_seconds  # noqa: E402
 from unlearning.probe import StepTimer, activation_floats_per_row, curve_within_memory  # noqa: E402
 from unlearning.seeds import method_seed, reference_seeds, role_seeds  # noqa: E402
-from unlearning.sequential import look_gate, look_verdict  # noqa: E402
+from unlearning.sequential import LookJudge, look_gate  # noqa: E402
 
 BEGIN, END = "<!-- bench:gpu_batch:begin -->", "<!-- bench:gpu_batch:end -->"
 MB = 2**20
@@ -236,16 +236,10 @@ def do_nothing_path(pt: Point, original: Ensemble, plan) -> dict:
         both = torch.cat(oracles, 0)
         logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
         gate_k = look_gate(params.gate, alpha, n_perm)
-        final = k == len(step.looks) - 1
-        decided: dict = {}
-
-        def judge(metrics, gate_k=gate_k, final=final, k=k, decided=decided):  # the look's verdict, once
-            verdict, decided["decision"], _ = look_verdict(metrics, gate_k, "retrain_equivalence", alpha, final, k)
-            return verdict
-
+        judge = LookJudge(gate_k, "retrain_equivalence", alpha, k == len(step.looks) - 1, k)  # the look's verdict, once
         out = outcome_from_logits("do_nothing", candidate, logits, pt.prepared, pt.sampled, gate_k,
                                   "retrain_equivalence", seed, {}, t0, n_s, judge=judge, alpha=alpha)
-        verdict, decision = out.verdict, decided["decision"]
+        verdict, decision = out.verdict, judge.decision
         looks.append({"n": n_o, "decision": decision, "passed": bool(verdict.passed)})
         done_s, done_o = n_s, n_o
         if decision != "continue":

@@ -4,6 +4,7 @@ workers) and the worker's client (which joins a session: flows.session.join_sess
 
 from __future__ import annotations
 
+import os
 import signal
 import urllib.request  # here, not in the session's watcher thread (see _PRCTL)
 
@@ -40,3 +41,21 @@ def prefect_api_answers(api_url: str) -> bool:
         return True
     except Exception:
         return False
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs: it exists (another user's counts) and is not a zombie (a child that exited
+    and was not reaped yet counts as gone). The state is the field after the command name, which may itself
+    hold spaces and parentheses."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+

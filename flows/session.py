@@ -37,7 +37,9 @@ import subprocess
 import sys
 import time
 
-from flows.procs import ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers
+from flows.procs import (
+    ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, pid_alive, prefect_api_answers,
+)
 from adapters.clock import ENV_FILE as TIMINGS_FILE
 
 
@@ -383,20 +385,6 @@ def dvc_ancestor(pid: int | None = None, depth: int = 6) -> int | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def session_file(owner: int, root: str = ".") -> str:
     return os.path.join(root, SESSIONS_DIR, f"{owner}.json")
 
@@ -408,7 +396,7 @@ def read_session(owner: int, root: str = ".") -> dict | None:
             info = json.load(f)
     except (OSError, ValueError):
         return None
-    return info if _alive(int(info.get("pid", 0))) and _alive(owner) else None
+    return info if pid_alive(int(info.get("pid", 0))) and pid_alive(owner) else None
 
 
 def session_env(info: dict) -> dict:
@@ -468,7 +456,7 @@ def serve_for(owner: int) -> int:
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump({"pid": os.getpid(), "owner": owner, "api_url": server.api_url, "folder": folder}, f)
         os.replace(path + ".tmp", path)
-        while _alive(owner) and server.proc.poll() is None:
+        while pid_alive(owner) and server.proc.poll() is None:
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass

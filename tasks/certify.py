@@ -27,7 +27,7 @@ from unlearning.plan import Plan, Step
 from unlearning.progress import Progress
 from unlearning.salt import id_salt
 from unlearning.seeds import method_seed, reference_seeds
-from unlearning.sequential import Look, interim_bounds, look_gate, look_verdict
+from unlearning.sequential import Look, LookJudge, interim_bounds, look_gate
 
 
 class Evaluator:
@@ -187,21 +187,13 @@ def sequential(step: Step, args: dict, params: Params, state, rows: BatchRows, p
             both = torch.cat(oracle_parts, 0)
             logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
             gate_k = look_gate(params.gate, alpha, n_perm)
-            final = k == len(step.looks) - 1
-            decided: dict = {}
-
-            def judge(metrics: dict, gate_k=gate_k, final=final, k=k, decided=decided):
-                """The look's verdict, evaluated once: the whole gate at the last look, KLoM (or epsilon) alone
-                before it (unlearning/sequential.py look_verdict)."""
-                verdict, decided["decision"], decided["failing"] = look_verdict(metrics, gate_k, objective, alpha,
-                                                                                final, k)
-                return verdict
-
+            # the look's verdict, once: the whole gate at the last look, KLoM (or epsilon) alone before it
+            judge = LookJudge(gate_k, objective, alpha, k == len(step.looks) - 1, k)
             out = outcome_from_logits(step.method, res.model, logits, state.prepared, ev.rows, gate_k, objective,
                                       seed, dict(cost), t0, n_s, judge=judge, alpha=alpha)
             bar.update()
         done_s, done_o = n_s, n_o
-        decision, failing = decided["decision"], decided["failing"]
+        decision, failing = judge.decision, judge.failing
         by_eps = params.gate.criterion == "epsilon"
         look = Look(n_s, n_o, alpha, interim_bounds(out.metrics, params.gate), decision,
                     time.perf_counter() - look_start, failing, params.gate.epsilon.max if by_eps else None)

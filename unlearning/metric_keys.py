@@ -18,12 +18,6 @@ def key(name: str, split: str) -> str:
     return f"{name}/{split}"
 
 
-def name_and_split(metric: str) -> tuple[str, str | None]:
-    """`klom_pvalue/forget` -> (`klom_pvalue`, `forget`); a name without a split -> (name, None)."""
-    name, _, split = metric.partition("/")
-    return name, (split or None)
-
-
 def of_split(metrics: Mapping[str, float], name: str, split: str) -> float | None:
     """The value of `name` on `split`, or None when it was not measured."""
     v = metrics.get(key(name, split))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
-from unlearning.config import EXACT_RETRAIN
+from unlearning.config import EXACT_RETRAIN, method_traits
 
 
 class ItemAccess:
@@ -85,8 +85,6 @@ class Licensing:
     def qualifies(self, method: str) -> bool:
         """Whether `method`, promoted, is the licensed approximate method ("qualified, not audited"), not the
         exact retrain the batch fell back to."""
-        from unlearning.config import method_traits
-
         return method == self.method and not method_traits(method).exact
 
     def to_dict(self) -> dict:

@@ -113,3 +113,20 @@ def look_verdict(metrics: dict[str, float], gate, objective: str, alpha: float, 
                   for s, p in pvalues.items()}
     failures = [f"rejected at interim look {look + 1}: {f}" for f in failing]
     return Verdict(passed=not failing, objective=objective, failures=failures, checks=checks), decision, failing
+
+
+class LookJudge:
+    """The verdict of one look, evaluated once: unlearning/acceptance.py outcome_from_logits calls it with the
+    look's metrics (its `judge`), and it keeps what `look_verdict` decided (`decision`, `failing`) for the
+    certifier's Look record."""
+
+    def __init__(self, gate, objective: str, alpha: float, final: bool, look: int):
+        self.gate, self.objective, self.alpha, self.final, self.look = gate, objective, alpha, final, look
+        self.decision: str | None = None
+        self.failing: list[str] = []
+
+    def __call__(self, metrics: dict[str, float]):
+        verdict, self.decision, self.failing = look_verdict(metrics, self.gate, self.objective, self.alpha,
+                                                            self.final, self.look)
+        return verdict
+

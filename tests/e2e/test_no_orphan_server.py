@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.procs import pid_alive as alive
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
@@ -32,15 +33,6 @@ def uvicorn_children_of(pid: int) -> list[int]:
         if int(stat[3]) == pid and "uvicorn" in cmdline:
             out.append(int(proc.name))
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def test_kill_9_of_a_flow_process_stops_its_temporary_server(tmp_path):
