@@ -60,13 +60,14 @@ class CertificateKind(StrEnum):
     QUALIFIED = "qualified"  # validation.mode qualified: the cheap checks of a licensed method, no references
 
 
-def sharded_original_problem(method: str, sharded: bool, key: str = "deletion.method") -> str | None:
+def sharded_original_problem(method: str, sharded: bool, key: str = "deletion.method",
+                             found: str = "this one is one model") -> str | None:
     """Why `method` cannot unlearn this original (None: it can): a method that needs a sharded original, asked
-    of one model. The one rule, read by the params' validation (train.sharding off), the planner (the champion is
-    one model) and the method itself (unlearning/sharding.py)."""
+    of one model (`found`: what says so). The one rule, read by the params' validation (train.sharding off), the
+    planner (the champion is one model) and the method itself (unlearning/sharding.py)."""
     if sharded or not method_traits(method).needs_sharded_original:
         return None
-    return (f"{key} = {method!r} needs a sharded original, and this one is one model: set train.sharding.shards "
+    return (f"{key} = {method!r} needs a sharded original, and {found}: set train.sharding.shards "
             f"(e.g. 10; docs/sharding.md) and run the train stage again (`dvc repro train`), or set "
             f"deletion.method: auto")
 
@@ -837,9 +838,10 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _sisa_needs_shards(self) -> "Params":
-        problem = sharded_original_problem(self.deletion.method, self.train.sharding.on)
+        problem = sharded_original_problem(self.deletion.method, self.train.sharding.on,
+                                           found="train.sharding.shards is null (one model)")
         if problem:
-            raise ValueError(problem.replace("this one is one model", "train.sharding.shards is null (one model)"))
+            raise ValueError(problem)
         return self
 
     def path(self, name: str) -> Path:
