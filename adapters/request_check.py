@@ -40,6 +40,7 @@ import pandas as pd
 
 from unlearning.io import read_json_file
 from unlearning.ledger import hash_sample_id
+from unlearning.salt import is_keyed
 from unlearning.requests import (
     REQUIRED_COLUMNS, RequestValidationError, arrow_text, entry_problem, future_problems, ledger_matches, look_alike_forms,
     objective_problems, read_request_file, rows_text, structural_problems,
@@ -597,7 +598,7 @@ def keyed_mentions(lines: list[str], sample_ids, key) -> list[str]:
     if not lines:
         return []
     text = "\n".join(lines)  # at most a few dozen lines: only the ids they quote are replaced
-    ids = sorted({s for s in sample_ids if isinstance(s, str) and s and not s.startswith("sha256:")
+    ids = sorted({s for s in sample_ids if isinstance(s, str) and s and not is_keyed(s)
                   and repr(s) in text}, key=len, reverse=True)
     out = []
     for line in lines:

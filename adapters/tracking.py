@@ -22,6 +22,7 @@ from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
 from adapters.clock import tracks
+from unlearning.salt import HASH_PREFIX  # a keyed id's form (unlearning/salt.py hash_sample_id)
 
 PIP_REQUIREMENTS = ["torch==2.13.0"]  # given explicitly: inferring them costs ~10 s per model
 # A model that prepares raw rows imports unlearning.data (pandera) and, for images, Pillow.
@@ -87,7 +88,6 @@ def preflight(tracking_uri: str, timeout: float = 5.0) -> None:
 
 # An id quoted inside a longer text: repr() in problem lines and error messages ('id', "id"), markdown (`id`).
 _QUOTED = re.compile(r"""(['"`])([^'"`\s]+)\1""")
-HASH_PREFIX = "sha256:"  # unlearning.ledger.hash_sample_id's form
 DISPLAY_HEX = 12  # hex digits of a hashed id shown where space is short (a figure's panel title)
 
 
@@ -635,3 +635,36 @@ def frame_digest(df) -> str:
     h = hashlib.sha256(pd.util.hash_pandas_object(df, index=False).values.tobytes())
     h.update(json.dumps([str(c) for c in df.columns]).encode())
     return h.hexdigest()[:16]
+
+
+def rekey_sqlite_store(db: Path, tmp: Path, rewrite) -> bool:
+    """A copy of MLflow's SQLite store `db` at `tmp` with every text value rewritten by `rewrite` (text -> the
+    new text, or None when unchanged): the params, tags and descriptions that name keyed ids, re-keyed
+    (unlearning/rekey.py). Returns whether anything changed (`tmp` then holds the copy; else it is removed).
+    Only SQLite: a tracking server's store is its own (docs/erasure.md, "Migrating from the salt")."""
+    import sqlite3
+
+    src = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    dst = sqlite3.connect(tmp)
+    try:
+        src.backup(dst)
+        changed = 0
+        tables = [r[0] for r in dst.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            columns = [r[1] for r in dst.execute(f'PRAGMA table_info("{table}")')
+                       if (r[2] or "").upper().startswith(("VARCHAR", "TEXT", "CHAR", "CLOB", "STRING"))]
+            for column in columns:
+                rows = dst.execute(f'SELECT rowid, "{column}" FROM "{table}" WHERE "{column}" LIKE ?',
+                                   ("%sha256:%",)).fetchall()
+                for rowid, value in rows:
+                    new = rewrite(value) if isinstance(value, str) else None
+                    if new is not None:
+                        dst.execute(f'UPDATE "{table}" SET "{column}" = ? WHERE rowid = ?', (new, rowid))
+                        changed += 1
+        dst.commit()
+    finally:
+        src.close()
+        dst.close()
+    if not changed:
+        tmp.unlink(missing_ok=True)
+    return bool(changed)

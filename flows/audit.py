@@ -23,6 +23,7 @@ from tasks.validation import RequestCheck, check_request_frame, raise_if_invalid
 from unlearning.config import Params, load_params
 from unlearning.erasure import id_key
 from unlearning.requests import coerce_requests, read_request_file
+from unlearning.salt import is_keyed
 from tasks.reporting import run_logger
 
 
@@ -45,7 +46,7 @@ def audit_redaction(params: Params, key: Callable[[str], str], manifest: pd.Data
         return None
     named = requests["sample_id"].tolist() if "sample_id" in requests.columns else []
     ids = [*manifest["sample_id"].astype(str), *(s for s in named if isinstance(s, str) and s)]
-    return {s: key(s) for s in ids if not s.startswith("sha256:")}
+    return {s: key(s) for s in ids if not is_keyed(s)}
 
 
 def keyed_check(check: RequestCheck, tracker) -> RequestCheck:

@@ -997,6 +997,9 @@ def _main(argv: list[str] | None) -> int:
             if problem:  # before a server starts or torch is imported
                 raise ConfigError(problem)
             _settle_interrupted_swaps(params)
+            from tasks.rekey import ensure_current_key
+
+            ensure_current_key(params)  # an older project's salted ids re-keyed once, before any id is compared
         return args.fn(args)
     except BrokenPipeError:  # `unlearn status | head -1`: the reader left; no message, as for any Unix tool
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -22,9 +22,12 @@ def use_project_path(params: Params) -> None:
     factory module there (`train.model.factory: mymodels:build`) imports whatever the working directory.
     Every flow calls it right after load_params (and `unlearn` for the commands that load models), so it also
     applies the process-wide progress switch: `base.progress` turns the bars of the unlearning candidates
-    (contexts built with progress=None) on or off."""
+    (contexts built with progress=None) on or off, and re-keys an older project's salted ids first
+    (tasks/rekey.py `ensure_current_key`: before any of them is compared)."""
+    from tasks.rekey import ensure_current_key
     from unlearning.progress import set_default
 
+    ensure_current_key(params)  # an older project's salted ids re-keyed once, before any id is compared
     set_default(params.base.progress)
     root = str(params.root)
     if root not in sys.path:

@@ -15,7 +15,7 @@ from tasks.state import stale_unbatched_state
 from unlearning.config import Params
 from unlearning.io import atomic_write_bytes, move_unique, read_json_file
 from unlearning.requests import file_sha256
-from unlearning.salt import id_salt, keep_copy
+from unlearning.salt import id_salt
 
 
 def reconcile_if_started(params: Params) -> list[str]:
@@ -82,8 +82,6 @@ def reconcile(params: Params, tracker) -> list[str]:
     if failed:
         notes.append(f"marked {len(failed)} run(s) of killed batches FAILED")
     tagged = tracker.tag_unpromoted(name, version)
-    if version is not None:  # the salt's copy in the state (a first batch's state, or one with erasure off)
-        keep_copy(params, params.path("state_dir"))
     if tagged:
         notes.append(f"tagged never-promoted version(s) {tagged} promoted=false")
     if params.erasure.enabled:

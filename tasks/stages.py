@@ -43,7 +43,7 @@ from unlearning.metrics.margins import margins
 from unlearning.models import Ensemble
 from unlearning.partition import subset_sizes
 from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
-from unlearning.salt import id_salt, keep_copy
+from unlearning.salt import id_salt
 from unlearning.serving import input_example
 from unlearning.records import Selection
 from unlearning.selection import batch_facts, selection_with_debt
@@ -670,7 +670,6 @@ def erase(batch: BatchRun, params: Params, forget_ids: list[str], salt: str, ver
     from tasks.erasure import erase as erase_rows
 
     report = erase_rows(params, batch.batch_id, forget_ids, salt, version, batch.tracker, batch.parent)
-    keep_copy(params, params.path("state_dir"))  # the salt's copy in the committed state: backed up with it
     fault("after_erasure")
     purged = purged_rows_text(report["stores"])
     table_artifact([{"store": s.get("store", "?"), "purged rows": s.get("purged_rows", 0)} for s in report["stores"]],

@@ -33,7 +33,7 @@ from unlearning.io import (
 )
 from unlearning.ledger import ledger_text, read_ledger
 from unlearning.models import load_model, save_model
-from unlearning.salt import keep_copy
+from unlearning.salt import remove_state_copy
 
 if TYPE_CHECKING:
     from unlearning.models import Ensemble
@@ -282,7 +282,7 @@ def ensure_state(params: Params, device: str) -> bool:
     stage = staging_dir(state_dir)
     try:
         write_state(stage, state.model, state.manifest, state.ledger, state.champion, state.fingerprint)
-        keep_copy(params, stage)  # the salt's backup travels with the state (unlearning/salt.py)
+        remove_state_copy(stage)  # the state is backed up by DVC: never with the id key (unlearning/salt.py)
         commit_dir(stage, state_dir)
     except BaseException:
         discard_dir(stage)

@@ -23,6 +23,7 @@ import numpy as np
 
 from unlearning.io import StateCorrupt, atomic_write_text
 from unlearning.ledger import HASH_PREFIX, hash_sample_id
+from unlearning.salt import is_keyed
 
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -121,7 +122,7 @@ def is_erased(tombstones: set[str], hash_ids: bool, salt: str) -> Callable[[str]
     """Whether an id is tombstoned. With hashed ids a plain entry still counts: one written while
     deletion.hash_sample_ids was off (its default until it became true) keeps its row out after the switch."""
     key = id_key(hash_ids, salt)
-    if hash_ids and any(not t.startswith("sha256:") for t in tombstones):
+    if hash_ids and any(not is_keyed(t) for t in tombstones):
         return lambda s: key(s) in tombstones or str(s) in tombstones
     return lambda s: key(s) in tombstones
 

@@ -1,17 +1,18 @@
 """The append-only deletion ledger (docs/design.md §3), one JSON object per processed request.
 
-Keyed by `request_id`: a request id appears at most once, earlier lines are never rewritten, and
-re-processing a file whose requests are all in the ledger is a no-op. Sample ids are stored hashed with the
-project's secret salt (unlearning/salt.py) when `deletion.hash_sample_ids` is set (the default).
+Keyed by `request_id`: a request id appears at most once, earlier lines are never rewritten (a re-keying of the
+stored ids, unlearning/rekey.py, rewrites the file whole), and re-processing a file whose requests are all in the
+ledger is a no-op. Sample ids are stored keyed with the project's secret id key (unlearning/salt.py
+`hash_sample_id`, re-exported here) when `deletion.hash_sample_ids` is set (the default).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from unlearning.io import StateCorrupt
+from unlearning.salt import HASH_PREFIX, hash_sample_id  # noqa: F401  (the ledger's id form; callers import it here)
 
 LEDGER_FIELDS = ("request_id", "sample_id", "batch_id", "request_file", "file_sha256", "reason", "objective",
                  "requested_at", "method", "verdict", "model_version_before", "model_version_after",
@@ -26,15 +27,6 @@ UNLEARNED, ERASED_NOT_TRAINED_ON = "unlearned", "erased_not_trained_on"
 def trained_on(entries) -> list[dict]:
     """The entries of rows some model trained on (the debt and the original training set count these)."""
     return [e for e in entries if e.get("kind", UNLEARNED) != ERASED_NOT_TRAINED_ON]
-
-
-HASH_PREFIX = "sha256:"  # a keyed id's form: what tells it from a plain id
-
-
-def hash_sample_id(sample_id: str, salt: str) -> str:
-    """The one salted hash of the project (docs/erasure.md, "Hashed ids and the salt"): an id as the ledger and
-    the tombstones key it, and as the ensemble cache, the shard plan and the erasure reports' row digests do."""
-    return HASH_PREFIX + hashlib.sha256(f"{salt}:{sample_id}".encode()).hexdigest()
 
 
 class LedgerError(StateCorrupt):

@@ -25,6 +25,7 @@ import pandera.pandas as pa
 from pandera.errors import SchemaErrors
 
 from unlearning.ids import CONTROL_CHARACTERS
+from unlearning.salt import is_keyed
 
 OBJECTIVES = ("retrain_equivalence", "suppression")
 REQUIRED_COLUMNS = ("request_id", "sample_id", "requested_at", "reason")
@@ -745,7 +746,7 @@ def redacted_request_bytes(path: str | Path, key, forgotten: set[str] | None = N
     """The request file with its sample ids in their keyed form (`key`: the ledger's salted hash, with
     deletion.hash_sample_ids): every id, or with `forgotten` (keyed ids) only those whose key is in it. None
     when there is nothing to replace, or the file cannot be read as a request file (nothing to parse ids from).
-    Ids already in the keyed form (`sha256:...`) stay as they are."""
+    Ids already in the keyed form (`hmac-sha256:...`, unlearning/salt.py `is_keyed`) stay as they are."""
     suffix = kept_request_suffix(path)
     try:
         df = read_request_file(path, suffix)
@@ -754,7 +755,7 @@ def redacted_request_bytes(path: str | Path, key, forgotten: set[str] | None = N
     if "sample_id" not in df.columns:
         return None
     ids = df["sample_id"]
-    keyed = ids.map(lambda s: s if not isinstance(s, str) or s.startswith("sha256:") else key(s))
+    keyed = ids.map(lambda s: s if not isinstance(s, str) or is_keyed(s) else key(s))
     hit = (keyed != ids) & ids.map(lambda s: isinstance(s, str))
     if forgotten is not None:
         hit &= keyed.isin(forgotten)
@@ -773,5 +774,5 @@ def plain_forgotten_ids(path: str | Path, key, forgotten: set[str]) -> int:
         return 0
     if "sample_id" not in df.columns:
         return 0
-    return int(sum(1 for s in df["sample_id"] if isinstance(s, str) and not s.startswith("sha256:")
+    return int(sum(1 for s in df["sample_id"] if isinstance(s, str) and not is_keyed(s)
                    and key(s) in forgotten))

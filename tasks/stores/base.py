@@ -70,7 +70,7 @@ class Scope:
     def row_name(self, digest: str) -> str:
         """A forgotten row as a person reads it: its id (keyed like the ledger), else its digest."""
         ids = self.digest_ids.get(digest) or []
-        return "/".join(map(repr, ids)) if ids else f"row digest {digest.removeprefix('sha256:')[:12]}"
+        return "/".join(map(repr, ids)) if ids else f"row digest {digest.split(':')[-1][:12]}"
 
 
 @runtime_checkable

@@ -19,7 +19,7 @@ from unlearning.salt import write_salt
 from unlearning.requests import kept_request_suffix, plain_forgotten_ids, read_request_file, redacted_request_bytes
 
 H = "request_id,sample_id,requested_at,reason"
-SALT = "table"
+SALT = "hmac-sha256:" + "7a" * 32  # the project's id key (a layer of unlearning/salt.py)
 KEY = id_key(True, SALT)
 
 
@@ -33,8 +33,8 @@ def project(tmp_path, hashed=True):
     params = parse_params({"deletion": {"hash_sample_ids": hashed}}, root=tmp_path)
     prepared = params.path("prepared_dir")
     prepared.mkdir(parents=True)
-    (prepared / "dataset.json").write_text(json.dumps({"name": SALT}))
-    write_salt(params.path("salt"), SALT)  # the project's salt: KEY hashes with it
+    (prepared / "dataset.json").write_text(json.dumps({"name": "table"}))
+    write_salt(params.path("salt"), SALT)  # the project's id key: KEY hashes with it
     return params
 
 

@@ -1,4 +1,4 @@
-"""The project's secret salt (unlearning/salt.py) and how long an applied request file keeps its plain ids
+"""The project's secret id key (unlearning/salt.py) and how long an applied request file keeps its plain ids
 (erasure.keep_request_files; docs/erasure.md)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tasks.stores.requests import RequestFiles, redact_request_files
 from unlearning.config import ConfigError, load_params, parse_params
 from unlearning.erasure import add_tombstones, id_key
 from unlearning.io import StateCorrupt
-from unlearning.salt import SaltLost, create_salt, id_salt, keep_copy, project_salt, write_salt
+from unlearning.salt import SaltLost, create_salt, id_salt, project_salt, remove_state_copy, write_salt
 
 H = "request_id,sample_id,requested_at,reason"
 PARAMS = ROOT / "params.yaml"
@@ -36,19 +36,20 @@ def drop(params, name: str, *ids: str):
     return inbox / name
 
 
-def test_the_salt_is_random_private_made_once_and_kept_with_the_state(tmp_path):
+def test_the_key_is_random_private_made_once_and_never_in_the_state(tmp_path):
     params = project(tmp_path)
     assert params.deletion.hash_sample_ids  # on by default
-    salt = id_salt(params)
+    key = id_salt(params)
     path = params.path("salt")
     assert path == tmp_path / ".unlearning" / "salt" and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert len(salt) == 64 and salt != "digits" and id_salt(params) == salt
-    assert id_salt(project(tmp_path / "other")) != salt  # per project
-    assert create_salt(path) == salt  # a second creator (a concurrent first run) gets the same salt
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700  # its folder lists no name to another user either
+    assert key.startswith("hmac-sha256:") and len(key) == len("hmac-sha256:") + 64 and id_salt(params) == key
+    assert id_salt(project(tmp_path / "other")) != key  # per project
+    assert create_salt(path) == key  # a second creator (a concurrent first run) gets the same key
     stage = tmp_path / "stage"
     stage.mkdir()
-    keep_copy(params, stage)
-    assert (stage / "salt").read_text().strip() == salt and stat.S_IMODE((stage / "salt").stat().st_mode) == 0o600
+    (stage / "salt").write_text("an older version's copy\n")
+    assert remove_state_copy(stage) and not (stage / "salt").exists()  # a state folder never carries it
 
 
 def test_no_salt_is_made_for_plain_ids(tmp_path):
@@ -56,27 +57,18 @@ def test_no_salt_is_made_for_plain_ids(tmp_path):
     assert id_salt(params) == "" and not params.path("salt").exists()
 
 
-def test_a_lost_salt_is_restored_from_the_state_or_refused_never_replaced(tmp_path, capsys):
+def test_a_lost_key_is_refused_never_replaced(tmp_path, monkeypatch):
     params = project(tmp_path)
-    salt = id_salt(params)
-    state = params.path("state_dir")
-    state.mkdir()
-    keep_copy(params, state)
-    add_tombstones(params.path("tombstones"), [id_key(True, salt)("s1")])
+    key = id_salt(params)
+    add_tombstones(params.path("tombstones"), [id_key(True, key)("s1")])
     params.path("salt").unlink()
-    capsys.readouterr()
-    assert project_salt(params) == salt and params.path("salt").read_text().strip() == salt  # from state/salt
-    err = capsys.readouterr().err  # said in one line, not silently
-    assert err == f"the project's salt {params.path('salt')} was missing: restored from its copy {state / 'salt'}\n"
-    assert project_salt(params) == salt and capsys.readouterr().err == ""  # once
-    params.path("salt").unlink()
-    (state / "salt").unlink()
-    with pytest.raises(SaltLost, match="salt is missing.*hold ids hashed with it.*Restore it from a backup"):
+    with pytest.raises(SaltLost, match="id key is missing.*hold ids hashed with it.*Restore it from your backup"):
         project_salt(params)
     assert not params.path("salt").exists()  # not silently replaced: the tombstones would match nothing
-    write_salt(params.path("salt"), "another")
-    write_salt(state / "salt", salt)
-    with pytest.raises(StateCorrupt, match="hold different salts"):
+    monkeypatch.setenv("UNLEARNING_ID_KEY", key)  # the key from the environment (a secret store) instead
+    assert project_salt(params) == key and not params.path("salt").exists()
+    write_salt(params.path("salt"), "hmac-sha256:" + "0" * 64)
+    with pytest.raises(StateCorrupt, match="UNLEARNING_ID_KEY and .* hold different id keys"):
         project_salt(params)
 
 

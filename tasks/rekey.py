@@ -1,0 +1,175 @@
+"""The id key's migration and rotation across every store (docs/erasure.md, "Migrating from the salt", "Rotating
+the key"), and where the key can be read from (`unlearn verify-erasure`).
+
+unlearning/rekey.py re-keys the files; this module adds the stores the core cannot reach: a local MLflow store
+(SQLite: its params, tags and descriptions), and the DVC cache and remote, which are content-addressed. There the
+old salt's copies (state/salt, which every older state carried to `dvc push`) are deleted wherever they are, and,
+with `erasure.dvc_gc`, the outputs are re-committed and garbage-collected (`dvc gc -w`, and `-c` on the remote), so
+no object keeps an older form of the ledger either.
+
+`ensure_current_key` runs first in every flow and every `unlearn` command (flows/common.py `use_project_path`,
+flows/cli.py): it migrates an older project once, outside `dvc repro` (inside, DVC holds the outputs it would
+rewrite: the stage stops with one line saying what to run). `python -m tasks.rekey` (`make setup`) does the same
+and creates the key of a new project; `python -m tasks.rekey rotate` rotates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tasks.stores.base import dvc_cache_dir, in_dvc_stage, is_dvc_repo, remote_folder
+from unlearning import rekey as core
+from unlearning.config import Params, load_params
+from unlearning.erasure import Finding
+from unlearning.io import StateCorrupt
+from unlearning.salt import KeyMigrationNeeded, id_salt, key_exposure, migration_pending, project_salt, small_files
+
+
+def tracking_db(params: Params) -> Path | None:
+    """The local MLflow store's SQLite file (None for a tracking server: its store is the server's own)."""
+    from adapters.store_check import sqlite_file
+
+    db = sqlite_file(params.mlflow_tracking_uri())
+    return db if db is not None and db.is_file() else None
+
+
+def mlflow_preparer(params: Params):
+    """unlearning/rekey.py's `extra` for the local MLflow store: its re-keyed copy, renamed at the commit."""
+    def prepare(rekeying: core.Rekeying) -> list[tuple[str, str]]:
+        db = tracking_db(params)
+        if db is None:
+            return []
+        from adapters.tracking import rekey_sqlite_store
+
+        tmp = core.temp_of(db)
+        return [(str(tmp), str(db))] if rekey_sqlite_store(db, tmp, rekeying.text) else []
+
+    return prepare
+
+
+def shared_roots(params: Params) -> list[Path]:
+    """The places the team shares (the threat model's readers: docs/erasure.md): the project's written stores,
+    the DVC cache and remote, MLflow's local store and artifacts, the archive."""
+    from tasks.stores.traces import written_roots
+
+    return written_roots(params)
+
+
+def purge_copies(params: Params, secret_texts: list[bytes]) -> list[str]:
+    """Delete every small file of the DVC cache and remote that holds one of `secret_texts` (an older salt's
+    copies: DVC objects of state/salt, read-only there)."""
+    removed = []
+    roots = [r for r in (dvc_cache_dir(params), remote_folder(params)) if r is not None and r.is_dir()]
+    for f in small_files(roots):
+        try:
+            data = f.read_bytes()
+        except OSError:
+            continue
+        if any(s in data for s in secret_texts):
+            f.chmod(0o600)
+            f.unlink()
+            removed.append(str(f))
+    return removed
+
+
+def recommit(params: Params) -> dict:
+    """The re-keyed outputs committed (`dvc status` stays clean), and with erasure.dvc_gc the cache and the
+    remote garbage-collected: no object keeps an older form of the ledger."""
+    from adapters import dvc_ops
+
+    if not is_dvc_repo(params):
+        return {}
+    if params.erasure.dvc_gc:
+        from tasks.stores.dvc import dvc_gc
+
+        return dvc_gc(params)
+    from adapters.dvc_metrics import ensure_metrics
+
+    ensure_metrics(params)
+    return {"committed": dvc_ops.commit(params.root, ["prepare", "train", "deletion"])}
+
+
+def migrate(params: Params) -> dict | None:
+    """The one-time migration of an older project (or the end of an interrupted re-keying); None when the key is
+    current. Prints one line of what it did."""
+    if not migration_pending(params.path):
+        return None
+    salt = core.legacy_salt(params.path)
+    done = core.migrate(params.path, extra=[mlflow_preparer(params)])
+    if done is None:
+        return None
+    done["purged_copies"] = purge_copies(params, [salt.encode()]) if salt else []
+    done["dvc"] = recommit(params)
+    print(f"re-keyed the project's hashed ids with a new secret key in {done['key']} (HMAC-SHA256; an older "
+          f"version's salt was backed up with the state): {len(done['rewritten'])} file(s) rewritten, "
+          f"{len(done['deleted'])} removed (the ensemble cache is trained again when needed), "
+          f"{len(done['purged_copies'])} copy(ies) of the old salt deleted from the DVC cache and remote "
+          f"(docs/erasure.md, \"Migrating from the salt\")", file=sys.stderr)
+    return done
+
+
+def rotate(params: Params) -> dict:
+    """A new key layer for every stored id (docs/erasure.md, "Rotating the key")."""
+    migrate(params)
+    done = core.rotate(params.path, extra=[mlflow_preparer(params)])
+    done["dvc"] = recommit(params)
+    return done
+
+
+def ensure_current_key(params: Params) -> None:
+    """Before any id is compared: migrate an older project's salted ids (once). Inside `dvc repro` the outputs
+    are DVC's: raises KeyMigrationNeeded (one line: what to run) instead."""
+    if not params.deletion.hash_sample_ids and not params.path("salt").exists():
+        return
+    if not migration_pending(params.path):
+        return
+    if in_dvc_stage():
+        project_salt(params)  # raises KeyMigrationNeeded with the line
+        raise KeyMigrationNeeded("the project's id key must be migrated outside `dvc repro`")
+    migrate(params)
+
+
+def key_findings(params: Params) -> list[Finding]:
+    """Where the id key can be read from, as `unlearn verify-erasure` checks (docs/erasure.md, "Threat model"):
+    the variable or the key file (fine when only this user reads it), and any copy in a shared place (a
+    problem)."""
+    return [Finding("id key", place.where, {"readable_by": place.readers},
+                    (f"id key: {place.problem}",) if place.problem else ())
+            for place in key_exposure(params.path, shared_roots(params))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tasks.rekey [--params params.yaml] [ensure|rotate|exposure]`: `ensure` (default, `make setup`)
+    migrates an older project's salt once and creates a new project's key; `rotate` rotates it; `exposure`
+    prints where it can be read from."""
+    a = argparse.ArgumentParser(description=main.__doc__)
+    a.add_argument("command", nargs="?", default="ensure", choices=["ensure", "rotate", "exposure"])
+    a.add_argument("--params", default="params.yaml")
+    args = a.parse_args(argv)
+    try:
+        params = load_params(args.params)
+        if args.command == "rotate":
+            done = rotate(params)
+            print(f"rotated the id key ({done['key']}): {len(done['rewritten'])} file(s) re-keyed; back up the new "
+                  f"key now (docs/erasure.md, \"Rotating the key\")")
+        elif args.command == "exposure":
+            for f in key_findings(params):
+                print(f"{f.path}: readable by {f.counts['readable_by']}" + "".join(f"\n  {p}" for p in f.problems))
+        else:
+            existed = params.path("salt").exists()
+            migrate(params)
+            if params.deletion.hash_sample_ids:
+                id_salt(params)
+                if not existed and params.path("salt").exists():
+                    print(f"created the project's secret id key {params.path('salt')} (mode 0600, git-ignored, never "
+                          f"in DVC or MLflow; back it up in your secret store: docs/erasure.md)")
+    except (StateCorrupt, ValueError) as e:  # ConfigError is a ValueError: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
