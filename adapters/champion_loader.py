@@ -7,6 +7,12 @@ without a value, text in a number column). `mlflow models serve` answers any exc
 a stack trace; re-raised here as an `MlflowException` (400, INVALID_PARAMETER_VALUE), the REST client reads the
 one line that names the column, the rows and the fix (never a value of the input: `RowError`). The core stays free of mlflow (docs/design.md §2).
 
+Loading the champion also guards the scoring server it runs in (`guard_scoring_server`): `mlflow models serve`
+quotes a malformed JSON body whole in its answer, lists the fields and the content type it got, and answers a
+`text/csv` body against raw columns typed `any` with a stack trace of local paths. Every failed request is answered
+with one line of unlearning/serving.py `safe_error_message` instead (nothing of the request, no path), and a CSV
+body of raw rows is read as the JSON one is (pandas' own types, no schema dtypes to fail on).
+
 This file imports only mlflow and the `unlearning` package (both present wherever the model loads), never
 `tasks`: it is loaded outside this repository.
 """
@@ -14,7 +20,7 @@ This file imports only mlflow and the `unlearning` package (both present whereve
 from __future__ import annotations
 
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.protos.databricks_pb2 import BAD_REQUEST, INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 
 from unlearning import serving
 from unlearning.data.dataset import DataError
@@ -52,6 +58,48 @@ class ServedChampion:
         return getattr(self.inner, name)
 
 
+def guard_scoring_server() -> None:
+    """Wrap MLflow's scoring server's request handler (`mlflow.pyfunc.scoring_server.invocations`, which its app
+    calls by that name) once per process: a failed request is answered with `serving.safe_error_message` (the
+    champion's own bad-row errors are value-free already and pass), a refused content type with a fixed line,
+    and a CSV body against raw columns (typed `any`) is parsed without the schema's dtypes, as the JSON body is."""
+    from mlflow.pyfunc import scoring_server as server
+
+    if getattr(server.invocations, "champion_guard", False):
+        return
+    unguarded = server.invocations
+
+    def invocations(data, content_type, model, input_schema):
+        mime = str(content_type or "").split(";")[0].strip().lower()
+        schema = None if mime == server.CONTENT_TYPE_CSV and _untyped(input_schema) else input_schema
+        try:
+            result = unguarded(data, content_type, model, schema)
+        except RowError:
+            raise
+        except MlflowException as e:
+            raise RowError(serving.safe_error_message(str(e.message), e.__cause__ or e.__context__),
+                           error_code=BAD_REQUEST if e.get_http_status_code() < 500 else INTERNAL_ERROR) from None
+        except Exception as e:  # noqa: BLE001  (any failure: its message and trace stay in the server)
+            raise RowError(serving.safe_error_message("", e), error_code=BAD_REQUEST) from None
+        if result.status >= 400:
+            body = RowError(serving.unsupported_request_message(result.status), error_code=BAD_REQUEST)
+            return server.InvocationsResponse(body.serialize_as_json(), result.status, "application/json")
+        return result
+
+    invocations.champion_guard = True
+    server.invocations = invocations
+
+
+def _untyped(schema) -> bool:
+    """Whether a signature's input columns are all of any type (a raw table's: unlearning checks them itself)."""
+    from mlflow.types.schema import AnyType
+
+    inputs = getattr(schema, "inputs", None) or []
+    return bool(inputs) and all(isinstance(getattr(c, "type", None), AnyType) for c in inputs)
+
+
 def _load_pyfunc(data_path: str) -> ServedChampion:
-    """MLflow's loader hook: `data_path` is the checkpoint inside the downloaded model folder."""
+    """MLflow's loader hook: `data_path` is the checkpoint inside the downloaded model folder. Loaded inside a
+    scoring server (`mlflow models serve`), it guards the server's answers first (`guard_scoring_server`)."""
+    guard_scoring_server()
     return ServedChampion(serving._load_pyfunc(data_path))

@@ -71,6 +71,60 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+# --- how many requests a batch makes (bench/session_overhead.py): with UNLEARN_MLFLOW_REQUESTS=<file> set, each
+# store call of a Tracker ("call") and each HTTP request to a tracking server ("http": the REST calls and the
+# artifact uploads, Model.log's own included) appends one line "<stage label>\t<kind>" to that file. A team server
+# checks the login of every request (docs/operations.md): their number is the batch's tracking cost there.
+REQUESTS_ENV = "UNLEARN_MLFLOW_REQUESTS"
+
+
+def count_request(kind: str) -> None:
+    path = os.environ.get(REQUESTS_ENV)
+    if path:
+        from adapters.clock import stage_label
+
+        with open(path, "a", encoding="utf-8") as f:  # one short write: O_APPEND keeps lines whole across processes
+            f.write(f"{stage_label('python')}\t{kind}\n")
+
+
+def _count_http_requests() -> None:
+    """Count every HTTP request MLflow's REST client sends (its one request function, looked up by name at each
+    request), once per process."""
+    from mlflow.utils import rest_utils
+
+    send = rest_utils._get_http_response_with_retries
+    if getattr(send, "counted", False):
+        return
+
+    def counted(*args, **kwargs):
+        count_request("http")
+        return send(*args, **kwargs)
+
+    counted.counted = True
+    rest_utils._get_http_response_with_retries = counted
+
+
+_count_http_requests()
+
+
+class CountedClient:
+    """An MlflowClient whose every call counts one store call (`count_request("call")`)."""
+
+    def __init__(self, client: MlflowClient):
+        self._client = client
+
+    def __getattr__(self, name):
+        member = getattr(self._client, name)
+        if not callable(member):
+            return member
+
+        def call(*args, **kwargs):
+            count_request("call")
+            return member(*args, **kwargs)
+
+        return call
+
+
 class TrackingUnavailable(RuntimeError):
     """The tracking store cannot be reached or written: found before any state changes."""
 
@@ -144,7 +198,7 @@ class Tracker:
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: str | Path | None = None):
         self.tracking_uri = tracking_uri
         self.redaction: dict | None = None  # plain id -> hashed id (deletion.hash_sample_ids): nothing plain is logged
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client = CountedClient(MlflowClient(tracking_uri=tracking_uri))
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             location = Path(artifact_root).resolve().as_uri() if artifact_root else None
@@ -184,8 +238,12 @@ class Tracker:
         return max(0.0, time.time() - self.client.get_run(run_id).info.start_time / 1000)
 
     def set_tags(self, run_id: str, tags: dict) -> None:
-        for k, v in tags.items():
-            self.client.set_tag(run_id, k, str(self._r(v)))
+        """All tags in one call (`log_batch`; a team server checks each request's login), not one per key."""
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(self._r(v))) for k, v in tags.items()]
+        for i in range(0, len(items), 100):  # MLflow's limit per call
+            self.client.log_batch(run_id, tags=items[i:i + 100])
 
     DESCRIPTION_LIMIT = 8000  # MLflow's tag value limit; a longer value is cut (with a warning) by the client
 
@@ -668,3 +726,80 @@ def rekey_sqlite_store(db: Path, tmp: Path, rewrite) -> bool:
     if not changed:
         tmp.unlink(missing_ok=True)
     return bool(changed)
+
+
+# --- the team MLflow server's login check (deploy/team.py: `authorization_function` in its auth config) -------------
+# MLflow's basic auth, with least privilege that holds (docs/operations.md, "Accounts and threat model"). It runs
+# inside the team's MLflow server (`mlflow server --app-name basic-auth`), which imports it by name; the policy is
+# adapters/server_auth.py's (standard library). Three things MLflow 3.17's own check does not do, measured against
+# `make team-up`:
+# - only the admin changes accounts, roles, permissions or workspaces (`admin_only`): the auth app let an account
+#   holding MANAGE grant and revoke permissions through the 3.0 API. Any other account gets 403 there, in both API
+#   generations and the UI's ajax twins, before MLflow's own checks run;
+# - failed logins are throttled per account and per client (`LoginThrottle`): 429 with Retry-After while one must
+#   wait, the password unchecked;
+# - an unknown account costs what a known one does: its password is checked against a dummy hash made as MLflow
+#   makes its users' (werkzeug's default), so the time of the answer does not tell who has an account (measured
+#   before: 5 ms for an unknown name, 270 ms for a real one).
+# A right password goes through MLflow's own credential cache (`auth_cache_ttl_seconds`, set by deploy/team.py),
+# so a batch's hundreds of requests pay the slow hash once. The throttle lives in the server process: deploy/team.py
+# runs one worker (`--mlflow-workers`); with more, each counts its own.
+_LOGINS: dict = {}
+
+
+def _login_state():
+    """The throttle and the dummy hash, made on the first login the server checks (in its process)."""
+    if not _LOGINS:
+        import secrets
+
+        from werkzeug.security import generate_password_hash
+
+        from adapters.server_auth import LoginThrottle
+
+        _LOGINS.update(throttle=LoginThrottle(), dummy=generate_password_hash(secrets.token_urlsafe(24)))
+    return _LOGINS
+
+
+def _auth_app():
+    """MLflow's auth app module (its user store, its 401 answer, its credential cache), inside the server."""
+    import mlflow.server.auth as auth
+
+    return auth
+
+
+def team_password_ok(username: str, password: str) -> bool:
+    """Whether `password` is the account's, at the same cost for an account that does not exist."""
+    from werkzeug.security import check_password_hash
+
+    auth = _auth_app()
+    if not auth.store.has_user(username):
+        check_password_hash(_login_state()["dummy"], password)  # the time of a real check; the answer is no
+        return False
+    return auth._authenticate_cached(username, password) is not None
+
+
+def team_authenticate():
+    """The team server's `authorization_function`: the request's Authorization (MLflow's own permission checks
+    follow), or the Response that refuses it: 401 (no or a wrong login), 429 (too many failed logins), 403 (a
+    change only the admin may make)."""
+    from flask import Response, request
+
+    from adapters.server_auth import admin_only, retry_after_header
+
+    auth = _auth_app()
+    creds = request.authorization
+    if creds is None or not creds.username:
+        return auth.make_basic_auth_response()
+    username, password, client = creds.username, creds.password or "", request.remote_addr or "unknown"
+    throttle = _login_state()["throttle"]
+    wait = throttle.retry_after(username, client)
+    if wait > 0:
+        seconds = retry_after_header(wait)
+        return Response(f"Too many failed logins: try again in {seconds} s.", status=429,
+                        headers={"Retry-After": seconds, "WWW-Authenticate": 'Basic realm="mlflow"'})
+    if not team_password_ok(username, password):
+        throttle.failed(username, client)
+        return auth.make_basic_auth_response()
+    if admin_only(request.path, request.method) and not auth.store.get_user(username).is_admin:
+        return Response("Permission denied: only the admin changes accounts, roles and permissions.", status=403)
+    return creds

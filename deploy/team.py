@@ -13,7 +13,16 @@ login (docs/operations.md, "Accounts and threat model"): MLflow runs its basic-a
 the `mlflow_auth` database, `default_permission = NO_PERMISSIONS`), Prefect checks one shared basic-auth string.
 Every secret is generated here into a mode-600 file and reaches a server through its environment, never its
 command line (`ps` shows command lines to every user) and never a log. Everything lives in one folder (default
-`.team/`, git-ignored):
+`.team/`, git-ignored), which no other local user can read: every command here runs with umask 077, so the folders
+it and the servers create are 0700 and their files 0600 (the artifacts included), and `up` narrows what an older
+version left wider (`restrict_modes`). Run as root, PostgreSQL runs as its own user, which must reach its cluster
+in pg/: the team folder is then 0711 (others may pass through it, never list or read it).
+
+MLflow's logins go through the project's adapters/tracking.py `team_authenticate` (`authorization_function` in its
+config): only the admin changes accounts, roles and permissions, failed logins are throttled per account and per
+client, and an unknown account costs a password check like a known one. A right password is checked once per
+`MLFLOW_AUTH_CACHE_SECONDS` (MLflow's credential cache), not on every request (0.3 s each: a batch's tracking took
+105 s).
 
     pg/data            the PostgreSQL cluster (owned by the `postgres` system user when run as root: PostgreSQL
                        refuses to run as root), listening on 127.0.0.1:<pg port> only, no Unix socket, password auth
@@ -48,6 +57,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import ssl
 import subprocess
 import sys
@@ -67,6 +77,11 @@ PIPELINE = "pipeline"  # the account `up` makes and `env` prints
 # default permission is NO_PERMISSIONS). MANAGE, not EDIT, for the pipeline: erasure deletes runs' model
 # artifacts and purges old model versions, which need the delete right (mlflow/server/auth/permissions.py).
 ROLES = {"pipeline": "MANAGE", "reviewer": "READ"}
+# A verified password is cached this long by the auth app (in its process; a password change clears it): MLflow
+# checks it with a slow hash (about 0.3 s here), and a batch makes hundreds of requests.
+MLFLOW_AUTH_CACHE_SECONDS = 300
+TEAM_UMASK = 0o077  # what this module and the servers create: 0700 folders, 0600 files
+ROOT = Path(__file__).resolve().parents[1]  # the project: the MLflow server imports its login check from it
 OFFLINE = {"DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
            "DVC_NO_ANALYTICS": "1"}
 SYSTEM_USER = "unlearn-pg"  # created only when running as root on a machine without Debian's `postgres` user
@@ -270,7 +285,8 @@ class Team:
             "default_permission = NO_PERMISSIONS",
             f"database_uri = {url}",
             f"admin_username = {MLFLOW_ADMIN}",
-            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
+            "authorization_function = adapters.tracking:team_authenticate",  # admin-only changes, throttling
+            f"auth_cache_ttl_seconds = {MLFLOW_AUTH_CACHE_SECONDS}",
             "grant_default_workspace_access = false"]))
 
     # --- database ----------------------------------------------------------------------------------------
@@ -282,6 +298,7 @@ class Team:
         if (self.data / "PG_VERSION").exists():
             return
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.chmod(0o711 if pg_user() else 0o700)  # PostgreSQL's own user passes through it to pg/
         self.pg_dir.mkdir(exist_ok=True)
         if not self.password_file.exists():
             self.password_file.touch(mode=0o600)
@@ -374,7 +391,8 @@ class Team:
                 "cmd": [py, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", self.host,
                         "--port", str(self.mlflow_port), "--workers", str(self.mlflow_workers), "--serve-artifacts",
                         "--artifacts-destination", str(self.artifacts), *mlflow_tls],
-                "env": {**base, "MLFLOW_AUTH_CONFIG_PATH": str(self.auth_ini), **mlflow_secrets},
+                "env": {**base, "MLFLOW_AUTH_CONFIG_PATH": str(self.auth_ini), **mlflow_secrets,
+                        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), base.get("PYTHONPATH")) if p)},
                 "health": f"{self.mlflow_local}/health", "port": self.mlflow_port, "marker": "mlflow"},
         }
 
@@ -388,7 +406,20 @@ class Team:
             return None
         return pid if name in cmdline and ("server" in cmdline or "uvicorn" in cmdline) else None
 
+    def restrict_modes(self) -> None:
+        """Nobody but this user reads the team folder: folders 0700, files 0600 (what an older `up` made 755 and
+        644: the artifact store's model weights among them). PostgreSQL's cluster (pg/) is its own user's, who
+        needs to pass through the team folder (0711 then)."""
+        self.dir.chmod(0o711 if pg_user() else 0o700)
+        for path in self.dir.rglob("*"):
+            if path.is_relative_to(self.pg_dir) or path.is_symlink():
+                continue
+            mode = path.stat().st_mode
+            if mode & 0o077:
+                path.chmod(stat.S_IMODE(mode) & 0o700)
+
     def start_servers(self) -> None:
+        self.restrict_modes()
         self.write_auth_config()
         self.artifacts.mkdir(parents=True, exist_ok=True)
         self.prefect_home.mkdir(parents=True, exist_ok=True)
@@ -638,6 +669,7 @@ def group_alive(pgid: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.umask(TEAM_UMASK)  # everything created from here on, the servers' files included, is this user's alone
     env = os.environ.get
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=["db", "up", "down", "env", "user", "rotate", "status"])

@@ -20,6 +20,8 @@ softmax (the champion has one member: its softmax). No member dimension.
 from __future__ import annotations
 
 import importlib
+import json
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -130,3 +132,51 @@ def _load_pyfunc(data_path: str) -> ProbabilityModel:
     """MLflow's loader hook: `data_path` is the checkpoint inside the downloaded model folder."""
     model, extra = load_model(data_path, device="cpu")
     return ProbabilityModel(model, class_names_for(extra.get("class_names"), model.n_classes), extra.get("preparation"))
+
+
+# --- what a scoring server may answer (adapters/champion_loader.py guards MLflow's) ---------------------------------
+# `mlflow models serve` answers odd requests with messages that quote them: a malformed JSON body whole ("Input:
+# <body>"), the fields it found, the content type it got, "Failed to predict data '<every column of every row>'",
+# and stack traces that show the server's local paths. A response carries only the fixed lines below, each naming
+# what to send instead; the numbers of a CSV parse error (line and field counts) are the only part taken over.
+CONTENT_TYPES_HINT = "application/json (dataframe_split or dataframe_records), text/csv or application/vnd.apache.parquet"
+SIGNATURE_HINT = "docs/own-data.md, \"Serving raw rows\""
+SAFE_ANSWERS = (  # (how MLflow 3.17's message starts, the line answered instead)
+    ("Ensure that input is a valid JSON formatted string", "the request body is not valid JSON{where}: send "
+     "{{\"dataframe_split\": {{\"columns\": [...], \"data\": [[...]]}}}} or {{\"dataframe_records\": [{{...}}]}}"),
+    ("Ensure that input is a valid UTF-8 encoded string", "the request body is not UTF-8 text: send it as UTF-8"),
+    ("The input must be a JSON dictionary with exactly one of", "the JSON body must be an object with exactly one of "
+     "the fields dataframe_split, dataframe_records, instances or inputs"),
+    ("Failed to parse input as a Pandas DataFrame", "the request body is not a table{where}: send CSV with a header "
+     "line and one line per row (or Parquet), as pandas' to_csv/to_parquet write it"),
+    ("Failed to enforce schema", f"the input does not match the model's signature (its columns and their types: "
+     f"{SIGNATURE_HINT})"),
+    ("Data is not compatible with model signature", f"the input does not match the model's signature (its columns "
+     f"and their types: {SIGNATURE_HINT})"),
+)
+_CSV_WHERE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
+
+
+def safe_error_message(message: str, cause: BaseException | None = None) -> str:
+    """The one line a scoring server answers for a failed request (MLflow's `message`, `cause` its exception's
+    cause): nothing of the request (no value, field, column or content type it sent) and no local path. Where
+    MLflow found the problem is kept as numbers only (a JSON error's line and column, a CSV row's fields)."""
+    text = message.split("Error: ", 1)[-1] if message.startswith("Failed to predict data") else message
+    text = text.removeprefix("Invalid input. ")  # MLflow's MlflowInvalidInputException says it first
+    for prefix, answer in SAFE_ANSWERS:
+        if text.startswith(prefix) or (prefix == "Failed to enforce schema" and prefix in text):
+            return answer.format(where=_where(message, cause))
+    return (f"the request could not be scored ({type(cause).__name__ if cause else 'an error of the scoring server'})"
+            f": send {CONTENT_TYPES_HINT} with the model's input ({SIGNATURE_HINT})")
+
+
+def unsupported_request_message(status: int) -> str:
+    """The line answered instead of MLflow's 415 bodies, which quote the request's content type or parameters."""
+    return f"unsupported request (HTTP {status}): send {CONTENT_TYPES_HINT}, as UTF-8 without content-type parameters"
+
+
+def _where(message: str, cause: BaseException | None) -> str:
+    if isinstance(cause, json.JSONDecodeError):
+        return f" (line {cause.lineno}, column {cause.colno})"
+    found = _CSV_WHERE.search(message)
+    return f" (line {found.group(2)}: {found.group(3)} fields, the header has {found.group(1)})" if found else ""

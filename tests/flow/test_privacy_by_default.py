@@ -2,8 +2,8 @@
 hash_sample_ids override) a batch, its erasure and its DVC commit leave no forgotten id in plain text in any
 file the project wrote: state/ (ledger, manifest, reports), data/ (prepared store, tombstones), the processed
 request file, the MLflow store and its artifacts (leverage_forget.json, per_sample_klom.json, ...), the GX
-results, the ensemble cache, the DVC cache and remote. The salt is the project's own secret (mode 0600, never
-the dataset's name), copied into the state, and `unlearn lookup` finds an erased id from it."""
+results, the ensemble cache, the DVC cache and remote. The id key is the project's own secret (mode 0600, never in
+the state, the DVC cache or remote, or MLflow), and `unlearn lookup` finds an erased id from it."""
 
 from __future__ import annotations
 
@@ -101,11 +101,12 @@ def test_salted_hashes_of_the_erased_ids_are_only_where_the_docs_say(batch):
     """docs/erasure.md, "Where an erased id's salted hash stays", lists the files that keep the salted hash of an
     erased id (the ledger and the tombstones, the audit records): no other file the project wrote holds one."""
     from unlearning.config import load_params
-    from unlearning.ledger import hash_sample_id
+    from unlearning.ledger import HASH_PREFIX, hash_sample_id
+    from unlearning.salt import id_salt
 
     root, params_path, ids, _ = batch
-    salt = load_params(params_path).path("salt").read_text().strip()
-    keys = [hash_sample_id(s, salt).removeprefix("sha256:").encode() for s in ids]
+    key = id_salt(load_params(params_path))
+    keys = [hash_sample_id(s, key).removeprefix(HASH_PREFIX).encode() for s in ids]
     holders = {str(f.relative_to(root)) for f in written_files(root) if any(k in f.read_bytes() for k in keys)}
     allowed = documented_holders()
     assert holders, "the ledger and the tombstones hold them: the search reached nothing"
@@ -124,22 +125,35 @@ def documented_holders() -> list[str]:
     assert not list((root / "requests" / "inbox").glob("*.csv"))
 
 
-def test_the_salt_is_secret_and_backed_up_with_the_state(batch):
+def test_the_key_is_secret_and_no_shared_place_holds_it(batch):
+    """docs/erasure.md's threat model: someone who reads the DVC cache and remote hashes every id of the table
+    with everything found there (as a salt, as an HMAC key): 0 erased ids recovered. The same attack with the key
+    planted in the remote recovers them all (the attack works)."""
+    from tests.unit.test_id_key import dictionary_attack
     from unlearning.config import load_params
     from unlearning.erasure import read_tombstones
-    from unlearning.ledger import hash_sample_id, read_ledger
+    from unlearning.ledger import HASH_PREFIX, hash_sample_id, read_ledger
+    from unlearning.salt import id_salt
 
     root, params_path, ids, _ = batch
     params = load_params(params_path)
-    salt_file = params.path("salt")
-    salt = salt_file.read_text().strip()
-    assert stat.S_IMODE(salt_file.stat().st_mode) == 0o600 and len(salt) == 64
-    assert (root / "state" / "salt").read_text().strip() == salt  # in the state: DVC cache and remote hold it
-    assert salt != json.loads((root / "data" / "prepared" / "dataset.json").read_text())["name"]
-    keys = {hash_sample_id(s, salt) for s in ids}
-    assert keys <= read_tombstones(params.path("tombstones"))
+    key_file, key = params.path("salt"), id_salt(params)
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
+    assert key.startswith("hmac-sha256:") and not (root / "state" / "salt").exists()  # never in the state
+    keys = {hash_sample_id(s, key) for s in ids}
+    assert keys <= read_tombstones(params.path("tombstones")) and all(k.startswith(HASH_PREFIX) for k in keys)
     assert {e["sample_id"] for e in read_ledger(root / "state" / "ledger.jsonl")} == keys
-    assert hash_sample_id(ids[0], "digits") not in (root / "state" / "ledger.jsonl").read_text()
+    secret = key.split(":", 1)[1].encode()
+    assert not [f for f in written_files(root) if secret in f.read_bytes()]  # no copy of the key anywhere
+    every_id = [*pd.read_csv(root / "state" / "manifest.csv", dtype=str)["sample_id"], *ids]
+    shared = [root / ".dvc" / "cache", root / "dvc-remote"]
+    assert any((root / "dvc-remote").rglob("*")) and dictionary_attack(shared, every_id) == set()
+    planted = root / "dvc-remote" / "planted-key"
+    planted.write_bytes(secret)
+    try:
+        assert dictionary_attack(shared, every_id) == set(ids)
+    finally:
+        planted.unlink()
 
 
 def test_lookup_answers_from_the_hash(batch, capsys):
@@ -165,29 +179,22 @@ def test_lookup_answers_from_the_hash(batch, capsys):
     (root / "requests" / "inbox" / "later.csv").unlink()
 
 
-def test_a_lost_salt_is_restored_from_the_state_and_without_it_lookup_cannot_answer(batch, capsys):
+def test_a_lost_key_is_never_replaced_and_lookup_says_what_to_restore(batch, capsys):
     from flows.cli import main
     from unlearning.config import load_params
 
     root, params_path, ids, _ = batch
-    salt_file = load_params(params_path).path("salt")
-    salt = salt_file.read_text()
-    salt_file.unlink()
-    assert main(["--params", str(params_path), "lookup", ids[0]]) == 0  # restored from state/salt
-    out = capsys.readouterr()
-    assert "erased:" in out.out and salt_file.read_text() == salt
-    assert out.err.count(f"{salt_file} was missing: restored from its copy {root / 'state' / 'salt'}") == 1
-    backup = root / "state" / "salt"
-    kept = backup.read_bytes()
-    salt_file.unlink()
-    backup.unlink()
+    key_file = load_params(params_path).path("salt")
+    kept = key_file.read_bytes()
+    key_file.unlink()
     try:
         assert main(["--params", str(params_path), "lookup", ids[0]]) == 1
         err = capsys.readouterr().err
-        assert "salt is missing" in err and "Restore it from a backup of the state" in err
+        assert "id key is missing" in err and "Restore it from your backup" in err and not key_file.exists()
     finally:
-        backup.write_bytes(kept)
-        salt_file.write_text(salt)
+        key_file.write_bytes(kept)
+        key_file.chmod(0o600)
+    assert main(["--params", str(params_path), "lookup", ids[0]]) == 0 and "erased:" in capsys.readouterr().out
 
 
 def test_verify_erasure_searches_every_store_for_the_traces_of_an_erased_id(batch):

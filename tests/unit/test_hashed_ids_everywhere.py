@@ -186,6 +186,9 @@ class Recorder:
     def set_tag(self, run_id, key, value):
         self.tags[key] = value
 
+    def log_batch(self, run_id, metrics=(), params=(), tags=()):
+        self.tags.update({t.key: t.value for t in tags})
+
 
 def recording_tracker(redaction: dict | None):
     from adapters.tracking import Tracker

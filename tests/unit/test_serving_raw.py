@@ -307,3 +307,70 @@ def test_the_scoring_server_cannot_prefix_the_input_to_a_row_error():
     e.message = f"Failed to predict data '   name\n0  Alice Private'. \nError: {e.message}"  # what the server does
     assert json.loads(e.serialize_as_json())["message"] == "raw rows: column 'age' holds text, not a number, in rows [1]"
     assert e.get_http_status_code() == 400
+
+
+SECRET = "ZZSECRET-Alice-Private-77"
+
+
+@pytest.fixture(scope="module")
+def scoring(registry):
+    """MLflow's scoring app (`mlflow models serve`'s) around the registered champion, in this process."""
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    served, _ = load_champion(registry)  # loading it guards the scoring server (adapters/champion_loader.py)
+    return TestClient(scoring_server.init(served), raise_server_exceptions=False)
+
+
+def answers_nothing_of_the_request(response, *values: str) -> str:
+    """The body, checked: no value of the request, no local path, no stack trace."""
+    import os
+    import sys
+
+    body = response.text
+    for value in (SECRET, *values):
+        assert value not in body, body
+    for path in (os.getcwd(), sys.prefix, os.path.expanduser("~"), "site-packages", "/tmp/"):
+        assert path not in body, body
+    assert "Traceback" not in body and "stack_trace" not in body, body
+    return body
+
+
+@pytest.mark.parametrize("body, content_type, status, says", [
+    ('{"dataframe_split": {"columns": ["zone"], "data": [["' + SECRET, "application/json", 400,
+     "not valid JSON (line 1, column"),
+    ('{"' + SECRET + '": [1, 2]}', "application/json", 400, "exactly one of the fields"),
+    ('["' + SECRET + '"]', "application/json", 400, "exactly one of the fields"),
+    ("age,zone\n41,north\n42," + SECRET + ",x,y\n", "text/csv", 400, "line 3: 4 fields, the header has 2"),
+    ("PAR1" + SECRET, "application/vnd.apache.parquet", 400, "not a table"),
+    (SECRET, "text/plain", 415, "unsupported request (HTTP 415)"),
+    (SECRET, f"application/json; {SECRET}=1", 415, "unsupported request (HTTP 415)"),
+    ("\xff" + SECRET, "text/csv; charset=latin-1", 415, "unsupported request"),
+])
+def test_the_scoring_server_answers_no_request_value_and_no_path(scoring, body, content_type, status, says):
+    got = scoring.post("/invocations", content=body.encode("latin-1"), headers={"Content-Type": content_type})
+    assert got.status_code == status and says in answers_nothing_of_the_request(got)
+
+
+def test_a_row_value_is_never_quoted_back(scoring, table):
+    rows = table["raw"].head(2).assign(name=[SECRET, "Bob Private"])
+    for bad in (rows.assign(zone=["north", SECRET]), rows.assign(age=[41, SECRET]), rows.drop(columns=["zone"])):
+        split = json.loads(bad.to_json(orient="split", index=False))
+        got = scoring.post("/invocations", json={"dataframe_split": split})
+        assert got.status_code == 400 and "Bob Private" not in answers_nothing_of_the_request(got)
+        got = scoring.post("/invocations", content=bad.to_csv(index=False), headers={"Content-Type": "text/csv"})
+        body = answers_nothing_of_the_request(got, "Bob Private")
+        assert got.status_code == 400 and json.loads(body)["message"] == json.loads(
+            scoring.post("/invocations", json={"dataframe_split": split}).text)["message"]  # as the JSON body's
+    got = scoring.post("/invocations", content=b"", headers={})  # no content type at all
+    assert got.status_code in (400, 415) and answers_nothing_of_the_request(got)
+
+
+def test_a_csv_body_of_raw_rows_is_answered_like_the_json_one(scoring, table):
+    rows = table["raw"].head(6)  # the id and label columns ride along, as in the JSON body
+    as_json = scoring.post("/invocations", json={"dataframe_split": json.loads(rows.to_json(orient="split",
+                                                                                             index=False))})
+    as_csv = scoring.post("/invocations", content=rows.to_csv(index=False), headers={"Content-Type": "text/csv"})
+    assert as_json.status_code == as_csv.status_code == 200, as_csv.text
+    np.testing.assert_allclose(pd.DataFrame(as_csv.json()["predictions"]).to_numpy(),
+                               pd.DataFrame(as_json.json()["predictions"]).to_numpy(), atol=1e-6)
