@@ -124,7 +124,7 @@ class LoginThrottle:
     oldest go first), so made-up names cannot fill the memory. During a wait every login of that account or
     client is refused unchecked, the right password too: a check would tell a guess that is right."""
 
-    def __init__(self, free: int = 5, client_free: int = 20, base: float = 1.0, cap: float = 300.0,
+    def __init__(self, free: int = 5, client_free: int = 50, base: float = 1.0, cap: float = 300.0,
                  window: float = 900.0, max_keys: int = 10_000, clock=time.monotonic):
         self.free, self.client_free, self.base, self.cap, self.window = free, client_free, base, cap, window
         self.max_keys, self.clock = max_keys, clock

@@ -1,7 +1,8 @@
 """A team's table project (`unlearn init`), trained by `dvc repro train`, whose champion is served by
 `mlflow models serve -m models:/<name>@champion --env-manager local`: a REST `POST /invocations` with raw rows
 (the table's own columns, text categories as text) answers the model's predictions on the prepared features,
-and odd rows get an error that names the problem (docs/own-data.md, "Serving raw rows")."""
+and odd rows get an error that names the problem (docs/own-data.md, "Serving raw rows"); a text/csv body of raw
+rows is answered like the JSON one, and no answer to any odd request holds a value it sent or a local path."""
 
 from __future__ import annotations
 
@@ -47,6 +48,15 @@ def post(url: str, body: dict) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
+
+
+def post_raw(url: str, body: bytes, content_type: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, (e.read() or b"").decode(errors="replace")
 
 
 def test_served_champion_answers_raw_rows(tmp_path):
@@ -117,5 +127,26 @@ def test_served_champion_answers_raw_rows(tmp_path):
         assert "column 'plan': rows [1] hold 1 value(s) that are not among the fitted categories" in \
             refused(named.assign(plan=["basic", "premium"]))
         assert "column 'age' holds a fractional number in rows [1]" in refused(named.assign(age=[41, 24.7]))
+
+        # a text/csv body of the same raw rows is answered like the JSON one
+        status, text = post_raw(url, rows.to_csv(index=False).encode(), "text/csv")
+        assert status == 200, text
+        np.testing.assert_allclose(pd.DataFrame(json.loads(text)["predictions"]).to_numpy(), expected.to_numpy(),
+                                   atol=1e-6)
+        # no response body, for any input, holds a request value, a column value or a local path
+        secret = "ZZSECRET-Carol-Private-4711"
+        odd = [(b'{"dataframe_split": {"columns": ["plan"], "data": [["' + secret.encode(), "application/json"),
+               (json.dumps({secret: [1]}).encode(), "application/json"),
+               (json.dumps({"dataframe_split": json.loads(named.assign(plan=["basic", secret]).to_json(
+                   orient="split", index=False))}).encode(), "application/json"),
+               (named.assign(age=[41, secret]).to_csv(index=False).encode(), "text/csv"),
+               (b"age,plan\n41,basic\n42," + secret.encode() + b",x,y\n", "text/csv"),
+               (secret.encode(), f"text/plain; {secret}=1"),
+               (b"PAR1" + secret.encode(), "application/vnd.apache.parquet")]
+        for body, content_type in odd:
+            status, text = post_raw(url, body, content_type)
+            assert status in (400, 415), (content_type, status, text)
+            for leak in (secret, "Private", str(proj), str(tmp_path), sys.prefix, "site-packages", "Traceback"):
+                assert leak not in text, (content_type, leak, text)
     finally:
         stop(server)

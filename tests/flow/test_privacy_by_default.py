@@ -98,7 +98,7 @@ def test_no_file_the_project_wrote_names_a_forgotten_id(batch):
 
 
 def test_salted_hashes_of_the_erased_ids_are_only_where_the_docs_say(batch):
-    """docs/erasure.md, "Where an erased id's salted hash stays", lists the files that keep the salted hash of an
+    """docs/erasure.md, "Where an erased id's keyed hash stays", lists the files that keep the keyed hash of an
     erased id (the ledger and the tombstones, the audit records): no other file the project wrote holds one."""
     from unlearning.config import load_params
     from unlearning.ledger import HASH_PREFIX, hash_sample_id
@@ -115,11 +115,11 @@ def test_salted_hashes_of_the_erased_ids_are_only_where_the_docs_say(batch):
 
 
 def documented_holders() -> list[str]:
-    """The glob patterns docs/erasure.md's table "Where an erased id's salted hash stays" lists (first column)."""
+    """The glob patterns docs/erasure.md's table "Where an erased id's keyed hash stays" lists (first column)."""
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "erasure.md").read_text()
-    section = text.split("### Where an erased id's salted hash stays", 1)[1].split("\n#", 1)[0]
+    section = text.split("### Where an erased id's keyed hash stays", 1)[1].split("\n#", 1)[0]
     return [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
     # the request as it arrived stays the team's input only until the batch is applied (keep_request_files)
     assert not list((root / "requests" / "inbox").glob("*.csv"))
