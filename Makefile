@@ -55,13 +55,15 @@ $(MLFLOW_DB): $(STAMP)
 	  echo "creating the MLflow store $(MLFLOW_DB) (once)"; \
 	  out=$$($(BIN)/python -m flows.stores 2>&1) || { echo "$$out"; exit 1; }; fi
 
-# The project's secret salt of hashed sample ids (unlearning/salt.py): made once, mode 0600, git-ignored, backed up
-# with the state (state/salt, a DVC output); `make clean` keeps it, as it keeps the tombstones hashed with it.
+# The project's secret id key of hashed sample ids (unlearning/salt.py): made once, mode 0600 in a 0700 folder,
+# git-ignored, never in the state, DVC or MLflow (back it up in your secret store); `make clean` keeps it, as it keeps
+# the tombstones hashed with it. An older version's salt there is re-keyed once (tasks/rekey.py; docs/erasure.md).
 SALT := .unlearning/salt
 $(SALT): $(STAMP)
-	@$(BIN)/python -m unlearning.salt
+	@$(BIN)/python -m tasks.rekey
 
-setup: $(STAMP) $(PREFECT_DB) $(MLFLOW_DB) $(SALT) ## create .venv, install the project (torch CPU 2.13.0 from local disk), create the stores and the salt
+setup: $(STAMP) $(PREFECT_DB) $(MLFLOW_DB) $(SALT) ## create .venv, install the project (torch CPU 2.13.0 from local disk), create the stores and the id key
+	@grep -qs '^hmac-sha256:' $(SALT) || [ ! -f $(SALT) ] || $(BIN)/python -m tasks.rekey
 
 run: setup ## the main job: prepare digits, train, process every request file in the inbox (dvc repro deletion), erase
 	@# One session: one temporary Prefect server and one warm worker (the imports done once) for every stage;

@@ -55,6 +55,7 @@ from results_io import write_between, write_json  # noqa: E402  (bench/ is on sy
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
+from adapters.tracking import REQUESTS_ENV  # noqa: E402  (the variable that counts MLflow's requests)
 from project_copy import copy_project  # noqa: E402  (the project's files + the sample request)
 
 
@@ -159,14 +160,15 @@ def one_run(mode: str) -> dict:
             folder = Path(tmp) / "worker"
             folder.mkdir()
             resident, env = start_resident(proj, env, folder)
-        report = Path(tmp) / "report.json"
+        report, requests = Path(tmp) / "report.json", Path(tmp) / "mlflow-requests.tsv"
         cmd = [sys.executable, "-m", "flows.session", *([] if mode == "warm" else ["--cold"]),
                str(BIN / "dvc"), "repro", "deletion", "--then", str(BIN / "unlearn"), "erase",
                "--then", str(BIN / "unlearn"), "status"]
         load = os.getloadavg()[0]
         started = time.perf_counter()
         try:
-            res = subprocess.run(cmd, cwd=proj, env={**env, "UNLEARN_SESSION_REPORT": str(report)},
+            res = subprocess.run(cmd, cwd=proj, env={**env, "UNLEARN_SESSION_REPORT": str(report),
+                                                     REQUESTS_ENV: str(requests)},
                                  capture_output=True, text=True, timeout=1800)
         finally:
             wall = time.perf_counter() - started
@@ -177,7 +179,20 @@ def one_run(mode: str) -> dict:
         if mode == "resident" and ("running flows." in res.stderr or "no warm worker" in res.stderr):
             raise SystemExit(f"resident session: a command did not reach the resident worker:\n{res.stderr[-3000:]}")
         out = json.loads(report.read_text())
-        return {"mode": mode, "command_wall_s": round(wall, 2), "load_avg_1m": load, **out}
+        return {"mode": mode, "command_wall_s": round(wall, 2), "load_avg_1m": load, **out,
+                "mlflow_requests": mlflow_requests(requests)}
+
+
+def mlflow_requests(path: Path) -> dict:
+    """The batch's MLflow requests, by stage (adapters/tracking.py `count_request`: "call", a store call of the
+    tracker; "http", a request to a tracking server, 0 on the local SQLite store). A team server checks the login
+    of each HTTP request: their number is what tracking costs there (docs/operations.md)."""
+    out: dict[str, dict[str, int]] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        label, kind = line.split("\t")
+        stage = "deletion" if label == "deletion" else "erase" if label.endswith("erase") else "other"
+        out.setdefault(stage, {"call": 0, "http": 0})[kind] += 1
+    return out
 
 
 def server_start_s(proj: Path, env: dict) -> float:
@@ -229,13 +244,17 @@ TARGETS = {"one batch: overhead (wall - compute)": 15.0, "dvc repro, nothing to 
 
 def timed(cmd: list[str], proj: Path, env: dict, report: Path | None = None) -> tuple[float, str, dict]:
     """(wall seconds, output, the session's report when `report`): the command must succeed."""
-    env = {**env, **({"UNLEARN_SESSION_REPORT": str(report)} if report else {})}
+    env = {**env, **({"UNLEARN_SESSION_REPORT": str(report), REQUESTS_ENV: str(report.with_suffix(".tsv"))}
+                     if report else {})}
     started = time.perf_counter()
     res = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - started
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed (rc {res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return round(wall, 2), res.stdout + res.stderr, json.loads(report.read_text()) if report else {}
+    if not report:
+        return round(wall, 2), res.stdout + res.stderr, {}
+    return round(wall, 2), res.stdout + res.stderr, {**json.loads(report.read_text()),
+                                                     "mlflow_requests": mlflow_requests(report.with_suffix(".tsv"))}
 
 
 def drop(proj: Path, name: str, ids: list[str], folder: Path | None = None) -> Path:
@@ -326,6 +345,11 @@ def init_table(res: dict) -> str:
     for what, sec, target in init_rows(res):
         verdict = "" if target is None else f"<= {target:g} s: {'met' if sec <= target else 'NOT met'}"
         lines.append(f"| {what} | {sec:.1f} | {verdict} |")
+    requests = res.get("one_batch", {}).get("mlflow_requests", {})
+    if requests:  # what a team server would check the login of (docs/operations.md, "Accounts and threat model")
+        calls = ", ".join(f"{stage} {n['call']} store call(s) ({n['http']} HTTP)" for stage, n in requests.items())
+        lines += ["", f"MLflow requests of the 20-row batch (local store; each is a login check on a team server): "
+                      f"{calls}."]
     return "\n".join(lines)
 
 
@@ -354,7 +378,7 @@ def main() -> None:
             r = one_run(mode)
             runs.append(r)
             print(f"[{i + 1}/{a.repeats}] {r['mode']}: {r['total_s']:.1f} s, overhead {r['overhead_share']:.0%} "
-                  f"(load {r['load_avg_1m']:.1f})", flush=True)
+                  f"(load {r['load_avg_1m']:.1f}); MLflow requests of the batch: {r['mlflow_requests']}", flush=True)
     summary = {}
     print(f"\n{'mode':<8} {'wall':>7} {'compute':>8} {'tracking':>9} {'orchestration':>14} {'overhead':>9}")
     for mode in MODES:

@@ -24,7 +24,7 @@ from unlearning import rekey as core
 from unlearning.config import Params, load_params
 from unlearning.erasure import Finding
 from unlearning.io import StateCorrupt
-from unlearning.salt import KeyMigrationNeeded, id_salt, key_exposure, migration_pending, project_salt, small_files
+from unlearning.salt import KeyMigrationNeeded, key_exposure, migration_pending, project_salt, small_files
 
 
 def tracking_db(params: Params) -> Path | None:
@@ -156,15 +156,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"key now (docs/erasure.md, \"Rotating the key\")")
         elif args.command == "exposure":
             for f in key_findings(params):
-                print(f"{f.path}: readable by {f.counts['readable_by']}" + "".join(f"\n  {p}" for p in f.problems))
+                print(f"{f.where}: readable by {f.counts['readable_by']}" + "".join(f"\n  {p}" for p in f.problems))
         else:
             existed = params.path("salt").exists()
             migrate(params)
-            if params.deletion.hash_sample_ids:
-                id_salt(params)
-                if not existed and params.path("salt").exists():
-                    print(f"created the project's secret id key {params.path('salt')} (mode 0600, git-ignored, never "
-                          f"in DVC or MLflow; back it up in your secret store: docs/erasure.md)")
+            project_salt(params)  # made with hashing off too: switching it on later finds it
+            if not existed and params.path("salt").exists():
+                print(f"created the project's secret id key {params.path('salt')} (mode 0600, git-ignored, never "
+                      f"in DVC or MLflow; back it up in your secret store: docs/erasure.md)")
     except (StateCorrupt, ValueError) as e:  # ConfigError is a ValueError: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 1

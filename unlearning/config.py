@@ -113,7 +113,8 @@ class Paths(Strict):
     rejected: str = "requests/rejected"    # files rejected by validation or the gate, with <name>.error.json
     tombstones: str = "data/tombstones.txt"  # erased ids (hashed with deletion.hash_sample_ids), outside every DVC out
     gx_dir: str = "gx"  # the Great Expectations project (suite committed; uncommitted/ holds results, Data Docs)
-    # the secret salt of hashed ids (unlearning/salt.py): mode 0600, git-ignored, copied into the state (its backup)
+    # the secret id key of hashed ids (unlearning/salt.py): mode 0600, git-ignored, never in the state, DVC or MLflow
+    # (UNLEARNING_ID_KEY instead of the file: docs/erasure.md, "The key")
     salt: str = ".unlearning/salt"
 
 
@@ -337,8 +338,8 @@ class Deletion(Strict):
                                                "exact retrain (it trains oracle retrains), for retrain; false = "
                                                "certify it anyway (unlearning/plan.py)")
     hash_sample_ids: bool = Field(True, description="the ledger, the tombstones, kept request files and MLflow "
-                                                    "artifacts name ids only by their hash with the project's secret "
-                                                    "salt (base.paths.salt); false = plain ids everywhere")
+                                                    "artifacts name ids only by their HMAC-SHA256 under the project's "
+                                                    "secret id key (base.paths.salt); false = plain ids everywhere")
     max_clock_skew_seconds: float = Field(300, ge=0, description="a requested_at later than now + this is rejected")
     partition: Partition = Partition()
     debt: Debt = Debt()

@@ -357,25 +357,3 @@ def small_files(roots, skip: set[Path] = frozenset()):
             if r not in skip and r not in seen:
                 seen.add(r)
                 yield f
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m unlearning.salt [--params params.yaml]` (`make setup`): create the project's id key when
-    missing (an older version's salt is re-keyed by `python -m tasks.rekey`)."""
-    import argparse
-
-    from unlearning.config import load_params
-
-    a = argparse.ArgumentParser(description=main.__doc__)
-    a.add_argument("--params", default="params.yaml")
-    params = load_params(a.parse_args(argv).params)
-    existed = params.path("salt").exists() or bool(os.environ.get(KEY_ENV))
-    project_salt(params)
-    if not existed:
-        print(f"created the project's secret id key {params.path('salt')} (mode 0600, git-ignored, never in DVC or "
-              f"MLflow; back it up in your secret store: docs/erasure.md)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
