@@ -21,9 +21,18 @@ from __future__ import annotations
 
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import BAD_REQUEST, INTERNAL_ERROR, INVALID_PARAMETER_VALUE
+from mlflow.utils.file_utils import exists
+from mlflow.utils.model_utils import _add_code_to_system_path
 
-from unlearning import serving
-from unlearning.data.dataset import DataError
+# The model's code/ folder holds the `unlearning` package as one zip file (adapters/tracking.py `packed_code`: a
+# tracking server takes one upload per file, and checks the login of each). Python imports it from there once the
+# zip is on sys.path; beside the repository there is no zip and the package imports as it is.
+PACKED = __file__[: len(__file__) - len("champion_loader.py")] + "unlearning.zip"
+if exists(PACKED):
+    _add_code_to_system_path(PACKED)
+
+from unlearning import serving  # noqa: E402  (after the zip is on sys.path)
+from unlearning.data.dataset import DataError  # noqa: E402
 
 
 class RowError(MlflowException):

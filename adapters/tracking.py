@@ -73,18 +73,19 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 # --- how many requests a batch makes (bench/session_overhead.py): with UNLEARN_MLFLOW_REQUESTS=<file> set, each
 # store call of a Tracker ("call") and each HTTP request to a tracking server ("http": the REST calls and the
-# artifact uploads, Model.log's own included) appends one line "<stage label>\t<kind>" to that file. A team server
-# checks the login of every request (docs/operations.md): their number is the batch's tracking cost there.
+# artifact uploads, Model.log's own included) appends one line "<stage label>\t<kind>\t<what>" to that file (what:
+# the client method, or the HTTP method and path). A team server checks the login of every request
+# (docs/operations.md): their number is the batch's tracking cost there.
 REQUESTS_ENV = "UNLEARN_MLFLOW_REQUESTS"
 
 
-def count_request(kind: str) -> None:
+def count_request(kind: str, what: str = "") -> None:
     path = os.environ.get(REQUESTS_ENV)
     if path:
         from adapters.clock import stage_label
 
         with open(path, "a", encoding="utf-8") as f:  # one short write: O_APPEND keeps lines whole across processes
-            f.write(f"{stage_label('python')}\t{kind}\n")
+            f.write(f"{stage_label('python')}\t{kind}\t{what}\n")
 
 
 def _count_http_requests() -> None:
@@ -96,9 +97,11 @@ def _count_http_requests() -> None:
     if getattr(send, "counted", False):
         return
 
-    def counted(*args, **kwargs):
-        count_request("http")
-        return send(*args, **kwargs)
+    def counted(method, url, *args, **kwargs):
+        from urllib.parse import urlparse
+
+        count_request("http", f"{method} {urlparse(url).path}")
+        return send(method, url, *args, **kwargs)
 
     counted.counted = True
     rest_utils._get_http_response_with_retries = counted
@@ -119,7 +122,7 @@ class CountedClient:
             return member
 
         def call(*args, **kwargs):
-            count_request("call")
+            count_request("call", name)
             return member(*args, **kwargs)
 
         return call
@@ -417,21 +420,28 @@ class Tracker:
             described, types = f"features [B, {model.in_dim}] (the prepared store's columns)", None
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = serving.write_checkpoint(model, Path(tmp), names, preparation)
+            code = packed_code(Path(tmp) / "code", [LOADER, *serving.code_paths(model)])
             logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=run_id)
             # MLflow's INFO "Validating input example against model signature" on every registration is noise; a
             # failed validation is a WARNING and still shows.
             with fluent_store(self.tracking_uri), _logger_level("mlflow.pyfunc", logging.WARNING):
-                info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id,
+                info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=None,
                                  model_id=logged.model_id,
                                  registered_model_name=registered_name, loader_module=LOADER.stem,
                                  data_path=str(checkpoint),
-                                 code_paths=[str(LOADER)] + [str(p) for p in serving.code_paths(model)],
+                                 code_paths=code,
                                  signature=signature, input_example=example,
                                  pip_requirements=PIP_REQUIREMENTS + (RAW_REQUIREMENTS if preparation else []),
                                  metadata={"output": "class probabilities [B, C], one column per class",
                                            "input": described,
                                            "n_members": model.n_models, "arch": model.arch,
                                            **({"input_types": types} if types else {})})
+        # Model.log without the run: given one, it also copies each of the run's metrics onto the logged model,
+        # one request per metric (a batch run holds ~20: a login check each on a team server). The version still
+        # names the run (the logged model's source run); the run lists the model as its output (one request).
+        from mlflow.entities import LoggedModelOutput
+
+        self.client.log_outputs(run_id, models=[LoggedModelOutput(logged.model_id, step=0)])
         self.describe_model(registered_name)
         return str(info.registered_model_version)
 
@@ -655,6 +665,28 @@ def reset_alias(tracking_uri: str, name: str, alias: str,
     if before is not None:
         client.delete_registered_model_alias(name, alias)
     return before, None, missing
+
+
+def packed_code(folder: Path, paths: list[Path]) -> list[str]:
+    """The model's code as few files as it can be: the `unlearning` package zipped into `unlearning.zip` (.py files
+    only; adapters/champion_loader.py puts it on sys.path), every other path as it is (the loader, a custom
+    factory's module). A tracking server takes one upload per file and checks the login of each: the package
+    alone is over a hundred files."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for path in map(Path, paths):
+        if path.is_dir() and path.name == "unlearning":
+            packed = folder / "unlearning.zip"
+            with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as z:
+                for f in sorted(path.rglob("*.py")):
+                    if "__pycache__" not in f.parts:
+                        z.write(f, Path("unlearning") / f.relative_to(path))
+            out.append(str(packed))
+        else:
+            out.append(str(path))
+    return out
 
 
 def model_signature(in_dim: int, class_names: list[str]):

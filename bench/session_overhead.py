@@ -189,7 +189,7 @@ def mlflow_requests(path: Path) -> dict:
     of each HTTP request: their number is what tracking costs there (docs/operations.md)."""
     out: dict[str, dict[str, int]] = {}
     for line in path.read_text().splitlines() if path.exists() else []:
-        label, kind = line.split("\t")
+        label, kind = line.split("\t")[:2]
         stage = "deletion" if label == "deletion" else "erase" if label.endswith("erase") else "other"
         out.setdefault(stage, {"call": 0, "http": 0})[kind] += 1
     return out

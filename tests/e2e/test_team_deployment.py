@@ -136,10 +136,15 @@ def tracking_cost(timings: Path, requests: Path) -> dict:
     `count_request`: HTTP requests to the server, store calls of the tracker). Measured, not asserted: the target
     (at most 10 s) is the bench's (bench/session_overhead.py)."""
     records = [json.loads(line) for line in timings.read_text().splitlines() if line.strip()]
+    from collections import Counter
+
     lines = [line.split("\t") for line in requests.read_text().splitlines()]
+    http = Counter(what for label, kind, what in lines if label == "deletion" and kind == "http")
+    calls = Counter(what for label, kind, what in lines if label == "deletion" and kind == "call")
     return {"tracking_s": round(sum(r["tracking_s"] for r in records if r["label"] == "deletion"), 2),
-            "http_requests": sum(1 for label, kind in lines if label == "deletion" and kind == "http"),
-            "tracker_calls": sum(1 for label, kind in lines if label == "deletion" and kind == "call")}
+            "http_requests": sum(http.values()), "most": http.most_common(8),
+            "tracker_calls": sum(calls.values()), "calls": calls.most_common(10),
+            "largest": [x for r in records if r["label"] == "deletion" for x in r.get("largest", [])]}
 
 
 @pytest.fixture(scope="module")
@@ -464,8 +469,8 @@ def test_the_team_folder_and_the_artifacts_are_the_owners_alone(batch, team):
 
 
 def test_failed_logins_are_throttled_and_an_unknown_account_costs_a_check(batch):
-    """Per account: the sixth wrong login within the window gets 429 with Retry-After, the right password too while
-    it waits. The seconds of a wrong login for a real account and for an unknown one are printed (measured: a test
+    """Per account: the sixth wrong login within the window gets 429 with Retry-After (the right password too while
+    it waits: tests/unit/test_team_login_policy.py). The seconds of a wrong login for a real account and for an unknown one are printed (measured: a test
     asserts no duration; tests/unit/test_team_login_policy.py checks that an unknown account's check is made)."""
     import httpx
 
@@ -476,11 +481,12 @@ def test_failed_logins_are_throttled_and_an_unknown_account_costs_a_check(batch)
         got = httpx.get(search, params={"max_results": 1}, auth=(user, password), timeout=60)
         return got, time.perf_counter() - t0
 
-    known = sorted(ask("reviewer", "wrong-password")[1] for _ in range(2))
+    ask("nobody-at-all", "wrong-password")  # the server's first check of an unknown name makes its dummy hash
+    known = sorted(ask("reviewer", "wrong-password")[1] for _ in range(3))
     unknown = sorted(ask("nobody-at-all", "wrong-password")[1] for _ in range(3))
-    print(f"a wrong login: {known[0] * 1000:.0f} ms for an account, {unknown[1] * 1000:.0f} ms for an unknown name")
+    print(f"a wrong login (median of 3): {known[1] * 1000:.0f} ms for an account, {unknown[1] * 1000:.0f} ms for an "
+          f"unknown name")
     answers = [ask("mallory", "guess")[0] for _ in range(6)]
     assert [a.status_code for a in answers] == [401] * 5 + [429]
-    assert int(answers[-1].headers["Retry-After"]) >= 1
-    assert ask("mallory", "guess")[0].status_code == 429
+    assert int(answers[-1].headers["Retry-After"]) >= 1  # the wait doubles with each failure after it
     assert ask(*batch["reviewer"])[0].status_code == 200  # another account, the same client: not slowed

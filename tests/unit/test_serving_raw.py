@@ -6,6 +6,7 @@ the predictions of the prepared features."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -374,3 +375,26 @@ def test_a_csv_body_of_raw_rows_is_answered_like_the_json_one(scoring, table):
     assert as_json.status_code == as_csv.status_code == 200, as_csv.text
     np.testing.assert_allclose(pd.DataFrame(as_csv.json()["predictions"]).to_numpy(),
                                pd.DataFrame(as_json.json()["predictions"]).to_numpy(), atol=1e-6)
+
+
+def test_the_model_ships_its_package_as_one_zip_and_loads_from_it(registry, table, tmp_path):
+    """A tracking server takes one upload (one login check) per file: the `unlearning` package travels as
+    code/unlearning.zip, and a fresh interpreter loading the model imports the package from that zip."""
+    import subprocess
+    import sys
+
+    import mlflow
+
+    from adapters.tracking import fluent_store
+
+    with fluent_store(registry["tracker"].tracking_uri):
+        folder = Path(mlflow.artifacts.download_artifacts("models:/tbl@champion", dst_path=str(tmp_path)))
+    code = sorted(p.name for p in (folder / "code").iterdir())
+    assert code == ["champion_loader.py", "unlearning.zip"]
+    table["raw"].head(3).to_csv(tmp_path / "rows.csv", index=False)
+    probe = ("import sys, mlflow.pyfunc, pandas as pd; m = mlflow.pyfunc.load_model(sys.argv[1]); "
+             "import unlearning; print(unlearning.__file__); print(m.predict(pd.read_csv(sys.argv[2])).shape)")
+    out = subprocess.run([sys.executable, "-c", probe, str(folder), str(tmp_path / "rows.csv")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "unlearning.zip" in out.stdout.splitlines()[0] and out.stdout.splitlines()[1] == "(3, 2)"

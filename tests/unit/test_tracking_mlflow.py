@@ -133,7 +133,8 @@ def mean_softmax(model, X) -> np.ndarray:
 def test_champion_loads_in_a_fresh_process_without_the_repository(store):
     result = load_elsewhere(store)
     assert result["repo_modules"] == []  # nothing imported from the checkout
-    assert "/artifacts/code/unlearning/" in result["unlearning_file"] and not \
+    # the package travelled as one zip (one upload): imported from it
+    assert "/artifacts/code/unlearning.zip/unlearning/" in result["unlearning_file"] and not \
         result["unlearning_file"].startswith(str(ROOT / "unlearning"))
     X = store["X"]
     champion = result["champion"]
