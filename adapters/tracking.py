@@ -455,7 +455,15 @@ class Tracker:
 
     def set_version_tags(self, name: str, version: str, tags: dict) -> None:
         for k, v in tags.items():
-            self.client.set_model_version_tag(name, version, k, str(v))
+            self._version_tag(name, version, k, str(v))
+
+    def _version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        """One tag of a model version in one request: MlflowClient.set_model_version_tag first fetches the registered
+        model to refuse a prompt (a second request, a second login check on a team server); the pipeline's
+        registered model (tracking.registered_model) is never one, so its registry client is asked directly."""
+        count_request("call", "set_model_version_tag")
+        registry = getattr(self.client, "_client", self.client)._get_registry_client()
+        registry.set_model_version_tag(name, str(version), key, value)
 
     def alias_version(self, name: str, alias: str) -> str | None:
         return _alias_version(self.client, name, alias)
@@ -476,7 +484,7 @@ class Tracker:
         changed = before != str(version)
         if changed:
             self.client.set_registered_model_alias(name, alias, str(version))
-        self.client.set_model_version_tag(name, str(version), "promoted", "true")
+        self._version_tag(name, str(version), "promoted", "true")
         return before, changed
 
     def fail_stale_runs(self, stage: str = "deletion_batch") -> list[str]:
@@ -504,7 +512,7 @@ class Tracker:
             return tagged
         for v in versions:
             if str(v.version) != str(champion) and "promoted" not in (v.tags or {}) and "batch_id" in (v.tags or {}):
-                self.client.set_model_version_tag(name, v.version, "promoted", "false")
+                self._version_tag(name, v.version, "promoted", "false")
                 tagged.append(str(v.version))
         return tagged
 
@@ -799,11 +807,24 @@ def _auth_app():
     return auth
 
 
+def _verified_before(auth, username: str, password: str) -> bool:
+    """Whether MLflow's credential cache holds this login as checked (a right password, checked within its TTL):
+    then no database query and no hash. Only a login checked right can be there, so this says nothing about a
+    wrong one, whose cost stays the same whatever the name."""
+    cache = getattr(auth, "_USER_AUTH_CACHE", None)
+    if cache is None:
+        return False
+    with auth._USER_AUTH_CACHE_LOCK:
+        return cache.get(auth._auth_cache_key(username, password)) is not None
+
+
 def team_password_ok(username: str, password: str) -> bool:
     """Whether `password` is the account's, at the same cost for an account that does not exist."""
     from werkzeug.security import check_password_hash
 
     auth = _auth_app()
+    if _verified_before(auth, username, password):
+        return True
     if not auth.store.has_user(username):
         check_password_hash(_login_state()["dummy"], password)  # the time of a real check; the answer is no
         return False
@@ -818,7 +839,11 @@ def team_authenticate():
 
     from adapters.server_auth import admin_only, retry_after_header
 
+    from flask import g
+
     auth = _auth_app()
+    if getattr(g, "team_login", None) is not None:  # MLflow asks several times per request: checked once
+        return g.team_login
     creds = request.authorization
     if creds is None or not creds.username:
         return auth.make_basic_auth_response()
@@ -834,4 +859,5 @@ def team_authenticate():
         return auth.make_basic_auth_response()
     if admin_only(request.path, request.method) and not auth.store.get_user(username).is_admin:
         return Response("Permission denied: only the admin changes accounts, roles and permissions.", status=403)
+    g.team_login = creds
     return creds

@@ -133,6 +133,7 @@ GITIGNORE = """\
 /dvc-remote/
 /{gx_dir}/uncommitted/
 /{salt}
+/{salt}.rekeying
 /.unlearning/sessions/
 __pycache__/
 """

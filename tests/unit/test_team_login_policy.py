@@ -146,3 +146,26 @@ def test_too_many_failed_logins_get_429_even_with_the_right_password(server):
     assert server.ask("/api/2.0/mlflow/runs/search", "POST", "pipeline", "guess") == 429
     assert server.ask("/api/2.0/mlflow/runs/search", "POST", "pipeline", "pipeline-pw") == 429  # unchecked
     assert server.ask("/api/2.0/mlflow/runs/search", "POST", "reviewer", "reviewer-pw") == 200  # others unaffected
+
+
+def test_a_request_is_checked_once_and_a_cached_login_needs_no_query(server, monkeypatch):
+    """MLflow asks the login function several times per request: the check runs once (the request's flask.g); a
+    login its credential cache holds as checked needs no database query."""
+    import base64
+    import threading
+
+    from flask import Flask
+
+    tracking = server.tracking
+    fake = tracking._auth_app()
+    asked = []
+    has_user = fake.store.has_user
+    monkeypatch.setattr(fake.store, "has_user", lambda name: asked.append(name) or has_user(name))
+    header = {"Authorization": "Basic " + base64.b64encode(b"pipeline:pipeline-pw").decode()}
+    with Flask("t").test_request_context("/api/2.0/mlflow/runs/search", method="POST", headers=header):
+        first, second = tracking.team_authenticate(), tracking.team_authenticate()
+    assert first is second and asked == ["pipeline"]
+    fake._USER_AUTH_CACHE, fake._USER_AUTH_CACHE_LOCK = {("pipeline", "k"): object()}, threading.Lock()
+    fake._auth_cache_key = lambda user, password: (user, "k" if password == "pipeline-pw" else "other")
+    assert tracking.team_password_ok("pipeline", "pipeline-pw") and asked == ["pipeline"]  # no query
+    assert not tracking.team_password_ok("pipeline", "wrong") and asked == ["pipeline", "pipeline"]
