@@ -57,21 +57,18 @@ def shared_roots(params: Params) -> list[Path]:
     return written_roots(params)
 
 
-def purge_copies(params: Params, secret_texts: list[bytes]) -> list[str]:
-    """Delete every small file of the DVC cache and remote that holds one of `secret_texts` (an older salt's
-    copies: DVC objects of state/salt, read-only there)."""
-    removed = []
+def salt_copies(params: Params, salt: str) -> list[Path]:
+    """Every small file of the DVC cache and remote that holds the older version's salt (DVC objects of the
+    state/salt every older state carried): the migration deletes them at its commit."""
     roots = [r for r in (dvc_cache_dir(params), remote_folder(params)) if r is not None and r.is_dir()]
+    found = []
     for f in small_files(roots):
         try:
-            data = f.read_bytes()
+            if salt.encode() in f.read_bytes():
+                found.append(f)
         except OSError:
             continue
-        if any(s in data for s in secret_texts):
-            f.chmod(0o600)
-            f.unlink()
-            removed.append(str(f))
-    return removed
+    return found
 
 
 def recommit(params: Params) -> dict:
@@ -91,30 +88,38 @@ def recommit(params: Params) -> dict:
     return {"committed": dvc_ops.commit(params.root, ["prepare", "train", "deletion"])}
 
 
+LOCK_TIMEOUT = 3600.0  # seconds a re-keying waits for a running batch (it holds the state's lock) to end
+
+
 def migrate(params: Params) -> dict | None:
-    """The one-time migration of an older project (or the end of an interrupted re-keying); None when the key is
-    current. Prints one line of what it did."""
+    """The one-time migration of an older project (or the end of an interrupted re-keying), under the batch lock
+    (no batch writes the ledger meanwhile); None when the key is current. Prints one line of what it did."""
+    from tasks.state import batch_lock
+
     if not migration_pending(params.path):
         return None
-    salt = core.legacy_salt(params.path)
-    done = core.migrate(params.path, extra=[mlflow_preparer(params)])
-    if done is None:
-        return None
-    done["purged_copies"] = purge_copies(params, [salt.encode()]) if salt else []
-    done["dvc"] = recommit(params)
+    with batch_lock(params, LOCK_TIMEOUT):
+        done = core.migrate(params.path, extra=[mlflow_preparer(params)],
+                            extra_deletes=lambda salt: salt_copies(params, salt))
+        if done is None:
+            return None
+        done["dvc"] = recommit(params)
     print(f"re-keyed the project's hashed ids with a new secret key in {done['key']} (HMAC-SHA256; an older "
           f"version's salt was backed up with the state): {len(done['rewritten'])} file(s) rewritten, "
-          f"{len(done['deleted'])} removed (the ensemble cache is trained again when needed), "
-          f"{len(done['purged_copies'])} copy(ies) of the old salt deleted from the DVC cache and remote "
-          f"(docs/erasure.md, \"Migrating from the salt\")", file=sys.stderr)
+          f"{len(done['deleted'])} removed (the ensemble cache, trained again when needed, and every copy of the "
+          f"old salt: in state/ and in the DVC cache and remote) (docs/erasure.md, \"Migrating from the salt\")",
+          file=sys.stderr)
     return done
 
 
 def rotate(params: Params) -> dict:
     """A new key layer for every stored id (docs/erasure.md, "Rotating the key")."""
+    from tasks.state import batch_lock
+
     migrate(params)
-    done = core.rotate(params.path, extra=[mlflow_preparer(params)])
-    done["dvc"] = recommit(params)
+    with batch_lock(params, LOCK_TIMEOUT):
+        done = core.rotate(params.path, extra=[mlflow_preparer(params)])
+        done["dvc"] = recommit(params)
     return done
 
 

@@ -243,10 +243,12 @@ def finish(path, journal: dict) -> dict:
             "key": str(path("salt"))}
 
 
-def rekey(path, rekeying: Rekeying, extra: Iterable[Callable[[Rekeying], list[tuple[str, str]]]] = ()) -> dict:
+def rekey(path, rekeying: Rekeying, extra: Iterable[Callable[[Rekeying], list[tuple[str, str]]]] = (),
+          extra_deletes: Iterable[Path] = ()) -> dict:
     """Re-key every stored id with `rekeying` (the module docstring's two phases). `extra`: preparers of stores
-    this layer does not know (a local MLflow database: tasks/rekey.py), each returning (temporary, final) pairs.
-    A journal left by a killed run wins: its key is used, or its commit finished."""
+    this layer does not know (a local MLflow database: tasks/rekey.py), each returning (temporary, final) pairs;
+    `extra_deletes`: files that go at the commit too (the old salt's copies in the DVC cache and remote). A journal
+    left by a killed run wins: its key is used, or its commit finished."""
     journal = read_journal(path)
     if journal is not None and journal.get("phase") == "commit":
         return finish(path, journal)
@@ -259,7 +261,7 @@ def rekey(path, rekeying: Rekeying, extra: Iterable[Callable[[Rekeying], list[tu
     renames = prepare_texts(path, rekeying) + prepare_digests(path, digests)
     for prepare in extra:
         renames += prepare(rekeying)
-    deletes = [str(p) for p in ensemble_caches(path) + state_copies(path)]
+    deletes = [str(p) for p in ensemble_caches(path) + state_copies(path) + list(extra_deletes)]
     journal = {**journal, "phase": "commit", "renames": renames, "deletes": deletes}
     write_journal(path, journal)
     return finish(path, journal)
@@ -291,9 +293,10 @@ def legacy_salt(path) -> str | None:
     return text if text is not None and is_legacy(text) else None
 
 
-def migrate(path, extra=()) -> dict | None:
+def migrate(path, extra=(), extra_deletes: Callable[[str], list[Path]] = lambda salt: []) -> dict | None:
     """Re-key an older version's salted ids (or finish an interrupted re-keying); None when there is nothing to
-    do. The environment's key cannot be rewritten: with UNLEARNING_ID_KEY set the migration stops first."""
+    do. `extra_deletes(salt)`: more copies of the salt to delete at the commit. The environment's key cannot be
+    rewritten: with UNLEARNING_ID_KEY set the migration stops first."""
     journal = read_journal(path)
     if journal is not None:
         return rekey(path, migration("") if journal.get("kind") == "migration" else rotation(journal["key"]), extra)
@@ -309,7 +312,7 @@ def migrate(path, extra=()) -> dict | None:
         raise StateCorrupt(f"{path('salt')} holds an older version's salt while {KEY_ENV} is set: unset "
                            f"{KEY_ENV} for the one-time migration, which writes the new key to that file; then "
                            f"move it to your secret store")
-    return rekey(path, migration(salt), extra)
+    return rekey(path, migration(salt), extra, extra_deletes(salt))
 
 
 def rotate(path, extra=()) -> dict:
