@@ -117,6 +117,8 @@ class CountedClient:
         self._client = client
 
     def __getattr__(self, name):
+        if name.startswith("__") or name == "_client":  # pickling (a Dask task graph) asks before _client is set
+            raise AttributeError(name)
         member = getattr(self._client, name)
         if not callable(member):
             return member

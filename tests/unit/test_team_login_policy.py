@@ -169,3 +169,24 @@ def test_a_request_is_checked_once_and_a_cached_login_needs_no_query(server, mon
     fake._auth_cache_key = lambda user, password: (user, "k" if password == "pipeline-pw" else "other")
     assert tracking.team_password_ok("pipeline", "pipeline-pw") and asked == ["pipeline"]  # no query
     assert not tracking.team_password_ok("pipeline", "wrong") and asked == ["pipeline", "pipeline"]
+
+
+def test_the_tracker_counts_its_requests_and_still_pickles(tmp_path, monkeypatch):
+    """UNLEARN_MLFLOW_REQUESTS: one line per store call (bench/session_overhead.py sums them per stage); a run's
+    tags are one call; the counting client crosses a Dask task graph (pickled) like MLflow's own."""
+    import pickle
+
+    from adapters.tracking import REQUESTS_ENV, Tracker
+
+    log = tmp_path / "requests.tsv"
+    monkeypatch.setenv(REQUESTS_ENV, str(log))
+    monkeypatch.setenv("UNLEARN_TIMING_LABEL", "deletion")
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "count", tmp_path / "art")
+    run = tracker.start_run("x")
+    before = len(log.read_text().splitlines())
+    tracker.set_tags(run, {f"t{i}": i for i in range(30)})
+    lines = [line.split("\t") for line in log.read_text().splitlines()]
+    assert lines[before:] == [["deletion", "call", "log_batch"]]  # 30 tags, one call
+    assert all(kind == "call" for _, kind, _ in lines)  # a local store: no HTTP request
+    copy = pickle.loads(pickle.dumps(tracker.client))
+    assert copy.get_run(run).data.tags["t29"] == "29"
