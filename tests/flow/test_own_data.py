@@ -102,10 +102,10 @@ def assert_applied(root, results: list[dict], n: int = 6) -> None:
     # salted hashes (deletion.hash_sample_ids is on by default)
     from unlearning.config import load_params
     from unlearning.erasure import id_key
-    from unlearning.salt import id_salt
+    from unlearning.salt import HASH_PREFIX, id_salt
 
     key = id_key(True, id_salt(load_params(root / "params.yaml")))
-    assert all(e["sample_id"].startswith("sha256:") for e in ledger)
+    assert all(e["sample_id"].startswith(HASH_PREFIX) for e in ledger)
     assert not {key(s) for s in manifest["sample_id"]} & {e["sample_id"] for e in ledger}
 
 

@@ -51,7 +51,7 @@ def forget(params, batch_id, ids):
 def named(report) -> str:
     """How verify-erasure names a forgotten row: the report keeps its salted digest alone, never which id it was."""
     [digest] = report["row_digests"]
-    return f"row digest {digest.removeprefix('sha256:')[:12]}"
+    return f"row digest {digest.split(':')[-1][:12]}"
 
 
 def features_of(params, ids):
