@@ -19,12 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from tasks.stores.base import dvc_cache_dir, in_dvc_stage, is_dvc_repo, remote_folder
-from unlearning import rekey as core
 from unlearning.config import Params, load_params
-from unlearning.erasure import Finding
 from unlearning.io import StateCorrupt
 from unlearning.salt import KeyMigrationNeeded, key_exposure, migration_pending, project_salt, small_files
+
+# Every flow and `unlearn` command imports this module (`ensure_current_key`): the stores, DVC and MLflow are
+# imported inside the functions that use them, when a re-keying is due (importing tasks.stores imports torch).
 
 
 def tracking_db(params: Params) -> Path | None:
@@ -37,11 +37,12 @@ def tracking_db(params: Params) -> Path | None:
 
 def mlflow_preparer(params: Params):
     """unlearning/rekey.py's `extra` for the local MLflow store: its re-keyed copy, renamed at the commit."""
-    def prepare(rekeying: core.Rekeying) -> list[tuple[str, str]]:
+    def prepare(rekeying) -> list[tuple[str, str]]:
         db = tracking_db(params)
         if db is None:
             return []
         from adapters.tracking import rekey_sqlite_store
+        from unlearning import rekey as core
 
         tmp = core.temp_of(db)
         return [(str(tmp), str(db))] if rekey_sqlite_store(db, tmp, rekeying.text) else []
@@ -60,6 +61,8 @@ def shared_roots(params: Params) -> list[Path]:
 def salt_copies(params: Params, salt: str) -> list[Path]:
     """Every small file of the DVC cache and remote that holds the older version's salt (DVC objects of the
     state/salt every older state carried): the migration deletes them at its commit."""
+    from tasks.stores.base import dvc_cache_dir, remote_folder
+
     roots = [r for r in (dvc_cache_dir(params), remote_folder(params)) if r is not None and r.is_dir()]
     found = []
     for f in small_files(roots):
@@ -75,6 +78,7 @@ def recommit(params: Params) -> dict:
     """The re-keyed outputs committed (`dvc status` stays clean), and with erasure.dvc_gc the cache and the
     remote garbage-collected: no object keeps an older form of the ledger."""
     from adapters import dvc_ops
+    from tasks.stores.base import is_dvc_repo
 
     if not is_dvc_repo(params):
         return {}
@@ -95,6 +99,7 @@ def migrate(params: Params) -> dict | None:
     """The one-time migration of an older project (or the end of an interrupted re-keying), under the batch lock
     (no batch writes the ledger meanwhile); None when the key is current. Prints one line of what it did."""
     from tasks.state import batch_lock
+    from unlearning import rekey as core
 
     if not migration_pending(params.path):
         return None
@@ -115,6 +120,7 @@ def migrate(params: Params) -> dict | None:
 def rotate(params: Params) -> dict:
     """A new key layer for every stored id (docs/erasure.md, "Rotating the key")."""
     from tasks.state import batch_lock
+    from unlearning import rekey as core
 
     migrate(params)
     with batch_lock(params, LOCK_TIMEOUT):
@@ -130,16 +136,20 @@ def ensure_current_key(params: Params) -> None:
         return
     if not migration_pending(params.path):
         return
+    from tasks.stores.base import in_dvc_stage
+
     if in_dvc_stage():
         project_salt(params)  # raises KeyMigrationNeeded with the line
         raise KeyMigrationNeeded("the project's id key must be migrated outside `dvc repro`")
     migrate(params)
 
 
-def key_findings(params: Params) -> list[Finding]:
+def key_findings(params: Params) -> list:
     """Where the id key can be read from, as `unlearn verify-erasure` checks (docs/erasure.md, "Threat model"):
     the variable or the key file (fine when only this user reads it), and any copy in a shared place (a
-    problem)."""
+    problem). unlearning.erasure Findings."""
+    from unlearning.erasure import Finding
+
     return [Finding("id key", place.where, {"readable_by": place.readers},
                     (f"id key: {place.problem}",) if place.problem else ())
             for place in key_exposure(params.path, shared_roots(params))]
