@@ -48,6 +48,9 @@ def method_traits(name: str) -> MethodTraits:
 
 EXACT_RETRAIN = next(name for name, t in METHOD_TRAITS.items() if t.fallback)  # the last candidate of every batch
 SHARDED_EXACT = next(name for name, t in METHOD_TRAITS.items() if t.needs_sharded_original)  # a sharded original's
+# what a licence (docs/design.md §4.9, `licensing:`) promotes: the model unchanged, recorded as this method in the ledger,
+# the history and the debt (it is approximate: it counts against the retraining debt)
+LICENSED_INACTION = "do_nothing"
 
 
 class CertificateKind(StrEnum):
