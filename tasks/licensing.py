@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from tasks.memorization_map import (
-    MapRecord, audit_step, epsilon_gate, ledger_keys, map_for_state, map_plan, save_map,
+    MapRecord, epsilon_gate, ledger_keys, map_for_state, map_plan, save_map, stored_map,
 )
 from tasks.reporting import markdown_artifact, run_logger
 from unlearning.batch import BatchRows, retained_train_rows, sampled_for_certificate, validation_rows
@@ -189,9 +189,10 @@ def request_decision(params: Params, state, record: MapRecord | None, forget_ids
     pos = prepared.rows(forget_ids)
     keys = ledger_keys(params, forget_ids)
     scores = record.scores(keys, lic.score) if record is not None else np.full(len(keys), np.nan)
+    # without a map nothing is licensed: the neighbours' forward pass is not worth running
+    adjacent = cluster_share(params, state, pos, train, device) if record is not None else 0.0
     d = decide(scores, record.cuts if record is not None else None, params.gate.epsilon.max, prepared.label[pos],
-               prepared.label[train], cluster_share(params, state, pos, train, device), guards_of(params),
-               licensing_debt_rows(state.ledger), lic.score)
+               prepared.label[train], adjacent, guards_of(params), licensing_debt_rows(state.ledger), lic.score)
     extra = registry_reasons(params, state, forget_ids) if d.licensed or not d.reasons else []
     return replace(d, licensed=False, reasons=(*d.reasons, *extra)) if extra else d
 
@@ -203,23 +204,23 @@ def licence_batch(batch, params: Params, state, forget_ids: list[str], objective
     if why_not is not None:
         return None
 
-    def timing():
-        from tasks.planning import probe
-
-        if batch.probe is None:  # the curve past one member prices a vectorized chunk (the map's members)
-            rows = full_rows(state)
-            probing = params.model_copy(update={"validation": params.validation.model_copy(
-                update={"audit_retrain": True})})
-            batch.probe = probe(probing, state, rows, batch.device)
-        return batch.probe[0]
-
-    record, map_line = map_for_state(params, state, batch.device, timing, batch.tracker, batch.parent)
+    record, map_line = map_for_state(params, state, batch.device, lambda: map_timing(params, state, batch.device),
+                                     batch.tracker, batch.parent)
     decision = request_decision(params, state, record, forget_ids, batch.device)
     log.info(f"{batch.path.name}: {map_line}")
     log.info(f"{batch.path.name}: licensing: {decision.line()}")
     batch.tracker.set_tags(batch.parent, {"licensing": decision.path})
     batch.tracker.log_json(batch.parent, licence_json(params, forget_ids, decision, map_line), "licence.json")
     return Licence(decision, record, map_line)
+
+
+def map_timing(params: Params, state, device: str):
+    """The planner's probe (tasks/planning.py, cached per model version) over every training row, with its cost
+    curve past one member: the map's members train as vectorized chunks, which one member's time overprices."""
+    from tasks.planning import probe
+
+    probing = params.model_copy(update={"validation": params.validation.model_copy(update={"audit_retrain": True})})
+    return probe(probing, state, full_rows(state), device)[0]
 
 
 def full_rows(state) -> BatchRows:
@@ -400,16 +401,19 @@ def finish_licensed(batch, params: Params, licence: Licence, promoted: dict, era
                       key=batch.key("licence"), description=f"licence of {batch.path.name}")
 
 
-def plan_note(params: Params, state, forget_ids: list[str], device: str, objective: str, timing=None) -> str:
+def plan_note(params: Params, state, forget_ids: list[str], device: str, objective: str) -> str:
     """`unlearn plan`'s line on licensing: which path this request takes and why (nothing is built or changed:
     without a map it says what building one would cost)."""
     why_not = applies(params, state, objective)
     if why_not is not None:
         return f"licensing: does not apply ({why_not}): exact path"
-    record, map_line = map_for_state(params, state, device, save=False)
+    record, map_line, worth_building = stored_map(params, state, save=False)
     if record is None:
-        if timing is None:
+        if not worth_building:
             return f"licensing: {map_line}"
-        plan = map_plan(params, timing, len(retained_train_rows(state.manifest)))
-        return f"licensing: no map yet; {plan.line(params.licensing.map.stream_length)}; the batch builds it"
+        plan = map_plan(params, map_timing(params, state, device), len(retained_train_rows(state.manifest)))
+        if not plan.affordable:
+            return f"licensing: {plan.line(params.licensing.map.stream_length)}: exact path"
+        return (f"licensing: no map yet; the batch builds one: {plan.line(params.licensing.map.stream_length)}, "
+                f"then decides")
     return f"licensing: {request_decision(params, state, record, forget_ids, device).line()}"

@@ -240,28 +240,39 @@ def build_map(params: Params, state, device: str, members: int) -> tuple[MapReco
     t0 = time.perf_counter()
     prepared, lic = state.prepared, params.licensing
     rows = retained_train_rows(state.manifest)
-    X = torch.as_tensor(np.asarray(prepared.X[rows]), dtype=torch.float32).to(device)
-    y = torch.as_tensor(np.asarray(prepared.label[rows]), dtype=torch.long).to(device)
-    in_mask = half_splits(len(rows), members, params.base.seed)
-    seeds = role_seeds(params.base.seed, "memorization", members)
-    chunk = max(2, (params.validation.chunk_size or CPU_CHUNK) // 2 * 2)
-    logits = []
-    for lo in range(0, members, chunk):
-        hi = min(lo + chunk, members)
-        ens = build(params, prepared, seeds[lo:hi]).to(device)
-        label = f"memorization map, members {lo + 1}-{hi} of {members}" if params.base.progress else False
-        fit(ens, X, y, recipe(params), rows=torch.as_tensor(member_rows(in_mask[lo:hi])).to(device), progress=label)
-        logits.append(predict_logits(ens, X))  # [chunk, n, C] on the CPU
-        del ens
-    model_logits = predict_logits(state.model.to(device), X)[0]
-    m = memorization_map(torch.cat(logits, 0), prepared.label[rows], in_mask, model_logits,
-                         params.gate.epsilon.delta, lic.map.confidence, n_bootstrap=lic.map.n_bootstrap,
-                         seed=params.base.seed)
+    X = torch.as_tensor(np.asarray(prepared.X[rows]), dtype=torch.float32)
+    y = torch.as_tensor(np.asarray(prepared.label[rows]), dtype=torch.long)
+    m = map_from_tensors(lambda seeds: build(params, prepared, seeds), state.model, X, y, recipe(params), members,
+                         params.base.seed, params.gate.epsilon.delta, lic.map.confidence, lic.map.n_bootstrap,
+                         params.validation.chunk_size or CPU_CHUNK, device, params.base.progress)
     seconds = time.perf_counter() - t0
     built = {"rows": int(len(rows)), "members": members, "seconds": round(seconds, 3),
              "model_version": str(state.champion.get("model_version")), "at": datetime.now(timezone.utc).isoformat()}
     ids = ledger_keys(params, state.manifest["sample_id"].to_numpy()[rows])
     return MapRecord(ids, m, map_key(params, prepared, members), built), seconds
+
+
+def map_from_tensors(make, model, X: torch.Tensor, y: torch.Tensor, train_recipe, members: int, seed: int,
+                     delta: float, confidence: float, n_bootstrap: int, chunk: int, device: str = "cpu",
+                     progress: bool = False) -> MemorizationMap:
+    """The map of `model` (an N = 1 ensemble) trained on (X [n, ...], y [n]): `members` members built by
+    `make(seeds)` train on complementary random halves (half_splits, seeded by `seed`) in chunks of at most
+    `chunk` (even), their logits on every row are read, and the members are dropped."""
+    in_mask = half_splits(len(X), members, seed)
+    seeds = role_seeds(seed, "memorization", members)
+    step = max(2, chunk // 2 * 2)
+    X, y = X.to(device), y.to(device)
+    logits = []
+    for lo in range(0, members, step):
+        hi = min(lo + step, members)
+        ens = make(seeds[lo:hi]).to(device)
+        label = f"memorization map, members {lo + 1}-{hi} of {members}" if progress else False
+        fit(ens, X, y, train_recipe, rows=torch.as_tensor(member_rows(in_mask[lo:hi])).to(device), progress=label)
+        logits.append(predict_logits(ens, X))  # [chunk, n, C] on the CPU
+        del ens
+    model_logits = predict_logits(model.to(device), X)[0]
+    return memorization_map(torch.cat(logits, 0), y.cpu().numpy(), in_mask, model_logits, delta, confidence,
+                            n_bootstrap=n_bootstrap, seed=seed)
 
 
 def operating_characteristic(params: Params) -> tuple[np.ndarray, np.ndarray, float]:
@@ -300,6 +311,13 @@ def calibration_fail_probability(params: Params, m: MemorizationMap) -> tuple[np
     return fail_probability(debiased_mu(m.mu, half, half), grid, f), seconds
 
 
+def cuts_for(params: Params, m: MemorizationMap) -> Cuts:
+    """The cuts of map `m` for the current settings, fitted on its rows (unlearning/licensing.py fit_cuts)."""
+    p, _ = calibration_fail_probability(params, m)
+    lic = params.licensing
+    return fit_cuts(m.score(lic.score), p, lic.target, lic.max_rows, lic.min_calibration_rows)
+
+
 def fit_map_cuts(params: Params, record: MapRecord) -> tuple[MapRecord, float]:
     """The record with its cuts fitted on its rows for the current settings (unchanged when they were fitted for
     them already); -> (record, seconds spent fitting)."""
@@ -307,18 +325,14 @@ def fit_map_cuts(params: Params, record: MapRecord) -> tuple[MapRecord, float]:
     if record.cuts is not None and record.cut_key == key:
         return record, 0.0
     t0 = time.perf_counter()
-    p, _ = calibration_fail_probability(params, record.map)
-    lic = params.licensing
-    cuts = fit_cuts(record.map.score(lic.score), p, lic.target, lic.max_rows, lic.min_calibration_rows)
+    cuts = cuts_for(params, record.map)
     return dataclasses.replace(record, cuts=cuts, cut_key=key, audits=[]), time.perf_counter() - t0
 
 
-def map_for_state(params: Params, state, device: str, timing_of=None, tracker=None, run_id: str | None = None,
-                  save: bool = True) -> tuple[MapRecord | None, str]:
-    """The map this state licenses with: the stored one while it serves (cuts refitted if the settings moved), else
-    a new one where the planner finds it affordable (`timing_of()`: the probe's Timing, asked only then; None:
-    nothing is built). `save`: keep refitted cuts (`unlearn plan` changes nothing). -> (record or None, a line
-    saying which and what it cost)."""
+def stored_map(params: Params, state, save: bool = True) -> tuple[MapRecord | None, str, bool]:
+    """The stored map while it serves this state (its cuts refitted if the settings moved; `save`: keep them), or
+    None and why not: no map or a stale one (`stale_reason`: a new one is worth building), or an audit too small
+    for any cut to license (none is). -> (record or None, the line, whether building one is worth it)."""
     record = load_map(params)
     members = params.licensing.map.members or (record.key.get("members") if record is not None else None)
     reason = stale_reason(params, state, record, members)
@@ -326,28 +340,37 @@ def map_for_state(params: Params, state, device: str, timing_of=None, tracker=No
         record, fit_seconds = fit_map_cuts(params, record)
         if fit_seconds and save:
             save_map(params, record)
-        return record, f"memorization map: reused ({record.map.n_members} members, built for v" \
-                       f"{record.built.get('model_version')}, {record.removed} row(s) erased since)"
+        return record, (f"memorization map: reused ({record.map.n_members} members, built for v"
+                        f"{record.built.get('model_version')}, {record.removed} row(s) erased since)"), False
     floor = null_row_failure(params)
     if floor >= params.licensing.target:
         return None, (f"memorization map: none: with {audit_references(params)} references per role an audit fails a "
                       f"row the model never memorized with probability {floor:.2f}, not below licensing.target = "
                       f"{params.licensing.target:g}: no cut could license a request (raise validation.n_oracles "
-                      f"and n_shadows)")
-    if timing_of is None:
-        return None, f"memorization map: {reason}; the batch builds one"
+                      f"and n_shadows)"), False
+    return None, f"memorization map: {reason}", True
+
+
+def map_for_state(params: Params, state, device: str, timing_of, tracker=None, run_id: str | None = None
+                  ) -> tuple[MapRecord | None, str]:
+    """The map this state licenses with: the stored one while it serves, else a new one where the planner finds it
+    affordable (`timing_of()`: the probe's Timing, asked only then). -> (record or None, a line saying which and
+    what it cost)."""
+    record, why, worth_building = stored_map(params, state)
+    if not worth_building:
+        return record, why
     rows = len(retained_train_rows(state.manifest))
     plan = map_plan(params, timing_of(), rows)
     if not plan.affordable:
         return None, plan.line(params.licensing.map.stream_length)
-    run_logger().info(f"{plan.line(params.licensing.map.stream_length)}: building ({reason})")
+    run_logger().info(f"{plan.line(params.licensing.map.stream_length)}: building ({why.split(': ', 1)[1]})")
     record, seconds = build_map(params, state, device, plan.members)
     record, fit_seconds = fit_map_cuts(params, record)
     record.built.update(predicted_retrains=round(plan.retrains, 3), fit_seconds=round(fit_seconds, 3))
     save_map(params, record)
     if tracker is not None and run_id is not None:
         log_map(tracker, run_id, params, record)
-    return record, f"memorization map: built ({plan.members} members, {seconds:.1f} s; {reason})"
+    return record, f"memorization map: built ({plan.members} members, {seconds:.1f} s; {why.split(': ', 1)[1]})"
 
 
 def log_map(tracker, run_id: str, params: Params, record: MapRecord) -> None:
