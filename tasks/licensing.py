@@ -193,8 +193,19 @@ def request_decision(params: Params, state, record: MapRecord | None, forget_ids
     adjacent = cluster_share(params, state, pos, train, device) if record is not None else 0.0
     d = decide(scores, record.cuts if record is not None else None, params.gate.epsilon.max, prepared.label[pos],
                prepared.label[train], adjacent, guards_of(params), licensing_debt_rows(state.ledger), lic.score)
-    extra = registry_reasons(params, state, forget_ids) if d.licensed or not d.reasons else []
+    extra = registry_reasons(params, state, forget_ids) if d.licensed else []
+    extra += debt_due(params, state, len(forget_ids)) if d.licensed else []
     return replace(d, licensed=False, reasons=(*d.reasons, *extra)) if extra else d
+
+
+def debt_due(params: Params, state, n_rows: int) -> list[str]:
+    """deletion.debt's reasons (unlearning/history.py): past either bound a batch is exact retrain alone, a
+    licensed one too."""
+    from unlearning.history import debt_reasons, n_original_train, retraining_debt
+
+    d = params.deletion.debt
+    debt = retraining_debt(state.ledger, n_original_train(state.manifest, state.ledger))
+    return debt_reasons(debt, n_rows, d.max_forgotten_fraction, d.max_batches_since_retrain)
 
 
 def licence_batch(batch, params: Params, state, forget_ids: list[str], objective: str) -> Licence | None:
