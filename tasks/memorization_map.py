@@ -12,9 +12,9 @@ kept beside the model's state under hashed ids, reused while nothing it depends 
 - **Reused** (`stale_reason` says when not) while unchanged: the same architecture and training recipe (the
   members learn as the model does), the same map settings (members, confidence, delta, seed), and the same data:
   every retained training row has an entry (a map never scores a row it did not see), and the rows erased
-  since it was built stay within the retraining debt's share, deletion.debt.max_forgotten_fraction of its rows
-  (0.1 when that bound is off): exact retrains in between do not change it (a retrain on nearly the same rows
-  memorizes the same rows), the debt refreshes it.
+  since it was built (licensed or retrained) stay within its own debt, licensing.map.max_erased_fraction of its
+  rows: exact retrains in between do not change it (a retrain on nearly the same rows memorizes the same rows);
+  past that debt the next batch builds a new one.
 - **Its cuts** (`fit_map_cuts`): fitted on the map's rows when it is built, before any request, for the gate's
   budget and the audit's references and confidence (unlearning/licensing.py); refitted (no training) when those
   settings change; lowered and saved again by a failed audit.
@@ -52,7 +52,6 @@ from unlearning.salt import id_salt
 from unlearning.seeds import role_seeds
 
 FORMAT = "memorization-map/1"
-DEBT_SHARE_WHEN_OFF = 0.1  # the share of rows erased since the map that refreshes it when deletion.debt's is off
 
 
 def map_path(params: Params) -> Path:
@@ -226,11 +225,11 @@ def stale_reason(params: Params, state, record: MapRecord | None, members: int |
     missing = int((record.positions(keys) < 0).sum())
     if missing:
         return f"{missing} retained training row(s) have no entry"
-    share = params.deletion.debt.max_forgotten_fraction or DEBT_SHARE_WHEN_OFF
+    share = params.licensing.map.max_erased_fraction
     built_rows = int(record.built.get("rows", len(record.ids)))
     if record.removed > share * built_rows:
-        return (f"{record.removed} of its {built_rows} rows were erased since it was built, more than the retraining "
-                f"debt's share {share:g}")
+        return (f"{record.removed} of its {built_rows} rows were erased since it was built, more than its debt "
+                f"(licensing.map.max_erased_fraction = {share:g})")
     return None
 
 

@@ -701,6 +701,9 @@ class LicensingMap(Strict):
                                                        "(the planner's probe); ignored when `members` is set")
     stream_length: int = Field(100, ge=1, description="requests a map is expected to serve: its cost per request "
                                                       "is stated over this many")
+    max_erased_fraction: float = Field(0.25, gt=0, le=1, description="the map's own debt: past this share of its "
+                                                                     "rows erased since it was built (licensed or "
+                                                                     "retrained), the next batch builds a new one")
     confidence: float = Field(0.9, gt=0.5, lt=1, description="one-sided confidence of each row's epsilon bounds")
     n_bootstrap: int = Field(200, ge=20, le=100_000, description="bootstrap resamples of each row's members")
 

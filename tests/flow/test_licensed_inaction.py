@@ -42,12 +42,11 @@ def project(tmp_path_factory, prefect_harness):
     record, line = map_for_state(params, state, "cpu", lambda: probe(params, state, full_rows(state), "cpu")[0])
     assert record is not None and record.cuts.for_rows(1) is not None, line
     ids = state.manifest["sample_id"].to_numpy()
-    keys = record.ids
-    low = int(np.argmin(record.map.upper))
+    low, second = np.argsort(record.map.upper)[:2]
     from tasks.memorization_map import ledger_keys
 
     by_key = dict(zip(ledger_keys(params, ids), ids))
-    return root, params_path, by_key[keys[low]], record
+    return root, params_path, by_key[record.ids[low]], record, by_key[record.ids[second]]
 
 
 def test_a_row_the_model_did_not_memorize_is_licensed_with_the_model_unchanged(project):
@@ -56,7 +55,7 @@ def test_a_row_the_model_did_not_memorize_is_licensed_with_the_model_unchanged(p
     from unlearning.config import load_params
     from unlearning.ledger import read_ledger
 
-    root, params_path, row, record = project
+    root, params_path, row, record, _ = project
     champion_before = json.loads((root / "state" / "champion.json").read_text()) \
         if (root / "state" / "champion.json").exists() else {}
     (root / "requests" / "inbox" / "2026-12-01T0900_one.csv").write_text(request("one", [row]))
@@ -97,7 +96,7 @@ def test_a_whole_class_is_never_licensed(project):
     from unlearning.config import load_params
     from unlearning.batch import retained_train_rows
 
-    root, params_path, _, _ = project
+    root, params_path, _, _, _ = project
     params = load_params(params_path)
     state = load_state.fn(params, "cpu")
     train = retained_train_rows(state.manifest)
@@ -117,3 +116,14 @@ def test_a_whole_class_is_never_licensed(project):
     path = t.client.download_artifacts(batch_run.info.run_id, "licence.json", str(root))
     licence = json.loads(open(path).read())
     assert not licence["licensed"] and any("class-level" in r for r in licence["reasons"])
+
+
+def test_unlearn_plan_says_which_path_a_request_takes_and_why(project, tmp_path):
+    from flows.plan_cli import batch_plan_for
+    from unlearning.config import load_params
+
+    root, params_path, _, _, row = project
+    path = tmp_path / "one.csv"
+    path.write_text(request("plan", [row]))
+    _, _, _, notes = batch_plan_for(path, load_params(params_path), "cpu")
+    assert notes[0].startswith("licensing: licensed: model unchanged"), notes[0]

@@ -89,11 +89,11 @@ def test_a_map_is_stale_when_a_row_lacks_an_entry_or_the_erased_rows_pass_the_de
     assert stale_reason(params, state, None, None) == "no map yet"
     assert stale_reason(params, state, r, members) is None
     assert "no entry" in stale_reason(params, state_of(params, ids + ["new"]), r, members)
-    two_gone = r.without({"r0", "r1"})  # 2 of 20 = 0.1: not above deletion.debt.max_forgotten_fraction
-    assert stale_reason(params, state_of(params, ids, ["deleted"] * 2 + ["retained"] * 18), two_gone, members) is None
-    three_gone = r.without({"r0", "r1", "r2"})
+    five_gone = r.without({f"r{i}" for i in range(5)})  # 5 of 20 = 0.25: not above licensing.map.max_erased_fraction
+    assert stale_reason(params, state_of(params, ids, ["deleted"] * 5 + ["retained"] * 15), five_gone, members) is None
+    six_gone = r.without({f"r{i}" for i in range(6)})
     assert "erased since it was built" in stale_reason(
-        params, state_of(params, ids, ["deleted"] * 3 + ["retained"] * 17), three_gone, members)
+        params, state_of(params, ids, ["deleted"] * 6 + ["retained"] * 14), six_gone, members)
     other = params_at(tmp_path, train={"lr": 0.5})
     assert "another architecture, recipe" in stale_reason(other, state, r, members)
 
