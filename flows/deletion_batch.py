@@ -33,7 +33,8 @@ from tasks.batch_path import (  # noqa: F401  (tests, benches and `unlearn` impo
 from tasks.inbox_ops import (  # noqa: F401  (process_inbox_file looks `processed` up here: tests replace it)
     _expire_request_files, preflight, processed, reconcile, reconcile_if_started,
 )
-from tasks.licensing import apply_licensed, exact_after_failed_audit, licence_batch
+from tasks.licensed_batch import apply_licensed, exact_after_failed_audit
+from tasks.licensing import licence_batch
 from tasks.lineage import commit_lineage
 from tasks.quality import BatchRejected, announce_quality  # a quality refusal is a rejection too
 from tasks.reporting import run_logger
@@ -53,7 +54,7 @@ class AfterCommitError(RuntimeError):
 
 def process_request_file(path: Path, params: Params, device: str) -> BatchResult:
     """One request file through the pipeline (the diagram in tasks/stages.py), all or nothing: validate -> split
-    -> licensed inaction (tasks/licensing.py: the model unchanged, erased, finished) or -> diagnose and partition
+    -> licensed inaction (tasks/licensing.py, tasks/licensed_batch.py: the model unchanged, erased, finished) or -> diagnose and partition
     -> run (the plan's steps, or the qualified licence) -> quality -> promote -> audit (qualified mode, when due)
     -> erase -> finish."""
     started = time.perf_counter()
