@@ -314,7 +314,8 @@ def cuts_for(params: Params, m: MemorizationMap) -> Cuts:
     """The cuts of map `m` for the current settings, fitted on its rows (unlearning/licensing.py fit_cuts)."""
     p, _ = calibration_fail_probability(params, m)
     lic = params.licensing
-    return fit_cuts(m.score(lic.score), p, lic.target, lic.max_rows, lic.min_calibration_rows)
+    cap = params.gate.epsilon.max if lic.score != "loss" else None  # an epsilon score: a row's bound within the budget
+    return fit_cuts(m.score(lic.score), p, lic.target, lic.max_rows, lic.min_calibration_rows, cap)
 
 
 def fit_map_cuts(params: Params, record: MapRecord) -> tuple[MapRecord, float]:

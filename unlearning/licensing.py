@@ -110,9 +110,11 @@ class Cuts:
                    int(d["calibration_rows"]), int(d.get("lowered_by", 0)))
 
 
-def fit_cuts(scores, fail_prob, target: float, max_rows: int, min_licensed: int = 10) -> Cuts:
-    """The cut for each request size 1..max_rows (module docstring): the largest calibration score t such that
-    the rows scoring at most t are at least `min_licensed` and their mean failure probability p(t) keeps
+def fit_cuts(scores, fail_prob, target: float, max_rows: int, min_licensed: int = 10,
+             cap: float | None = None) -> Cuts:
+    """The cut for each request size 1..max_rows (module docstring): the largest calibration score t (at most
+    `cap`: the budget, when the score is an epsilon, so a licensed row's own bound is within it) such that the rows
+    scoring at most t are at least `min_licensed` and their mean failure probability p(t) keeps
     1 - (1 - p(t))^k <= target. scores [m], fail_prob [m] (f(mu) or an audit's 0/1)."""
     s = np.asarray(scores, dtype=np.float64)
     p = np.asarray(fail_prob, dtype=np.float64)
@@ -120,7 +122,7 @@ def fit_cuts(scores, fail_prob, target: float, max_rows: int, min_licensed: int 
         raise ValueError(f"scores {list(s.shape)} and fail_prob {list(p.shape)}: expected two [m] arrays")
     if not 0 < target < 1:
         raise ValueError(f"target = {target}: expected a false-accept rate in (0, 1)")
-    keep = np.isfinite(s)
+    keep = np.isfinite(s) & (s <= (np.inf if cap is None else cap))
     s, p = s[keep], p[keep]
     order = np.argsort(s, kind="stable")
     s, p = s[order], p[order]

@@ -51,6 +51,12 @@ def test_cuts_never_rise_with_the_request_size_and_larger_requests_get_none():
     assert cuts.calibration_rows == 200 and cuts.target == 0.05
 
 
+def test_an_epsilon_cut_never_passes_the_budget():
+    scores = np.array([0.5, 1.0, 2.5, 3.5, 6.0])
+    assert fit_cuts(scores, np.zeros(5), 0.05, max_rows=1, min_licensed=1).for_rows(1) == 6.0
+    assert fit_cuts(scores, np.zeros(5), 0.05, max_rows=1, min_licensed=1, cap=3.0).for_rows(1) == 2.5
+
+
 def test_no_cut_when_even_the_lowest_rows_fail_too_often():
     cuts = fit_cuts([0.1, 0.2, 0.3], [0.5, 0.5, 0.5], 0.05, max_rows=2, min_licensed=1)
     assert cuts.by_rows == (None, None)
