@@ -58,7 +58,7 @@ from tasks.licensing import audit, audit_due, failing_scores  # noqa: E402
 from tasks.memorization_map import cuts_for, map_from_tensors  # noqa: E402
 from unlearning.batch import BatchRows, sampled_for_certificate  # noqa: E402
 from unlearning.config import load_params  # noqa: E402
-from unlearning.licensing import Guards, adjacent_share, decide, lowered, nearest_rows  # noqa: E402
+from unlearning.licensing import Guards, adjacent_share, decide, lowered, map_paid, nearest_rows  # noqa: E402
 from unlearning.metrics.epsilon import clopper_pearson_bounds  # noqa: E402
 from unlearning.models import build_model, fit, predict_logits  # noqa: E402
 from unlearning.plan import CPU_CHUNK  # noqa: E402
@@ -123,6 +123,7 @@ class Stream:
                              self.params.gate.epsilon.delta, lic.map.confidence, lic.map.n_bootstrap, CPU_CHUNK)
         built = time.perf_counter() - t0
         self.map, self.map_rows, self.map_built_rows, self.map_removed = m, rows.copy(), len(rows), 0
+        self.map_decided = self.map_licensed = 0
         self.map_pos = np.full(len(p.y_np), -1)
         self.map_pos[rows] = np.arange(len(rows))
         t1 = time.perf_counter()
@@ -145,6 +146,8 @@ class Stream:
         return (self.params.gate.epsilon.max, self.params.licensing.target)
 
     def scores(self, F: np.ndarray) -> np.ndarray:
+        if self.map is None:
+            return np.full(len(F), np.nan)
         pos = self.map_pos[F]
         s = self.map.score(self.params.licensing.score)
         return np.where(pos >= 0, s[np.maximum(pos, 0)], np.nan)
@@ -155,9 +158,15 @@ class Stream:
         self.map_removed += int((self.map_pos[F] >= 0).sum())
         self.map_pos[F] = -1
         share = self.params.licensing.map.max_erased_fraction
-        if self.map_removed > share * self.map_built_rows:
-            print(f"  map: {self.map_removed} of its {self.map_built_rows} rows erased: rebuilt", flush=True)
-            self.build_map()
+        if self.map is not None and self.map_removed > share * self.map_built_rows:
+            last = self.cost["map_builds"][-1]
+            if map_paid(self.map_licensed, self.map_decided, last["retrains"]):
+                print(f"  map: {self.map_removed} of its {self.map_built_rows} rows erased: rebuilt", flush=True)
+                self.build_map()
+            else:  # as the production path decides (tasks/memorization_map.py stored_map): licensing stops
+                print(f"  map: stale, and it licensed {self.map_licensed} of {self.map_decided} requests for "
+                      f"{last['retrains']:.1f} retrains: not rebuilt, nothing licensed from here", flush=True)
+                self.map = None
 
     # the decision ----------------------------------------------------------------------------------------------
     def decisions(self, F: np.ndarray) -> tuple[dict, float]:
@@ -165,15 +174,19 @@ class Stream:
         t0 = time.perf_counter()
         lic = self.params.licensing
         adjacent = 0.0
-        if len(F) > 1:
+        if len(F) > 1 and self.map is not None:
             with torch.no_grad():
                 feats = self.model.features(self.p.X[self.retained])[0].numpy()
             q = np.searchsorted(self.retained, F)
             adjacent = adjacent_share(q, nearest_rows(feats[q], feats, q, lic.k_neighbors))
         guards = Guards(lic.max_class_share, lic.max_adjacent_share, lic.max_debt_rows)
         scores = self.scores(F)
-        out = {key: decide(scores, self.cuts[key], key[0], self.p.y_np[F], self.p.y_np[self.retained], adjacent,
-                           guards, self.debt_rows, lic.score) for key in self.configs()}
+        out = {key: decide(scores, self.cuts[key] if self.map is not None else None, key[0], self.p.y_np[F],
+                           self.p.y_np[self.retained], adjacent, guards, self.debt_rows, lic.score)
+               for key in self.configs()}
+        if self.map is not None:
+            self.map_decided += 1
+            self.map_licensed += int(out[self.main].licensed)
         return out, time.perf_counter() - t0
 
     # models ------------------------------------------------------------------------------------------------------

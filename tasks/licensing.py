@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from tasks.memorization_map import (
-    MapRecord, epsilon_gate, ledger_keys, map_for_state, map_plan, stored_map,
+    MapRecord, epsilon_gate, ledger_keys, map_for_state, map_plan, save_map, stored_map,
 )
 from tasks.reporting import run_logger
 from unlearning.batch import BatchRows, retained_train_rows, validation_rows
@@ -216,6 +216,9 @@ def licence_batch(batch, params: Params, state, forget_ids: list[str], objective
     log.info(f"{batch.path.name}: licensing: {decision.line()}")
     batch.tracker.set_tags(batch.parent, {"licensing": decision.path})
     batch.tracker.log_json(batch.parent, licence_json(params, forget_ids, decision, map_line), "licence.json")
+    if record is not None:  # what the map decided: whether it pays for itself (tasks/memorization_map.py map_paid)
+        record = replace(record, decided=record.decided + 1, licensed=record.licensed + int(decision.licensed))
+        save_map(params, record)
     return Licence(decision, record, map_line)
 
 

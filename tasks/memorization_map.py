@@ -14,7 +14,8 @@ kept beside the model's state under hashed ids, reused while nothing it depends 
   every retained training row has an entry (a map never scores a row it did not see), and the rows erased
   since it was built (licensed or retrained) stay within its own debt, licensing.map.max_erased_fraction of its
   rows: exact retrains in between do not change it (a retrain on nearly the same rows memorizes the same rows);
-  past that debt the next batch builds a new one.
+  past that debt the next batch builds a new one, unless the last one did not pay for itself: it licensed fewer
+  requests than it cost retrains (`map_paid`), and licensing does not pay on this data.
 - **Its cuts** (`fit_map_cuts`): fitted on the map's rows when it is built, before any request, for the gate's
   budget and the audit's references and confidence (unlearning/licensing.py); refitted (no training) when those
   settings change; lowered and saved again by a failed audit.
@@ -43,7 +44,7 @@ from unlearning.config import Params
 from unlearning.io import atomic_write_json
 from unlearning.ledger import hash_sample_id
 from unlearning.licensing import (
-    Cuts, audit_operating_characteristic, debiased_mu, fail_probability, fit_cuts, operating_grid,
+    Cuts, audit_operating_characteristic, debiased_mu, fail_probability, fit_cuts, map_paid, operating_grid,
 )
 from unlearning.memorization import MemorizationMap, affordable_members, half_splits, member_rows, memorization_map
 from unlearning.models import fit, predict_logits
@@ -153,6 +154,8 @@ class MapRecord:
     cut_key: dict = field(default_factory=dict)
     removed: int = 0  # rows erased since it was built (their entries dropped)
     audits: list[dict] = field(default_factory=list)
+    decided: int = 0  # requests it decided, and how many it licensed: whether it paid for itself
+    licensed: int = 0
     _index: dict | None = None
 
     def positions(self, keys: list[str]) -> np.ndarray:
@@ -173,7 +176,7 @@ class MapRecord:
         return {"format": FORMAT, "ids": self.ids, **arrays, "n_members": m.n_members, "delta": m.delta,
                 "confidence": m.confidence, "key": self.key, "built": self.built, "removed": self.removed,
                 "cuts": self.cuts.to_dict() if self.cuts is not None else None, "cut_key": self.cut_key,
-                "audits": self.audits}
+                "audits": self.audits, "decided": self.decided, "licensed": self.licensed}
 
     @classmethod
     def from_json(cls, d: dict) -> "MapRecord":
@@ -181,7 +184,13 @@ class MapRecord:
         m = MemorizationMap(**arr, n_members=int(d["n_members"]), delta=float(d["delta"]),
                             confidence=float(d["confidence"]))
         return cls(list(d["ids"]), m, d["key"], d["built"], Cuts.from_dict(d["cuts"]) if d.get("cuts") else None,
-                   d.get("cut_key", {}), int(d.get("removed", 0)), list(d.get("audits", [])))
+                   d.get("cut_key", {}), int(d.get("removed", 0)), list(d.get("audits", [])),
+                   int(d.get("decided", 0)), int(d.get("licensed", 0)))
+
+    @property
+    def cost_retrains(self) -> float:
+        """What building it cost, in retrains (the planner's prediction at its build)."""
+        return float(self.built.get("predicted_retrains", 0.0))
 
     def without(self, keys: set[str]) -> "MapRecord":
         """The record with the entries of `keys` dropped (an erasure), counted in `removed`."""
@@ -219,7 +228,7 @@ def stale_reason(params: Params, state, record: MapRecord | None, members: int |
     """Why the stored map cannot serve this state (None: it can; module docstring, "Reused")."""
     if record is None:
         return "no map yet"
-    if members is not None and record.key != map_key(params, state.prepared, members):
+    if members is None or record.key != map_key(params, state.prepared, members):
         return "built with another architecture, recipe or map setting"
     keys = ledger_keys(params, state.manifest["sample_id"].to_numpy()[retained_train_rows(state.manifest)])
     missing = int((record.positions(keys) < 0).sum())
@@ -348,6 +357,10 @@ def stored_map(params: Params, state, save: bool = True) -> tuple[MapRecord | No
                       f"row the model never memorized with probability {floor:.2f}, not below licensing.target = "
                       f"{params.licensing.target:g}: no cut could license a request (raise validation.n_oracles "
                       f"and n_shadows)"), False
+    if record is not None and not map_paid(record.licensed, record.decided, record.cost_retrains):
+        return None, (f"memorization map: none: the last one licensed {record.licensed} of the {record.decided} "
+                      f"request(s) it decided, less than its cost of {record.cost_retrains:.2g} retrains: licensing does "
+                      f"not pay on this data; no new one is built"), False
     return None, f"memorization map: {reason}", True
 
 

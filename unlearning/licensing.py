@@ -146,6 +146,13 @@ def lowered(cuts: Cuts, failing_scores) -> Cuts:
                 cuts.calibration_rows, cuts.lowered_by + 1)
 
 
+def map_paid(licensed: int, decided: int, cost_retrains: float, min_decided: int = 10) -> bool:
+    """Whether a map paid for itself, so a stale one is worth building again: each licensed request saved about
+    one retrain, against the map's cost in retrains. Fewer than `min_decided` requests decided: too early to say
+    (it counts as paid)."""
+    return decided < min_decided or licensed >= cost_retrains
+
+
 def adjacent_share(request_positions, neighbours) -> float:
     """The share of a request's rows with another of its rows among their nearest training rows.
     request_positions [r]; neighbours [r, k]: each request row's k nearest rows (positions, itself excluded)."""

@@ -11,7 +11,7 @@ import pytest
 
 from unlearning.licensing import (
     Cuts, Guards, adjacent_share, audit_operating_characteristic, debiased_mu, decide, fail_probability, fit_cuts,
-    lowered, nearest_rows, operating_grid, request_false_accept,
+    lowered, map_paid, nearest_rows, operating_grid, request_false_accept,
 )
 from unlearning.metrics.epsilon import gdp_epsilon
 
@@ -135,3 +135,9 @@ def test_a_class_is_never_licensed_whatever_its_scores():
 def test_without_a_map_nothing_is_licensed():
     d = decide([0.1], None, 3.0, [1], TRAIN_LABELS, 0.0, GUARDS, debt_rows=0)
     assert not d.licensed and any("no memorization map" in r for r in d.reasons)
+
+
+def test_a_map_paid_when_it_licensed_at_least_its_cost_in_retrains():
+    assert map_paid(licensed=5, decided=40, cost_retrains=4.8)
+    assert not map_paid(licensed=2, decided=40, cost_retrains=4.8)
+    assert map_paid(licensed=0, decided=9, cost_retrains=4.8)  # too early to say

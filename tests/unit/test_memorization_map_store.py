@@ -135,3 +135,19 @@ def test_a_failed_audit_blames_the_rows_above_the_budget_or_else_all_of_them():
 @pytest.mark.parametrize("key", ["budget", "references", "confidence", "target", "score"])
 def test_the_cut_key_names_what_the_cuts_depend_on(tmp_path, key):
     assert key in cut_key(params_at(tmp_path))
+
+
+def test_a_stale_map_that_did_not_pay_is_not_built_again(tmp_path):
+    from tasks.memorization_map import stored_map
+
+    params = params_at(tmp_path)
+    ids = [f"r{i}" for i in range(20)]
+    members = 8
+    r = dataclasses.replace(record_of(ledger_keys(params, ids), np.ones(20), members), key={"other": 1},
+                            built={"rows": 20, "predicted_retrains": 5.0}, decided=30, licensed=2)
+    save_map(params, r)
+    record, line, worth = stored_map(params, state_of(params, ids))
+    assert record is None and not worth and "does not pay" in line
+    save_map(params, dataclasses.replace(r, licensed=6))  # it paid: a new one is worth building
+    record, line, worth = stored_map(params, state_of(params, ids))
+    assert record is None and worth and "another architecture" in line
