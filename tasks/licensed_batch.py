@@ -122,8 +122,8 @@ def record_licensed(batch, params: Params, state, requests, objective: str, lice
     point = history_point(previous, batch_id=batch.batch_id, request_file=batch.path.name, method=LICENSED_INACTION,
                           n_forgotten=d.rows, n_train=n_train, validation_accuracy=validation_accuracy(state),
                           output_gap=float("nan"), model_version=version, processed_at=stamp)
-    champion = {**state.champion, "batch_id": batch.batch_id, "promoted_at": stamp,
-                "n_retained_train": int(len(retained_train_rows(state.manifest))) - d.rows,
+    # the champion is the same model: its version, method and batch stay; the history and the counts move on
+    champion = {**state.champion, "n_retained_train": int(len(retained_train_rows(state.manifest))) - d.rows,
                 "history": [*previous, {**point, "licensed": True}]}
     ids = [str(s) for s in requests["sample_id"]]
     commit_state(batch, params, state.model, marked_deleted(state.manifest, ids, batch.batch_id),
