@@ -2,6 +2,7 @@
 first, then the state with the model unchanged, the erasure, and the batch run that says why (tasks/licensing.py
 decides; flows/deletion_batch.py puts the steps in order).
 
+- `licensed_path`: the flow's one call: the licence (tasks/licensing.py licence_batch), then `apply_licensed`.
 - `apply_licensed`: a licensed batch drawn for an audit (licensing.audit.probability, seeded by the batch) runs the
   audit first (`audit_licence`: references trained as a batch trains them, then tasks/licensing.py `audit`). A
   failed audit lowers the cut (saved with the map) and returns None: the flow goes on with the exact retrain
@@ -19,12 +20,25 @@ from datetime import datetime, timezone
 import numpy as np
 import torch
 
-from tasks.licensing import LICENSED_VERDICT, MODEL_UNCHANGED, Licence, audit, audit_due, failing_scores
+from tasks.licensing import (
+    LICENSED_VERDICT, MODEL_UNCHANGED, Licence, audit, audit_due, failing_scores, licence_batch,
+)
 from tasks.memorization_map import ledger_keys, save_map
 from tasks.reporting import markdown_artifact, run_logger
 from unlearning.batch import retained_train_rows, sampled_for_certificate, validation_rows
 from unlearning.config import LICENSED_INACTION, Params
 from unlearning.licensing import lowered
+
+
+def licensed_path(batch, params: Params, state, requests, forget_ids: list[str], objective: str, counts):
+    """The batch's licensing (tasks/licensing.py licence_batch) and, when licensed, the licensed batch
+    (`apply_licensed`). -> (its BatchResult, params), or (None, the params the batch goes on with: exact retrain
+    after a failed audit, as they were otherwise)."""
+    licence = licence_batch(batch, params, state, forget_ids, objective)
+    if licence is None or not licence.licensed:
+        return None, params
+    result = apply_licensed(batch, params, state, requests, objective, licence, counts.batch_index, counts.n_train)
+    return (result, params) if result is not None else (None, exact_after_failed_audit(params))
 
 
 def exact_after_failed_audit(params: Params) -> Params:
