@@ -158,6 +158,34 @@ def margin_distributions(unlearned: np.ndarray, oracle: np.ndarray, sample_names
 
 
 @tracks
+def memorization_map(upper: np.ndarray, budget: float, cut: float | None, title: str,
+                     request: np.ndarray | None = None):
+    """A memorization map's per-row epsilon upper bounds (log x axis) against the gate's budget and the
+    one-row cut, with the share of rows above the budget; `request`: a request's rows, marked on the axis."""
+    e = np.asarray(upper, dtype=float)
+    e = e[np.isfinite(e)]
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    lo = max(float(e.min()) if e.size else 0.01, 1e-2)
+    hi = max(float(e.max()) if e.size else 1.0, budget * 2, lo * 10)
+    ax.hist(np.clip(e, lo, None), bins=np.geomspace(lo, hi, 40), color="tab:blue", alpha=0.8, label="rows")
+    ax.set_xscale("log")
+    share = float(np.mean(e > budget)) if e.size else 0.0
+    ax.axvline(budget, color="tab:red", label=f"gate budget {budget:g} ({share:.0%} of rows above)")
+    if cut is not None:
+        ax.axvline(cut, color="tab:green", linestyle="--", label=f"cut for one row {cut:.3g}")
+    if request is not None and np.size(request):
+        r = np.asarray(request, dtype=float)
+        ax.plot(np.clip(r[np.isfinite(r)], lo, None), np.zeros(int(np.isfinite(r).sum())), "v", color="black",
+                markersize=9, label="this request's rows", clip_on=False)
+    ax.set_xlabel("map epsilon upper bound per row (IN vs OUT members)")
+    ax.set_ylabel("rows")
+    _legend(ax, fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+@tracks
 def close(fig) -> None:
     plt.close(fig)
 

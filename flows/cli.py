@@ -587,7 +587,8 @@ def cmd_status(args) -> int:
           f"{debt['forgotten_since_retrain']} sample(s) ({debt['forgotten_fraction_since_retrain']:.2%} of the "
           f"{debt['n_train']} original training rows) since the last exact retrain; bounds: "
           f"max_batches_since_retrain {bounds.max_batches_since_retrain}, "
-          f"max_forgotten_fraction {bounds.max_forgotten_fraction} (deletion.debt)")
+          f"max_forgotten_fraction {bounds.max_forgotten_fraction} (deletion.debt); licensed with the model unchanged: "
+          f"{debt.get('licensed_since_retrain', 0)} row(s) (licensing.max_debt_rows {params.licensing.max_debt_rows})")
     _print_quality_pending_features(status)
     from unlearning.qualification import audit_lines
 
@@ -596,7 +597,8 @@ def cmd_status(args) -> int:
     for p in champion.get("history", [])[-5:]:
         print(f"  batch {p['step']}: {p['request_file']} -> {p['method']} v{p['model_version']}, forgotten "
               f"{p['forgotten_fraction']:.2%} in all, validation accuracy {p['champion_validation_accuracy']:.3f}, "
-              + (f"output gap to oracles {p['champion_output_gap']:.4f}" if p['champion_output_gap'] == p['champion_output_gap']
+              + ("licensed: model unchanged" if p.get("licensed") else
+                 f"output gap to oracles {p['champion_output_gap']:.4f}" if p['champion_output_gap'] == p['champion_output_gap']
                  else "exact (no oracles trained)"))
     from flows.common import ui_route
 

@@ -33,6 +33,7 @@ from tasks.batch_path import (  # noqa: F401  (tests, benches and `unlearn` impo
 from tasks.inbox_ops import (  # noqa: F401  (process_inbox_file looks `processed` up here: tests replace it)
     _expire_request_files, preflight, processed, reconcile, reconcile_if_started,
 )
+from tasks.licensed_batch import licensed_path
 from tasks.lineage import commit_lineage
 from tasks.quality import BatchRejected, announce_quality  # a quality refusal is a rejection too
 from tasks.reporting import run_logger
@@ -52,8 +53,8 @@ class AfterCommitError(RuntimeError):
 
 def process_request_file(path: Path, params: Params, device: str) -> BatchResult:
     """One request file through the pipeline (the diagram in tasks/stages.py), all or nothing: validate -> split
-    -> diagnose and partition -> run (the plan's steps, or the qualified licence) -> quality -> promote -> audit
-    (qualified mode, when due) -> erase -> finish."""
+    -> licensed inaction (tasks/licensed_batch.py) or diagnose and partition -> run (the plan's steps, or the
+    qualified licence) -> quality -> promote -> audit (qualified mode, when due) -> erase -> finish."""
     started = time.perf_counter()
     state = load_state(params, device)
     check = check_file(path, params, state)
@@ -70,6 +71,9 @@ def process_request_file(path: Path, params: Params, device: str) -> BatchResult
         if not forget_ids:  # validation rows only: erased, nothing to unlearn, no new model version
             return apply_not_trained_on(batch, params, state, requests, objective)
         counts = BatchCounts.of(state)  # the state the batch computes on: counted once, read by every step
+        licensed, params = licensed_path(batch, params, state, requests, forget_ids, objective, counts)
+        if licensed is not None:  # licensed inaction (docs/design.md §4.9): the model unchanged, the rows erased
+            return licensed
         rows, report = diagnose_and_partition(batch, params, state, forget_ids, objective)
         if qualified_mode(params, objective):
             outcome, licensing = qualified_run(batch, params, state, rows, objective, report, counts)

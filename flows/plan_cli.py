@@ -69,6 +69,9 @@ def batch_plan_for(path: Path, params, device: str):
 
     plan = batch_plan(params, selection, objective, timing, footprint, diag, sisa_cost=sisa_share(state, rows),
                       device=device)
+    from tasks.licensing import plan_note  # which path the request takes: licensed (model unchanged) or exact
+
+    notes.insert(0, plan_note(params, state, forget, device, objective))
     return plan, timing, selection, notes + [f"forget rows: {len(rows.forget)}, retain rows: {len(rows.retain)}",
                                              f"timing: {timing.source}"]
 

@@ -48,6 +48,9 @@ def method_traits(name: str) -> MethodTraits:
 
 EXACT_RETRAIN = next(name for name, t in METHOD_TRAITS.items() if t.fallback)  # the last candidate of every batch
 SHARDED_EXACT = next(name for name, t in METHOD_TRAITS.items() if t.needs_sharded_original)  # a sharded original's
+# what a licence (docs/design.md §4.9, `licensing:`) promotes: the model unchanged, recorded as this method in the ledger,
+# the history and the debt (it is approximate: it counts against the retraining debt)
+LICENSED_INACTION = "do_nothing"
 
 
 class CertificateKind(StrEnum):
@@ -684,6 +687,79 @@ class Quality(Strict):
         [], description="warnings that refuse the batch (exit 3, the previous champion stays) instead of warning")
 
 
+class LicensingMap(Strict):
+    """The per-row memorization map of a model version (unlearning/memorization.py; docs/certificate.md, "The map"):
+    N members on random halves of the training rows, trained once and reused while the recipe and the data are
+    unchanged (tasks/licensing.py says what that means)."""
+
+    members: int | None = Field(None, ge=4, description="members on random halves (even: complementary pairs); "
+                                                        "null = the planner sizes it within max_retrains")
+    min_members: int = Field(16, ge=4, description="the fewest members the planner builds a map of: when even these "
+                                                   "cost more than max_retrains, the map is not affordable and "
+                                                   "nothing is licensed")
+    max_members: int = Field(64, ge=4, description="the most members the planner sizes a map to")
+    max_retrains: float = Field(8.0, gt=0, description="the map's training cost at most, in retrains of the model "
+                                                       "(the planner's probe); ignored when `members` is set")
+    stream_length: int = Field(100, ge=1, description="requests a map is expected to serve: its cost per request "
+                                                      "is stated over this many")
+    max_erased_fraction: float = Field(0.25, gt=0, le=1, description="the map's own debt: past this share of its "
+                                                                     "rows erased since it was built (licensed or "
+                                                                     "retrained), the next batch builds a new one")
+    confidence: float = Field(0.9, gt=0.5, lt=1, description="one-sided confidence of each row's epsilon bounds")
+    n_bootstrap: int = Field(200, ge=20, le=100_000, description="bootstrap resamples of each row's members")
+
+    @model_validator(mode="after")
+    def _even_sizes(self):
+        for key in ("members", "min_members", "max_members"):
+            value = getattr(self, key)
+            if value is not None and value % 2:
+                raise ValueError(f"{key} = {value} must be even: the members train on complementary "
+                                 f"pairs of halves (e.g. {value + 1})")
+        if self.max_members < self.min_members:
+            raise ValueError(f"max_members = {self.max_members} is below min_members = "
+                             f"{self.min_members}; raise max_members or lower min_members")
+        return self
+
+
+class LicensingAudit(Strict):
+    """Which licensed batches are audited by the gate with fresh oracles (a failed audit: exact retrain in the same
+    run, and the cut comes down)."""
+
+    probability: float = Field(0.02, ge=0, le=1, description="audit each licensed batch with this probability "
+                                                             "(seeded by base.seed and the batch index); 0 = never")
+
+
+class Licensing(Strict):
+    """Licensed inaction (docs/design.md §4.9; docs/certificate.md, "Licensed inaction"): a retrain-equivalence
+    request whose rows the model never memorized leaves the model unchanged (no new version) and its rows leave
+    every store as in any erasure."""
+
+    enabled: bool = Field(True, description="license requests where the planner finds the map affordable; false = "
+                                            "every request takes the exact path")
+    score: Literal["upper", "point", "loss"] = Field(
+        "upper", description="a row's map score against the cut: its epsilon upper bound, the point estimate, or "
+                             "the model's training loss on it (the free fallback)")
+    target: float = Field(0.05, gt=0, lt=1, description="the audited false-accept rate the cut keeps, per request")
+    max_rows: int = Field(20, ge=1, description="cuts are fitted for requests of 1 to this many rows; larger "
+                                                "requests are never licensed")
+    min_calibration_rows: int = Field(20, ge=1, description="a cut licenses at least this many calibration rows")
+    max_class_share: float = Field(0.1, gt=0, le=1, description="a request whose rows take more than this share of "
+                                                                "a class's training rows is a class, never licensed "
+                                                                "(validation.qualified_max_class_share is its "
+                                                                "qualified-mode twin)")
+    max_adjacent_share: float = Field(0.5, ge=0, le=1, description="a request of which more than this share of rows "
+                                                                   "have another of its rows among their k_neighbors "
+                                                                   "nearest training rows is a cluster, never "
+                                                                   "licensed")
+    k_neighbors: int = Field(10, ge=1, description="nearest training rows (the model's penultimate features) the "
+                                                   "cluster guard looks at")
+    max_debt_rows: int | None = Field(10, ge=0, description="licensed rows since the last exact retrain, the "
+                                                            "request's included, at most; past it the request takes "
+                                                            "the exact path (null = off: deletion.debt still applies)")
+    map: LicensingMap = LicensingMap()
+    audit: LicensingAudit = LicensingAudit()
+
+
 # --- report: the evidence studies (`make report`, report/dvc.yaml; unlearning/studies) -------------------------------------
 SweepSetting = dict[str, Any]  # method args of one sweep point, e.g. {lr: 1.0e-4, epochs: 5}
 
@@ -833,6 +909,7 @@ class Params(Strict):
     quality: Quality = Quality()
     report: Report = Report()
     qualify: Qualify = Qualify()
+    licensing: Licensing = Licensing()
 
     # The folder params.yaml was read from; every relative path resolves against it.
     root: Path = Field(default_factory=Path.cwd, exclude=True)

@@ -24,6 +24,8 @@ from unlearning.config import method_traits
 from unlearning.ledger import trained_on
 from unlearning.records import Selection
 
+LICENSED = "licensed"  # the ledger verdict of a row a licence forgot with the model unchanged (tasks/licensing.py)
+
 
 def is_exact(method: str | None) -> bool:
     """Whether `method`'s result IS a retrain on the retain rows (its trait `exact`): it clears the debt."""
@@ -50,18 +52,26 @@ def batches_from_ledger(ledger: Iterable[dict]) -> list[dict]:
 
 
 def retraining_debt(ledger: Iterable[dict], n_train: int) -> dict[str, Any]:
-    """Approximate deletions since the last exact retrain (or the original), from the ledger."""
+    """Approximate deletions since the last exact retrain (or the original), from the ledger; licensed rows
+    (docs/design.md §4.9: the model left unchanged) are approximate deletions too, and counted apart as well
+    (`licensed_since_retrain`, which licensing.max_debt_rows bounds)."""
+    ledger = list(ledger)
     batches = batches_from_ledger(ledger)
     since = 0
     forgotten = 0
+    open_ids = set()
     for b in reversed(batches):
         if is_exact(b["method"]):
             break
         since += 1
         forgotten += b["n_forgotten"]
+        open_ids.add(b["batch_id"])
+    licensed = sum(1 for e in trained_on(ledger) if str(e.get("batch_id")) in open_ids
+                   and e.get("verdict") == LICENSED)
     return {"batches_since_retrain": since, "forgotten_since_retrain": forgotten,
             "forgotten_fraction_since_retrain": forgotten / max(n_train, 1), "n_batches": len(batches),
-            "forgotten_total": sum(b["n_forgotten"] for b in batches), "n_train": int(n_train)}
+            "forgotten_total": sum(b["n_forgotten"] for b in batches), "n_train": int(n_train),
+            "licensed_since_retrain": licensed}
 
 
 def debt_reasons(debt: dict[str, Any], n_new: int, max_forgotten_fraction: float | None,

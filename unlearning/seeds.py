@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-ROLES: tuple[str, ...] = ("original", "shadows", "oracles", "oracles_b", "method", "bench")
+ROLES: tuple[str, ...] = ("original", "shadows", "oracles", "oracles_b", "method", "bench", "memorization")
 ROLE_INDEX = {r: i for i, r in enumerate(ROLES)}
 _LOW = 1 << 32  # role seeds are >= 2^32: never equal to a small base seed (the original's)
 

@@ -8,13 +8,14 @@ imported below and its name added to `ORDER` (an unlisted store is an error at i
 
 from __future__ import annotations
 
-from tasks.stores import data, dvc, models, requests, shards, tracking, traces  # noqa: F401  (imported to register the stores)
+from tasks.stores import data, dvc, memorization, models, requests, shards, tracking, traces  # noqa: F401  (imported to register the stores)
 from tasks.stores.base import STORES, Scope, Store, StoreBase, get_store, in_declared_order, register_store
 
 ORDER: tuple[str, ...] = (
     "erasure reports", "tombstones", "prepared store", "state manifest", "source table", "source image folder",
     "request files", "Great Expectations results",
     "ensemble cache", "models",
+    "memorization map",  # per-row scores under hashed ids (licensed inaction's map)
     "MLflow registry", "MLflow artifacts",
     "shard checkpoints",  # a sharded original's slice checkpoints
     "id traces",  # every written file searched for an erased id's plain text or unsalted hashes

@@ -33,6 +33,7 @@ API_PAGES = {"api/index.md": [], "api/plan.md": ["unlearning.plan", "unlearning.
              "api/erasure.md": ["unlearning.ledger", "unlearning.erasure"], "api/requests.md": ["unlearning.requests"],
              "api/ensembles.md": ["unlearning.ensembles"], "api/config.md": ["unlearning.config"],
              "api/qualification.md": ["unlearning.qualification"], "api/sharding.md": ["unlearning.sharding"],
+             "api/licensing.md": ["unlearning.memorization", "unlearning.licensing"],
              "api/batch.md": ["unlearning.batch", "unlearning.history"], "api/serving.md": ["unlearning.serving"],
              "api/studies.md": ["unlearning.studies.digits"], "api/support.md": ["unlearning.io"],
              "api/stores.md": ["tasks.stores", "tasks.stores.base", "tasks.stores.dvc"]}

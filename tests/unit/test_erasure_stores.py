@@ -422,10 +422,28 @@ def test_id_traces(tmp_path):
     assert store.verify(scope_of(params_off)) == []  # hashing off: ids are plain on purpose
 
 
+def test_memorization_map(tmp_path):
+    from tasks.memorization_map import MapRecord, load_map, save_map
+    from unlearning.memorization import MemorizationMap
+
+    params = table_project(tmp_path)
+    store, scope = get_store("memorization map"), scope_of(params)
+    assert store.verify(scope) == []  # no map: nothing to look at
+    arrays = {k: np.array([0.1, 0.2, 0.3]) for k in ("point", "lower", "upper", "mu", "loss")}
+    save_map(params, MapRecord(["r1", "r3", "r4"], MemorizationMap(**arrays, n_members=8, delta=1e-3, confidence=0.9),
+                               {}, {"rows": 3}))
+    assert store.locate(scope)[0].counts == {"forgotten_entries": 1} and problems(store.verify(scope))
+    assert store.purge(scope)[0].done == {"purged_rows": 1}
+    assert problems(store.verify(scope)) == []
+    kept = load_map(params)
+    assert kept.ids == ["r3", "r4"] and kept.removed == 1 and kept.map.upper.tolist() == [0.2, 0.3]
+
+
 PER_STORE = {"erasure reports": test_erasure_reports, "tombstones": test_tombstones,
              "prepared store": test_prepared_store, "state manifest": test_state_manifest,
              "source table": test_source_table, "source image folder": test_source_image_folder,
              "request files": test_request_files, "Great Expectations results": test_great_expectations_results,
              "ensemble cache": test_ensemble_cache, "models": test_models, "MLflow registry": test_mlflow_registry,
              "MLflow artifacts": test_mlflow_artifacts, "DVC cache": test_dvc_cache,
-             "shard checkpoints": test_shard_checkpoints, "id traces": test_id_traces}
+             "shard checkpoints": test_shard_checkpoints, "id traces": test_id_traces,
+             "memorization map": test_memorization_map}
