@@ -13,10 +13,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from flows.errors import ENV_DEBUG, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_GATE_REJECTED, exit_code  # noqa: F401 (re-exported)
+from flows.errors import (  # noqa: F401 (re-exported)
+    ENV_DEBUG, EXIT_BAD_INPUT, EXIT_ERASE_UNFINISHED, EXIT_FAILURE, EXIT_GATE_REJECTED, EXIT_HELD, exit_code,
+)
 
 EPILOG = """exit codes: 0 done (or nothing to do), 2 bad input (params, request file, unreachable store),
-            3 the gate rejected every candidate, 1 any other failure
+            3 the gate rejected every candidate, 1 any other failure; `unlearn status`: 4 an erase is
+            unfinished (`unlearn erase` finishes it), 5 a batch is held for review (`unlearn approve`)
 
 examples:
   unlearn run                          process every request file in the inbox (params.yaml)
@@ -571,9 +574,10 @@ def cmd_status(args) -> int:
               "quality_warnings": champion.get("quality_warnings", []), "erasure_pending": _erasure_pending(params),
               "feature_columns": _feature_columns(params), "qualified": _qualified_status(params)}
     assert set(status) == set(STATUS_KEYS)
+    code = EXIT_ERASE_UNFINISHED if status["erasure_pending"] else 0
     if args.json:
         print(json.dumps(status, indent=2, default=str))
-        return 0
+        return code
     for note in notes:
         print(note)
     for warning in warnings:
@@ -602,7 +606,10 @@ def cmd_status(args) -> int:
 
     print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: {ui_route(params, '#/experiments')} (the batch runs: "
           f"the link each batch prints at its end)")
-    return 0
+    if code:
+        print(f"error: an erase is unfinished ({len(status['erasure_pending'])} line(s) above): `unlearn erase` "
+              f"finishes it (exit {code})", file=sys.stderr)
+    return code
 
 
 def _qualified_status(params) -> dict:

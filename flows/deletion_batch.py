@@ -31,7 +31,8 @@ from tasks.batch_path import (  # noqa: F401  (tests, benches and `unlearn` impo
     wants_diagnostics,
 )
 from tasks.inbox_ops import (  # noqa: F401  (process_inbox_file looks `processed` up here: tests replace it)
-    _expire_request_files, preflight, processed, reconcile, reconcile_if_started,
+    _expire_request_files, preflight, processed, reconcile, reconcile_if_started, redact_erased_ids,
+    resume_erasure,
 )
 from tasks.lineage import commit_lineage
 from tasks.quality import BatchRejected, announce_quality  # a quality refusal is a rejection too
@@ -133,12 +134,14 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     log = run_logger()
     state_dir, inbox = params.path("state_dir"), params.path("inbox")
     with batch_lock(params, params.operations.lock_timeout_seconds):
+        for note in resume_erasure(params):  # an erase a kill stopped: finished before anything reads the state
+            log.info(note)
         # A state that holds no batch and was built from other params or data follows the retrained original
         # (ensure_state rewrites only such a state), before the registry alias is reconciled with it.
         if (state_dir / "model.pt").exists() and ensure_state(params, device):
             log.info(f"{state_dir} held no batch and was built from other params or data: it now starts from "
                      f"the retrained {original_path(params)}")
-        for note in reconcile_if_started(params):
+        for note in reconcile_if_started(params, resume=False):
             log.info(note)
         in_scope = request_path is None or in_inbox(Path(request_path), inbox)
         if in_scope:
@@ -210,6 +213,7 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> Bat
         if changed_since(f, before):
             return still_changing(f, BatchResult(f.name, "changed", error=str(e)), "checked")
         dest = reject(f, params, e)
+        redact_erased_ids(params, [dest])  # an id erased already (by an earlier batch) never stays plain there
         run_logger().info(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); "
                           f"later files proceed")
         return BatchResult(f.name, "rejected", error=str(e), moved_to=str(dest),

@@ -491,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:  # before any server or worker starts: one line, exit 2 (docs/troubleshooting.md)
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    from flows.intake import erase_first  # an erase a kill stopped is finished before `dvc repro`
+
+    commands = erase_first(commands)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     started = time.perf_counter()
     env = dict(os.environ)

@@ -119,10 +119,25 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
         lines += ["", "**Plan** (before anything was trained):", *[line if line.startswith("- ") else f"- {line}"
                                                                   for line in plan]]
     if erasure is not None:
-        lines += ["", f"**Erasure:** rows purged: {purged_rows_text(erasure.get('stores', []))} "
-                      f"({len(erasure.get('stores', []))} store(s) checked)"
-                  + (f"; pending: {'; '.join(erasure['pending'])}" if erasure.get("pending") else "; nothing pending")]
+        lines += ["", erasure_line(erasure)]
     return "\n".join(lines) + "\n"
+
+
+ERASURE_LINE = "**Erasure:**"  # the summary's erasure line starts so: `unlearn erase` rewrites it when it finishes
+
+
+def erasure_line(erasure: dict) -> str:
+    """The summary's erasure line from an erasure report (tasks/erasure.py): done, with every store and what was
+    purged over all passes, or what is still pending and which command finishes it."""
+    passes = [*erasure.get("earlier_passes", []), erasure]
+    purged = purged_rows_text([s for p in passes for s in p.get("stores", [])])
+    names = list(dict.fromkeys(s["store"] for s in erasure.get("stores", []) if s.get("store")))
+    checked = f"({len(erasure.get('stores', []))} store(s) checked)"
+    if erasure.get("pending"):
+        return f"{ERASURE_LINE} rows purged so far: {purged} {checked}; PENDING: {'; '.join(erasure['pending'])}"
+    at = f" {str(erasure['erased_at'])[:19]}Z" if erasure.get("erased_at") else ""
+    return (f"{ERASURE_LINE} done{at}: rows purged: {purged} {checked}; nothing pending"
+            + (f". Stores: {', '.join(names)}" if names else ""))
 
 
 def purged_rows_text(stores: list[dict]) -> str:
