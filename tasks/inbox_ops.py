@@ -130,6 +130,10 @@ def reconcile(params: Params, tracker, resume: bool = True) -> list[str]:
         before, changed = tracker.reconcile_alias(name, alias, str(version))
         if changed:
             notes.append(f"reconciled {name}@{alias}: v{before} -> v{version} (state/champion.json decides)")
+    from tasks.held import held_batches, tag_serving_champion
+
+    if version is not None and held_batches(params):  # the champion still serves the rows of a held batch
+        tag_serving_champion(tracker, params, version)
     failed = tracker.fail_stale_runs()
     if failed:
         notes.append(f"marked {len(failed)} run(s) of killed batches FAILED")

@@ -111,6 +111,7 @@ class Paths(Strict):
     archive_dir: str = "archive"  # `unlearn reset` moves the state and the cache here (archive/<UTC time>/)
     processed: str = "requests/processed"  # applied (or already applied) request files move here
     rejected: str = "requests/rejected"    # files rejected by validation or the gate, with <name>.error.json
+    held: str = "requests/held"  # batches no candidate passed: held for `unlearn approve`, with <name>.held.json
     tombstones: str = "data/tombstones.txt"  # erased ids (hashed with deletion.hash_sample_ids), outside every DVC out
     gx_dir: str = "gx"  # the Great Expectations project (suite committed; uncommitted/ holds results, Data Docs)
     # the secret salt of hashed ids (unlearning/salt.py): mode 0600, git-ignored, copied into the state (its backup)
