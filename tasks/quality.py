@@ -4,7 +4,8 @@
 (the run logger), to the batch's MLflow run (tag `quality_warnings` and `quality_warnings.json`), to a Prefect
 markdown artifact and to the batch summary; the returned lines go into the champion record (`promote(...,
 warnings=...)`), so `unlearn status` repeats them. A warning named in `quality.refuse` stops the batch instead
-(`QualityRefused`: exit 3, the previous champion stays, like a gate rejection).
+(`QualityRefused`): it is held for review like a batch no candidate passed (tasks/held.py: requests/held/, exit 5,
+the previous champion stays until `unlearn approve`), never refused.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from unlearning.quality import (
 
 class BatchRejected(RuntimeError):
     """The batch is not applied and the previous champion stays: no candidate passed the gate, or the chosen one
-    was refused (`QualityRefused`). flows/errors.py maps the name to exit 3 (for a subclass too). Defined here,
-    below the flows, so the deletion flow can catch both as one class (`from tasks.quality import
-    BatchRejected`): it moves a rejected inbox file to requests/rejected/ with its report."""
+    was refused (`QualityRefused`). flows/errors.py maps the name to exit 3 (for a subclass too) where it ends a
+    command; the deletion flow holds such an inbox file for review instead (requests/held/, tasks/held.py: an
+    erasure is never refused for the model's quality). Defined here, below the flows, so the deletion flow can
+    catch both as one class (`from tasks.quality import BatchRejected`)."""
 
 
 class QualityRefused(BatchRejected):

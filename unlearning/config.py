@@ -681,7 +681,8 @@ class Quality(Strict):
         0.15, ge=0, le=1, description="warn when the oracles' validation accuracies (exact retrains, other seeds) "
                                       "spread wider than this, max - min: an unstable recipe (null = off)")
     refuse: list[Literal["class_lost", "validation_drop", "unstable_recipe"]] = Field(
-        [], description="warnings that refuse the batch (exit 3, the previous champion stays) instead of warning")
+        [], description="warnings that hold the batch for review instead of warning (requests/held/, exit 5, the "
+                        "previous champion stays until `unlearn approve`): an erasure is never refused")
 
 
 # --- report: the evidence studies (`make report`, report/dvc.yaml; unlearning/studies) -------------------------------------
