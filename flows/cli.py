@@ -32,6 +32,7 @@ examples:
   unlearn verify-erasure [BATCH]       re-check every store for forgotten rows; exit 1 if any remain
   unlearn lookup ID                    was this sample id erased, when and by which batch (from its salted hash)
   unlearn erase                        finish erasures left pending by `dvc repro` or a crash
+  unlearn approve FILE                 promote a batch held for review (requests/held/FILE), finish its erase
   unlearn repro [TARGET]               dvc repro, unlearn erase, unlearn status: one Prefect server for all
   unlearn serve                        schedule + inbox-triggered deployments (needs a Prefect server)
   unlearn reset                        start over: archive state/ and cache/ (ledger kept), after a prompt
@@ -52,6 +53,14 @@ current params, else removed (--keep-alias leaves it).
 Use it when `unlearn run` stops with "was built from other params or data" (a changed dataset, model or
 recipe), or to start over on purpose. Asks for confirmation; --yes skips the prompt (required without a
 terminal)."""
+
+APPROVE_DESCRIPTION = """Promote a batch held for review, and finish its erase.
+
+A batch no candidate passed (a validation floor the exact retrain still missed, or a warning quality.refuse
+names) is held in requests/held/ beside FILE.held.json, never refused: the champion keeps serving its rows
+meanwhile (`unlearn status` says so). Approving runs it again as an exact retrain (the same rows and seed:
+the model the held report measured) with the floors off, promotes it, erases the rows from every store and
+moves FILE to requests/processed/. Exit 0 when applied."""
 
 RESET_EPILOG = """examples:
   unlearn reset                        show what would move, ask, then archive and start over
@@ -969,13 +978,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", help="a request file naming the proposed forget set")
     s.add_argument("--json", action="store_true", help="print the diagnostics as JSON")
     s.set_defaults(fn=cmd_audit)
-    s = add("approve", "promote a batch held for review (requests/held/FILE) and finish its erase",
-            "A batch no candidate passed (a validation floor the exact retrain still missed, or a warning "
-            "quality.refuse names) is held in requests/held/ beside FILE.held.json, never refused: the champion "
-            "keeps serving its rows meanwhile. Approving runs it again as an exact retrain (the same model the "
-            "report measured) with the floors off, promotes it, erases the rows from every store and moves FILE to "
-            "requests/processed/. Exit 0 when applied.",
-            ["unlearn status   (lists the held files and their age)", "unlearn approve 2026-12-01T0900_erasure.csv"])
+    s = sub.add_parser("approve", help="promote a batch held for review (requests/held/FILE) and finish its erase",
+                       description=APPROVE_DESCRIPTION, formatter_class=raw, parents=[common],
+                       epilog=_examples(["unlearn status   (lists the held files and their age)",
+                                         "unlearn approve 2026-12-01T0900_erasure.csv"]))
     s.add_argument("file", metavar="FILE", help="the held request file: its name in requests/held/, or its path")
     s.set_defaults(fn=cmd_approve)
     s = add("status", "show the champion, the deletions and the ledger",

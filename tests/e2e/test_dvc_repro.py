@@ -156,8 +156,8 @@ def test_unlearn_repro_leaves_dvc_status_clean_and_finishes_a_killed_erase(tmp_p
     killed = subprocess.run([*unlearn, "run"], cwd=proj, env={**env, "UNLEARN_FAULT": "erase:after:prepared_store"},
                             capture_output=True, text=True, timeout=900)
     assert killed.returncode == 137, killed.stdout[-2000:] + killed.stderr[-2000:]
-    status = subprocess.run([*unlearn, "status"], cwd=proj, env=env, capture_output=True, text=True, timeout=300)
-    assert status.returncode == 4 and "unfinished erase: batch" in status.stdout, status.stdout + status.stderr
+    told = subprocess.run([*unlearn, "status"], cwd=proj, env=env, capture_output=True, text=True, timeout=300)
+    assert told.returncode == 4 and "unfinished erase: batch" in told.stdout, told.stdout + told.stderr
 
     out = sh([*unlearn, "repro"], proj, env)
     assert "`unlearn erase` finishes it before `dvc repro`" in out and "finished the erase of batch(es)" in out
