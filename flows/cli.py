@@ -557,11 +557,12 @@ def _print_quality_pending_features(status: dict) -> None:
         print(f"erasure pending: {line}; run `unlearn erase` to finish it (then `unlearn verify-erasure`)")
     from tasks.held import age_text, serving_line
 
+    version = (status.get("champion") or {}).get("model_version")
     for h in status.get("held", []):
         failed = "; ".join(h["failing_checks"][:2]) or "no candidate passed the gate"
         print(f"held for review {age_text(h['age_seconds'])}: {h['file']} (batch {h['batch_id']}, since "
-              f"{h['held_at'][:19]}Z): {failed}; {serving_line(status['champion'].get('model_version') if status.get('champion') else None)}; "
-              f"`{h['approve']}` promotes the exact retrain and finishes the erase")
+              f"{h['held_at'][:19]}Z): {failed}; {serving_line(version)}; `{h['approve']}` promotes the exact "
+              f"retrain and finishes the erase")
     cols = status["feature_columns"]
     if cols:
         group = cols["group_column"]

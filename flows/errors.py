@@ -1,7 +1,9 @@
 """Which errors end a command or a DVC stage with one `error:` line, and with which documented exit code.
 
 Exit codes (docs/troubleshooting.md): 0 done or nothing to do, 2 bad input, 3 the gate rejected every candidate,
-1 any other failure; `unlearn status` 4 while an erase is unfinished, 5 while a batch is held for review. Stdlib only: `unlearn` answers a config typo before any heavy import.
+1 any other failure; `unlearn status` 4 while an erase is unfinished, 5 while a batch is held for review (as
+`unlearn run` and the deletion stage when a file was held). Stdlib only: `unlearn` answers a config typo before any
+heavy import.
 """
 
 from __future__ import annotations

@@ -139,8 +139,9 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
 def approval_line(held: dict) -> str:
     """The approved batch's line: which held batch a person approved, when it was held and what had failed."""
     failed = "; ".join(held.get("failing_checks", [])) or held.get("reason", "")
-    return (f"**Approved by `unlearn approve`:** the batch held for review as `{held.get('batch_id') or held.get('file')}`"
-            f" (held {str(held.get('held_at', ''))[:19]}Z{': ' + failed if failed else ''}) was run again as an exact "
+    name = held.get("batch_id") or held.get("file")
+    return (f"**Approved by `unlearn approve`:** the batch held for review as `{name}` (held "
+            f"{str(held.get('held_at', ''))[:19]}Z{': ' + failed if failed else ''}) was run again as an exact "
             f"retrain with the validation floors off, promoted, and erased")
 
 
