@@ -110,7 +110,8 @@ class Journal:
         order = self.order or list(self.stores)
         done = [s for s in order if self.finished(s)]
         left = [s for s in order if not self.finished(s)]
-        waiting = f"; waiting for `unlearn erase`: {', '.join(self.pending.values())}" if self.pending else ""
+        held = ", ".join(self.pending.values())
+        waiting = f"; pending (a store `dvc repro` held) for `unlearn erase`: {held}" if self.pending else ""
         return (f"batch {self.batch_id}: erase started {self.started_at[:19]}Z, {len(done)} of {len(order)} store(s) "
                 f"done" + (f" (next: {left[0]}; not done: {', '.join(left)})" if left else "") + waiting)
 

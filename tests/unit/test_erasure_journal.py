@@ -39,7 +39,8 @@ def test_a_journal_records_each_store_and_goes_when_closed(tmp_path):
 def test_a_store_left_pending_is_not_finished_until_recorded_again(tmp_path):
     j = _start(tmp_path / "state")
     j.record("prepared store", [{"store": "prepared", "pending": True}], pending="prepared store")
-    assert not j.finished("prepared store") and "waiting for `unlearn erase`: prepared store" in j.describe()
+    assert not j.finished("prepared store")
+    assert "pending (a store `dvc repro` held) for `unlearn erase`: prepared store" in j.describe()
     j.record("prepared store", [{"store": "prepared", "purged_rows": 3}])
     assert j.finished("prepared store") and j.pending == {}
 

@@ -48,7 +48,8 @@ def test_status_shows_a_pending_erasure_and_the_command_that_finishes_it(tmp_pat
     out, err = capsys.readouterr()
     # inside `dvc repro` the erase keeps its journal open, with the stores DVC holds pending
     assert ("erasure pending: unfinished erase: batch batch-a: erase started" in out) == pending, out
-    assert ("waiting for `unlearn erase`: models/original.pt, prepared store, state manifest" in out) == pending
+    held = "pending (a store `dvc repro` held) for `unlearn erase`: models/original.pt, prepared store, state manifest"
+    assert (held in out) == pending
     assert ("run `unlearn erase` to finish it" in out) == pending
     assert ("`unlearn erase` finishes it (exit 4)" in err) == pending
     assert main(["--params", str(params_file), "status", "--json"]) == code
