@@ -82,13 +82,14 @@ def _expire_request_files(params: Params) -> list[str]:
 
 
 def redact_erased_ids(params: Params, files: list[Path] | None = None) -> list[str]:
-    """The kept request files (or `files`: one just rejected) that name an erased id in plain text, rewritten with
-    its hashed form (deletion.hash_sample_ids). Run at every rejection, every run and `unlearn erase`: a rejected
-    file naming ids that an earlier or a later batch erased never waits for a batch's erasure to be rewritten
-    (`unlearn verify-erasure` fails on it meanwhile). Returns the files' names."""
+    """The rejected request files (or `files`: one just rejected) that name an erased id in plain text, rewritten
+    with its hashed form (deletion.hash_sample_ids). Run at every rejection, every run and `unlearn erase`: a
+    rejected file naming ids that an earlier or a later batch erased never waits for a batch's erasure to be
+    rewritten (`unlearn verify-erasure` fails on it meanwhile). The applied files are hashed when they move, or
+    when their keep_request_files days end (`_expire_request_files`). Returns the files' names."""
     if not params.deletion.hash_sample_ids:
         return []
-    from tasks.stores.requests import redact_request_files, rewrite
+    from tasks.stores.requests import kept_request_files, rewrite
     from unlearning.erasure import id_key, read_tombstones
     from unlearning.requests import redacted_request_bytes
 
@@ -97,7 +98,8 @@ def redact_erased_ids(params: Params, files: list[Path] | None = None) -> list[s
         return []
     key = id_key(True, id_salt(params))
     if files is None:
-        return [name for r in redact_request_files(params, key, tombstones) for name in r["redacted_files"]]
+        files = [f for store, _, found in kept_request_files(params) if store == "rejected request files"
+                 for f in found]
     out = []
     for f in files:
         data = redacted_request_bytes(f, key, tombstones)
