@@ -498,7 +498,11 @@ class Tracker:
                 mv = self.client.get_model_version(name, str(v))
             except Exception:
                 continue
-            out[str(v)] = {"run_id": mv.run_id, "model_id": getattr(mv, "model_id", None)}
+            # MLflow 3 registers a logged model as `models:/<model id>` (the version's own model_id may be None)
+            source = str(mv.source or "")
+            model_id = getattr(mv, "model_id", None) or (source[len("models:/"):] if source.startswith("models:/m-")
+                                                          else None)
+            out[str(v)] = {"run_id": mv.run_id, "model_id": model_id}
         return out
 
     def unlink_deleted_versions(self, name: str, sources: dict[str, dict], note: str) -> None:
