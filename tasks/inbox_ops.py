@@ -117,9 +117,11 @@ def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
 
 
 def reconcile(params: Params, tracker, resume: bool = True) -> list[str]:
-    """state/ decides: point the registry alias at state/champion.json's version, mark runs of killed batches
-    FAILED, tag never-promoted versions, finish pending erasures, and (once rows were erased) purge the
-    never-promoted versions the erasure's keep rule does not keep. Idempotent; returns what it changed."""
+    """state/ decides: first finish an erase a kill stopped (its journal; `resume` False: the caller did), then
+    point the registry alias at state/champion.json's version, say on the champion's version whether it serves
+    held batches' rows, mark runs of killed batches FAILED, tag never-promoted versions, finish pending erasures,
+    hash the erased ids of rejected request files, and (once rows were erased) purge the never-promoted versions
+    the erasure's keep rule does not keep. Idempotent; returns what it changed."""
     champion_file = params.path("state_dir") / "champion.json"
     # StateCorrupt (one line, exit 1) for a truncated file, as everywhere else: json.loads raised a traceback
     version = read_json_file(champion_file).get("model_version") if champion_file.exists() else None
