@@ -133,6 +133,16 @@ def test_a_floor_that_still_fails_holds_the_batch_until_it_is_approved(trained, 
     assert new_run.data.tags["review"] == "approved" and new_run.data.tags["approved_hold_of"] == report["batch_id"]
     assert "Approved by `unlearn approve`" in new_run.data.tags["mlflow.note.content"]
     assert tracker.client.get_run(report["run_id"]).data.tags["review"] == "approved"
+
+    def candidate(parent):  # the batch's exact retrain, as its child run logged it
+        [child] = tracker.client.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and "
+                                                                      f"tags.mlflow.runName = 'unlearn-retrain'")
+        return child.data.metrics
+
+    held_model, approved_model = candidate(report["run_id"]), candidate(approved[0]["run_id"])
+    assert approved_model["cost/from_cache"] == 1.0  # the same rows and seed: the held model, from the cache
+    assert {k: v for k, v in approved_model.items() if k.startswith("acc/")} == \
+        {k: v for k, v in held_model.items() if k.startswith("acc/")}
     problems, _ = verify_erasure(params, None, tracker)
     assert problems == []
     assert main(["--params", str(params_path), "status"]) == 0
