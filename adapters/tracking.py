@@ -567,6 +567,52 @@ class Tracker:
             purged.append({"version": version, "artifacts_removed": removed})
         return purged
 
+    def version_sources(self, name: str, versions) -> dict[str, dict]:
+        """{version: {"run_id", "model_id"}}: the run that registered each version and its logged model (read
+        before an erasure deletes them: afterwards the registry no longer knows)."""
+        out = {}
+        for v in versions:
+            try:
+                mv = self.client.get_model_version(name, str(v))
+            except Exception:
+                continue
+            # MLflow 3 registers a logged model as `models:/<model id>` (the version's own model_id may be None)
+            source = str(mv.source or "")
+            model_id = getattr(mv, "model_id", None) or (source[len("models:/"):] if source.startswith("models:/m-")
+                                                          else None)
+            out[str(v)] = {"run_id": mv.run_id, "model_id": model_id}
+        return out
+
+    def unlink_deleted_versions(self, name: str, sources: dict[str, dict], note: str) -> None:
+        """After an erasure deleted these versions (`version_sources` read them before): each logged model's
+        `mlflow.modelVersions` tag (the run page's link to the registry) drops them, and the logged model and
+        the run say which version was deleted and why (`deleted_model_versions`, `model_version_deleted`), so
+        no page links a version that answers 404."""
+        for version, src in sources.items():
+            model_id, run_id = src.get("model_id"), src.get("run_id")
+            if model_id:
+                try:
+                    tags = self.client.get_logged_model(model_id).tags or {}
+                    links = [v for v in json.loads(tags.get("mlflow.modelVersions", "[]"))
+                             if not (v.get("name") == name and str(v.get("version")) == version)]
+                    gone = json.loads(tags.get("deleted_model_versions", "[]")) + [f"{name} v{version}: {note}"]
+                    self.client.set_logged_model_tags(model_id, {"mlflow.modelVersions": json.dumps(links),
+                                                                 "deleted_model_versions": json.dumps(gone)})
+                except Exception:  # a logged model of another store or version: nothing links it here
+                    pass
+            if run_id:
+                try:
+                    self.client.set_tag(run_id, "model_version_deleted", f"v{version}: {note}")
+                except Exception:
+                    pass
+
+    def description(self, run_id: str) -> str:
+        """The run's description (`mlflow.note.content`), "" when it has none or the run is gone."""
+        try:
+            return self.client.get_run(run_id).data.tags.get("mlflow.note.content", "")
+        except Exception:
+            return ""
+
     def run_url_hint(self, run_id: str, tab: str = "") -> str:
         """The run's page (`tab`: e.g. "artifacts/champion_history.png"), in the model-training workflow: MLflow 3
         opens a run page on its GenAI side bar otherwise."""

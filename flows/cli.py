@@ -13,10 +13,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from flows.errors import ENV_DEBUG, EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_GATE_REJECTED, exit_code  # noqa: F401 (re-exported)
+from flows.errors import (  # noqa: F401 (re-exported)
+    ENV_DEBUG, EXIT_BAD_INPUT, EXIT_ERASE_UNFINISHED, EXIT_FAILURE, EXIT_GATE_REJECTED, EXIT_HELD, exit_code,
+)
 
 EPILOG = """exit codes: 0 done (or nothing to do), 2 bad input (params, request file, unreachable store),
-            3 the gate rejected every candidate, 1 any other failure
+            3 the gate rejected every candidate, 1 any other failure; `unlearn status`: 4 an erase is
+            unfinished (`unlearn erase` finishes it), 5 a batch is held for review (`unlearn approve`)
 
 examples:
   unlearn run                          process every request file in the inbox (params.yaml)
@@ -29,6 +32,7 @@ examples:
   unlearn verify-erasure [BATCH]       re-check every store for forgotten rows; exit 1 if any remain
   unlearn lookup ID                    was this sample id erased, when and by which batch (from its salted hash)
   unlearn erase                        finish erasures left pending by `dvc repro` or a crash
+  unlearn approve FILE                 promote a batch held for review (requests/held/FILE), finish its erase
   unlearn repro [TARGET]               dvc repro, unlearn erase, unlearn status: one Prefect server for all
   unlearn serve                        schedule + inbox-triggered deployments (needs a Prefect server)
   unlearn reset                        start over: archive state/ and cache/ (ledger kept), after a prompt
@@ -49,6 +53,14 @@ current params, else removed (--keep-alias leaves it).
 Use it when `unlearn run` stops with "was built from other params or data" (a changed dataset, model or
 recipe), or to start over on purpose. Asks for confirmation; --yes skips the prompt (required without a
 terminal)."""
+
+APPROVE_DESCRIPTION = """Promote a batch held for review, and finish its erase.
+
+A batch no candidate passed (a validation floor the exact retrain still missed, or a warning quality.refuse
+names) is held in requests/held/ beside FILE.held.json, never refused: the champion keeps serving its rows
+meanwhile (`unlearn status` says so). Approving runs it again as an exact retrain (the same rows and seed:
+the model the held report measured) with the floors off, promotes it, erases the rows from every store and
+moves FILE to requests/processed/. Exit 0 when applied."""
 
 RESET_EPILOG = """examples:
   unlearn reset                        show what would move, ask, then archive and start over
@@ -377,6 +389,46 @@ def cmd_erase(args) -> int:
     return 0
 
 
+def _held_file(name: str, params) -> Path:
+    """The held request file `name` names (its name in requests/held/, or a path there); one line, exit 2, when it is
+    not held."""
+    from tasks.held import held_batches, held_dir, report_path
+
+    folder = held_dir(params)
+    path = Path(name) if Path(name).parent != Path(".") else folder / name
+    if path.resolve().parent != folder.resolve() or not path.is_file() or path.name.endswith(".held.json"):
+        held = [h["file"] for h in held_batches(params)]
+        raise FileNotFoundError(f"{name}: not a held request file in {folder} (held: {held or 'none'}; "
+                                f"`unlearn status` lists them)")
+    if not report_path(path).exists():
+        print(f"note: {path.name} has no {report_path(path).name} (a kill while it was held): approved all the same",
+              file=sys.stderr)
+    return path
+
+
+def cmd_approve(args) -> int:
+    """`unlearn approve FILE`: the held batch runs again as an exact retrain with the floors off (tasks/held.py
+    approval_overrides), is promoted and erased; the file moves to requests/processed/."""
+    params = _params(args)
+    path = _held_file(args.file, params)
+    _preflight_tracking(args)
+    from flows.common import prefect_api, tracker_for
+    from flows.deletion_batch import report_results, run
+    from tasks.held import approval_overrides, record_approval
+    from tasks.inbox_ops import processed
+
+    with prefect_api():
+        results = run(str(path), args.params, approval_overrides(bool(params.train.sharding.shards)))
+    code = report_results(results)
+    if code or results[0]["status"] not in ("applied", "already_processed"):
+        return code or EXIT_FAILURE
+    record_approval(tracker_for(params), params, path, results[0])
+    dest = processed(path, params)
+    for r in results:
+        print(json.dumps({**{k: v for k, v in r.items() if k != "metrics"}, "approved": True, "moved_to": str(dest)}))
+    return 0
+
+
 def _refuse_a_lost_store(params) -> None:
     """The store the champion was registered in no longer holds it (adapters.store_check.champion_store_problem):
     reconciling would create or change a new registry; one line, exit 2."""
@@ -446,7 +498,7 @@ def cmd_methods(args) -> int:
 
 STATUS_KEYS = ("champion", "state_dir", "retraining_debt", "debt_bounds", "registered_model", "alias", "n_samples",
                "n_deleted", "n_requests", "n_batches", "n_erased", "mlflow_tracking_uri", "notes", "warnings",
-               "quality_warnings", "erasure_pending", "feature_columns", "qualified")
+               "quality_warnings", "erasure_pending", "held", "feature_columns", "qualified")
 
 
 def _state_against_params(params, champion: dict) -> tuple[list[str], str | None]:
@@ -503,6 +555,14 @@ def _print_quality_pending_features(status: dict) -> None:
         print(f"quality warning (champion's batch): {w}")
     for line in status["erasure_pending"]:
         print(f"erasure pending: {line}; run `unlearn erase` to finish it (then `unlearn verify-erasure`)")
+    from tasks.held import age_text, serving_line
+
+    version = (status.get("champion") or {}).get("model_version")
+    for h in status.get("held", []):
+        failed = "; ".join(h["failing_checks"][:2]) or "no candidate passed the gate"
+        print(f"held for review {age_text(h['age_seconds'])}: {h['file']} (batch {h['batch_id']}, since "
+              f"{h['held_at'][:19]}Z): {failed}; {serving_line(version)}; `{h['approve']}` promotes the exact "
+              f"retrain and finishes the erase")
     cols = status["feature_columns"]
     if cols:
         group = cols["group_column"]
@@ -523,14 +583,17 @@ def cmd_status(args) -> int:
     params = _params(args)
     state_dir = params.path("state_dir")
     if not (state_dir / "champion.json").exists():
+        held = _held(params)
         if args.json:  # the same keys as for a project with a state: a script reads one shape
             print(json.dumps({**dict.fromkeys(STATUS_KEYS), "champion": None, "state_dir": str(state_dir),
                               "notes": [], "warnings": [], "mlflow_tracking_uri": params.mlflow_tracking_uri(),
-                              "quality_warnings": [], "erasure_pending": [],
+                              "quality_warnings": [], "erasure_pending": [], "held": held,
                               "feature_columns": _feature_columns(params)}, indent=2))
         else:
             print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
-        return 0
+            for h in held:
+                print(f"held for review: {h['file']}; `{h['approve']}` promotes the exact retrain")
+        return EXIT_HELD if held else 0
     from unlearning.io import read_json_file
 
     champion = read_json_file(state_dir / "champion.json")
@@ -569,11 +632,13 @@ def cmd_status(args) -> int:
               "n_erased": len(read_tombstones(params.path("tombstones"))),
               "mlflow_tracking_uri": params.mlflow_tracking_uri(), "notes": notes, "warnings": warnings,
               "quality_warnings": champion.get("quality_warnings", []), "erasure_pending": _erasure_pending(params),
-              "feature_columns": _feature_columns(params), "qualified": _qualified_status(params)}
+              "held": _held(params), "feature_columns": _feature_columns(params),
+              "qualified": _qualified_status(params)}
     assert set(status) == set(STATUS_KEYS)
+    code = EXIT_ERASE_UNFINISHED if status["erasure_pending"] else EXIT_HELD if status["held"] else 0
     if args.json:
         print(json.dumps(status, indent=2, default=str))
-        return 0
+        return code
     for note in notes:
         print(note)
     for warning in warnings:
@@ -604,7 +669,19 @@ def cmd_status(args) -> int:
 
     print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: {ui_route(params, '#/experiments')} (the batch runs: "
           f"the link each batch prints at its end)")
-    return 0
+    if code == EXIT_ERASE_UNFINISHED:
+        print(f"error: an erase is unfinished ({len(status['erasure_pending'])} line(s) above): `unlearn erase` "
+              f"finishes it (exit {code})", file=sys.stderr)
+    elif code == EXIT_HELD:
+        print(f"error: {len(status['held'])} batch(es) held for review: their rows are not erased yet; `unlearn "
+              f"approve FILE` promotes the exact retrain and finishes the erase (exit {code})", file=sys.stderr)
+    return code
+
+
+def _held(params) -> list[dict]:
+    from tasks.held import held_batches  # stdlib: without torch
+
+    return held_batches(params)
 
 
 def _qualified_status(params) -> dict:
@@ -831,8 +908,9 @@ SIMPLE = {
                 "Every registered unlearning method, its one-line summary and its arguments with their defaults "
                 "(set them under deletion.method_args.<method>).", ["unlearn methods"]),
     "erase": ("finish pending erasures (after `dvc repro`, or a crash)",
-              "Rewrite the stores a running `dvc repro` could not rewrite (prepared data, the original), "
-              "re-commit the DVC stages and garbage-collect the DVC cache, under the batch lock.",
+              "Finish an erase a kill stopped between two stores (its journal says which are done), and rewrite the "
+              "stores a running `dvc repro` could not rewrite (prepared data, the original), re-commit the DVC "
+              "stages and garbage-collect the DVC cache, under the batch lock.",
               ["unlearn erase", "dvc repro && unlearn erase && unlearn verify-erasure"]),
     "serve": ("serve scheduled and inbox-triggered deployments",
               "Serve the `scheduled` (operations.cron) and `on-request-file` deployments and watch the inbox. Needs "
@@ -903,6 +981,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", help="a request file naming the proposed forget set")
     s.add_argument("--json", action="store_true", help="print the diagnostics as JSON")
     s.set_defaults(fn=cmd_audit)
+    s = sub.add_parser("approve", help="promote a batch held for review (requests/held/FILE) and finish its erase",
+                       description=APPROVE_DESCRIPTION, formatter_class=raw, parents=[common],
+                       epilog=_examples(["unlearn status   (lists the held files and their age)",
+                                         "unlearn approve 2026-12-01T0900_erasure.csv"]))
+    s.add_argument("file", metavar="FILE", help="the held request file: its name in requests/held/, or its path")
+    s.set_defaults(fn=cmd_approve)
     s = add("status", "show the champion, the deletions and the ledger",
             "The champion model (and its registry alias, reconciled with state/champion.json), the manifest's "
             "deleted and erased samples, and the ledger.", ["unlearn status", "unlearn status --json"])

@@ -21,7 +21,7 @@ from flows.common import (
     base_parser, device_of, params_or_exit, prefect_api, task_runner_for, tracker_for, ui_hint, use_project_path,
 )
 from flows.common import deletion_run_name
-from flows.errors import EXIT_BAD_INPUT, EXIT_GATE_REJECTED, one_line_errors
+from flows.errors import EXIT_BAD_INPUT, EXIT_GATE_REJECTED, EXIT_HELD, one_line_errors
 from flows.intake import reject  # noqa: F401  (one writer of <name>.error.json; tests and flows import it from here)
 from tasks import stages as S
 from adapters.dvc_metrics import write_deletion_metrics
@@ -31,7 +31,8 @@ from tasks.batch_path import (  # noqa: F401  (tests, benches and `unlearn` impo
     wants_diagnostics,
 )
 from tasks.inbox_ops import (  # noqa: F401  (process_inbox_file looks `processed` up here: tests replace it)
-    _expire_request_files, preflight, processed, reconcile, reconcile_if_started,
+    _expire_request_files, preflight, processed, reconcile, reconcile_if_started, redact_erased_ids,
+    resume_erasure,
 )
 from tasks.licensed_batch import licensed_path
 from tasks.lineage import commit_lineage
@@ -92,7 +93,8 @@ def process_request_file(path: Path, params: Params, device: str) -> BatchResult
         erasure = erase_batch(batch, params, requests["sample_id"].tolist(), promoted["version"])
         S.finish(batch, outcome, promoted, erasure)
     except BaseException as e:
-        S.fail(batch, e, rejected=isinstance(e, BatchRejected))
+        # no candidate passed: the batch is held for a person, never refused (tasks/held.py)
+        S.fail(batch, e, rejected=isinstance(e, BatchRejected), held=isinstance(e, BatchRejected))
         if batch.committed:  # say what was applied and what was not
             raise AfterCommitError(f"{path.name}: batch {batch.batch_id} WAS applied (state/ holds the new model, "
                                    f"manifest and ledger); what failed afterwards is not: {type(e).__name__}: {e}. "
@@ -137,12 +139,14 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     log = run_logger()
     state_dir, inbox = params.path("state_dir"), params.path("inbox")
     with batch_lock(params, params.operations.lock_timeout_seconds):
+        for note in resume_erasure(params):  # an erase a kill stopped: finished before anything reads the state
+            log.info(note)
         # A state that holds no batch and was built from other params or data follows the retrained original
         # (ensure_state rewrites only such a state), before the registry alias is reconciled with it.
         if (state_dir / "model.pt").exists() and ensure_state(params, device):
             log.info(f"{state_dir} held no batch and was built from other params or data: it now starts from "
                      f"the retrained {original_path(params)}")
-        for note in reconcile_if_started(params):
+        for note in reconcile_if_started(params, resume=False):
             log.info(note)
         in_scope = request_path is None or in_inbox(Path(request_path), inbox)
         if in_scope:
@@ -166,12 +170,12 @@ def final_state(results: list[BatchResult]):
     pass over), with the files in its message; the caller still gets the results."""
     from prefect.states import Completed
 
-    held = [f"{r['file']} ({r['status']}{': ' + r['reason'] if r.get('reason') else ''})" for r in results
-            if r["status"] in ("rejected", "changed")]
-    if not held:
+    waiting = [f"{r['file']} ({r['status']}{': ' + r['reason'] if r.get('reason') else ''})" for r in results
+               if r["status"] in ("rejected", "changed", "held")]
+    if not waiting:
         return results
     return Completed(name="Completed with rejections", data=results,
-                     message=f"{len(held)} of {len(results)} file(s) not applied: {'; '.join(held)}")
+                     message=f"{len(waiting)} of {len(results)} file(s) not applied: {'; '.join(waiting)}")
 
 
 def report_leftover_dot_files(inbox: Path) -> None:
@@ -213,11 +217,14 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> Bat
             raise
         if changed_since(f, before):
             return still_changing(f, BatchResult(f.name, "changed", error=str(e)), "checked")
+        if isinstance(e, BatchRejected):
+            return held(f, params, e)
         dest = reject(f, params, e)
+        redact_erased_ids(params, [dest])  # an id erased already (by an earlier batch) never stays plain there
         run_logger().info(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); "
                           f"later files proceed")
         return BatchResult(f.name, "rejected", error=str(e), moved_to=str(dest),
-                           reason="gate" if isinstance(e, BatchRejected) else "validation")
+                           reason="validation")
     if from_inbox:
         if changed_since(f, before):
             return still_changing(f, r.but(status="changed", applied_status=r.status), "processed")
@@ -231,6 +238,27 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> Bat
                                    f"({type(e).__name__}: {e}). Fix that folder's permissions; the next run finds the "
                                    f"file processed already, moves it and finishes the erasure") from e
     return r
+
+
+def held(f: Path, params: Params, error: BatchRejected) -> BatchResult:
+    """An inbox file no candidate of whose batch passed: held for a person in requests/held/ (tasks/held.py), not
+    rejected; the champion keeps serving meanwhile, and `unlearn status` says so."""
+    from tasks.held import hold, serving_line, tag_serving_champion
+    from unlearning.io import read_json_file
+
+    champion_file = params.path("state_dir") / "champion.json"
+    tracker = tracker_for(params)
+    # the state's champion; on a first run (no state yet) the trained original the alias names
+    version = (read_json_file(champion_file).get("model_version") if champion_file.exists()
+               else tracker.alias_version(params.tracking.registered_model, params.tracking.alias))
+    dest = hold(f, params, error, version)
+    if version is not None:
+        tag_serving_champion(tracker, params, version)
+    run_logger().warning(f"{error}\n{f.name}: HELD for review, moved to {dest} (report {dest.name}.held.json): an "
+                         f"erasure is never refused for the model's quality; {serving_line(version)}. "
+                         f"`unlearn approve {dest.name}` promotes the exact retrain and finishes the erase")
+    return BatchResult(f.name, "held", batch_id=getattr(error, "batch_id", None), run_id=getattr(error, "run_id", None),
+                       error=str(error), moved_to=str(dest), reason="gate")
 
 
 def changed_since(path: Path, sha256: str | None) -> bool:
@@ -280,10 +308,16 @@ def run(request_path: str | None = None, params_path: str = "params.yaml", overr
 
 def report_results(results: list[BatchResult]) -> int:
     """One `error:` line on stderr per kind of file not applied, and the exit code of the batch: 2 when a file was
-    bad input (or changed while it was processed), 3 when the gate rejected it, else 0. `unlearn run` and the
+    bad input (or changed while it was processed), 3 when the gate rejected it, 5 when it was held for review
+    (no candidate passed: tasks/held.py), else 0. `unlearn run` and the
     DVC stage answer alike, so `dvc repro` fails (and a scheduler sees it) when a file was not applied."""
     rejected = [r for r in results if r["status"] == "rejected"]
     changed = [r["file"] for r in results if r["status"] == "changed"]
+    held_files = [r["file"] for r in results if r["status"] == "held"]
+    if held_files:
+        print(f"error: {len(held_files)} file(s) held for review in requests/held/ (no candidate passed the gate; "
+              f"the champion keeps serving their rows): {held_files}; `unlearn approve FILE` promotes the exact "
+              f"retrain and finishes the erase (`unlearn status` lists them)", file=sys.stderr)
     if changed:
         print(f"error: {changed} changed while being processed, or were still open for writing (not dropped "
               f"atomically): they stay in the inbox, with what was applied of them in the ledger; run again once "
@@ -293,7 +327,7 @@ def report_results(results: list[BatchResult]) -> int:
               f"{[r['file'] for r in rejected]}", file=sys.stderr)
     if changed or any(r.get("reason") != "gate" for r in rejected):
         return EXIT_BAD_INPUT
-    return EXIT_GATE_REJECTED if rejected else 0
+    return EXIT_GATE_REJECTED if rejected else EXIT_HELD if held_files else 0
 
 
 def main() -> None:

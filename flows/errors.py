@@ -1,7 +1,9 @@
 """Which errors end a command or a DVC stage with one `error:` line, and with which documented exit code.
 
 Exit codes (docs/troubleshooting.md): 0 done or nothing to do, 2 bad input, 3 the gate rejected every candidate,
-1 any other failure. Stdlib only: `unlearn` answers a config typo before any heavy import.
+1 any other failure; `unlearn status` 4 while an erase is unfinished, 5 while a batch is held for review (as
+`unlearn run` and the deletion stage when a file was held). Stdlib only: `unlearn` answers a config typo before any
+heavy import.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from contextlib import contextmanager
 
 EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_GATE_REJECTED = 1, 2, 3
+EXIT_ERASE_UNFINISHED, EXIT_HELD = 4, 5  # `unlearn status`: an erase to finish; a batch waiting for `unlearn approve`
 ENV_DEBUG = "UNLEARN_DEBUG"  # `--debug`: tracebacks everywhere
 
 # Errors that end a command with one line: bad input -> 2; by class name (their modules import heavy packages).

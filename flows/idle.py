@@ -8,7 +8,8 @@ say so:
   changed (a new release of the code, a forced `dvc repro -f`), and only rewrites its DVC metrics.
 
 Everything else (a first run that builds the state, a state that holds no batch and may have to follow a
-retrained original, a half-finished swap to settle, any file in the inbox) goes the full way, unchanged.
+retrained original, a half-finished swap to settle, an erase a kill stopped, any file in the inbox) goes the full
+way, unchanged.
 Stdlib, pydantic and the pure core only: no prefect, mlflow, torch or great_expectations.
 """
 
@@ -77,13 +78,25 @@ def _settled_state_with_batches(state_dir: Path) -> bool:
 
     if not ((state_dir / "model.pt").is_file() and (state_dir / "champion.json").is_file()):
         return False
-    if state_dir.parent.is_dir() and any(p.name.startswith(f".{state_dir.name}.")
-                                         for p in state_dir.parent.iterdir()):
+    if state_dir.parent.is_dir() and any(_unsettled(p, state_dir) for p in state_dir.parent.iterdir()):
         return False
     try:
         return bool(read_ledger(state_dir / "ledger.jsonl"))
     except (StateCorrupt, OSError, ValueError):
         return False
+
+
+def _unsettled(entry: Path, state_dir: Path) -> bool:
+    """Whether `entry` beside the state folder is work left: a swap to settle (`.state.previous`, a staging
+    folder) or an erase a kill stopped (its journal, unlearning/erasure_journal.py). The lock file (it stays
+    after every batch) and an empty journal folder (every erase finished) are not."""
+    from unlearning.erasure_journal import journal_dir
+
+    if not entry.name.startswith(f".{state_dir.name}.") or entry.name == f".{state_dir.name}.lock":
+        return False
+    if entry == journal_dir(state_dir):
+        return any(entry.glob("*.json"))
+    return True
 
 
 def _has_entries(folder: Path) -> bool:

@@ -11,7 +11,8 @@ each on the console, and the good files beside it are applied by the stage. A pl
 helped from inside (its hash runs first): `python -m flows.intake` does the same step by hand
 (docs/requests.md).
 
-Stdlib and unlearning.io only (no torch, no pandas): `make run` pays nothing for a clean inbox.
+Stdlib and unlearning.io only (no torch, no pandas): `make run` pays nothing for a clean inbox. `erase_first`, the
+other pre-step of `make run`, puts `unlearn erase` first when an erase was stopped halfway.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from unlearning.io import atomic_write_json, move_unique
+from unlearning.io import atomic_write_json, dangling_symlink_problem, move_unique
 
 # the line flows/session.py reads as "a file was not applied, the others go on" (FILES_HELD_LINE)
 HELD_LINE = "error: {n} file(s) rejected and moved to requests/rejected/ (see <name>.error.json there)"
@@ -48,7 +49,9 @@ def unhashable(entry: Path) -> str | None:
     try:
         st = entry.stat()  # follows a symlink, as dvc-data does
     except FileNotFoundError:
-        return "a dangling symlink" if entry.is_symlink() else None  # None: removed meanwhile
+        if not entry.is_symlink():
+            return None  # removed meanwhile
+        return dangling_symlink_problem(entry)
     except OSError as e:  # a symlink loop, a name too long
         return f"cannot be read ({e.strerror})"
     if stat.S_ISDIR(st.st_mode):
@@ -87,6 +90,35 @@ def intake(params_path: str = "params.yaml", out=None) -> int:
     if moved:
         print(HELD_LINE.format(n=len(moved)), file=out, flush=True)
     return 2 if moved else 0
+
+
+def is_dvc_repro(cmd: list[str]) -> bool:
+    """`dvc repro ...` or `python -m dvc repro ...`."""
+    words = cmd[2:] if len(cmd) > 2 and cmd[1:3] == ["-m", "dvc"] else cmd
+    return bool(words) and os.path.basename(words[0]) == "dvc" and "repro" in words[1:]
+
+
+def erase_first(commands: list[list[str]], params_path: str = "params.yaml", out=None) -> list[list[str]]:
+    """`make run` and `unlearn repro` (flows/session.py): an erase a kill stopped between two stores (its journal,
+    unlearning/erasure_journal.py) is finished by `unlearn erase` BEFORE `dvc repro`. Inside `dvc repro` the
+    stores DVC holds cannot be rewritten, and DVC, seeing the prepared store the erase had already rewritten,
+    would re-run prepare and retrain the original. The `unlearn erase` of the commands is reused (it carries their
+    `--params`); the commands are returned unchanged when nothing is unfinished."""
+    if not commands or not is_dvc_repro(commands[0]) or not os.path.exists(params_path):
+        return commands
+    from unlearning.config import ConfigError, load_params
+    from unlearning.erasure_journal import has_unfinished
+
+    try:
+        params = load_params(params_path)
+    except ConfigError:
+        return commands  # the stage itself says what is wrong, in one line
+    if not has_unfinished(params.path("state_dir")):
+        return commands
+    erase = next((list(c) for c in commands if c[-1:] == ["erase"]), [sys.executable, "-m", "flows.cli", "erase"])
+    print(f"an erase was stopped before it finished ({params.path('state_dir').name}'s erasure journal): "
+          f"`unlearn erase` finishes it before `dvc repro`", file=out or sys.stdout, flush=True)
+    return [erase, *commands]
 
 
 if __name__ == "__main__":

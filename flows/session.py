@@ -47,7 +47,8 @@ STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
 # DVC exits 255 whatever the stage's command exited with; the command's documented code is on this line.
 STAGE_FAILED_LINE = re.compile(r"^ERROR: failed to reproduce '[^']+': failed to run: .*, exited with (\d+)\s*$")
 # flows.deletion_batch.report_results: a file was not applied, while the others of the run may have been
-FILES_HELD_LINE = re.compile(r"^error: (\d+ file\(s\) rejected and moved to requests/rejected/|\[.*\] changed while)")
+FILES_HELD_LINE = re.compile(r"^error: (\d+ file\(s\) rejected and moved to requests/rejected/|\[.*\] changed while"
+                             r"|\d+ file\(s\) held for review in requests/held/)")
 SKIPPED_LINE = re.compile(r"^Stage '([^']+)' (?:didn't change, skipping|is cached - skipping)")
 
 
@@ -491,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:  # before any server or worker starts: one line, exit 2 (docs/troubleshooting.md)
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    from flows.intake import erase_first  # an erase a kill stopped is finished before `dvc repro`
+
+    commands = erase_first(commands)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     started = time.perf_counter()
     env = dict(os.environ)

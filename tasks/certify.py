@@ -97,7 +97,7 @@ def _reference_free_outcome(method: str, model: Ensemble, ev: Evaluator, product
     reference_free_outcome)."""
     ids = ev.prepared.manifest["sample_id"].to_numpy()[ev.eval_rows]
     return reference_free_outcome(method, model, ev(model), ev(production), ev.labels, ev.splits, ids, gate,
-                                  objective, cost, t0)
+                                  objective, cost, t0, remote_validation=ev.rows.remote_validation())
 
 
 def exact_retrain(params: Params, state, rows: BatchRows, device: str, objective: str, batch_index: int,

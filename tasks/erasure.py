@@ -37,14 +37,16 @@ from tasks.stores.tracking import versions_to_keep  # noqa: F401  (tasks/inbox_o
 from unlearning.config import Params
 from unlearning.data import load_prepared
 from unlearning.erasure import (  # noqa: F401  (read_tombstones: tasks/inbox_ops.py)
-    UnknownBatch, add_tombstones, id_key, is_erased, keyed_forms, read_tombstones, salted_digests,
+    Finding, UnknownBatch, add_tombstones, id_key, is_erased, keyed_forms, read_tombstones, salted_digests,
 )
-from unlearning.io import atomic_write_json, read_json_file
+from unlearning.erasure_journal import Journal, journal_dir, unfinished
+from unlearning.io import StateCorrupt, atomic_write_json, fault, read_json_file
 
 _redact_request_files = redact_request_files  # the name tests and older callers use
 __all__ = ["STORES", "Scope", "UnknownBatch", "erase", "erase_pending", "pending_erasures", "verify_erasure",
            "id_references", "kept_request_files", "source_folder_checks", "source_table_checks", "tombstoned_rows",
-           "versions_to_keep", "digest_list", "reports_dir", "read_tombstones", "in_dvc_stage", "is_dvc_repo"]
+           "versions_to_keep", "digest_list", "reports_dir", "read_tombstones", "in_dvc_stage", "is_dvc_repo",
+           "resume_unfinished"]
 
 
 # The report's fingerprints of the forgotten rows: kept in state/erasure/, not logged to MLflow. An older version
@@ -91,77 +93,152 @@ def pending_line(stores: list[str]) -> str:
     return f"{named}: inside `dvc repro`; run `unlearn erase`"
 
 
+def _slug(store: str) -> str:
+    return store.replace(" ", "_")
+
+
+def _open_journal(params: Params, batch_id: str, new_keys: list[str], n_ids: int, key, salt: str,
+                  champion_version, run_id: str | None, prepared) -> tuple[Journal, dict]:
+    """(the batch's journal, its erasure report so far): the journal of an erase a kill stopped (taken up again),
+    or a new one, written before anything is purged, with the salted digests of the rows taken while the prepared
+    store still holds them (unlearning/erasure_journal.py)."""
+    path = journal_dir(params.path("state_dir"))
+    report_path = reports_dir(params) / f"{batch_id}.json"
+    old = read_json_file(report_path) if report_path.exists() else {}
+    found = [j for j in unfinished(params.path("state_dir")) if j.batch_id == batch_id]
+    if found:
+        found[0].resumed()
+        return found[0], old
+    hash_ids = params.deletion.hash_sample_ids
+    erased = is_erased(read_tombstones(params.path("tombstones")) | set(new_keys), hash_ids, salt)
+    digests = sorted(_fingerprints(prepared, erased, key, hash_ids, old))
+    journal = Journal.start(path, batch_id, run_id=run_id or old.get("run_id"), champion_version=champion_version,
+                            keys=new_keys, n_ids=n_ids or old.get("n_ids", 0), row_digests=digests,
+                            order=[s.name for s in STORES])
+    fault("erase:start")
+    return journal, old
+
+
+def _purge_stores(scope: Scope, journal: Journal) -> None:
+    """Each registered store's purge, in ORDER, recorded in the journal the moment it returns; a store the journal
+    records as finished (by an earlier pass that a kill stopped) is not asked again. Fault points (tests only):
+    `erase:before:<store>` and `erase:after:<store>` (purged, not yet recorded), spaces as underscores."""
+    for store in STORES:
+        if journal.finished(store.name):
+            continue
+        fault(f"erase:before:{_slug(store.name)}")
+        purged = store.purge(scope)
+        fault(f"erase:after:{_slug(store.name)}")
+        journal.record(store.name, [p.as_dict() for p in purged], ", ".join(p.pending for p in purged if p.pending))
+
+
 @computes
 def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str, champion_version: str | None,
           tracker=None, run_id: str | None = None, keys: list[str] | None = None) -> dict:
-    """Erase every tombstoned row (plus `forget_ids`, added first) from every registered store; idempotent. Returns
-    the report, also written to state/erasure/<batch_id>.json and logged to the MLflow run `run_id`."""
+    """Erase every tombstoned row (plus `forget_ids`, added first) from every registered store; idempotent and
+    journaled: an erase of `batch_id` that a kill stopped is taken up where its journal says, never restarted
+    blind nor reported done. Returns the report, also written to state/erasure/<batch_id>.json and logged to the
+    MLflow run `run_id`; the journal goes once the report is written, committed and logged, unless a store waits
+    for `unlearn erase` (inside `dvc repro`)."""
     hash_ids = params.deletion.hash_sample_ids
     key = id_key(hash_ids, salt)
-    if forget_ids or keys:
-        add_tombstones(params.path("tombstones"), [key(s) for s in forget_ids or []] + list(keys or []))
-    tombstones = read_tombstones(params.path("tombstones"))
     migrate_reports(params, key)
-    path = reports_dir(params) / f"{batch_id}.json"
-    old = read_json_file(path) if path.exists() else {}
-    run_id = run_id or old.get("run_id")  # a later pass (`unlearn erase`) updates the batch's MLflow run too
-    # Fingerprints of the rows, taken while the rows are still in the prepared store.
     prepared = load_prepared(params.path("prepared_dir"))
-    digest_ids = _fingerprints(prepared, is_erased(tombstones, hash_ids, salt), key, hash_ids, old)
+    journal, old = _open_journal(params, batch_id, [key(s) for s in forget_ids or []] + list(keys or []),
+                                 len(forget_ids or []), key, salt, champion_version, run_id, prepared)
+    add_tombstones(params.path("tombstones"), journal.keys)
+    tombstones = read_tombstones(params.path("tombstones"))
+    # a resumed erase finds the rows its first pass purged gone: their digests come from the journal
+    digest_ids = _fingerprints(prepared, is_erased(tombstones, hash_ids, salt), key, hash_ids,
+                               {"row_digests": journal.row_digests})
     scope = Scope(params, forgotten=tombstones, tombstones=tombstones, key=key, prepared=prepared,
                   digest_ids=digest_ids, cache_hashes=keyed_forms(tombstones, salt), tracker=tracker,
-                  champion_version=champion_version,
-                  dvc_locked=in_dvc_stage())
-    purged = [p for store in STORES for p in store.purge(scope)]
-    waiting = [p.pending for p in purged if p.pending]
-    stores = [p.as_dict() for p in purged]
-    # Each pass's stores are kept: the pass inside `dvc repro` purges the ensemble cache and the registry, the
-    # `unlearn erase` after it the rest; the report must say what each one removed, not only the last.
-    earlier = old.get("earlier_passes", []) + ([{k: old[k] for k in ("erased_at", "stores", "pending") if k in old}]
-                                               if old else [])
-    report = {"batch_id": batch_id, "run_id": run_id, "erased_at": datetime.now(timezone.utc).isoformat(),
-              "n_ids": len(forget_ids or []) or old.get("n_ids", 0), "n_tombstones": len(tombstones),
-              "hashed_ids": hash_ids, "stores": stores, "pending": [pending_line(waiting)] if waiting else [],
-              "earlier_passes": earlier, "row_digests": sorted(digest_ids)}
-    atomic_write_json(path, report)
-    if any(p.store == "DVC cache" and p.done.get("committed") for p in purged):
+                  champion_version=champion_version or journal.champion_version, dvc_locked=in_dvc_stage())
+    _purge_stores(scope, journal)
+    report = _report(params, journal, old, tombstones, digest_ids)
+    atomic_write_json(reports_dir(params) / f"{batch_id}.json", report)
+    fault("erase:report_written")
+    if any(r.get("store") == "DVC cache" and r.get("committed") for r in report["stores"]):
         dvc_ops.commit(params.root, ["deletion"])  # the report just written is in state/: `dvc status` stays clean
         dvc_ops.gc_workspace(params.root)  # that commit left the deletion stage's previous objects unreferenced
-    if tracker is not None and run_id is not None:
-        tracker.log_json(run_id, {k: v for k, v in report.items() if k not in FINGERPRINT_KEYS},
+    if tracker is not None and report["run_id"] is not None:
+        tracker.log_json(report["run_id"], {k: v for k, v in report.items() if k not in FINGERPRINT_KEYS},
                          "erasure_report.json")
+        from tasks.stores.tracking import batch_page_after_erasure
+
+        batch_page_after_erasure(tracker, params, report)
+    fault("erase:before_close")
+    if not journal.pending:
+        journal.close()
     return report
 
 
+def _report(params: Params, journal: Journal, old: dict, tombstones: set[str], digest_ids: dict) -> dict:
+    """The erasure report of this pass, from the journal's records (every store, in ORDER). Each pass's stores are
+    kept: the pass inside `dvc repro` purges the ensemble cache and the registry, the `unlearn erase` after it the
+    rest; the report says what each one removed, not only the last. A report of this same erase that a kill cut
+    off before the journal closed is this pass again, not an earlier one."""
+    stores = [r for s in STORES for r in journal.stores.get(s.name, [])]
+    waiting = [journal.pending[s.name] for s in STORES if s.name in journal.pending]
+    same = old.get("erase_started_at") == journal.started_at and not old.get("pending")
+    earlier = old.get("earlier_passes", []) + ([{k: old[k] for k in ("erased_at", "stores", "pending") if k in old}]
+                                               if old and not same else [])
+    return {"batch_id": journal.batch_id, "run_id": journal.run_id, "erased_at": datetime.now(timezone.utc).isoformat(),
+            "erase_started_at": journal.started_at, "passes": journal.passes,
+            "n_ids": journal.n_ids or old.get("n_ids", 0), "n_tombstones": len(tombstones),
+            "hashed_ids": params.deletion.hash_sample_ids, "stores": stores,
+            "pending": [pending_line(waiting)] if waiting else [], "earlier_passes": earlier,
+            "row_digests": sorted(digest_ids)}
+
+
+def resume_unfinished(params: Params, tracker=None, champion_version: str | None = None) -> list[dict]:
+    """Take up every erase a kill stopped (its journal exists), oldest first: the first thing every entry point
+    does (`unlearn run`, `unlearn erase`, the deletion stage and the deployments through the flow, `make run` and
+    `unlearn repro` through `unlearn erase` before `dvc repro`). Inside `dvc repro` the stores DVC holds stay
+    pending (and the journal with them) until `unlearn erase`. Returns the reports."""
+    journals = unfinished(params.path("state_dir"))
+    if not journals:
+        return []
+    from unlearning.salt import id_salt
+
+    salt = id_salt(params)
+    return [erase(params, j.batch_id, None, salt, champion_version, tracker, j.run_id) for j in journals]
+
+
 @computes
-def erase_pending(params: Params, tracker=None, champion_version: str | None = None) -> list[dict]:
-    """Finish erasures left pending (by `dvc repro`, or a kill between the commit and the erasure): ledger
-    ids not yet tombstoned, tombstoned rows still in the prepared store, reports marked pending."""
+def erase_pending(params: Params, tracker=None, champion_version: str | None = None, resume: bool = True) -> list[dict]:
+    """Finish erasures left unfinished: a journaled erase a kill stopped (`resume_unfinished`; `resume` False:
+    the caller took them up already), ledger ids not
+    yet tombstoned (a kill between the batch's commit and its erasure), reports marked pending (a `dvc repro`
+    pass of an older version, without a journal), tombstoned rows still in the prepared store."""
     from unlearning.ledger import read_ledger
 
+    try:
+        load_prepared(params.path("prepared_dir"))  # nothing prepared yet: nothing to erase
+    except FileNotFoundError:
+        return []
+    out = resume_unfinished(params, tracker, champion_version) if resume else []
     # Inside `dvc repro` (a rerun after a kill) the erasure goes as far as the batch's own would there: the
     # ids are tombstoned, the ensemble cache and registry erased, the rest recorded as pending for `unlearn
     # erase` (DVC holds prepare's and train's outputs). A report already pending waits for it as it is.
     dvc_locked = in_dvc_stage()
+    journaled = {j.batch_id for j in unfinished(params.path("state_dir"))}
     ledger = read_ledger(params.path("state_dir") / "ledger.jsonl")
     missing = sorted({str(e["sample_id"]) for e in ledger} - read_tombstones(params.path("tombstones")))
-    out = []
-    try:
-        from unlearning.salt import id_salt
+    from unlearning.salt import id_salt
 
-        load_prepared(params.path("prepared_dir"))  # nothing prepared yet: nothing to erase
-        salt = id_salt(params)
-    except FileNotFoundError:
-        return out
+    salt = id_salt(params)
     if missing:  # killed after the commit, before the erasure
         batches = sorted({e["batch_id"] for e in ledger if str(e["sample_id"]) in set(missing)})
         out.append(erase(params, batches[-1], None, salt, champion_version, tracker, keys=missing))
-    waiting = False
+    waiting = bool(journaled)
     for path in sorted(reports_dir(params).glob("*.json")):
         rep = read_json_file(path)
-        if rep.get("pending") and dvc_locked:
+        if not rep.get("pending") or rep.get("batch_id") in journaled:
+            continue
+        if dvc_locked:
             waiting = True
-        elif rep.get("pending"):
+        else:
             out.append(erase(params, rep["batch_id"], None, salt, champion_version, tracker))
     if not out and not waiting and _prepared_holds_tombstoned(params):
         out.append(erase(params, "recovered", None, salt, champion_version, tracker))
@@ -208,8 +285,21 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
 
     scope = _scope(params, batch, tracker)
     # the stores, then where the id key can be read from (a copy in a shared place undoes every hashed id)
-    findings = [f for store in STORES for f in store.verify(scope)] + key_findings(params)
+    findings = [f for store in STORES for f in _verified(store, scope)] + key_findings(params)
     return [p for f in findings for p in f.problems], [f.as_dict() for f in findings]
+
+
+def _verified(store, scope: Scope) -> list[Finding]:
+    """The store's findings; a store that cannot be read at all (a folder or file it needs, unreadable or
+    damaged) is one finding that names it, and the other stores are still checked: an unreadable entry never
+    stops a verification."""
+    try:
+        return store.verify(scope)
+    except (OSError, StateCorrupt) as e:
+        what = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return [Finding(store.name, str(getattr(e, "filename", "") or scope.params.root), {"unreadable": 1},
+                        (f"{store.name}: could not be checked ({what}); make it readable by the pipeline's user, "
+                         f"then run `unlearn verify-erasure` again",))]
 
 
 def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
@@ -223,7 +313,12 @@ def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
     forgotten = {str(e["sample_id"]) for e in ledger}
     if batch is None:  # every erased id, also those of a ledger `unlearn reset` archived (the tombstones stay)
         forgotten |= tombstones
-    every_report = [read_json_file(p) for p in sorted(reports_dir(params).glob("*.json"))]
+    every_report, unread = [], []
+    for path in sorted(reports_dir(params).glob("*.json")):
+        try:
+            every_report.append(read_json_file(path))
+        except (OSError, StateCorrupt) as e:  # named by the reports' store, and the other reports still count
+            unread.append(f"{path.name} ({getattr(e, 'strerror', None) or type(e).__name__})")
     # a batch whose rows a later pass erased under another name ("recovered") has no report of its own
     reports = [r for r in every_report if batch is None or r.get("batch_id") == batch] or every_report
     prepared = _prepared_or_none(params)
@@ -237,6 +332,7 @@ def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
     scope = Scope(params, forgotten, tombstones, key, prepared, {d: [] for d in digests},
                   keyed_forms(forgotten, salt), ledger, reports, tracker=tracker if forgotten else None)
     scope.kept = retained_twins(scope)
+    scope.unreadable_reports = unread
     return scope
 
 

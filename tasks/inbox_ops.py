@@ -18,12 +18,37 @@ from unlearning.requests import file_sha256
 from unlearning.salt import id_salt
 
 
-def reconcile_if_started(params: Params) -> list[str]:
+def reconcile_if_started(params: Params, resume: bool = True) -> list[str]:
     """Reconcile the registry with state/ once anything exists to reconcile (a first run has nothing)."""
     if ((params.path("state_dir") / "champion.json").exists() or params.path("mlflow_db").exists()
             or os.environ.get("MLFLOW_TRACKING_URI")):
-        return reconcile(params, tracker_for(params))
+        return reconcile(params, tracker_for(params), resume)
     return []
+
+
+def resume_erasure(params: Params) -> list[str]:
+    """Every entry point's first step, under the batch lock (the deletion flow: `unlearn run`, the DVC stage, the
+    deployments; `unlearn erase`): an erase a kill stopped between two stores is finished where its journal says
+    (unlearning/erasure_journal.py), before the state is read. Returns what it did, one line each."""
+    from unlearning.erasure_journal import has_unfinished
+
+    if not has_unfinished(params.path("state_dir")):
+        return []
+    champion_file = params.path("state_dir") / "champion.json"
+    version = read_json_file(champion_file).get("model_version") if champion_file.exists() else None
+    return _resume(params, tracker_for(params), version)
+
+
+def _resume(params: Params, tracker, version) -> list[str]:
+    from tasks.erasure import resume_unfinished
+
+    reports = resume_unfinished(params, tracker, version)
+    done = [r["batch_id"] for r in reports if not r["pending"]]
+    waiting = [r["batch_id"] for r in reports if r["pending"]]
+    return ([f"finished the erase of batch(es) {done} that a kill had stopped (its journal said which stores were "
+             f"done)"] if done else []) + \
+        ([f"took up the erase of batch(es) {waiting}; inside `dvc repro` what DVC holds stays pending for "
+          f"`unlearn erase`"] if waiting else [])
 
 
 def processed(path: Path, params: Params) -> Path:
@@ -56,6 +81,34 @@ def _expire_request_files(params: Params) -> list[str]:
     return expire_request_files(params, id_key(True, id_salt(params)))
 
 
+def redact_erased_ids(params: Params, files: list[Path] | None = None) -> list[str]:
+    """The rejected request files (or `files`: one just rejected) that name an erased id in plain text, rewritten
+    with its hashed form (deletion.hash_sample_ids). Run at every rejection, every run and `unlearn erase`: a
+    rejected file naming ids that an earlier or a later batch erased never waits for a batch's erasure to be
+    rewritten (`unlearn verify-erasure` fails on it meanwhile). The applied files are hashed when they move, or
+    when their keep_request_files days end (`_expire_request_files`). Returns the files' names."""
+    if not params.deletion.hash_sample_ids:
+        return []
+    from tasks.stores.requests import kept_request_files, rewrite
+    from unlearning.erasure import id_key, read_tombstones
+    from unlearning.requests import redacted_request_bytes
+
+    tombstones = read_tombstones(params.path("tombstones"))
+    if not tombstones:
+        return []
+    key = id_key(True, id_salt(params))
+    if files is None:
+        files = [f for store, _, found in kept_request_files(params) if store == "rejected request files"
+                 for f in found]
+    out = []
+    for f in files:
+        data = redacted_request_bytes(f, key, tombstones)
+        if data is not None:
+            rewrite(f, data)
+            out.append(f.name)
+    return out
+
+
 def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
     from unlearning.erasure import id_key
     from unlearning.requests import redacted_request_bytes
@@ -63,14 +116,17 @@ def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
     return redacted_request_bytes(path, id_key(True, id_salt(params)))
 
 
-def reconcile(params: Params, tracker) -> list[str]:
-    """state/ decides: point the registry alias at state/champion.json's version, mark runs of killed batches
-    FAILED, tag never-promoted versions, finish pending erasures, and (once rows were erased) purge the
-    never-promoted versions the erasure's keep rule does not keep. Idempotent; returns what it changed."""
-    notes = []
+def reconcile(params: Params, tracker, resume: bool = True) -> list[str]:
+    """state/ decides: first finish an erase a kill stopped (its journal; `resume` False: the caller did), then
+    point the registry alias at state/champion.json's version, say on the champion's version whether it serves
+    held batches' rows, mark runs of killed batches FAILED, tag never-promoted versions, finish pending erasures,
+    hash the erased ids of rejected request files, and (once rows were erased) purge the never-promoted versions
+    the erasure's keep rule does not keep. Idempotent; returns what it changed."""
     champion_file = params.path("state_dir") / "champion.json"
     # StateCorrupt (one line, exit 1) for a truncated file, as everywhere else: json.loads raised a traceback
     version = read_json_file(champion_file).get("model_version") if champion_file.exists() else None
+    # an erase a kill stopped, before anything else (`resume` False: the caller took it up already)
+    notes = _resume(params, tracker, version) if resume else []
     name, alias = params.tracking.registered_model, params.tracking.alias
     # a batch-less state built from other params follows the retrained original at the next batch (ensure_state):
     # until then the alias stays on that original (`unlearn erase` after `dvc repro train` moved it back)
@@ -78,6 +134,10 @@ def reconcile(params: Params, tracker) -> list[str]:
         before, changed = tracker.reconcile_alias(name, alias, str(version))
         if changed:
             notes.append(f"reconciled {name}@{alias}: v{before} -> v{version} (state/champion.json decides)")
+    from tasks.held import held_batches, tag_serving_champion
+
+    if version is not None and held_batches(params):  # the champion still serves the rows of a held batch
+        tag_serving_champion(tracker, params, version)
     failed = tracker.fail_stale_runs()
     if failed:
         notes.append(f"marked {len(failed)} run(s) of killed batches FAILED")
@@ -87,13 +147,17 @@ def reconcile(params: Params, tracker) -> list[str]:
     if params.erasure.enabled:
         from tasks.erasure import erase_pending, read_tombstones, versions_to_keep
 
-        done = erase_pending(params, tracker, version)
+        done = erase_pending(params, tracker, version, resume=False)
         if done:
             notes.append(f"finished {len(done)} pending erasure(s)")
         expired = _expire_request_files(params)
         if expired:
-            notes.append(f"rewrote {len(expired)} applied request file(s) with hashed ids: their "
+            notes.append(f"rewrote {len(expired)} kept request file(s) with hashed ids: their "
                          f"erasure.keep_request_files = {params.erasure.keep_request_files} day(s) are over: {expired}")
+        redacted = redact_erased_ids(params)
+        if redacted:
+            notes.append(f"rewrote {len(redacted)} kept request file(s) naming erased ids with their hashed form: "
+                         f"{redacted}")
         if version is not None and read_tombstones(params.path("tombstones")):
             # a batch that failed after registering its model left a version no erasure ran for: the registry
             # keeps what an erasure keeps (verify-erasure failed on such an orphan until a later batch's erasure)

@@ -42,15 +42,22 @@ def tombstoned_rows(params: Params, prepared, tombstones: set[str] | None = None
 def pending_erasures(params: Params) -> list[str]:
     """What `unlearn erase` would finish, one line each ([] when nothing is pending): reports marked pending (a
     batch inside `dvc repro`), ledger ids not yet tombstoned (a batch killed between its commit and its erasure),
-    tombstoned rows still in the prepared store. Reads no model: `unlearn status` calls it."""
+    tombstoned rows still in the prepared store; first, every erase its journal records as unfinished (a kill
+    between two stores, or a `dvc repro` pass: unlearning/erasure_journal.py). Reads no model: `unlearn status`
+    calls it."""
     from unlearning.data import load_prepared
     from unlearning.erasure import read_tombstones
     from unlearning.io import read_json_file
     from unlearning.ledger import read_ledger
 
-    out = []
+    from unlearning.erasure_journal import unfinished
+
+    journals = unfinished(params.path("state_dir"))
+    out = [f"unfinished erase: {j.describe()}" for j in journals]
     for path in sorted(reports_dir(params).glob("*.json")):
         report = read_json_file(path)
+        if report.get("batch_id") in {j.batch_id for j in journals}:
+            continue  # its journal's line says it, with the stores done
         out += [f"batch {report.get('batch_id', path.stem)}: {p}" for p in report.get("pending", [])]
     ledger = read_ledger(params.path("state_dir") / "ledger.jsonl")
     missing = {str(e["sample_id"]) for e in ledger} - read_tombstones(params.path("tombstones"))

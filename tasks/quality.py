@@ -4,7 +4,8 @@
 (the run logger), to the batch's MLflow run (tag `quality_warnings` and `quality_warnings.json`), to a Prefect
 markdown artifact and to the batch summary; the returned lines go into the champion record (`promote(...,
 warnings=...)`), so `unlearn status` repeats them. A warning named in `quality.refuse` stops the batch instead
-(`QualityRefused`: exit 3, the previous champion stays, like a gate rejection).
+(`QualityRefused`): it is held for review like a batch no candidate passed (tasks/held.py: requests/held/, exit 5,
+the previous champion stays until `unlearn approve`), never refused.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ import numpy as np
 
 from tasks.reporting import markdown_artifact, run_logger
 from unlearning.config import Params
-from unlearning.quality import QualityFacts, QualityWarning, class_counts, quality_warnings, refused
+from unlearning.quality import (
+    QualityFacts, QualityWarning, accuracy_change_lines, accuracy_changes, class_counts, quality_warnings, refused,
+)
 
 
 class BatchRejected(RuntimeError):
     """The batch is not applied and the previous champion stays: no candidate passed the gate, or the chosen one
-    was refused (`QualityRefused`). flows/errors.py maps the name to exit 3 (for a subclass too). Defined here,
-    below the flows, so the deletion flow can catch both as one class (`from tasks.quality import
-    BatchRejected`): it moves a rejected inbox file to requests/rejected/ with its report."""
+    was refused (`QualityRefused`). flows/errors.py maps the name to exit 3 (for a subclass too) where it ends a
+    command; the deletion flow holds such an inbox file for review instead (requests/held/, tasks/held.py: an
+    erasure is never refused for the model's quality). Defined here, below the flows, so the deletion flow can
+    catch both as one class (`from tasks.quality import BatchRejected`)."""
 
 
 class QualityRefused(BatchRejected):
@@ -67,6 +71,7 @@ def announce_quality(batch, outcome, state, rows, params: Params,
     console, the batch's MLflow run, a Prefect artifact and batch.summary["warnings"]. Raises QualityRefused when
     a warning's kind is in `quality.refuse` (after announcing every warning)."""
     q = params.quality
+    report_accuracy_changes(batch, outcome.metrics)
     warnings = quality_warnings(quality_facts(outcome, state, rows, oracle_val_accs), q.max_validation_drop,
                                 q.max_oracle_spread)
     if warnings:
@@ -76,6 +81,18 @@ def announce_quality(batch, outcome, state, rows, params: Params,
         raise QualityRefused(f"{batch.path.name}: refused by quality.refuse = {list(q.refuse)}: "
                              f"{'; '.join(map(str, stop))}; the previous champion stays")
     return [str(w) for w in warnings]
+
+
+def report_accuracy_changes(batch, metrics: dict) -> list[str]:
+    """The candidate's accuracy against the original's on the rows the batch entangles (the forgotten rows, the
+    adjacent ones, the entangled validation rows) and on the validation rows it does not: reported, in the batch
+    run's metrics (`drop/<split>`), its summary and the console; only the last is gated (unlearning/gate.py)."""
+    lines = accuracy_change_lines(metrics)
+    if lines:
+        batch.tracker.log_metrics(batch.parent, accuracy_changes(metrics))
+        batch.summary["accuracy_changes"] = lines
+        run_logger().info(f"{batch.path.name}: accuracy against the original: " + "; ".join(lines))
+    return lines
 
 
 def _publish(batch, warnings: list[QualityWarning], refuse: Sequence[str]) -> None:

@@ -67,6 +67,7 @@ class BatchRun:
     probe: tuple | None = None  # the planner's (Timing, Footprint) of this batch, measured once
     started: float = field(default_factory=time.perf_counter)
     wall: float | None = None  # the batch's one duration, fixed when it closes (`wall_seconds`)
+    last_outcome: Any = None  # the last candidate judged (`accepted`): what a held batch's review shows
 
     def open(self, name: str, tags: dict | None = None) -> str:
         self.child = self.tracker.start_run(name, self.parent, tags)
@@ -444,6 +445,7 @@ def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bo
     records the candidate's line, and tags an exact retrain promoted as a false reject of the gate."""
     line = CandidateLine(out.method, out.verdict.passed, float(out.cost.get("wall_seconds", 0.0)), out.verdict.checks)
     batch.summary["candidates"].append(line)
+    batch.last_outcome = out
     decision = accept(out, exact_retrain_overrides)
     if decision.as_false_reject:
         run_logger().info(f"  {out.method}: promoted although the gate rejected it: a false reject of the gate, not an "
@@ -482,8 +484,8 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     entries = promoted_entries(requests, batch, params, state, objective, outcome, before, version, now, verdict)
     champion = champion_record(batch, params, state, requests, outcome, rows, n_train, version, now, warnings)
     history = champion["history"]
-    commit_state(batch, params, outcome.model, manifest, appended(state.ledger, entries), champion,
-                 state.fingerprint)
+    ledger_after = appended(state.ledger, entries)
+    commit_state(batch, params, outcome.model, manifest, ledger_after, champion, state.fingerprint)
     fault("after_commit")
     # state/ decides from here on: the alias follows it (and is reconciled again on every run).
     t.reconcile_alias(registered, alias, version)
@@ -494,7 +496,10 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
                       description=f"promotion for {batch.path.name}")
     run_logger().info(f"{batch.path.name}: forgot {n_unlearned(requests)} sample(s) with {outcome.method}; promoted "
                       f"{registered} v{version} as @{alias} (was v{before}); ledger +{len(entries)}")
-    return {"version": version, "before": before, "history": history, "n_entries": len(entries)}
+    from unlearning.history import retraining_debt
+
+    return {"version": version, "before": before, "history": history, "n_entries": len(entries),
+            "debt_after": retraining_debt(ledger_after, n_train)}
 
 
 def commit_state(batch: BatchRun, params: Params, model, manifest: pd.DataFrame, ledger: list[dict],
@@ -688,6 +693,9 @@ def finish(batch: BatchRun, outcome: CandidateOutcome, promoted: dict, erasure: 
     wall = wall_seconds(batch)
     t.log_metrics(batch.parent, {**outcome.tracked_metrics(), "wall_seconds": wall, "n_forgotten": batch.summary["n_forgotten"]})
     t.log_series(batch.parent, history, HISTORY_METRICS)
+    if promoted.get("debt_after") is not None:  # step 1: the value after the batch, the one the UI shows
+        t.log_metrics(batch.parent, {f"debt/{k}": v for k, v in promoted["debt_after"].items()}, step=1)
+        batch.summary["debt_after"] = promoted["debt_after"]
     fig = plots.history(history, f"champion across {len(history)} batch(es)")
     t.log_figure(batch.parent, fig, "champion_history.png"); plots.close(fig)
     t.set_tags(batch.parent, {"method": outcome.method, "gate": "passed", "model_version": promoted["version"]})
@@ -721,10 +729,11 @@ def rejected_checks(batch: BatchRun) -> list[str]:
             for words in failing_checks_in_words(line.checks)]
 
 
-def fail(batch: BatchRun, error: BaseException, rejected: bool) -> None:
+def fail(batch: BatchRun, error: BaseException, rejected: bool, held: bool = False) -> None:
     """A failed batch in MLflow: the open stage run and the batch run FAILED, the error (for a gate rejection
     with each failing check, also set on the error as `failing_checks` for the rejected file's error.json),
-    the summary."""
+    the summary. `held`: no candidate passed, and the batch waits for a person (tasks/held.py): the run is
+    tagged for review with the drops and the held candidate's figure, and ends FINISHED (nothing failed)."""
     import traceback
 
     t = batch.tracker
@@ -743,8 +752,12 @@ def fail(batch: BatchRun, error: BaseException, rejected: bool) -> None:
         t.log_json(batch.parent, {"error": str(error), "traceback": traceback.format_exc(),
                                   **({"failing_checks": failing} if rejected else {})}, "error.json")
         t.set_tags(batch.parent, {"gate": "rejected" if rejected else "error"})
-        publish_summary(batch, status="rejected" if rejected else "error",
-                        error=None if rejected else f"{type(error).__name__}: {error}")
-        t.end_run(batch.parent, ok=False, seconds=wall_seconds(batch))
+        if held:
+            from tasks.held import mark_run_held
+
+            mark_run_held(batch, error)
+        status = "held" if held else "rejected" if rejected else "error"
+        publish_summary(batch, status=status, error=None if rejected else f"{type(error).__name__}: {error}")
+        t.end_run(batch.parent, ok=held, seconds=wall_seconds(batch))
     except Exception:  # the tracking store itself failed: the error that brought us here is the one to raise
         pass

@@ -31,6 +31,7 @@ from unlearning.data.store import Prepared
 from unlearning.gate import Verdict, evaluate_gate, only_statistical_failures
 from unlearning.history import is_exact
 from unlearning.models import Ensemble
+from unlearning.quality import entangled_accuracies
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
         epsilon=gate.epsilon if gate.criterion == "epsilon" else None,
         confidence=1 - gate.retrain_equivalence.alpha)  # the look's alpha: one-sided bounds at 1 - alpha
     metrics.update(cert)
+    metrics.update(entangled_accuracies(logits["candidate"], logits["original"], labels, splits, rows.remote_validation()))
     metrics["candidate_is_retrain"] = float(is_exact(method))
     m_unl, m_orc, klom_values = extra["m_unl"], extra["m_orc"], extra["klom"]
     gap = M.output_gap(logits["candidate"].numpy(), logits["oracles"].numpy())
@@ -145,14 +147,17 @@ def outcome_from_logits(method: str, candidate: Ensemble, logits: dict[str, torc
 def reference_free_outcome(method: str, model: Ensemble, candidate_logits: torch.Tensor,
                            original_logits: torch.Tensor, labels: np.ndarray, splits: np.ndarray,
                            sample_ids: np.ndarray, gate: Gate, objective: str, cost: dict,
-                           t0: float) -> Outcome:
+                           t0: float, remote_validation: np.ndarray | None = None) -> Outcome:
     """Accuracy per split of the candidate and of the original ([1, n, C] logits on the evaluated rows), and the
-    gate over them (no reference models: KLoM and the output gap to oracles are not measured, NaN per sample)."""
+    gate over them (no reference models: KLoM and the output gap to oracles are not measured, NaN per sample).
+    `remote_validation`: [n] bool, the validation rows the batch does not entangle (BatchRows.remote_validation):
+    the validation floors compare those."""
     metrics: dict[str, float] = {}
     for s, v in M.accuracy_by_split(candidate_logits, labels, splits).items():
         metrics[K.key("acc", s)] = v
     for s, v in M.accuracy_by_split(original_logits, labels, splits).items():
         metrics[K.key("original_acc", s)] = v
+    metrics.update(entangled_accuracies(candidate_logits, original_logits, labels, splits, remote_validation))
     for s in SPLITS:
         if (splits == s).any():
             metrics[K.key("n", s)] = float(np.count_nonzero(splits == s))

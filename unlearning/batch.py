@@ -27,6 +27,8 @@ class BatchRows:
     retain: np.ndarray  # R = D \ F (ordered like the manifest)
     adjacent_mask: np.ndarray  # [len(retain)] bool
     validation: np.ndarray  # V
+    # [len(validation)] bool: the held-out rows the batch entangles (`validation_adjacent_mask`); None: not known
+    validation_adjacent: np.ndarray | None = None
 
     def eval_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """All rows that are evaluated, and their split label (forget/adjacent/remote/validation)."""
@@ -35,6 +37,15 @@ class BatchRows:
         labels = np.repeat(np.array(SPLITS), [len(self.forget), int(self.adjacent_mask.sum()),
                                               int((~self.adjacent_mask).sum()), len(self.validation)])
         return rows, labels
+
+    def remote_validation(self) -> np.ndarray | None:
+        """[n_eval] bool over `eval_rows()`: the validation rows the batch does not entangle (None: not known).
+        The gate's validation floors compare these (unlearning/gate.py): a batch that erases a class loses that
+        class's validation rows by construction, and that drop is reported, not gated."""
+        if self.validation_adjacent is None:
+            return None
+        head = np.zeros(len(self.forget) + len(self.retain), dtype=bool)
+        return np.concatenate([head, ~np.asarray(self.validation_adjacent, dtype=bool)])
 
 
 def sampled_for_certificate(rows: BatchRows, cap: int | None, seed: int) -> BatchRows:
@@ -49,9 +60,10 @@ def sampled_for_certificate(rows: BatchRows, cap: int | None, seed: int) -> Batc
     def sample(n: int) -> np.ndarray:
         return np.arange(n) if n <= cap else np.sort(rng.choice(n, cap, replace=False))
 
-    keep = sample(len(rows.retain))
+    keep, keep_v = sample(len(rows.retain)), sample(len(rows.validation))
     return BatchRows(before=rows.before, forget=rows.forget, retain=rows.retain[keep],
-                     adjacent_mask=rows.adjacent_mask[keep], validation=rows.validation[sample(len(rows.validation))])
+                     adjacent_mask=rows.adjacent_mask[keep], validation=rows.validation[keep_v],
+                     validation_adjacent=None if rows.validation_adjacent is None else rows.validation_adjacent[keep_v])
 
 
 def retained_train_rows(state_manifest: pd.DataFrame) -> np.ndarray:
@@ -75,6 +87,18 @@ def validation_rows(manifest: pd.DataFrame) -> np.ndarray:
     return np.flatnonzero(held_out)
 
 
+def validation_adjacent_mask(state_manifest: pd.DataFrame, forget: np.ndarray, validation: np.ndarray) -> np.ndarray:
+    """[len(validation)] bool: the held-out rows the batch entangles, those sharing a group with a forget row (the
+    declared group column; the class when none is declared: docs/design.md §4.4, mode `group`). In every
+    partition mode the validation rows are split this way: the leverage and embedding scores rank training rows
+    only. Whole-class erasure: the class's validation rows are adjacent, every other one remote."""
+    from unlearning.partition import partition_by_group
+
+    groups = state_manifest["group"].to_numpy()
+    table = partition_by_group(np.arange(len(validation)).astype(str), groups[validation], groups[forget])
+    return (table["subset"] == "adjacent").to_numpy()
+
+
 def batch_rows(prepared: Prepared, state_manifest: pd.DataFrame, forget_ids, partition: pd.DataFrame) -> BatchRows:
     before = retained_train_rows(state_manifest)
     forget = prepared.rows(forget_ids)
@@ -82,7 +106,8 @@ def batch_rows(prepared: Prepared, state_manifest: pd.DataFrame, forget_ids, par
     subset = partition.set_index("sample_id")["subset"]
     adjacent = (subset.reindex(prepared.manifest["sample_id"].to_numpy()[retain]) == "adjacent").to_numpy()
     validation = validation_rows(state_manifest)
-    return BatchRows(before=before, forget=forget, retain=retain, adjacent_mask=adjacent, validation=validation)
+    return BatchRows(before=before, forget=forget, retain=retain, adjacent_mask=adjacent, validation=validation,
+                     validation_adjacent=validation_adjacent_mask(state_manifest, forget, validation))
 
 
 def unlearn_context(model: Ensemble, prepared: Prepared, rows: BatchRows, recipe: TrainRecipe, seed: int,

@@ -38,11 +38,13 @@ def check_in_words(name: str, check: dict) -> str:
     if kind == "acc" and op == "in":
         lo, hi = limit
         return f"{split}: accuracy {v} lies outside the range of exact retrains [{lo:.3f}, {hi:.3f}]"
+    rows = ("validation accuracy on the rows the batch does not entangle" if check.get("rows") == "validation_remote"
+            else "validation accuracy")
     if kind == "acc" and split == "validation_drop":
-        return (f"validation accuracy {v} fell below the original's minus the tolerance ({limit}; "
+        return (f"{rows} {v} fell below the original's minus the tolerance ({limit}; "
                 f"gate.<objective>.max_validation_drop)")
     if kind == "acc" and split == "validation_min":
-        return f"validation accuracy {v} is below the floor gate.retrain_equivalence.min_validation_accuracy = {limit}"
+        return f"{rows} {v} is below the floor gate.retrain_equivalence.min_validation_accuracy = {limit}"
     if kind == "accuracy_gap":
         return f"{split}: accuracy differs from the oracles' mean by {v}, more than {limit}"
     if kind == "klom_p95":
@@ -81,11 +83,17 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
                      version_before: Any, version_after: Any, wall_seconds: float | None,
                      erasure: dict | None = None, debt: dict | None = None, status: str = "applied",
                      error: str | None = None, warnings: list[str] | None = None,
-                     plan: list[str] | None = None) -> str:
-    """The batch summary (markdown). `chosen` None: no candidate passed (status "rejected") or an error.
+                     plan: list[str] | None = None, accuracy_changes: list[str] | None = None,
+                     debt_after: dict | None = None) -> str:
+    """The batch summary (markdown). `chosen` None: no candidate passed (status "rejected" or "held") or an error.
     `warnings`: what the promoted model costs (unlearning/quality.py), one sentence each; `plan`: the batch's
-    plan in words (unlearning/plan.py plan_lines)."""
+    plan in words (unlearning/plan.py plan_lines); `accuracy_changes`: the candidate's accuracy against the
+    original's on the rows the batch entangles and on those it does not (unlearning/quality.py); `debt_after`: the
+    retraining debt once the batch is applied (`debt`: before it)."""
     head = {"applied": "applied", "rejected": "REJECTED: no candidate passed the gate; the previous champion stays",
+            "held": ("HELD for review: no candidate passed the gate, and an erasure is never refused for the "
+                     "model's quality; the previous champion keeps serving, and still holds these rows, until "
+                     "`unlearn approve` promotes the exact retrain (docs/erasure.md, Held batches)"),
             "error": "FAILED: nothing was applied"}.get(status, status)
     lines = [f"### Deletion batch `{request_file}`: {head}", "",
              f"- **Forgotten:** {n_forgotten} sample(s), objective `{objective}`",
@@ -99,6 +107,10 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
                      f"batch(es), {debt['forgotten_since_retrain']} sample(s) "
                      f"({debt['forgotten_fraction_since_retrain']:.1%} of the training set) since the last "
                      f"exact retrain")
+    if debt_after:
+        lines.append(f"- **Retraining debt after this batch:** {debt_after['batches_since_retrain']} approximate "
+                     f"batch(es), {debt_after['forgotten_since_retrain']} sample(s) "
+                     f"({debt_after['forgotten_fraction_since_retrain']:.1%} of the training set)")
     for reason in selection.get("debt_reasons", []):
         lines.append(f"- **Retrain forced by the retraining debt:** {reason} (the rules would have tried "
                      f"{', '.join(selection.get('rules_would_have_tried', []))})")
@@ -107,6 +119,7 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
     if error:
         lines.append(f"- **Error:** {error}")
     lines += [f"- **Quality warning:** {w}" for w in warnings or []]
+    lines += [f"- **Accuracy, {c}**" for c in accuracy_changes or []]
     lines += ["", "| candidate | verdict | seconds | failing checks |", "|---|---|---|---|"]
     for c in candidates:
         failing = failing_checks_in_words(c.checks)
@@ -119,10 +132,34 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
         lines += ["", "**Plan** (before anything was trained):", *[line if line.startswith("- ") else f"- {line}"
                                                                   for line in plan]]
     if erasure is not None:
-        lines += ["", f"**Erasure:** rows purged: {purged_rows_text(erasure.get('stores', []))} "
-                      f"({len(erasure.get('stores', []))} store(s) checked)"
-                  + (f"; pending: {'; '.join(erasure['pending'])}" if erasure.get("pending") else "; nothing pending")]
+        lines += ["", erasure_line(erasure)]
     return "\n".join(lines) + "\n"
+
+
+def approval_line(held: dict) -> str:
+    """The approved batch's line: which held batch a person approved, when it was held and what had failed."""
+    failed = "; ".join(held.get("failing_checks", [])) or held.get("reason", "")
+    name = held.get("batch_id") or held.get("file")
+    return (f"**Approved by `unlearn approve`:** the batch held for review as `{name}` (held "
+            f"{str(held.get('held_at', ''))[:19]}Z{': ' + failed if failed else ''}) was run again as an exact "
+            f"retrain with the validation floors off, promoted, and erased")
+
+
+ERASURE_LINE = "**Erasure:**"  # the summary's erasure line starts so: `unlearn erase` rewrites it when it finishes
+
+
+def erasure_line(erasure: dict) -> str:
+    """The summary's erasure line from an erasure report (tasks/erasure.py): done, with every store and what was
+    purged over all passes, or what is still pending and which command finishes it."""
+    passes = [*erasure.get("earlier_passes", []), erasure]
+    purged = purged_rows_text([s for p in passes for s in p.get("stores", [])])
+    names = list(dict.fromkeys(s["store"] for s in erasure.get("stores", []) if s.get("store")))
+    checked = f"({len(erasure.get('stores', []))} store(s) checked)"
+    if erasure.get("pending"):
+        return f"{ERASURE_LINE} rows purged so far: {purged} {checked}; PENDING: {'; '.join(erasure['pending'])}"
+    at = f" {str(erasure['erased_at'])[:19]}Z" if erasure.get("erased_at") else ""
+    return (f"{ERASURE_LINE} done{at}: rows purged: {purged} {checked}; nothing pending"
+            + (f". Stores: {', '.join(names)}" if names else ""))
 
 
 def purged_rows_text(stores: list[dict]) -> str:

@@ -114,6 +114,7 @@ class Paths(Strict):
     archive_dir: str = "archive"  # `unlearn reset` moves the state and the cache here (archive/<UTC time>/)
     processed: str = "requests/processed"  # applied (or already applied) request files move here
     rejected: str = "requests/rejected"    # files rejected by validation or the gate, with <name>.error.json
+    held: str = "requests/held"  # batches no candidate passed: held for `unlearn approve`, with <name>.held.json
     tombstones: str = "data/tombstones.txt"  # erased ids (hashed with deletion.hash_sample_ids), outside every DVC out
     gx_dir: str = "gx"  # the Great Expectations project (suite committed; uncommitted/ holds results, Data Docs)
     # the secret id key of hashed ids (unlearning/salt.py): mode 0600, git-ignored, never in the state, DVC or MLflow
@@ -684,7 +685,8 @@ class Quality(Strict):
         0.15, ge=0, le=1, description="warn when the oracles' validation accuracies (exact retrains, other seeds) "
                                       "spread wider than this, max - min: an unstable recipe (null = off)")
     refuse: list[Literal["class_lost", "validation_drop", "unstable_recipe"]] = Field(
-        [], description="warnings that refuse the batch (exit 3, the previous champion stays) instead of warning")
+        [], description="warnings that hold the batch for review instead of warning (requests/held/, exit 5, the "
+                        "previous champion stays until `unlearn approve`): an erasure is never refused")
 
 
 class LicensingMap(Strict):

@@ -188,14 +188,22 @@ def _failed_statistical_checks_only(checks: dict) -> bool:
 def _validation_floors(checks: dict, failures: list, g, metrics: dict[str, float], absolute_name: str) -> None:
     """The validation-accuracy floors of a gate section `g`: relative to the original (`max_validation_drop`:
     at least the original's accuracy minus it, check `acc/validation_drop`) and absolute
-    (`min_validation_accuracy`, check `absolute_name`). Both are business rules: they bind an exact retrain too."""
-    if g.max_validation_drop is not None and "original_acc/validation" in metrics:
-        floor = round(metrics["original_acc/validation"] - g.max_validation_drop, 6)
-        _check(checks, failures, "acc/validation_drop", metrics.get("acc/validation"), ">=", floor,
+    (`min_validation_accuracy`, check `absolute_name`). Both are business rules: they bind an exact retrain too.
+    They compare the validation rows the batch does not entangle (`acc/validation_remote`: unlearning/quality.py
+    entangled_accuracies) where it has any: a batch that erases a class loses that class's validation rows by
+    construction, a drop reported with the run, never a reason to keep serving the rows (docs/erasure.md)."""
+    split = "validation_remote" if "original_acc/validation_remote" in metrics else "validation"
+    if g.max_validation_drop is not None and f"original_acc/{split}" in metrics:
+        floor = round(metrics[f"original_acc/{split}"] - g.max_validation_drop, 6)
+        _check(checks, failures, "acc/validation_drop", metrics.get(f"acc/{split}"), ">=", floor,
                NO_VALIDATION)
+        if split != "validation":
+            checks["acc/validation_drop"]["rows"] = split  # the words say which rows (batch_summary.check_in_words)
     if g.min_validation_accuracy is not None:
-        _check(checks, failures, absolute_name, metrics.get("acc/validation"), ">=", g.min_validation_accuracy,
+        _check(checks, failures, absolute_name, metrics.get(f"acc/{split}"), ">=", g.min_validation_accuracy,
                NO_VALIDATION)
+        if split != "validation":
+            checks[absolute_name]["rows"] = split
 
 
 def evaluate_gate(objective: str, metrics: dict[str, float], gate: Gate) -> Verdict:

@@ -244,6 +244,12 @@ def fault(point: str) -> None:
         os._exit(137)
 
 
+def dangling_symlink_problem(path: str | Path) -> str:
+    """What a symlink whose target does not exist is, and the fix (the inbox scan and `make run`'s intake)."""
+    return (f"a dangling symlink (to {os.readlink(path)}, which does not exist); refused: remove the link, or put "
+            f"the request file itself in the inbox")
+
+
 def move_unique(src: str | Path, folder: str | Path) -> Path:
     """Move `src` (file, folder or link) into `folder`, never overwriting: name, name.2, name.3 ..."""
     src, folder = Path(src), Path(folder)

@@ -77,6 +77,68 @@ def unstable_recipe(oracle_accuracies: Sequence[float] | None, tolerance: float 
                                               f"depends on its seed more than on the data")]
 
 
+def entangled_accuracies(candidate_logits, original_logits, labels: np.ndarray, splits: np.ndarray,
+                         remote_validation: np.ndarray | None) -> dict[str, float]:
+    """The candidate's and the original's accuracy on the validation rows the batch does not entangle
+    (`acc/validation_remote`, what the gate's validation floors compare: unlearning/gate.py) and on those it does
+    (`acc/validation_adjacent`, reported, not gated), with their sizes (`n/...`). Logits [N, n, C] (or [n, C])
+    over the evaluated rows; `splits` [n] their split names; `remote_validation` [n] bool (unlearning/batch.py
+    BatchRows.remote_validation; None: not known, nothing measured). A subset with no row is left out: the
+    floors then read the whole validation split."""
+    if remote_validation is None:
+        return {}
+    from unlearning.metrics import accuracy_by_split
+
+    remote = np.asarray(remote_validation, dtype=bool)
+    val = np.asarray(splits) == VALIDATION
+    part = np.where(val & remote, "validation_remote", np.where(val, "validation_adjacent", ""))
+    keep = part != ""
+    out: dict[str, float] = {}
+    for prefix, logits in (("acc", candidate_logits), ("original_acc", original_logits)):
+        kept = logits[..., keep, :]
+        out.update({f"{prefix}/{s}": v for s, v in accuracy_by_split(kept, labels[keep], part[keep]).items()})
+    for s in ("validation_remote", "validation_adjacent"):
+        if (part == s).any():
+            out[f"n/{s}"] = float((part == s).sum())
+    return out
+
+
+# What a batch's accuracy changes are reported on, in this order: the split's metric suffix, how a person reads
+# it. The rows a batch entangles change by construction; the gate's validation floors compare the validation rows
+# it does not entangle (or every validation row, when it entangles them all: unlearning/gate.py).
+ACCURACY_CHANGES = (("forget", "the forgotten rows"), ("adjacent", "retained rows entangled with them"),
+                    ("validation_adjacent", "validation rows entangled with them"),
+                    ("validation_remote", "validation rows not entangled"), ("validation", "all validation rows"))
+
+
+def _measured(metrics: Mapping[str, float], split: str) -> tuple[float, float] | None:
+    a, b = metrics.get(f"original_acc/{split}"), metrics.get(f"acc/{split}")
+    return None if a is None or b is None or not np.isfinite([a, b]).all() else (float(a), float(b))
+
+
+def accuracy_changes(metrics: Mapping[str, float]) -> dict[str, float]:
+    """{`drop/<split>`: the original's accuracy minus the candidate's} for each split of ACCURACY_CHANGES both
+    were measured on: the batch run's metrics (a positive value is a drop)."""
+    return {f"drop/{split}": round(ab[0] - ab[1], 6) for split, _ in ACCURACY_CHANGES
+            if (ab := _measured(metrics, split)) is not None}
+
+
+def accuracy_change_lines(metrics: Mapping[str, float]) -> list[str]:
+    """The same, one sentence each, for the batch summary and the console ("the forgotten rows, 12 row(s): 0.917
+    -> 0.833 (-0.083), reported, not gated"): which change the floors gate, which they only report."""
+    gated = "validation_remote" if "original_acc/validation_remote" in metrics else "validation"
+    out = []
+    for split, words in ACCURACY_CHANGES:
+        ab = _measured(metrics, split)
+        if ab is None:
+            continue
+        n = metrics.get(f"n/{split}")
+        rows = f", {int(n)} row(s)" if n is not None and np.isfinite(n) else ""
+        role = "gated by the validation floors" if split == gated else "reported, not gated"
+        out.append(f"{words}{rows}: {ab[0]:.3f} -> {ab[1]:.3f} ({ab[1] - ab[0]:+.3f}), {role}")
+    return out
+
+
 def quality_warnings(facts: QualityFacts, max_validation_drop: float | None,
                      max_oracle_spread: float | None) -> list[QualityWarning]:
     """Every warning of the batch, in WARNING_KINDS order."""

@@ -96,7 +96,8 @@ class Licensing:
 @dataclass(frozen=True)
 class BatchResult(ItemAccess, Mapping):
     """What one request file came to in the deletion flow: `status` applied | already_processed | rejected |
-    changed (it changed, or was still open for writing: it stays in the inbox). Fields that do not apply are
+    held (no candidate passed: requests/held/, for `unlearn approve`) | changed (it changed, or was still open
+    for writing: it stays in the inbox). Fields that do not apply are
     None and left out of its mapping and JSON form (`unlearn run --json` prints it)."""
 
     file: str

@@ -25,6 +25,7 @@ import pandera.pandas as pa
 from pandera.errors import SchemaErrors
 
 from unlearning.ids import CONTROL_CHARACTERS
+from unlearning.io import dangling_symlink_problem
 from unlearning.salt import is_keyed
 
 OBJECTIVES = ("retrain_equivalence", "suppression")
@@ -182,32 +183,57 @@ def field_count_problems(path: str | Path) -> list[str]:
     """Data rows whose number of fields differs from the header's, one line per field count. pandas would read
     them silently: a row with one field too many shifts every value one column left (its first field becomes
     the row index), a short row gets empty trailing values. Blank lines are skipped, as pandas skips them, so
-    row numbers match the other problems'. A file that is not UTF-8 CSV is left to the reader's own error."""
+    row numbers match the other problems'. A row whose quote (") is never closed swallows the lines after it
+    as one value: that row is named by its quote, not by its field count alone (`unclosed_quote_problem`). A
+    file that is not UTF-8 CSV is left to the reader's own error."""
     import csv
 
     bad: dict[int, list[int]] = {}
+    quoted: list[str] = []
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
+            lines: list[str] = []  # the physical lines of the record being read (a quoted value spans several)
+
+            def physical():
+                for line in f:
+                    lines.append(line)
+                    yield line
+
+            reader = csv.reader(physical())
             header = next(reader, None)
             if not header:
                 return []
-            row = 0
+            row, first_line = 0, reader.line_num + 1
+            lines.clear()
             for fields in reader:
+                raw, start, first_line = "".join(lines), first_line, reader.line_num + 1
+                lines.clear()
                 if not fields:
                     continue
                 row += 1
-                if len(fields) != len(header):
+                if len(fields) != len(header) and raw.count('"') % 2:
+                    quoted.append(unclosed_quote_problem(row, start, reader.line_num, len(fields), header))
+                elif len(fields) != len(header):
                     bad.setdefault(len(fields), []).append(row)
     except (OSError, UnicodeDecodeError, csv.Error):
         return []
-    problems = []
+    problems = quoted
     for width, rows in sorted(bad.items()):
         more = f" and {len(rows) - MAX_ROWS_NAMED} more" if len(rows) > MAX_ROWS_NAMED else ""
         problems.append(f"{rows_text(rows[:MAX_ROWS_NAMED])}{more}: {width} field(s), but the header has "
                         f"{len(header)} ({', '.join(header)}); quote a value that holds a comma (\"a,b\") and "
                         f"give every row one value per column (an empty value is written as nothing between commas)")
     return problems
+
+
+def unclosed_quote_problem(row: int, start: int, end: int, width: int, header: list[str]) -> str:
+    """A row whose quote (") opens a value that does not close where the row ends: the CSV reader took the
+    following lines (to the next quote, or to the end of the file) as part of that one value."""
+    spans = f"lines {start}-{end}" if end > start else f"line {start}"
+    return (f"row {row} (file {spans}): a quote (\") opens a value that is never closed on its line, so "
+            + (f"the {end - start} line(s) after it were read as part of that one value; " if end > start else "")
+            + f"the row has {width} field(s), the header {len(header)} ({', '.join(header)}); close the quote "
+            f"(\"a,b\"), or remove it, or double a quote meant inside a quoted value (\"\")")
 
 
 ROWS_SHOWN = 20  # a problem line names at most this many rows (a 100k-row file made one line of 679 KB)
@@ -652,7 +678,7 @@ def entry_problem(path: str | Path, inbox: str | Path | None = None) -> str | No
     if path.is_symlink():
         target = path.resolve()
         if not target.exists():
-            return "a dangling symlink"
+            return dangling_symlink_problem(path)
         if not inside:
             return (f"a symlink (to {target}); refused, as the deletion flow refuses a symlink leaving its inbox: "
                     f"copy the file itself")

@@ -21,12 +21,12 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
 from unlearning.config import Params
-from unlearning.erasure import Finding, Purged, npy_rows_found, row_digest
+from unlearning.erasure import Finding, Purged, npy_rows_found, row_digest, shown
 
 
 @dataclass
@@ -51,6 +51,7 @@ class Scope:
     dvc_locked: bool = False  # inside `dvc repro`: the stores DVC holds leave their purge pending
     # row digest of a forgotten row -> the retained rows (ids) with the same bytes: another person's row, kept
     kept: dict[str, list[str]] = field(default_factory=dict)
+    unreadable_reports: list[str] = field(default_factory=list)  # erasure reports a verification could not read
 
     @property
     def hash_ids(self) -> bool:
@@ -211,15 +212,17 @@ def rows_beyond_twins(path: Path, scope: Scope) -> tuple[list[str], int]:
 
 def raw_rows_finding(store: str, root: Path | None, scope: Scope) -> list[Finding]:
     """A store without ids (the DVC cache and remote, MLflow artifacts): its .npy files searched for the forgotten
-    rows' bytes. A copy of a retained twin's bytes is allowed as many times as the prepared store keeps it."""
+    rows' bytes. A copy of a retained twin's bytes is allowed as many times as the prepared store keeps it. An
+    entry that cannot be read is named and counted (`unreadable_finding`), and the others are searched."""
     if root is None or not root.is_dir():
         return []
-    left, twins = [], 0
-    for f in (f for f in root.rglob("*") if f.is_file()):
+    left, twins, unreadable = [], 0, []
+    for f in walk_files(root, unreadable):
         extra, same = rows_beyond_twins(f, scope)
         left += [f"{scope.row_name(d)} in {f.relative_to(root)}" for d in extra]
         twins += same
-    return [Finding.left(store, root, rows=left, rows_identical_to_retained=twins)]
+    return [Finding.left(store, root, rows=left, rows_identical_to_retained=twins)] + \
+        unreadable_finding(store, root, unreadable)
 
 
 def unjudged(findings: list[Finding]) -> list[Finding]:
@@ -230,8 +233,67 @@ def unjudged(findings: list[Finding]) -> list[Finding]:
 TEXT_SUFFIXES = {".json", ".csv", ".txt", ".yaml", ".yml", ".html", ".md", ".jsonl", ".parquet"}
 
 
-def files_naming(root: Path, forgotten: set[str], max_bytes: int = 50_000_000) -> int | None:
-    """How many text files under `root` name a forgotten id (None: no such folder)."""
+# --- entries a verification cannot read: named and counted, never the end of it ---------------------------------
+def _entry(path, root: Path | None, error: OSError) -> str:
+    path = Path(path)
+    name = str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else str(path)
+    return f"{name} ({error.strerror or type(error).__name__})"
+
+
+def walk_files(root: Path, unreadable: list[str], follow_links: bool = True) -> Iterator[Path]:
+    """Every regular file under `root` (or `root` itself when it is a file), links to files followed unless
+    `follow_links` is False. A folder that cannot be listed, or a file that cannot be opened, is appended to
+    `unreadable` ("<path> (<reason>)") and skipped: one unreadable entry never stops a verification, it is named
+    and counted (`unreadable_finding`)."""
+    if root.is_file():
+        if _opens(root, root.parent, unreadable):
+            yield root
+        return
+    if not root.is_dir():
+        return
+    for folder, _dirs, names in os.walk(root, onerror=lambda e: unreadable.append(_entry(e.filename, root, e))):
+        for name in sorted(names):
+            f = Path(folder) / name
+            if (f.is_symlink() and not follow_links) or not f.is_file():
+                continue
+            if _opens(f, root, unreadable):
+                yield f
+
+
+def _opens(f: Path, root: Path | None, unreadable: list[str]) -> bool:
+    try:
+        with open(f, "rb"):
+            return True
+    except OSError as e:
+        unreadable.append(_entry(f, root, e))
+        return False
+
+
+def read_head(f: Path, limit: int, unreadable: list[str], root: Path | None = None) -> bytes | None:
+    """The file's first `limit` bytes; None (and the file named in `unreadable`) when it cannot be read."""
+    try:
+        with open(f, "rb") as fh:
+            return fh.read(limit)
+    except OSError as e:
+        unreadable.append(_entry(f, root, e))
+        return None
+
+
+def unreadable_finding(store: str, where, unreadable: list[str]) -> list[Finding]:
+    """[] or one finding naming the entries of `store` a verification could not read (a problem: what it could
+    not read, it cannot vouch for), with the fix."""
+    if not unreadable:
+        return []
+    return [Finding(store, str(where), {"unreadable": len(unreadable), "unreadable_entries": unreadable[:5]},
+                    (f"{store} ({where}): {len(unreadable)} entr(ies) could not be read, so were not checked: "
+                     f"{shown(unreadable)}; make them readable by the pipeline's user, then run `unlearn "
+                     f"verify-erasure` again",))]
+
+
+def files_naming(root: Path, forgotten: set[str], max_bytes: int = 50_000_000,
+                 unreadable: list[str] | None = None) -> int | None:
+    """How many text files under `root` name a forgotten id (None: no such folder); a file that cannot be read
+    is named in `unreadable` (when given) and not counted."""
     import re
 
     if not root.is_dir():
@@ -239,6 +301,10 @@ def files_naming(root: Path, forgotten: set[str], max_bytes: int = 50_000_000) -
     if not forgotten:
         return 0
     pattern = re.compile("|".join(re.escape(i) for i in sorted(forgotten, key=len, reverse=True)).encode())
-    files = [f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES
-             and f.stat().st_size <= max_bytes]
-    return sum(1 for f in files if pattern.search(f.read_bytes()))
+    unreadable = [] if unreadable is None else unreadable
+    n = 0
+    for f in walk_files(root, unreadable):
+        if f.suffix.lower() in TEXT_SUFFIXES and f.stat().st_size <= max_bytes:
+            data = read_head(f, max_bytes, unreadable, root)
+            n += bool(data is not None and pattern.search(data))
+    return n

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.stores.base import CountedOnly, Scope, StoreBase, prepared_rows, register_store
+from tasks.stores.base import CountedOnly, Scope, StoreBase, prepared_rows, register_store, unreadable_finding
 from unlearning.config import Params
 from unlearning.data import read_state_manifest
 from unlearning.data.store import manifest_csv_bytes, rewrite_without
@@ -38,14 +38,22 @@ class ErasureReports(StoreBase):
         return []  # the report is the erasure's record: `erase` writes it after the stores' purges
 
     def verify(self, scope: Scope) -> list[Finding]:
+        from unlearning.erasure_journal import unfinished
+
+        journals = unfinished(scope.params.path("state_dir"))
+        started = [f"unfinished erase: {j.describe()}: `unlearn erase` finishes it (so do `unlearn run`, `unlearn "
+                   f"repro` and `make run`, before anything else)" for j in journals]
         problems = ["no erasure report in state/erasure/: the erasure never ran (run `unlearn erase`)"] \
-            if scope.ledger and not scope.reports else []
-        pending = [f"batch {r['batch_id']}: erasure pending ({p})" for r in scope.reports for p in r.get("pending", [])]
+            if scope.ledger and not scope.reports and not journals else []
+        pending = [f"batch {r['batch_id']}: erasure pending ({p})" for r in scope.reports for p in r.get("pending", [])
+                   if r.get("batch_id") not in {j.batch_id for j in journals}]
         older = [f"batch {r.get('batch_id')}: its erasure report maps rows to ids or holds unsalted hashes (an older "
                  f"version); `unlearn erase` rewrites it" for r in scope.reports if legacy_report(r, scope.hash_ids)]
         return [Finding(self.name, str(reports_dir(scope.params)), {"reports": len(scope.reports),
+                                                                     "unfinished": len(started),
                                                                      "pending": len(pending), "older": len(older)},
-                        tuple(problems + pending + older))]
+                        tuple(started + problems + pending + older))] + \
+            unreadable_finding(self.name, reports_dir(scope.params), scope.unreadable_reports)
 
 
 @register_store

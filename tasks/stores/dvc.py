@@ -12,13 +12,34 @@ from unlearning.config import Params
 from unlearning.erasure import Finding, Purged
 
 
+def committed_stages(params: Params) -> list[str]:
+    """The stages whose outputs or dependencies the erasure rewrote: prepare (the prepared store), train
+    (models/original.pt, models/shards), deletion (state/), and qualify when it ran (dvc.lock has it) and its
+    record holds no qualification (validation.mode per_batch: "skipped", a record of no model, which the new
+    original leaves true). A qualification of the old original is left changed: `dvc repro` qualifies the new
+    one, as a qualified batch requires (docs/certificate.md)."""
+    import json
+
+    import yaml
+
+    stages = ["prepare", "train", "deletion"]
+    lock, record = params.root / "dvc.lock", params.path("models_dir") / "qualification.json"
+    try:
+        ran = "qualify" in (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+        skipped = bool(json.loads(record.read_text()).get("skipped"))
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        return stages
+    return stages + (["qualify"] if ran and skipped else [])
+
+
 def dvc_gc(params: Params) -> dict:
-    """`dvc commit -f prepare train deletion`, `dvc gc -w`; with a remote: push, then gc it too."""
+    """`dvc commit -f prepare train deletion [qualify]` (`committed_stages`), `dvc gc -w`; with a remote: push,
+    then gc it too."""
     root = params.root
     from adapters.dvc_metrics import ensure_metrics
 
     ensure_metrics(params)  # the stages' declared metrics outputs must exist for `dvc commit`
-    out = {"committed": dvc_ops.commit(root, ["prepare", "train", "deletion"]), "gc": "workspace"}
+    out = {"committed": dvc_ops.commit(root, committed_stages(params)), "gc": "workspace"}
     dvc_ops.gc_workspace(root)
     configured = dvc_ops.remotes(root)
     if configured:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.stores.base import CountedOnly, Scope, dvc_cache_dir, register_store, remote_folder
+from tasks.stores.base import (
+    CountedOnly, Scope, dvc_cache_dir, read_head, register_store, remote_folder, unreadable_finding, walk_files,
+)
 from unlearning.config import Params
 from unlearning.erasure import Finding, plain_pattern, shown, unsalted_hashes_in, unsalted_prefixes
 
@@ -27,12 +29,12 @@ def written_roots(params: Params) -> list[Path]:
     return [params.path(n) for n in names] + [dvc_cache_dir(params)] + [r for r in [remote_folder(params)] if r]
 
 
-def written_files(params: Params):
+def written_files(params: Params, unreadable: list[str] | None = None):
+    """Every file under `written_roots` (links not followed); an entry that cannot be read goes to `unreadable`."""
+    unreadable = [] if unreadable is None else unreadable
     for root in written_roots(params):
-        if root.is_file():
-            yield root
-        elif root.is_dir():
-            yield from (f for f in root.rglob("*") if f.is_file() and not f.is_symlink())
+        if not root.is_symlink():
+            yield from walk_files(root, unreadable, follow_links=False)
 
 
 def erased_plain_ids(scope: Scope) -> list[str] | str:
@@ -61,11 +63,12 @@ class IdTraces(CountedOnly):
             return [Finding(self.name, str(scope.params.root), {"not_searched": ids})]
         prefixes, pattern = unsalted_prefixes(ids), plain_pattern(ids)
         requests = [scope.params.path("processed"), scope.params.path("rejected")]
-        plain, hashed, n = [], [], 0
-        for f in written_files(scope.params) if ids else []:
+        plain, hashed, unreadable, n = [], [], [], 0
+        for f in written_files(scope.params, unreadable) if ids else []:
+            data = read_head(f, MAX_BYTES, unreadable, scope.params.root)
+            if data is None:
+                continue
             n += 1
-            with open(f, "rb") as fh:
-                data = fh.read(MAX_BYTES)
             name = str(f.relative_to(scope.params.root)) if f.is_relative_to(scope.params.root) else str(f)
             if pattern is not None and not any(f.is_relative_to(r) for r in requests) and pattern.search(data):
                 plain.append(name)
@@ -78,4 +81,5 @@ class IdTraces(CountedOnly):
               f"undoes: {shown(hashed)}"] if hashed else [])
         return [Finding(self.name, str(scope.params.root),
                         {"files_searched": n, "erased_ids_recovered": len(ids), "plain_text": len(plain),
-                         "unsalted_hashes": len(hashed)}, tuple(problems))]
+                         "unsalted_hashes": len(hashed)}, tuple(problems))] + \
+            unreadable_finding(self.name, scope.params.root, unreadable)

@@ -3,7 +3,9 @@ through the tracking adapter (adapters/tracking.py, the one module that imports 
 
 from __future__ import annotations
 
-from tasks.stores.base import Scope, StoreBase, files_naming, raw_rows_finding, register_store
+from tasks.stores.base import (
+    Scope, StoreBase, files_naming, raw_rows_finding, register_store, unreadable_finding,
+)
 from unlearning.config import Params
 from unlearning.erasure import Finding, Purged
 from unlearning.io import read_json_file
@@ -26,8 +28,13 @@ class RegistryVersions(StoreBase):
     def purge(self, scope: Scope) -> list[Purged]:
         if scope.tracker is None:
             return []
+        name = scope.params.tracking.registered_model
         keep = versions_to_keep(scope.params, scope.tracker, scope.champion_version)
-        purged = scope.tracker.purge_versions(scope.params.tracking.registered_model, keep)
+        sources = scope.tracker.version_sources(name, [v for v in scope.tracker.versions(name) if v not in keep])
+        purged = scope.tracker.purge_versions(name, keep)
+        # the batch runs' pages linked these versions (404 now): they drop the link and say it was erased
+        scope.tracker.unlink_deleted_versions(name, {p["version"]: sources.get(p["version"], {}) for p in purged},
+                                              "deleted by an erasure: trained on rows erased since")
         return [Purged(self.name, scope.tracker.tracking_uri, {"purged_versions": purged, "kept": sorted(keep)},
                        where_key="uri")]
 
@@ -58,8 +65,25 @@ class MLflowArtifacts(StoreBase):
 
     def verify(self, scope: Scope) -> list[Finding]:
         root = scope.params.path("mlflow_artifacts")
-        out = raw_rows_finding(self.name, root, scope)
-        n = files_naming(root, scope.forgotten) if not scope.hash_ids and scope.forgotten else None
+        out, unreadable = raw_rows_finding(self.name, root, scope), []
+        n = files_naming(root, scope.forgotten, unreadable=unreadable) if not scope.hash_ids and scope.forgotten \
+            else None
         if n is not None:
             out.append(Finding(self.name, str(root), {"files_naming_forgotten_ids": n}))
-        return out
+        return out + ([] if any(f.counts.get("unreadable") for f in out) else
+                      unreadable_finding(self.name, root, unreadable))
+
+
+def batch_page_after_erasure(tracker, params: Params, report: dict) -> None:
+    """The batch run's page says what the erasure did, once it did: its description's erasure line (written by
+    the batch, "pending" inside `dvc repro`) is replaced by the report's (done, with the stores), and the run is
+    tagged `erasure` = done or pending. A run without a description (an older batch's) gets the tag only."""
+    from unlearning.batch_summary import ERASURE_LINE, erasure_line
+
+    run_id = report["run_id"]
+    text = tracker.description(run_id)
+    if ERASURE_LINE in text:
+        head, _, rest = text.partition(ERASURE_LINE)
+        tail = rest.split("\n", 1)[1] if "\n" in rest else ""
+        tracker.set_description(run_id, head + erasure_line(report) + ("\n" + tail if tail else "\n"))
+    tracker.set_tags(run_id, {"erasure": "pending" if report.get("pending") else "done"})

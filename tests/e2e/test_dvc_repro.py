@@ -110,3 +110,63 @@ def _with_key(obj, key: str):
     elif isinstance(obj, list):
         for v in obj:
             yield from _with_key(v, key)
+
+
+def test_unlearn_repro_leaves_dvc_status_clean_and_finishes_a_killed_erase(tmp_path):
+    """`unlearn repro` (every stage, qualify too) commits what its erase rewrote: `dvc status` is clean and the next
+    `dvc repro` starts no stage. An `unlearn run` killed after the prepared store's purge and before the state
+    manifest's (the reported failure) is finished by the next `unlearn repro` before its `dvc repro` (the erase's
+    journal), after which verify-erasure is clean, `dvc status` too, and the batch page says the erasure is done."""
+    import pandas as pd
+
+    from unlearning.config import deep_merge
+
+    proj = tmp_path / "proj"
+    copy_project(proj)
+    params = deep_merge(yaml.safe_load((proj / "params.yaml").read_text()), {**FAST, "diagnostics": {"enabled": False}})
+    (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for key in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "UNLEARN_FAULT"):
+        env.pop(key, None)
+    git = ["git", "-c", "user.email=t@localhost", "-c", "user.name=t"]
+    sh(["git", "init", "-q"], proj, env)
+    sh([*git, "add", "-A"], proj, env)
+    sh([*git, "commit", "-qm", "copy"], proj, env)
+    unlearn = [sys.executable, "-m", "flows.cli"]
+    sh([*unlearn, "repro"], proj, env)
+    status = [sys.executable, "-m", "dvc", "status", "dvc.yaml"]  # the pipeline (report/dvc.yaml: `make report`)
+    out = sh(status, proj, env)
+    assert "Data and pipelines are up to date" in out, out
+
+    from adapters.tracking import Tracker
+    from unlearning.config import load_params
+
+    p = load_params(proj / "params.yaml")
+    tracker = Tracker(p.mlflow_tracking_uri(), p.tracking.experiment)
+    first = tracker.client.search_runs([tracker.experiment_id], filter_string="tags.stage = 'deletion_batch'")
+    note = first[0].data.tags["mlflow.note.content"]
+    assert "**Erasure:** done" in note and "PENDING" not in note  # pending inside `dvc repro`, done by `unlearn erase`
+    assert first[0].data.tags["erasure"] == "done"
+
+    state = pd.read_csv(proj / "state" / "manifest.csv", dtype=str)
+    ids = state[(state["split"] == "train") & (state["status"] == "retained")]["sample_id"].head(4).tolist()
+    pd.DataFrame({"request_id": [f"k-{i}" for i in range(4)], "sample_id": ids, "requested_at": "2026-12-01T09:00:00Z",
+                  "reason": "gdpr"}).to_csv(proj / "requests" / "inbox" / "2026-12-02T0900_more.csv", index=False)
+    killed = subprocess.run([*unlearn, "run"], cwd=proj, env={**env, "UNLEARN_FAULT": "erase:after:prepared_store"},
+                            capture_output=True, text=True, timeout=900)
+    assert killed.returncode == 137, killed.stdout[-2000:] + killed.stderr[-2000:]
+    told = subprocess.run([*unlearn, "status"], cwd=proj, env=env, capture_output=True, text=True, timeout=300)
+    assert told.returncode == 4 and "unfinished erase: batch" in told.stdout, told.stdout + told.stderr
+
+    out = sh([*unlearn, "repro"], proj, env)
+    assert "`unlearn erase` finishes it before `dvc repro`" in out and "finished the erase of batch(es)" in out
+    assert "Traceback" not in out
+    out = sh([*unlearn, "verify-erasure"], proj, env)
+    assert "erasure verified" in out
+    out = sh(status, proj, env)
+    assert "Data and pipelines are up to date" in out, out
+    out = sh([sys.executable, "-m", "dvc", "repro"], proj, env)
+    assert "Running stage" not in out, out
+    prepared = pd.read_csv(proj / "data" / "prepared" / "manifest.csv", dtype=str)
+    assert list(pd.read_csv(proj / "state" / "manifest.csv", dtype=str)["sample_id"]) == list(prepared["sample_id"])

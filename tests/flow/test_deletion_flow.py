@@ -364,14 +364,18 @@ def test_inbox_rejects_bad_files_and_later_files_proceed(project, sample_applied
     assert key("digits-9999") in report and "digits-9999" not in report
     assert (project / "requests" / "processed" / "d_good.CSV").exists() and not list(inbox.iterdir())
 
-    # A batch the gate rejects (an unreachable accuracy floor) is moved aside too, and nothing changes.
+    # A batch no candidate passes (an unreachable accuracy floor) is moved aside too, held for review (an erasure
+    # is never refused for the model's quality), and nothing changes until `unlearn approve`.
     before = snapshot(project)
     (inbox / "e_gate.csv").write_text(f"request_id,sample_id,requested_at,reason\ngate-1,{b},2026-11-30T10:00:00Z,gdpr\n")
     strict = {"diagnostics": {"enabled": False}, "deletion": {"method": "retrain"},
               "gate": {"retrain_equivalence": {"min_validation_accuracy": 1.0}}}
     results = run(None, str(project / "params.yaml"), strict)
-    assert [r["status"] for r in results] == ["rejected"]
-    assert (rejected / "e_gate.csv.error.json").exists() and snapshot(project) == before
+    assert [r["status"] for r in results] == ["held"]
+    held = project / "requests" / "held"
+    assert (held / "e_gate.csv.held.json").exists() and snapshot(project) == before
+    for f in held.iterdir():  # the request dropped (the documented way): the module's project has no held batch
+        f.unlink()
 
 
 def test_a_file_still_being_written_stays_in_the_inbox_until_complete(project, sample_applied, monkeypatch):

@@ -1,5 +1,5 @@
-"""A first run whose every file is rejected still leaves a state (the deletion stage's DVC output), so
-`dvc repro` does not fail with "output 'state' does not exist" and the rejected file waits in requests/rejected/."""
+"""A first run whose every file is held or rejected still leaves a state (the deletion stage's DVC output), so
+`dvc repro` does not fail with "output 'state' does not exist" and the held file waits in requests/held/."""
 
 import os
 
@@ -21,9 +21,9 @@ def test_all_files_rejected_on_the_first_run_still_writes_the_state(tmp_path, pr
     prepare(params)
     train(params)
     results = run(None, params)
-    assert [r["status"] for r in results] == ["rejected"] and results[0]["reason"] == "gate"
+    assert [r["status"] for r in results] == ["held"] and results[0]["reason"] == "gate"
     assert (tmp_path / "state" / "model.pt").exists() and (tmp_path / "state" / "ledger.jsonl").read_text() == ""
-    assert list((tmp_path / "requests" / "rejected").glob("*.error.json"))
+    assert list((tmp_path / "requests" / "held").glob("*.held.json"))
 
 
 def test_the_dvc_stage_exits_like_unlearn_run_when_a_file_is_not_applied(tmp_path, prefect_harness, monkeypatch,
@@ -43,9 +43,9 @@ def test_the_dvc_stage_exits_like_unlearn_run_when_a_file_is_not_applied(tmp_pat
     train(params)
     monkeypatch.setattr(sys, "argv", ["flows.deletion_batch", "--params", params])
     with pytest.raises(SystemExit) as gate:
-        deletion_batch.main()  # the inbox's request: the gate rejects it
-    assert gate.value.code == 3
-    assert "1 file(s) rejected" in capsys.readouterr().err
+        deletion_batch.main()  # the inbox's request: no candidate passes, the batch is held for review
+    assert gate.value.code == 5
+    assert "1 file(s) held for review in requests/held/" in capsys.readouterr().err
     (tmp_path / "requests" / "inbox" / "notes.txt").write_text("not a request\n")
     with pytest.raises(SystemExit) as bad:
         deletion_batch.main()

@@ -66,6 +66,14 @@ def test_debt_forces_retrain_at_the_declared_threshold(tmp_path, prefect_harness
     for p in history:
         print(f"history step {p['step']}: {p['method']:10s} forgotten {p['forgotten_fraction']:.4f} "
               f"val acc {p['champion_validation_accuracy']:.4f} output gap {p['champion_output_gap']:.5f}")
+    # Each batch run's debt metrics end at the value after the batch (step 1), the one the UI shows; the value
+    # the selection read before it stays at step 0.
+    for r, before, after in zip(results, [0, 1, 0], [1, 0, 1]):
+        steps = {m.step: m.value for m in tracker.client.get_metric_history(r["run_id"], "debt/batches_since_retrain")}
+        assert steps == {0: before, 1: after}
+        assert tracker.client.get_run(r["run_id"]).data.metrics["debt/batches_since_retrain"] == after
+    assert "Retraining debt after this batch:** 1 approximate batch(es)" in tracker.client.get_run(
+        results[2]["run_id"]).data.tags["mlflow.note.content"]
     # The latest batch run carries the whole history, step-indexed.
     last = results[2]["run_id"]
     assert [x.step for x in tracker.client.get_metric_history(last, "history/forgotten_fraction")] == [1, 2, 3]

@@ -192,8 +192,17 @@ def test_erasure_reports(tmp_path):
     scope.reports = [{"batch_id": "b", "pending": ["prepared store: inside `dvc repro`; run `unlearn erase`"]}]
     assert problems(store.verify(scope)) == ["batch b: erasure pending (prepared store: inside `dvc repro`; run "
                                              "`unlearn erase`)"]
-    assert store.locate(scope)[0].counts == {"reports": 1, "pending": 1, "older": 0}
+    assert store.locate(scope)[0].counts == {"reports": 1, "unfinished": 0, "pending": 1, "older": 0}
     scope.reports = [{"batch_id": "b", "pending": []}]
+    assert problems(store.verify(scope)) == []
+    # an erase a kill stopped (its journal): a problem naming the command that finishes it
+    from unlearning.erasure_journal import Journal, journal_dir
+
+    journal = Journal.start(journal_dir(params.path("state_dir")), "b", run_id=None, champion_version=None, keys=[],
+                            n_ids=1, row_digests=[], order=["erasure reports", "tombstones"])
+    [line] = problems(store.verify(scope))
+    assert line.startswith("unfinished erase: batch b: erase started") and "`unlearn erase` finishes it" in line
+    journal.close()
     assert problems(store.verify(scope)) == []
     # an older version's report maps rows to ids and holds unsalted id hashes: a problem until `unlearn erase`
     scope.reports = [{"batch_id": "b", "pending": [], "row_ids_by_digest": {"ab": ["r1"]}, "cache_id_hashes": []}]

@@ -104,3 +104,42 @@ def test_original_training_size_counts_erased_rows_from_the_ledger():
                              "status": ["retained", "retained", "deleted", "retained"]})
     # 2 retained training rows + 3 ledger entries (1 still in the manifest as deleted, 2 erased from it)
     assert n_original_train(manifest, [{}, {}, {}]) == 5
+
+
+def test_the_erasure_line_says_pending_then_done_with_the_stores():
+    from types import SimpleNamespace
+
+    from tasks.stores.tracking import batch_page_after_erasure
+    from unlearning.batch_summary import erasure_line
+
+    locked = {"stores": [{"store": "ensemble cache", "purged_files": []}, {"store": "prepared", "purged_rows": 0,
+                                                                          "pending": True}],
+              "pending": ["prepared store: inside `dvc repro`; run `unlearn erase`"], "erased_at": "2026-12-01T09:00:00",
+              "run_id": "r1"}
+    assert erasure_line(locked) == ("**Erasure:** rows purged so far: none (2 store(s) checked); PENDING: prepared "
+                                    "store: inside `dvc repro`; run `unlearn erase`")
+    done = {"stores": [{"store": "prepared", "purged_rows": 3}, {"store": "state manifest", "purged_rows": 3}],
+            "pending": [], "earlier_passes": [locked], "erased_at": "2026-12-01T09:05:00", "run_id": "r1"}
+    assert erasure_line(done) == ("**Erasure:** done 2026-12-01T09:05:00Z: rows purged: prepared 3, state manifest 3 "
+                                  "(2 store(s) checked); nothing pending. Stores: prepared, state manifest")
+
+    class Tracker:  # what the batch page's update asks of adapters/tracking.py
+        def __init__(self, text):
+            self.text, self.tags = text, {}
+
+        def description(self, run_id):
+            return self.text
+
+        def set_description(self, run_id, text):
+            self.text = text
+
+        def set_tags(self, run_id, tags):
+            self.tags.update(tags)
+
+    page = Tracker("### Deletion batch `r.csv`: applied\n\n" + erasure_line(locked) + "\n\n**Approved** x\n")
+    batch_page_after_erasure(page, SimpleNamespace(), done)
+    assert page.text == "### Deletion batch `r.csv`: applied\n\n" + erasure_line(done) + "\n\n**Approved** x\n"
+    assert page.tags == {"erasure": "done"}
+    bare = Tracker("")  # a run without a description (the batch writes its summary after its erase)
+    batch_page_after_erasure(bare, SimpleNamespace(), locked)
+    assert bare.text == "" and bare.tags == {"erasure": "pending"}

@@ -53,6 +53,14 @@ def test_an_empty_inbox_on_a_state_with_batches_writes_the_metrics_only(tmp_path
     assert done and modules == []
     metrics = json.loads((params_path.parent / params["base"]["paths"]["metrics_dir"] / "deletion.json").read_text())
     assert metrics["n_forgotten"] == 1
+    # the lock file stays after every batch, an empty journal folder after every finished erase: still idle
+    (params_path.parent / ".state.lock").write_text("1234")
+    (params_path.parent / ".state.erasure-journal").mkdir()
+    assert idle("flows.deletion_batch", params_path)[0] is True
+    # an erase a kill stopped (its journal): the full flow, which finishes it first
+    (params_path.parent / ".state.erasure-journal" / "b1.json").write_text("{}")
+    assert idle("flows.deletion_batch", params_path)[0] is False
+    (params_path.parent / ".state.erasure-journal" / "b1.json").unlink()
     inbox = params_path.parent / "requests" / "inbox"
     (inbox / "x.csv").write_text("request_id,sample_id\n")
     assert idle("flows.deletion_batch", params_path)[0] is False  # a file to process: the full flow

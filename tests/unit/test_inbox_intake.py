@@ -29,7 +29,9 @@ def test_intake_moves_what_dvc_cannot_hash_and_leaves_the_rest(tmp_path, capsys)
     rejected = tmp_path / "p" / "requests" / "rejected"
     assert sorted(p.name for p in inbox.iterdir()) == ["good.csv", "notes.txt"]
     report = json.loads((rejected / "x.csv.error.json").read_text())
-    assert report["problems"] == ["a dangling symlink"] and (rejected / "x.csv").is_symlink()
+    assert report["problems"] == [f"a dangling symlink (to {tmp_path / 'nonexistent'}, which does not exist); refused: "
+                                  f"remove the link, or put the request file itself in the inbox"]
+    assert (rejected / "x.csv").is_symlink()
     assert "FIFO" in json.loads((rejected / "pipe.csv.error.json").read_text())["problems"][0]
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("pipe.csv: not a regular file") and out[1].startswith("x.csv: a dangling symlink")
@@ -67,4 +69,4 @@ def test_a_dangling_symlink_no_longer_blocks_dvc_repro_deletion(tmp_path):
     assert res.returncode == 2, out  # a rejected entry fails the run, after the stage ran for the others
     assert (proj / "applied.txt").read_text().split() == ["good.csv"]
     assert (proj / "requests" / "rejected" / "x.csv.error.json").exists()
-    assert "x.csv: a dangling symlink; moved to" in out
+    assert "x.csv: a dangling symlink (to /nonexistent, which does not exist); refused: remove the link" in out

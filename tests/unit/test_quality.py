@@ -76,7 +76,10 @@ def test_quality_params_are_validated():
 
 class FakeTracker:
     def __init__(self):
-        self.tags, self.json = {}, {}
+        self.tags, self.json, self.metrics = {}, {}, {}
+
+    def log_metrics(self, run, metrics):
+        self.metrics.update(metrics)
 
     def set_tags(self, run, tags):
         self.tags.update(tags)
@@ -102,11 +105,16 @@ def test_announce_quality_logs_tags_summarises_and_returns_the_lines(tmp_path, m
     from tasks.quality import announce_quality
     from unlearning.batch_summary import summary_markdown
 
-    console = []
-    monkeypatch.setattr(Q, "run_logger", lambda: SimpleNamespace(warning=console.append))
+    console, info = [], []
+    monkeypatch.setattr(Q, "run_logger", lambda: SimpleNamespace(warning=console.append, info=info.append))
     batch, outcome, state, rows = batch_and_state(tmp_path)
     params = parse_params({})
     lines = announce_quality(batch, outcome, state, rows, params)
+    # the accuracy changes are reported (metrics, summary, console) whatever the warnings
+    assert batch.tracker.metrics == {"drop/validation": 0.15}
+    assert batch.summary["accuracy_changes"] == ["all validation rows: 0.700 -> 0.550 (-0.150), gated by the "
+                                                 "validation floors"]
+    assert info == ["r.csv: accuracy against the original: " + batch.summary["accuracy_changes"][0]]
     assert [ln.split(":")[0] for ln in lines] == ["the champion can no longer predict '>50K'",
                                                   "validation accuracy fell from 0.700 (the original) to 0.550 (-0.150), "
                                                   "more than quality.max_validation_drop = 0.05",

@@ -77,6 +77,10 @@ CASES = [
      "invalid", ["rows 1, 2: 2 field(s), but the header has 4"], None),
     ("spaced-sample-id", "a.csv", csv(H + "\nr1,digits-0001 ,2026-11-30,gdpr\nr2, digits-0002,2026-11-30,gdpr\n"),
      "invalid", ["column 'sample_id' rows 1, 2: value 'digits-0001 ' (and others) has spaces around it"], None),
+    # an unclosed quote swallows the rest of the file into one value: named by its quote, not "2 field(s)" alone
+    ("unclosed-quote", "a.csv", csv(H + '\nr1,"digits-0001,2026-11-30,gdpr\nr2,digits-0002,2026-11-30,gdpr\n'),
+     "invalid", ['row 1 (file lines 2-3): a quote (") opens a value that is never closed on its line',
+                 "the row has 2 field(s), the header 4", "close the quote"], None),
     ("quoted-comma-is-one-field", "a.csv", csv(H + '\nr1,digits-0001,2026-11-30,"gdpr, art. 17"\n'), "ok", [], None),
     ("utf16", "a.csv", lambda p: p.write_bytes((H + "\nr1,digits-0001,2026-11-30,gdpr\n").encode("utf-16")),
      "invalid", ["not UTF-8 text", "save it as UTF-8"], None),

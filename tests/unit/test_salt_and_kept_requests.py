@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -120,3 +121,36 @@ def test_plain_tombstones_from_before_the_default_still_erase(tmp_path):
     erased = is_erased({"old-plain-id", key("new-id")}, True, id_salt(params))
     assert erased("old-plain-id") and erased("new-id") and not erased("kept-id")
     assert not is_erased({key("new-id")}, True, id_salt(params))("sha256:whatever")
+
+
+def test_a_rejected_file_never_keeps_an_erased_id_and_expires_after_its_days(tmp_path):
+    """A rejected file keeps its ids (to be fixed and dropped again), but an erased one is hashed at once: at the
+    rejection, and by every run's and `unlearn erase`'s pass (`redact_erased_ids`), so verify-erasure never waits
+    for a batch that will not come; with keep_request_files N days, every id is hashed N days after the rejection."""
+    from flows.intake import reject
+    from tasks.inbox_ops import redact_erased_ids
+
+    params = project(tmp_path, erasure={"keep_request_files": 3})
+    key = id_key(True, id_salt(params))
+    assert redact_erased_ids(params) == []  # nothing erased yet
+    add_tombstones(params.path("tombstones"), [key("ZZSECRET-1")])  # an earlier batch erased it
+    dest = reject(drop(params, "a.csv", "ZZSECRET-1", "ZZSECRET-2"), params, "not deleted already: row 1")
+    assert redact_erased_ids(params, [dest]) == ["a.csv"]  # the rejection's own pass
+    text = dest.read_text()
+    assert "ZZSECRET-1" not in text and key("ZZSECRET-1") in text and "ZZSECRET-2" in text  # not erased: kept
+    # an older version's rejected file, plain erased ids and all: the next run or `unlearn erase` rewrites it
+    older = params.path("rejected") / "b.csv"
+    older.write_text(H + "\nq0,ZZSECRET-1,2026-11-30T09:00:00Z,gdpr\n")
+    tomb = {key("ZZSECRET-1")}
+    scope = SimpleNamespace(params=params, hash_ids=True, key=key, forgotten=tomb, tombstones=tomb)
+    rejected_finding = RequestFiles().verify(scope)[1]
+    assert rejected_finding.problems and "`unlearn erase` rewrites them" in rejected_finding.problems[0]
+    assert redact_erased_ids(params) == ["b.csv"] and "ZZSECRET-1" not in older.read_text()
+    assert RequestFiles().verify(scope)[1].problems == ()
+    # within its 3 days the rejected file keeps its other ids; then every id is hashed
+    assert _expire_request_files(params) == []
+    report = dest.with_name(dest.name + ".error.json")
+    data = json.loads(report.read_text())
+    report.write_text(json.dumps({**data, "rejected_at": "2020-01-01T00:00:00+00:00"}))
+    assert _expire_request_files(params) == ["a.csv"]
+    assert "ZZSECRET" not in dest.read_text() and key("ZZSECRET-2") in dest.read_text()

@@ -43,11 +43,16 @@ def project_with_a_batch(tmp_path, monkeypatch, pending: bool):
 @pytest.mark.parametrize("pending", [True, False])
 def test_status_shows_a_pending_erasure_and_the_command_that_finishes_it(tmp_path, monkeypatch, capsys, pending):
     params_file = project_with_a_batch(tmp_path, monkeypatch, pending)
-    assert main(["--params", str(params_file), "status"]) == 0
-    out = capsys.readouterr().out
-    assert ("erasure pending: batch batch-a: prepared store" in out) == pending, out
+    code = 4 if pending else 0  # an unfinished erase: `unlearn status` exits 4
+    assert main(["--params", str(params_file), "status"]) == code
+    out, err = capsys.readouterr()
+    # inside `dvc repro` the erase keeps its journal open, with the stores DVC holds pending
+    assert ("erasure pending: unfinished erase: batch batch-a: erase started" in out) == pending, out
+    held = "pending (a store `dvc repro` held) for `unlearn erase`: models/original.pt, prepared store, state manifest"
+    assert (held in out) == pending
     assert ("run `unlearn erase` to finish it" in out) == pending
-    assert main(["--params", str(params_file), "status", "--json"]) == 0
+    assert ("`unlearn erase` finishes it (exit 4)" in err) == pending
+    assert main(["--params", str(params_file), "status", "--json"]) == code
     status = json.loads(capsys.readouterr().out)
     assert bool(status["erasure_pending"]) == pending
 
