@@ -41,12 +41,19 @@ def resume_erasure(params: Params) -> list[str]:
 
 def _resume(params: Params, tracker, version) -> list[str]:
     from tasks.erasure import resume_unfinished
+    from unlearning.erasure_journal import unfinished
 
+    # a journal with stores left pending is an erase `dvc repro` deferred on purpose (DVC held them), not a kill
+    deferred = {j.batch_id for j in unfinished(params.path("state_dir")) if j.pending}
     reports = resume_unfinished(params, tracker, version)
-    done = [r["batch_id"] for r in reports if not r["pending"]]
+    finished = [r["batch_id"] for r in reports if not r["pending"]]
+    done = [b for b in finished if b not in deferred]
+    caught_up = [b for b in finished if b in deferred]
     waiting = [r["batch_id"] for r in reports if r["pending"]]
-    return ([f"finished the erase of batch(es) {done} that a kill had stopped (its journal said which stores were "
-             f"done)"] if done else []) + \
+    return ([f"finished {len(caught_up)} pending erasure(s) that `dvc repro` left for `unlearn erase`"]
+            if caught_up else []) + \
+        ([f"finished the erase of batch(es) {done} that a kill had stopped (its journal said which stores were "
+          f"done)"] if done else []) + \
         ([f"took up the erase of batch(es) {waiting}; inside `dvc repro` what DVC holds stays pending for "
           f"`unlearn erase`"] if waiting else [])
 
