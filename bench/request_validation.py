@@ -2,7 +2,7 @@
 adapters.request_check.check_file_for: `unlearn validate` and the deletion flow's check.
 
 For each size N (default 10^4, 10^5, 2 * 10^5, 10^6) the parent writes a synthetic project in a temporary
-folder: params.yaml (tests.helpers.make_project), a prepared store of N + N/5 training rows and N/10
+folder: params.yaml (bench/project_copy.py make_project), a prepared store of N + N/5 training rows and N/10
 validation rows (data/prepared: dataset.json, manifest.csv, one feature per row), a state whose champion.json
 records the fingerprint of those params and data (so `unlearn validate` reads it as the live state), and a
 valid CSV request file of N rows naming training rows (never every retained one). Each path then runs in a
@@ -68,7 +68,7 @@ def setup(folder: Path, n: int, hash_ids: bool) -> Path:
     """The synthetic project of one size (see the module docstring); returns its params.yaml."""
     import numpy as np
 
-    from tests.helpers import make_project
+    from project_copy import make_project  # bench/ is on sys.path when run as a script
     from unlearning.config import load_params
     from unlearning.data.store import initial_state_manifest, manifest_csv_bytes
     from unlearning.fingerprint import prepared_fingerprint

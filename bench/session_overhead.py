@@ -1,7 +1,7 @@
 """Benchmark: `make run`'s session, warm (one server, the warm worker) against cold (`--cold`: every stage and
 command in a process of its own, each stage with the session's server), on fresh copies of the project.
 
-Each run copies the project's files (tests.helpers.copy_project) to a temporary folder (its own PREFECT_HOME
+Each run copies the project's files (bench/project_copy.py copy_project) to a temporary folder (its own PREFECT_HOME
 and MLflow store, both prepared as `make setup` does: Prefect migrated and stamped, the MLflow store created),
 then times `python -m flows.session [--cold] dvc repro deletion --then unlearn erase --then unlearn status`
 on the digits
@@ -55,7 +55,7 @@ from results_io import write_between, write_json  # noqa: E402  (bench/ is on sy
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
-from tests.helpers import copy_project  # noqa: E402  (the e2e tests' copy: the project's files + the sample request)
+from project_copy import copy_project  # noqa: E402  (the project's files + the sample request)
 
 
 def prepared_env(proj: Path) -> dict:
