@@ -1,0 +1,38 @@
+"""What tests/conftest.py adds to a test run: the progress line with an ETA (tests/progress_eta.py), and a logging
+handler bound to pytest's capture that falls back to the real stderr once pytest closes that capture."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from tests.capture_safe_logging import StderrWhileOpen, follow_open_stderr
+from tests.progress_eta import duration, progress_line
+
+
+def test_the_progress_line_counts_and_estimates_from_the_pace_so_far():
+    assert progress_line(300, 1200, 150.0, "tests/flow/test_x.py::test_y", 14.2) == (
+        "[tests] 300/1200 done (25%), 2m30s elapsed, about 7m30s left at the pace so far; "
+        "now tests/flow/test_x.py::test_y (14 s)")
+    assert progress_line(0, 10, 10.0, None, 0.0) == "[tests] 0/10 done (0%), 10 s elapsed"  # no pace yet: no ETA
+    assert [duration(s) for s in (0.4, 59.6, 61, 3599, 3725)] == ["0 s", "1m00s", "1m01s", "59m59s", "1h02m"]
+
+
+def test_a_prefect_console_handler_on_a_closed_capture_writes_to_the_real_stderr(capfd):
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    captured = io.StringIO()
+    handler = PrefectConsoleHandler(stream=captured)
+    logger = logging.getLogger("prefect.test-session-check")
+    logger.addHandler(handler)
+    try:
+        follow_open_stderr()
+        assert isinstance(handler.stream, StderrWhileOpen) and handler.console.file is handler.stream
+        logger.warning("while the capture is open")
+        assert "while the capture is open" in captured.getvalue()
+        captured.close()  # what pytest does to its capture when a run is interrupted, before the teardowns
+        logger.warning("after pytest closed it")
+    finally:
+        logger.removeHandler(handler)
+    err = capfd.readouterr().err
+    assert "after pytest closed it" in err and "Logging error" not in err and "closed file" not in err
