@@ -18,6 +18,7 @@ for key, value in {"DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests import mlflow_store_template  # noqa: E402
 from tests.capture_safe_logging import follow_open_stderr  # noqa: E402
 
 # Tiny test models run many times slower with 2 threads on a shared 2-core machine (thread contention).
@@ -73,5 +74,14 @@ def _signal_handlers_restored():
             signal.signal(s, handler)
 
 
+@pytest.fixture(autouse=True)
+def _new_mlflow_stores_from_a_template():
+    """New SQLite MLflow stores are copies of one migrated store (tests/mlflow_store_template.py), once MLflow is
+    imported; each test checks, since a test may be the first to import it."""
+    mlflow_store_template.install()
+    yield
+
+
 def pytest_collection_finish(session):
     follow_open_stderr()
+    mlflow_store_template.install()
