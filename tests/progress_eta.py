@@ -1,14 +1,17 @@
 """A progress line for a long test run, at least every `EVERY_S` seconds (tests/conftest.py registers it):
 
-    [tests] 412/1394 done (29%), 2m10s elapsed, about 5m20s left at the pace so far; now tests/flow/test_x.py (14 s)
+    [tests] 412/1394 done (29%), 2m10s elapsed, about 5m20s left (by the last run's times); now tests/flow/x.py (14 s)
 
 pytest's own `-q` output is a row of dots with a percentage at its end: no count of what is left, no time, and
 nothing at all while one long test runs. A thread writes the line, so it comes during a long test too. It writes
 to a duplicate of the terminal's stdout taken at configure time, before any test's capture: pytest captures file
 descriptor 1 during each test, and a line written there would land in that test's captured output instead.
 
-The estimate is the mean time per finished test times the tests left: the fast unit tests run first and the
-flow tests last, so early on it is low; it says so ("at the pace so far")."""
+The estimate: tests take very different times (a flow test a minute, most unit tests milliseconds), so the
+count alone says little. Each test's time of the last run is kept in pytest's cache; the time left is the last
+run's times of the tests not run yet, scaled by how this run compares with the last on the tests done so far
+(a loaded machine), plus the mean time of this run for the tests the cache does not know. Without a cache
+(`-p no:cacheprovider`, a first run) it is the mean time per test so far times the tests left, and says so."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import threading
 import time
 
 EVERY_S = 10.0
+CACHE_KEY = "progress_eta/seconds"
 
 
 def duration(seconds: float) -> str:
@@ -29,34 +33,56 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def progress_line(done: int, total: int, elapsed: float, running: str | None, running_s: float) -> str:
-    """The line for `done` of `total` tests after `elapsed` seconds, `running` the test now running (or None)."""
-    pct = 100 * done // max(total, 1)
-    left = f", about {duration(elapsed / done * (total - done))} left at the pace so far" if done else ""
+def seconds_left(done: dict[str, float], todo: list[str], last: dict[str, float]) -> tuple[float, str] | None:
+    """(seconds, how) left for the tests `todo`, from this run's times `done` and the last run's `last`; None
+    before any test finished."""
+    if not done:
+        return None
+    mean_now = sum(done.values()) / len(done)
+    known_done = [n for n in done if n in last]
+    if not known_done or sum(last[n] for n in known_done) <= 0:
+        return mean_now * len(todo), "at the pace so far"
+    pace = sum(done[n] for n in known_done) / sum(last[n] for n in known_done)
+    left = sum(pace * last[n] if n in last else mean_now for n in todo)
+    return left, "by the last run's times"
+
+
+def progress_line(n_done: int, total: int, elapsed: float, left: tuple[float, str] | None, running: str | None,
+                  running_s: float) -> str:
+    """The line for `n_done` of `total` tests after `elapsed` seconds, `running` the test now running (or None)."""
+    pct = 100 * n_done // max(total, 1)
+    eta = f", about {duration(left[0])} left ({left[1]})" if left is not None else ""
     now = f"; now {running} ({duration(running_s)})" if running else ""
-    return f"[tests] {done}/{total} done ({pct}%), {duration(elapsed)} elapsed{left}{now}"
+    return f"[tests] {n_done}/{total} done ({pct}%), {duration(elapsed)} elapsed{eta}{now}"
 
 
 class ProgressEta:
-    """The pytest plugin: counts finished tests, and a daemon thread writes `progress_line` every EVERY_S."""
+    """The pytest plugin: times each test (setup, call, teardown), and a daemon thread writes `progress_line`
+    every EVERY_S; the times go to pytest's cache for the next run's estimate."""
 
     def __init__(self, every_s: float = EVERY_S):
         self.every_s = every_s
-        self.total = self.done = 0
+        self.order: list[str] = []
+        self.done: dict[str, float] = {}
+        self.last: dict[str, float] = {}
         self.started = time.monotonic()
         self.running: str | None = None
         self.running_since = self.started
         self._stop = threading.Event()
         self._fd: int | None = None
+        self._cache = None
 
     # --- pytest hooks ------------------------------------------------------------------------------------------
     def pytest_configure(self, config):
         # configure runs outside any capture: fd 1 is the terminal (or the CI log) here
         self._fd = os.dup(1)
+        self._cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
 
     def pytest_collection_finish(self, session):
-        self.total = len(session.items)
-        if self.total and not session.config.option.collectonly:
+        self.order = [item.nodeid for item in session.items]
+        if self._cache is not None:
+            self.last = self._cache.get(CACHE_KEY, {})
+        if self.order and not session.config.option.collectonly:
             self.started = time.monotonic()
             threading.Thread(target=self._run, name="progress-eta", daemon=True).start()
 
@@ -64,8 +90,12 @@ class ProgressEta:
         self.running, self.running_since = nodeid, time.monotonic()
 
     def pytest_runtest_logfinish(self, nodeid, location):
-        self.done += 1
+        self.done[nodeid] = time.monotonic() - self.running_since
         self.running = None
+
+    def pytest_sessionfinish(self, session):
+        if self._cache is not None and self.done:
+            self._cache.set(CACHE_KEY, {**self.last, **{n: round(s, 3) for n, s in self.done.items()}})
 
     def pytest_unconfigure(self, config):
         self._stop.set()
@@ -74,11 +104,16 @@ class ProgressEta:
             self._fd = None
 
     # --- the thread --------------------------------------------------------------------------------------------
+    def line(self) -> str:
+        now = time.monotonic()
+        done = dict(self.done)  # the main thread adds to it meanwhile
+        todo = [n for n in self.order if n not in done]
+        return progress_line(len(done), len(self.order), now - self.started, seconds_left(done, todo, self.last),
+                             self.running, now - self.running_since)
+
     def _run(self):
         while not self._stop.wait(self.every_s):
-            now = time.monotonic()
-            line = progress_line(self.done, self.total, now - self.started, self.running, now - self.running_since)
             try:
-                os.write(self._fd, f"\n{line}\n".encode())
+                os.write(self._fd, f"\n{self.line()}\n".encode())
             except (OSError, TypeError):  # the terminal went away, or unconfigure closed the descriptor
                 return

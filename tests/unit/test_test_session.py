@@ -7,15 +7,23 @@ import io
 import logging
 
 from tests.capture_safe_logging import StderrWhileOpen, follow_open_stderr
-from tests.progress_eta import duration, progress_line
+from tests.progress_eta import duration, progress_line, seconds_left
 
 
-def test_the_progress_line_counts_and_estimates_from_the_pace_so_far():
-    assert progress_line(300, 1200, 150.0, "tests/flow/test_x.py::test_y", 14.2) == (
-        "[tests] 300/1200 done (25%), 2m30s elapsed, about 7m30s left at the pace so far; "
+def test_the_progress_line_counts_and_estimates_the_time_left():
+    assert progress_line(300, 1200, 150.0, (450.0, "at the pace so far"), "tests/flow/test_x.py::test_y", 14.2) == (
+        "[tests] 300/1200 done (25%), 2m30s elapsed, about 7m30s left (at the pace so far); "
         "now tests/flow/test_x.py::test_y (14 s)")
-    assert progress_line(0, 10, 10.0, None, 0.0) == "[tests] 0/10 done (0%), 10 s elapsed"  # no pace yet: no ETA
+    assert progress_line(0, 10, 10.0, None, None, 0.0) == "[tests] 0/10 done (0%), 10 s elapsed"  # no pace yet
     assert [duration(s) for s in (0.4, 59.6, 61, 3599, 3725)] == ["0 s", "1m00s", "1m01s", "59m59s", "1h02m"]
+
+
+def test_the_time_left_follows_the_last_runs_times_at_this_runs_pace():
+    last = {"a": 1.0, "b": 2.0, "slow": 60.0, "c": 0.5}
+    # this run is twice as slow on what both ran: the slow test left counts 120 s, the new one this run's mean
+    assert seconds_left({"a": 2.0, "b": 4.0}, ["slow", "new"], last) == (2 * 60.0 + 3.0, "by the last run's times")
+    assert seconds_left({"a": 2.0, "b": 4.0}, ["slow"], {}) == (3.0, "at the pace so far")  # no cache: the mean
+    assert seconds_left({}, ["a"], last) is None
 
 
 def test_a_prefect_console_handler_on_a_closed_capture_writes_to_the_real_stderr(capfd):
