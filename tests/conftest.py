@@ -28,7 +28,8 @@ torch.set_num_threads(1)
 def pytest_configure(config):
     from tests.progress_eta import ProgressEta
 
-    if not config.pluginmanager.has_plugin("progress-eta"):
+    # under pytest-xdist the controller reports the progress (a worker's output is not the terminal)
+    if not hasattr(config, "workerinput") and not config.pluginmanager.has_plugin("progress-eta"):
         config.pluginmanager.register(ProgressEta(), "progress-eta")
 
 

@@ -5,7 +5,8 @@
 pytest's own `-q` output is a row of dots with a percentage at its end: no count of what is left, no time, and
 nothing at all while one long test runs. A thread writes the line, so it comes during a long test too. It writes
 to a duplicate of the terminal's stdout taken at configure time, before any test's capture: pytest captures file
-descriptor 1 during each test, and a line written there would land in that test's captured output instead.
+descriptor 1 during each test, and a line written there would land in that test's captured output instead. Under
+pytest-xdist (`make test` runs two workers) it runs in the controller, which sees each test start and finish.
 
 The estimate: tests take very different times (a flow test a minute, most unit tests milliseconds), so the
 count alone says little. Each test's time of the last run is kept in pytest's cache; the time left is the last
@@ -18,6 +19,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+
+import pytest
 
 EVERY_S = 10.0
 CACHE_KEY = "progress_eta/seconds"
@@ -51,6 +54,8 @@ def progress_line(n_done: int, total: int, elapsed: float, left: tuple[float, st
                   running_s: float) -> str:
     """The line for `n_done` of `total` tests after `elapsed` seconds, `running` the test now running (or None)."""
     pct = 100 * n_done // max(total, 1)
+    if total and n_done == total:
+        return f"[tests] {n_done}/{total} done (100%), {duration(elapsed)} elapsed; the session's teardown now"
     eta = f", about {duration(left[0])} left ({left[1]})" if left is not None else ""
     now = f"; now {running} ({duration(running_s)})" if running else ""
     return f"[tests] {n_done}/{total} done ({pct}%), {duration(elapsed)} elapsed{eta}{now}"
@@ -66,9 +71,9 @@ class ProgressEta:
         self.done: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.started = time.monotonic()
-        self.running: str | None = None
-        self.running_since = self.started
+        self.running: dict[str, float] = {}  # the tests running now (one per xdist worker) -> since when
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._fd: int | None = None
         self._cache = None
 
@@ -79,19 +84,29 @@ class ProgressEta:
         self._cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
 
     def pytest_collection_finish(self, session):
-        self.order = [item.nodeid for item in session.items]
+        if not session.config.option.collectonly:
+            self.start([item.nodeid for item in session.items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        """Under xdist the controller collects nothing itself: each worker reports the same test ids."""
+        self.start(list(ids))
+
+    def start(self, order: list[str]) -> None:
+        if self._thread is not None or not order:
+            return
+        self.order = order
         if self._cache is not None:
             self.last = self._cache.get(CACHE_KEY, {})
-        if self.order and not session.config.option.collectonly:
-            self.started = time.monotonic()
-            threading.Thread(target=self._run, name="progress-eta", daemon=True).start()
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="progress-eta", daemon=True)
+        self._thread.start()
 
     def pytest_runtest_logstart(self, nodeid, location):
-        self.running, self.running_since = nodeid, time.monotonic()
+        self.running[nodeid] = time.monotonic()
 
     def pytest_runtest_logfinish(self, nodeid, location):
-        self.done[nodeid] = time.monotonic() - self.running_since
-        self.running = None
+        self.done[nodeid] = time.monotonic() - self.running.pop(nodeid, time.monotonic())
 
     def pytest_sessionfinish(self, session):
         if self._cache is not None and self.done:
@@ -106,10 +121,11 @@ class ProgressEta:
     # --- the thread --------------------------------------------------------------------------------------------
     def line(self) -> str:
         now = time.monotonic()
-        done = dict(self.done)  # the main thread adds to it meanwhile
+        done, running = dict(self.done), dict(self.running)  # the main thread changes them meanwhile
         todo = [n for n in self.order if n not in done]
+        longest = min(running, key=running.get, default=None)  # the test running the longest now
         return progress_line(len(done), len(self.order), now - self.started, seconds_left(done, todo, self.last),
-                             self.running, now - self.running_since)
+                             longest, now - running[longest] if longest else 0.0)
 
     def _run(self):
         while not self._stop.wait(self.every_s):

@@ -15,6 +15,8 @@ def test_the_progress_line_counts_and_estimates_the_time_left():
         "[tests] 300/1200 done (25%), 2m30s elapsed, about 7m30s left (at the pace so far); "
         "now tests/flow/test_x.py::test_y (14 s)")
     assert progress_line(0, 10, 10.0, None, None, 0.0) == "[tests] 0/10 done (0%), 10 s elapsed"  # no pace yet
+    assert progress_line(10, 10, 70.0, (0.0, "at the pace so far"), None, 0.0) == (
+        "[tests] 10/10 done (100%), 1m10s elapsed; the session's teardown now")
     assert [duration(s) for s in (0.4, 59.6, 61, 3599, 3725)] == ["0 s", "1m00s", "1m01s", "59m59s", "1h02m"]
 
 
