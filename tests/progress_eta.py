@@ -11,8 +11,9 @@ pytest-xdist (`make test` runs two workers) it runs in the controller, which see
 The estimate: tests take very different times (a flow test a minute, most unit tests milliseconds), so the
 count alone says little. Each test's time of the last run is kept in pytest's cache; the time left is the last
 run's times of the tests not run yet, scaled by how this run compares with the last on the tests done so far
-(a loaded machine), plus the mean time of this run for the tests the cache does not know. Without a cache
-(`-p no:cacheprovider`, a first run) it is the mean time per test so far times the tests left, and says so."""
+(a loaded machine), plus the mean time of this run for the tests the cache does not know, shared by the xdist
+workers. Without a cache (`-p no:cacheprovider`, a first run) it is the mean time per test so far times the tests
+left, and says so."""
 
 from __future__ import annotations
 
@@ -36,18 +37,19 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def seconds_left(done: dict[str, float], todo: list[str], last: dict[str, float]) -> tuple[float, str] | None:
-    """(seconds, how) left for the tests `todo`, from this run's times `done` and the last run's `last`; None
-    before any test finished."""
+def seconds_left(done: dict[str, float], todo: list[str], last: dict[str, float], workers: int = 1
+                 ) -> tuple[float, str] | None:
+    """(seconds, how) left for the tests `todo` on `workers` processes side by side, from this run's times
+    `done` and the last run's `last` (each a test's own wall time); None before any test finished."""
     if not done:
         return None
     mean_now = sum(done.values()) / len(done)
     known_done = [n for n in done if n in last]
     if not known_done or sum(last[n] for n in known_done) <= 0:
-        return mean_now * len(todo), "at the pace so far"
+        return mean_now * len(todo) / workers, "at the pace so far"
     pace = sum(done[n] for n in known_done) / sum(last[n] for n in known_done)
     left = sum(pace * last[n] if n in last else mean_now for n in todo)
-    return left, "by the last run's times"
+    return left / workers, "by the last run's times"
 
 
 def progress_line(n_done: int, total: int, elapsed: float, left: tuple[float, str] | None, running: str | None,
@@ -72,6 +74,7 @@ class ProgressEta:
         self.last: dict[str, float] = {}
         self.started = time.monotonic()
         self.running: dict[str, float] = {}  # the tests running now (one per xdist worker) -> since when
+        self.workers: set[str] = set()  # the xdist workers seen (none without xdist: one process)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fd: int | None = None
@@ -105,6 +108,11 @@ class ProgressEta:
     def pytest_runtest_logstart(self, nodeid, location):
         self.running[nodeid] = time.monotonic()
 
+    def pytest_runtest_logreport(self, report):
+        node = getattr(report, "node", None)  # the xdist worker that ran it
+        if node is not None:
+            self.workers.add(str(getattr(getattr(node, "gateway", None), "id", node)))
+
     def pytest_runtest_logfinish(self, nodeid, location):
         self.done[nodeid] = time.monotonic() - self.running.pop(nodeid, time.monotonic())
 
@@ -124,8 +132,9 @@ class ProgressEta:
         done, running = dict(self.done), dict(self.running)  # the main thread changes them meanwhile
         todo = [n for n in self.order if n not in done]
         longest = min(running, key=running.get, default=None)  # the test running the longest now
-        return progress_line(len(done), len(self.order), now - self.started, seconds_left(done, todo, self.last),
-                             longest, now - running[longest] if longest else 0.0)
+        left = seconds_left(done, todo, self.last, max(1, len(self.workers)))
+        return progress_line(len(done), len(self.order), now - self.started, left, longest,
+                             now - running[longest] if longest else 0.0)
 
     def _run(self):
         while not self._stop.wait(self.every_s):

@@ -26,6 +26,7 @@ def test_the_time_left_follows_the_last_runs_times_at_this_runs_pace():
     assert seconds_left({"a": 2.0, "b": 4.0}, ["slow", "new"], last) == (2 * 60.0 + 3.0, "by the last run's times")
     assert seconds_left({"a": 2.0, "b": 4.0}, ["slow"], {}) == (3.0, "at the pace so far")  # no cache: the mean
     assert seconds_left({}, ["a"], last) is None
+    assert seconds_left({"a": 2.0, "b": 4.0}, ["slow", "new"], last, workers=2) == (61.5, "by the last run's times")
 
 
 def test_a_prefect_console_handler_on_a_closed_capture_writes_to_the_real_stderr(capfd):
