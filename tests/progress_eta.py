@@ -37,10 +37,11 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def seconds_left(done: dict[str, float], todo: list[str], last: dict[str, float], workers: int = 1
-                 ) -> tuple[float, str] | None:
+def seconds_left(done: dict[str, float], todo: list[str], last: dict[str, float], workers: int = 1,
+                 running_for: dict[str, float] | None = None) -> tuple[float, str] | None:
     """(seconds, how) left for the tests `todo` on `workers` processes side by side, from this run's times
-    `done` and the last run's `last` (each a test's own wall time); None before any test finished."""
+    `done` and the last run's `last` (each a test's own wall time), less what the tests running now (`todo`'s,
+    -> seconds so far) have run already; None before any test finished."""
     if not done:
         return None
     mean_now = sum(done.values()) / len(done)
@@ -48,8 +49,9 @@ def seconds_left(done: dict[str, float], todo: list[str], last: dict[str, float]
     if not known_done or sum(last[n] for n in known_done) <= 0:
         return mean_now * len(todo) / workers, "at the pace so far"
     pace = sum(done[n] for n in known_done) / sum(last[n] for n in known_done)
-    left = sum(pace * last[n] if n in last else mean_now for n in todo)
-    return left / workers, "by the last run's times"
+    expected = {n: pace * last[n] if n in last else mean_now for n in todo}
+    spent = sum(min(s, expected.get(n, 0.0)) for n, s in (running_for or {}).items())
+    return (sum(expected.values()) - spent) / workers, "by the last run's times"
 
 
 def progress_line(n_done: int, total: int, elapsed: float, left: tuple[float, str] | None, running: str | None,
@@ -132,7 +134,8 @@ class ProgressEta:
         done, running = dict(self.done), dict(self.running)  # the main thread changes them meanwhile
         todo = [n for n in self.order if n not in done]
         longest = min(running, key=running.get, default=None)  # the test running the longest now
-        left = seconds_left(done, todo, self.last, max(1, len(self.workers)))
+        left = seconds_left(done, todo, self.last, max(1, len(self.workers)),
+                            {n: now - t0 for n, t0 in running.items()})
         return progress_line(len(done), len(self.order), now - self.started, left, longest,
                              now - running[longest] if longest else 0.0)
 

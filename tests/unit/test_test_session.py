@@ -27,6 +27,8 @@ def test_the_time_left_follows_the_last_runs_times_at_this_runs_pace():
     assert seconds_left({"a": 2.0, "b": 4.0}, ["slow"], {}) == (3.0, "at the pace so far")  # no cache: the mean
     assert seconds_left({}, ["a"], last) is None
     assert seconds_left({"a": 2.0, "b": 4.0}, ["slow", "new"], last, workers=2) == (61.5, "by the last run's times")
+    # the slow test has run 100 s of its expected 120 s: 20 s of it and the new test's 3 s are left
+    assert seconds_left({"a": 2.0, "b": 4.0}, ["slow", "new"], last, running_for={"slow": 100.0})[0] == 23.0
 
 
 def test_a_prefect_console_handler_on_a_closed_capture_writes_to_the_real_stderr(capfd):
