@@ -74,8 +74,15 @@ report: setup ## the evidence studies (dvc repro report/dvc.yaml): reports/*.jso
 	@# A DAG of its own (report/dvc.yaml), so a plain `dvc repro` never starts these tens of minutes of studies.
 	$(BIN)/python -m flows.session --cold $(BIN)/dvc repro report/dvc.yaml   # the studies take minutes: no warm worker
 
-test: setup ## fast unit + flow tests (the default tier)
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+# The fast tier on TEST_WORKERS processes (pytest-xdist), each test file whole on one of them (its module
+# fixtures, a trained project, made once), in the files' order: tests/flow/ (few tests, minutes each) first, so
+# that the many short unit tests even out the end (xdist's default hands out the files with most tests first);
+# each worker with its own Prefect harness.
+TEST_WORKERS ?= 2
+test: setup ## fast unit + flow tests (the default tier): a progress line every 10 s, the 30 slowest at the end
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q --durations=30 -n $(TEST_WORKERS) --dist loadfile \
+	  --no-loadscope-reorder; \
+	  rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 test-slow: setup ## end-to-end tests: dvc repro, real servers, browser
 	$(BIN)/python -m pytest -m "slow and not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc

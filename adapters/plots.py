@@ -11,6 +11,7 @@ import numpy as np  # noqa: E402
 from adapters.clock import tracks  # noqa: E402
 from unlearning import metric_keys as K
 from unlearning.batch import SPLITS  # noqa: E402
+from unlearning.config import method_traits  # noqa: E402
 
 
 def _verdict_word(passed: bool | None) -> str:
@@ -112,7 +113,7 @@ def history(points: list[dict], title: str = "champion across batches"):
                               ("cumulative forgotten fraction", "champion validation accuracy",
                                "champion output gap to oracles")):
         ax.plot(steps, [p[key] for p in points], marker="o", color="tab:blue")
-        retrains = [p for p in points if p["method"] == "retrain"]
+        retrains = [p for p in points if method_traits(p["method"]).exact]
         if retrains:  # no retrain yet: no marker, and no legend entry for one
             ax.scatter([p["step"] for p in retrains], [p[key] for p in retrains], marker="s", s=60,
                        facecolors="none", edgecolors="tab:red", label="exact retrain", zorder=3)

@@ -67,6 +67,12 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+# The project's one liveness check (stdlib only; importing the `adapters` package does nothing else), from this
+# checkout whatever Python runs this script. Not from `flows`: its package import sets environment defaults that
+# would reach the servers started here.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adapters.pids import pid_alive as alive  # noqa: E402
+
 ROLE = "team"
 DATABASES = ("prefect", "mlflow", "mlflow_auth")  # mlflow_auth: the MLflow auth app's users and permissions
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -628,19 +634,6 @@ def tail(path: Path, n: int = 3000) -> str:
         return path.read_text(errors="replace")[-n:]
     except OSError:
         return ""
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of this process counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def stop_groups(pids: list[int], grace: float = 10) -> None:

@@ -1,6 +1,7 @@
 """What flows/session.py and flows/warm.py share: the environment names a session passes to its commands, the
 parent-death signal, and the Prefect API probe. Stdlib only; its own module so that the session (which starts
-workers) and the worker's client (which joins a session: flows.session.join_session) do not import each other."""
+workers) and the worker's client (which joins a session: flows.session.join_session) do not import each other.
+Whether a pid runs is adapters/pids.py pid_alive, which deploy/team.py shares."""
 
 from __future__ import annotations
 
@@ -41,21 +42,3 @@ def prefect_api_answers(api_url: str) -> bool:
         return True
     except Exception:
         return False
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` runs: it exists (another user's counts) and is not a zombie (a child that exited
-    and was not reaped yet counts as gone). The state is the field after the command name, which may itself
-    hold spaces and parentheses."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-

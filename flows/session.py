@@ -38,9 +38,10 @@ import sys
 import time
 
 from flows.procs import (
-    ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, pid_alive, prefect_api_answers,
+    ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers,
 )
 from adapters.clock import ENV_FILE as TIMINGS_FILE
+from adapters.pids import pid_alive
 
 
 STAGE_LINE = re.compile(r"^Running stage '([^']+)'")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.procs import pid_alive as alive
+from adapters.pids import pid_alive as alive
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow

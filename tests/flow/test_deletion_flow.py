@@ -321,6 +321,7 @@ def test_audit_changes_nothing(project, sample_applied):
     assert snapshot(project) == before
 
 
+@pytest.mark.slow  # a Dask scheduler and two worker processes (real processes: the slow tier)
 def test_dask_task_runner_local_cluster(project, dask_cluster):
     """Ensemble chunks run as Prefect tasks on a 2-process local Dask cluster (validation.task_runner)."""
     from flows.deletion_batch import run

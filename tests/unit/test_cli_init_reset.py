@@ -225,9 +225,34 @@ def change_params(params_path, **train):
     params_path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+def sha16(value) -> str:
+    """sha256 of canonical JSON (sorted keys, no spaces), 16 hex characters: the digest unlearning/fingerprint.py
+    documents, written out here from the standard library."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def expected_fingerprint_digest(params_path) -> str:
+    """The fingerprint's digest of the `project` fixture's files, from its documented parts (unlearning/fingerprint.py,
+    docs/design.md): the dataset (dataset.json, class names as counts since the data is the team's own (`source`),
+    plus the digest of the sorted "sample_id<TAB>split<TAB>label" manifest rows), the model (train.model) and the
+    recipe (the rest of train, plus base.seed); the whole digest is that of the three parts' digests."""
+    root = params_path.parent
+    info = json.loads((root / "data" / "prepared" / "dataset.json").read_text())
+    manifest = pd.read_csv(root / "data" / "prepared" / "manifest.csv", dtype=str)
+    rows = sorted(f"{r.sample_id}\t{r.split}\t{r.label}" for r in manifest.itertuples())
+    dataset = {**info, "class_names": len(info["class_names"]), "fine_class_names": len(info["fine_class_names"]),
+               "manifest_digest": sha16(rows)}
+    params = load_params(params_path)
+    model = params.train.model.model_dump(mode="json")
+    recipe = {**params.train.model_dump(mode="json", exclude={"model"}), "seed": params.base.seed}
+    return sha16({"dataset": sha16(dataset), "model": sha16(model), "recipe": sha16(recipe)})
+
+
 def test_write_state_records_the_fingerprint(project):
     champion = json.loads((project.parent / "state" / "champion.json").read_text())
-    assert len(champion["fingerprint"]["digest"]) == 16
+    assert champion["fingerprint"]["digest"] == expected_fingerprint_digest(project)
     from tasks.state import write_state
 
     with pytest.raises(ValueError, match="fingerprint"):
@@ -238,8 +263,11 @@ def test_load_state_accepts_a_matching_state(project):
     from tasks.state import load_state
 
     state = load_state.fn(load_params(project), "cpu")
-    recorded = json.loads((project.parent / "state" / "champion.json").read_text())["fingerprint"]
-    assert state.fingerprint["digest"] == recorded["digest"] and len(state.ledger) == 3
+    assert state.fingerprint["digest"] == expected_fingerprint_digest(project) and len(state.ledger) == 3
+    change_params(project, lr=0.5)  # a recipe key: another digest, and the state is refused
+    assert expected_fingerprint_digest(project) != state.fingerprint["digest"]
+    with pytest.raises(StateMismatch, match="recipe: lr was"):
+        load_state.fn(load_params(project), "cpu")
 
 
 def test_load_state_raises_after_a_params_change(project, capsys):

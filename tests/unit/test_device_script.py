@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
 
 
+@pytest.mark.slow  # bash, then a fresh interpreter running the bench on three models: the end-to-end tier
 def test_the_device_script_dry_run_leaves_its_results_in_out(tmp_path):
     docs_before = (ROOT / "docs" / "gpu.md").read_text()
     env = {**os.environ, "PY": sys.executable, "SMALL": "1", "OUT": str(tmp_path)}

@@ -1,7 +1,9 @@
 """adapters.dvc_ops: commit, gc, remotes and push through DVC's API on a tiny real DVC project."""
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -9,15 +11,22 @@ import yaml
 from adapters import dvc_ops
 
 
-@pytest.fixture
-def project(tmp_path):
-    root = tmp_path / "p"
+@pytest.fixture(scope="module")
+def reproduced(tmp_path_factory):
+    """The tiny project, made once (`dvc init`, then `dvc repro` of its one stage: two fresh DVC processes)."""
+    root = tmp_path_factory.mktemp("dvc-project") / "p"
     root.mkdir()
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"make": {"cmd": "echo one > out.txt",
                                                                         "outs": ["out.txt"]}}}))
     subprocess.run([sys.executable, "-m", "dvc", "repro", "-q"], cwd=root, check=True, capture_output=True)
     return root
+
+
+@pytest.fixture
+def project(reproduced, tmp_path):
+    """Each test's own copy of the reproduced project (DVC keys its state by the repository's path)."""
+    return Path(shutil.copytree(reproduced, tmp_path / "p", symlinks=True))
 
 
 def cached_objects(root):

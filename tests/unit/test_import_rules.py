@@ -2,9 +2,11 @@
 plots, the clock) <- tasks/ (the Prefect stages and their work) <- flows/ (flows, CLI). Each imports only the layers
 below it; the core imports no orchestration or tracking; one adapter imports mlflow (and the champion's loader);
 only tasks/ and flows/ import Prefect; no import cycles among the project's modules, imports inside functions
-included."""
+included; bench/ imports no test code; deploy/ imports the standard library and the one shared pid check."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -217,3 +219,45 @@ def test_the_whole_params_finder_finds_one(tmp_path):
     src.write_text("def a(params): ...\ndef b(gate: Gate, params: dict): ...\ndef c(p: 'Params'): ...\n"
                    "def d(p: unlearning.config.Params): ...\n")
     assert whole_params_functions(src) == ["a", "c", "d"]
+
+
+# --- bench/ and deploy/ --------------------------------------------------------------------------------------------
+def imported_names(path: Path) -> set[str]:
+    """The dotted names `path` imports (absolute imports only): `import a.b` -> a.b, `from a.b import c` -> a.b."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_bench_imports_no_test_code():
+    """A bench measures the product: what it shares with the tests lives in bench/ (bench/project_copy.py)."""
+    offenders = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench").rglob("*.py") if "tests" in imported_roots(p))
+    assert offenders == []
+
+
+# deploy/ runs under any Python 3 without the project installed (`make team-env` runs it with the system python):
+# the standard library, PyYAML inside the commands that read params.yaml, and the one shared pid check. Never
+# `flows`: importing that package sets the offline switches in the environment the servers started here inherit.
+DEPLOY_MAY_IMPORT = {"yaml", "adapters.pids"}
+
+
+def test_deploy_imports_the_standard_library_and_the_shared_pid_check_only():
+    for p in (ROOT / "deploy").rglob("*.py"):
+        outside = {n for n in imported_names(p) if n.split(".")[0] not in sys.stdlib_module_names | {"__future__"}}
+        assert outside <= DEPLOY_MAY_IMPORT, p
+    assert imported_roots(ROOT / "adapters" / "pids.py") <= sys.stdlib_module_names | {"__future__"}
+
+
+def test_deploy_loads_without_site_packages_and_without_flows():
+    """Run, not read: the team script imports under `python -I -S` (no site-packages, no PYTHONPATH), and what
+    it loaded of the project is the pid check alone."""
+    probe = ("import sys; sys.path.insert(0, 'deploy'); import team, adapters.pids; "
+             "assert team.alive is adapters.pids.pid_alive; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in {'adapters', 'unlearning', 'tasks', 'flows'}))")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['adapters',", "'adapters.pids']"]

@@ -16,6 +16,9 @@ from unlearning.methods.args import DataSizes
 from unlearning.models import build_model, train_ensemble
 
 METHODS = sorted(set(REGISTRY) - {"sisa"})  # sisa needs a sharded original (its contract: tests/unit/test_sharding.py)
+# The contract holds for any arguments; al_wpgd's defaults take 100 + 300 steps, 6x the toy's other methods, over
+# about 24 runs here. 10 + 30 steps go through both stages and the projection all the same.
+CONTRACT_ARGS = {"al_wpgd": {"stage1_steps": 10, "stage2_steps": 30}}
 N = 3
 RECIPE = TrainRecipe(epochs=3, batch_size=16, lr=1e-2)
 HERE = Path(__file__).resolve().parent
@@ -53,10 +56,15 @@ def with_model(ctx: UnlearnContext, model, seed: int) -> UnlearnContext:
 
 @functools.lru_cache(maxsize=None)
 def result(name: str, kind: str = "mlp", member: int | None = None, seed: int = 7, run: int = 0, args=()):
-    """Cached runs; `run` distinguishes repeated runs of the same call (determinism); args: sorted items."""
+    """Cached runs; `run` distinguishes repeated runs of the same call (determinism); args: sorted items, over
+    CONTRACT_ARGS."""
     ctx = toy(kind)
     ctx = with_model(ctx, ctx.model if member is None else ctx.model.select(member), seed=seed)
-    return run_method(name, ctx, dict(args))
+    return run_method(name, ctx, contract_args(name, dict(args)))
+
+
+def contract_args(name: str, args: dict | None = None) -> dict:
+    return {**CONTRACT_ARGS.get(name, {}), **(args or {})}
 
 
 def state(model):
@@ -68,7 +76,7 @@ def state(model):
 def test_never_mutates_input_model_and_returns_a_new_one(name, kind):
     ctx = toy(kind)
     before = state(ctx.model)
-    res = run_method(name, ctx, {})
+    res = run_method(name, ctx, contract_args(name))
     assert all(torch.equal(a, b) for a, b in zip(before, state(ctx.model)))  # buffers too
     assert res.model is not ctx.model
     in_ptrs = {t.data_ptr() for t in [*ctx.model.parameters(), *ctx.model.buffers()]}
@@ -93,7 +101,7 @@ def test_reports_cost_within_declared_budget(name, kind):
         assert res.cost.gradient_evals == 0
     else:
         assert res.cost.gradient_evals > 0 and res.cost.steps > 0
-    args = parse_args(name, {})
+    args = parse_args(name, contract_args(name))
     if hasattr(args, "budget"):
         bound = args.budget(DataSizes.of(toy(kind)), RECIPE.epochs)
         assert res.cost.gradient_evals <= bound * N
@@ -108,7 +116,7 @@ TRUNCATION_ARGS = {"newton_ggn": {"steps": 4, "line_search": False, "gradient": 
 
 @pytest.mark.parametrize("name", [n for n in METHODS if "max_grad_evals" in REGISTRY[n].args_model.model_fields])
 def test_budget_stop_rule_truncates_the_run(name, kind):
-    args = TRUNCATION_ARGS.get(name, {})
+    args = contract_args(name, TRUNCATION_ARGS.get(name))
     full = run_method(name, toy(kind), args)
     budget = max(1, full.cost.gradient_evals // N // 2)
     res = run_method(name, toy(kind), {**args, "max_grad_evals": budget})

@@ -17,7 +17,7 @@ from unlearning.methods.projection import W2Projection, project_off_span, w2_squ
 from unlearning.methods.retrain import train_mse
 from unlearning.methods.salun import saliency_mask
 from unlearning.methods.weighting import Weighting
-from unlearning.models import build_model, train_ensemble
+from unlearning.models import build_model, flat_params, train_ensemble
 
 SPEC = {"arch": "mlp", "in_dim": 4, "hidden": [5], "n_classes": 3}
 
@@ -357,14 +357,26 @@ def test_member_adam_in_bfloat16_steps_like_torch_adam():
     torch.testing.assert_close(mine.float(), ref.detach().float(), atol=2e-2, rtol=0)
 
 
-def test_newton_ggn_without_weight_decay_uses_the_zero_decay_lam_and_keeps_an_explicit_zero(caplog):
-    # train.weight_decay = 0 made the default lam 0: a singular GGN whose pseudo-inverse stepped by 1e11 (NaN logits)
-    from unlearning.methods import run_method
+def test_newton_ggn_without_weight_decay_steps_with_the_zero_decay_lam_and_keeps_an_explicit_zero(caplog):
+    """train.weight_decay = 0 made the default lam 0: a singular GGN whose pseudo-inverse stepped by 1e11 (NaN
+    logits). The lam it reports must be the lam it steps with: on ridge regression (a linear member, squared loss)
+    one step lands on the closed-form solution for that lam, computed here in numpy float64 (docs/design.md §4.1):
+    from the full-data minimiser, the default influence step lands on the retain rows' ridge solution; an explicit
+    lam = 0 steps to the retain rows' least squares."""
+    from tests.unit.test_newton_ggn import ctx_for, linear_model, ridge_problem, ridge_with_bias
 
-    ctx = tiny_ctx()
-    ctx.recipe = TrainRecipe(2, 8, 1e-2, weight_decay=0.0)
-    res = run_method("newton_ggn", ctx, {})
-    assert res.info["lam"] == 1.0 and "train.weight_decay is 0" in caplog.text
-    assert all(torch.isfinite(p).all() for p in res.model.parameters())
-    assert run_method("newton_ggn", ctx, {"zero_decay_lam": 3.0}).info["lam"] == 3.0
-    assert run_method("newton_ggn", ctx, {"lam": 0.0}).info["lam"] == 0.0  # the user's choice stays
+    X, y = ridge_problem(seed=2)
+    forget = np.array([0, 5, 7, 11])
+    retain = np.setdiff1d(np.arange(len(y)), forget)
+    no_decay = TrainRecipe(1, 8, 0.1, weight_decay=0.0)
+    for args, lam in (({}, 1.0), ({"zero_decay_lam": 3.0}, 3.0)):
+        ctx, _ = ctx_for(linear_model(4, [1], ridge_with_bias(X, y, lam)), X, y, forget, recipe=no_decay)
+        res = run_method("newton_ggn", ctx, args)
+        assert res.info["lam"] == lam and "train.weight_decay is 0" in caplog.text
+        np.testing.assert_allclose(flat_params(res.model)[0].numpy(), ridge_with_bias(X[retain], y[retain], lam),
+                                   rtol=0, atol=1e-8)
+    ctx, _ = ctx_for(linear_model(4, [1]), X, y, forget, recipe=no_decay)
+    res = run_method("newton_ggn", ctx, {"lam": 0.0, "gradient": "retain"})  # the user's choice stays
+    least_squares = np.linalg.lstsq(np.c_[X[retain], np.ones(len(retain))], y[retain], rcond=None)[0]
+    assert res.info["lam"] == 0.0
+    np.testing.assert_allclose(flat_params(res.model)[0].numpy(), least_squares, rtol=0, atol=1e-8)

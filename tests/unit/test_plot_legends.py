@@ -1,5 +1,6 @@
 """The figures' legends list only what they draw (adapters/plots.py): an exact retrain trains no oracles, so its
-accuracy figure has no oracle entry; a history without a retrain has no retrain marker entry."""
+accuracy figure has no oracle entry; a history marks the exact methods' batches (by their traits: retrain and
+sisa clear the retraining debt), and one without them has no marker entry."""
 
 from __future__ import annotations
 
@@ -25,11 +26,14 @@ def test_a_retrain_accuracy_figure_lists_no_oracles():
     plots.close(fig)
 
 
-def test_a_history_without_a_retrain_has_no_retrain_entry():
+def test_a_history_marks_the_exact_batches_and_none_without_them():
     point = {"forgotten_fraction": 0.01, "champion_validation_accuracy": 0.9, "champion_output_gap": 0.02}
-    fig = plots.history([{"step": 1, "method": "finetune", **point}, {"step": 2, "method": "sisa", **point}])
+    fig = plots.history([{"step": 1, "method": "finetune", **point}, {"step": 2, "method": "newton_ggn", **point}])
     assert all(legend_texts(ax) == [] for ax in fig.axes)
     plots.close(fig)
-    fig = plots.history([{"step": 1, "method": "retrain", **point}])
-    assert legend_texts(fig.axes[0]) == ["exact retrain"]
-    plots.close(fig)
+    for exact in ("retrain", "sisa"):
+        fig = plots.history([{"step": 1, "method": "finetune", **point}, {"step": 2, "method": exact, **point}])
+        assert legend_texts(fig.axes[0]) == ["exact retrain"]
+        marked = [c for c in fig.axes[0].collections if c.get_label() == "exact retrain"]
+        assert [tuple(xy) for xy in marked[0].get_offsets()] == [(2, 0.01)]  # the exact batch only
+        plots.close(fig)

@@ -1,6 +1,7 @@
-"""The planner's probe on a real (tiny) model (unlearning/probe.py, tasks/planning.py): a step timer that skips
-its warm-up, a curve over the probed sizes, each approximate candidate timed, and one estimate shared through
-the cache by `unlearn plan` and the batch that follows it."""
+"""The planner's probe on a real (tiny) model (unlearning/probe.py, tasks/planning.py): on a scripted clock (known
+step times), the step timer reports each step and one warm-up, and the curve holds the median step per size;
+each approximate candidate timed, and one estimate shared through the cache by `unlearn plan` and the batch that
+follows it."""
 
 import json
 import math
@@ -21,22 +22,70 @@ from unlearning.probe import PROBE_MAX_STEPS, StepTimer
 MLP = {"arch": "mlp", "in_shape": [8], "n_classes": 3, "kwargs": {"hidden": [8]}}
 
 
-def test_the_step_timer_times_every_step_of_a_fresh_chunk():
+class ScriptedClock:
+    """A fake `time.perf_counter` for unlearning/probe.py: each call returns the time, then moves it on by the
+    next interval of the script (exact binary fractions, so sums and medians are exact)."""
+
+    def __init__(self, intervals: list[float]):
+        self.now, self.intervals, self.calls = 0.0, list(intervals), 0
+
+    def perf_counter(self) -> float:
+        now = self.now
+        self.now += self.intervals[self.calls]
+        self.calls += 1
+        return now
+
+
+def timer_on(clock: ScriptedClock, monkeypatch, min_seconds: float) -> StepTimer:
+    """A StepTimer of a tiny MLP on 96 rows in batches of 32 (3 steps an epoch) reading `clock`."""
+    import unlearning.probe as probe
+
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     g = torch.Generator().manual_seed(0)
     X, y = torch.randn(96, 8, generator=g), torch.randint(0, 3, (96,), generator=g)
-    def make(k):
-        return build_model(MLP, list(range(1, k + 1)))
-
     recipe = TrainRecipe(epochs=9, batch_size=32, lr=0.01)
-    timer = StepTimer(make, X, y, recipe, "cpu", min_seconds=0.0)
-    times = timer(4)
-    assert timer.recipe.epochs == 2 and timer.steps == len(times) == 6 >= PROBE_MIN_STEPS  # 3 steps an epoch
-    # steps too fast for the probe's minimum time: a second run, as many steps as it allows, one warm-up in all
-    longer = StepTimer(make, X, y, recipe, "cpu", min_seconds=1e9)(2)
-    assert len(longer) == 3 * math.ceil(PROBE_MAX_STEPS / 3)
-    assert all(t > 0 for t in times) and timer.model.n_models == 4 and timer.member_bytes is None
-    curve = measure_curve(timer, [1, 2, 4])
-    assert curve.sizes == (1, 2, 4) and all(t > 0 for t in curve.step_seconds) and len(curve.spread) == 3
+    return StepTimer(lambda k: build_model(MLP, list(range(1, k + 1))), X, y, recipe, "cpu", min_seconds=min_seconds)
+
+
+A, B, WARM = 2.0 ** -6, 2.0 ** -5, 0.5  # step times of the script, and its warm-up
+
+
+def test_the_step_timer_reports_each_steps_time_on_a_known_clock(monkeypatch):
+    # one call before the first step, one after each of the 6 steps (2 epochs of 3: PROBE_MIN_STEPS = 5 at least)
+    clock = ScriptedClock([WARM, A, B, A, B, A, 0.0])
+    timer = timer_on(clock, monkeypatch, min_seconds=0.0)
+    assert timer(4) == [WARM, A, B, A, B, A] and clock.calls == 7
+    assert timer.recipe.epochs == 2 and timer.steps == 6 >= PROBE_MIN_STEPS and timer.counted == [5]
+    assert timer.model.n_models == 4 and timer.member_bytes is None
+    # steps too fast for the probe's minimum time (5 counted steps of 1/64 and 1/32 s = 0.109 s < 1 s): a second
+    # run of ceil(1 s / the median 1/64 s) = 64 steps, 22 epochs of 3 = 66, its first step a warm-up again, and
+    # the first run counted into that warm-up (one warm-up in all)
+    first_run = WARM + 3 * A + 2 * B
+    second_warm, steady_step = 0.25, 2.0 ** -7
+    clock = ScriptedClock([WARM, A, B, A, B, A, 1.0, second_warm] + [steady_step] * 65 + [0.0])
+    timer = timer_on(clock, monkeypatch, min_seconds=1.0)
+    times = timer(2)
+    assert len(times) == 66 == 3 * math.ceil(64 / 3) and clock.calls == 1 + 6 + 1 + 66
+    assert times[0] == first_run + second_warm and times[1:] == [steady_step] * 65 and timer.counted == [65]
+    # ... and never more than PROBE_MAX_STEPS steps, however slow the minimum time makes it
+    cap = 3 * math.ceil(PROBE_MAX_STEPS / 3)
+    clock = ScriptedClock([WARM, A, B, A, B, A, 1.0, second_warm] + [steady_step] * (cap - 1) + [0.0])
+    assert len(timer_on(clock, monkeypatch, min_seconds=1e9)(1)) == cap
+
+
+def test_the_cost_curve_is_the_median_step_per_size_on_a_known_clock(monkeypatch):
+    """Sizes 1, 2 and 4 timed at k/64 s a step (after a 0.5 s warm-up): the curve holds those medians, spread
+    0; a smaller chunk timed slower than a larger one (another process's stall) takes the larger one's time."""
+    per_size = {1: [A, A, B, A, A], 2: [B, B, B, B, B], 4: [4 * A, 4 * A, 4 * A, 5 * A, 4 * A]}
+    clock = ScriptedClock([x for k in (1, 2, 4) for x in [WARM, *per_size[k], 0.0]])
+    curve = measure_curve(timer_on(clock, monkeypatch, min_seconds=0.0), [4, 1, 2])
+    assert curve.sizes == (1, 2, 4) and curve.step_seconds == (A, B, 4 * A)
+    # spread: the interquartile range over the median (statistics.quantiles, exclusive): [A, A, A, A, B] has
+    # q1 = A, q3 = A + (B - A) / 2, so (A / 2) / A
+    assert curve.spread == (0.5, 0.0, 0.125)
+    stalled = {1: [3 * A] * 5, 2: [B] * 5, 4: [4 * A] * 5}
+    clock = ScriptedClock([x for k in (1, 2, 4) for x in [WARM, *stalled[k], 0.0]])
+    assert measure_curve(timer_on(clock, monkeypatch, min_seconds=0.0), [1, 2, 4]).step_seconds == (B, B, 4 * A)
 
 
 def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):

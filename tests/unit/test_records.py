@@ -24,30 +24,89 @@ from unlearning.records import Selection
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME_HOMES = {"unlearning/config.py"}  # the trait table and the defaults name methods; so do the methods' modules
+PIPELINE = ("unlearning", "tasks", "flows")  # the batch path: no method name at all, a trait says what it needs
+# adapters/ (figures, tracking), the benches and the benches' study drivers name the methods they run and report
+# on; none of them may decide by comparing a name
+COMPARE_ONLY = ("adapters", "bench", "unlearning/studies")
+# The benches' and studies' compares with a method name, each the method as the study's subject (no trait stands
+# for it): listed so that no NEW compare slips in. Remove an entry once its compare is gone (the test then fails
+# until the entry goes, so the list only shrinks).
+STUDY_SUBJECTS = {
+    # do_nothing is each study's baseline ("no unlearning"); the studies report every method against it
+    ("bench/calibration.py", "do_nothing"), ("bench/equivalence.py", "do_nothing"),
+    ("bench/gpu_batch.py", "do_nothing"),
+    ("unlearning/studies/diagnostics_study.py", "do_nothing"), ("unlearning/studies/random_sets.py", "do_nothing"),
+    ("unlearning/studies/readme.py", "do_nothing"),
+    # the independent retrain is the equivalence study's floor, and one of the cost bench's paths
+    ("bench/equivalence.py", "retrain"), ("bench/batch_cost.py", "retrain"),
+    # methods a study adds to some of its sets, or states a lemma of (the ascent methods overshoot)
+    ("bench/calibration.py", "finetune"), ("unlearning/studies/random_sets.py", "newton_ggn"),
+    ("unlearning/studies/readme.py", "gradient_ascent"), ("unlearning/studies/readme.py", "descent_ascent"),
+}
 
 
-def method_name_literals(path: Path) -> list[tuple[int, str]]:
-    """(line, name) of every string constant in `path` that is a method the trait table knows."""
-    return [(node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in METHOD_TRAITS]
+def registered_method_names() -> set[str]:
+    """Every method the registry runs (unlearning/methods/registry.py), the trait table's included."""
+    from unlearning.methods import REGISTRY
+
+    return set(REGISTRY) | set(METHOD_TRAITS)
 
 
-def test_no_code_outside_a_method_and_the_config_compares_method_names():
-    offenders = {}
-    for layer in ("unlearning", "tasks", "flows"):
-        for p in (ROOT / layer).rglob("*.py"):
-            rel = str(p.relative_to(ROOT))
-            if rel in NAME_HOMES or rel.startswith("unlearning/methods/"):
+def method_name_literals(path: Path, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every string constant in `path` that is one of the method `names`."""
+    return sorted((node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names)
+
+
+def method_name_compares(path: Path, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every method name compared in `path`: an operand of ==, !=, in, not in (alone or inside a
+    tuple, list or set: `m in ("sisa", "retrain")`), or a `case "retrain":` pattern."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for o in operands:
+                items = o.elts if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [o]
+                found += [(i.lineno, i.value) for i in items if isinstance(i, ast.Constant) and i.value in names]
+        elif isinstance(node, ast.MatchValue) and isinstance(node.value, ast.Constant) and node.value.value in names:
+            found.append((node.lineno, node.value.value))
+    return sorted(found)
+
+
+def python_files(folder: str):
+    for p in sorted((ROOT / folder).rglob("*.py")):
+        yield str(p.relative_to(ROOT)), p
+
+
+def test_no_pipeline_code_outside_a_method_and_the_config_names_a_method():
+    names, offenders = registered_method_names(), {}
+    for layer in PIPELINE:
+        for rel, p in python_files(layer):
+            if rel in NAME_HOMES or rel.startswith(("unlearning/methods/", "unlearning/studies/")):
                 continue
-            if found := method_name_literals(p):
+            if found := method_name_literals(p, names):
                 offenders[rel] = found
     assert offenders == {}
 
 
-def test_the_finder_finds_a_name_compare(tmp_path):
+def test_no_figure_bench_or_study_compares_a_method_name_but_its_listed_subjects():
+    names, found = registered_method_names(), set()
+    for folder in COMPARE_ONLY:
+        for rel, p in python_files(folder):
+            found |= {(rel, name) for _, name in method_name_compares(p, names)}
+    assert found - STUDY_SUBJECTS == set(), "compare a trait (unlearning/config.py method_traits), not a name"
+    assert STUDY_SUBJECTS - found == set(), "no longer compared: remove it from STUDY_SUBJECTS"
+
+
+def test_the_finders_find_a_name_and_a_name_compare(tmp_path):
     src = tmp_path / "x.py"
-    src.write_text('def f(m):\n    return m == "retrain" or m in ("sisa",)\n')
-    assert method_name_literals(src) == [(2, "retrain"), (2, "sisa")]
+    src.write_text('def f(m, p):\n    keep = ["finetune"]\n    if p["method"] == "retrain" or m in ("sisa", "x"):\n'
+                   '        return "retrain" != m\n    match m:\n        case "scrub":\n            return 1\n')
+    names = registered_method_names()
+    assert method_name_literals(src, names) == [(2, "finetune"), (3, "retrain"), (3, "sisa"), (4, "retrain"),
+                                                (6, "scrub")]
+    assert method_name_compares(src, names) == [(3, "retrain"), (3, "sisa"), (4, "retrain"), (6, "scrub")]
+    assert {"do_nothing", "newton_ggn", "al_wpgd", "retrain", "sisa"} <= names  # the registry's, not two
 
 
 def test_every_trait_names_a_registered_method_and_the_registry_hands_them_out():
