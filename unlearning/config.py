@@ -495,7 +495,7 @@ class SuppressionGate(Strict):
 
 class EpsilonGate(Strict):
     """The equivalence question (docs/certificate.md, "Two questions"): how far from retraining, at most,
-    in differential privacy's epsilon, per row of each split, aggregated by a high quantile."""
+    in differential privacy's epsilon, per row of each split, aggregated by a high quantile or the capped mean."""
 
     max: float = Field(3.0, gt=0, description="the budget: a split passes when the `quantile` of its rows' epsilon "
                                               "upper bounds is at most this (rejected early when the lower bounds' "
@@ -509,6 +509,21 @@ class EpsilonGate(Strict):
                                 "a Gaussian fit per row read through the Gaussian-DP curve, bootstrap bounds")
     n_bootstrap: int = Field(200, ge=20, le=100_000, description="bootstrap resamples of the references for the "
                                                                  "gaussian estimator's bounds (raised to 2/alpha)")
+    aggregate: Literal["quantile", "mean"] = Field(
+        "quantile", description="a split's epsilon from its rows': quantile = the `quantile` of the rows' bounds "
+                                "(every row but 1 - quantile within the budget); mean = the rows' mean, each row "
+                                "capped at `row_cap`, bounded by a joint bootstrap over the models (the average "
+                                "row; gaussian estimator only)")
+    row_cap: float = Field(10.0, gt=0, description="aggregate mean: a row counts at most this much (a memorized row "
+                                                   "moves a split's mean by at most row_cap / its rows)")
+
+    @model_validator(mode="after")
+    def _mean_needs_the_joint_bootstrap(self):
+        if self.aggregate == "mean" and self.estimator != "gaussian":
+            raise ValueError(f"aggregate = 'mean' needs estimator = 'gaussian' (its joint bootstrap over the models "
+                             f"bounds the mean), got estimator = {self.estimator!r}: set estimator: gaussian, or "
+                             f"aggregate: quantile")
+        return self
 
 
 class Gate(Strict):

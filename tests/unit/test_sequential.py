@@ -4,9 +4,9 @@ at most alpha over every look; a far candidate is rejected at the first look."""
 import numpy as np
 import pytest
 
-from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.config import Gate
-from unlearning.sequential import alpha_schedule, interim_decision, look_verdict, permutations_for
+from unlearning.gate import SplitMeasures
+from unlearning.sequential import Criterion, References, alpha_schedule, certify_logits, permutations_for
 from unlearning.metrics.permutation import klom_permutation_test  # noqa: F401  (the test the looks run)
 
 
@@ -22,10 +22,17 @@ def test_each_look_can_reject(alpha):
     assert p >= 200 and 1 / (1 + p) <= alpha / 2
 
 
+def _interim(pvalues: dict[str, float], alpha_k: float) -> str:
+    """The decision of the first of two looks at alpha_k on these p-values (the core's criterion)."""
+    c = Criterion.of(Gate(), [(8, 8), (16, 16)], [alpha_k, alpha_k], [799, 799])
+    spec = c.looks[0]
+    return c.decision(c.judge([SplitMeasures(s, 1.0, pvalue=p) for s, p in pvalues.items()], spec), spec)
+
+
 def test_interim_rejects_below_alpha_and_nan():
-    assert interim_decision({"forget": 0.002, "validation": 0.5}, 0.0025)[0] == "reject"
-    assert interim_decision({"forget": 0.0025}, 0.0025)[0] == "continue"
-    assert interim_decision({"forget": float("nan")}, 0.0025)[0] == "reject"
+    assert _interim({"forget": 0.002, "validation": 0.5}, 0.0025) == "reject"
+    assert _interim({"forget": 0.0025}, 0.0025) == "continue"
+    assert _interim({"forget": float("nan")}, 0.0025) == "reject"
 
 
 def _logits(rng, n_models, n, shift=0.0):
@@ -43,13 +50,10 @@ def _sequential(rng, shift, alpha, looks=(8, 16, 24), n=30):
     alphas = alpha_schedule(alpha, len(looks) - 1, 0.5)
     labels, splits = np.zeros(n, dtype=int), np.array(["forget"] * n)
     unl, orc = _logits(rng, looks[-1], n, shift), _logits(rng, looks[-1], n)
-    for k, (m, a) in enumerate(zip(looks, alphas)):
-        metrics, _ = retrain_equivalence_metrics(orc[:1], unl[:m], orc[:m], orc[:m], labels, splits,
-                                                 n_permutations=permutations_for(a, 99), seed=k)
-        verdict, decision, _ = look_verdict(metrics, gate, "retrain_equivalence", a, k == len(looks) - 1, k)
-        if not verdict.passed:
-            return k
-    return None
+    criterion = Criterion.of(gate, [(m, m) for m in looks], alphas, [permutations_for(a, 99) for a in alphas])
+    done = certify_logits(criterion, orc[:1], lambda spec: References(unl[:spec.n_shadows], orc[:spec.n_oracles]),
+                          labels, splits, seed=0)
+    return None if done.verdict.passed else len(done.looks) - 1
 
 
 def test_a_true_retrain_is_rejected_at_most_alpha_over_all_looks():
