@@ -325,9 +325,12 @@ class Debt(Strict):
                               "one more than this is retrained")
 
 
+AUTO = "auto"  # deletion.method: walk the rules (`Deletion.walks_rules`)
+
+
 class Deletion(Strict):
     objective: Literal["retrain_equivalence", "suppression"] = "retrain_equivalence"
-    method: str = Field("auto", description="a registered method, or 'auto' to walk `rules`")
+    method: str = Field(AUTO, description="a registered method, or 'auto' to walk `rules`")
     rules: list[Rule] = Field(default_factory=lambda: [Rule(**r) for r in DEFAULT_RULES],
                               description="ordered selection rules (unlearning/policy.py)")
     fallback: list[str] = Field([], description="tried after the rule candidates (retrain is always last)")
@@ -342,6 +345,12 @@ class Deletion(Strict):
     max_clock_skew_seconds: float = Field(300, ge=0, description="a requested_at later than now + this is rejected")
     partition: Partition = Partition()
     debt: Debt = Debt()
+
+    @property
+    def walks_rules(self) -> bool:
+        """deletion.method is 'auto': the ordered rules pick the candidates (else the one method named)."""
+        return self.method == AUTO
+
 
 
 class Diagnostics(Strict):
