@@ -390,7 +390,7 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
     t.log_metrics(run, {f"cost/{k}": float(v) for k, v in out.cost.items()})
     t.log_json(run, out.verdict.to_dict(), "gate_verdict.json")
     if looks:
-        t.log_json(run, [look.__dict__ for look in looks], "certificate_looks.json")
+        t.log_json(run, [look.to_dict() for look in looks], "certificate_looks.json")
     t.log_table(run, out.per_sample, "per_sample_klom.json")
     alpha = out.alpha if out.alpha is not None else gate.retrain_equivalence.alpha
     log_candidate_figures(t, run, out, alpha)
@@ -406,7 +406,7 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
                       + ("\n".join(f"- {f}" for f in failures) or "- every check passed")
                       + f"\n\n{out.cost.get('wall_seconds', 0.0):.1f} s", key=batch.key(f"{method}-verdict"),
                       description=f"gate verdict of {method} for {batch.path.name}")
-    run_logger().info(f"  {method}: {verdict_summary(out.verdict, out.metrics, alpha)}")
+    run_logger().info(f"  {method}: {verdict_summary(out.verdict, alpha)}")
     return out
 
 

@@ -106,7 +106,7 @@ def test_do_nothing_is_rejected_at_the_first_look_then_its_oracles_are_the_next_
     assert (r["status"], r["method"]) == ("applied", "retrain")
     (look,) = looks_of(tracker, r["run_id"])
     assert look["decision"] == "reject" and (look["n_shadows"], look["n_oracles"]) == (8, 8)
-    assert look["pvalues"]["forget"] < look["alpha"]
+    assert look["tested"]["forget"] < look["alpha"]
     first = ensembles_metrics(tracker, r["run_id"])
     assert (first["n_oracles"], first["n_shadows"]) == (8, 8)
 
@@ -137,7 +137,7 @@ def test_under_the_epsilon_criterion_the_batch_logs_its_epsilon_and_rejects_on_t
     (r,) = run(str(req), str(project / "params.yaml"), eps)
     assert (r["status"], r["method"]) == ("applied", "retrain")
     (look,) = looks_of(tracker, r["run_id"])
-    assert look["decision"] == "reject" and look["budget"] == 2.0 and look["pvalues"]["forget"] > 2.0
+    assert look["decision"] == "reject" and look["budget"] == 2.0 and look["tested"]["forget"] > 2.0
     child = next(c for c in tracker.client.search_runs([tracker.experiment_id],
                                                        filter_string=f"tags.mlflow.parentRunId = '{r['run_id']}'")
                  if c.info.run_name == "unlearn-do_nothing")
