@@ -14,7 +14,7 @@ per split), and how often a draw's N = 16 lower bound sits above its own N = 80 
 hold). Writes JSON and the table in docs/certificate.md between `<!-- interim-bounds:begin -->` and `end`.
 
 Usage: python bench/interim_bounds.py [--dataset digits] [--rows 8000] [--sets 4] [--pool 240] [--draws 12]
-                                      [--budgets 0.5,1,1.5,2,2.5,3] [--threads 1] [--docs]
+                                      [--budgets 0.5,1,1.5,2,2.5,3] [--threads 1] [--docs] [--tables-only]
 """
 
 from __future__ import annotations
@@ -174,7 +174,11 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--docs", action="store_true", help="write the table into docs/certificate.md (every dataset's "
                                                         "JSON found in bench/results/)")
+    ap.add_argument("--tables-only", action="store_true", help="only (re)write the docs table from the JSON")
     a = ap.parse_args()
+    if a.tables_only:
+        write_docs()
+        return
     torch.set_num_threads(a.threads)
     n_last = params.validation.n_oracles
     if a.pool < 2 * n_last:
@@ -204,10 +208,10 @@ def main() -> None:
                      "forget_sizes": [s["n_forget"] for s in sets], "rows": sets[0]["rows"],
                      "wall_seconds": round(time.perf_counter() - t_start, 1)})
     if a.docs:
-        write_docs(budgets)
+        write_docs()
 
 
-def write_docs(budgets) -> None:
+def write_docs() -> None:
     import json
 
     found = {}

@@ -203,10 +203,13 @@ def verdict_summary(verdict: Verdict, alpha: float) -> str:
     KLoM permutation p-values (against alpha), suppression by its absolute bounds."""
     outcome = "passed" if verdict.passed else "failed: " + "; ".join(verdict.failures)
     of = lambda name: {n.split("/", 1)[1]: c for n, c in verdict.checks.items() if n.startswith(f"{name}/")}  # noqa: E731
-    bounds, pvalues = of("epsilon_upper"), of("klom_pvalue")
+    bounds, which = of("epsilon_upper"), "upper"
+    if not bounds:  # an interim look's verdict tests the lower bounds
+        bounds, which = of("epsilon_lower"), "lower"
+    pvalues = of("klom_pvalue")
     if verdict.objective == "retrain_equivalence" and bounds:
         eps = ", ".join(f"{s} {c.value:.3g}" for s, c in bounds.items())
-        return f"gate {outcome} (epsilon upper bounds: {eps}; budget {next(iter(bounds.values())).limit})"
+        return f"gate {outcome} (epsilon {which} bounds: {eps}; budget {next(iter(bounds.values())).limit})"
     if verdict.objective == "retrain_equivalence" and pvalues:
         pvals = ", ".join(f"{s} {_pvalue_text(c.value, alpha)}" for s, c in pvalues.items())
         return f"gate {outcome} (KLoM permutation p-values: {pvals}; alpha {alpha})"
