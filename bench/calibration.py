@@ -191,6 +191,23 @@ def epsilon_budgets(sets: list[dict], grid=BUDGETS, how: str = "quantile") -> li
     return rows
 
 
+def final_statistics(sets: list[dict]) -> list[dict]:
+    """Per method and kind of set: the median, smallest and largest over the sets of each aggregate's upper bound
+    at the last look (the largest over the set's splits)."""
+    out = []
+    for m in dict.fromkeys(m for r in sets for m in r["methods"]):
+        for k in ("random", "class", "high_leverage"):
+            rs = [r["methods"][m] for r in sets if r["kind"] == k and m in r["methods"]]
+            if not rs:
+                continue
+            row = {"method": m, "kind": k, "n": len(rs)}
+            for how in AGGREGATES:
+                xs = [max(res["epsilon"][how]["looks"][-1]["upper"].values()) for res in rs]
+                row[how] = {"median": float(np.median(xs)), "min": float(np.min(xs)), "max": float(np.max(xs))}
+            out.append(row)
+    return out
+
+
 def all_budgets(sets: list[dict], grid) -> list[dict]:
     return [row for how in AGGREGATES for row in epsilon_budgets(sets, grid, how)]
 
@@ -263,6 +280,14 @@ def docs_tables(results: dict[str, dict]) -> str:
                 f"epsilon <= {out['epsilon_gate']['max']:g}, {AGG_OF[crit]} ({out['epsilon_gate']['estimator']})")
             lines.append(f"| {name} (N = {out['n']}, {out['n_sets']} sets) | {label} | {fmt(c['retrain_indep'])} | "
                          f"{c['retrain_indep_interim_rejects']} | {fmt(c['do_nothing_far'])} | {fmt(rnd)} |")
+    lines += ["", "Each aggregate's statistic at the last look (the upper bound the budget is compared with, the "
+              "largest over the splits of a set): the median over the sets, the smallest and the largest in brackets:",
+              "", "| dataset | method | kind of set | quantile (0.95 of the rows' upper bounds) | mean (joint "
+              "bootstrap, rows capped) |", "|---|---|---|---|---|"]
+    for name, out in results.items():
+        for row in final_statistics(out["sets"]):
+            cells = " | ".join(f"{row[h]['median']:.2f} ({row[h]['min']:.2f}-{row[h]['max']:.2f})" for h in AGGREGATES)
+            lines.append(f"| {name} | `{row['method']}` | {row['kind']} ({row['n']}) | {cells} |")
     lines += ["", "The epsilon criterion at other budgets (the same looks over the same references, judged by the "
               "core's loop at each budget):", "",
               "| dataset | aggregate | budget | independent retrain accepted | do_nothing on class / high leverage | "
