@@ -15,17 +15,18 @@ Per forget set (random sets of sizes 10, 50 and 200, one whole class, the highes
   N-vs-N measure of how far the original is from a retrain ("exceeds the floor" when > 1.5);
 - the policy (unlearning.selection.candidate_methods over the leverage diagnostics): whether its first candidate
   passed, and the seconds spent on candidates that failed before the first passing one (regret).
-- both gate criteria (`gate.criterion`): `difference` (the verdicts above) and `epsilon` (the same looks, rejecting
-  when a split's epsilon lower bound exceeds gate.epsilon.max, accepting at the last look when its upper bound is
-  below it; unlearning/metrics/epsilon.py), with the per-look bounds stored so `epsilon_budgets` can replay the
-  looks at every budget of a grid; each method's per-row epsilon (both estimators, at full N) per split and kind
-  of set (random, class, high leverage);
+- both gate criteria (`gate.criterion`): `difference` (the verdicts above) and `epsilon` with each aggregate
+  (`gate.epsilon.aggregate`: quantile, mean), every candidate judged by the core's loop (unlearning/sequential.py
+  run_looks, the deletion flow's) at each budget of a grid, each look measured once per aggregate; the per-look
+  bounds are stored beside the decisions; each method's per-row epsilon (both estimators, at full N) per split
+  and kind of set (random, class, high leverage);
 - the licensing rule of doing nothing (`licensing`): do_nothing where the predicted gap (leverage diagnostics, in
   noise units) is at most g, for g at each set's own gap, and its precision: how often a licensed set then fails its audit.
 `--dataset fashion_mnist --rows 8000` runs the same on Fashion-MNIST (the Debian package dataset-fashion-mnist).
 Prints a table per method and writes bench/results/calibration.json (calibration_<dataset>.json for others).
 Usage: python bench/calibration.py [--n 80] [--random-sets 21] [--finetune-sets 2] [--newton-sets 0] [--threads 2]
        [--dataset digits] [--rows 8000] [--class-sets 1] [--leverage-sets 1] [--certificate-rows N]
+       [--methods do_nothing,...] [--no-policy] [--tables-only]
 """
 
 from __future__ import annotations
@@ -42,16 +43,17 @@ import torch
 
 from digits_problem import digits_problem, train_members  # (bench/ is on sys.path when run as a script)
 from unlearning.batch import BatchRows
-from unlearning.certificate import retrain_equivalence_metrics
+from unlearning import metric_keys as K
+from unlearning.certificate import certificate_measures
 from unlearning.config import load_params
 from unlearning.plan import sequential_step
-from unlearning.sequential import look_verdict
+from unlearning.sequential import Criterion, LookMeasures, run_looks
 from unlearning.leverage import compute_diagnostics
 from unlearning.methods import run_method
 from unlearning.methods.base import UnlearnContext
 from unlearning.data import load_dataset
 from unlearning.metrics import klom, klom_summary, margins
-from unlearning.metrics.epsilon import epsilon_metrics, row_epsilon
+from unlearning.metrics.epsilon import AGGREGATES, row_epsilon
 from unlearning.models.training import recipe_from
 from unlearning.models.zoo import spec_from
 from unlearning.studies.digits import DigitsProblem
@@ -118,13 +120,14 @@ def epsilon_distribution(m_unl: np.ndarray, m_orc: np.ndarray, splits: np.ndarra
     return out
 
 
-def epsilon_decision(looks: list[dict], budget: float) -> tuple[bool, int]:
-    """Replay the epsilon criterion's looks at `budget`: reject at the first look where some split's lower bound
-    exceeds it; at the last, accept when every split's upper bound is within it. -> (passed, looks taken)."""
-    for k, lk in enumerate(looks):
-        if any(not (v <= budget) for v in lk["lower"].values()):
-            return False, k + 1
-    return all(v <= budget for v in looks[-1]["upper"].values()), len(looks)
+def budget_key(budget: float) -> str:
+    return f"{budget:g}"
+
+
+def eps_passed(res: dict, budget: float, how: str = "quantile") -> bool:
+    """Whether the core's certificate (unlearning/sequential.py run_looks) accepted the candidate under
+    `gate.criterion: epsilon` at `budget`, aggregate `how` (stored per budget by `judge`)."""
+    return res["epsilon"][how]["by_budget"][budget_key(budget)]["passed"]
 
 
 # --- the two criteria, the budget and the licensing rule, from the per-set records --------------------------------
@@ -137,36 +140,76 @@ def _rate(xs: list[bool]) -> dict:
     return {"n": len(xs), "accepted": int(sum(xs)), "rate": round(float(np.mean(xs)), 3) if xs else None}
 
 
+CRITERIA = ("difference", "epsilon", "epsilon_mean")  # the gate as configured; epsilon by each aggregate
+
+
 def criteria_summary(sets: list[dict], budget: float) -> dict:
-    """Per criterion: the independent retrain's acceptance over every set, do_nothing's on the sets whose true gap
-    is large (a class, high leverage), and every method's acceptance per kind of set."""
+    """Per criterion (`difference`; `epsilon` with the quantile aggregate; `epsilon_mean` with the mean): the
+    independent retrain's acceptance over every set, how often an interim look rejected it, do_nothing's
+    acceptance on the sets whose true gap is large (a class, high leverage), and every method's per kind of set."""
     out = {}
-    for crit in ("difference", "epsilon"):
+    for crit in CRITERIA:
         def ok(res):
-            return res["passed"] if crit == "difference" else epsilon_decision(res["epsilon_criterion"]["looks"],
-                                                                               budget)[0]
+            return res["passed"] if crit == "difference" else eps_passed(res, budget, AGG_OF[crit])
         per_method = {}
         for m in dict.fromkeys(m for r in sets for m in r["methods"]):
             per_method[m] = {k: _rate([ok(r["methods"][m]) for r in sets if r["kind"] == k and m in r["methods"]])
                              for k in ("random", "class", "high_leverage")}
         out[crit] = {"retrain_indep": _rate([ok(r["methods"]["retrain_indep"]) for r in sets]),
+                     "retrain_indep_interim_rejects": interim_rejects(sets, crit, budget),
                      "do_nothing_far": _rate([ok(r["methods"]["do_nothing"]) for r in sets
                                               if r["kind"] in FAR_KINDS and "do_nothing" in r["methods"]]),
                      "per_method": per_method}
     return out
 
 
-def epsilon_budgets(sets: list[dict], grid=BUDGETS) -> list[dict]:
-    """The epsilon criterion replayed at each budget: the independent retrain's acceptance (target >= 0.95),
-    do_nothing's on far sets (target <= 0.05) and on random sets."""
+AGG_OF = {"epsilon": "quantile", "epsilon_mean": "mean"}
+
+
+def interim_rejects(sets: list[dict], crit: str, budget: float) -> int:
+    """How many sets the core's loop rejected the independent retrain on at an interim look (a false reject of a
+    true retrain before the last look)."""
+    def interim(res):
+        if crit == "difference":
+            return not res["passed"] and res["look"] < res["looks_planned"]
+        d = res["epsilon"][AGG_OF[crit]]["by_budget"][budget_key(budget)]
+        return d["decision"] == "reject"
+    return int(sum(interim(r["methods"]["retrain_indep"]) for r in sets))
+
+
+def epsilon_budgets(sets: list[dict], grid=BUDGETS, how: str = "quantile") -> list[dict]:
+    """The epsilon criterion at each budget (the core's loop run at each, on the same references): the
+    independent retrain's acceptance (target >= 0.95), do_nothing's on far sets (target <= 0.05) and on random
+    sets."""
     rows = []
     for b in grid:
         def acc(m, kinds):
-            return _rate([epsilon_decision(r["methods"][m]["epsilon_criterion"]["looks"], b)[0] for r in sets
+            return _rate([eps_passed(r["methods"][m], b, how) for r in sets
                           if r["kind"] in kinds and m in r["methods"]])
-        rows.append({"budget": b, "retrain_indep": acc("retrain_indep", ("random", *FAR_KINDS)),
+        rows.append({"budget": b, "aggregate": how, "retrain_indep": acc("retrain_indep", ("random", *FAR_KINDS)),
                      "do_nothing_far": acc("do_nothing", FAR_KINDS), "do_nothing_random": acc("do_nothing", ("random",))})
     return rows
+
+
+def final_statistics(sets: list[dict]) -> list[dict]:
+    """Per method and kind of set: the median, smallest and largest over the sets of each aggregate's upper bound
+    at the last look (the largest over the set's splits)."""
+    out = []
+    for m in dict.fromkeys(m for r in sets for m in r["methods"]):
+        for k in ("random", "class", "high_leverage"):
+            rs = [r["methods"][m] for r in sets if r["kind"] == k and m in r["methods"]]
+            if not rs:
+                continue
+            row = {"method": m, "kind": k, "n": len(rs)}
+            for how in AGGREGATES:
+                xs = [max(res["epsilon"][how]["looks"][-1]["upper"].values()) for res in rs]
+                row[how] = {"median": float(np.median(xs)), "min": float(np.min(xs)), "max": float(np.max(xs))}
+            out.append(row)
+    return out
+
+
+def all_budgets(sets: list[dict], grid) -> list[dict]:
+    return [row for how in AGGREGATES for row in epsilon_budgets(sets, grid, how)]
 
 
 def epsilon_by_kind(sets: list[dict]) -> dict:
@@ -196,7 +239,7 @@ def licensing(sets: list[dict], budget: float, cuts=None) -> list[dict]:
     rows = []
     for g in cuts:
         lic = [r for r in sets if r["facts"].get("predicted_gap_to_noise", np.inf) <= g and "do_nothing" in r["methods"]]
-        fail_eps = [not epsilon_decision(r["methods"]["do_nothing"]["epsilon_criterion"]["looks"], budget)[0] for r in lic]
+        fail_eps = [not eps_passed(r["methods"]["do_nothing"], budget) for r in lic]
         fail_diff = [not r["methods"]["do_nothing"]["passed"] for r in lic]
         rows.append({"gap_below": round(g, 4), "licensed": len(lic), "kinds": sorted({r["kind"] for r in lic}),
                      "fail_epsilon": int(sum(fail_eps)), "fail_difference": int(sum(fail_diff)),
@@ -227,23 +270,32 @@ DOCS_BEGIN, DOCS_END = "<!-- calibration-epsilon:begin -->", "<!-- calibration-e
 def docs_tables(results: dict[str, dict]) -> str:
     """The calibration tables of docs/certificate.md from one calibration JSON per dataset."""
     lines = ["| dataset (N per role, sets) | criterion | independent retrain accepted (target >= 0.95) | "
-             "do_nothing accepted on class / high-leverage sets (target <= 0.05) | do_nothing on random sets |",
-             "|---|---|---|---|---|"]
+             "retrain rejected at an interim look | do_nothing accepted on class / high-leverage sets (target <= "
+             "0.05) | do_nothing on random sets |", "|---|---|---|---|---|---|"]
     fmt = lambda r: f"{r['rate']:.2f} ({r['accepted']}/{r['n']})" if r["n"] else "no set"  # noqa: E731
     for name, out in results.items():
         for crit, c in out["criteria"].items():
             rnd = c["per_method"].get("do_nothing", {}).get("random", {"n": 0})
-            label = f"epsilon <= {out['epsilon_gate']['max']:g} ({out['epsilon_gate']['estimator']})" \
-                if crit == "epsilon" else "difference"
+            label = "difference" if crit == "difference" else (
+                f"epsilon <= {out['epsilon_gate']['max']:g}, {AGG_OF[crit]} ({out['epsilon_gate']['estimator']})")
             lines.append(f"| {name} (N = {out['n']}, {out['n_sets']} sets) | {label} | {fmt(c['retrain_indep'])} | "
-                         f"{fmt(c['do_nothing_far'])} | {fmt(rnd)} |")
-    lines += ["", "The epsilon criterion replayed at other budgets (same looks, same references):", "",
-              "| dataset | budget | independent retrain accepted | do_nothing on class / high leverage | "
-              "do_nothing on random sets |", "|---|---|---|---|---|"]
+                         f"{c['retrain_indep_interim_rejects']} | {fmt(c['do_nothing_far'])} | {fmt(rnd)} |")
+    lines += ["", "Each aggregate's statistic at the last look (the upper bound the budget is compared with, the "
+              "largest over the splits of a set): the median over the sets, the smallest and the largest in brackets:",
+              "", "| dataset | method | kind of set | quantile (0.95 of the rows' upper bounds) | mean (joint "
+              "bootstrap, rows capped) |", "|---|---|---|---|---|"]
+    for name, out in results.items():
+        for row in final_statistics(out["sets"]):
+            cells = " | ".join(f"{row[h]['median']:.2f} ({row[h]['min']:.2f}-{row[h]['max']:.2f})" for h in AGGREGATES)
+            lines.append(f"| {name} | `{row['method']}` | {row['kind']} ({row['n']}) | {cells} |")
+    lines += ["", "The epsilon criterion at other budgets (the same looks over the same references, judged by the "
+              "core's loop at each budget):", "",
+              "| dataset | aggregate | budget | independent retrain accepted | do_nothing on class / high leverage | "
+              "do_nothing on random sets |", "|---|---|---|---|---|---|"]
     for name, out in results.items():
         for b in out["epsilon_budgets"]:
-            lines.append(f"| {name} | {b['budget']:g} | {fmt(b['retrain_indep'])} | {fmt(b['do_nothing_far'])} | "
-                         f"{fmt(b['do_nothing_random'])} |")
+            lines.append(f"| {name} | {b['aggregate']} | {b['budget']:g} | {fmt(b['retrain_indep'])} | "
+                         f"{fmt(b['do_nothing_far'])} | {fmt(b['do_nothing_random'])} |")
     lines += ["", "Batch-mean epsilon per kind of set and split (Gaussian estimator at full N): the median over "
               "sets, and the smallest and the largest in brackets:",
               "", "| dataset | method | kind of set | forget | retain | validation |", "|---|---|---|---|---|---|"]
@@ -271,12 +323,14 @@ def write_docs(paths: list[str], docs: str) -> None:
     for p in paths:
         if Path(p).exists():
             out = json.loads(Path(p).read_text())
-            if "epsilon_gate" not in out:
-                continue  # a calibration JSON from before the epsilon criterion
-            # recomputed at params.yaml's budget (the stored per-look bounds do not depend on it)
+            if "epsilon" not in out["sets"][0]["methods"]["retrain_indep"]:
+                continue  # a calibration JSON from before the core's loop judged each budget
+            # at params.yaml's budget when the run judged at it (every budget of the grid was judged by the core)
             sets, budget = out["sets"], load_params(ROOT / "params.yaml").gate.epsilon.max
+            judged = {float(k) for k in sets[0]["methods"]["retrain_indep"]["epsilon"]["quantile"]["by_budget"]}
+            budget = budget if budget in judged else out["epsilon_gate"]["max"]
             out["epsilon_gate"]["max"] = budget
-            out.update(criteria=criteria_summary(sets, budget), epsilon_budgets=epsilon_budgets(sets),
+            out.update(criteria=criteria_summary(sets, budget), epsilon_budgets=all_budgets(sets, sorted(judged)),
                        epsilon_by_kind=epsilon_by_kind(sets), licensing=licensing(sets, budget))
             results[out.get("dataset", "digits")] = out
     if results:
@@ -325,6 +379,7 @@ def main() -> None:
     validation = params.validation.model_copy(update={"n_oracles": a.n, "n_shadows": a.n})
     seq = sequential_step("bench", validation, gate, 1.0)
     looks = (seq.looks, seq.alphas, seq.permutations)
+    budgets = sorted({*BUDGETS, eps_cfg.max})  # the grid, with params.yaml's budget on it
     t_start = time.perf_counter()
 
     prob = load_problem(params, a.dataset, a.rows)
@@ -374,39 +429,58 @@ def main() -> None:
         results: dict[str, dict] = {}
 
         def judge(method, cand, shadow_unl, orc, acc_ref, seconds, is_retrain=False, sequential=True):
-            """The flow's certificate: the sequential looks of unlearning/sequential.py over prefixes of the
-            reference sets (`acc_ref` is `orc` or an independent set of the same size); sequential=False: one
-            look at full N, alpha whole (the audit of an exact retrain)."""
+            """The flow's certificate, through the core's loop (unlearning/sequential.py run_looks): the sequential
+            looks over prefixes of the reference sets (`acc_ref` is `orc` or an independent set of the same size);
+            sequential=False: one look at full N, alpha whole (the audit of an exact retrain). Under `difference`
+            (the gate of params.yaml) and under `epsilon` at every budget of the grid and both aggregates: each
+            look is measured once per aggregate (`measure`), then judged by the core's criterion at each budget."""
             plan = looks if sequential else (((shadow_unl.shape[0], orc.shape[0]),), (gate.retrain_equivalence.alpha,),
                                              (a.n_permutations,))
-            for k, ((n_s, n_o), alpha_k, perms) in enumerate(zip(*plan)):
-                n_a = acc_ref.shape[0] if not sequential else n_o
-                mets, _ = retrain_equivalence_metrics(cand, shadow_unl[:n_s], orc[:n_o], acc_ref[:n_a], labels,
-                                                      splits, n_permutations=perms, seed=a.seed)
-                mets["candidate_is_retrain"] = float(is_retrain)
-                v, decision, _ = look_verdict(mets, gate, "retrain_equivalence", alpha_k, k == len(plan[0]) - 1, k)
-                if decision != "continue":
-                    break
-            # the epsilon criterion: the same looks over the same references, bounds at the look's 1 - alpha
-            eps_looks, m_s, m_o = [], margins(shadow_unl, labels), margins(orc, labels)
-            for (n_s2, n_o2), alpha_k in zip(plan[0], plan[1]):
-                e, _ = epsilon_metrics(m_s[:n_s2], m_o[:n_o2], splits, eps_cfg.estimator, eps_cfg.delta,
-                                       eps_cfg.quantile, 1 - alpha_k, n_bootstrap=eps_cfg.n_bootstrap, seed=a.seed)
-                eps_looks.append({"refs": int(n_s2 + n_o2), "alpha": alpha_k,
-                                  "lower": {s: round(e[f"epsilon_lower/{s}"], 4) for s in SPLITS if f"epsilon_lower/{s}" in e},
-                                  "upper": {s: round(e[f"epsilon_upper/{s}"], 4) for s in SPLITS if f"epsilon_upper/{s}" in e},
-                                  "point": {s: round(e[f"epsilon/{s}"], 4) for s in SPLITS if f"epsilon/{s}" in e}})
-            e_passed, e_look = epsilon_decision(eps_looks, eps_cfg.max)
+
+            def measure_with(how: str):
+                memo: dict = {}
+                cfg = eps_cfg.model_copy(update={"aggregate": how})
+
+                def measure(spec):
+                    if spec not in memo:
+                        n_a = acc_ref.shape[0] if not sequential else spec.n_oracles
+                        ms, _ = certificate_measures(cand, shadow_unl[:spec.n_shadows], orc[:spec.n_oracles],
+                                                     acc_ref[:n_a], labels, splits, n_permutations=spec.n_permutations,
+                                                     seed=a.seed, epsilon=cfg, confidence=1 - spec.alpha)
+                        memo[spec] = LookMeasures(ms, None)
+                    return memo[spec]
+                return measure
+
+            def criterion(g):
+                return Criterion.of(g, *plan, exact=is_retrain)
+
+            measures = {how: measure_with(how) for how in AGGREGATES}
+            done = run_looks(criterion(gate), measures["quantile"])  # the gate of params.yaml (difference)
+            eps = {}
+            for how in AGGREGATES:
+                by_budget = {}
+                for b in budgets:
+                    g = eps_gate.model_copy(update={"epsilon": eps_gate.epsilon.model_copy(
+                        update={"max": b, "aggregate": how})})
+                    c = run_looks(criterion(g), measures[how])
+                    by_budget[budget_key(b)] = {"passed": c.accepted, "look": len(c.looks), "decision": c.decision}
+                specs = criterion(eps_gate).looks
+                bounds = [{"refs": sp.n_shadows + sp.n_oracles, "alpha": sp.alpha,
+                           **{k: {m.split: round(getattr(m.epsilon, k), 4) for m in measures[how](sp).measures
+                                  if m.epsilon is not None} for k in ("lower", "upper", "point")}} for sp in specs]
+                eps[how] = {"by_budget": by_budget, "looks": bounds}
+            mets = K.of_measures(done.result.measures)
+            m_s, m_o = margins(shadow_unl, labels), margins(orc, labels)
             results[method] = {
-                "epsilon_criterion": {"passed": e_passed, "look": e_look, "references": eps_looks[e_look - 1]["refs"],
-                                      "looks": eps_looks},
+                "epsilon": eps,
                 "epsilon_rows": epsilon_distribution(m_s, m_o, splits, eps_cfg.delta, eps_cfg.quantile, a.seed),
-                "passed": v.passed, "failures": v.failures, "seconds": round(seconds, 3),
-                "look": k + 1, "references": int(n_s + n_o),
+                "passed": done.verdict.passed, "failures": done.verdict.failures, "seconds": round(seconds, 3),
+                "look": len(done.looks), "looks_planned": len(plan[0]),
+                "references": int(done.looks[-1].n_shadows + done.looks[-1].n_oracles),
                 **{f"klom_p95/{s}": mets.get(f"klom_p95/{s}") for s in SPLITS},
                 **{f"klom_pvalue/{s}": mets.get(f"klom_pvalue/{s}") for s in SPLITS},
                 **{f"noise_floor_p95/{s}": mets.get(f"noise_floor_p95/{s}") for s in SPLITS},
-                "metrics": {k2: v2 for k2, v2 in mets.items() if isinstance(v2, float)}}
+                "metrics": mets}
 
         judge("retrain_indep", lb[:1], lb, la, la, seconds_oracles, True)
         perm = np.random.default_rng(a.seed).permutation(np.arange(1, a.n))
@@ -461,7 +535,7 @@ def main() -> None:
         r = rows_out[-1]
         print(f"[{k + 1}/{len(sets)}] {name:22s} nF={len(F):4d} gap/floor={true_gap_ratio:6.2f} "
               f"pred_gap/noise={facts.get('predicted_gap_to_noise', float('nan')):8.3g} "
-              + " ".join(f"{mm}={'P' if res['passed'] else 'F'}/{'P' if res['epsilon_criterion']['passed'] else 'F'}"
+              + " ".join(f"{mm}={'P' if res['passed'] else 'F'}/{'P' if eps_passed(res, eps_cfg.max) else 'F'}"
                          f"(eps {res['epsilon_rows']['gaussian'].get('forget', {}).get('mean', float('nan')):.2f})"
                          for mm, res in results.items())
               + f" policy={sel['candidates']} first={'P' if first_passed else 'F'} ({r['seconds']:.0f}s)", flush=True)
@@ -500,14 +574,14 @@ def main() -> None:
            "wall_seconds": round(time.perf_counter() - t_start, 1), "summary": summary, "policy": policy,
            "dataset": a.dataset, "train_rows": int(len(train_rows)), "certificate_rows": a.certificate_rows,
            "epsilon_gate": eps_cfg.model_dump(),
-           "criteria": criteria_summary(rows_out, eps_cfg.max), "epsilon_budgets": epsilon_budgets(rows_out),
+           "criteria": criteria_summary(rows_out, eps_cfg.max), "epsilon_budgets": all_budgets(rows_out, budgets),
            "epsilon_by_kind": epsilon_by_kind(rows_out), "licensing": licensing(rows_out, eps_cfg.max),
            "gap_vs_epsilon": gap_vs_epsilon(rows_out), "sets": rows_out}
     for crit, c in out["criteria"].items():
-        print(f"criterion {crit}: independent retrain accepted {c['retrain_indep']}, do_nothing on class / high "
-              f"leverage {c['do_nothing_far']}")
+        print(f"criterion {crit}: independent retrain accepted {c['retrain_indep']} (rejected at an interim look: "
+              f"{c['retrain_indep_interim_rejects']}), do_nothing on class / high leverage {c['do_nothing_far']}")
     for b in out["epsilon_budgets"]:
-        print(f"  budget {b['budget']}: retrain {b['retrain_indep']['rate']}, do_nothing far {b['do_nothing_far']['rate']}, "
+        print(f"  {b['aggregate']} budget {b['budget']}: retrain {b['retrain_indep']['rate']}, do_nothing far {b['do_nothing_far']['rate']}, "
               f"random {b['do_nothing_random']['rate']}")
     print(f"\nN = {a.n}, {len(rows_out)} forget sets, alpha = {out['alpha']}, {a.n_permutations} permutations, "
           f"{out['cores']} threads, {out['wall_seconds']:.0f} s")

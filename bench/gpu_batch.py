@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from unlearning.acceptance import outcome_from_logits, reference_free_outcome  # noqa: E402
+from unlearning.acceptance import measure_logits, outcome_from_logits, reference_free_outcome  # noqa: E402
 from unlearning.batch import BatchRows, batch_rows, sampled_for_certificate, unlearn_context  # noqa: E402
 from unlearning.config import load_params  # noqa: E402
 from unlearning.costs import DeviceMemory, method_retrains, sig  # noqa: E402
@@ -53,7 +53,7 @@ from unlearning.partition import partition_by_group  # noqa: E402
 from unlearning.plan import Footprint, Step, Timing, balanced_chunks, plan_batch, predicted_seconds  # noqa: E402
 from unlearning.probe import StepTimer, activation_floats_per_row, curve_within_memory  # noqa: E402
 from unlearning.seeds import method_seed, reference_seeds, role_seeds  # noqa: E402
-from unlearning.sequential import LookJudge, look_gate  # noqa: E402
+from unlearning.sequential import Criterion, run_looks  # noqa: E402
 
 BEGIN, END = "<!-- bench:gpu_batch:begin -->", "<!-- bench:gpu_batch:end -->"
 MB = 2**20
@@ -215,40 +215,37 @@ def exact_path(pt: Point, original: Ensemble) -> dict:
 
 
 def do_nothing_path(pt: Point, original: Ensemble, plan) -> dict:
-    """do_nothing certified sequentially: each look trains the new shadows (on D) and oracles (on R) in the
-    plan's chunks, runs the method on the new shadows, and judges; stops at the first decisive look."""
+    """do_nothing certified sequentially through the core's loop (unlearning/sequential.py run_looks): each look
+    trains the new shadows (on D) and oracles (on R) in the plan's chunks, runs the method on the new shadows and
+    measures (unlearning/acceptance.py measure_logits); the loop stops at the first decisive look."""
     params, device, step = pt.params, pt.device, plan.steps[0]
     t0 = time.perf_counter()
     seed = params.base.seed
     ctx = unlearn_context(original.to(device), pt.prepared, pt.sampled, pt.recipe, method_seed(seed), progress=False)
     candidate = run_method("do_nothing", ctx, {}).model
     logits = {"candidate": pt.logits(candidate), "original": pt.logits(original)}
-    unlearned, oracles, done_s, done_o = [], [], 0, 0
-    train_s, looks = 0.0, []
-    for k, ((n_s, n_o), alpha, n_perm) in enumerate(zip(step.looks, step.alphas, step.permutations)):
-        shadows, s1 = pt.train_chunks(pt.shadow_seeds[done_s:n_s], pt.D, plan.chunk_size)
-        fresh, s2 = pt.train_chunks(pt.oracle_seeds[done_o:n_o], pt.R, plan.chunk_size)
-        train_s += s1 + s2
+    unlearned, oracles, train_s = [], [], [0.0]
+    criterion = Criterion.of_step(params.gate, step)
+
+    def measure(spec):
+        done_s, done_o = len(unlearned), len(oracles)
+        shadows, s1 = pt.train_chunks(pt.shadow_seeds[done_s:spec.n_shadows], pt.D, plan.chunk_size)
+        fresh, s2 = pt.train_chunks(pt.oracle_seeds[done_o:spec.n_oracles], pt.R, plan.chunk_size)
+        train_s[0] += s1 + s2
         for sh in shadows:
             sctx = unlearn_context(sh.to(device), pt.prepared, pt.sampled, pt.recipe, method_seed(seed), progress=False)
-            unlearned.append(pt.logits(run_method("do_nothing", sctx, {}).model))
-        oracles += [pt.logits(o) for o in fresh]
-        both = torch.cat(oracles, 0)
-        logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
-        gate_k = look_gate(params.gate, alpha, n_perm)
-        judge = LookJudge(gate_k, "retrain_equivalence", alpha, k == len(step.looks) - 1, k)  # the look's verdict, once
-        out = outcome_from_logits("do_nothing", candidate, logits, pt.prepared, pt.sampled, gate_k,
-                                  "retrain_equivalence", seed, {}, t0, n_s, judge=judge, alpha=alpha)
-        verdict, decision = out.verdict, judge.decision
-        looks.append({"n": n_o, "decision": decision, "passed": bool(verdict.passed)})
-        done_s, done_o = n_s, n_o
-        if decision != "continue":
-            break
+            unlearned.extend(pt.logits(run_method("do_nothing", sctx, {}).model).unbind(0))
+        oracles.extend(torch.cat([pt.logits(o) for o in fresh], 0).unbind(0))
+        both = torch.stack(oracles, 0)
+        logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.stack(unlearned, 0))
+        return measure_logits(logits, pt.prepared, pt.sampled, seed, spec.n_shadows, **criterion.measure_args(spec))
+
+    done = run_looks(criterion, measure)
     sync(device)
-    last = looks[-1]
-    return {"seconds": time.perf_counter() - t0, "train_seconds": train_s, "looks": looks,
-            "decision": "accepted" if last["decision"] == "final" and last["passed"] else "rejected",
-            "references_at_stop": done_s + done_o}
+    looks = [{"n": lk.n_oracles, "decision": lk.decision} for lk in done.looks]
+    return {"seconds": time.perf_counter() - t0, "train_seconds": train_s[0], "looks": looks,
+            "decision": "accepted" if done.accepted else "rejected",
+            "references_at_stop": done.looks[-1].n_shadows + done.looks[-1].n_oracles}
 
 
 def audited_retrain_path(pt: Point, original: Ensemble, plan) -> dict:

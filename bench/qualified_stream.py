@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from unlearning.batch import BatchRows, sampled_for_certificate
-from unlearning.certificate import retrain_equivalence_metrics
+from unlearning import metric_keys as K
 from unlearning.config import load_params
 from unlearning.data import load_dataset
 from unlearning.leverage import compute_diagnostics
@@ -59,7 +59,7 @@ from unlearning.qualification import (EXACT, License, Qualification, Trial, chea
                                       membership_test)
 from unlearning.selection import noise_floor
 from unlearning.seeds import batch_role_seeds, original_seed, role_seeds
-from unlearning.sequential import look_verdict, permutations_for
+from unlearning.sequential import Criterion, References, certify_logits, permutations_for
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -110,19 +110,14 @@ def certify(p, params, candidate, shadows, oracles, rows: BatchRows, validation,
     eval_rows, splits = ev.eval_rows()
     labels, Xe = p.y_np[eval_rows], p.X[eval_rows]
     lc, ls, lo = predict_logits(candidate, Xe), predict_logits(shadows, Xe), predict_logits(oracles, Xe)
-    for k, ((n_s, n_o), alpha, perms) in enumerate(zip(step.looks, step.alphas, step.permutations)):
-        by_eps = params.gate.criterion == "epsilon"
-        mets, _ = retrain_equivalence_metrics(lc, ls[:n_s], lo[:n_o], lo[:n_o], labels, splits, n_permutations=perms,
-                                              seed=seed, epsilon=params.gate.epsilon if by_eps else None,
-                                              confidence=1 - alpha)
-        mets["candidate_is_retrain"] = 0.0
-        verdict, decision, _ = look_verdict(mets, params.gate, "retrain_equivalence", alpha,
-                                            k == len(step.looks) - 1, k)
-        if decision != "continue":
-            break
-    return {"passed": bool(verdict.passed), "look": k + 1, "references": int(n_s + n_o),
-            "failures": verdict.failures[:3],
-            "epsilon": {key: round(v, 4) for key, v in mets.items() if key.startswith("epsilon")}}
+    criterion = Criterion.of_step(params.gate, step)  # the deletion flow's loop and rules (unlearning/sequential.py)
+    done = certify_logits(criterion, lc, lambda spec: References(ls[:spec.n_shadows], lo[:spec.n_oracles]), labels,
+                          splits, seed=seed)
+    last = done.looks[-1]
+    return {"passed": bool(done.accepted), "look": len(done.looks), "references": int(last.n_shadows + last.n_oracles),
+            "failures": done.verdict.failures[:3],
+            "epsilon": {key: round(v, 4) for key, v in K.of_measures(done.result.measures).items()
+                        if key.startswith("epsilon")}}
 
 
 def cheap(p, params, candidate, rows: BatchRows, seed: int, a_class_share: bool = True

@@ -75,22 +75,23 @@ def process_request_file(path: Path, params: Params, device: str) -> BatchResult
         licensed, params = licensed_path(batch, params, state, requests, forget_ids, objective, counts)
         if licensed is not None:  # licensed inaction (docs/design.md §4.9): the model unchanged, the rows erased
             return licensed
-        rows, report = diagnose_and_partition(batch, params, state, forget_ids, objective)
+        diagnosed = diagnose_and_partition(batch, params, state, forget_ids, objective, counts)
+        rows = diagnosed.rows
         if qualified_mode(params, objective):
-            outcome, licensing = qualified_run(batch, params, state, rows, objective, report, counts)
+            outcome, licensing = qualified_run(batch, params, state, rows, objective, diagnosed.report, counts)
         else:
-            outcome, licensing = plan_and_run(batch, params, state, rows, objective, report, counts), None
+            outcome, licensing = plan_and_run(batch, params, state, diagnosed, objective, counts), None
         quality = announce_quality(batch, outcome, state, rows, params)  # said out loud; refused if declared
         promoted = S.promote(batch, params, state, requests, objective, outcome, rows, counts.n_train,
                              warnings=quality)
         if licensing is not None:
-            mark_qualified(batch, params, promoted["version"], outcome.method, licensing)
+            mark_qualified(batch, params, promoted.version, outcome.method, licensing)
             if licensing.audit_due and licensing.qualifies(outcome.method):
                 from flows.qualify import audit_after_promotion  # its own flow run; the alias has moved
 
                 promoted = audit_after_promotion(batch, params, state, rows, objective, outcome.method, licensing,
                                                  promoted, requests, device)
-        erasure = erase_batch(batch, params, requests["sample_id"].tolist(), promoted["version"])
+        erasure = erase_batch(batch, params, requests["sample_id"].tolist(), promoted.version)
         S.finish(batch, outcome, promoted, erasure)
     except BaseException as e:
         # no candidate passed: the batch is held for a person, never refused (tasks/held.py)
@@ -100,7 +101,7 @@ def process_request_file(path: Path, params: Params, device: str) -> BatchResult
                                    f"manifest and ledger); what failed afterwards is not: {type(e).__name__}: {e}. "
                                    f"The next run reconciles the registry alias and finishes the erasure") from e
         raise
-    return BatchResult(path.name, "applied", batch.batch_id, outcome.method, promoted["version"], batch.parent,
+    return BatchResult(path.name, "applied", batch.batch_id, outcome.method, promoted.version, batch.parent,
                        outcome.tracked_metrics())
 
 
@@ -195,7 +196,7 @@ def reject_unreadable_entries(inbox: Path, params: Params) -> list[BatchResult]:
         dest = reject(entry, params, why)
         run_logger().warning(f"{entry.name}: {why}; moved to {dest}")
         results.append(BatchResult(entry.name, "rejected", error=why, moved_to=str(dest),
-                                   reason="not a request file"))
+                                   reason="not a request file", exit_code=EXIT_BAD_INPUT))
     return results
 
 
@@ -216,18 +217,19 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> Bat
         if not from_inbox:
             raise
         if changed_since(f, before):
-            return still_changing(f, BatchResult(f.name, "changed", error=str(e)), "checked")
+            return still_changing(f, BatchResult(f.name, "changed", error=str(e), exit_code=EXIT_BAD_INPUT), "checked")
         if isinstance(e, BatchRejected):
             return held(f, params, e)
         dest = reject(f, params, e)
         redact_erased_ids(params, [dest])  # an id erased already (by an earlier batch) never stays plain there
         run_logger().info(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); "
                           f"later files proceed")
-        return BatchResult(f.name, "rejected", error=str(e), moved_to=str(dest),
-                           reason="validation")
+        return BatchResult(f.name, "rejected", error=str(e), moved_to=str(dest), reason="validation",
+                           exit_code=EXIT_BAD_INPUT)
     if from_inbox:
         if changed_since(f, before):
-            return still_changing(f, r.but(status="changed", applied_status=r.status), "processed")
+            return still_changing(f, r.but(status="changed", applied_status=r.status, exit_code=EXIT_BAD_INPUT),
+                                  "processed")
         try:
             r = r.but(moved_to=str(processed(f, params)))
         except OSError as e:  # the batch is in state/ already: not "bad input, nothing changed" (exit 2)
@@ -258,7 +260,7 @@ def held(f: Path, params: Params, error: BatchRejected) -> BatchResult:
                          f"erasure is never refused for the model's quality; {serving_line(version)}. "
                          f"`unlearn approve {dest.name}` promotes the exact retrain and finishes the erase")
     return BatchResult(f.name, "held", batch_id=getattr(error, "batch_id", None), run_id=getattr(error, "run_id", None),
-                       error=str(error), moved_to=str(dest), reason="gate")
+                       error=str(error), moved_to=str(dest), reason="gate", exit_code=EXIT_HELD)
 
 
 def changed_since(path: Path, sha256: str | None) -> bool:
@@ -272,7 +274,7 @@ def still_open(path: Path, writers: list[int]) -> BatchResult:
     run_logger().warning(f"{path.name} is still open for writing by process(es) {writers}: nothing of it was "
                          f"applied, it stays in {path.parent}; the next run takes it once it is closed (drop files "
                          f"atomically: write a dot-file and rename it)")
-    return BatchResult(path.name, "changed", reason=f"open for writing by process(es) {writers}")
+    return BatchResult(path.name, "changed", reason=f"open for writing by process(es) {writers}", exit_code=EXIT_BAD_INPUT)
 
 
 def still_changing(path: Path, result: BatchResult, what: str) -> BatchResult:
@@ -325,9 +327,8 @@ def report_results(results: list[BatchResult]) -> int:
     if rejected:
         print(f"error: {len(rejected)} file(s) rejected and moved to requests/rejected/ with an error report: "
               f"{[r['file'] for r in rejected]}", file=sys.stderr)
-    if changed or any(r.get("reason") != "gate" for r in rejected):
-        return EXIT_BAD_INPUT
-    return EXIT_GATE_REJECTED if rejected else EXIT_HELD if held_files else 0
+    codes = {r.get("exit_code", 0) for r in results}
+    return next((code for code in (EXIT_BAD_INPUT, EXIT_GATE_REJECTED, EXIT_HELD) if code in codes), 0)
 
 
 def main() -> None:

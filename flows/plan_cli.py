@@ -101,12 +101,14 @@ def cmd_plan(args) -> int:
     except NothingToUnlearn as e:
         print(json.dumps({"nothing_to_unlearn": str(e)}) if args.json else str(e))
         return 0
+    from unlearning.config import CertificateKind
     from unlearning.plan import cost_functions, sequential_step
     from unlearning.qualification import advise_mode
 
     # the references from the probe's cost curve at the plan's chunk, as the plan prices them
     certificate = sequential_step("any", params.validation, params.gate, cost_functions(timing, plan.chunk_size)[0])
-    exact = tuple(s.method for s in plan.steps) if all(s.certificate == "exact" for s in plan.steps) else ()
+    exact = tuple(s.method for s in plan.steps) if all(s.certificate is CertificateKind.EXACT for s in plan.steps) \
+        else ()
     advice, advice_line = advise_mode(certificate.cost_retrains_accept, timing.retrain_seconds,
                                       params.validation.mode, exact_only=exact)
     from unlearning.gate import criterion_line

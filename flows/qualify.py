@@ -20,6 +20,7 @@ from tasks.qualification import (original_state, qualification_path, qualify_mod
 from tasks.reporting import run_logger
 from unlearning.config import EXACT_RETRAIN, CertificateKind, ConfigError, Params, load_params
 from unlearning.qualification import Qualification
+from unlearning.records import Promotion
 
 
 def check_methods(params: Params) -> None:
@@ -75,7 +76,7 @@ _PENDING: dict[str, dict] = {}  # the in-memory context of an audit about to run
 
 
 def audit_after_promotion(batch, params: Params, state, rows, objective: str, method: str, licensing,
-                          promoted: dict, requests, device: str) -> dict:
+                          promoted: Promotion, requests, device: str) -> Promotion:
     """Run the audit of a qualified batch as its own flow run, after its version was promoted (the alias has
     moved). Returns the promotion that stands afterwards: the batch's, or the exact retrain a failed audit
     promoted."""
@@ -89,7 +90,7 @@ def audit_after_promotion(batch, params: Params, state, rows, objective: str, me
 
 
 @flow(name="audit-qualified-batch")
-def audit_qualified_batch(batch_id: str) -> dict:
+def audit_qualified_batch(batch_id: str) -> Promotion:
     """The full certificate of a qualified batch (tasks/qualification.py audit_certificate). Passed: the version is
     tagged `qualified: qualified, audited`. Failed (a false accept of the qualified path): tagged `audit failed`,
     and an exact retrain on the rows now retained is promoted at once (this batch's oracle member 0: its audit
@@ -108,7 +109,7 @@ def audit_qualified_batch(batch_id: str) -> dict:
 
     c = _PENDING[batch_id]
     batch, params, lic, promoted = c["batch"], c["params"], c["licensing"], c["promoted"]
-    name, version = params.tracking.registered_model, str(promoted["version"])
+    name, version = params.tracking.registered_model, str(promoted.version)
     log = run_logger()
     result = audit_certificate(params, c["state"], c["rows"], c["device"], c["method"], lic.batch_index, c["objective"])
     record = {"kind": "audit", "batch_id": batch_id, "version": version, "method": c["method"],
@@ -135,11 +136,11 @@ def audit_qualified_batch(batch_id: str) -> dict:
                                f"{retrain.verdict.failures}; v{version} stays, tagged audit failed")
         out = S.promote(batch, params, after, c["requests"].iloc[0:0], c["objective"], retrain, rows,
                         n_original_train(after.manifest, after.ledger))
-        batch.tracker.set_version_tags(name, str(out["version"]), {"validation_mode": "qualified",
+        batch.tracker.set_version_tags(name, str(out.version), {"validation_mode": "qualified",
                                                                    "qualified": "exact retrain",
                                                                    "audit_retrain_of": version})
-        record["then"] = {"exact_retrain_version": str(out["version"])}
-        log.info(f"audit failed: exact retrain promoted as v{out['version']} (was v{version})")
+        record["then"] = {"exact_retrain_version": str(out.version)}
+        log.info(f"audit failed: exact retrain promoted as v{out.version} (was v{version})")
     append_audit(params, record)
     return out
 

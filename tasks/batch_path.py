@@ -100,9 +100,9 @@ def apply_not_trained_on(batch: S.BatchRun, params: Params, state, requests, obj
     """A file of validation rows only: recorded in the ledger and erased; nothing to unlearn, the champion stays."""
     erased_ids = requests["sample_id"].tolist()
     promoted = S.record_not_trained_on(batch, params, state, requests, objective)
-    erasure = erase_batch(batch, params, erased_ids, promoted["version"])
+    erasure = erase_batch(batch, params, erased_ids, promoted.version)
     S.finish_not_trained_on(batch, promoted, erasure, len(erased_ids))
-    return BatchResult(batch.path.name, "applied", batch.batch_id, None, promoted["version"], batch.parent, {},
+    return BatchResult(batch.path.name, "applied", batch.batch_id, None, promoted.version, batch.parent, {},
                        erased_not_trained_on=len(erased_ids))
 
 
@@ -111,9 +111,21 @@ def erase_batch(batch: S.BatchRun, params: Params, erased_ids: list[str], versio
     return S.erase(batch, params, erased_ids, id_salt(params), version) if params.erasure.enabled else None
 
 
-def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids: list[str], objective: str):
-    """(rows, report): the leverage partition ranks retain rows by the diagnostics, so they come first there;
-    otherwise the partition comes first, and the diagnostics run only when a candidate the plan could try needs
+@dataclass(frozen=True)
+class Diagnosed:
+    """The batch's rows (partitioned), its leverage diagnostics (None: skipped) and, when they were skipped, the
+    selection already made without them (`made`: (selection, debt, the debt's reasons), tasks/stages.py
+    selection_of): the batch's one walk of the rules, which `plan_and_run` logs rather than walks again."""
+
+    rows: object
+    report: object = None
+    made: tuple | None = None
+
+
+def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids: list[str], objective: str,
+                           counts: BatchCounts) -> Diagnosed:
+    """The leverage partition ranks retain rows by the diagnostics, so they come first there; otherwise the
+    partition comes first, and the diagnostics run only when a candidate the batch's selection could try needs
     them (`diagnostics_unused`), saying on the console when they are skipped."""
     def diagnose(skipped: str | None = None):
         return S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
@@ -126,11 +138,16 @@ def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids:
 
     if params.deletion.partition.mode == "leverage":
         report = diagnose()
-        return partition(report), report
+        return Diagnosed(partition(report), report)
     rows = partition(None)
     if not wants_diagnostics(params, state, objective):
-        return rows, None
-    return rows, diagnose(diagnostics_unused(batch, params, state, rows, objective))
+        return Diagnosed(rows)
+    if diagnostics_read(params, state, objective):
+        return Diagnosed(rows, diagnose())
+    made = S.selection_of(batch.device, params.deletion, params.train.epochs, state, rows, objective, None, None,
+                          counts.n_train)
+    why = diagnostics_unused(batch, params, state, rows, objective, made[0])
+    return Diagnosed(rows, diagnose(why), made if why else None)
 
 
 def wants_diagnostics(params: Params, state, objective: str) -> bool:
@@ -145,56 +162,60 @@ def wants_diagnostics(params: Params, state, objective: str) -> bool:
     return params.diagnostics.enabled
 
 
-def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective: str) -> str | None:
-    """Why no candidate this batch could try would use the leverage diagnostics (None: one could). The
-    candidates are those the rules pick without them plus every method of a rule that waits for a fact only
-    they give (it might fire), and the fallbacks; planned as the batch plans (deletion.weigh_cost drops an
-    approximate candidate whose certificate costs more than the retrain, with the batch's own timing probe,
-    kept for its plan). Only exact steps left: the diagnostics decide nothing. The qualified mode reads them
-    for its licence (wants_diagnostics decides there); a sharded original skips them in S.diagnose;
-    diagnostics.record keeps them for every batch's record."""
-    if params.diagnostics.record or qualified_mode(params, objective):
+def diagnostics_read(params: Params, state, objective: str) -> bool:
+    """Whether the diagnostics are kept whatever the candidates: diagnostics.record keeps them for every batch's
+    record, the qualified mode reads them for its licence (wants_diagnostics decides there); a sharded original
+    skips them in S.diagnose, which says why."""
+    return (params.diagnostics.record or qualified_mode(params, objective)
+            or getattr(state.model, "shard_state", None) is not None)
+
+
+def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective: str, selection) -> str | None:
+    """Why no candidate this batch could try would use the leverage diagnostics (None: one could). The candidates
+    are the batch's `selection` (unlearning/records.py Selection: the rules walked over the facts the batch has
+    without the diagnostics, the fallbacks, the debt's override), plus, while it walks the rules, the method of
+    each rule that waits for a fact it lacks (it might fire once they are computed); planned as the batch plans
+    (deletion.weigh_cost drops an approximate candidate whose certificate costs more than the retrain, with the
+    batch's own timing probe, kept for its plan). Only exact steps left: the diagnostics decide nothing."""
+    if diagnostics_read(params, state, objective):
         return None
-    if getattr(state.model, "shard_state", None) is not None:
-        return None  # S.diagnose says why it skips them
     from tasks.sharding import sisa_share
+    from unlearning.config import CertificateKind
     from unlearning.plan import PlanRefused, plan_steps
-    from unlearning.policy import FALLBACK, parse_key, select_methods
-    from unlearning.selection import batch_facts
+    from unlearning.policy import FALLBACK, parse_key
 
     d = params.deletion
-    if d.method == "auto":
-        facts = batch_facts(d, params.train.epochs, objective, rows, None, device=batch.device)
-        sel = select_methods(d.rules, facts)
-        waiting = [r.method for r in d.rules
-                   if any(facts.get(parse_key(k)[0]) is None for k in r.when)]  # a diagnostics or oracle fact
-        possible = [*sel.candidates, *waiting]
-    else:
-        possible = [d.method]
-    possible = list(dict.fromkeys([m for m in [*possible, *d.fallback] if m != FALLBACK] + [FALLBACK]))
+    waiting = [] if selection.debt_reasons or not d.walks_rules else [
+        r.method for r in d.rules if any(selection.facts.get(parse_key(k)[0]) is None for k in r.when)]
+    possible = list(dict.fromkeys([m for m in [*selection.candidates, *waiting] if m != FALLBACK] + [FALLBACK]))
     if batch.probe is None:
         from tasks.planning import probe
 
         batch.probe = probe(params, state, rows, batch.device)  # S.plan reuses it
     try:
         steps, _ = plan_steps(possible, objective, params.validation, params.gate, weigh_cost=d.weigh_cost,
-                              explicit=d.method != "auto", member_in_retrains=batch.probe[0].member_in_retrains,
+                              explicit=selection.explicit, member_in_retrains=batch.probe[0].member_in_retrains,
                               sisa_cost=sisa_share(state, rows))
     except PlanRefused:
         return None  # the batch's own plan refuses it, with its one line
-    if any(s.certificate not in ("exact", "audit") for s in steps):
+    if any(s.certificate not in (CertificateKind.EXACT, CertificateKind.AUDIT) for s in steps):
         return None
     return (f"the only candidate(s) the plan could try ({', '.join(s.method for s in steps)}) are exact, so no "
             f"selection rule or certificate would read them (candidates considered: {', '.join(possible)})")
 
 
-def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report, counts: BatchCounts):
-    """Select, plan, then train only what the plan needs: each step in order until one is accepted
-    (unlearning/plan.py). Raises BatchRejected when none is."""
+def plan_and_run(batch: S.BatchRun, params: Params, state, diagnosed: Diagnosed, objective: str,
+                 counts: BatchCounts):
+    """Select (the walk `diagnose_and_partition` made, when it skipped the diagnostics), plan, then train only what
+    the plan needs: each step in order until one is accepted (unlearning/plan.py). Raises BatchRejected when none
+    is."""
     from tasks.references import ReferencePool
+    from unlearning.config import CertificateKind
 
+    rows, report = diagnosed.rows, diagnosed.report
     n_train, batch_index = counts.n_train, counts.batch_index
-    selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, None, n_train)
+    selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, None, n_train,
+                         made=diagnosed.made)
     the_plan = S.plan(batch, params, state, rows, selection, objective)
     pool = ReferencePool(params, state, rows, batch.device, batch_index, the_plan.chunk_size, the_plan.workers)
     if S.needs_noise_floor(selection, params.deletion.weigh_cost):
@@ -207,7 +228,7 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, rows, objective: str,
     outcome, spent = None, 0.0
     try:
         for step in the_plan.steps:
-            if step.certificate == "audit":  # oracle 0 is the retrain; the test splits the others in two halves
+            if step.certificate == CertificateKind.AUDIT:  # oracle 0 is the retrain; the test splits the others
                 others = step.references[1] - 1
                 S.warn_if_the_test_cannot_fail(params.gate, others // 2, others - others // 2)
             elif step.looks:
@@ -269,7 +290,7 @@ def warn_method_ignored(batch: S.BatchRun, params: Params) -> None:
     """Qualified mode runs the method the qualification licenses (else the exact retrain): a deletion.method
     other than `auto` is not run, and the batch says so rather than leaving it unread in silence."""
     method = params.deletion.method
-    if method != "auto":
+    if not params.deletion.walks_rules:
         run_logger().warning(f"{batch.path.name}: deletion.method = {method!r} is ignored in qualified mode "
                              f"(validation.mode qualified): the qualification's license decides the method (the "
                              f"exact retrain when it licenses none); set deletion.method: auto to silence this")

@@ -18,7 +18,7 @@ from tasks.batch import unlearn_and_validate
 from tasks.references import ReferencePool
 from tasks.reporting import run_logger
 from tasks.training import model_spec, recipe as recipe_of, train_ensemble_chunk
-from unlearning.acceptance import CandidateOutcome, outcome_from_logits, reference_free_outcome
+from unlearning.acceptance import CandidateOutcome, Measurement, measure_logits, outcome_of, reference_free_outcome
 from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
 from unlearning.config import EXACT_RETRAIN, CertificateKind, Gate, Params, method_traits
 from unlearning.methods import run_method
@@ -27,7 +27,7 @@ from unlearning.plan import Plan, Step
 from unlearning.progress import Progress
 from unlearning.salt import id_salt
 from unlearning.seeds import method_seed, reference_seeds
-from unlearning.sequential import Look, LookJudge, interim_bounds, look_gate
+from unlearning.sequential import Criterion, Look, LookSpec, run_looks
 
 
 class Evaluator:
@@ -154,51 +154,47 @@ def absolute(method: str, args: dict, params: Params, state, rows: BatchRows, de
 
 def sequential(step: Step, args: dict, params: Params, state, rows: BatchRows, pool: ReferencePool, device: str,
                objective: str, ev: Evaluator) -> tuple[CandidateOutcome, list[Look]]:
-    """The sequential certificate of an approximate candidate (unlearning/sequential.py). The method runs once
-    on the production model and once on each look's new shadows (on every row of `rows`); each member's logits
-    are computed once, on the evaluator's rows (validation.certificate_rows)."""
+    """The sequential certificate of an approximate candidate (unlearning/sequential.py run_looks, the loop every
+    caller shares): the method runs once on the production model; each look grows the pool to its references,
+    runs the method on the new shadows (on every row of `rows`) and evaluates each new member once, on the
+    evaluator's rows (validation.certificate_rows)."""
     t0 = time.perf_counter()
     seed, progress, log = params.base.seed, params.base.progress, run_logger()
     m_seed, rec = method_seed(seed), recipe_of(params)
     res = run_method(step.method, unlearn_context(state.model.to(device), state.prepared, rows, rec, m_seed,
                                                   progress=f"{step.method} (production)" if progress else False), args)
     logits = {"candidate": ev(res.model), "original": ev(state.model)}
-    unlearned, oracle_parts, done_s, done_o = [], [], 0, 0
+    grown = {"unlearned": [], "oracles": [], "shadows": 0}
     cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
             "shadow_gradient_evals": 0, "shadow_seconds": 0.0}
-    looks: list[Look] = []
-    for k, ((n_s, n_o), alpha, n_perm) in enumerate(zip(step.looks, step.alphas, step.permutations)):
-        look_start = time.perf_counter()
-        shadows, oracles = pool.ensure(n_s, n_o)
-        fresh = shadows.select(list(range(done_s, n_s)))
-        label = f"{step.method} (shadows {done_s + 1}-{n_s})" if progress else False
+    criterion = Criterion.of_step(params.gate, step, objective=objective, exact=method_traits(step.method).exact)
+
+    def measure(spec: LookSpec) -> Measurement:
+        done_s, done_o = grown["shadows"], sum(len(x) for x in grown["oracles"])
+        shadows, oracles = pool.ensure(spec.n_shadows, spec.n_oracles)
+        fresh = shadows.select(list(range(done_s, spec.n_shadows)))
+        label = f"{step.method} (shadows {done_s + 1}-{spec.n_shadows})" if progress else False
         shadow_res = run_method(step.method, unlearn_context(fresh.to(device), state.prepared, rows, rec, m_seed,
                                                              progress=label), args)
         cost["shadow_gradient_evals"] += shadow_res.cost.gradient_evals
         cost["shadow_seconds"] += shadow_res.cost.seconds
         # one line at least every 10 s: members evaluated (the unit of the ETA), then the permutation test as
         # the last unit (its chunks tick the bar: unlearning/metrics/permutation.py)
-        with Progress((n_s - done_s) + (n_o - done_o) + 1, f"certificate of {step.method}: look {k + 1}/"
-                      f"{len(step.looks)}", unit="units", enabled=progress) as bar:
+        with Progress((spec.n_shadows - done_s) + (spec.n_oracles - done_o) + 1, f"certificate of {step.method}: "
+                      f"look {spec.index + 1}/{spec.total}", unit="units", enabled=progress) as bar:
             bar.stage("evaluate")
-            unlearned.append(ev(shadow_res.model, bar))
-            oracle_parts.append(ev(oracles.select(list(range(done_o, n_o))), bar))
-            bar.stage(f"permutation test, {n_perm} relabelings")
-            both = torch.cat(oracle_parts, 0)
-            logits.update(oracles=both, oracle_ref=both, accuracy_ref=both, shadow_unlearned=torch.cat(unlearned, 0))
-            gate_k = look_gate(params.gate, alpha, n_perm)
-            # the look's verdict, once: the whole gate at the last look, KLoM (or epsilon) alone before it
-            judge = LookJudge(gate_k, objective, alpha, k == len(step.looks) - 1, k)
-            out = outcome_from_logits(step.method, res.model, logits, state.prepared, ev.rows, gate_k, objective,
-                                      seed, dict(cost), t0, n_s, judge=judge, alpha=alpha)
+            grown["unlearned"].append(ev(shadow_res.model, bar))
+            grown["oracles"].append(ev(oracles.select(list(range(done_o, spec.n_oracles))), bar))
+            grown["shadows"] = spec.n_shadows
+            bar.stage(f"permutation test, {spec.n_permutations} relabelings")
+            both = torch.cat(grown["oracles"], 0)
+            logits.update(oracles=both, oracle_ref=both, accuracy_ref=both,
+                          shadow_unlearned=torch.cat(grown["unlearned"], 0))
+            out = measure_logits(logits, state.prepared, ev.rows, seed, spec.n_shadows,
+                                 **criterion.measure_args(spec))
             bar.update()
-        done_s, done_o = n_s, n_o
-        decision, failing = judge.decision, judge.failing
-        by_eps = params.gate.criterion == "epsilon"
-        look = Look(n_s, n_o, alpha, interim_bounds(out.metrics, params.gate), decision,
-                    time.perf_counter() - look_start, failing, params.gate.epsilon.max if by_eps else None)
-        looks.append(look)
-        log.info("  " + look.line(step.method, k, len(step.looks)))
-        if decision != "continue":
-            return replace(out, looks=tuple(looks)), looks
-    raise AssertionError("a sequential step has at least one look")
+        return out
+
+    certified = run_looks(criterion, measure,
+                          on_look=lambda look, spec: log.info("  " + look.line(step.method, spec.index, spec.total)))
+    return outcome_of(step.method, res.model, certified, dict(cost), t0), list(certified.looks)

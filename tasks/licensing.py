@@ -6,9 +6,8 @@ request leaves the model unchanged, and the audit that checks a sample of licenc
   then the request's decision (`request_decision`: unlearning/licensing.py decide, with the retraining debt and
   the registry's reasons): every row under the cut for its size, not a class, not a cluster, within the debt.
   Logged on the batch run either way (`licence.json`, tag `licensing`). tasks/licensed_batch.py applies a licence.
-- `audit` is the one call of the certificate on this path (and in bench/stream.py): the sequential looks of
-  unlearning/sequential.py over the core's certificate metrics (unlearning/certificate.py), each judged by its
-  LookJudge, under gate.criterion epsilon at gate.epsilon.max.
+- `audit` is the one call of the certificate on this path (and in bench/stream.py): the core's sequential loop
+  (unlearning/sequential.py certify_logits) under gate.criterion epsilon at gate.epsilon.max.
 - `plan_note`: `unlearn plan`'s line, which path a request takes and why.
 """
 
@@ -24,12 +23,12 @@ from tasks.memorization_map import (
     MapRecord, epsilon_gate, ledger_keys, map_for_state, map_plan, save_map, stored_map,
 )
 from tasks.reporting import run_logger
+from unlearning import metric_keys as K
 from unlearning.batch import BatchRows, retained_train_rows, validation_rows
-from unlearning.certificate import retrain_equivalence_metrics
 from unlearning.config import LICENSED_INACTION, Params
 from unlearning.history import LICENSED
 from unlearning.licensing import Guards, LicenceDecision, adjacent_share, decide, nearest_rows
-from unlearning.sequential import LookJudge, look_gate
+from unlearning.sequential import Criterion, References, certify_logits
 
 LICENSED_VERDICT = LICENSED  # the ledger verdict of a licensed row: the model unchanged
 MODEL_UNCHANGED = "model unchanged (licensed)"
@@ -60,33 +59,27 @@ class AuditResult:
 
 def audit(candidate_logits, shadow_logits, oracle_logits, labels, splits, gate, validation, seed: int
           ) -> AuditResult:
-    """The certificate of the unchanged model (doing nothing) against fresh oracles: the sequential step's looks
-    (validation's references per role, alpha per look) over the given members' logits, each look's metrics from
-    unlearning/certificate.py judged by unlearning/sequential.py LookJudge, under gate.criterion epsilon at
-    gate.epsilon.max (a licence promises the budget). candidate_logits [1, n, C]: the production model;
-    shadow_logits [N_s, n, C]: models trained like it (doing nothing leaves them as they are);
-    oracle_logits [N_o, n, C]: retrains without the request's rows; splits [n]: forget/adjacent/remote/validation."""
+    """The certificate of the unchanged model (doing nothing) against fresh oracles: the core's sequential loop
+    (unlearning/sequential.py certify_logits, the deletion flow's loop and rules) over the sequential step's
+    looks (validation's references per role, alpha per look), under gate.criterion epsilon at gate.epsilon.max
+    (a licence promises the budget). candidate_logits [1, n, C]: the production model; shadow_logits
+    [N_s, n, C]: models trained like it (doing nothing leaves them as they are); oracle_logits [N_o, n, C]:
+    retrains without the request's rows; splits [n]: forget/adjacent/remote/validation."""
     t0 = time.perf_counter()
     g = epsilon_gate(gate)
     from unlearning.plan import sequential_step
 
     step = sequential_step(LICENSED_INACTION, validation, g, 1.0)
     splits = np.asarray(splits)
-    for k, ((n_s, n_o), alpha, perms) in enumerate(zip(step.looks, step.alphas, step.permutations)):
-        metrics, extra = retrain_equivalence_metrics(candidate_logits, shadow_logits[:n_s], oracle_logits[:n_o],
-                                                     oracle_logits[:n_o], labels, splits, n_permutations=perms,
-                                                     seed=seed, epsilon=g.epsilon, confidence=1 - alpha)
-        metrics["candidate_is_retrain"] = 0.0  # the unchanged model is not an exact retrain
-        final = k == len(step.looks) - 1
-        judge = LookJudge(look_gate(g, alpha, perms), "retrain_equivalence", alpha, final, k)
-        verdict = judge(metrics)
-        if judge.decision != "continue":
-            break
-    rows = extra["epsilon_rows"]
+    done = certify_logits(Criterion.of_step(g, step), candidate_logits,
+                          lambda spec: References(shadow_logits[:spec.n_shadows], oracle_logits[:spec.n_oracles]),
+                          labels, splits, seed=seed)
+    rows = done.result.data.epsilon_rows
     forget_upper = tuple(float(x) for x in rows.upper[splits == "forget"]) if rows is not None else ()
-    return AuditResult(bool(verdict.passed), k + 1, len(step.looks), int(n_s + n_o), tuple(verdict.failures),
-                       forget_upper, {key: float(v) for key, v in metrics.items() if key.startswith("epsilon")},
-                       time.perf_counter() - t0)
+    last = done.looks[-1]
+    epsilon = {key: v for key, v in K.of_measures(done.result.measures).items() if key.startswith("epsilon")}
+    return AuditResult(done.accepted, len(done.looks), len(step.looks), int(last.n_shadows + last.n_oracles),
+                       tuple(done.verdict.failures), forget_upper, epsilon, time.perf_counter() - t0)
 
 
 def audit_due(probability: float, seed: int, batch_index: int) -> bool:

@@ -47,4 +47,4 @@ def qualified_outcome(method: str, args: dict, params: Params, state, rows: Batc
                                     params.validation.qualified_max_class_share)
     verdict = out.verdict.with_checks(checks, failures)
     return replace(out, metrics=metrics, verdict=verdict, cost={**out.cost, "wall_seconds": time.perf_counter() - t0},
-                   splits=split_records_of(metrics, verdict))
+                   splits=split_records_of(out.measures, verdict))

@@ -45,7 +45,7 @@ from unlearning.partition import subset_sizes
 from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
 from unlearning.salt import id_salt
 from unlearning.serving import input_example
-from unlearning.records import Selection
+from unlearning.records import Promotion, Selection
 from unlearning.selection import batch_facts, selection_with_debt
 
 # A stage's inputs are models, stores and an MLflow client: its result is never cached by its inputs.
@@ -305,21 +305,33 @@ def warn_if_the_test_cannot_fail(gate: Gate, n_shadows: int, n_oracles: int) -> 
 FLOOR_SAMPLE_SEED = 11  # the same-size validation sample of the noise floor (unlearning/selection.py noise_floor)
 
 
-@task(name="select", **STAGE)
-@computes
-def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows: BatchRows, objective: str,
-           report, oracles: Ensemble | None, n_train: int) -> Selection:
-    """The ordered candidate list: `deletion.method`, or the rules over the batch's facts, then the fallback,
-    retrain last; the retraining debt (`deletion.debt`) overrides it with exact retrain alone. `oracles`: the
-    references trained so far, for the noise floor (None before any: the rules that need it are skipped)."""
+def selection_of(device: str, deletion: Deletion, epochs: int, state: State, rows: BatchRows, objective: str,
+                 report, oracles: Ensemble | None, n_train: int) -> tuple[Selection, dict, list[str]]:
+    """The walk of the rules over the batch's facts (unlearning/selection.py selection_with_debt): (selection,
+    debt, the reasons the debt forced a retrain). `report`: the leverage diagnostics (None: not computed, the
+    rules that read them are skipped); `oracles`: the references trained so far, for the noise floor."""
     logits = floor = None
     if oracles is not None:
         logits = eval_logits(oracles, state.prepared, rows.forget)
         sample = np.random.default_rng(FLOOR_SAMPLE_SEED).permutation(rows.validation)[:len(rows.forget)]
         floor = eval_logits(oracles, state.prepared, np.sort(sample))
-    facts = batch_facts(deletion, epochs, objective, rows, report, oracle_forget_logits=logits, device=batch.device,
+    facts = batch_facts(deletion, epochs, objective, rows, report, oracle_forget_logits=logits, device=device,
                         oracle_floor_logits=floor, sharded=getattr(state.model, "shard_state", None) is not None)
-    selection, debt, forced = selection_with_debt(deletion, facts, state.ledger, n_train, len(rows.forget))
+    return selection_with_debt(deletion, facts, state.ledger, n_train, len(rows.forget))
+
+
+@task(name="select", **STAGE)
+@computes
+def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows: BatchRows, objective: str,
+           report, oracles: Ensemble | None, n_train: int,
+           made: tuple[Selection, dict, list[str]] | None = None) -> Selection:
+    """The ordered candidate list: `deletion.method`, or the rules over the batch's facts, then the fallback,
+    retrain last; the retraining debt (`deletion.debt`) overrides it with exact retrain alone. `oracles`: the
+    references trained so far, for the noise floor (None before any: the rules that need it are skipped).
+    `made`: the walk already made over these facts (`selection_of`, when the diagnostics were skipped): logged,
+    not walked again."""
+    selection, debt, forced = made or selection_of(batch.device, deletion, epochs, state, rows, objective, report,
+                                                   oracles, n_train)
     log = run_logger()
     if forced:  # the debt is due: exact retrain alone
         log.info(f"{batch.path.name}: retraining debt: {'; '.join(forced)}: exact retrain alone")
@@ -379,7 +391,7 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
     t.log_metrics(run, {f"cost/{k}": float(v) for k, v in out.cost.items()})
     t.log_json(run, out.verdict.to_dict(), "gate_verdict.json")
     if looks:
-        t.log_json(run, [look.__dict__ for look in looks], "certificate_looks.json")
+        t.log_json(run, [look.to_dict() for look in looks], "certificate_looks.json")
     t.log_table(run, out.per_sample, "per_sample_klom.json")
     alpha = out.alpha if out.alpha is not None else gate.retrain_equivalence.alpha
     log_candidate_figures(t, run, out, alpha)
@@ -395,7 +407,7 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
                       + ("\n".join(f"- {f}" for f in failures) or "- every check passed")
                       + f"\n\n{out.cost.get('wall_seconds', 0.0):.1f} s", key=batch.key(f"{method}-verdict"),
                       description=f"gate verdict of {method} for {batch.path.name}")
-    run_logger().info(f"  {method}: {verdict_summary(out.verdict, out.metrics, alpha)}")
+    run_logger().info(f"  {method}: {verdict_summary(out.verdict, alpha)}")
     return out
 
 
@@ -459,7 +471,7 @@ def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bo
 @task(name="promote", **STAGE)
 @computes
 def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame, objective: str,
-            outcome: CandidateOutcome, rows: BatchRows, n_train: int, warnings: list[str] | None = None) -> dict:
+            outcome: CandidateOutcome, rows: BatchRows, n_train: int, warnings: list[str] | None = None) -> Promotion:
     """Register the model, then write model, manifest, ledger and champion history to a staging folder and
     swap it in (all or nothing); the registry alias follows state/. Reads base.paths, tracking and
     deletion.hash_sample_ids. `warnings`: tasks/quality.py's announce_quality lines, kept in the champion record
@@ -498,8 +510,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
                       f"{registered} v{version} as @{alias} (was v{before}); ledger +{len(entries)}")
     from unlearning.history import retraining_debt
 
-    return {"version": version, "before": before, "history": history, "n_entries": len(entries),
-            "debt_after": retraining_debt(ledger_after, n_train)}
+    return Promotion(version, before, history, len(entries), retraining_debt(ledger_after, n_train))
 
 
 def commit_state(batch: BatchRun, params: Params, model, manifest: pd.DataFrame, ledger: list[dict],
@@ -635,7 +646,7 @@ def split_by_kind(state: State, requests: pd.DataFrame, batch_id: str) -> tuple[
 @task(name="record", **STAGE)
 @computes
 def record_not_trained_on(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame,
-                          objective: str) -> dict:
+                          objective: str) -> Promotion:
     """A file naming only validation rows: no model trained on them, so nothing is unlearned, certified or
     registered: the champion stays (no new model version). The state keeps its model; its manifest marks the
     rows deleted and the ledger records them as erased, not trained on. All or nothing, as `promote`."""
@@ -651,17 +662,16 @@ def record_not_trained_on(batch: BatchRun, params: Params, state: State, request
     run_logger().info(f"{batch.path.name}: {len(ids)} validation row(s), never trained on: erased from the stores "
                       f"and recorded in the ledger (erased, not trained on); nothing to unlearn, the champion "
                       f"v{version} stays; ledger +{len(entries)}")
-    return {"version": version, "before": version, "history": state.champion.get("history", []),
-            "n_entries": len(entries)}
+    return Promotion(version, version, state.champion.get("history", []), len(entries))
 
 
-def finish_not_trained_on(batch: BatchRun, promoted: dict, erasure: dict | None, n_erased: int) -> None:
+def finish_not_trained_on(batch: BatchRun, promoted: Promotion, erasure: dict | None, n_erased: int) -> None:
     """The batch run of a file of validation rows only: its counts, tags and summary (no candidate, no gate)."""
     t = batch.tracker
     t.log_metrics(batch.parent, {"wall_seconds": wall_seconds(batch), "n_forgotten": 0,
                                  "n_erased_not_trained_on": n_erased})
     t.set_tags(batch.parent, {"method": "none", "gate": "not_needed (validation rows only: not trained on)",
-                              "model_version": str(promoted["version"])})
+                              "model_version": str(promoted.version)})
     publish_summary(batch, status="applied (validation rows only: erased, not trained on; champion unchanged)",
                     erasure=erasure)
     t.end_run(batch.parent, seconds=wall_seconds(batch))
@@ -686,19 +696,19 @@ def erase(batch: BatchRun, params: Params, forget_ids: list[str], salt: str, ver
 
 
 # 9. report -----------------------------------------------------------------------------------------------
-def finish(batch: BatchRun, outcome: CandidateOutcome, promoted: dict, erasure: dict | None) -> None:
+def finish(batch: BatchRun, outcome: CandidateOutcome, promoted: Promotion, erasure: dict | None) -> None:
     """The batch run's closing metrics, the champion history (step-indexed metrics and its figure), tags and
     the batch summary (MLflow description + Prefect artifact)."""
-    t, history = batch.tracker, promoted["history"]
+    t, history = batch.tracker, promoted.history
     wall = wall_seconds(batch)
     t.log_metrics(batch.parent, {**outcome.tracked_metrics(), "wall_seconds": wall, "n_forgotten": batch.summary["n_forgotten"]})
     t.log_series(batch.parent, history, HISTORY_METRICS)
-    if promoted.get("debt_after") is not None:  # step 1: the value after the batch, the one the UI shows
-        t.log_metrics(batch.parent, {f"debt/{k}": v for k, v in promoted["debt_after"].items()}, step=1)
-        batch.summary["debt_after"] = promoted["debt_after"]
+    if promoted.debt_after is not None:  # step 1: the value after the batch, the one the UI shows
+        t.log_metrics(batch.parent, {f"debt/{k}": v for k, v in promoted.debt_after.items()}, step=1)
+        batch.summary["debt_after"] = promoted.debt_after
     fig = plots.history(history, f"champion across {len(history)} batch(es)")
     t.log_figure(batch.parent, fig, "champion_history.png"); plots.close(fig)
-    t.set_tags(batch.parent, {"method": outcome.method, "gate": "passed", "model_version": promoted["version"]})
+    t.set_tags(batch.parent, {"method": outcome.method, "gate": "passed", "model_version": promoted.version})
     publish_summary(batch, status="applied", erasure=erasure)
     t.end_run(batch.parent, seconds=wall)
 

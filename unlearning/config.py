@@ -330,9 +330,12 @@ class Debt(Strict):
                               "one more than this is retrained")
 
 
+AUTO = "auto"  # deletion.method: walk the rules (`Deletion.walks_rules`)
+
+
 class Deletion(Strict):
     objective: Literal["retrain_equivalence", "suppression"] = "retrain_equivalence"
-    method: str = Field("auto", description="a registered method, or 'auto' to walk `rules`")
+    method: str = Field(AUTO, description="a registered method, or 'auto' to walk `rules`")
     rules: list[Rule] = Field(default_factory=lambda: [Rule(**r) for r in DEFAULT_RULES],
                               description="ordered selection rules (unlearning/policy.py)")
     fallback: list[str] = Field([], description="tried after the rule candidates (retrain is always last)")
@@ -347,6 +350,12 @@ class Deletion(Strict):
     max_clock_skew_seconds: float = Field(300, ge=0, description="a requested_at later than now + this is rejected")
     partition: Partition = Partition()
     debt: Debt = Debt()
+
+    @property
+    def walks_rules(self) -> bool:
+        """deletion.method is 'auto': the ordered rules pick the candidates (else the one method named)."""
+        return self.method == AUTO
+
 
 
 class Diagnostics(Strict):
@@ -500,7 +509,7 @@ class SuppressionGate(Strict):
 
 class EpsilonGate(Strict):
     """The equivalence question (docs/certificate.md, "Two questions"): how far from retraining, at most,
-    in differential privacy's epsilon, per row of each split, aggregated by a high quantile."""
+    in differential privacy's epsilon, per row of each split, aggregated by a high quantile or the capped mean."""
 
     max: float = Field(3.0, gt=0, description="the budget: a split passes when the `quantile` of its rows' epsilon "
                                               "upper bounds is at most this (rejected early when the lower bounds' "
@@ -514,6 +523,21 @@ class EpsilonGate(Strict):
                                 "a Gaussian fit per row read through the Gaussian-DP curve, bootstrap bounds")
     n_bootstrap: int = Field(200, ge=20, le=100_000, description="bootstrap resamples of the references for the "
                                                                  "gaussian estimator's bounds (raised to 2/alpha)")
+    aggregate: Literal["quantile", "mean"] = Field(
+        "quantile", description="a split's epsilon from its rows': quantile = the `quantile` of the rows' bounds "
+                                "(every row but 1 - quantile within the budget); mean = the rows' mean, each row "
+                                "capped at `row_cap`, bounded by a joint bootstrap over the models (the average "
+                                "row; gaussian estimator only)")
+    row_cap: float = Field(10.0, gt=0, description="aggregate mean: a row counts at most this much (a memorized row "
+                                                   "moves a split's mean by at most row_cap / its rows)")
+
+    @model_validator(mode="after")
+    def _mean_needs_the_joint_bootstrap(self):
+        if self.aggregate == "mean" and self.estimator != "gaussian":
+            raise ValueError(f"aggregate = 'mean' needs estimator = 'gaussian' (its joint bootstrap over the models "
+                             f"bounds the mean), got estimator = {self.estimator!r}: set estimator: gaussian, or "
+                             f"aggregate: quantile")
+        return self
 
 
 class Gate(Strict):

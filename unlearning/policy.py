@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from pydantic import BaseModel
-
 from unlearning.config import DEFAULT_RULES, EXACT_RETRAIN  # noqa: F401  (DEFAULT_RULES: re-exported)
+from unlearning.records import Selection
 from unlearning.rules import (  # noqa: F401  (the rule language, re-exported for the policy's callers)
     _OPS, FACTS, Rule, SelectionPolicy, _check_value, _is_num, allowed_keys, parse_key,
 )
@@ -27,16 +26,6 @@ def retrain_last(methods: Iterable[str]) -> list[str]:
     """The candidate order's one invariant, defined once: each method once, exact retrain last (always there)."""
     ordered = list(dict.fromkeys(methods))
     return [m for m in ordered if m != FALLBACK] + [FALLBACK]
-
-
-class Selection(BaseModel):
-    candidates: list[str]
-    fired: list[tuple[str, str]]
-    skipped: list[tuple[str, str]]
-
-    @property
-    def chosen(self) -> str:
-        return self.candidates[0]
 
 
 def _fmt(v: Any) -> str:
@@ -131,4 +120,4 @@ def select_methods(rules: SelectionPolicy | Sequence[Rule | dict], facts: dict[s
         elif rule.method not in candidates:
             candidates.append(rule.method)
         fired.append((rule.name, why))
-    return Selection(candidates=retrain_last(candidates), fired=fired, skipped=skipped)
+    return Selection(candidates=retrain_last(candidates), fired=fired, skipped=skipped, facts=dict(facts))

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from statistics import NormalDist
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from unlearning import metric_keys as K
 from unlearning.config import EXACT_RETRAIN
+from unlearning.gate import BUSINESS, STATISTICAL, Check
+from unlearning.stats import INTERVALS, clopper_pearson, wilson  # noqa: F401  (the intervals `interval` names)
 
 EXACT = EXACT_RETRAIN  # always licensed: exact unlearning by construction
 SUITE_KINDS = ("random", "group", "class", "high_self_leverage", "low_self_leverage")  # (+ gap_fill: drawn to fill bins)
@@ -154,54 +155,6 @@ def gap_in_noise_units(predicted_gap_forget: np.ndarray, noise: float) -> float:
     batch read every gap in the same unit, so a batch's gap falls in the bins its suite filled."""
     g = np.asarray(predicted_gap_forget, dtype=np.float64)
     return float(np.mean(0.5 * np.square(g))) / max(float(noise), 1e-12) if g.size else math.nan
-
-
-# --- binomial confidence intervals ---------------------------------------------------------------------------
-
-def _binom_sf(k: int, n: int, p: float) -> float:
-    """P(X >= k), X ~ Binomial(n, p), summed exactly."""
-    if k <= 0:
-        return 1.0
-    return float(sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1)))
-
-
-def _bisect(f, lo: float = 0.0, hi: float = 1.0, iters: int = 100) -> float:
-    """The root of an increasing f on [lo, hi] by bisection (f(lo) <= 0 <= f(hi))."""
-    for _ in range(iters):
-        mid = (lo + hi) / 2
-        if f(mid) < 0:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def clopper_pearson(k: int, n: int, confidence: float) -> tuple[float, float]:
-    """The exact two-sided interval for a binomial proportion (Clopper and Pearson 1934): lower L with
-    P(X >= k | L) = (1 - confidence) / 2 (0 when k = 0), upper U with P(X <= k | U) = (1 - confidence) / 2
-    (1 when k = n). Its coverage is at least `confidence` for every p. n = 0: (0, 1)."""
-    if n == 0:
-        return 0.0, 1.0
-    if not 0 <= k <= n:
-        raise ValueError(f"k = {k} must lie in [0, n = {n}]")
-    tail = (1 - confidence) / 2
-    lower = 0.0 if k == 0 else _bisect(lambda p: _binom_sf(k, n, p) - tail)
-    upper = 1.0 if k == n else _bisect(lambda p: tail - (1 - _binom_sf(k + 1, n, p)))
-    return lower, upper
-
-
-def wilson(k: int, n: int, confidence: float) -> tuple[float, float]:
-    """The Wilson score interval (Wilson 1927) at two-sided `confidence`. n = 0: (0, 1)."""
-    if n == 0:
-        return 0.0, 1.0
-    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-INTERVALS = {"clopper_pearson": clopper_pearson, "wilson": wilson}
 
 
 # --- the table -----------------------------------------------------------------------------------------------
@@ -377,7 +330,7 @@ def largest_class_share(forget_labels: np.ndarray, before_labels: np.ndarray) ->
 
 def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p: float, alpha: float,
                  class_share: float | None = None, max_class_share: float | None = None
-                 ) -> tuple[dict[str, dict], list[str]]:
+                 ) -> tuple[dict[str, Check], list[str]]:
     """The reference-free checks of a qualified batch's candidate: accuracy on each retained split and on
     validation at least the original's minus `max_drop` (gate.retrain_equivalence.max_validation_drop; None:
     not checked), the membership test's p-value at least `alpha`, and the forget rows' `largest_class_share` at
@@ -385,11 +338,11 @@ def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p
     changes what a retrain predicts on the whole class, held-out rows included, so neither the accuracy against
     the original nor the membership test against validation rows of that class can see it.
     -> (checks, failures in words)."""
-    checks: dict[str, dict] = {}
+    checks: dict[str, Check] = {}
     failures: list[str] = []
     if max_class_share is not None and class_share is not None:
         ok = class_share <= max_class_share + 1e-12
-        checks["class_share/forget"] = {"value": class_share, "op": "<=", "limit": max_class_share, "passed": ok}
+        checks["class_share/forget"] = Check(class_share, "<=", max_class_share, ok, BUSINESS)
         if not ok:
             failures.append(f"the forget rows hold {class_share:.0%} of one class's training rows (> "
                             f"validation.qualified_max_class_share = {max_class_share}): a class-level request is "
@@ -400,11 +353,11 @@ def cheap_checks(metrics: dict[str, float], max_drop: float | None, membership_p
             if acc is None or orig is None or math.isnan(acc) or math.isnan(orig):
                 continue
             ok = acc >= orig - max_drop - 1e-12
-            checks[K.key("acc_vs_original", s)] = {"value": acc, "op": ">=", "limit": round(orig - max_drop, 6), "passed": ok}
+            checks[K.key("acc_vs_original", s)] = Check(acc, ">=", round(orig - max_drop, 6), ok, BUSINESS)
             if not ok:
                 failures.append(f"acc/{s} = {acc:.4f} (needs >= the original's {orig:.4f} - {max_drop})")
     ok = not (membership_p < alpha)
-    checks["membership_pvalue/forget_vs_validation"] = {"value": membership_p, "op": ">=", "limit": alpha, "passed": ok}
+    checks["membership_pvalue/forget_vs_validation"] = Check(membership_p, ">=", alpha, ok, STATISTICAL)
     if not ok:
         failures.append(f"membership test forget vs validation: p = {membership_p:.4g} < {alpha} (the forget rows "
                         f"still look like training rows)")

@@ -1,8 +1,11 @@
 """The typed records of the batch path (docs/design.md §1, §4.5): what a stage hands the next, frozen.
 
-- `Selection`: which candidates a batch tries, in order, and why (unlearning/selection.py makes it);
+- `Selection`: which candidates a batch tries, in order, and why (unlearning/policy.py walks the rules into one,
+  unlearning/selection.py completes it with the fallbacks);
 - `Licensing`: what the qualification licensed for a batch in qualified mode (tasks/qualification.py);
-- `BatchResult`: what one request file came to (the deletion flow's result per file).
+- `Promotion`: what the promotion (or the record of a file of validation rows only) wrote: the version after and
+  before, the champion's history, the ledger entries;
+- `BatchResult`: what one request file came to (the deletion flow's result per file), with its exit code.
 
 Their JSON forms (`to_dict`) are what MLflow and the flow's callers store; read-only item access
 (`record["candidates"]`) serves the readers of that form.
@@ -51,6 +54,11 @@ class Selection(ItemAccess):
     rules_would_have_tried: list[str] | None = None
     debt_reasons: list[str] = field(default_factory=list)
 
+    @property
+    def chosen(self) -> str:
+        """The first candidate: the one the batch tries first."""
+        return self.candidates[0]
+
     @classmethod
     def of(cls, value: "Selection | Mapping") -> "Selection":
         """A Selection from itself or from its JSON form (a dict with its field names)."""
@@ -94,6 +102,18 @@ class Licensing:
 
 
 @dataclass(frozen=True)
+class Promotion(ItemAccess):
+    """What a batch's promotion committed (tasks/stages.py promote): the model version now champion and the one
+    before it, the champion's history with this batch's point, the ledger entries appended and the debt after."""
+
+    version: str
+    before: str | None
+    history: list = field(default_factory=list)
+    n_entries: int = 0
+    debt_after: dict | None = None  # the retraining debt once the batch is in (unlearning/history.py)
+
+
+@dataclass(frozen=True)
 class BatchResult(ItemAccess, Mapping):
     """What one request file came to in the deletion flow: `status` applied | already_processed | rejected |
     held (no candidate passed: requests/held/, for `unlearn approve`) | changed (it changed, or was still open
@@ -112,6 +132,7 @@ class BatchResult(ItemAccess, Mapping):
     moved_to: str | None = None  # where the file went (processed/, rejected/); None: it stayed
     reason: str | None = None  # why it was not applied: validation | gate | not a request file | ...
     applied_status: str | None = None  # a file that changed while it was processed: what was applied of it
+    exit_code: int | None = None  # what it means for the run's exit (flows/errors.py; None: applied, nothing to do)
 
     def __iter__(self):
         return iter(k for k in self.__dataclass_fields__ if getattr(self, k) is not None)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from unlearning.batch import BatchRows
-from unlearning.config import ConfigError, Deletion
+from unlearning.config import AUTO, ConfigError, Deletion
 from unlearning.records import Selection
 
 
@@ -88,8 +88,8 @@ def check_method_config(deletion: Deletion) -> None:
                                                      enumerate(deletion.fallback)],
              *[(f"deletion.rules[{i}].method (rule {r.name!r})", r.method) for i, r in enumerate(deletion.rules)]]
     for key, name in named:
-        if name not in REGISTRY and not (key == "deletion.method" and name == "auto"):
-            extra = " or 'auto'" if key == "deletion.method" else ""
+        if name not in REGISTRY and not (key == "deletion.method" and deletion.walks_rules):
+            extra = f" or {AUTO!r}" if key == "deletion.method" else ""
             raise ConfigError(f"{key} = {name!r} is not a registered method; allowed: {allowed}{extra} "
                               f"(`unlearn methods` lists them)")
     for name, args in deletion.method_args.items():
@@ -111,7 +111,7 @@ def candidate_methods(deletion: Deletion, facts: dict) -> Selection:
     fired, skipped = [], []
     from unlearning.policy import nearest_miss, retrain_last
 
-    if d.method == "auto":
+    if d.walks_rules:
         from unlearning.policy import select_methods
 
         sel = select_methods(d.rules, facts, known_methods=REGISTRY)
@@ -120,9 +120,9 @@ def candidate_methods(deletion: Deletion, facts: dict) -> Selection:
         first = [d.method]
         fired = [("explicit", f"deletion.method = {d.method!r}")]
     ordered = retrain_last([*first, *d.fallback])
-    miss = nearest_miss(d.rules, facts, ordered) if d.method == "auto" else None
+    miss = nearest_miss(d.rules, facts, ordered) if d.walks_rules else None
     return Selection(ordered, fired, skipped, facts, {r.name: r.method for r in d.rules}, miss,
-                     explicit=d.method != "auto")
+                     explicit=not d.walks_rules)
 
 
 def selection_with_debt(deletion: Deletion, facts: dict, ledger, n_train: int,

@@ -1,24 +1,38 @@
-"""The sequential certificate: references in looks, a rejection at the first decisive look, an acceptance only
-at the last (docs/design.md §4.2; group-sequential testing with alpha spending, Pocock 1977, O'Brien and
-Fleming 1979, here with a plain Bonferroni split that needs no independence between looks).
+"""The sequential certificate, one loop for every caller: references in looks, a rejection at the first decisive
+look, an acceptance only at the last (docs/design.md §4.2, §4.6, §4.7; group-sequential testing with alpha
+spending, Pocock 1977, O'Brien and Fleming 1979, here with a plain Bonferroni split that needs no independence
+between looks).
 
-At look k the KLoM permutation test (unlearning/metrics/permutation.py) compares the candidate's
-shadow-unlearned models with the oracles trained so far, and gives a p-value per split that is super-uniform
-under H0 (the candidate is a retrain): P(p < a) <= a. Look k rejects when some split's p < alpha_k. With
-alpha_1 + ... + alpha_K = alpha (`alpha_schedule`), the union bound keeps a true retrain's false-reject rate
-at most alpha per split over all looks, whatever the dependence between looks. Interim looks test KLoM only;
-the last look runs the whole gate (accuracy intervals, floors) at alpha_K.
+`Criterion.of(gate, step)` is built once per candidate from params.gate and the plan's step (its looks, alpha per
+look, relabelings per look); `run_looks(criterion, measure)` is the loop. It is pure: the work that needs the
+shell (grow the reference pool to (n_shadows, n_oracles), run the method on the new shadows, evaluate logits) is
+the `measure` callable, so tasks/certify.py, unlearning/acceptance.py and the benches all judge alike.
+`certify_logits` is the loop over logits already in hand (the benches'). Nothing else holds a rule of the looks.
 
-A look can only reject when its permutation test can give p < alpha_k: `permutations_for` sizes it so that
-its smallest p-value, 1 / (1 + P), is at most alpha_k / 2.
+At look k the KLoM permutation test (unlearning/metrics/permutation.py) gives a p-value per split that is
+super-uniform under H0 (the candidate is a retrain): P(p < a) <= a. Look k rejects when some split's p < alpha_k.
+With alpha_1 + ... + alpha_K = alpha (`alpha_schedule`), the union bound keeps a true retrain's false-reject rate
+at most alpha per split over all looks, whatever the dependence between looks. Under `gate.criterion: epsilon` an
+interim look rejects when some split's epsilon lower bound, one-sided at 1 - alpha_k, exceeds the budget: the
+bias-corrected bound of unlearning/metrics/epsilon.py, valid at small N (docs/certificate.md, "Bounds at every
+look"). Interim looks test that alone; the last look runs the whole gate at alpha_K.
+
+A look can only reject when its permutation test can give p < alpha_k: `permutations_for` sizes it so that its
+smallest p-value, 1 / (1 + P), is at most alpha_k / 2.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 
 from unlearning import metric_keys as K
+from unlearning.config import Gate
+from unlearning.gate import STATISTICAL, Check, SplitMeasures, Verdict, by_split, evaluate_gate, format_beside
 from unlearning.resolution import permutations_for  # noqa: F401  (re-exported: the looks' relabelings)
+
+REJECT, CONTINUE, FINAL = "reject", "continue", "final"  # what a look decides
 
 
 def alpha_schedule(alpha: float, n_interim: int, interim_share: float) -> tuple[float, ...]:
@@ -30,103 +44,229 @@ def alpha_schedule(alpha: float, n_interim: int, interim_share: float) -> tuple[
     return (*([each] * n_interim), alpha - each * n_interim)
 
 
-@dataclass
+@dataclass(frozen=True)
+class LookSpec:
+    """One planned look: its place (`index` of `total`), the references per role it judges on, its alpha and
+    the permutation test's relabelings."""
+
+    index: int
+    total: int
+    n_shadows: int
+    n_oracles: int
+    alpha: float
+    n_permutations: int
+
+    @property
+    def final(self) -> bool:
+        return self.index == self.total - 1
+
+
+@dataclass(frozen=True)
 class Look:
-    """What one look saw: references per role, its alpha, the p-value per split, and its decision."""
+    """What one look saw: references per role, its alpha, what it tested per split (KLoM p-values, or under the
+    epsilon criterion the epsilon lower bounds: `budget` is then gate.epsilon.max), its decision (reject |
+    continue | final), its seconds and the failing splits in words."""
 
     n_shadows: int
     n_oracles: int
     alpha: float
-    pvalues: dict[str, float]
-    decision: str  # reject | continue | final
+    tested: dict[str, float]
+    decision: str
     seconds: float = 0.0
-    failing: list[str] = field(default_factory=list)
-    budget: float | None = None  # gate.epsilon.max under the epsilon criterion: `pvalues` then holds lower bounds
+    failing: tuple[str, ...] = ()
+    budget: float | None = None
 
     def line(self, method: str, index: int, total: int) -> str:
-        from unlearning.gate import format_beside
-
+        """The look in one line (the batch's log): look `index + 1` of `total`."""
         bound = float(f"{self.alpha:.4g}") if self.budget is None else self.budget
-        ps = ", ".join(f"{s} {format_beside(p, bound)}" for s, p in self.pvalues.items())
+        ps = ", ".join(f"{s} {format_beside(p, bound)}" for s, p in self.tested.items())
         what_is = "KLoM p-values" if self.budget is None else f"epsilon lower bounds (budget {self.budget:g})"
-        what = {"reject": f"rejected ({'; '.join(self.failing)})", "continue": "not decisive: more references",
-                "final": "final look: the whole gate decides"}[self.decision]
+        what = {REJECT: f"rejected ({'; '.join(self.failing)})", CONTINUE: "not decisive: more references",
+                FINAL: "final look: the whole gate decides"}[self.decision]
         return (f"certificate of {method}: look {index + 1}/{total} with {self.n_shadows} shadows + "
-                f"{self.n_oracles} oracles (alpha {self.alpha:.4g}): {what_is} {ps}: {what} "
-                f"[{self.seconds:.1f} s]")
+                f"{self.n_oracles} oracles (alpha {self.alpha:.4g}): {what_is} {ps}: {what} [{self.seconds:.1f} s]")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-def interim_decision(pvalues: dict[str, float], alpha_k: float) -> tuple[str, list[str]]:
-    """reject when some split's p-value is below alpha_k (NaN counts as below: nothing measured passes);
-    otherwise continue. Returns (decision, the failing splits in words)."""
-    from unlearning.gate import format_beside
+@dataclass(frozen=True)
+class Criterion:
+    """What the certificate asks of one candidate, built once (`of`): params.gate, the planned looks, the
+    objective, and whether the candidate is exact (its method's trait: a statistical-only failure is then the
+    gate's false reject)."""
 
-    failing = [f"{s}: p = {format_beside(p, float(f'{alpha_k:.4g}'))} < {alpha_k:.4g}" for s, p in pvalues.items()
-               if not (p >= alpha_k)]
-    return ("reject" if failing else "continue"), failing
+    gate: Gate
+    looks: tuple[LookSpec, ...]
+    objective: str = "retrain_equivalence"
+    exact: bool = False
+
+    @classmethod
+    def of(cls, gate: Gate, looks: Sequence[tuple[int, int]], alphas: Sequence[float] | None = None,
+           permutations: Sequence[int] | None = None, *, objective: str = "retrain_equivalence",
+           exact: bool = False) -> "Criterion":
+        """The criterion over `looks` ((n_shadows, n_oracles) each; unlearning/plan.py Step.looks) with their
+        alphas and relabelings (Step.alphas, Step.permutations). Without them: one look at gate.retrain_equivalence's
+        alpha and n_permutations (an audit at full N)."""
+        g = gate.retrain_equivalence
+        alphas = tuple(alphas) if alphas is not None else (g.alpha,) * len(looks)
+        perms = tuple(permutations) if permutations is not None else (g.n_permutations,) * len(looks)
+        if not looks or not len(looks) == len(alphas) == len(perms):
+            raise ValueError(f"a certificate needs at least one look, with one alpha and one relabeling count each; "
+                             f"got looks {list(looks)}, alphas {list(alphas)}, permutations {list(perms)}")
+        specs = tuple(LookSpec(k, len(looks), int(n_s), int(n_o), float(a), int(p))
+                      for k, ((n_s, n_o), a, p) in enumerate(zip(looks, alphas, perms)))
+        return cls(gate, specs, objective, exact)
+
+    @classmethod
+    def of_step(cls, gate: Gate, step, *, objective: str = "retrain_equivalence",
+                exact: bool = False) -> "Criterion":
+        """The criterion of a plan's sequential step (unlearning/plan.py Step)."""
+        return cls.of(gate, step.looks, step.alphas, step.permutations, objective=objective, exact=exact)
+
+    @property
+    def by_epsilon(self) -> bool:
+        return self.gate.criterion == "epsilon"
+
+    def gate_at(self, spec: LookSpec) -> Gate:
+        """params.gate with the look's alpha and relabelings: what the last look's whole gate applies."""
+        re = self.gate.retrain_equivalence.model_copy(update={"alpha": spec.alpha,
+                                                              "n_permutations": spec.n_permutations})
+        return self.gate.model_copy(update={"retrain_equivalence": re})
+
+    def measure_args(self, spec: LookSpec) -> dict[str, Any]:
+        """How a look measures (unlearning/certificate.py certificate_measures): the look's relabelings, epsilon
+        under the epsilon criterion, one-sided bounds at the look's 1 - alpha."""
+        return {"n_permutations": spec.n_permutations, "epsilon": self.gate.epsilon if self.by_epsilon else None,
+                "confidence": 1 - spec.alpha}
+
+    def tested(self, measures: Iterable[SplitMeasures]) -> dict[str, float]:
+        """What an interim look tests per split: the epsilon lower bounds (epsilon criterion) or the KLoM
+        p-values; NaN where it was not measured."""
+        nan = float("nan")
+        if self.by_epsilon:
+            return {s: nan if m.epsilon is None else m.epsilon.lower for s, m in by_split(measures).items()
+                    if m.pvalue is not None or m.epsilon is not None}
+        return {s: m.pvalue for s, m in by_split(measures).items() if m.pvalue is not None}
+
+    def judge(self, measures: Iterable[SplitMeasures], spec: LookSpec) -> Verdict:
+        """The look's verdict: the whole gate at the look's alpha at the last look; before it, a rejection when
+        some split's epsilon lower bound exceeds the budget (epsilon criterion) or its KLoM p-value is below
+        alpha_k (NaN counts as failing: nothing measured passes); else a passing verdict so far."""
+        measures = tuple(measures)
+        if spec.final:
+            return evaluate_gate(self.objective, measures, self.gate_at(spec), exact=self.exact)
+        checks, failures = {}, []
+        for split, value in self.tested(measures).items():
+            if self.by_epsilon:
+                budget = self.gate.epsilon.max
+                ok = bool(value <= budget)
+                checks[K.key("epsilon_lower", split)] = Check(value, "<=", budget, ok, STATISTICAL)
+                words = f"{split}: epsilon lower bound {format_beside(value, budget)} > {budget:g}"
+            else:
+                ok = bool(value >= spec.alpha)
+                checks[K.key("klom_pvalue", split)] = Check(value, ">=", spec.alpha, ok, STATISTICAL)
+                words = f"{split}: p = {format_beside(value, float(f'{spec.alpha:.4g}'))} < {spec.alpha:.4g}"
+            if not ok:
+                failures.append(words)
+        return Verdict(not failures, self.objective, [f"{interim_prefix(spec)}{f}" for f in failures], checks)
+
+    def decision(self, verdict: Verdict, spec: LookSpec) -> str:
+        """final at the last look; before it, continue while the verdict passes, else reject."""
+        return FINAL if spec.final else CONTINUE if verdict.passed else REJECT
 
 
-def interim_epsilon_decision(lowers: dict[str, float], budget: float) -> tuple[str, list[str]]:
-    """Under the epsilon criterion: reject when some split's epsilon lower bound exceeds the budget (NaN counts
-    as above: nothing measured passes); otherwise continue. Returns (decision, the failing splits in words)."""
-    from unlearning.gate import format_beside
-
-    failing = [f"{s}: epsilon lower bound {format_beside(e, budget)} > {budget:g}" for s, e in lowers.items()
-               if not (e <= budget)]
-    return ("reject" if failing else "continue"), failing
+def interim_prefix(spec: LookSpec) -> str:
+    """How an interim look's failures begin in the verdict (the look's own record lists them without it)."""
+    return f"rejected at interim look {spec.index + 1}: "
 
 
-def interim_bounds(metrics: dict[str, float], gate) -> dict[str, float]:
-    """What an interim look tests per split: the KLoM p-values, or the epsilon lower bounds (epsilon criterion)."""
-    from unlearning.metrics.summary import SPLITS
-
-    key = "epsilon_lower" if gate.criterion == "epsilon" else "klom_pvalue"
-    return {s: metrics[f"{key}/{s}"] for s in SPLITS if f"{key}/{s}" in metrics}
+T = TypeVar("T")
 
 
-def look_gate(gate, alpha: float, n_permutations: int):
-    """The gate of one look (params.gate with the look's alpha and permutation count)."""
-    re = gate.retrain_equivalence.model_copy(update={"alpha": alpha, "n_permutations": n_permutations})
-    return gate.model_copy(update={"retrain_equivalence": re})
+@dataclass(frozen=True)
+class Certified(Generic[T]):
+    """The certificate's end: what the deciding look measured (`result`, the caller's record), its verdict,
+    and every look taken."""
+
+    result: T
+    verdict: Verdict
+    looks: tuple[Look, ...]
+
+    @property
+    def decision(self) -> str:
+        return self.looks[-1].decision
+
+    @property
+    def alpha(self) -> float:
+        """The alpha the deciding look applied."""
+        return self.looks[-1].alpha
+
+    @property
+    def accepted(self) -> bool:
+        """Passed at the last look (an interim look only rejects)."""
+        return self.decision == FINAL and self.verdict.passed
 
 
-def look_verdict(metrics: dict[str, float], gate, objective: str, alpha: float, final: bool, look: int):
-    """-> (Verdict, decision, failing) of one look over the certificate's metrics (unlearning/certificate.py,
-    computed with the look's permutation count): the whole gate at alpha at the final look; at an interim look
-    a rejection when some split's KLoM p-value is below alpha (under `gate.criterion: epsilon`: when some
-    split's epsilon lower bound exceeds gate.epsilon.max), else "continue" (a passing verdict so far)."""
-    from unlearning.gate import Verdict, evaluate_gate
+def run_looks(criterion: Criterion, measure: Callable[[LookSpec], T], *,
+              measures_of: Callable[[T], Iterable[SplitMeasures]] = lambda r: r.measures,
+              on_look: Callable[[Look, LookSpec], None] | None = None) -> Certified[T]:
+    """The sequential certificate: for each planned look, `measure(spec)` (the caller's work: references grown to
+    (spec.n_shadows, spec.n_oracles), the method on the new shadows, logits, unlearning/certificate.py with
+    `criterion.measure_args(spec)`), then the criterion's verdict; stop at the first look that does not continue.
+    `measures_of`: the per-split records in what `measure` returns; `on_look`: told each look as it ends (the
+    batch's log line)."""
+    looks: list[Look] = []
+    for spec in criterion.looks:
+        start = time.perf_counter()
+        result = measure(spec)
+        measures = tuple(measures_of(result))
+        verdict = criterion.judge(measures, spec)
+        decision = criterion.decision(verdict, spec)
+        failing = tuple(f.removeprefix(interim_prefix(spec)) for f in verdict.failures) if decision == REJECT else ()
+        look = Look(spec.n_shadows, spec.n_oracles, spec.alpha, criterion.tested(measures), decision,
+                    time.perf_counter() - start, failing, criterion.gate.epsilon.max if criterion.by_epsilon else None)
+        looks.append(look)
+        if on_look is not None:
+            on_look(look, spec)
+        if decision != CONTINUE:
+            return Certified(result, verdict, tuple(looks))
+    raise AssertionError("Criterion.of refuses a certificate without looks")
 
-    if final:
-        return evaluate_gate(objective, metrics, look_gate(gate, alpha, gate.retrain_equivalence.n_permutations)), \
-            "final", []
-    if gate.criterion == "epsilon":
-        budget = gate.epsilon.max
-        lowers = interim_bounds(metrics, gate)
-        decision, failing = interim_epsilon_decision(lowers, budget)
-        checks = {K.key("epsilon_lower", s): {"value": e, "op": "<=", "limit": budget, "passed": bool(e <= budget)}
-                  for s, e in lowers.items()}
-    else:
-        pvalues = interim_bounds(metrics, gate)
-        decision, failing = interim_decision(pvalues, alpha)
-        checks = {K.key("klom_pvalue", s): {"value": p, "op": ">=", "limit": alpha, "passed": bool(p >= alpha)}
-                  for s, p in pvalues.items()}
-    failures = [f"rejected at interim look {look + 1}: {f}" for f in failing]
-    return Verdict(passed=not failing, objective=objective, failures=failures, checks=checks), decision, failing
+
+@dataclass(frozen=True)
+class References:
+    """The logits a look judges on: the shadow-unlearned models [n_shadows, n, C] and the oracles [n_oracles, n, C];
+    `accuracy_ref` [N_a, n, C]: oracles the candidate was not drawn from (default: `oracles`)."""
+
+    shadow_unlearned: Any
+    oracles: Any
+    accuracy_ref: Any = None
 
 
-class LookJudge:
-    """The verdict of one look, evaluated once: unlearning/acceptance.py outcome_from_logits calls it with the
-    look's metrics (its `judge`), and it keeps what `look_verdict` decided (`decision`, `failing`) for the
-    certifier's Look record."""
+@dataclass(frozen=True)
+class LookMeasures:
+    """What `certify_logits` measured at a look: the per-split records and the certificate's other outputs
+    (unlearning/certificate.py CertificateData)."""
 
-    def __init__(self, gate, objective: str, alpha: float, final: bool, look: int):
-        self.gate, self.objective, self.alpha, self.final, self.look = gate, objective, alpha, final, look
-        self.decision: str | None = None
-        self.failing: list[str] = []
+    measures: tuple[SplitMeasures, ...]
+    data: Any
 
-    def __call__(self, metrics: dict[str, float]):
-        verdict, self.decision, self.failing = look_verdict(metrics, self.gate, self.objective, self.alpha,
-                                                            self.final, self.look)
-        return verdict
 
+def certify_logits(criterion: Criterion, candidate: Any, references: Callable[[LookSpec], References], labels: Any,
+                   splits: Any, *, seed: int = 0,
+                   on_look: Callable[[Look, LookSpec], None] | None = None) -> Certified[LookMeasures]:
+    """The certificate of a candidate whose logits are in hand ([1, n, C] on the evaluated rows, labels and split
+    names [n]): `references(spec)` gives each look's logits (e.g. prefixes of models already evaluated). The
+    benches' entry point (bench/calibration.py, bench/gpu_batch.py, bench/stream.py): the same loop and rules as
+    the deletion flow's."""
+    from unlearning.certificate import certificate_measures  # numerical: imports torch, which the gate does not
+
+    def measure(spec: LookSpec) -> LookMeasures:
+        refs = references(spec)
+        acc_ref = refs.oracles if refs.accuracy_ref is None else refs.accuracy_ref
+        measures, data = certificate_measures(candidate, refs.shadow_unlearned, refs.oracles, acc_ref, labels, splits,
+                                              seed=seed, **criterion.measure_args(spec))
+        return LookMeasures(measures, data)
+
+    return run_looks(criterion, measure, on_look=on_look)

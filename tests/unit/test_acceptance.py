@@ -7,7 +7,7 @@ import torch
 
 from unlearning.acceptance import CandidateOutcome, accept, reference_free_outcome, split_records
 from unlearning.config import Gate
-from unlearning.gate import Verdict
+from unlearning.gate import BUSINESS, STATISTICAL, Check, Verdict
 from unlearning.models import build_model
 
 SPLITS = np.array(["forget"] * 4 + ["adjacent"] * 3 + ["remote"] * 3 + ["validation"] * 10)
@@ -50,11 +50,11 @@ def test_split_records_are_typed_per_split():
 
 def test_accept_takes_a_pass_and_an_audited_retrain_failing_statistical_checks_only():
     def out(method, checks):
-        v = Verdict(passed=all(c["passed"] for c in checks.values()), objective="retrain_equivalence", checks=checks)
+        v = Verdict(passed=all(c.passed for c in checks.values()), objective="retrain_equivalence", checks=checks)
         return CandidateOutcome(method, model(), {}, v, {}, pd.DataFrame())
 
-    p_fail = {"klom_pvalue/forget": {"value": 0.001, "op": ">=", "limit": 0.01, "passed": False}}
-    floor_fail = {"acc/validation_drop": {"value": 0.5, "op": ">=", "limit": 0.9, "passed": False}}
+    p_fail = {"klom_pvalue/forget": Check(0.001, ">=", 0.01, False, STATISTICAL)}
+    floor_fail = {"acc/validation_drop": Check(0.5, ">=", 0.9, False, BUSINESS)}
     assert accept(out("do_nothing", {}), True) == accept(out("retrain", {}), True)
     assert accept(out("do_nothing", {}), True).accepted
     assert accept(out("retrain", p_fail), True).as_false_reject

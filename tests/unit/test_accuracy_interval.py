@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import scipy.stats as st
 
-from unlearning.gate import accuracy_interval, student_t_quantile
+from unlearning.gate import accuracy_interval
+from unlearning.stats import student_t_quantile
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 7, 30, 79])
@@ -36,18 +37,23 @@ def test_a_further_retrain_is_rejected_rarely_at_any_n(n_oracles):
 
 
 def test_only_statistical_failures_let_an_exact_retrain_through():
-    from unlearning.gate import Verdict, only_statistical_failures
+    """The kind each check carries decides, not its name: a statistical check (a comparison with retrains) and
+    a business rule (a floor) may share a name's prefix."""
+    from unlearning.gate import BUSINESS, STATISTICAL, Check, Verdict
 
-    def verdict(**failed):
-        checks = {"klom_pvalue/forget": True, "acc/remote": True, "acc/validation_min": True, **failed}
-        return Verdict(passed=all(checks.values()), objective="retrain_equivalence",
-                       checks={k: {"passed": v} for k, v in checks.items()})
+    kinds = {"klom_pvalue/forget": STATISTICAL, "klom_pvalue/remote": STATISTICAL, "acc/remote": STATISTICAL,
+             "acc/adjacent": STATISTICAL, "acc/validation_min": BUSINESS}
 
-    assert only_statistical_failures(verdict(**{"klom_pvalue/remote": False}))
-    assert only_statistical_failures(verdict(**{"acc/adjacent": False}))
-    assert not only_statistical_failures(verdict(**{"acc/validation_min": False}))  # a business floor
-    assert not only_statistical_failures(verdict(**{"klom_pvalue/remote": False, "acc/validation_min": False}))
-    assert not only_statistical_failures(verdict())  # nothing failed: nothing to override
+    def verdict(*failed):
+        checks = {k: Check(0.5, ">=", 0.9, k not in failed, kinds[k]) for k in
+                  ("klom_pvalue/forget", "acc/remote", "acc/validation_min", *failed)}
+        return Verdict(passed=all(c.passed for c in checks.values()), objective="retrain_equivalence", checks=checks)
+
+    assert verdict("klom_pvalue/remote").failed_on_statistics_only()
+    assert verdict("acc/adjacent").failed_on_statistics_only()
+    assert not verdict("acc/validation_min").failed_on_statistics_only()  # a business floor
+    assert not verdict("klom_pvalue/remote", "acc/validation_min").failed_on_statistics_only()
+    assert not verdict().failed_on_statistics_only()  # nothing failed: nothing to override
 
 
 def test_a_suppression_retrain_that_misses_the_bound_is_rejected():
@@ -55,13 +61,13 @@ def test_a_suppression_retrain_that_misses_the_bound_is_rejected():
     retrain_equivalence gate's statistical check: an exact retrain that keeps predicting the forget set (as
     retrains do) must not be promoted as a false reject."""
     from unlearning.config import Gate
-    from unlearning.gate import evaluate_gate, only_statistical_failures
+    from unlearning.gate import SplitMeasures, evaluate_gate
 
-    metrics = {"acc/forget": 0.6667, "acc/adjacent": 0.9, "original_acc/adjacent": 0.92, "acc/validation": 0.9,
-               "candidate_is_retrain": 1}
-    verdict = evaluate_gate("suppression", metrics, Gate())
+    measures = [SplitMeasures("forget", 0.6667), SplitMeasures("adjacent", 0.9, original_acc=0.92),
+                SplitMeasures("validation", 0.9)]
+    verdict = evaluate_gate("suppression", measures, Gate(), exact=True)
     assert not verdict.passed and not verdict.checks["acc/forget"]["passed"]
-    assert not only_statistical_failures(verdict)
+    assert not verdict.failed_on_statistics_only() and not any("gate defect" in f for f in verdict.failures)
 
 
 def test_a_huge_z_asks_for_the_whole_range_not_an_error():

@@ -18,12 +18,21 @@ CHEAP = Timing(retrain_seconds=100.0, member_seconds=0.1, eval_seconds_per_membe
 DEAR = Timing(retrain_seconds=10.0, member_seconds=5.0, eval_seconds_per_member=0.01)  # a certificate: 80 retrains
 
 
+def selection(params):
+    """The batch's walk of the rules without the diagnostics (the facts a batch has before them)."""
+    from unlearning.selection import batch_facts, candidate_methods
+
+    return candidate_methods(params.deletion, batch_facts(params.deletion, params.train.epochs,
+                                                          "retrain_equivalence", ROWS, None))
+
+
 def unused(deletion: dict, timing: Timing):
     from flows.deletion_batch import diagnostics_unused
 
     params = load_params(overrides={"deletion": deletion})
     batch = SimpleNamespace(probe=(timing, None), device="cpu")
-    return diagnostics_unused(batch, params, SimpleNamespace(model=object()), ROWS, "retrain_equivalence")
+    return diagnostics_unused(batch, params, SimpleNamespace(model=object()), ROWS, "retrain_equivalence",
+                              selection(params))
 
 
 def test_an_exact_method_alone_skips_the_diagnostics_and_says_why():
@@ -47,12 +56,24 @@ def test_an_explicit_approximate_method_keeps_them():
     assert unused({"method": "do_nothing"}, DEAR) is None
 
 
+def test_a_retrain_forced_by_the_debt_skips_them():
+    """The batch's selection says it all: the debt forced exact retrain alone, so no rule waits for a fact."""
+    from flows.deletion_batch import diagnostics_unused
+
+    params = load_params(overrides={"deletion": {"method": "auto"}})
+    forced = selection(params).forced_retrain(["too many batches since the last exact retrain"])
+    batch = SimpleNamespace(probe=(CHEAP, None), device="cpu")
+    why = diagnostics_unused(batch, params, SimpleNamespace(model=object()), ROWS, "retrain_equivalence", forced)
+    assert why and "(retrain) are exact" in why and "do_nothing" not in why
+
+
 def test_the_record_keeps_them_when_asked():
     from flows.deletion_batch import diagnostics_unused
 
     params = load_params(overrides={"deletion": {"method": "retrain"}, "diagnostics": {"record": True}})
     batch = SimpleNamespace(probe=(CHEAP, None), device="cpu")
-    assert diagnostics_unused(batch, params, SimpleNamespace(model=object()), ROWS, "retrain_equivalence") is None
+    assert diagnostics_unused(batch, params, SimpleNamespace(model=object()), ROWS, "retrain_equivalence",
+                              selection(params)) is None
 
 
 @pytest.mark.parametrize("approx,poor", [

@@ -10,8 +10,9 @@ from pathlib import Path
 
 
 from unlearning.batch_summary import CandidateLine, check_in_words
-from unlearning.gate import _check, format_beside, verdict_summary, Verdict
-from unlearning.sequential import interim_decision
+from unlearning.config import Gate
+from unlearning.gate import SplitMeasures, _check, format_beside, verdict_summary, Verdict
+from unlearning.sequential import Criterion
 
 P = 2 / 201  # the smallest p-value of 200 permutations with one more extreme: just below alpha = 0.01
 
@@ -20,11 +21,13 @@ def test_a_pvalue_below_alpha_never_prints_as_alpha():
     checks, failures = {}, []
     _check(checks, failures, "klom_pvalue/forget", P, ">=", 0.01)
     assert failures == ["klom_pvalue/forget = 0.00995 (needs >= 0.01)"]
-    summary = verdict_summary(Verdict(False, "retrain_equivalence", failures, checks), {"klom_pvalue/forget": P}, 0.01)
+    summary = verdict_summary(Verdict(False, "retrain_equivalence", failures, checks), 0.01)
     assert "forget 0.00995" in summary and "0.010" not in summary.split("alpha")[0]
     assert "p = 0.009999 < alpha = 0.01" in check_in_words("klom_pvalue/forget",
                                                            {"value": 0.009999, "limit": 0.01, "op": ">="})
-    assert interim_decision({"forget": P}, 0.01)[1] == ["forget: p = 0.00995 < 0.01"]
+    c = Criterion.of(Gate(), [(16, 16), (80, 80)], [0.01, 0.01], [799, 799])
+    assert c.judge([SplitMeasures("forget", 1.0, pvalue=P)], c.looks[0]).failures == [
+        "rejected at interim look 1: forget: p = 0.00995 < 0.01"]
 
 
 def test_ordinary_values_keep_their_short_form():

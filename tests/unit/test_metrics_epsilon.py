@@ -6,9 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from unlearning.metrics.epsilon import (aggregate, clopper_pearson_bounds, epsilon_metrics, gaussian_epsilon,
-                                        gaussian_mu, gdp_delta, gdp_epsilon, row_epsilon, threshold_epsilon)
-from unlearning.qualification import clopper_pearson
+from unlearning.metrics.epsilon import (aggregate, batch_epsilon, clopper_pearson_bounds, epsilon_metrics,
+                                        epsilon_of_mu, gaussian_epsilon, gaussian_mu, gdp_delta, gdp_epsilon,
+                                        row_epsilon, threshold_epsilon)
+from unlearning.stats import clopper_pearson
 
 DELTA = 1e-3
 
@@ -26,9 +27,10 @@ def test_clopper_pearson_bounds_solve_the_binomial_tails(n):
             assert _binom_sf(k, n, lower[k]) == pytest.approx(0.1, abs=1e-9)
         if k < n:  # P(X <= k | upper) = 0.1
             assert 1 - _binom_sf(k + 1, n, upper[k]) == pytest.approx(0.1, abs=1e-9)
-        # the one-sided bounds at 0.9 are the two-sided interval at 0.8 of unlearning/qualification.py
+        # the one-sided bounds at 0.9 are the two-sided interval at 0.8 (unlearning/stats.py, one function)
         lo2, hi2 = clopper_pearson(k, n, 0.8)
         assert lower[k] == pytest.approx(lo2, abs=1e-9) and upper[k] == pytest.approx(hi2, abs=1e-9)
+        assert clopper_pearson(k, n, 0.9, two_sided=False) == (lower[k], upper[k])
 
 
 def _scan_reference(u, r, delta):
@@ -128,10 +130,10 @@ def test_aggregate_and_metrics_per_split():
     r[:, :3] += 30  # the forget rows are far, the validation rows are not
     splits = np.array(["forget"] * 3 + ["validation"] * 3)
     m, rows = epsilon_metrics(u, r, splits, "threshold", DELTA, 0.9)
-    assert m["epsilon/forget"] == pytest.approx(math.log(20 * (1 - DELTA)))
-    assert m["epsilon/validation"] < m["epsilon/forget"]
-    assert m["epsilon_lower/forget"] <= m["epsilon/forget"] <= m["epsilon_upper/forget"]
-    assert m["epsilon_mean/validation"] == pytest.approx(rows.point[3:].mean())
+    assert m["forget"].point == pytest.approx(math.log(20 * (1 - DELTA)))
+    assert m["validation"].point < m["forget"].point
+    assert m["forget"].lower <= m["forget"].point <= m["forget"].upper
+    assert m["validation"].mean == pytest.approx(rows.point[3:].mean())
 
 
 def test_bad_input_names_the_field():
@@ -152,3 +154,92 @@ def test_infinite_rows_stay_infinite_through_quantiles():
     u, r = np.zeros((3, 2)), np.ones((3, 2))
     got = gaussian_epsilon(u, r, DELTA, 0.9, n_bootstrap=20)
     assert np.isinf(got.point).all() and np.isinf(got.lower).all() and np.isinf(got.upper).all()
+
+
+# --- bounds at every look: the bias-corrected lower bound, the batch aggregates ---------------------------------
+
+def _reference_boot_mu(U, R, n_boot, seed):
+    """The bootstrap of mu in plain float64 loops: each resample draws a multinomial count per model (the same
+    draws as the estimator: U's B resamples, then R's), expands the values by their counts, and standardizes the
+    mean difference by the pooled ddof-1 sd."""
+    rng = np.random.default_rng(seed)
+    wu = rng.multinomial(U.shape[0], np.full(U.shape[0], 1 / U.shape[0]), size=n_boot)
+    wr = rng.multinomial(R.shape[0], np.full(R.shape[0], 1 / R.shape[0]), size=n_boot)
+    out = np.zeros((n_boot, U.shape[1]))
+    for b in range(n_boot):
+        for i in range(U.shape[1]):
+            u, r = np.repeat(U[:, i], wu[b]), np.repeat(R[:, i], wr[b])
+            pooled = math.sqrt(((len(u) - 1) * u.var(ddof=1) + (len(r) - 1) * r.var(ddof=1)) / (len(u) + len(r) - 2))
+            out[b, i] = abs(u.mean() - r.mean()) / pooled
+    return out
+
+
+def test_bias_corrected_lower_bound_float64_reference():
+    rng = np.random.default_rng(5)
+    U, R = rng.normal(size=(6, 3)), rng.normal(0.8, 1.0, size=(7, 3))
+    got = gaussian_epsilon(U, R, DELTA, 0.9, n_bootstrap=40, seed=11)
+    boot = _reference_boot_mu(U, R, 40, 11)
+    np.testing.assert_allclose(got.boot_mu, boot, rtol=1e-9)
+    mu, hi = gaussian_mu(U, R), np.quantile(boot, 0.9, axis=0)
+    np.testing.assert_allclose(got.upper, gdp_epsilon(hi, DELTA), rtol=1e-12)
+    # the basic bootstrap: the upper percentile reflected about the estimate (2 mu - q), floored at 0
+    np.testing.assert_allclose(got.lower, gdp_epsilon(np.maximum(2 * mu - hi, 0.0), DELTA), rtol=1e-12)
+
+
+def test_the_bias_corrected_lower_bound_holds_at_small_n_where_the_percentile_one_does_not():
+    """Gaussians N(0, 1) and N(0.97, 1) per row (true eps 3.0 at delta 1e-3), 16 models per side, 2000 rows, one-
+    sided 0.95: the plain percentile lower bound of mu lies above the truth on ~10 % of rows (|mean difference| /
+    sd is biased upward at small N and the bootstrap doubles it); the reflected one on at most its 5 %."""
+    rng = np.random.default_rng(7)
+    truth = float(gdp_epsilon(0.97, DELTA)[0])
+    U, R = rng.normal(size=(16, 2000)), rng.normal(0.97, 1.0, size=(16, 2000))
+    got = gaussian_epsilon(U, R, DELTA, 0.95, n_bootstrap=400, seed=3)
+    percentile = gdp_epsilon(np.quantile(got.boot_mu, 0.05, axis=0), DELTA)
+    se = math.sqrt(0.05 * 0.95 / 2000)
+    assert np.mean(got.lower > truth) <= 0.05 + 2 * se
+    assert np.mean(percentile > truth) > 0.05 + 4 * se  # the bound it replaces does not hold
+    assert np.mean(got.upper < truth) <= 0.05 + 2 * se
+
+
+def test_epsilon_of_mu_matches_the_exact_curve():
+    mu = np.concatenate([np.linspace(0, 20, 997), [0.0005, 19.9999, 20.5, 31.0]])
+    np.testing.assert_allclose(epsilon_of_mu(mu, DELTA), gdp_epsilon(mu, DELTA), rtol=0, atol=1e-6)
+    assert np.isinf(epsilon_of_mu(np.array([np.inf]), DELTA)).all()
+
+
+def test_mean_aggregate_is_the_capped_mean_bounded_by_the_joint_bootstrap_float64_reference():
+    rng = np.random.default_rng(9)
+    U, R = rng.normal(size=(8, 5)), rng.normal(size=(8, 5))
+    R[:, 0] += 40  # a memorized row: counted at the cap
+    rows = gaussian_epsilon(U, R, DELTA, 0.9, n_bootstrap=60, seed=2)
+    got = batch_epsilon(rows, "mean", 0.95, 0.9, DELTA, row_cap=4.0)
+    capped = np.minimum(rows.point, 4.0)
+    assert got.point == pytest.approx(capped.mean()) and capped[0] == 4.0
+    assert got.mean == pytest.approx(rows.point.mean())  # the uncapped mean, logged beside it
+    resampled = [np.minimum(gdp_epsilon(rows.boot_mu[b], DELTA), 4.0).mean() for b in range(rows.boot_mu.shape[0])]
+    upper = float(np.quantile(resampled, 0.9))
+    assert got.upper == pytest.approx(upper, abs=1e-6)
+    assert got.lower == pytest.approx(max(0.0, 2 * got.point - upper), abs=1e-6)
+    q = batch_epsilon(rows, "quantile", 0.95, 0.9, DELTA)
+    assert (q.point, q.lower, q.upper) == (aggregate(rows.point, 0.95)["quantile"],
+                                           aggregate(rows.lower, 0.95)["quantile"],
+                                           aggregate(rows.upper, 0.95)["quantile"])
+    with pytest.raises(ValueError, match="aggregate 'mean' needs the joint bootstrap"):
+        batch_epsilon(threshold_epsilon(U, R, DELTA), "mean", 0.95, 0.9, DELTA)
+    with pytest.raises(ValueError, match="aggregate 'median' is not known"):
+        batch_epsilon(rows, "median", 0.95, 0.9, DELTA)
+
+
+def test_mean_aggregate_bounds_hold_on_gaussians_where_the_truth_is_known():
+    """20 batches of 50 rows at mu = 0.97 (true eps 3.0 per row, so the mean's truth is 3.0), N = 16 per side,
+    one-sided 0.95: the joint bootstrap's bounds of the mean hold on most batches."""
+    truth = float(gdp_epsilon(0.97, DELTA)[0])
+    lower_holds = upper_holds = 0
+    for k in range(20):
+        rng = np.random.default_rng([13, k])
+        U, R = rng.normal(size=(16, 50)), rng.normal(0.97, 1.0, size=(16, 50))
+        got = batch_epsilon(gaussian_epsilon(U, R, DELTA, 0.95, n_bootstrap=200, seed=k), "mean", 0.95, 0.95,
+                            DELTA, row_cap=10.0)
+        lower_holds += got.lower <= truth
+        upper_holds += got.upper >= truth
+    assert lower_holds >= 18 and upper_holds >= 18

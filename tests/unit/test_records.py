@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
-from unlearning import acceptance
+from unlearning import acceptance, sequential
 from unlearning.acceptance import Outcome, outcome_from_logits, split_records
 from unlearning.batch import BatchRows
 from unlearning.config import METHOD_TRAITS, CertificateKind, Gate, method_traits
 from unlearning.data.store import Prepared
-from unlearning.gate import Verdict
+from unlearning.gate import Check, SplitMeasures, Verdict
 from unlearning.metric_keys import ALPHA, LOOKS
 from unlearning.models import build_model
 from unlearning.plan import Step
@@ -164,31 +164,33 @@ def test_a_look_evaluates_its_verdict_once_and_the_outcome_records_alpha(monkeyp
         raise AssertionError("the gate was evaluated besides the look's own verdict")
 
     monkeypatch.setattr(acceptance, "evaluate_gate", no_second_verdict)
-    calls = []
+    calls, gate_of_the_look = [], sequential.evaluate_gate
 
-    def judge(metrics):
-        calls.append(metrics)
-        return Verdict(passed=False, objective="retrain_equivalence", failures=["look 1"],
-                       checks={"klom_pvalue/forget": {"value": 0.001, "op": ">=", "limit": 0.0025, "passed": False}})
+    def once(*a, **k):
+        calls.append(a)
+        return gate_of_the_look(*a, **k)
 
+    monkeypatch.setattr(sequential, "evaluate_gate", once)
     out = outcome_from_logits("do_nothing", model, logits, prepared, rows, Gate(), "retrain_equivalence", 0, {}, 0.0,
-                              6, judge=judge, alpha=0.0025)
-    assert len(calls) == 1 and out.verdict.failures == ["look 1"]
-    assert out.alpha == 0.0025 and out.tracked_metrics()[ALPHA] == 0.0025 and ALPHA not in out.metrics
+                              6)
+    assert len(calls) == 1 and len(out.looks) == 1 and out.looks[0].decision == "final"
+    assert out.alpha == 0.01 and out.tracked_metrics()[ALPHA] == 0.01 and ALPHA not in out.metrics
     recs = {r.split: r for r in out.splits}
-    assert recs["forget"].passed is False and recs["validation"].passed is True
-    assert recs["forget"].pvalue == out.metrics["klom_pvalue/forget"]
+    assert all(recs[s].passed == out.verdict.passed_for(s) for s in recs)
+    assert recs["forget"].pvalue == out.metrics["klom_pvalue/forget"] == out.verdict.checks["klom_pvalue/forget"].value
     with pytest.raises(dataclasses.FrozenInstanceError):
         out.verdict = None
     with pytest.raises(dataclasses.FrozenInstanceError):
         out.verdict.passed = True
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.looks[0].decision = "reject"
     looked = dataclasses.replace(out, looks=("look 1", "look 2"))
     assert looked.tracked_metrics()[LOOKS] == 2.0 and split_records(looked) == list(out.splits)
 
 
-def test_a_hand_made_outcome_gets_its_split_records_from_its_metrics():
-    v = Verdict(True, "retrain_equivalence", checks={"acc/validation_drop": {"value": 0.9, "op": ">=", "limit": 0.95,
-                                                                             "passed": False}})
-    out = Outcome("retrain", None, {"acc/forget": 0.5, "acc/validation": 0.9}, v, {}, pd.DataFrame())
+def test_a_hand_made_outcome_gets_its_split_records_from_its_measures():
+    v = Verdict(True, "retrain_equivalence", checks={"acc/validation_drop": Check(0.9, ">=", 0.95, False)})
+    out = Outcome("retrain", None, {}, v, {}, pd.DataFrame(),
+                  measures=(SplitMeasures("forget", 0.5), SplitMeasures("validation", 0.9)))
     recs = {r.split: r for r in split_records(out)}
     assert recs["validation"].passed is False and recs["forget"].passed is True and recs["forget"].accuracy == 0.5

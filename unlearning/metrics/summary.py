@@ -6,10 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import as_f64, as_split_labels
+from unlearning.stats import SPLITS  # noqa: F401  (the canonical split names, in report order: defined once)
 
-# Canonical split names, in report order (docs/design.md §4.2 / §4.4).
-SPLITS: tuple[str, ...] = ("forget", "adjacent", "remote", "validation")
+from ._arrays import as_f64, as_split_labels
 
 
 def splits_present(split_labels: np.ndarray) -> list[str]:

@@ -16,10 +16,10 @@ import torch
 
 from unlearning.config import method_traits
 from unlearning.batch import SPLITS, BatchRows
-from unlearning.certificate import retrain_equivalence_metrics
+from unlearning import metric_keys as K
 from unlearning.config import Gate, Params
 from unlearning.data import load_dataset
-from unlearning.gate import evaluate_gate
+from unlearning.sequential import Criterion, References, certify_logits
 from unlearning.methods import run_method
 from unlearning.methods.base import TrainRecipe, UnlearnContext
 from unlearning.metrics import klom, klom_summary, margins
@@ -148,12 +148,14 @@ def margin_gap(margins_models: np.ndarray, fs: ForgetSet) -> dict[str, float]:
 
 def judge(fs: ForgetSet, candidate: torch.Tensor, shadow_unlearned: torch.Tensor, gate: Gate, *,
           n_permutations: int, seed: int, is_retrain: bool = False) -> dict:
-    """The flow's verdict on a candidate: certificate metrics + the gate of `gate` (retrain_equivalence).
+    """The flow's verdict on a candidate: the certificate in one look at full N, through the loop the deletion flow
+    runs (unlearning/sequential.py certify_logits), at `gate` (retrain_equivalence) with `n_permutations`.
     candidate [1, n_eval, C]; shadow_unlearned [N, n_eval, C] (judged against oracle set A)."""
-    mets, _ = retrain_equivalence_metrics(candidate, shadow_unlearned, fs.logits_a, fs.logits_a, fs.labels,
-                                          fs.splits, n_permutations=n_permutations, seed=seed)
-    mets["candidate_is_retrain"] = float(is_retrain)
-    v = evaluate_gate("retrain_equivalence", mets, gate)
+    criterion = Criterion.of(gate, [(shadow_unlearned.shape[0], fs.logits_a.shape[0])],
+                             permutations=[n_permutations], exact=is_retrain)
+    done = certify_logits(criterion, candidate, lambda spec: References(shadow_unlearned, fs.logits_a), fs.labels,
+                          fs.splits, seed=seed)
+    v, mets = done.verdict, K.of_measures(done.result.measures)
     floor = fs.floor_ab
     out = {"passed": bool(v.passed), "failures": list(v.failures)}
     for s in SPLITS:
