@@ -25,6 +25,7 @@ examples:
   unlearn audit FILE                   leverage diagnostics for a proposed forget set, change nothing
   unlearn methods                      list the unlearning methods, their arguments and defaults
   unlearn status                       champion model, deleted samples, ledger
+  unlearn ui                           the MLflow UI over the project's store, opening on the batch runs
   unlearn ids --split train --head 5   sample ids a request file may name
   unlearn verify-erasure [BATCH]       re-check every store for forgotten rows; exit 1 if any remain
   unlearn lookup ID                    was this sample id erased, when and by which batch (from its salted hash)
@@ -766,6 +767,34 @@ def cmd_reset(args) -> int:
     return rc
 
 
+def cmd_ui(args) -> int:
+    """`unlearn ui`: the MLflow UI over this project's store, on the page that opens an experiment on its batch runs
+    (adapters/mlflow_ui.py), in the foreground until Ctrl-C. A tracking server serves its own UI: its address."""
+    from adapters.mlflow_ui import APP_NAME, APP_PATH, experiment_id, port_problem, ui_argv
+    from adapters.store_check import sqlite_file
+    from unlearning.config import is_tracking_server, load_params
+
+    params = load_params(args.params)
+    uri = params.mlflow_tracking_uri()
+    if is_tracking_server(uri):
+        print(f"the tracking server serves its own UI: open {uri.rstrip('/')}/")
+        return 0
+    db = sqlite_file(uri)
+    if db is not None and not db.exists():
+        raise FileNotFoundError(f"no MLflow store at {db} yet: run `unlearn repro` (or `unlearn train`) first, "
+                                f"then `unlearn ui`")
+    problem = port_problem(args.host, args.port)
+    if problem:
+        raise ConnectionError(problem)
+    eid = experiment_id(db, params.tracking.experiment) if db is not None else None
+    from adapters.tracking import batches_url_hint, run_mlflow_server
+
+    page = batches_url_hint(eid) if eid is not None else "#/experiments"
+    print(f"MLflow UI of {uri}: http://{args.host}:{args.port}/{page} (the batch runs; Ctrl-C stops it)", flush=True)
+    run_mlflow_server(ui_argv(uri, params.path("mlflow_artifacts"), args.host, args.port), APP_NAME, APP_PATH)
+    return 0
+
+
 def _cmd_plan(args) -> int:
     from flows.plan_cli import cmd_plan
 
@@ -887,6 +916,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", help="the request file (CSV or Parquet)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(fn=_cmd_plan)
+    s = add("ui", "the MLflow UI over this project's store, opening on the batch runs",
+            "Serve the MLflow UI over this project's tracking store (base.paths.mlflow_db, or MLFLOW_TRACKING_URI) on "
+            "127.0.0.1, with the page script that opens an experiment on its batch runs (method, verdict, model "
+            "version columns) rather than MLflow's GenAI overview; prints the link to the batch runs and runs until "
+            "Ctrl-C. Against a tracking server it prints the server's address (it serves its own UI).",
+            ["unlearn ui", "unlearn ui --port 5001", "unlearn --params myproj/params.yaml ui"])
+    s.add_argument("--port", type=_positive_int, default=5000, help="the port on 127.0.0.1 (default 5000)")
+    s.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)  # loopback: the store has no login
+    s.set_defaults(fn=cmd_ui)
     s = add("validate", "validate a request file without changing anything",
             "Check a request file exactly as `unlearn run` would (schema, ids in the manifest, not deleted, ledger "
             "conflicts, timestamps; validation rows are counted: erased, not unlearned); print one line per problem. An already processed file is "

@@ -204,8 +204,16 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
     it holds more copies of such bytes than the prepared store keeps. Files that only name a forgotten id (the
     ledger, the tombstones, MLflow artifacts, applied request files and Great Expectations results with plain
     ids: `files_naming_forgotten_ids`) are listed in the checks, not problems: they are the audit trail."""
+    from unlearning.progress import Progress
+
     scope = _scope(params, batch, tracker)
-    findings = [f for store in STORES for f in store.verify(scope)]
+    findings = []
+    # lines on stderr once it has run 2 s, naming the store it searches (a large DVC cache takes tens of seconds)
+    with Progress(len(STORES), "verify-erasure", unit="stores", enabled=None, after_s=2.0) as bar:
+        for store in STORES:
+            bar.stage(store.name)
+            findings += store.verify(scope)
+            bar.update()
     return [p for f in findings for p in f.problems], [f.as_dict() for f in findings]
 
 
