@@ -26,6 +26,7 @@ examples:
   unlearn methods                      list the unlearning methods, their arguments and defaults
   unlearn status                       champion model, deleted samples, ledger
   unlearn ui                           the MLflow UI over the project's store, opening on the batch runs
+  unlearn up / unlearn down            keep / stop a Prefect server and warm worker for this project
   unlearn ids --split train --head 5   sample ids a request file may name
   unlearn verify-erasure [BATCH]       re-check every store for forgotten rows; exit 1 if any remain
   unlearn lookup ID                    was this sample id erased, when and by which batch (from its salted hash)
@@ -447,7 +448,7 @@ def cmd_methods(args) -> int:
 
 STATUS_KEYS = ("champion", "state_dir", "retraining_debt", "debt_bounds", "registered_model", "alias", "n_samples",
                "n_deleted", "n_requests", "n_batches", "n_erased", "mlflow_tracking_uri", "notes", "warnings",
-               "quality_warnings", "erasure_pending", "feature_columns", "qualified")
+               "quality_warnings", "erasure_pending", "feature_columns", "qualified", "resident")
 
 
 def _state_against_params(params, champion: dict) -> tuple[list[str], str | None]:
@@ -528,9 +529,10 @@ def cmd_status(args) -> int:
             print(json.dumps({**dict.fromkeys(STATUS_KEYS), "champion": None, "state_dir": str(state_dir),
                               "notes": [], "warnings": [], "mlflow_tracking_uri": params.mlflow_tracking_uri(),
                               "quality_warnings": [], "erasure_pending": [],
-                              "feature_columns": _feature_columns(params)}, indent=2))
+                              "feature_columns": _feature_columns(params), "resident": _resident(params)}, indent=2))
         else:
             print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
+            print(resident_line(params.root))
         return 0
     from unlearning.io import read_json_file
 
@@ -570,7 +572,8 @@ def cmd_status(args) -> int:
               "n_erased": len(read_tombstones(params.path("tombstones"))),
               "mlflow_tracking_uri": params.mlflow_tracking_uri(), "notes": notes, "warnings": warnings,
               "quality_warnings": champion.get("quality_warnings", []), "erasure_pending": _erasure_pending(params),
-              "feature_columns": _feature_columns(params), "qualified": _qualified_status(params)}
+              "feature_columns": _feature_columns(params), "qualified": _qualified_status(params),
+              "resident": _resident(params)}
     assert set(status) == set(STATUS_KEYS)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
@@ -603,7 +606,22 @@ def cmd_status(args) -> int:
 
     print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: {ui_route(params, '#/experiments')} (the batch runs: "
           f"the link each batch prints at its end)")
+    print(resident_line(params.root))
     return 0
+
+
+def _resident(params) -> dict | None:
+    """`unlearn up`'s resident server and worker of this project (flows/resident.py), without its folder."""
+    from flows.resident import read
+
+    info = read(params.root)
+    return None if info is None else {k: info[k] for k in ("pid", "api_url", "started", "idle_s") if k in info}
+
+
+def resident_line(root) -> str:
+    from flows.resident import status_line
+
+    return status_line(root)
 
 
 def _qualified_status(params) -> dict:
@@ -767,6 +785,18 @@ def cmd_reset(args) -> int:
     return rc
 
 
+def cmd_up(args) -> int:
+    from flows.resident import up
+
+    return up(Path(args.params).resolve().parent, args.idle_minutes)
+
+
+def cmd_down(args) -> int:
+    from flows.resident import down
+
+    return down(Path(args.params).resolve().parent)
+
+
 def cmd_ui(args) -> int:
     """`unlearn ui`: the MLflow UI over this project's store, on the page that opens an experiment on its batch runs
     (adapters/mlflow_ui.py), in the foreground until Ctrl-C. A tracking server serves its own UI: its address."""
@@ -916,6 +946,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", help="the request file (CSV or Parquet)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(fn=_cmd_plan)
+    s = add("up", "keep a Prefect server and a warm worker running for this project (batches skip their start)",
+            "Start a Prefect server and a warm worker (the pipeline imported once) for this project, in the "
+            "background: every later `unlearn repro`, `make run`, `dvc repro` stage and `unlearn` command here uses "
+            "them instead of starting its own, so a batch costs its compute and not 10-30 s of start-up. They stop "
+            "after --idle-minutes without a command, or with `unlearn down`; `unlearn status` shows them.",
+            ["unlearn up && unlearn repro", "unlearn up --idle-minutes 120", "unlearn down"])
+    s.add_argument("--idle-minutes", type=float, default=30.0, metavar="M",
+                   help="stop after M minutes without a command (default 30)")
+    s.set_defaults(fn=cmd_up)
+    add("down", "stop this project's resident Prefect server and warm worker (`unlearn up`)",
+        "Stop the resident server and worker `unlearn up` started for this project, once the command running in "
+        "them (if any) ends.", ["unlearn down"]).set_defaults(fn=cmd_down)
     s = add("ui", "the MLflow UI over this project's store, opening on the batch runs",
             "Serve the MLflow UI over this project's tracking store (base.paths.mlflow_db, or MLFLOW_TRACKING_URI) on "
             "127.0.0.1, with the page script that opens an experiment on its batch runs (method, verdict, model "
@@ -1007,9 +1049,34 @@ NO_PARAMS = {"init", "methods"}
 COMPUTES = {"run", "prepare", "train", "audit", "serve"}  # the commands that run models on base.device
 
 
+# never run in a resident worker (flows/resident.py): `repro` starts its session here, which then uses it
+NOT_FORWARDED = {"init", "up", "down", "ui", "methods", "repro"}
+
+
+def _resident_project(argv: list[str]) -> str | None:
+    """The project folder of a command line whose command a resident worker may run (`unlearn up`), else None."""
+    words = [a for a in argv if not a.startswith("-")]
+    if not words or any(w in NOT_FORWARDED for w in words[:2]):
+        return None
+    path = "params.yaml"
+    for i, a in enumerate(argv):
+        if a == "--params" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif a.startswith("--params="):
+            path = a.split("=", 1)[1]
+    return str(Path(path).resolve().parent)
+
+
 def main(argv: list[str] | None = None) -> int:
     from flows.warm import ENV_SOCKET, forward  # stdlib only
 
+    from flows import warm
+
+    if (argv is None and not warm.IN_CHILD and not os.environ.get(ENV_SOCKET)
+            and (project := _resident_project(sys.argv[1:]))):
+        from flows.session import use_resident  # `unlearn up`: this project's resident server and worker
+
+        use_resident(os.environ, project)
     if argv is None and os.environ.get(ENV_SOCKET):  # inside `python -m flows.session`: its warm worker
         code = forward("flows.cli:main", sys.argv[1:])
         if code is not None:

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 
+from flows import resident
 from flows.procs import (
     ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, pid_alive, prefect_api_answers,
 )
@@ -288,6 +289,18 @@ def split_commands(args: list[str]) -> tuple[list[list[str]], bool]:
     return commands, warm
 
 
+def use_resident(env: dict, project: str = ".") -> bool:
+    """Point `env` at the project's resident server and worker (`unlearn up`, flows/resident.py) when they serve
+    this code and these settings; one line on stderr when one runs but cannot be used."""
+    info, why = resident.usable(project, env)
+    if why:
+        print(f"not using the resident server: {why}", file=sys.stderr, flush=True)
+    if info is None:
+        return False
+    resident.use(info, env)
+    return True
+
+
 def read_timings(path: str) -> dict[str, dict]:
     """The per-process records of adapters.clock (compute and tracking seconds), by stage label."""
     out: dict[str, dict] = {}
@@ -413,6 +426,8 @@ def join_session(env=None) -> str | None:
     env = os.environ if env is None else env
     if env.get(ENV_SOCKET) or env.get("PREFECT_API_URL") or env.get(ENV_NO_SESSION) == "1":
         return None
+    if use_resident(env):  # `unlearn up`: every stage of every dvc repro here uses it
+        return env["PREFECT_API_URL"]
     owner = dvc_ancestor()
     if owner is None:
         return None
@@ -472,6 +487,44 @@ def serve_for(owner: int) -> int:
     return 0
 
 
+def serve_resident(project: str, idle_s: float) -> int:
+    """`python -m flows.session --resident PROJECT IDLE_S` (`unlearn up`, flows/resident.py): a server and a warm
+    worker for PROJECT until `unlearn down` (SIGTERM), or until IDLE_S passed without a command and none runs."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    stopping: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    env = dict(os.environ)
+    folder = tempfile.mkdtemp(prefix="unlearn-resident-")
+    resident.touch(folder)
+    server = ServerProcess(env)
+    env.update({"PREFECT_API_URL": server.api_url, ENV_TEMPORARY_SERVER: server.api_url})
+    worker = start_warm_worker(env, folder)
+    path = resident.record_path(Path(project))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "api_url": server.api_url, "folder": folder, "idle_s": idle_s,
+                               "started": time.time(), "code": resident.code_stamp(), "project": project,
+                               "settings": resident.settings_digest(os.environ), "worker_pid": worker.pid}))
+    os.replace(tmp, path)
+    try:
+        while server.proc.poll() is None and worker.poll() is None:
+            time.sleep(resident.CHECK_S)
+            if (stopping or resident.idle_seconds(folder) > idle_s) and not resident.busy(worker.pid, folder):
+                break
+    finally:
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+        for proc in (worker, server.proc):
+            _terminate(proc)
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import shutil
     import tempfile
@@ -482,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args[:1] == ["--for"] and len(args) == 2 and args[1].isdigit():
         return serve_for(int(args[1]))
+    if args[:1] == ["--resident"] and len(args) == 3:
+        return serve_resident(args[1], float(args[2]))
     try:
         commands, warm = split_commands(args)
     except ValueError as e:
@@ -500,12 +555,17 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, float]] = []
     rc = held = 0
     try:
-        if not env.get("PREFECT_API_URL"):
+        if not env.get("PREFECT_API_URL") and use_resident(env):
+            print(f"the resident Prefect server and warm worker of this project (`unlearn up`): {env['PREFECT_API_URL']}",
+                  flush=True)
+            if not warm:  # --cold: every command in a process of its own, as asked
+                env.pop(ENV_SOCKET)
+        elif not env.get("PREFECT_API_URL"):
             server = ServerProcess(env)
             env.update({"PREFECT_API_URL": server.api_url, ENV_WAIT_FOR_API: "1", ENV_TEMPORARY_SERVER: server.api_url})
             print(f"one temporary Prefect server for every stage: {server.api_url} (starting beside the warm worker)",
                   flush=True)
-        if warm:
+        if warm and not env.get(ENV_SOCKET):
             worker = start_warm_worker(env, folder)
             env[ENV_SOCKET] = folder
         for i, cmd in enumerate(commands):
@@ -554,7 +614,8 @@ USAGE = """usage: python -m flows.session [--cold] CMD [ARGS...] [--then CMD [AR
   e.g. python -m flows.session dvc repro deletion --then unlearn erase --then unlearn status
   Runs the commands in order (stops at the first that fails) with one temporary Prefect server (unless
   PREFECT_API_URL names one) and a warm worker that imports the pipeline once (--cold: without it).
-       python -m flows.session --for PID   a server and a warm worker until process PID ends (a dvc repro's)"""
+       python -m flows.session --for PID   a server and a warm worker until process PID ends (a dvc repro's)
+       python -m flows.session --resident PROJECT IDLE_S   the resident ones of `unlearn up` (flows/resident.py)"""
 
 
 if __name__ == "__main__":
