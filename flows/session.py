@@ -183,14 +183,21 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]], 
     return rc, stages, files_held and rc != 0
 
 
+def prefect_home(env: dict) -> str:
+    """Prefect's home folder (its SQLite database): PREFECT_HOME, else Prefect's default ~/.prefect."""
+    return env.get("PREFECT_HOME") or os.path.join(os.path.expanduser("~"), ".prefect")
+
+
 def prefect_db_is_migrated(env: dict) -> bool:
-    """Whether `make setup` migrated $PREFECT_HOME/prefect.db for the installed Prefect version (the stamp
-    `prefect.db.version` it writes). Then the temporary server need not check the migrations at start; any
-    doubt (no stamp, another version, a database server of your own) leaves the check on."""
+    """Whether $PREFECT_HOME/prefect.db is migrated for the installed Prefect version: the stamp
+    `prefect.db.version` beside it, written by `make setup`, or by a session whose server migrated it at its start
+    (`stamp_migrated`: a project of `unlearn init`, whose Prefect home is ~/.prefect). Then the temporary server
+    need not check the migrations at start; any doubt (no stamp, another version, a database server of your own)
+    leaves the check on."""
     import importlib.metadata
 
-    home = env.get("PREFECT_HOME")
-    if not home or env.get("PREFECT_API_DATABASE_CONNECTION_URL"):
+    home = prefect_home(env)
+    if env.get("PREFECT_API_DATABASE_CONNECTION_URL"):
         return False
     db, stamp = os.path.join(home, "prefect.db"), os.path.join(home, "prefect.db.version")
     try:
@@ -198,6 +205,21 @@ def prefect_db_is_migrated(env: dict) -> bool:
             return os.path.exists(db) and f.read().strip() == importlib.metadata.version("prefect")
     except (OSError, importlib.metadata.PackageNotFoundError):
         return False
+
+
+def stamp_migrated(env: dict) -> None:
+    """After a server that checked its migrations at start answered: the database is at this Prefect's head, so
+    the next sessions skip the check (`prefect_db_is_migrated`). Nothing for a database server of your own."""
+    import importlib.metadata
+
+    home = prefect_home(env)
+    if env.get("PREFECT_API_DATABASE_CONNECTION_URL") or not os.path.exists(os.path.join(home, "prefect.db")):
+        return
+    try:
+        with open(os.path.join(home, "prefect.db.version"), "w", encoding="utf-8") as f:
+            f.write(importlib.metadata.version("prefect") + "\n")
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        pass
 
 
 class ServerProcess:
@@ -217,7 +239,8 @@ class ServerProcess:
         self.started = time.perf_counter()
         self.up_after: float | None = None
         server_env = {**env, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-        if prefect_db_is_migrated(env):
+        self.env, self.migrates = env, not prefect_db_is_migrated(env)
+        if not self.migrates:
             server_env["PREFECT_API_DATABASE_MIGRATE_ON_START"] = "false"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host",
@@ -229,6 +252,8 @@ class ServerProcess:
         while self.proc.poll() is None:
             if prefect_api_answers(self.api_url):
                 self.up_after = time.perf_counter() - self.started
+                if self.migrates and self.env.get("PREFECT_API_DATABASE_MIGRATE_ON_START", "true") != "false":
+                    stamp_migrated(self.env)  # it migrated at its start: the next sessions skip the check
                 return
             time.sleep(0.1)
 
