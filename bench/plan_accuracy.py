@@ -151,6 +151,8 @@ def one_dataset(dataset: str, tmp: Path, n_batches: int, resident: bool, env: di
             row["repro_s"], log, err = run([*unlearn, "repro"], proj, {**env, "UNLEARN_SESSION_REPORT": str(report)})
             session = json.loads(report.read_text())
             row["session"] = {k: session[k] for k in ("total_s", "compute_s", "tracking_s", "orchestration_s")}
+            row["stages"] = [{k: st[k] for k in ("stage", "wall_s", "compute_s", "tracking_s", "orchestration_s")}
+                             for st in session["stages"]]
             row["overhead_s"] = round(session["total_s"] - session["compute_s"], 2)
             last = json.loads(history.read_text().splitlines()[-1])
             row["actual"] = last["actual"]

@@ -136,7 +136,7 @@ def cmd_plan(args) -> int:
 
     try:
         # lines on stderr once it has run 2 s (loading the state and the probe take tens of seconds on a large model)
-        with Progress(len(STEPS), "unlearn plan", unit="steps", enabled=None, after_s=2.0) as bar:
+        with Progress(len(STEPS), "unlearn plan", unit="steps", enabled=None, after_s=2.0, heartbeat_s=1.0) as bar:
             plan, timing, selection, notes = batch_plan_for(path, params, device_of(params), bar)
     except NothingToUnlearn as e:
         print(json.dumps({"nothing_to_unlearn": str(e)}) if args.json else str(e))

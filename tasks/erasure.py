@@ -209,7 +209,7 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
     scope = _scope(params, batch, tracker)
     findings = []
     # lines on stderr once it has run 2 s, naming the store it searches (a large DVC cache takes tens of seconds)
-    with Progress(len(STORES), "verify-erasure", unit="stores", enabled=None, after_s=2.0) as bar:
+    with Progress(len(STORES), "verify-erasure", unit="stores", enabled=None, after_s=2.0, heartbeat_s=1.0) as bar:
         for store in STORES:
             bar.stage(store.name)
             findings += store.verify(scope)

@@ -11,7 +11,8 @@ A loop whose single steps are long (a solver fit over every retain row, a conjug
 the 10 s rule through `tick()`: inner loops call it, and the innermost bar of the thread prints a line
 (with its current `stage`) when `every_s` passed. `set_default(False)` (from `base.progress`) turns off
 every bar built with `enabled=None`. `after_s` keeps a command that ends quickly quiet: no line (not even the
-first) before that many seconds, and no last line when none was printed.
+first) before that many seconds, and no last line when none was printed. `heartbeat_s` keeps the 10 s rule where
+no inner loop ticks (loading a state, one long library call): a thread pokes the bar that often.
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ class Progress:
     `enabled=False` prints nothing, `None` follows `set_default`. `stream` defaults to stderr; `tty` overrides
     the terminal detection. `stage(name)` names the part of the loop that runs now; `stop(reason)` says why a
     loop ends before its total (the last line shows it instead of an ETA). `after_s`: silent for that long (a
-    loop that ends sooner prints nothing; on a terminal, the bar appears then)."""
+    loop that ends sooner prints nothing; on a terminal, the bar appears then). `heartbeat_s`: a thread pokes the
+    bar that often, so a single step that calls no `tick()` still gets its line every `every_s`."""
 
     def __init__(self, total: int, desc: str, *, unit: str = "it", enabled: bool | None = True,
                  stream: IO | None = None, every_s: float = 10.0, min_gap_s: float = 2.0, tty: bool | None = None,
-                 clock=time.perf_counter, after_s: float = 0.0):
+                 clock=time.perf_counter, after_s: float = 0.0, heartbeat_s: float | None = None):
         self.total, self.desc, self.unit, self.enabled = max(int(total), 0), desc, unit, resolve(enabled)
         self.stage_name: str | None = None
         self.stopped: str | None = None
@@ -76,6 +78,10 @@ class Progress:
         self._bar = None
         self._start = self._last = 0.0
         self._last_decile = -1
+        self.heartbeat_s = heartbeat_s
+        self._lock = threading.RLock()  # the heartbeat thread and the loop's own thread both write lines
+        self._beat: threading.Thread | None = None
+        self._ended = threading.Event()
 
     def __enter__(self) -> "Progress":
         self._start = self._last = self.clock()
@@ -86,7 +92,14 @@ class Progress:
         _local.stack.append(self)
         if self.after_s <= 0:
             self._show()
+        if self.heartbeat_s:
+            self._beat = threading.Thread(target=self._heartbeat, name=f"progress {self.desc}", daemon=True)
+            self._beat.start()
         return self
+
+    def _heartbeat(self) -> None:
+        while not self._ended.wait(self.heartbeat_s):
+            self.poke()
 
     def _show(self, now: float | None = None) -> None:
         """The bar on a terminal, else the first plain line."""
@@ -108,6 +121,10 @@ class Progress:
         return True
 
     def update(self, n: int = 1) -> None:
+        with self._lock:
+            self._update(n)
+
+    def _update(self, n: int) -> None:
         self.done += n
         if not self.enabled:
             return
@@ -134,6 +151,10 @@ class Progress:
 
     def poke(self) -> None:
         """A line (or a bar refresh) when `every_s` passed without one: long single steps stay visible."""
+        with self._lock:
+            self._poke()
+
+    def _poke(self) -> None:
         if not self.enabled:
             return
         now = self.clock()
@@ -146,6 +167,9 @@ class Progress:
             self._line(now)
 
     def __exit__(self, *exc) -> bool:
+        self._ended.set()
+        if self._beat is not None:
+            self._beat.join()
         if self.enabled:
             stack = getattr(_local, "stack", [])
             if stack and stack[-1] is self:
