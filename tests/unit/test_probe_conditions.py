@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from unlearning.costs import CostCurve, ProbeConditions, contention, round_factors, steady_curve
@@ -87,24 +86,24 @@ def test_a_cached_probe_is_stale_when_old_or_taken_under_another_load():
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
+    """A one-epoch digits MLP and a 10-row batch, its rows as the batch computes them (the group partition)."""
+    from tasks.batch import partition_retain
     from tasks.training import build
     from tests.helpers import make_project
-    from unlearning.batch import BatchRows
-    from unlearning.config import load_params
+    from unlearning.batch import batch_rows
+    from unlearning.config import Partition, load_params
     from unlearning.data import load_dataset
     from unlearning.data.store import load_prepared, write_prepared
 
-    root = tmp_path_factory.mktemp("probe")
-    params = load_params(make_project(root, {"train": {"epochs": 1}}, inbox_files=False))
+    params = load_params(make_project(tmp_path_factory.mktemp("probe"), {"train": {"epochs": 1}}, inbox_files=False))
     write_prepared(load_dataset("digits", seed=0, val_fraction=0.2, max_train=400), params.path("prepared_dir"))
     prepared = load_prepared(params.path("prepared_dir"))
-    m = prepared.manifest
-    train = np.flatnonzero((m["split"] == "train").to_numpy())
-    rows = BatchRows(before=train, forget=train[:10], retain=train[10:], adjacent_mask=np.zeros(len(train) - 10, bool),
-                     validation=np.flatnonzero((m["split"] != "train").to_numpy()))
-    state = SimpleNamespace(prepared=prepared, model=build(params, prepared, [params.base.seed]),
-                            champion={"model_version": "3"})
-    return params, state, rows
+    manifest = prepared.manifest.assign(status="retained")
+    forget = manifest["sample_id"][manifest["split"] == "train"].head(10).tolist()
+    model = build(params, prepared, [params.base.seed])
+    rows = batch_rows(prepared, manifest, forget, partition_retain(Partition(mode="group"), prepared, manifest,
+                                                                   forget, model))
+    return params, SimpleNamespace(prepared=prepared, model=model, champion={"model_version": "3"}), rows
 
 
 def test_the_batch_probes_again_when_the_cached_figure_is_stale(probed):
