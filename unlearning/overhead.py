@@ -44,6 +44,9 @@ PRECEDENCE = ("tracking", "references", "erase", "validation", "diagnostics", "c
 DEFAULT_FIXED_S = {"validation": 0.8, "tracking": 3.0, "erase": 0.8, "orchestration": 2.5}
 DEFAULT_CANDIDATES_EXTRA_S = 1.5  # promoting (the state's write), selecting and the gate, beside the training
 DEFAULT_RANGE = (0.5, 2.0)  # the fixed phases' range without a history: half to twice the defaults
+# The fixed phases' range with a history: at least this around the median, however alike the last batches were
+# (one or two batches say little of the machine's own variation)
+MIN_RANGE = (0.75, 1.33)
 HISTORY_KEEP = 20  # the last batches a project's history keeps
 HISTORY_USE = 5  # the last batches a prediction reads
 
@@ -113,16 +116,21 @@ class History:
                     "defaults (no batch of this project yet; unlearning/overhead.py)")
         out, ranges = {}, {}
         for k in FIXED_PHASES:
-            vals = [r["actual"][k] for r in recs]
-            out[k], ranges[k] = statistics.median(vals), (min(vals), max(vals))
+            out[k], ranges[k] = _median_and_range([r["actual"][k] for r in recs])
         extra = [max(0.0, r["actual"]["candidates"] - r["predicted_model"]["candidates"]) for r in recs
                  if "candidates" in r.get("predicted_model", {})]
         if extra:
-            out["candidates_extra"], ranges["candidates_extra"] = statistics.median(extra), (min(extra), max(extra))
+            out["candidates_extra"], ranges["candidates_extra"] = _median_and_range(extra)
         else:
             out["candidates_extra"] = DEFAULT_CANDIDATES_EXTRA_S
             ranges["candidates_extra"] = tuple(DEFAULT_CANDIDATES_EXTRA_S * f for f in DEFAULT_RANGE)
         return out, ranges, f"the median of this project's last {len(recs)} batch(es) ({self.path.name})"
+
+
+def _median_and_range(vals: list[float]) -> tuple[float, tuple[float, float]]:
+    """(median, (low, high)): the values' min and max, widened to at least MIN_RANGE around the median."""
+    med = statistics.median(vals)
+    return med, (min(min(vals), med * MIN_RANGE[0]), max(max(vals), med * MIN_RANGE[1]))
 
 
 def _finite_phases(d) -> bool:

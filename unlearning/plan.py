@@ -68,8 +68,13 @@ class Timing:
 
     @property
     def range(self) -> tuple[float, float]:
-        """The probe's fastest and slowest round against its median: the plan's range on what it prices."""
-        return (self.conditions.low, self.conditions.high) if self.conditions is not None else (1.0, 1.0)
+        """The plan's range on what the probe prices: its fastest and slowest round against their median, at least
+        half the spread the rounds were allowed either way (rounds that agreed within 1 % say little of the load
+        the batch will meet)."""
+        if self.conditions is None:
+            return 1.0, 1.0
+        c, half = self.conditions, self.conditions.max_spread / 2
+        return min(c.low, 1.0 - half), max(c.high, 1.0 + half)
 
     @property
     def member_in_retrains(self) -> float:

@@ -47,6 +47,7 @@ def test_a_history_learns_the_fixed_phases_and_the_candidates_extra(tmp_path):
     fixed, ranges, source = h.fixed()
     assert fixed["tracking"] == 3.0 and ranges["tracking"] == (2.0, 4.0)
     assert fixed["candidates_extra"] == 3.0 and ranges["candidates_extra"] == (2.0, 4.0)  # actual - predicted
+    assert fixed["validation"] == 1.0 and ranges["validation"] == (0.75, 1.33)  # alike batches: at least MIN_RANGE
     assert "last 3 batch(es)" in source
     text = h.path.read_text()
     assert "sample" not in text and all(set(json.loads(line)) == {"at", "n_forget", "actual", "predicted_model"}

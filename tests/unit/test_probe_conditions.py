@@ -114,7 +114,9 @@ def test_the_batch_probes_again_when_the_cached_figure_is_stale(probed):
     first, _ = probe(params, state, rows, "cpu", ["retrain"], clock=lambda: 1e6, load=lambda: 4.0)
     c = first.conditions
     assert c.probed_at == 1e6 and c.load_per_cpu == 4.0 and c.threads == 1 and 1 <= c.rounds <= 3
-    assert 0 < c.cpu_share and c.low <= 1.0 <= c.high and first.range == (c.low, c.high)
+    assert 0 < c.cpu_share and c.low <= 1.0 <= c.high
+    half = params.validation.probe.max_spread / 2  # the range: the rounds' own, at least half their allowed spread
+    assert first.range == (min(c.low, 1 - half), max(c.high, 1 + half))
     same, _ = probe(params, state, rows, "cpu", ["retrain"], clock=lambda: 1e6 + hour, load=lambda: 3.0)
     assert "cached for this model version" in same.source and same.conditions == c
     quiet, _ = probe(params, state, rows, "cpu", ["retrain"], clock=lambda: 1e6 + hour, load=lambda: 0.5)
