@@ -533,10 +533,14 @@ def serve_resident(project: str, idle_s: float) -> int:
                                "started": time.time(), "code": resident.code_stamp(), "project": project,
                                "settings": resident.settings_digest(os.environ), "worker_pid": worker.pid}))
     os.replace(tmp, path)
+    ready = False
     try:
         while server.proc.poll() is None and worker.poll() is None:
             time.sleep(resident.CHECK_S)
-            if (stopping or resident.idle_seconds(folder) > idle_s) and not resident.busy(worker.pid, folder):
+            if not ready and os.path.exists(os.path.join(folder, "full.sock")):
+                ready = True
+                resident.touch(folder)  # the idle clock starts once the imports are done, not at the start
+            if (stopping or (ready and resident.idle_seconds(folder) > idle_s)) and not resident.busy(worker.pid, folder):
                 break
     finally:
         try:
