@@ -523,6 +523,7 @@ def _short_list(names: list[str], n: int = 12) -> str:
 
 
 def cmd_status(args) -> int:
+    from flows.resident import status_line  # stdlib only
     from unlearning.data import read_state_manifest
     from unlearning.erasure import read_tombstones
     from unlearning.ledger import read_ledger
@@ -537,7 +538,7 @@ def cmd_status(args) -> int:
                               "feature_columns": _feature_columns(params), "resident": _resident(params)}, indent=2))
         else:
             print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
-            print(resident_line(params.root))
+            print(status_line(params.root))
         return 0
     from unlearning.io import read_json_file
 
@@ -611,7 +612,7 @@ def cmd_status(args) -> int:
 
     print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: {ui_route(params, '#/experiments')} (the batch runs: "
           f"the link each batch prints at its end)")
-    print(resident_line(params.root))
+    print(status_line(params.root))
     return 0
 
 
@@ -621,12 +622,6 @@ def _resident(params) -> dict | None:
 
     info = read(params.root)
     return None if info is None else {k: info[k] for k in ("pid", "api_url", "started", "idle_s") if k in info}
-
-
-def resident_line(root) -> str:
-    from flows.resident import status_line
-
-    return status_line(root)
 
 
 def _qualified_status(params) -> dict:

@@ -632,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
     split = timing_split(rows, timings, time.perf_counter() - started, server.up_after if server else None)
     for line in timing_table(split):
         print(line)
+    if server is not None and server.up_after is not None and os.path.exists("params.yaml"):
+        print(f"  `unlearn up` keeps a Prefect server and a warm worker for this project: the next runs skip the "
+              f"server's start ({server.up_after:.1f} s here) and the imports (flows/resident.py)")
     report = os.environ.get("UNLEARN_SESSION_REPORT")  # bench/session_overhead.py reads the split from here
     if report:
         with open(report, "w", encoding="utf-8") as f:
