@@ -5,40 +5,19 @@ down` stops them with nothing left behind, and an idle one stops by itself."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from flows.procs import pid_alive
-from tests.e2e.test_one_server_per_repro import drop_request, none_left, run_watched, servers_of
+from tests.e2e.test_one_server_per_repro import drop_request, init_digits_project, none_left, run_watched, servers_of
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_resident_server_serves_the_batches_until_down_or_idle(tmp_path):
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    table = pd.DataFrame(d.data[:600], columns=[f"p{i}" for i in range(64)])
-    table.insert(0, "id", [f"img-{i:04d}" for i in range(len(table))])
-    table["digit"] = d.target[:600]
-    table["split"] = ["val" if i % 5 == 4 else "train" for i in range(len(table))]
-    table.to_csv(tmp_path / "digits.csv", index=False)
-    proj = tmp_path / "mine"
-    home = str(tmp_path / "prefect")
-    env = {**os.environ, "PREFECT_HOME": home, "PYTHONPATH": str(ROOT),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    for key in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "UNLEARN_WARM_WORKER", "UNLEARN_NO_SESSION"):
-        env.pop(key, None)
-    unlearn = [sys.executable, "-m", "flows.cli"]
-    run_watched([*unlearn, "init", str(proj), "--dataset", "table", "--path", str(tmp_path / "digits.csv"),
-                 "--id-column", "id", "--label-column", "digit", "--split-column", "split"], tmp_path, env)
+    proj, home, env, unlearn, _ = init_digits_project(tmp_path)
     run_watched([*unlearn, "repro"], proj, env)  # prepare and train, an empty inbox
     record = proj / ".unlearning" / "resident.json"
     try:
