@@ -93,12 +93,10 @@ device-pack: setup ## pack .device/ (wheels, Fashion-MNIST) for the device check
 test-all: setup ## every tier except gpu
 	$(BIN)/python -m pytest -m "not gpu" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
-ui: setup ## MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project's store
-	@# a taken port: one line and a non-zero exit (mlflow ui would log the bind error and still exit 0)
-	@$(BIN)/python -c "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); 	  sys.exit(0 if s.connect_ex(('127.0.0.1', $(MLFLOW_PORT))) else 'error: port $(MLFLOW_PORT) is taken (another MLflow UI or server?): stop it, or make ui MLFLOW_PORT=5001')"
-	@# adapters/mlflow_ui.py: `mlflow ui` whose page opens an experiment on its batch runs (docs/review.md)
-	$(BIN)/python -m adapters.mlflow_ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}" \
-	  --default-artifact-root "file://$(CURDIR)/mlartifacts" --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1
+ui: setup ## MLflow UI on 127.0.0.1:$(MLFLOW_PORT) over the project's store, opening on the batch runs
+	@# `unlearn ui` (adapters/mlflow_ui.py): MLflow's server whose page opens an experiment on its batch runs
+	@# (docs/review.md); a taken port is one line and exit 2. Any project of `unlearn init` runs the same command.
+	$(BIN)/unlearn ui --port $(MLFLOW_PORT)
 
 server: setup ## local Prefect server on 127.0.0.1:$(PREFECT_PORT) (SQLite; set PREFECT_API_DATABASE_CONNECTION_URL for Postgres)
 	@# The UI's page asks its API at PREFECT_UI_API_URL, which Prefect derives from its settings (port 4200), not

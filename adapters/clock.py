@@ -22,6 +22,8 @@ import threading
 import time
 import types
 
+from unlearning.intervals import clip, length, minus, union
+
 ENV_FILE = "UNLEARN_TIMINGS"
 _lock = threading.Lock()
 _intervals: dict[str, list[tuple[float, float]]] = {"compute": [], "tracking": []}
@@ -29,29 +31,8 @@ _depth = threading.local()  # per thread and kind: how many sections are open (o
 _by_name: dict[str, float] = {}  # "kind:name" -> seconds of its outermost sections (UNLEARN_TIMING_DETAIL)
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
-def _length(intervals: list[tuple[float, float]]) -> float:
-    return sum(b - a for a, b in intervals)
-
-
-def _minus(intervals: list[tuple[float, float]], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The parts of (disjoint, sorted) `intervals` that no interval of (disjoint, sorted) `cut` covers."""
-    out = []
-    for a, b in intervals:
-        pieces = [(a, b)]
-        for c, d in cut:
-            pieces = [p for s, e in pieces for p in ((s, min(e, c)), (max(s, d), e)) if p[1] > p[0]]
-        out.extend(pieces)
-    return out
+# the interval algebra lives in the core (the batch's phase accounting, unlearning/overhead.py, uses it too)
+_union, _length, _minus = union, length, minus
 
 
 class section:
@@ -115,6 +96,50 @@ def tracks(obj):
     return _timed("tracking", obj)
 
 
+# --- a batch's phases (unlearning/overhead.py PHASES): when each ran, for the plan-vs-actual line -------------
+_phases: dict[str, list[tuple[float, float]]] = {}
+
+
+class phase:
+    """`@phase("validation")` on a function, or `with phase("erase"):`: records when the block ran under that
+    phase of a batch (every interval: parallel ones are merged by `intervals`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        end = time.perf_counter()
+        with _lock:
+            _phases.setdefault(self.name, []).append((self.start, end))
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with phase(self.name):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def intervals(kind: str, since: float, until: float) -> list[tuple[float, float]]:
+    """The disjoint intervals of `kind` (compute, tracking, or a phase's name) inside [since, until]."""
+    with _lock:
+        raw = list(_intervals[kind] if kind in _intervals else _phases.get(kind, []))
+    return union(clip(raw, since, until))
+
+
+def forget_phases_before(t: float) -> None:
+    """Drop the phase intervals that ended before `t` (a long-running process's batches are accounted once)."""
+    with _lock:
+        for name in list(_phases):
+            _phases[name] = [(a, b) for a, b in _phases[name] if b >= t]
+
+
 def totals() -> dict[str, float]:
     """Seconds of compute (not covered by tracking) and of tracking, so far in this process."""
     with _lock:
@@ -130,6 +155,7 @@ def reset() -> None:
         for v in _intervals.values():
             v.clear()
         _by_name.clear()
+        _phases.clear()
 
 
 def largest(n: int = 8) -> list[tuple[str, float]]:

@@ -18,17 +18,21 @@ over a third of the table), and, for each experiment that carries the pipeline's
 `?viewStateShareKey=batches&workflowType=machine_learning` (what the pipeline prints) opens the same table on
 any MLflow server, this one or not.
 
-Run as `python -m adapters.mlflow_ui [server] [mlflow server options]` (the Makefile's `ui` target, the team's
-MLflow server of deploy/team.py): the options are `mlflow server`'s; the app it serves is MLflow's FastAPI app
-wrapped by `app` below. What touches MLflow itself (its server, its store) is in adapters/tracking.py, the one
-module that imports mlflow.
+Run as `unlearn ui` in any project (`make ui` calls it: `ui_argv` below is the server's command line), or as
+`python -m adapters.mlflow_ui [server] [mlflow server options]` (the team's MLflow server of deploy/team.py): the
+options are `mlflow server`'s; the app it serves is MLflow's FastAPI app wrapped by `app` below. This module ships
+with the package (adapters/), so a project of `unlearn init` opens the same page. What touches MLflow itself (its
+server, its store) is in adapters/tracking.py, the one module that imports mlflow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import sqlite3
 import sys
+from pathlib import Path
 
 WORKFLOW_KEY = "mlflow.workflowType_v1"  # the UI's localStorage key (its hook's key + "_v" + version)
 WORKFLOW = "machine_learning"
@@ -114,3 +118,39 @@ if __name__ == "__main__":
     if argv[:1] in (["server"], ["ui"]):  # `python -m adapters.mlflow_ui server ...` reads like `mlflow server ...`
         argv = argv[1:]
     run_mlflow_server(argv, "unlearning-review", "adapters.mlflow_ui:app")
+
+
+APP_NAME, APP_PATH = "unlearning-review", "adapters.mlflow_ui:app"
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why the UI cannot listen on host:port (one line, with the fix), or None: `mlflow server` would log the bind
+    error and still exit 0."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return (f"port {port} on {host} is taken (another MLflow UI or server?): stop it, or choose another port "
+                    f"(`unlearn ui --port {port + 1}`)")
+    return None
+
+
+def experiment_id(db: Path, name: str) -> str | None:
+    """The id of the active experiment `name` in the SQLite store `db` (read-only, stdlib), or None."""
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            row = con.execute("SELECT experiment_id FROM experiments WHERE name = ? AND lifecycle_stage = 'active'",
+                              (name,)).fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+    return None if row is None else str(row[0])
+
+
+def ui_argv(tracking_uri: str, artifacts: Path, host: str, port: int) -> list[str]:
+    """`mlflow server`'s options for the project's store: one worker on loopback, its artifacts folder."""
+    return ["--backend-store-uri", tracking_uri, "--default-artifact-root", Path(artifacts).resolve().as_uri(),
+            "--host", host, "--port", str(port), "--workers", "1"]

@@ -28,6 +28,8 @@ examples:
   unlearn audit FILE                   leverage diagnostics for a proposed forget set, change nothing
   unlearn methods                      list the unlearning methods, their arguments and defaults
   unlearn status                       champion model, deleted samples, ledger
+  unlearn ui                           the MLflow UI over the project's store, opening on the batch runs
+  unlearn up / unlearn down            keep / stop a Prefect server and warm worker for this project
   unlearn ids --split train --head 5   sample ids a request file may name
   unlearn verify-erasure [BATCH]       re-check every store for forgotten rows; exit 1 if any remain
   unlearn lookup ID                    was this sample id erased, when and by which batch (from its salted hash)
@@ -196,10 +198,15 @@ def cmd_validate(args) -> int:
     changes nothing. Great Expectations (3-5 s to import) runs only for a file that passed the cheap checks and
     the manifest rules evaluated with pandas (`gx_when_invalid=False`): a bad file answers in about a second."""
     from adapters.request_check import check_file_for
+    from unlearning.progress import Progress
 
     params = _params(args)
-    fc = check_file_for(_request_file(args.file, params.path("inbox")), params, _live_state(params),
-                        gx_when_invalid=False)
+    # a line on stderr every 10 s past the first 2 (10^6 rows take about 14 s): the check itself calls no tick
+    with Progress(1, "unlearn validate", unit="files", enabled=None, after_s=2.0, heartbeat_s=1.0) as bar:
+        bar.stage("checking the file")
+        fc = check_file_for(_request_file(args.file, params.path("inbox")), params, _live_state(params),
+                            gx_when_invalid=False)
+        bar.update()
     return print_check(fc, args.json)
 
 
@@ -498,7 +505,7 @@ def cmd_methods(args) -> int:
 
 STATUS_KEYS = ("champion", "state_dir", "retraining_debt", "debt_bounds", "registered_model", "alias", "n_samples",
                "n_deleted", "n_requests", "n_batches", "n_erased", "mlflow_tracking_uri", "notes", "warnings",
-               "quality_warnings", "erasure_pending", "held", "feature_columns", "qualified")
+               "quality_warnings", "erasure_pending", "held", "feature_columns", "qualified", "resident")
 
 
 def _state_against_params(params, champion: dict) -> tuple[list[str], str | None]:
@@ -576,6 +583,7 @@ def _short_list(names: list[str], n: int = 12) -> str:
 
 
 def cmd_status(args) -> int:
+    from flows.resident import status_line  # stdlib only
     from unlearning.data import read_state_manifest
     from unlearning.erasure import read_tombstones
     from unlearning.ledger import read_ledger
@@ -588,11 +596,12 @@ def cmd_status(args) -> int:
             print(json.dumps({**dict.fromkeys(STATUS_KEYS), "champion": None, "state_dir": str(state_dir),
                               "notes": [], "warnings": [], "mlflow_tracking_uri": params.mlflow_tracking_uri(),
                               "quality_warnings": [], "erasure_pending": [], "held": held,
-                              "feature_columns": _feature_columns(params)}, indent=2))
+                              "feature_columns": _feature_columns(params), "resident": _resident(params)}, indent=2))
         else:
             print(f"no batch processed yet ({state_dir} is empty); run `make run` or `unlearn run`")
             for h in held:
                 print(f"held for review: {h['file']}; `{h['approve']}` promotes the exact retrain")
+            print(status_line(params.root))
         return EXIT_HELD if held else 0
     from unlearning.io import read_json_file
 
@@ -633,7 +642,7 @@ def cmd_status(args) -> int:
               "mlflow_tracking_uri": params.mlflow_tracking_uri(), "notes": notes, "warnings": warnings,
               "quality_warnings": champion.get("quality_warnings", []), "erasure_pending": _erasure_pending(params),
               "held": _held(params), "feature_columns": _feature_columns(params),
-              "qualified": _qualified_status(params)}
+              "qualified": _qualified_status(params), "resident": _resident(params)}
     assert set(status) == set(STATUS_KEYS)
     code = EXIT_ERASE_UNFINISHED if status["erasure_pending"] else EXIT_HELD if status["held"] else 0
     if args.json:
@@ -669,6 +678,7 @@ def cmd_status(args) -> int:
 
     print(f"MLflow store: {status['mlflow_tracking_uri']}; UI: {ui_route(params, '#/experiments')} (the batch runs: "
           f"the link each batch prints at its end)")
+    print(status_line(params.root))
     if code == EXIT_ERASE_UNFINISHED:
         print(f"error: an erase is unfinished ({len(status['erasure_pending'])} line(s) above): `unlearn erase` "
               f"finishes it (exit {code})", file=sys.stderr)
@@ -682,6 +692,14 @@ def _held(params) -> list[dict]:
     from tasks.held import held_batches  # stdlib: without torch
 
     return held_batches(params)
+
+
+def _resident(params) -> dict | None:
+    """`unlearn up`'s resident server and worker of this project (flows/resident.py), without its folder."""
+    from flows.resident import read
+
+    info = read(params.root)
+    return None if info is None else {k: info[k] for k in ("pid", "api_url", "started", "idle_s") if k in info}
 
 
 def _qualified_status(params) -> dict:
@@ -845,6 +863,46 @@ def cmd_reset(args) -> int:
     return rc
 
 
+def cmd_up(args) -> int:
+    from flows.resident import up
+
+    return up(Path(args.params).resolve().parent, args.idle_minutes)
+
+
+def cmd_down(args) -> int:
+    from flows.resident import down
+
+    return down(Path(args.params).resolve().parent)
+
+
+def cmd_ui(args) -> int:
+    """`unlearn ui`: the MLflow UI over this project's store, on the page that opens an experiment on its batch runs
+    (adapters/mlflow_ui.py), in the foreground until Ctrl-C. A tracking server serves its own UI: its address."""
+    from adapters.mlflow_ui import APP_NAME, APP_PATH, experiment_id, port_problem, ui_argv
+    from adapters.store_check import sqlite_file
+    from unlearning.config import is_tracking_server, load_params
+
+    params = load_params(args.params)
+    uri = params.mlflow_tracking_uri()
+    if is_tracking_server(uri):
+        print(f"the tracking server serves its own UI: open {uri.rstrip('/')}/")
+        return 0
+    db = sqlite_file(uri)
+    if db is not None and not db.exists():
+        raise FileNotFoundError(f"no MLflow store at {db} yet: run `unlearn repro` (or `unlearn train`) first, "
+                                f"then `unlearn ui`")
+    problem = port_problem(args.host, args.port)
+    if problem:
+        raise ConnectionError(problem)
+    eid = experiment_id(db, params.tracking.experiment) if db is not None else None
+    from adapters.tracking import batches_url_hint, run_mlflow_server
+
+    page = batches_url_hint(eid) if eid is not None else "#/experiments"
+    print(f"MLflow UI of {uri}: http://{args.host}:{args.port}/{page} (the batch runs; Ctrl-C stops it)", flush=True)
+    run_mlflow_server(ui_argv(uri, params.path("mlflow_artifacts"), args.host, args.port), APP_NAME, APP_PATH)
+    return 0
+
+
 def _cmd_plan(args) -> int:
     from flows.plan_cli import cmd_plan
 
@@ -967,6 +1025,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", help="the request file (CSV or Parquet)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(fn=_cmd_plan)
+    s = add("up", "keep a Prefect server and a warm worker running for this project (batches skip their start)",
+            "Start a Prefect server and a warm worker (the pipeline imported once) for this project, in the "
+            "background: every later `unlearn repro`, `make run`, `dvc repro` stage and `unlearn` command here uses "
+            "them instead of starting its own, so a batch costs its compute and not 10-30 s of start-up. They stop "
+            "after --idle-minutes without a command, or with `unlearn down`; `unlearn status` shows them.",
+            ["unlearn up && unlearn repro", "unlearn up --idle-minutes 120", "unlearn down"])
+    s.add_argument("--idle-minutes", type=float, default=30.0, metavar="M",
+                   help="stop after M minutes without a command (default 30)")
+    s.set_defaults(fn=cmd_up)
+    add("down", "stop this project's resident Prefect server and warm worker (`unlearn up`)",
+        "Stop the resident server and worker `unlearn up` started for this project, once the command running in "
+        "them (if any) ends.", ["unlearn down"]).set_defaults(fn=cmd_down)
+    s = add("ui", "the MLflow UI over this project's store, opening on the batch runs",
+            "Serve the MLflow UI over this project's tracking store (base.paths.mlflow_db, or MLFLOW_TRACKING_URI) on "
+            "127.0.0.1, with the page script that opens an experiment on its batch runs (method, verdict, model "
+            "version columns) rather than MLflow's GenAI overview; prints the link to the batch runs and runs until "
+            "Ctrl-C. Against a tracking server it prints the server's address (it serves its own UI).",
+            ["unlearn ui", "unlearn ui --port 5001", "unlearn --params myproj/params.yaml ui"])
+    s.add_argument("--port", type=_positive_int, default=5000, help="the port on 127.0.0.1 (default 5000)")
+    s.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)  # loopback: the store has no login
+    s.set_defaults(fn=cmd_ui)
     s = add("validate", "validate a request file without changing anything",
             "Check a request file exactly as `unlearn run` would (schema, ids in the manifest, not deleted, ledger "
             "conflicts, timestamps; validation rows are counted: erased, not unlearned); print one line per problem. An already processed file is "
@@ -1055,9 +1134,34 @@ NO_PARAMS = {"init", "methods"}
 COMPUTES = {"run", "prepare", "train", "audit", "serve"}  # the commands that run models on base.device
 
 
+# never run in a resident worker (flows/resident.py): `repro` starts its session here, which then uses it
+NOT_FORWARDED = {"init", "up", "down", "ui", "methods", "repro"}
+
+
+def _resident_project(argv: list[str]) -> str | None:
+    """The project folder of a command line whose command a resident worker may run (`unlearn up`), else None."""
+    words = [a for a in argv if not a.startswith("-")]
+    if not words or any(w in NOT_FORWARDED for w in words[:2]):
+        return None
+    path = "params.yaml"
+    for i, a in enumerate(argv):
+        if a == "--params" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif a.startswith("--params="):
+            path = a.split("=", 1)[1]
+    return str(Path(path).resolve().parent)
+
+
 def main(argv: list[str] | None = None) -> int:
     from flows.warm import ENV_SOCKET, forward  # stdlib only
 
+    from flows import warm
+
+    if (argv is None and not warm.IN_CHILD and not os.environ.get(ENV_SOCKET)
+            and (project := _resident_project(sys.argv[1:]))):
+        from flows.session import use_resident  # `unlearn up`: this project's resident server and worker
+
+        use_resident(os.environ, project)
     if argv is None and os.environ.get(ENV_SOCKET):  # inside `python -m flows.session`: its warm worker
         code = forward("flows.cli:main", sys.argv[1:])
         if code is not None:

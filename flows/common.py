@@ -6,7 +6,6 @@ import argparse
 import importlib
 import logging
 import os
-import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -121,26 +120,15 @@ def ui_hint(params: Params, page: str = "") -> str:
 
 
 def ui_route(params: Params, page: str = "") -> str:
-    """How to open the MLflow UI on this project's store at `page`: a tracking server (the team setup) serves
-    it itself; a local store needs `make ui` in this repository, `mlflow ui` in a project of `unlearn init`
-    (which has no Makefile)."""
+    """How to open the MLflow UI on this project's store at `page`: a tracking server (the team setup) serves it
+    itself; a local store: `unlearn ui` (the page that opens an experiment on its batch runs, adapters/mlflow_ui.py;
+    `make ui` calls it), from the project's folder or with its params file."""
     uri = params.mlflow_tracking_uri()
     if is_tracking_server(uri):
         return f"open {uri.rstrip('/')}/{page}"
-    command = f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
-    if _has_make_target(params.root / "Makefile", "ui"):
-        command = f"`make ui` (or `{command}`)"
-    else:
-        command = f"`{command}`"
-    return f"{command}, then open http://127.0.0.1:5000/{page}"
-
-
-def _has_make_target(makefile: Path, target: str) -> bool:
-    try:
-        text = makefile.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return re.search(rf"^{re.escape(target)}\s*:", text, flags=re.MULTILINE) is not None
+    here = Path.cwd().resolve() == Path(params.root).resolve()
+    command = "unlearn ui" if here else f"unlearn --params {Path(params.root) / 'params.yaml'} ui"
+    return f"`{command}`, then open http://127.0.0.1:5000/{page}"
 
 
 def deletion_run_name() -> str:

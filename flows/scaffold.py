@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from unlearning.config import PARAMS_FILE, ConfigError, ImageFolderSource, Params, parse_params
+from unlearning.config import PARAMS_FILE, ConfigError, ImageFolderSource, Params, Sharding, parse_params
 
 REPO_PARAMS = Path(__file__).resolve().parents[1] / PARAMS_FILE
 # The request checks' Great Expectations project (suite, data source, validation definition, checkpoint;
@@ -212,7 +212,6 @@ def shard_skew_preview(data_path: Path, column: str, shards: int) -> str | None:
     """The train stage's skew warning (unlearning/sharding.py skew_warning, at the default
     train.sharding.max_skew), said at init: the shards `column`'s values would make, placed as training places
     them (largest value first onto the least-loaded shard), over every row of the table."""
-    from unlearning.config import Sharding
     from unlearning.data.sources import read_table
     from unlearning.sharding import assign_shards, skew_warning
 
@@ -486,7 +485,9 @@ def scaffold(target: str | Path, dataset: str, path: str | Path, *, id_column: s
             raise ScaffoldError(f"--shard-by {shard_by} with --group-column {group_column}: {shard_by} would be a "
                                 f"model input (every column but the id, label and group ones is); list the inputs "
                                 f"with --feature-columns, without {shard_by}")
-        sharding = {"shards": shards, "slices": slices, "by": "column", "column": shard_by, "aggregate": "mean_probs"}
+        # every key of train.sharding, max_skew included: the file says what the skew warning is judged against
+        sharding = {"shards": shards, "slices": slices, "by": "column", "column": shard_by, "aggregate": "mean_probs",
+                    "max_skew": Sharding().max_skew}
         skewed = shard_skew_preview(data_path, shard_by, shards)
     _check_arch(arch, factory, dataset)
     image_format, found = read_image_format(data_path) if dataset == "image_folder" else ({}, None)

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 
+from flows import resident
 from flows.procs import (
     ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, die_with_parent, prefect_api_answers,
 )
@@ -184,14 +185,21 @@ def run_timed(cmd: list[str], env: dict) -> tuple[int, list[tuple[str, float]], 
     return rc, stages, files_held and rc != 0
 
 
+def prefect_home(env: dict) -> str:
+    """Prefect's home folder (its SQLite database): PREFECT_HOME, else Prefect's default ~/.prefect."""
+    return env.get("PREFECT_HOME") or os.path.join(os.path.expanduser("~"), ".prefect")
+
+
 def prefect_db_is_migrated(env: dict) -> bool:
-    """Whether `make setup` migrated $PREFECT_HOME/prefect.db for the installed Prefect version (the stamp
-    `prefect.db.version` it writes). Then the temporary server need not check the migrations at start; any
-    doubt (no stamp, another version, a database server of your own) leaves the check on."""
+    """Whether $PREFECT_HOME/prefect.db is migrated for the installed Prefect version: the stamp
+    `prefect.db.version` beside it, written by `make setup`, or by a session whose server migrated it at its start
+    (`stamp_migrated`: a project of `unlearn init`, whose Prefect home is ~/.prefect). Then the temporary server
+    need not check the migrations at start; any doubt (no stamp, another version, a database server of your own)
+    leaves the check on."""
     import importlib.metadata
 
-    home = env.get("PREFECT_HOME")
-    if not home or env.get("PREFECT_API_DATABASE_CONNECTION_URL"):
+    home = prefect_home(env)
+    if env.get("PREFECT_API_DATABASE_CONNECTION_URL"):
         return False
     db, stamp = os.path.join(home, "prefect.db"), os.path.join(home, "prefect.db.version")
     try:
@@ -199,6 +207,21 @@ def prefect_db_is_migrated(env: dict) -> bool:
             return os.path.exists(db) and f.read().strip() == importlib.metadata.version("prefect")
     except (OSError, importlib.metadata.PackageNotFoundError):
         return False
+
+
+def stamp_migrated(env: dict) -> None:
+    """After a server that checked its migrations at start answered: the database is at this Prefect's head, so
+    the next sessions skip the check (`prefect_db_is_migrated`). Nothing for a database server of your own."""
+    import importlib.metadata
+
+    home = prefect_home(env)
+    if env.get("PREFECT_API_DATABASE_CONNECTION_URL") or not os.path.exists(os.path.join(home, "prefect.db")):
+        return
+    try:
+        with open(os.path.join(home, "prefect.db.version"), "w", encoding="utf-8") as f:
+            f.write(importlib.metadata.version("prefect") + "\n")
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        pass
 
 
 class ServerProcess:
@@ -218,7 +241,8 @@ class ServerProcess:
         self.started = time.perf_counter()
         self.up_after: float | None = None
         server_env = {**env, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-        if prefect_db_is_migrated(env):
+        self.env, self.migrates = env, not prefect_db_is_migrated(env)
+        if not self.migrates:
             server_env["PREFECT_API_DATABASE_MIGRATE_ON_START"] = "false"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host",
@@ -230,6 +254,8 @@ class ServerProcess:
         while self.proc.poll() is None:
             if prefect_api_answers(self.api_url):
                 self.up_after = time.perf_counter() - self.started
+                if self.migrates and self.env.get("PREFECT_API_DATABASE_MIGRATE_ON_START", "true") != "false":
+                    stamp_migrated(self.env)  # it migrated at its start: the next sessions skip the check
                 return
             time.sleep(0.1)
 
@@ -288,6 +314,18 @@ def split_commands(args: list[str]) -> tuple[list[list[str]], bool]:
     if any(not c for c in commands):
         raise ValueError("an empty command (a `--then` with nothing after it, or before it)")
     return commands, warm
+
+
+def use_resident(env: dict, project: str = ".") -> bool:
+    """Point `env` at the project's resident server and worker (`unlearn up`, flows/resident.py) when they serve
+    this code and these settings; one line on stderr when one runs but cannot be used."""
+    info, why = resident.usable(project, env)
+    if why:
+        print(f"not using the resident server: {why}", file=sys.stderr, flush=True)
+    if info is None:
+        return False
+    resident.use(info, env)
+    return True
 
 
 def read_timings(path: str) -> dict[str, dict]:
@@ -415,6 +453,8 @@ def join_session(env=None) -> str | None:
     env = os.environ if env is None else env
     if env.get(ENV_SOCKET) or env.get("PREFECT_API_URL") or env.get(ENV_NO_SESSION) == "1":
         return None
+    if use_resident(env):  # `unlearn up`: every stage of every dvc repro here uses it
+        return env["PREFECT_API_URL"]
     owner = dvc_ancestor()
     if owner is None:
         return None
@@ -474,6 +514,48 @@ def serve_for(owner: int) -> int:
     return 0
 
 
+def serve_resident(project: str, idle_s: float) -> int:
+    """`python -m flows.session --resident PROJECT IDLE_S` (`unlearn up`, flows/resident.py): a server and a warm
+    worker for PROJECT until `unlearn down` (SIGTERM), or until IDLE_S passed without a command and none runs."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    stopping: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    env = dict(os.environ)
+    folder = tempfile.mkdtemp(prefix="unlearn-resident-")
+    resident.touch(folder)
+    server = ServerProcess(env)
+    env.update({"PREFECT_API_URL": server.api_url, ENV_TEMPORARY_SERVER: server.api_url})
+    worker = start_warm_worker(env, folder)
+    path = resident.record_path(Path(project))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "api_url": server.api_url, "folder": folder, "idle_s": idle_s,
+                               "started": time.time(), "code": resident.code_stamp(), "project": project,
+                               "settings": resident.settings_digest(os.environ), "worker_pid": worker.pid}))
+    os.replace(tmp, path)
+    ready = False
+    try:
+        while server.proc.poll() is None and worker.poll() is None:
+            time.sleep(resident.CHECK_S)
+            if not ready and os.path.exists(os.path.join(folder, "full.sock")):
+                ready = True
+                resident.touch(folder)  # the idle clock starts once the imports are done, not at the start
+            if (stopping or (ready and resident.idle_seconds(folder) > idle_s)) and not resident.busy(worker.pid, folder):
+                break
+    finally:
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+        for proc in (worker, server.proc):
+            _terminate(proc)
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import shutil
     import tempfile
@@ -484,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args[:1] == ["--for"] and len(args) == 2 and args[1].isdigit():
         return serve_for(int(args[1]))
+    if args[:1] == ["--resident"] and len(args) == 3:
+        return serve_resident(args[1], float(args[2]))
     try:
         commands, warm = split_commands(args)
     except ValueError as e:
@@ -505,12 +589,17 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, float]] = []
     rc = held = 0
     try:
-        if not env.get("PREFECT_API_URL"):
+        if not env.get("PREFECT_API_URL") and use_resident(env):
+            print(f"the resident Prefect server and warm worker of this project (`unlearn up`): {env['PREFECT_API_URL']}",
+                  flush=True)
+            if not warm:  # --cold: every command in a process of its own, as asked
+                env.pop(ENV_SOCKET)
+        elif not env.get("PREFECT_API_URL"):
             server = ServerProcess(env)
             env.update({"PREFECT_API_URL": server.api_url, ENV_WAIT_FOR_API: "1", ENV_TEMPORARY_SERVER: server.api_url})
             print(f"one temporary Prefect server for every stage: {server.api_url} (starting beside the warm worker)",
                   flush=True)
-        if warm:
+        if warm and not env.get(ENV_SOCKET):
             worker = start_warm_worker(env, folder)
             env[ENV_SOCKET] = folder
         for i, cmd in enumerate(commands):
@@ -548,6 +637,9 @@ def main(argv: list[str] | None = None) -> int:
     split = timing_split(rows, timings, time.perf_counter() - started, server.up_after if server else None)
     for line in timing_table(split):
         print(line)
+    if server is not None and server.up_after is not None and os.path.exists("params.yaml"):
+        print(f"  `unlearn up` keeps a Prefect server and a warm worker for this project: the next runs skip the "
+              f"server's start ({server.up_after:.1f} s here) and the imports (flows/resident.py)")
     report = os.environ.get("UNLEARN_SESSION_REPORT")  # bench/session_overhead.py reads the split from here
     if report:
         with open(report, "w", encoding="utf-8") as f:
@@ -559,7 +651,8 @@ USAGE = """usage: python -m flows.session [--cold] CMD [ARGS...] [--then CMD [AR
   e.g. python -m flows.session dvc repro deletion --then unlearn erase --then unlearn status
   Runs the commands in order (stops at the first that fails) with one temporary Prefect server (unless
   PREFECT_API_URL names one) and a warm worker that imports the pipeline once (--cold: without it).
-       python -m flows.session --for PID   a server and a warm worker until process PID ends (a dvc repro's)"""
+       python -m flows.session --for PID   a server and a warm worker until process PID ends (a dvc repro's)
+       python -m flows.session --resident PROJECT IDLE_S   the resident ones of `unlearn up` (flows/resident.py)"""
 
 
 if __name__ == "__main__":

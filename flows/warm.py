@@ -50,6 +50,7 @@ from adapters import clock  # stdlib only
 # the names flows.session shares with the worker (re-exported: flows.session, flows.common, the tests)
 from flows.procs import (ENV_SOCKET, ENV_TEMPORARY_SERVER, ENV_WAIT_FOR_API, _PRCTL, die_with_parent,  # noqa: F401
                          prefect_api_answers)
+from flows.resident import SETTINGS_PREFIXES, settings_of, touch  # noqa: F401  (stdlib only)
 
 
 # What the workers import, in the order the stages need them. The first worker ("early") imports what prepare
@@ -81,14 +82,11 @@ FULL_PLAN = (
 )
 EARLY_TARGETS = frozenset({"flows.prepare", "flows.train"})
 SOCKETS = {"early": "early.sock", "full": "full.sock"}
-# Settings these packages read when imported: a request whose values differ runs in its own process.
-SETTINGS_PREFIXES = ("PREFECT_", "MLFLOW_")
 HEADER = struct.Struct("!I")
 STARTED = time.perf_counter()
-
-
-def _settings(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(SETTINGS_PREFIXES)}
+IN_CHILD = False  # True in a child forked for a command: it runs its target itself and never forwards again
+# Settings Prefect and MLflow read when imported: a request whose values differ runs in its own process.
+_settings = settings_of
 
 
 def _flush_stdio() -> None:
@@ -162,7 +160,7 @@ def forward(target: str, argv: list[str]) -> int | None:
     Returns the exit code, or None when the caller should run it itself (no worker configured, or it said why
     not on stderr)."""
     folder = os.environ.get(ENV_SOCKET)
-    if not folder:
+    if not folder or IN_CHILD:  # a forked child forwarding its own command would fork another, without end
         return None
     path = _socket_for(folder, target)
     if path is None:
@@ -252,8 +250,17 @@ def api_ready() -> bool:
     return True
 
 
+def mark_child() -> None:
+    """This process is a child forked for a command. Set on `flows.warm` as the rest of the code imports it: the
+    worker runs as `python -m flows.warm`, whose module is `__main__`, a second copy with globals of its own."""
+    global IN_CHILD
+    IN_CHILD = True
+    importlib.import_module("flows.warm").IN_CHILD = True
+
+
 def _child(request: dict, fds: list[int], worker_cwd: str) -> int:
     """In the forked child: become the client's process (stdio, cwd, environment, argv) and run its target."""
+    mark_child()
     os.setpgid(0, 0)  # its own group: the client's signals reach every process it starts
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
@@ -328,6 +335,7 @@ class Worker:
             print(f"warm worker: a bad request ({e})", file=sys.stderr)
             conn.close()
             return None
+        touch(self.folder)  # a command: a resident worker's idle clock restarts (flows/resident.py)
         why = self._refusal(request)
         if why:
             _send_message(conn, {"refused": why})

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from adapters import clock
 from adapters.clock import computes
 from adapters.tracker import tracker_for
 from tasks import stages as S
@@ -43,6 +44,7 @@ def qualified_mode(params: Params, objective: str) -> bool:
 
 
 @computes  # validating the batch is the pipeline's first step (adapters/clock.py: Great Expectations' validation)
+@clock.phase("validation")
 def check_file(path: Path, params: Params, state) -> "FileCheck":
     """The one validation path (`unlearn validate` calls the same check_file_for): ledger, structure,
     manifest (the persisted GX suite, with Data Docs), objective, time. Not a task of its own: its verdict
@@ -225,7 +227,7 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, diagnosed: Diagnosed,
         selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, oracles,
                              n_train)
         the_plan = S.plan(batch, params, state, rows, selection, objective)
-    outcome, spent = None, 0.0
+    outcome = None
     try:
         for step in the_plan.steps:
             if step.certificate == CertificateKind.AUDIT:  # oracle 0 is the retrain; the test splits the others
@@ -234,13 +236,11 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, diagnosed: Diagnosed,
             elif step.looks:
                 S.warn_if_the_test_cannot_fail(params.gate, *step.references)
             out = S.unlearn_and_certify(batch, step, params, state, rows, pool, the_plan, objective, batch_index)
-            spent += float(out.cost.get("wall_seconds", 0.0))
             if S.accepted(batch, out, params.gate.exact_retrain_overrides):
                 outcome = out
                 break
     finally:
         S.references_report(batch, params.base.seed, params.train, state, rows, pool)
-        S.plan_vs_actual(batch, the_plan, pool, spent)
     if outcome is None:
         raise BatchRejected(f"no candidate passed the gate for {batch.path.name}; the previous champion stays")
     return outcome

@@ -282,10 +282,17 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
     ledger, the tombstones, MLflow artifacts, applied request files and Great Expectations results with plain
     ids: `files_naming_forgotten_ids`) are listed in the checks, not problems: they are the audit trail."""
     from tasks.rekey import key_findings
+    from unlearning.progress import Progress
 
     scope = _scope(params, batch, tracker)
-    # the stores, then where the id key can be read from (a copy in a shared place undoes every hashed id)
-    findings = [f for store in STORES for f in _verified(store, scope)] + key_findings(params)
+    findings = []
+    # lines on stderr once it has run 2 s, naming the store it searches (a large DVC cache takes tens of seconds)
+    with Progress(len(STORES), "verify-erasure", unit="stores", enabled=None, after_s=2.0, heartbeat_s=1.0) as bar:
+        for store in STORES:
+            bar.stage(store.name)
+            findings += _verified(store, scope)
+            bar.update()
+    findings += key_findings(params)  # where the id key can be read from (a copy in a shared place undoes every hashed id)
     return [p for f in findings for p in f.problems], [f.as_dict() for f in findings]
 
 

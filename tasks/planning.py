@@ -28,18 +28,20 @@ import torch
 from tasks.training import build, model_spec, recipe
 from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
 from unlearning.config import Params, method_traits
-from unlearning.costs import PROBE_MIN_STEPS, CostCurve, DeviceMemory, method_retrains, probe_sizes
+from unlearning.costs import (PROBE_MIN_STEPS, CostCurve, DeviceMemory, ProbeConditions, method_retrains, probe_sizes,
+                              steady_curve)
 from unlearning.io import atomic_write_json
 from unlearning.models import predict_logits
 from unlearning.records import Selection
 from unlearning.plan import CPU_CHUNK, Footprint, Plan, Timing, plan_batch
-from unlearning.probe import StepTimer, activation_floats_per_row, curve_within_memory  # noqa: F401
+from unlearning.probe import (ConditionsMeter, StepTimer, activation_floats_per_row, curve_within_memory,  # noqa: F401
+                               load_per_cpu)
 from unlearning.seeds import method_seed, role_seeds
 
 PROBE_MIN_ROWS = 512  # rows of the timing probe: at least this, PROBE_MIN_STEPS minibatches, at most the retain rows
 PROBE_MEMBERS = 8  # on a CPU, the largest chunk the probe times (the curve is affine there; larger ones extrapolate)
 PROBE_FORGET_ROWS = 256  # forget rows at most in a method's timed run
-PROBE_VERSION = 3  # bump when what the probe measures changes: older cache entries are ignored
+PROBE_VERSION = 4  # bump when what the probe measures changes: older cache entries are ignored
 MB = 1024 * 1024
 
 
@@ -143,12 +145,18 @@ def timed_methods(methods) -> list[str]:
     return [m for m in dict.fromkeys(methods) if not method_traits(m).exact]
 
 
-def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tuple[Timing, Footprint]:
+def probe(params: Params, state, rows: BatchRows, device: str, methods=(), clock=time.time,
+          load=load_per_cpu) -> tuple[Timing, Footprint]:
     """The cost curve of training chunks (1, an intermediate size, the planned chunk; one member alone when no
     candidate of `methods` needs references), the evaluation's cost, each of `methods`' timed run (the
     approximate ones), and the memory footprint; read from the cache when this model version was probed on this
-    device before (`unlearn plan`, then its batch)."""
+    device before (`unlearn plan`, then its batch), unless that probe is stale (validation.probe: older than
+    max_age_hours, or taken under a load per core max_load_ratio off today's). The curve is timed in rounds
+    until they agree within validation.probe.max_spread (at most max_rounds), with the batch's training threads,
+    and what it ran under is kept with it (ProbeConditions: the plan's range). `clock`/`load`: the wall clock and
+    the load per core (the tests pass fakes)."""
     prepared = state.prepared
+    cfg = params.validation.probe
     positions = _probe_positions(len(rows.retain), params.train.batch_size, params.base.seed)
     sample = rows.retain[positions]
     eval_rows = len(sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed).eval_rows()[0])
@@ -159,6 +167,9 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
                           batch_size=params.train.batch_size, n_eval_rows=eval_rows, n_classes=prepared.n_classes)
     path = cache_path(params, state, device, len(sample))
     cached = _read_cache(path)
+    stale = stale_probe(cached, clock(), load(), cfg)
+    if stale:
+        cached = {}
     wanted = timed_methods(methods)
     # only a plan with references needs the curve past one member (an exact retrain alone: its own cost)
     needs_curve = bool(wanted) or params.validation.audit_retrain
@@ -171,14 +182,19 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
         y = torch.as_tensor(prepared.label[sample], dtype=torch.long).to(device)
         timer = StepTimer(lambda k: build(params, prepared, role_seeds(params.base.seed, "bench", k)), X, y,
                           recipe(params), device)
-        curve = curve_within_memory(timer, planned)
+        with ConditionsMeter(now=clock, load=load) as meter:
+            curve, rounds, low, high = steady_curve(lambda: curve_within_memory(timer, planned), cfg.max_spread,
+                                                    cfg.max_rounds)
         what = "" if needs_curve else " (one member: no candidate needs references)"
-        curve = dataclasses.replace(curve, source=f"probe on {device}: {len(sample)} rows, {timer.describe()}{what}")
+        again = f"; probed again: {stale}" if stale else ""
+        curve = dataclasses.replace(curve, source=f"probe on {device}: {len(sample)} rows, {timer.describe()}{what}"
+                                                  f"{again}")
         t = time.perf_counter()
         predict_logits(timer.model, X)
         eval_per = (time.perf_counter() - t) / len(sample) / timer.model.n_models
         cached = {"curve": curve.to_dict(), "eval_seconds_per_row_member": eval_per,
-                  "device_member_bytes": timer.member_bytes, "methods": cached.get("methods", {})}
+                  "device_member_bytes": timer.member_bytes, "methods": cached.get("methods", {}),
+                  "conditions": meter.conditions(rounds, low, high, cfg.max_spread).to_dict()}
     for m in wanted:
         if m not in cached["methods"]:
             seconds, work = time_method(params, state, rows, positions, m, device)
@@ -192,13 +208,25 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=()) -> tu
     steps = params.train.epochs * math.ceil(len(rows.retain) / params.train.batch_size)
     retrain = curve.seconds(1) * steps
     full = rows_sizes(rows, prepared.n_classes)
+    conditions = ProbeConditions.from_dict(cached["conditions"]) if cached.get("conditions") else None
     timing = Timing(retrain_seconds=retrain, member_seconds=curve.seconds(1) * steps,
                     eval_seconds_per_member=cached["eval_seconds_per_row_member"] * eval_rows,
-                    source=curve.source, curve=curve, steps=steps,
+                    source=curve.source, curve=curve, steps=steps, conditions=conditions,
                     method_retrains={m: method_retrains(cached["methods"][m]["seconds"], cached["methods"][m]["work"],
                                                         method_work(params, m, full), retrain) for m in wanted})
     footprint = dataclasses.replace(footprint, device_member_bytes=cached.get("device_member_bytes"))
     return timing, footprint
+
+
+def stale_probe(cached: dict, now: float, load_now: float, cfg) -> str | None:
+    """Why a cached probe must be taken again (validation.probe `cfg`), or None (nothing cached: nothing stale).
+    A cache entry from before the probe recorded its conditions is stale."""
+    if not cached:
+        return None
+    if not cached.get("conditions"):
+        return "the cached probe does not say what it ran under"
+    return ProbeConditions.from_dict(cached["conditions"]).stale(now, load_now, cfg.max_age_hours * 3600,
+                                                                 cfg.max_load_ratio)
 
 
 THREAD_WORKERS = 2  # the threads runner's pool (flows/common.py task_runner_for builds it with this many)
@@ -244,3 +272,30 @@ def reference_chunk(params: Params, prepared, device: str) -> int:
                    data_bytes=int(np.asarray(prepared.X).nbytes), baseline_bytes=0,
                    batch_size=params.train.batch_size, n_eval_rows=0, n_classes=prepared.n_classes)
     return planned_probe_chunk(params, device, fp, mem)
+
+
+# --- the batch's phases, predicted (unlearning/overhead.py: the same phases its plan-vs-actual line measures) ------
+def phase_history(params: Params):
+    """The project's history of measured batch phases: cache/costs/phases.jsonl (seconds only)."""
+    from unlearning.overhead import History
+
+    return History(params.path("cache_dir") / "costs" / "phases.jsonl")
+
+
+def model_phases(plan: Plan) -> dict[str, float]:
+    """The plan's seconds of the phases that grow with the model (unlearning/overhead.py MODEL_PHASES): its
+    diagnostics, its references, and its first candidate's run and certificate."""
+    ps = plan.predicted_seconds
+    return {"diagnostics": ps.get("diagnostics", 0.0), "references": ps.get("references", 0.0),
+            "candidates": ps.get("unlearn", 0.0) + ps.get("certify", 0.0)}
+
+
+def predicted_phases(params: Params, plan: Plan, timing: Timing | None) -> tuple[dict, dict, str]:
+    """(seconds per phase, (low, high) per phase, one line) of a batch following `plan`: the model phases from the
+    plan's probe (diagnostics, references, the candidates' training and certificate), the others from this
+    project's past batches; the range from the probe's rounds and the history's spread."""
+    from unlearning.overhead import predict, predicted_line
+
+    fixed, ranges, source = phase_history(params).fixed()
+    point, spans = predict(model_phases(plan), fixed, ranges, timing.range if timing is not None else (1.0, 1.0))
+    return point, spans, predicted_line(point, spans, source)

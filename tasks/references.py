@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from adapters import clock
 from adapters.clock import elsewhere
 from tasks.reporting import run_logger
 from tasks.training import model_spec, recipe, train_ensemble_chunk
@@ -77,6 +78,7 @@ class ReferencePool:
         self.roles = {"shadows": RoleModels(rows.before, shadow_seeds), "oracles": RoleModels(rows.retain, oracle_seeds)}
         self._inputs: dict[str, tuple] = {}
 
+    @clock.phase("references")  # the batch's references phase: wall time, parallel chunks counted once
     def ensure(self, n_shadows: int, n_oracles: int) -> tuple[Ensemble, Ensemble]:
         """(shadows[:n_shadows], oracles[:n_oracles]), training only the members not trained yet; both roles'
         chunks are submitted together, so the workers share them."""

@@ -22,7 +22,7 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from adapters import plots
+from adapters import clock, plots
 from tasks.batch import partition_retain
 from unlearning.acceptance import CandidateOutcome, accept, split_records
 from adapters.clock import computes
@@ -68,6 +68,8 @@ class BatchRun:
     started: float = field(default_factory=time.perf_counter)
     wall: float | None = None  # the batch's one duration, fixed when it closes (`wall_seconds`)
     last_outcome: Any = None  # the last candidate judged (`accepted`): what a held batch's review shows
+    predicted: tuple | None = None  # the plan's (seconds per phase, (low, high) per phase, its model phases)
+    history: Path | None = None  # the project's phase history (unlearning/overhead.py History), set by `plan`
 
     def open(self, name: str, tags: dict | None = None) -> str:
         self.child = self.tracker.start_run(name, self.parent, tags)
@@ -85,6 +87,7 @@ class BatchRun:
 # 1. validate ---------------------------------------------------------------------------------------------
 @task(name="validate", **STAGE)
 @computes
+@clock.phase("validation")
 def validate(batch: BatchRun, check, pending: pd.DataFrame,
              default_objective: str) -> tuple[pd.DataFrame | None, str | None, RequestValidationError | None]:
     """Log the request file's checks (pandera + the Great Expectations suite). Returns the typed requests and
@@ -116,6 +119,7 @@ def validate(batch: BatchRun, check, pending: pd.DataFrame,
 # 2. diagnose ---------------------------------------------------------------------------------------------
 @task(name="diagnose", **STAGE)
 @computes
+@clock.phase("diagnostics")
 def diagnose(batch: BatchRun, cfg: Diagnostics, weight_decay: float, seed: int, progress: bool, state: State,
              forget_ids: list[str], label_smoothing: float = 0.0, epochs: int | None = None,
              cross_every_row: bool = False, skipped: str | None = None):
@@ -181,6 +185,7 @@ def partition(batch: BatchRun, cfg: Partition, state: State, forget_ids: list[st
 # 4. plan: which candidates, certified how, with which reference models -----------------------------------
 @task(name="plan", **STAGE)
 @computes
+@clock.phase("candidates")
 def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selection: Selection, objective: str):
     """The batch's plan (unlearning/plan.py) from the selection, a short timing probe and the memory footprint:
     logged (MLflow `plan.json`, a Prefect artifact, the console) before any model is trained. A plan that
@@ -194,14 +199,20 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     timing, footprint = batch.probe
     from tasks.sharding import sisa_share
 
+    # the diagnostics ran before the plan: it counts their measured seconds (`unlearn plan` predicts them)
     the_plan = batch_plan(params, selection, objective, timing, footprint, batch.seconds.get("diagnostics", 0.0),
                           sisa_cost=sisa_share(state, rows), device=batch.device)
     batch.seconds["retrain_probe"] = timing.retrain_seconds
-    lines = plan_lines(the_plan)
-    batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.to_dict()}, "plan.json")
-    batch.tracker.log_metrics(batch.parent, {f"predicted_seconds/{k}": v for k, v in
-                                             the_plan.predicted_seconds.items()}
-                              | {"predicted_retrains": the_plan.predicted_retrains,
+    from tasks.planning import model_phases, phase_history, predicted_phases
+
+    point, ranges, line = predicted_phases(params, the_plan, timing)
+    batch.predicted, batch.history = (point, ranges, model_phases(the_plan)), phase_history(params).path
+    lines = plan_lines(the_plan) + [line]
+    batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.to_dict(),
+                                          "predicted_phases": point, "predicted_range": ranges}, "plan.json")
+    batch.tracker.log_metrics(batch.parent, {f"predicted_seconds/{k}": v for k, v in point.items()}
+                              | {"predicted_seconds/total": sum(point.values()),
+                                 "predicted_retrains": the_plan.predicted_retrains,
                                  "predicted_peak_mb": the_plan.peak_bytes / 2**20,
                                  "retrain_seconds_probe": timing.retrain_seconds})
     markdown_artifact(f"### Plan for `{batch.path.name}`\n\n" + "\n".join(lines), key=batch.key("plan"),
@@ -215,23 +226,25 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     return the_plan
 
 
-def plan_vs_actual(batch: BatchRun, the_plan, pool, outcomes_seconds: float) -> None:
-    """The plan's predicted seconds beside the measured ones (MLflow metrics `actual_seconds/*`, one line), and
-    the batch's cost so far in units of the probe's retrain."""
-    refs = sum(role.seconds for role in pool.roles.values()) if pool is not None else 0.0
-    actual = {"diagnostics": batch.seconds.get("diagnostics", 0.0), "references": refs,
-              "candidates": outcomes_seconds}
-    actual["total"] = actual["diagnostics"] + outcomes_seconds  # reference training runs inside the candidates
-    retrain = max(batch.seconds.get("retrain_probe", 0.0), 1e-9)
-    batch.tracker.log_metrics(batch.parent, {f"actual_seconds/{k}": v for k, v in actual.items()}
-                              | {"actual_retrains": actual["total"] / retrain})
-    from unlearning.costs import sig
+def plan_vs_actual(batch: BatchRun, n_forget: int | None = None) -> dict[str, float]:
+    """The batch's measured seconds per phase (unlearning/overhead.py: they sum to its wall time so far) beside
+    the plan's, in one line and as MLflow metrics `actual_seconds/*`; `n_forget`: an applied batch's rows, which
+    adds it to the project's phase history (the next plans' fixed phases). Called when the batch closes."""
+    from unlearning.overhead import PRECEDENCE, History, account, plan_vs_actual_line
 
-    predicted = the_plan.predicted_seconds.get("total")
-    run_logger().info(f"{batch.path.name}: plan vs actual: predicted {predicted if predicted is not None else '?'} s "
-                      f"({sig(the_plan.predicted_retrains)} retrains), took {actual['total']:.1f} s "
-                      f"({sig(actual['total'] / retrain)} retrains of {sig(retrain, 3)} s; diagnostics "
-                      f"{actual['diagnostics']:.1f} s, references {refs:.1f} s, candidates {outcomes_seconds:.1f} s)")
+    end = time.perf_counter()
+    actual = account(batch.started, end, {k: clock.intervals(k, batch.started, end) for k in PRECEDENCE})
+    clock.forget_phases_before(end)
+    point, ranges, model = batch.predicted if batch.predicted is not None else (None, None, None)
+    try:
+        batch.tracker.log_metrics(batch.parent, {f"actual_seconds/{k}": v for k, v in actual.items()}
+                                  | {"actual_seconds/total": sum(actual.values())})
+    except Exception:  # a failed batch whose store failed: the line still says where the time went
+        pass
+    run_logger().info(f"{batch.path.name}: {plan_vs_actual_line(point, ranges, actual)}")
+    if n_forget is not None and batch.history is not None:
+        History(batch.history).add(actual, model, n_forget)
+    return actual
 
 
 def references_report(batch: BatchRun, seed: int, train: Train, state: State, rows: BatchRows, pool) -> None:
@@ -322,6 +335,7 @@ def selection_of(device: str, deletion: Deletion, epochs: int, state: State, row
 
 @task(name="select", **STAGE)
 @computes
+@clock.phase("candidates")
 def select(batch: BatchRun, deletion: Deletion, epochs: int, state: State, rows: BatchRows, objective: str,
            report, oracles: Ensemble | None, n_train: int,
            made: tuple[Selection, dict, list[str]] | None = None) -> Selection:
@@ -376,6 +390,7 @@ def needs_noise_floor(selection: Selection, weigh_cost: bool) -> bool:
 # 6. unlearn and certify, per candidate -------------------------------------------------------------------
 @task(name="unlearn-and-certify", task_run_name="unlearn-and-certify-{step.method}", **STAGE)
 @computes
+@clock.phase("candidates")
 def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, rows: BatchRows, pool, the_plan,
                         objective: str, batch_index: int) -> CandidateOutcome:
     """Run the plan's `step` and certify it as the step says (tasks/certify.py); log metrics, the verdict, the
@@ -470,6 +485,7 @@ def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bo
 # 7. promote ----------------------------------------------------------------------------------------------
 @task(name="promote", **STAGE)
 @computes
+@clock.phase("candidates")
 def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame, objective: str,
             outcome: CandidateOutcome, rows: BatchRows, n_train: int, warnings: list[str] | None = None) -> Promotion:
     """Register the model, then write model, manifest, ledger and champion history to a staging folder and
@@ -680,6 +696,7 @@ def finish_not_trained_on(batch: BatchRun, promoted: Promotion, erasure: dict | 
 # 8. erase ------------------------------------------------------------------------------------------------
 @task(name="erase", **STAGE)
 @computes
+@clock.phase("erase")
 def erase(batch: BatchRun, params: Params, forget_ids: list[str], salt: str, version: str) -> dict:
     """Remove the forgotten rows from every store (tasks/erasure.py; params.erasure and base.paths)."""
     from tasks.erasure import erase as erase_rows
@@ -709,6 +726,7 @@ def finish(batch: BatchRun, outcome: CandidateOutcome, promoted: Promotion, eras
     fig = plots.history(history, f"champion across {len(history)} batch(es)")
     t.log_figure(batch.parent, fig, "champion_history.png"); plots.close(fig)
     t.set_tags(batch.parent, {"method": outcome.method, "gate": "passed", "model_version": promoted.version})
+    plan_vs_actual(batch, int(batch.summary.get("n_forgotten") or 0))
     publish_summary(batch, status="applied", erasure=erasure)
     t.end_run(batch.parent, seconds=wall)
 
@@ -758,6 +776,8 @@ def fail(batch: BatchRun, error: BaseException, rejected: bool, held: bool = Fal
             batch.close(ok=False)
         except Exception:
             pass
+    if batch.predicted is not None:  # a batch that planned: where its time went, as for an applied one
+        plan_vs_actual(batch)
     try:
         t.log_json(batch.parent, {"error": str(error), "traceback": traceback.format_exc(),
                                   **({"failing_checks": failing} if rejected else {})}, "error.json")

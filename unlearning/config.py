@@ -412,6 +412,20 @@ class AuditSchedule(Strict):
         return self
 
 
+class ProbeSettings(Strict):
+    """validation.probe: how the planner's timing probe measures (unlearning/costs.py ProbeConditions,
+    tasks/planning.py probe; docs/design.md §4.6): rounds until they agree, and when a cached probe is stale."""
+
+    max_spread: float = Field(0.25, gt=0, description="time the cost curve again until the slowest and fastest round "
+                                                      "differ by at most this share of the median (else the plan "
+                                                      "reports the spread it measured)")
+    max_rounds: int = Field(3, ge=1, le=20, description="rounds of the curve at most")
+    max_age_hours: float = Field(24.0, gt=0, description="probe again when the cached figure is older than this")
+    max_load_ratio: float = Field(2.0, gt=1, description="probe again when the load per core differs from the "
+                                                         "probe's by more than this factor either way (a probe taken "
+                                                         "under another load prices a batch wrongly)")
+
+
 class Validation(Strict):
     """How candidates are certified against reference models (docs/design.md §4.2, §4.5; unlearning/plan.py)."""
 
@@ -457,6 +471,8 @@ class Validation(Strict):
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = None
     dask_workers: int = Field(2, gt=0)
+    probe: ProbeSettings = Field(ProbeSettings(), description="the planner's timing probe: rounds, and when a "
+                                                              "cached one is taken again")
 
     @model_validator(mode="after")
     def _looks_increase(self):

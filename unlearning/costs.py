@@ -115,6 +115,96 @@ def steady(step_times: Sequence[float]) -> tuple[float, float]:
     return med, width / med if med > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class ProbeConditions:
+    """What a probe ran under and how far its rounds agreed (docs/design.md §4.6): the batch prices its training
+    with the probe's seconds, so they must be taken as the batch will run, and their uncertainty said.
+
+    `threads`: torch's intra-op threads during the timed steps (the batch's training uses the same,
+    unlearning/models/training.py TRAIN_THREADS); `cpu_share`: the process's CPU seconds over the probe's wall
+    seconds (1.0 on an idle core with one thread, less while other processes share the cores); `load_per_cpu`:
+    the 1-minute load average per core when it began; `probed_at`: when it ended (seconds since the epoch);
+    `rounds`: how often the whole curve was timed; `low`/`high`: the fastest and slowest round against their
+    median (the plan's range); `spread` = high - low; `max_spread`: the bound the rounds stopped at."""
+
+    threads: int
+    cpu_share: float
+    load_per_cpu: float
+    probed_at: float
+    rounds: int = 1
+    low: float = 1.0
+    high: float = 1.0
+    max_spread: float = 0.25
+
+    @property
+    def spread(self) -> float:
+        return self.high - self.low
+
+    def stale(self, now: float, load_per_cpu: float, max_age_s: float, max_load_ratio: float) -> str | None:
+        """Why a cached probe no longer prices a batch that runs now, or None: older than `max_age_s`, or taken
+        under a load whose contention (`contention`) differs from now's by more than `max_load_ratio` either way
+        (a probe under load 10 on 2 cores is 5x slower than on an idle machine, and the reverse)."""
+        age = now - self.probed_at
+        if age > max_age_s:
+            return f"probed {age / 3600:.1f} h ago (validation.probe.max_age_hours = {max_age_s / 3600:g})"
+        then, nowc = contention(self.load_per_cpu), contention(load_per_cpu)
+        ratio = max(then, nowc) / min(then, nowc)
+        if ratio > max_load_ratio:
+            return (f"probed at load {self.load_per_cpu:.1f} per core, now {load_per_cpu:.1f}: {ratio:.1f}x the "
+                    f"contention (validation.probe.max_load_ratio = {max_load_ratio:g})")
+        return None
+
+    def line(self) -> str:
+        met = "within" if self.spread <= self.max_spread else "ABOVE"
+        return (f"probe conditions: {self.rounds} round(s), spread {self.spread:.0%} ({met} the bound "
+                f"{self.max_spread:.0%}: fastest {self.low:.2f}x, slowest {self.high:.2f}x the median), CPU share "
+                f"{self.cpu_share:.2f} on {self.threads} thread(s), load {self.load_per_cpu:.1f} per core")
+
+    def to_dict(self) -> dict:
+        return {"threads": self.threads, "cpu_share": self.cpu_share, "load_per_cpu": self.load_per_cpu,
+                "probed_at": self.probed_at, "rounds": self.rounds, "low": self.low, "high": self.high,
+                "max_spread": self.max_spread}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProbeConditions":
+        return cls(int(d["threads"]), float(d["cpu_share"]), float(d["load_per_cpu"]), float(d["probed_at"]),
+                   int(d.get("rounds", 1)), float(d.get("low", 1.0)), float(d.get("high", 1.0)),
+                   float(d.get("max_spread", 0.25)))
+
+
+def contention(load_per_cpu: float) -> float:
+    """How much slower a CPU-bound thread runs at this load per core than alone: 1 while a core is free."""
+    return max(1.0, float(load_per_cpu))
+
+
+def round_factors(curves: Sequence[CostCurve]) -> tuple[CostCurve, list[float]]:
+    """(the per-size median curve of `curves`, each round's speed against it): a round's factor is the mean over
+    the sizes of its step time over the median's (1.2: that round ran 20 % slower)."""
+    sizes = curves[0].sizes
+    med = tuple(statistics.median(c.step_seconds[i] for c in curves) for i in range(len(sizes)))
+    factors = [statistics.fmean(c.step_seconds[i] / med[i] for i in range(len(sizes)) if med[i] > 0) if any(med)
+               else 1.0 for c in curves]
+    spread = tuple(statistics.median(c.spread[i] for c in curves) if all(len(c.spread) > i for c in curves) else 0.0
+                   for i in range(len(sizes)))
+    return CostCurve(sizes, med, spread, curves[0].source), factors
+
+
+def steady_curve(measure_round: Callable[[], CostCurve], max_spread: float, max_rounds: int, min_rounds: int = 2
+                 ) -> tuple[CostCurve, int, float, float]:
+    """Time the curve in rounds until the rounds agree within `max_spread` (slowest minus fastest round, over their
+    median) after at least `min_rounds`, or `max_rounds` were timed (then the spread stands as measured and the
+    plan says so). Returns (the median curve, rounds, fastest factor, slowest factor)."""
+    curves: list[CostCurve] = []
+    while True:
+        curves.append(measure_round())
+        # a round whose sizes changed (a CUDA chunk halved to fit the device) starts the comparison again
+        curves = [c for c in curves if c.sizes == curves[-1].sizes]
+        curve, factors = round_factors(curves)
+        done = len(curves) >= max(1, min_rounds) and max(factors) - min(factors) <= max_spread
+        if done or len(curves) >= max_rounds:
+            return curve, len(curves), min(factors), max(factors)
+
+
 def measure_curve(time_steps: Callable[[int], Sequence[float]], sizes: Sequence[int], source: str = "probe"
                   ) -> CostCurve:
     """The curve from `time_steps(k)`: the seconds of each training step of a chunk of k members (the first a

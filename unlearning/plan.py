@@ -37,7 +37,7 @@ from typing import Callable
 from unlearning.config import (
     EXACT_RETRAIN, SHARDED_EXACT, CertificateKind, ConfigError, Gate, Validation, method_traits, sharded_original_problem,
 )
-from unlearning.costs import CostCurve, DeviceMemory, choose_chunk, cuda_chunk_cap, sig
+from unlearning.costs import CostCurve, DeviceMemory, ProbeConditions, choose_chunk, cuda_chunk_cap, sig
 from unlearning.sequential import alpha_schedule, permutations_for
 
 MB = 1024 * 1024
@@ -64,6 +64,17 @@ class Timing:
     curve: CostCurve | None = None
     steps: int = 0
     method_retrains: dict[str, float] = field(default_factory=dict)
+    conditions: ProbeConditions | None = None  # what the probe ran under and how far its rounds agreed
+
+    @property
+    def range(self) -> tuple[float, float]:
+        """The plan's range on what the probe prices: its fastest and slowest round against their median, at least
+        half the spread the rounds were allowed either way (rounds that agreed within 1 % say little of the load
+        the batch will meet)."""
+        if self.conditions is None:
+            return 1.0, 1.0
+        c, half = self.conditions, self.conditions.max_spread / 2
+        return min(c.low, 1.0 - half), max(c.high, 1.0 + half)
 
     @property
     def member_in_retrains(self) -> float:
@@ -101,11 +112,14 @@ class Timing:
                        f"(one retrain {sig(self.retrain_seconds, 3)} s = {self.steps} steps)")
         for m, r in self.method_retrains.items():
             out.append(f"method {m}: {sig(r)} retrain(s) on one model (timed on a sample of the batch's rows)")
+        if self.conditions is not None:
+            out.append(self.conditions.line())
         return out
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "curve"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("curve", "conditions")}
         d["curve"] = self.curve.to_dict() if self.curve is not None else None
+        d["conditions"] = self.conditions.to_dict() if self.conditions is not None else None
         return d
 
 

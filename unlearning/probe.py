@@ -7,17 +7,51 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from typing import Callable
 
 import numpy as np
 import torch
 
-from unlearning.costs import PROBE_MIN_STEPS
+from unlearning.costs import PROBE_MIN_STEPS, ProbeConditions
+from unlearning.models import Ensemble, TrainRecipe, fit
+from unlearning.models.training import TRAIN_THREADS
 
 PROBE_MIN_SECONDS = 0.1  # counted step time per size at least (more steps when they are fast)
 PROBE_MAX_STEPS = 400  # steps per size at most
-from unlearning.models import Ensemble, TrainRecipe, fit
+
+
+class ConditionsMeter:
+    """`with ConditionsMeter() as m: ...` measures what the block ran under: the process's CPU seconds over its
+    wall seconds (every thread of the process counts, as they share the batch's cores), and the load per core
+    when it began. The clocks are arguments so the tests drive them (tests/unit/test_probe_conditions.py)."""
+
+    def __init__(self, wall=time.perf_counter, cpu=time.process_time, load=None, now=time.time):
+        self.wall, self.cpu, self.now = wall, cpu, now
+        self.load = load if load is not None else load_per_cpu  # () -> the load average per core now
+        self.cpu_share = self.load_per_cpu = 0.0
+
+    def __enter__(self) -> "ConditionsMeter":
+        self.load_per_cpu = float(self.load())
+        self._w, self._c = self.wall(), self.cpu()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.cpu_share = (self.cpu() - self._c) / max(self.wall() - self._w, 1e-9)
+        return False
+
+    def conditions(self, rounds: int, low: float, high: float, max_spread: float) -> ProbeConditions:
+        return ProbeConditions(TRAIN_THREADS, round(self.cpu_share, 3), round(self.load_per_cpu, 2),
+                               round(self.now(), 1), rounds, round(low, 4), round(high, 4), max_spread)
+
+
+def load_per_cpu(load=os.getloadavg, cores=os.cpu_count) -> float:
+    """The 1-minute load average per core now (0 where the platform has none)."""
+    try:
+        return float(load()[0]) / max(int(cores() or 1), 1)
+    except OSError:
+        return 0.0
 
 
 class StepTimer:
@@ -61,7 +95,7 @@ class StepTimer:
             times.append(now - last[0])
             last[0] = now
 
-        fit(model, self.X, self.y, self.recipe, on_step=on_step)
+        fit(model, self.X, self.y, self.recipe, on_step=on_step, threads=TRAIN_THREADS)  # the batch's threads
         counted = sorted(times[1:])
         if counted and sum(counted) < self.min_seconds:
             # fast steps: a few of them are a few milliseconds, which one stall of another process on the
@@ -71,7 +105,7 @@ class StepTimer:
             first = sum(times)
             times.clear()
             last[0] = time.perf_counter()
-            fit(model, self.X, self.y, again, on_step=on_step)
+            fit(model, self.X, self.y, again, on_step=on_step, threads=TRAIN_THREADS)
             times[0] += first  # one warm-up: the first run and the second's first step
         if self.cuda:
             peak = (torch.cuda.max_memory_allocated(self.device) - before) // k

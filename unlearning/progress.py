@@ -10,7 +10,9 @@ end, each with the elapsed time and an ETA:
 A loop whose single steps are long (a solver fit over every retain row, a conjugate-gradient solve) keeps
 the 10 s rule through `tick()`: inner loops call it, and the innermost bar of the thread prints a line
 (with its current `stage`) when `every_s` passed. `set_default(False)` (from `base.progress`) turns off
-every bar built with `enabled=None`.
+every bar built with `enabled=None`. `after_s` keeps a command that ends quickly quiet: no line (not even the
+first) before that many seconds, and no last line when none was printed. `heartbeat_s` keeps the 10 s rule where
+no inner loop ticks (loading a state, one long library call): a thread pokes the bar that often.
 """
 
 from __future__ import annotations
@@ -58,21 +60,28 @@ class Progress:
 
     `enabled=False` prints nothing, `None` follows `set_default`. `stream` defaults to stderr; `tty` overrides
     the terminal detection. `stage(name)` names the part of the loop that runs now; `stop(reason)` says why a
-    loop ends before its total (the last line shows it instead of an ETA)."""
+    loop ends before its total (the last line shows it instead of an ETA). `after_s`: silent for that long (a
+    loop that ends sooner prints nothing; on a terminal, the bar appears then). `heartbeat_s`: a thread pokes the
+    bar that often, so a single step that calls no `tick()` still gets its line every `every_s`."""
 
     def __init__(self, total: int, desc: str, *, unit: str = "it", enabled: bool | None = True,
                  stream: IO | None = None, every_s: float = 10.0, min_gap_s: float = 2.0, tty: bool | None = None,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, after_s: float = 0.0, heartbeat_s: float | None = None):
         self.total, self.desc, self.unit, self.enabled = max(int(total), 0), desc, unit, resolve(enabled)
         self.stage_name: str | None = None
         self.stopped: str | None = None
         self.stream = stream if stream is not None else sys.stderr
-        self.every_s, self.min_gap_s, self.clock = every_s, min_gap_s, clock
+        self.every_s, self.min_gap_s, self.clock, self.after_s = every_s, min_gap_s, clock, after_s
+        self.printed = 0  # lines written (plain mode)
         self.tty = bool(tty) if tty is not None else bool(getattr(self.stream, "isatty", lambda: False)())
         self.done = 0
         self._bar = None
         self._start = self._last = 0.0
         self._last_decile = -1
+        self.heartbeat_s = heartbeat_s
+        self._lock = threading.RLock()  # the heartbeat thread and the loop's own thread both write lines
+        self._beat: threading.Thread | None = None
+        self._ended = threading.Event()
 
     def __enter__(self) -> "Progress":
         self._start = self._last = self.clock()
@@ -81,16 +90,41 @@ class Progress:
         if not hasattr(_local, "stack"):
             _local.stack = []
         _local.stack.append(self)
+        if self.after_s <= 0:
+            self._show()
+        if self.heartbeat_s:
+            self._beat = threading.Thread(target=self._heartbeat, name=f"progress {self.desc}", daemon=True)
+            self._beat.start()
+        return self
+
+    def _heartbeat(self) -> None:
+        while not self._ended.wait(self.heartbeat_s):
+            self.poke()
+
+    def _show(self, now: float | None = None) -> None:
+        """The bar on a terminal, else the first plain line."""
         if self.tty:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, leave=False, file=self.stream,
-                             mininterval=0.5)
+                             mininterval=0.5, initial=self.done)
         else:
-            self._line()
-        return self
+            self._line(now)
+
+    def _silent(self, now: float) -> bool:
+        """Still inside `after_s` (nothing shown yet); past it, shows the bar or the first line once."""
+        if self.after_s <= 0 or self._bar is not None or self.printed:
+            return False
+        if now - self._start < self.after_s:
+            return True
+        self._show(now)
+        return True
 
     def update(self, n: int = 1) -> None:
+        with self._lock:
+            self._update(n)
+
+    def _update(self, n: int) -> None:
         self.done += n
         if not self.enabled:
             return
@@ -98,6 +132,8 @@ class Progress:
             self._bar.update(n)
             return
         now = self.clock()
+        if self._silent(now):
+            return
         decile = int(10 * self.done / self.total) if self.total else 10
         since = now - self._last
         if since >= self.every_s or (decile > self._last_decile and since >= self.min_gap_s):
@@ -115,10 +151,14 @@ class Progress:
 
     def poke(self) -> None:
         """A line (or a bar refresh) when `every_s` passed without one: long single steps stay visible."""
+        with self._lock:
+            self._poke()
+
+    def _poke(self) -> None:
         if not self.enabled:
             return
         now = self.clock()
-        if now - self._last < self.every_s:
+        if self._silent(now) or now - self._last < self.every_s:
             return
         if self._bar is not None:
             self._bar.refresh()
@@ -127,12 +167,17 @@ class Progress:
             self._line(now)
 
     def __exit__(self, *exc) -> bool:
+        self._ended.set()
+        if self._beat is not None:
+            self._beat.join()
         if self.enabled:
             stack = getattr(_local, "stack", [])
             if stack and stack[-1] is self:
                 stack.pop()
             if self._bar is not None:
                 self._bar.close()
+            elif self.after_s > 0 and not self.printed:
+                pass  # ended within after_s: nothing to say
             elif self._last_decile < 10 or self.done == 0 or self.stopped:
                 self._line()
         return False
@@ -149,5 +194,6 @@ class Progress:
         stage = f" [{self.stage_name}]" if self.stage_name else ""
         print(f"{self.desc}{stage}: {self.done}/{self.total} {self.unit} ({pct:.0f}%), {_fmt(elapsed)} elapsed{tail}",
               file=self.stream, flush=True)
+        self.printed += 1
         self._last = now
         self._last_decile = int(10 * self.done / self.total) if self.total else 10

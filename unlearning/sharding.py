@@ -33,6 +33,7 @@ import torch
 from unlearning.ledger import HASH_PREFIX, hash_sample_id
 from unlearning.models import Ensemble, TrainRecipe, build_model, fit
 from unlearning.models.aggregate import AGGREGATES, Aggregate  # noqa: F401  (the deployed model; re-exported)
+from unlearning.progress import Progress
 
 BY = ("random", "group", "column")
 
@@ -263,28 +264,40 @@ def train_slices(start: dict[int, Ensemble], first: dict[int, int], plan: ShardP
     report = SliceReport()
     t0 = time.perf_counter()
     members = {k: m for k, m in start.items()}
-    for r in range(plan.slices):
-        todo = [k for k in sorted(first) if first[k] <= r]
-        rows = {k: plan.rows_of(k, r, keep) for k in todo}
-        groups = ([[k for k in todo if len(rows[k]) == n] for n in sorted({len(v) for v in rows.values()})]
-                  if vectorize else [[k] for k in todo])
-        for group in groups:
-            size = len(rows[group[0]])
-            model = Ensemble.concat([members[k] for k in group]) if len(group) > 1 else members[group[0]]
-            if size:
-                fit(model, X, y, recipe, epochs=plan.slice_epochs,
-                    rows=torch.as_tensor(np.stack([rows[k] for k in group]), dtype=torch.long),
-                    order_seeds=[order_seed(plan.seeds[k], r) for k in group],
-                    progress=f"{progress} slice {r + 1}/{plan.slices}" if isinstance(progress, str) else progress)
-                report.gradient_evals += plan.slice_epochs * size * len(group)
-            for i, k in enumerate(group):
-                members[k] = model.select(i) if len(group) > 1 else model
-                report.trained.append((k, r))
-                if checkpoint is not None:
-                    checkpoint(k, r, members[k])
+    # one progress line for the whole run, naming the shard and slice in training (not one bar per (shard, slice):
+    # 10 shards x 4 slices printed 80 lines that did not say which shard); the inner training loop ticks it
+    total = sum(plan.slices - r0 for r0 in first.values())
+    label = progress if isinstance(progress, str) else f"train {plan.shards} shards"
+    with Progress(total, label, unit="shard-slices", enabled=progress) as bar:
+        for r in range(plan.slices):
+            todo = [k for k in sorted(first) if first[k] <= r]
+            rows = {k: plan.rows_of(k, r, keep) for k in todo}
+            groups = ([[k for k in todo if len(rows[k]) == n] for n in sorted({len(v) for v in rows.values()})]
+                      if vectorize else [[k] for k in todo])
+            for group in groups:
+                bar.stage(f"{_shard_names(group, plan.shards)}, slice {r + 1}/{plan.slices}")
+                size = len(rows[group[0]])
+                model = Ensemble.concat([members[k] for k in group]) if len(group) > 1 else members[group[0]]
+                if size:
+                    fit(model, X, y, recipe, epochs=plan.slice_epochs,
+                        rows=torch.as_tensor(np.stack([rows[k] for k in group]), dtype=torch.long),
+                        order_seeds=[order_seed(plan.seeds[k], r) for k in group])
+                    report.gradient_evals += plan.slice_epochs * size * len(group)
+                for i, k in enumerate(group):
+                    members[k] = model.select(i) if len(group) > 1 else model
+                    report.trained.append((k, r))
+                    if checkpoint is not None:
+                        checkpoint(k, r, members[k])
+                bar.update(len(group))
     report.trained.sort()
     report.seconds = time.perf_counter() - t0
     return members, report
+
+
+def _shard_names(group: list[int], shards: int) -> str:
+    """The shards of one training pass, numbered from 1 as a person counts them: "shard 3/10", "shards 1, 4/10"."""
+    return (f"shard {group[0] + 1}/{shards}" if len(group) == 1
+            else f"shards {', '.join(str(k + 1) for k in group)}/{shards}")
 
 
 def train_from_scratch(spec: dict, plan: ShardPlan, X: torch.Tensor, y: torch.Tensor, recipe: TrainRecipe,

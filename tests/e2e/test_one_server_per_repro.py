@@ -76,17 +76,24 @@ def drop_request(proj: Path, name: str, ids: list[str]) -> None:
         proj / "requests" / "inbox" / f"{name}.csv", index=False)
 
 
-def test_two_batches_through_unlearn_repro_start_one_server_each(tmp_path):
+def write_digits_csv(path: Path, n: int = 600) -> Path:
+    """The first `n` digits as a user's CSV (id, 64 pixels, digit, split: every fifth row val)."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    table = pd.DataFrame(d.data[:600], columns=[f"p{i}" for i in range(64)])
+    table = pd.DataFrame(d.data[:n], columns=[f"p{i}" for i in range(64)])
     table.insert(0, "id", [f"img-{i:04d}" for i in range(len(table))])
-    table["digit"] = d.target[:600]
-    table["split"] = ["val" if i % 5 == 4 else "train" for i in range(len(table))]  # the ids below: train rows
-    table.to_csv(tmp_path / "digits.csv", index=False)
-    proj = tmp_path / "mine"
-    home = str(tmp_path / "prefect")
+    table["digit"] = d.target[:n]
+    table["split"] = ["val" if i % 5 == 4 else "train" for i in range(len(table))]
+    table.to_csv(path, index=False)
+    return path
+
+
+def init_digits_project(tmp_path: Path) -> tuple[Path, str, dict, list[str], str]:
+    """(project, its PREFECT_HOME, the commands' environment, `unlearn`, init's output): `unlearn init` of the
+    digits CSV in tmp_path/mine, with a Prefect home of its own and no server or worker of the caller's."""
+    write_digits_csv(tmp_path / "digits.csv")
+    proj, home = tmp_path / "mine", str(tmp_path / "prefect")
     env = {**os.environ, "PREFECT_HOME": home, "PYTHONPATH": str(ROOT),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for key in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "UNLEARN_WARM_WORKER", "UNLEARN_NO_SESSION"):
@@ -94,6 +101,11 @@ def test_two_batches_through_unlearn_repro_start_one_server_each(tmp_path):
     unlearn = [sys.executable, "-m", "flows.cli"]
     out, _ = run_watched([*unlearn, "init", str(proj), "--dataset", "table", "--path", str(tmp_path / "digits.csv"),
                           "--id-column", "id", "--label-column", "digit", "--split-column", "split"], tmp_path, env)
+    return proj, home, env, unlearn, out
+
+
+def test_two_batches_through_unlearn_repro_start_one_server_each(tmp_path):
+    proj, home, env, unlearn, out = init_digits_project(tmp_path)  # the ids below: train rows
     assert "unlearn repro" in out  # the next step it names
 
     drop_request(proj, "2026-12-01T0900_first", ["img-0003", "img-0010"])

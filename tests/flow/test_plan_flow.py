@@ -75,10 +75,30 @@ def test_unlearn_plan_says_what_the_batch_will_train_before_anything_runs(projec
     assert plan["steps"][0]["looks"] == [[8, 8], [16, 16], [24, 24]]
     assert plan["models_to_train"] == {"retrain": 1, "oracles": 24, "shadows": 24}
     assert plan["predicted_seconds"]["total"] > 0 and plan["peak_mb"] > 0 and plan["refusal"] is None
+    from unlearning.overhead import PHASES
+
+    wall = plan["wall_seconds"]  # the phases the batch's plan-vs-actual line measures, with their range
+    assert list(wall["phases"]) == list(PHASES) and wall["batch"] == pytest.approx(sum(wall["phases"].values()), abs=1e-2)
+    assert wall["range_total"][0] <= wall["batch"] <= wall["range_total"][1]
+    assert plan["timing"]["conditions"]["rounds"] >= 1 and plan["timing"]["conditions"]["threads"] == 1
     assert plan["gate_criterion"] == {"criterion": "difference"}
     assert any(n.startswith("gate criterion: difference") for n in plan["notes_cli"])
     assert sorted(p.name for p in (project / "data" / "prepared").iterdir()) == before
     assert (ledger.read_text() if ledger.exists() else None) == ledger_before  # the plan wrote nothing
+
+
+def test_the_standalone_plan_skips_the_diagnostics_the_batch_skips(project):
+    """Diagnostics on, the rules' default: only the exact retrain is left once certifying costs more than it
+    (deletion.weigh_cost), so the batch skips them (tasks/batch_path.py diagnostics_unused), and the plan
+    predicts that rather than counting diagnostics.max_retrains."""
+    req = project / "diag.csv"
+    class_request(project, req, "6", 5)
+    params = load_params(project / "params.yaml", {"diagnostics": {"enabled": True}, "deletion": {"method": "auto"}})
+    from flows.plan_cli import batch_plan_for
+
+    plan, timing, selection, notes = batch_plan_for(req, params, "cpu")
+    assert plan.methods == ["retrain"] and plan.predicted_seconds["diagnostics"] == 0
+    assert any(n.startswith("diagnostics: skipped by the batch: the only candidate(s)") for n in notes), notes
 
 
 def test_a_plan_that_cannot_fit_the_memory_budget_is_refused_naming_the_key(project):
@@ -109,6 +129,16 @@ def test_do_nothing_is_rejected_at_the_first_look_then_its_oracles_are_the_next_
     assert look["tested"]["forget"] < look["alpha"]
     first = ensembles_metrics(tracker, r["run_id"])
     assert (first["n_oracles"], first["n_shadows"]) == (8, 8)
+    # one accounting: the batch's phases sum to its wall time, beside the plan's same phases
+    from unlearning.overhead import PHASES
+
+    metrics = tracker.client.get_run(r["run_id"]).data.metrics
+    actual = {k: metrics[f"actual_seconds/{k}"] for k in PHASES}
+    assert sum(actual.values()) == pytest.approx(metrics["actual_seconds/total"]) and min(actual.values()) >= 0
+    assert actual["references"] > 0 and actual["tracking"] > 0 and actual["validation"] > 0
+    assert {f"predicted_seconds/{k}" for k in PHASES} <= set(metrics)
+    history = [json.loads(line) for line in (project / "cache" / "costs" / "phases.jsonl").read_text().splitlines()]
+    assert history[-1]["actual"] == pytest.approx(actual, abs=1e-3)  # the next plans learn from it
 
     req2 = project / "second.csv"
     class_request(project, req2, "5", 60)

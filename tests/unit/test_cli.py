@@ -91,16 +91,19 @@ def test_cuda_on_a_machine_without_a_gpu_is_one_line_before_anything_starts(tmp_
     assert session.params_problem(["dvc", "repro", "deletion"]) is None
 
 
-def test_ui_hint_names_make_ui_only_where_a_makefile_has_it(tmp_path):
-    # A project of `unlearn init` has no Makefile: its batches said "`make ui` (or mlflow ui ...)".
+def test_ui_hint_names_unlearn_ui_in_every_project(tmp_path, monkeypatch):
+    # A project of `unlearn init` has no Makefile: its batches said "`mlflow ui ...`", which opens MLflow's GenAI
+    # overview; `unlearn ui` opens the batches page there as `make ui` does here.
     from flows.common import ui_route
     from unlearning.config import parse_params
 
     params = parse_params({}, root=tmp_path)
-    assert ui_route(params).startswith("`mlflow ui --backend-store-uri sqlite:///")
-    assert "make ui" not in ui_route(params)
-    (tmp_path / "Makefile").write_text("run:\n\techo\nui: ## the MLflow UI\n\tmlflow ui\n")
-    assert ui_route(params, "#/x").startswith("`make ui` (or `mlflow ui") and ui_route(params, "#/x").endswith("/#/x")
+    monkeypatch.chdir(tmp_path)
+    assert ui_route(params, "#/x") == "`unlearn ui`, then open http://127.0.0.1:5000/#/x"
+    monkeypatch.chdir(tmp_path.parent)  # elsewhere: the command names the project's params file
+    assert ui_route(params).startswith(f"`unlearn --params {tmp_path / 'params.yaml'} ui`")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")  # a tracking server serves its own UI
+    assert ui_route(params, "#/x") == "open http://127.0.0.1:5999/#/x"
 
 
 def test_deletion_flow_runs_are_named_after_the_request_file(tmp_path, monkeypatch):

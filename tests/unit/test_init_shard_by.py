@@ -23,6 +23,9 @@ def test_init_shard_by_a_customer_column(tmp_path, capsys):
     params = load_params(target / "params.yaml")
     s = params.train.sharding
     assert (s.shards, s.slices, s.by, s.column, s.aggregate) == (3, 2, "column", "household", "mean_probs")
+    # the written file names every key of train.sharding, the skew bound the warning is judged against included
+    written = yaml.safe_load((target / "params.yaml").read_text())["train"]["sharding"]
+    assert written["max_skew"] == s.max_skew == 3.0 and set(written) == set(type(s).model_fields)
     assert params.prepare.table.group_column == "household"  # grouped by it, and no model input
     assert "household" not in params.prepare.table.feature_columns
     # the sharded original's checkpoints are an output of train

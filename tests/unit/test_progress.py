@@ -157,3 +157,47 @@ def test_chunks_that_run_side_by_side_say_which_members_they_train():
 
     assert chunk_labels("oracles", [32, 32, 16]) == ["oracles 1-32 of 80", "oracles 33-64 of 80", "oracles 65-80 of 80"]
     assert chunk_labels("shadows", [8]) == ["shadows x8"]
+
+
+def test_after_s_keeps_a_quick_command_quiet_and_a_slow_one_visible():
+    """`after_s`: a loop that ends within it prints nothing at all; a slower one starts its lines once it has run
+    that long (the stage it is in named), keeps the 10 s rule, and ends with its last line."""
+    out, clock = io.StringIO(), Clock()
+    with Progress(4, "verify-erasure", unit="stores", stream=out, tty=False, clock=clock, after_s=2.0) as bar:
+        for _ in range(4):
+            clock.t += 0.4
+            bar.update()
+    assert out.getvalue() == ""
+    with Progress(4, "verify-erasure", unit="stores", stream=out, tty=False, clock=clock, after_s=2.0) as bar:
+        bar.stage("DVC cache")
+        clock.t += 1.0
+        bar.update()  # 1 s: still quiet
+        clock.t += 24.0
+        bar.poke()  # a tick past after_s shows the first line
+        bar.update(3)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "verify-erasure [DVC cache]: 1/4 stores (25%), 25.0 s elapsed, ETA 1 min 15 s"
+    assert lines[-1].startswith("verify-erasure [DVC cache]: 4/4 stores (100%), 25.0 s elapsed") and len(lines) == 2
+
+
+def test_a_heartbeat_keeps_the_ten_second_lines_where_nothing_ticks():
+    """One long call that never ticks (loading a state, a library's own loop): the heartbeat thread pokes the bar,
+    so a line comes every `every_s` all the same, naming the stage it is in."""
+    import threading
+
+    out, clock, printed = io.StringIO(), Clock(), threading.Event()
+
+    class Stream(io.StringIO):
+        def write(self, text):
+            printed.set()
+            return out.write(text)
+
+    with Progress(2, "unlearn plan", unit="steps", stream=Stream(), tty=False, clock=clock, after_s=2.0,
+                  heartbeat_s=0.01) as bar:
+        bar.stage("loading the state")
+        clock.t = 12.0  # the one call runs 12 s: the thread shows the first line without any update or tick
+        assert printed.wait(5.0)
+        bar.update(2)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "unlearn plan [loading the state]: 0/2 steps (0%), 12.0 s elapsed"
+    assert lines[-1].startswith("unlearn plan [loading the state]: 2/2 steps (100%)")

@@ -1,5 +1,6 @@
 """flows.session: stage timing from DVC's output, and CMD passed through (no server when one is configured)."""
 
+import os
 import re
 import sys
 
@@ -106,6 +107,9 @@ def test_the_prefect_database_counts_as_migrated_only_with_this_versions_stamp(t
     assert not session.prefect_db_is_migrated({**env, "PREFECT_API_DATABASE_CONNECTION_URL": "postgresql+asyncpg://x"})
     (tmp_path / "prefect.db.version").write_text("2.0.0")
     assert not session.prefect_db_is_migrated(env)
+    session.stamp_migrated(env)  # a server migrated it at its start: the next sessions skip the check
+    assert session.prefect_db_is_migrated(env)
+    assert session.prefect_home({"HOME": "x"}) == os.path.join(os.path.expanduser("~"), ".prefect")  # Prefect's
 
 
 def test_dvc_git_hint_becomes_one_line_on_the_dvc_lock_policy_and_other_output_passes(capsys):

@@ -79,6 +79,9 @@ class TrainCost:
     seconds: float
 
 
+TRAIN_THREADS = 1  # intra-op threads of every training run (and of the planner's probe, which times the same steps)
+
+
 class intra_op_threads:
     """Temporarily set torch's intra-op thread count (process-wide, reference-counted across threads).
 
@@ -130,7 +133,7 @@ def train_ensemble(
     schedule: str = "constant",
     label_smoothing: float = 0.0,
     progress: bool | str = False,
-    threads: int | None = 1,
+    threads: int | None = TRAIN_THREADS,
     kernel: str = "auto",
     rows: torch.Tensor | None = None,
     order_seeds: Sequence[int] | None = None,
