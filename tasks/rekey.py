@@ -89,7 +89,21 @@ def recommit(params: Params) -> dict:
     from adapters.dvc_metrics import ensure_metrics
 
     ensure_metrics(params)
-    return {"committed": dvc_ops.commit(params.root, ["prepare", "train", "deletion"])}
+    stages = recorded_stages(params.root, ["prepare", "train", "deletion"])
+    return {"committed": dvc_ops.commit(params.root, stages) if stages else []}
+
+
+def recorded_stages(root: Path, names: list[str]) -> list[str]:
+    """The stages of `names` that dvc.lock records and whose outputs exist: what a re-commit can record again (a
+    project that never ran a stage has nothing of it to re-commit; `dvc commit` of a missing output fails)."""
+    import yaml
+
+    lock = Path(root) / "dvc.lock"
+    if not lock.is_file():
+        return []
+    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    return [name for name in names if name in stages
+            and all((Path(root) / out["path"]).exists() for out in stages[name].get("outs", []))]
 
 
 LOCK_TIMEOUT = 3600.0  # seconds a re-keying waits for a running batch (it holds the state's lock) to end

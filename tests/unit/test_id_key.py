@@ -258,3 +258,20 @@ def test_a_migration_killed_while_preparing_starts_again_with_the_same_key(tmp_p
     key = id_salt(params)
     assert key == journal["key"] and not list(tmp_path.rglob(f"*{rekey.TEMP_SUFFIX}"))
     assert read_tombstones(params.path("tombstones")) == {hash_sample_id(s, key) for s in ERASED}
+
+
+def test_recommit_records_again_only_the_stages_dvc_lock_has_with_their_outputs(tmp_path):
+    """A project migrated before its first `dvc repro` has no output to re-commit (`dvc commit` of a missing one
+    fails): only a stage dvc.lock records, whose outputs all exist, is committed again."""
+    from tasks.rekey import recorded_stages
+
+    names = ["prepare", "train", "deletion"]
+    assert recorded_stages(tmp_path, names) == []  # no dvc.lock: never ran
+    (tmp_path / "data" / "prepared").mkdir(parents=True)
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  prepare:\n    outs:\n    - path: data/prepared\n"
+        "  train:\n    outs:\n    - path: models/original.pt\n")
+    assert recorded_stages(tmp_path, names) == ["prepare"]  # train's output is gone, deletion never ran
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "original.pt").write_bytes(b"x")
+    assert recorded_stages(tmp_path, names) == ["prepare", "train"]
