@@ -52,6 +52,14 @@ class AfterCommitError(RuntimeError):
     """A failure after the batch was committed to state/: the batch IS applied; the message says what is not."""
 
 
+def run_candidates(batch, params: Params, state, diagnosed, objective: str, counts):
+    """The batch's candidates: the qualified licence (validation.mode qualified), or the plan's steps; (outcome,
+    the qualified licence or None)."""
+    if qualified_mode(params, objective):
+        return qualified_run(batch, params, state, diagnosed.rows, objective, diagnosed.report, counts)
+    return plan_and_run(batch, params, state, diagnosed, objective, counts), None
+
+
 def process_request_file(path: Path, params: Params, device: str) -> BatchResult:
     """One request file through the pipeline (the diagram in tasks/stages.py), all or nothing: validate -> split
     -> licensed inaction (tasks/licensed_batch.py) or diagnose and partition -> run (the plan's steps, or the
@@ -76,14 +84,10 @@ def process_request_file(path: Path, params: Params, device: str) -> BatchResult
         if licensed is not None:  # licensed inaction (docs/design.md §4.9): the model unchanged, the rows erased
             return licensed
         diagnosed = diagnose_and_partition(batch, params, state, forget_ids, objective, counts)
+        outcome, licensing = run_candidates(batch, params, state, diagnosed, objective, counts)
         rows = diagnosed.rows
-        if qualified_mode(params, objective):
-            outcome, licensing = qualified_run(batch, params, state, rows, objective, diagnosed.report, counts)
-        else:
-            outcome, licensing = plan_and_run(batch, params, state, diagnosed, objective, counts), None
         quality = announce_quality(batch, outcome, state, rows, params)  # said out loud; refused if declared
-        promoted = S.promote(batch, params, state, requests, objective, outcome, rows, counts.n_train,
-                             warnings=quality)
+        promoted = S.promote(batch, params, state, requests, objective, outcome, rows, counts.n_train, warnings=quality)
         if licensing is not None:
             mark_qualified(batch, params, promoted.version, outcome.method, licensing)
             if licensing.audit_due and licensing.qualifies(outcome.method):
@@ -260,7 +264,8 @@ def held(f: Path, params: Params, error: BatchRejected) -> BatchResult:
                          f"erasure is never refused for the model's quality; {serving_line(version)}. "
                          f"`unlearn approve {dest.name}` promotes the exact retrain and finishes the erase")
     return BatchResult(f.name, "held", batch_id=getattr(error, "batch_id", None), run_id=getattr(error, "run_id", None),
-                       error=str(error), moved_to=str(dest), reason="gate", exit_code=EXIT_HELD)
+                       error=str(error), moved_to=str(dest), reason="gate",
+                       exit_code=EXIT_HELD)
 
 
 def changed_since(path: Path, sha256: str | None) -> bool:
@@ -274,7 +279,8 @@ def still_open(path: Path, writers: list[int]) -> BatchResult:
     run_logger().warning(f"{path.name} is still open for writing by process(es) {writers}: nothing of it was "
                          f"applied, it stays in {path.parent}; the next run takes it once it is closed (drop files "
                          f"atomically: write a dot-file and rename it)")
-    return BatchResult(path.name, "changed", reason=f"open for writing by process(es) {writers}", exit_code=EXIT_BAD_INPUT)
+    return BatchResult(path.name, "changed", reason=f"open for writing by process(es) {writers}",
+                       exit_code=EXIT_BAD_INPUT)
 
 
 def still_changing(path: Path, result: BatchResult, what: str) -> BatchResult:

@@ -81,7 +81,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     stand_in = SimpleNamespace(probe=None, device=device)
     skipped = None
     if not sharded and wants_diagnostics(params, state, objective):
-        skipped = diagnostics_unused(stand_in, params, state, rows, objective)
+        skipped = diagnostics_unused(stand_in, params, state, rows, objective, selection)
     timing, footprint = probe(params, state, rows, device, selection.candidates)
     bar.update()
     bar.stage(STEPS[4])

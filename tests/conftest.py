@@ -83,6 +83,23 @@ def _signal_handlers_restored():
             signal.signal(s, handler)
 
 
+# Set by a command's main() run in this process (`unlearn --debug` sets UNLEARN_DEBUG for Prefect's console): left
+# behind, the stages the next tests start in subprocesses print tracebacks instead of one `error:` line.
+PROCESS_WIDE_SWITCHES = ("UNLEARN_DEBUG",)
+
+
+@pytest.fixture(autouse=True)
+def _process_wide_switches_restored():
+    """A command's switches that a test's in-process main() sets in os.environ are restored after the test."""
+    before = {name: os.environ.get(name) for name in PROCESS_WIDE_SWITCHES}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def _new_mlflow_stores_from_a_template():
     """New SQLite MLflow stores are copies of one migrated store (tests/mlflow_store_template.py), once MLflow is

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,7 @@ import pytest
 
 from unlearning.batch import BatchRows, sampled_for_certificate, validation_adjacent_mask
 from unlearning.config import Gate, parse_params
-from unlearning.gate import evaluate_gate
+from unlearning.gate import SplitMeasures, evaluate_gate
 from unlearning.quality import accuracy_change_lines, accuracy_changes, entangled_accuracies
 
 
@@ -64,22 +65,35 @@ def test_entangled_accuracies_against_a_float64_count():
 
 def test_the_floors_read_the_remote_validation_rows_when_the_batch_has_any():
     gate = Gate()  # max_validation_drop 0.05 (retrain_equivalence)
-    whole_class = {"original_acc/validation": 0.95, "acc/validation": 0.86,  # the class's rows are gone
-                   "original_acc/validation_remote": 0.95, "acc/validation_remote": 0.951}
-    verdict = evaluate_gate("retrain_equivalence", whole_class, gate)
-    assert verdict.passed and verdict.checks["acc/validation_drop"]["rows"] == "validation_remote"
-    diverged = {**whole_class, "acc/validation_remote": 0.60}
-    verdict = evaluate_gate("retrain_equivalence", diverged, gate)
-    assert not verdict.passed and verdict.checks["acc/validation_drop"]["value"] == 0.60
+    whole = SplitMeasures("validation", 0.86, n=40, original_acc=0.95)  # the erased class's rows are gone
+    remote = SplitMeasures("validation_remote", 0.951, n=36, original_acc=0.95)
+    verdict = evaluate_gate("retrain_equivalence", [whole, remote], gate)
+    assert verdict.passed and verdict.checks["acc/validation_drop"].rows == "validation_remote"
+    verdict = evaluate_gate("retrain_equivalence", [whole, replace(remote, acc=0.60)], gate)
+    assert not verdict.passed and verdict.checks["acc/validation_drop"].value == 0.60
     from unlearning.batch_summary import failing_checks_in_words
 
-    assert failing_checks_in_words(verdict.checks) == [
+    assert failing_checks_in_words(verdict.to_dict()["checks"]) == [
         "validation accuracy on the rows the batch does not entangle 0.6 fell below the original's minus the tolerance "
         "(0.9; gate.<objective>.max_validation_drop)"]
-    everything_entangled = {"original_acc/validation": 0.95, "acc/validation": 0.86}  # no remote row: all of them
-    assert not evaluate_gate("retrain_equivalence", everything_entangled, gate).passed
+    everything_entangled = evaluate_gate("retrain_equivalence", [whole], gate)  # no remote row: all of them
+    assert not everything_entangled.passed and everything_entangled.checks["acc/validation_drop"].rows is None
     absolute = Gate(retrain_equivalence={"min_validation_accuracy": 0.9})
-    assert evaluate_gate("retrain_equivalence", whole_class, absolute).passed
+    assert evaluate_gate("retrain_equivalence", [whole, remote], absolute).passed
+
+
+def test_the_certifier_adds_the_remote_and_adjacent_validation_rows_as_split_records():
+    from unlearning.acceptance import entangled_measures
+
+    labels = np.array([0, 1, 0, 1, 0, 1])
+    splits = np.array(["forget", "validation", "validation", "validation", "validation", "remote"])
+    remote = np.array([False, True, True, False, False, False])
+    candidate = np.eye(2)[[0, 1, 1, 1, 1, 1]][None]  # [1, 6, 2]: right on rows 0, 1, 3, 5
+    original = np.eye(2)[labels][None]
+    got = {m.split: m for m in entangled_measures(candidate, original, labels, splits, remote)}
+    assert (got["validation_remote"].acc, got["validation_remote"].n, got["validation_remote"].original_acc) == (0.5, 2, 1.0)
+    assert (got["validation_adjacent"].acc, got["validation_adjacent"].n) == (0.5, 2)
+    assert entangled_measures(candidate, original, labels, splits, None) == ()
 
 
 def test_the_accuracy_changes_say_which_one_is_gated():
@@ -107,8 +121,8 @@ def test_an_approval_runs_an_exact_method_with_every_floor_open(sharded):
     assert g.exact_retrain_overrides and g.retrain_equivalence.max_validation_drop is None
     assert g.retrain_equivalence.min_validation_accuracy is None
     assert (g.suppression.max_forget_accuracy, g.suppression.min_adjacent_retention) == (1.0, 0.0)
-    verdict = evaluate_gate("suppression", {"acc/forget": 0.9, "acc/adjacent": 0.1, "original_acc/adjacent": 0.9,
-                                            "acc/validation": 0.1, "original_acc/validation": 0.9}, g)
+    verdict = evaluate_gate("suppression", [SplitMeasures("forget", 0.9), SplitMeasures("adjacent", 0.1, original_acc=0.9),
+                                            SplitMeasures("validation", 0.1, original_acc=0.9)], g)
     assert verdict.passed
 
 
