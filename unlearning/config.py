@@ -1028,13 +1028,29 @@ def parse_params(data: dict | None, root: Path | None = None, source: str = PARA
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+# The params validated in this process: (file, the sha256 of its text, the overrides) -> Params. A process (a
+# stage, `unlearn run`, a worker) reads and validates params.yaml once, however many of its steps ask for it;
+# a file that changed is read again (its text is the key). Each caller gets its own deep copy.
+_VALIDATED: dict[tuple[str, str, str], Params] = {}
+_VALIDATED_MAX = 16
+
+
 def load_params(path: str | Path = PARAMS_FILE, overrides: dict | None = None) -> Params:
-    """Read and validate params.yaml; `overrides` is a nested dict merged on top (for tests and CLI)."""
+    """Read and validate params.yaml; `overrides` is a nested dict merged on top (for tests and CLI). Validated
+    once per process and file content (`_VALIDATED`): later calls get a copy of the same result."""
+    import hashlib
+    import json
+
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: file not found; run from the project root or pass --params PATH")
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
+        key = (str(path.resolve()), hashlib.sha256(raw).hexdigest(),
+               json.dumps(overrides or {}, sort_keys=True, default=str))
+        if key in _VALIDATED:
+            return _VALIDATED[key].model_copy(deep=True)
+        text = raw.decode()
         data = yaml.load(text, Loader=_YAML_LOADER) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -1052,7 +1068,11 @@ def load_params(path: str | Path = PARAMS_FILE, overrides: dict | None = None) -
                           f"not a {type(data).__name__}")
     if overrides:
         data = deep_merge(data, overrides)
-    return parse_params(data, root=path.resolve().parent, source=str(path.name))
+    params = parse_params(data, root=path.resolve().parent, source=str(path.name))
+    if len(_VALIDATED) >= _VALIDATED_MAX:
+        _VALIDATED.pop(next(iter(_VALIDATED)))
+    _VALIDATED[key] = params.model_copy(deep=True)
+    return params
 
 
 def deep_merge(a: dict, b: dict) -> dict:
