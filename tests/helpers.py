@@ -37,3 +37,12 @@ def fabricated_state(params_path: Path, manifest_rows: str, ledger: str = "") ->
                                         + manifest_rows)
     (state / "ledger.jsonl").write_text(ledger)
     return params, state
+
+
+REQUEST_HEADER = "request_id,sample_id,requested_at,reason\n"
+
+
+def request_csv(prefix: str, ids: list[str]) -> str:
+    """A request file's text erasing `ids` (request ids `<prefix>-<i>`, one timestamp, GDPR Art. 17)."""
+    return REQUEST_HEADER + "".join(f"{prefix}-{i},{s},2026-11-28T08:00:00Z,gdpr_art17_erasure\n"
+                                    for i, s in enumerate(ids))

@@ -11,18 +11,16 @@ import os
 import numpy as np
 import pytest
 
-from tests.helpers import trained_project
+from tests.helpers import request_csv, trained_project
 
 pytestmark = pytest.mark.flow
 
-H = "request_id,sample_id,requested_at,reason\n"
 LICENSING = {"validation": {"n_oracles": 80, "n_shadows": 80, "chunk_size": None},
              "licensing": {"audit": {"probability": 0.0}, "map": {"members": 32}},
              "diagnostics": {"enabled": False}}
 
 
-def request(prefix: str, ids: list[str]) -> str:
-    return H + "".join(f"{prefix}-{i},{s},2026-11-28T08:00:00Z,gdpr_art17_erasure\n" for i, s in enumerate(ids))
+request = request_csv  # a request file's text (tests/helpers.py)
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,11 @@ import os
 import pandas as pd
 import pytest
 
-from tests.helpers import trained_project
+from tests.helpers import request_csv, trained_project
 
 pytestmark = pytest.mark.flow
 
-H = "request_id,sample_id,requested_at,reason\n"
-
-
-def rows(prefix: str, ids: list[str]) -> str:
-    return H + "".join(f"{prefix}-{i},{s},2026-11-28T08:00:00Z,gdpr_art17_erasure\n" for i, s in enumerate(ids))
+rows = request_csv  # a request file's text (tests/helpers.py)
 
 
 @pytest.fixture(scope="module")
