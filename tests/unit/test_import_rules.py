@@ -187,9 +187,10 @@ def test_no_import_cycles_counting_imports_inside_functions():
 WHOLE_PARAMS_BY_DESIGN = {
     # the project's salt lives beside params.yaml: base.paths (salt, state_dir, tombstones) against the project
     # root, and deletion.hash_sample_ids
-    ("unlearning/salt.py", "project_salt"), ("unlearning/salt.py", "id_salt"), ("unlearning/salt.py", "keep_copy"),
+    ("unlearning/privacy/salt.py", "project_salt"), ("unlearning/privacy/salt.py", "id_salt"),
     # a fingerprint is OF the params: the recipe, the seed, the model (a custom model's source under the root)
-    ("unlearning/fingerprint.py", "params_fingerprint"), ("unlearning/fingerprint.py", "prepared_fingerprint"),
+    ("unlearning/privacy/fingerprint.py", "params_fingerprint"),
+    ("unlearning/privacy/fingerprint.py", "prepared_fingerprint"),
 }
 
 
@@ -212,6 +213,21 @@ def test_the_core_takes_slices_of_the_params_not_the_whole():
     found = {(str(p.relative_to(ROOT)), name) for p in (ROOT / "unlearning").rglob("*.py")
              if "studies" not in p.parts and p.name != "config.py" for name in whole_params_functions(p)}
     assert found - WHOLE_PARAMS_BY_DESIGN == set()
+
+
+# --- the core's folders --------------------------------------------------------------------------------------------
+CORE_ROOT_MAX = 12  # modules at unlearning/'s root, __init__.py included: the rest sit in folders named for a decision
+
+
+def test_the_cores_root_holds_at_most_twelve_modules_and_every_folder_says_what_it_decides():
+    """A reader sees the decisions from the folders (docs/design.md, Layout): the root holds at most CORE_ROOT_MAX
+    modules, and every subpackage's __init__ docstring says what it decides and what it reads (or what it holds)."""
+    core = ROOT / "unlearning"
+    root_modules = sorted(p.name for p in core.glob("*.py"))
+    assert len(root_modules) <= CORE_ROOT_MAX, f"{len(root_modules)} modules at unlearning/'s root: {root_modules}"
+    for init in sorted(core.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc.split()) >= 8, f"{init.relative_to(ROOT)}: say in its docstring what the folder decides"
 
 
 def test_the_whole_params_finder_finds_one(tmp_path):
