@@ -11,34 +11,36 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from unlearning.config import Params
+from unlearning.config import Deletion, Params, ProjectPaths
 
 AUDITS = "audits.jsonl"  # in state/: the qualified versions and their audits (staging copies it along)
 
 
-def reports_dir(params: Params) -> Path:
+def reports_dir(paths: ProjectPaths) -> Path:
     """state/erasure/: one report per batch's erasure (tasks/stores/data.py, ErasureReports)."""
-    return params.path("state_dir") / "erasure"
+    return paths.path("state_dir") / "erasure"
 
 
-def read_audits(params: Params) -> list[dict]:
-    path = params.path("state_dir") / AUDITS
+def read_audits(paths: ProjectPaths) -> list[dict]:
+    path = paths.path("state_dir") / AUDITS
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def tombstoned_rows(params: Params, prepared, tombstones: set[str] | None = None):
-    """[n] bool: the prepared store's rows whose id is tombstoned (read from data/tombstones.txt unless given)."""
+def tombstoned_rows(paths: ProjectPaths, deletion: Deletion, salt: str, prepared, tombstones: set[str] | None = None):
+    """[n] bool: the prepared store's rows whose id is tombstoned (read from data/tombstones.txt unless given).
+    `salt`: unlearning/salt.py's id_salt."""
     from unlearning.erasure import is_erased, read_tombstones
-    from unlearning.salt import id_salt
 
     if tombstones is None:
-        tombstones = read_tombstones(params.path("tombstones"))
-    erased = is_erased(tombstones, params.deletion.hash_sample_ids, id_salt(params))
+        tombstones = read_tombstones(paths.path("tombstones"))
+    erased = is_erased(tombstones, deletion.hash_sample_ids, salt)
     return prepared.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
 
 
+# The whole params: the id key (unlearning/salt.py's id_salt, whole params by design) is read only once a prepared
+# store exists; reading it up front would create the key of a project that has none yet.
 def pending_erasures(params: Params) -> list[str]:
     """What `unlearn erase` would finish, one line each ([] when nothing is pending): reports marked pending (a
     batch inside `dvc repro`), ledger ids not yet tombstoned (a batch killed between its commit and its erasure),
@@ -54,7 +56,7 @@ def pending_erasures(params: Params) -> list[str]:
 
     journals = unfinished(params.path("state_dir"))
     out = [f"unfinished erase: {j.describe()}" for j in journals]
-    for path in sorted(reports_dir(params).glob("*.json")):
+    for path in sorted(reports_dir(params.project_paths).glob("*.json")):
         report = read_json_file(path)
         if report.get("batch_id") in {j.batch_id for j in journals}:
             continue  # its journal's line says it, with the stores done
@@ -68,7 +70,10 @@ def pending_erasures(params: Params) -> list[str]:
         prepared = load_prepared(params.path("prepared_dir"))
     except FileNotFoundError:
         prepared = None
-    n = int(tombstoned_rows(params, prepared).sum()) if prepared is not None else 0
+    from unlearning.salt import id_salt
+
+    n = int(tombstoned_rows(params.project_paths, params.deletion, id_salt(params), prepared).sum()) \
+        if prepared is not None else 0
     if n and not out:
         out.append(f"the prepared store {params.path('prepared_dir')} still holds {n} erased row(s)")
     return out

@@ -20,7 +20,7 @@ from prefect import task
 from adapters.clock import computes
 from tasks.retry import transient_io_only
 
-from unlearning.config import Params
+from unlearning.config import Params, ProjectPaths
 from unlearning.data import initial_state_manifest, load_prepared, read_state_manifest
 from unlearning.data.store import Prepared, manifest_csv_bytes
 from unlearning.erasure import clean_of_tombstones, read_tombstones, tombstones_digest
@@ -51,10 +51,11 @@ class State:
     fingerprint: dict  # of the current params + prepared folder (equal to the recorded one, once checked)
 
 
-def original_path(params: Params) -> Path:
-    return params.path("models_dir") / ORIGINAL
+def original_path(paths: ProjectPaths) -> Path:
+    return paths.path("models_dir") / ORIGINAL
 
 
+# The whole params: a fingerprint is OF the params (unlearning/fingerprint.py prepared_fingerprint).
 def current_fingerprint(params: Params, prepared: Prepared) -> dict:
     """The fingerprint of the current params and the prepared dataset (see unlearning/fingerprint.py)."""
     return prepared_fingerprint(params, prepared.info, prepared.manifest)
@@ -64,6 +65,7 @@ def _checkpoint(path: Path) -> dict:
     return load_checkpoint(path)
 
 
+# The whole params: the architecture they build (tasks/training.py model_spec takes them).
 def _spec_differences(saved: dict | None, params: Params, prepared: Prepared) -> list[str]:
     """For checkpoints written before fingerprints: differences between the saved architecture spec and the
     one the current params build, on the keys both have. Empty when nothing can be told."""
@@ -89,10 +91,12 @@ def _spec_differences(saved: dict | None, params: Params, prepared: Prepared) ->
             if saved[k] != now[k]]
 
 
+# The whole params: it checks the state or the original against what the current params build (their fingerprint,
+# the model spec: _spec_differences).
 def check_original(params: Params, prepared: Prepared, current: dict, extra: dict | None = None) -> None:
     """Raise StateMismatch when models/original.pt was trained from other params or data than the current
     ones (params changed but the train stage not re-run)."""
-    path = original_path(params)
+    path = original_path(params.project_paths)
     if extra is None:
         extra = _checkpoint(path).get("extra", {})
     recorded = extra.get("fingerprint")
@@ -106,9 +110,11 @@ def check_original(params: Params, prepared: Prepared, current: dict, extra: dic
         raise mismatch_error(str(path), None, current, RETRAIN_HINT, lines)
 
 
+# The whole params: it checks the state or the original against what the current params build (their fingerprint,
+# the model spec: _spec_differences).
 def _original_hint(params: Params, prepared: Prepared, current: dict) -> str:
     """An addition to the reset hint when models/original.pt does not match the current params either."""
-    path = original_path(params)
+    path = original_path(params.project_paths)
     if not path.exists():
         return f"; then run the train stage (`dvc repro` or `unlearn train`): {path} is missing"
     try:
@@ -119,6 +125,8 @@ def _original_hint(params: Params, prepared: Prepared, current: dict) -> str:
     return ""
 
 
+# The whole params: it checks the state or the original against what the current params build (their fingerprint,
+# the model spec: _spec_differences).
 def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_saved: dict | None,
                 manifest: pd.DataFrame, current: dict) -> None:
     """Raise StateMismatch when the state folder was built from other params or data than the current ones."""
@@ -144,6 +152,8 @@ def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_s
                              lines)
 
 
+# The whole params: it checks the state or the original against what the current params build (their fingerprint,
+# the model spec: _spec_differences).
 def stale_unbatched_state(params: Params, prepared: Prepared | None = None, current: dict | None = None) -> bool:
     """Whether state/ holds no batch (an empty ledger, the champion still the original a first run copied in),
     was built from other params or data than the current ones, and models/original.pt matches the current
@@ -169,16 +179,16 @@ def stale_unbatched_state(params: Params, prepared: Prepared | None = None, curr
     return True
 
 
-def check_original_is_erased(params: Params, extra: dict) -> str:
+def check_original_is_erased(paths: ProjectPaths, extra: dict) -> str:
     """Refuse to start a state from a models/original.pt that was trained on rows erased since (after `unlearn
     reset` with an erasure still pending, models/original.pt is the model the erased rows were forgotten FROM):
     the fresh state would hold them again and the tombstones would keep them from ever being requested.
     Returns the digest of the tombstones the original is clean of (champion.json's `started_clean_of`)."""
-    tombstones = read_tombstones(params.path("tombstones"))
+    tombstones = read_tombstones(paths.path("tombstones"))
     if not clean_of_tombstones(extra, tombstones):
         raise StateMismatch(
-            f"{original_path(params)} was trained before rows that are erased now ({len(tombstones)} tombstoned "
-            f"id(s) in {params.path('tombstones')}): a state started from it would hold them again. To go on: "
+            f"{original_path(paths)} was trained before rows that are erased now ({len(tombstones)} tombstoned "
+            f"id(s) in {paths.path('tombstones')}): a state started from it would hold them again. To go on: "
             f"`unlearn erase` when state/ still holds the champion (it replaces the original with it); otherwise "
             f"(after `unlearn reset`) retrain the original without them: `dvc repro -f prepare` (prepare leaves "
             f"tombstoned rows out, train follows), or `unlearn prepare && unlearn train`")
@@ -198,7 +208,8 @@ def check_state_complete(state_dir: Path) -> None:
                            f"{RESTORE_HINT.replace('restore it', 'restore the state')}")
 
 
-# Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once.
+# Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once. The whole
+# params: the flows' task that reads the state, checked against what the current params build (check_state).
 @task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
 @computes
 def load_state(params: Params, device: str) -> State:
@@ -220,13 +231,13 @@ def load_state(params: Params, device: str) -> State:
         model, _ = load_model(state_dir / "model.pt", device)
         from_original = False
     else:
-        if not original_path(params).exists():
-            raise FileNotFoundError(f"{original_path(params)} not found: run the train stage first "
+        if not original_path(params.project_paths).exists():
+            raise FileNotFoundError(f"{original_path(params.project_paths)} not found: run the train stage first "
                                     f"(`dvc repro train` or `python -m flows.train`)")
-        ckpt = _checkpoint(original_path(params))
+        ckpt = _checkpoint(original_path(params.project_paths))
         check_original(params, prepared, current, {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
-        clean_of = check_original_is_erased(params, ckpt.get("extra", {}))
-        model, extra = load_model(original_path(params), device)
+        clean_of = check_original_is_erased(params.project_paths, ckpt.get("extra", {}))
+        model, extra = load_model(original_path(params.project_paths), device)
         from_original = True  # state/shards/, if any, is a former state's: the original's are in models/shards/
         manifest = initial_state_manifest(prepared.manifest)
         champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None,
@@ -266,6 +277,7 @@ def write_state(folder: Path, model: Ensemble, manifest: pd.DataFrame, ledger: l
     atomic_write_json(folder / "champion.json", champion)
 
 
+# The whole params: load_state's (it builds the state from the original when there is none).
 def ensure_state(params: Params, device: str) -> bool:
     """Create the state folder from the trained original when it does not exist yet (an empty inbox on the
     first run), or when it holds no batch and the original was retrained since (`stale_unbatched_state`): the
@@ -290,10 +302,12 @@ def ensure_state(params: Params, device: str) -> bool:
     return True
 
 
+# The whole params: it checks the state or the original against what the current params build (their fingerprint,
+# the model spec: _spec_differences).
 def original_version_if_current(params: Params) -> str | None:
     """The registry version of models/original.pt when it matches the current params and prepared data
     (the model a fresh state starts from), else None."""
-    path = original_path(params)
+    path = original_path(params.project_paths)
     try:
         prepared = load_prepared(params.path("prepared_dir"))
         extra = _checkpoint(path).get("extra", {})
@@ -312,16 +326,16 @@ def _unique_dir(parent: Path, name: str) -> Path:
     return out
 
 
-def batch_lock(params: Params, timeout: float, say_waiting: bool = True):
+def batch_lock(paths: ProjectPaths, timeout: float, say_waiting: bool = True):
     """The one lock of a project's state (state/ and what a batch writes beside it): a batch, `unlearn erase`
     and `unlearn reset` hold it, so none of them runs under another."""
     from unlearning.io import exclusive_lock
 
-    state_dir = params.path("state_dir")
+    state_dir = paths.path("state_dir")
     return exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), timeout, say_waiting=say_waiting)
 
 
-def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
+def archive_state(paths: ProjectPaths, now=None, lock_timeout: float = 10.0) -> dict:
     """`unlearn reset`: move the state folder and the ensemble cache to archive/<UTC time>/ (under the batch
     lock, so never under a running batch). Nothing is deleted: the ledger of applied erasures stays in the
     archive. Returns what was moved and the archived ledger's size."""
@@ -329,8 +343,8 @@ def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
     from datetime import datetime, timezone
 
     now = now or datetime.now(timezone.utc)
-    state_dir, cache_dir = params.path("state_dir"), params.path("cache_dir")
-    with batch_lock(params, lock_timeout):
+    state_dir, cache_dir = paths.path("state_dir"), paths.path("cache_dir")
+    with batch_lock(paths, lock_timeout):
         recover_dir(state_dir)
         sources = [(n, p) for n, p in (("state", state_dir), ("cache", cache_dir)) if p.exists()]
         ledger = read_ledger(state_dir / "ledger.jsonl")
@@ -338,7 +352,7 @@ def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
         champion = read_json_file(champion_file) if champion_file.exists() else None
         if not sources:
             return {"archive": None, "moved": {}, "ledger": ledger, "ledger_path": None, "champion": None}
-        dest = _unique_dir(params.path("archive_dir"), now.strftime("%Y%m%dT%H%M%SZ"))
+        dest = _unique_dir(paths.path("archive_dir"), now.strftime("%Y%m%dT%H%M%SZ"))
         dest.mkdir(parents=True)
         moved = {}
         for name, src in sources:
