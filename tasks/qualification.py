@@ -75,7 +75,8 @@ def original_state(params: Params, device: str) -> State:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the train stage first (`dvc repro train`)")
     ckpt = _checkpoint(path)
-    check_original(params, prepared, current, {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
+    check_original(params.project_paths, params.train.model, prepared, current,
+                   {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
     model, extra = load_model(path, device)
     return State(prepared=prepared, model=model, manifest=initial_state_manifest(prepared.manifest), ledger=[],
                  champion={"model_version": extra.get("model_version"), "method": "original"}, fingerprint=current)

@@ -20,7 +20,7 @@ from prefect import task
 from adapters.clock import computes
 from tasks.retry import transient_io_only
 
-from unlearning.config import Params, ProjectPaths
+from unlearning.config import ModelCfg, Params, ProjectPaths
 from unlearning.data import initial_state_manifest, load_prepared, read_state_manifest
 from unlearning.data.store import Prepared, manifest_csv_bytes
 from unlearning.erasure import clean_of_tombstones, read_tombstones, tombstones_digest
@@ -65,16 +65,16 @@ def _checkpoint(path: Path) -> dict:
     return load_checkpoint(path)
 
 
-# The whole params: the architecture they build (tasks/training.py model_spec takes them).
-def _spec_differences(saved: dict | None, params: Params, prepared: Prepared) -> list[str]:
+def _spec_differences(saved: dict | None, model: ModelCfg, prepared: Prepared) -> list[str]:
     """For checkpoints written before fingerprints: differences between the saved architecture spec and the
-    one the current params build, on the keys both have. Empty when nothing can be told."""
+    one the current params build (train.model `model` for this data), on the keys both have. Empty when nothing
+    can be told."""
     if not isinstance(saved, dict):
         return []
     try:
-        from tasks.training import model_spec
+        from unlearning.models.zoo import spec_from
 
-        now = model_spec(params, prepared)
+        now = spec_from(model, prepared.in_shape, prepared.n_classes)  # tasks/training.py model_spec
         try:  # compare canonical forms (legacy flat specs included) where the models package offers them
             from unlearning.models import normalize_spec
 
@@ -91,12 +91,12 @@ def _spec_differences(saved: dict | None, params: Params, prepared: Prepared) ->
             if saved[k] != now[k]]
 
 
-# The whole params: it checks the state or the original against what the current params build (their fingerprint,
-# the model spec: _spec_differences).
-def check_original(params: Params, prepared: Prepared, current: dict, extra: dict | None = None) -> None:
+def check_original(paths: ProjectPaths, model: ModelCfg, prepared: Prepared, current: dict,
+                   extra: dict | None = None) -> None:
     """Raise StateMismatch when models/original.pt was trained from other params or data than the current
-    ones (params changed but the train stage not re-run)."""
-    path = original_path(params.project_paths)
+    ones (params changed but the train stage not re-run). `current`: their fingerprint (current_fingerprint);
+    `model`: train.model."""
+    path = original_path(paths)
     if extra is None:
         extra = _checkpoint(path).get("extra", {})
     recorded = extra.get("fingerprint")
@@ -105,37 +105,34 @@ def check_original(params: Params, prepared: Prepared, current: dict, extra: dic
             raise mismatch_error(str(path), recorded, current, RETRAIN_HINT)
         return
     # A checkpoint from before fingerprints: only its architecture spec can be compared.
-    lines = _spec_differences(extra.get("spec"), params, prepared)
+    lines = _spec_differences(extra.get("spec"), model, prepared)
     if lines:
         raise mismatch_error(str(path), None, current, RETRAIN_HINT, lines)
 
 
-# The whole params: it checks the state or the original against what the current params build (their fingerprint,
-# the model spec: _spec_differences).
-def _original_hint(params: Params, prepared: Prepared, current: dict) -> str:
+def _original_hint(paths: ProjectPaths, model: ModelCfg, prepared: Prepared, current: dict) -> str:
     """An addition to the reset hint when models/original.pt does not match the current params either."""
-    path = original_path(params.project_paths)
+    path = original_path(paths)
     if not path.exists():
         return f"; then run the train stage (`dvc repro` or `unlearn train`): {path} is missing"
     try:
-        check_original(params, prepared, current)
+        check_original(paths, model, prepared, current)
     except StateMismatch:
         return (f"; {path} does not match the current params either: after the reset, re-run the train stage "
                 f"(`dvc repro` or `unlearn train`)")
     return ""
 
 
-# The whole params: it checks the state or the original against what the current params build (their fingerprint,
-# the model spec: _spec_differences).
-def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_saved: dict | None,
-                manifest: pd.DataFrame, current: dict) -> None:
-    """Raise StateMismatch when the state folder was built from other params or data than the current ones."""
-    state_dir = params.path("state_dir")
+def check_state(paths: ProjectPaths, model: ModelCfg, prepared: Prepared, champion: dict,
+                model_spec_saved: dict | None, manifest: pd.DataFrame, current: dict) -> None:
+    """Raise StateMismatch when the state folder was built from other params or data than the current ones
+    (`current`: their fingerprint; `model`: train.model)."""
+    state_dir = paths.path("state_dir")
     recorded = champion.get("fingerprint")
     if recorded is not None:
         if not matches(recorded, current):
             raise mismatch_error(str(state_dir), recorded, current,
-                                 RESET_HINT + _original_hint(params, prepared, current))
+                                 RESET_HINT + _original_hint(paths, model, prepared, current))
         return
     # A state written before fingerprints. It is a mismatch only where that can be told: its manifest holds
     # other samples than the prepared dataset, or its model has another architecture than the params
@@ -145,15 +142,14 @@ def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_s
     state_ids, prepared_ids = set(manifest["sample_id"]), set(prepared.manifest["sample_id"])
     if state_ids != prepared_ids:
         lines.append(f"dataset: the state's manifest has {len(state_ids - prepared_ids)} sample(s) not in "
-                     f"{params.path('prepared_dir')} and lacks {len(prepared_ids - state_ids)} of its samples")
-    lines += _spec_differences(model_spec_saved, params, prepared)
+                     f"{paths.path('prepared_dir')} and lacks {len(prepared_ids - state_ids)} of its samples")
+    lines += _spec_differences(model_spec_saved, model, prepared)
     if lines:
-        raise mismatch_error(str(state_dir), None, current, RESET_HINT + _original_hint(params, prepared, current),
-                             lines)
+        raise mismatch_error(str(state_dir), None, current,
+                             RESET_HINT + _original_hint(paths, model, prepared, current), lines)
 
 
-# The whole params: it checks the state or the original against what the current params build (their fingerprint,
-# the model spec: _spec_differences).
+# The whole params: it checks the state or the original against their fingerprint (current_fingerprint).
 def stale_unbatched_state(params: Params, prepared: Prepared | None = None, current: dict | None = None) -> bool:
     """Whether state/ holds no batch (an empty ledger, the champion still the original a first run copied in),
     was built from other params or data than the current ones, and models/original.pt matches the current
@@ -173,7 +169,7 @@ def stale_unbatched_state(params: Params, prepared: Prepared | None = None, curr
     if matches(champion.get("fingerprint") or {}, current):
         return False
     try:
-        check_original(params, prepared, current)
+        check_original(params.project_paths, params.train.model, prepared, current)
     except (FileNotFoundError, StateMismatch):
         return False
     return True
@@ -209,7 +205,7 @@ def check_state_complete(state_dir: Path) -> None:
 
 
 # Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once. The whole
-# params: the flows' task that reads the state, checked against what the current params build (check_state).
+# params: the flows' task that reads the state, checked against their fingerprint (current_fingerprint).
 @task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
 @computes
 def load_state(params: Params, device: str) -> State:
@@ -227,7 +223,7 @@ def load_state(params: Params, device: str) -> State:
         manifest = read_state_manifest(state_dir / "manifest.csv")
         champion = read_json_file(state_dir / "champion.json")
         saved_spec = None if "fingerprint" in champion else _checkpoint(state_dir / "model.pt").get("spec")
-        check_state(params, prepared, champion, saved_spec, manifest, current)
+        check_state(params.project_paths, params.train.model, prepared, champion, saved_spec, manifest, current)
         model, _ = load_model(state_dir / "model.pt", device)
         from_original = False
     else:
@@ -235,7 +231,8 @@ def load_state(params: Params, device: str) -> State:
             raise FileNotFoundError(f"{original_path(params.project_paths)} not found: run the train stage first "
                                     f"(`dvc repro train` or `python -m flows.train`)")
         ckpt = _checkpoint(original_path(params.project_paths))
-        check_original(params, prepared, current, {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
+        check_original(params.project_paths, params.train.model, prepared, current,
+                       {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
         clean_of = check_original_is_erased(params.project_paths, ckpt.get("extra", {}))
         model, extra = load_model(original_path(params.project_paths), device)
         from_original = True  # state/shards/, if any, is a former state's: the original's are in models/shards/
@@ -302,8 +299,7 @@ def ensure_state(params: Params, device: str) -> bool:
     return True
 
 
-# The whole params: it checks the state or the original against what the current params build (their fingerprint,
-# the model spec: _spec_differences).
+# The whole params: it checks the state or the original against their fingerprint (current_fingerprint).
 def original_version_if_current(params: Params) -> str | None:
     """The registry version of models/original.pt when it matches the current params and prepared data
     (the model a fresh state starts from), else None."""
@@ -311,7 +307,8 @@ def original_version_if_current(params: Params) -> str | None:
     try:
         prepared = load_prepared(params.path("prepared_dir"))
         extra = _checkpoint(path).get("extra", {})
-        check_original(params, prepared, current_fingerprint(params, prepared), extra)
+        check_original(params.project_paths, params.train.model, prepared, current_fingerprint(params, prepared),
+                       extra)
     except (FileNotFoundError, StateMismatch):
         return None
     version = extra.get("model_version")
