@@ -537,9 +537,12 @@ def _state_against_params(params, champion: dict) -> tuple[list[str], str | None
 def _erasure_pending(params) -> list[str]:
     if not params.erasure.enabled:
         return []
-    from tasks.pending import pending_erasures  # without the stores' imports (MLflow, DVC, torch)
+    from functools import partial
 
-    return pending_erasures(params)
+    from tasks.pending import pending_erasures  # without the stores' imports (MLflow, DVC, torch)
+    from unlearning.salt import id_salt
+
+    return pending_erasures(params.project_paths, params.deletion, partial(id_salt, params))
 
 
 def _feature_columns(params) -> dict | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
-from unlearning.config import Deletion, Params, ProjectPaths
+from unlearning.config import Deletion, ProjectPaths
 
 AUDITS = "audits.jsonl"  # in state/: the qualified versions and their audits (staging copies it along)
 
@@ -39,14 +40,13 @@ def tombstoned_rows(paths: ProjectPaths, deletion: Deletion, salt: str, prepared
     return prepared.manifest["sample_id"].map(erased).to_numpy(dtype=bool)
 
 
-# The whole params: the id key (unlearning/salt.py's id_salt, whole params by design) is read only once a prepared
-# store exists; reading it up front would create the key of a project that has none yet.
-def pending_erasures(params: Params) -> list[str]:
+def pending_erasures(paths: ProjectPaths, deletion: Deletion, salt: Callable[[], str]) -> list[str]:
     """What `unlearn erase` would finish, one line each ([] when nothing is pending): reports marked pending (a
     batch inside `dvc repro`), ledger ids not yet tombstoned (a batch killed between its commit and its erasure),
     tombstoned rows still in the prepared store; first, every erase its journal records as unfinished (a kill
     between two stores, or a `dvc repro` pass: unlearning/erasure_journal.py). Reads no model: `unlearn status`
-    calls it."""
+    calls it. `salt`: the project's id_salt, asked for only once a prepared store exists (id_salt makes the key of
+    a project that has none)."""
     from unlearning.data import load_prepared
     from unlearning.erasure import read_tombstones
     from unlearning.io import read_json_file
@@ -54,26 +54,23 @@ def pending_erasures(params: Params) -> list[str]:
 
     from unlearning.erasure_journal import unfinished
 
-    journals = unfinished(params.path("state_dir"))
+    journals = unfinished(paths.path("state_dir"))
     out = [f"unfinished erase: {j.describe()}" for j in journals]
-    for path in sorted(reports_dir(params.project_paths).glob("*.json")):
+    for path in sorted(reports_dir(paths).glob("*.json")):
         report = read_json_file(path)
         if report.get("batch_id") in {j.batch_id for j in journals}:
             continue  # its journal's line says it, with the stores done
         out += [f"batch {report.get('batch_id', path.stem)}: {p}" for p in report.get("pending", [])]
-    ledger = read_ledger(params.path("state_dir") / "ledger.jsonl")
-    missing = {str(e["sample_id"]) for e in ledger} - read_tombstones(params.path("tombstones"))
+    ledger = read_ledger(paths.path("state_dir") / "ledger.jsonl")
+    missing = {str(e["sample_id"]) for e in ledger} - read_tombstones(paths.path("tombstones"))
     if missing:
         out.append(f"{len(missing)} forgotten id(s) of the ledger are not tombstoned yet (a batch stopped between "
                    f"its commit and its erasure)")
     try:
-        prepared = load_prepared(params.path("prepared_dir"))
+        prepared = load_prepared(paths.path("prepared_dir"))
     except FileNotFoundError:
         prepared = None
-    from unlearning.salt import id_salt
-
-    n = int(tombstoned_rows(params.project_paths, params.deletion, id_salt(params), prepared).sum()) \
-        if prepared is not None else 0
+    n = int(tombstoned_rows(paths, deletion, salt(), prepared).sum()) if prepared is not None else 0
     if n and not out:
-        out.append(f"the prepared store {params.path('prepared_dir')} still holds {n} erased row(s)")
+        out.append(f"the prepared store {paths.path('prepared_dir')} still holds {n} erased row(s)")
     return out
