@@ -221,7 +221,8 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> Bat
         if isinstance(e, BatchRejected):
             return held(f, params, e)
         dest = reject(f, params, e)
-        redact_erased_ids(RequestFileSettings.of(params), [dest])  # an id erased already (by an earlier batch) never stays plain there
+        # an id erased already (by an earlier batch) never stays plain there
+        redact_erased_ids(RequestFileSettings.of(params), [dest])
         run_logger().info(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); "
                           f"later files proceed")
         return BatchResult(f.name, "rejected", error=str(e), moved_to=str(dest), reason="validation",
