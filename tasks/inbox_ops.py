@@ -18,7 +18,7 @@ from tasks.state import stale_unbatched_state
 from unlearning.config import Deletion, Erasure, Params, ProjectPaths
 from unlearning.io import atomic_write_bytes, move_unique, read_json_file
 from unlearning.requests import file_sha256
-from unlearning.salt import id_salt
+from unlearning.privacy.salt import id_salt
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class RequestFileSettings:
     """What the kept request files' handling reads of the params (`processed`, `redact_erased_ids`, the expiry):
     where they are (base.paths processed, rejected, tombstones), how long an applied file keeps its plain ids
     (erasure.keep_request_files), whether ids are hashed (deletion.hash_sample_ids), and the id key, read only
-    when an id is keyed (unlearning/salt.py id_salt makes the key of a project that has none)."""
+    when an id is keyed (unlearning/privacy/salt.py id_salt makes the key of a project that has none)."""
 
     paths: ProjectPaths
     erasure: Erasure
@@ -53,8 +53,8 @@ def reconcile_if_started(params: Params, resume: bool = True) -> list[str]:
 def resume_erasure(params: Params) -> list[str]:
     """Every entry point's first step, under the batch lock (the deletion flow: `unlearn run`, the DVC stage, the
     deployments; `unlearn erase`): an erase a kill stopped between two stores is finished where its journal says
-    (unlearning/erasure_journal.py), before the state is read. Returns what it did, one line each."""
-    from unlearning.erasure_journal import has_unfinished
+    (unlearning/privacy/erasure_journal.py), before the state is read. Returns what it did, one line each."""
+    from unlearning.privacy.erasure_journal import has_unfinished
 
     if not has_unfinished(params.path("state_dir")):
         return []
@@ -66,7 +66,7 @@ def resume_erasure(params: Params) -> list[str]:
 # The whole params: tasks/erasure.py resume_unfinished takes them (its stores' scope holds the params).
 def _resume(params: Params, tracker, version) -> list[str]:
     from tasks.erasure import resume_unfinished
-    from unlearning.erasure_journal import unfinished
+    from unlearning.privacy.erasure_journal import unfinished
 
     # a journal with stores left pending is an erase `dvc repro` deferred on purpose (DVC held them), not a kill
     deferred = {j.batch_id for j in unfinished(params.path("state_dir")) if j.pending}
@@ -106,7 +106,7 @@ def processed(path: Path, settings: RequestFileSettings) -> Path:
 
 def _expire_request_files(settings: RequestFileSettings) -> list[str]:
     from tasks.stores.requests import expire_request_files
-    from unlearning.erasure import id_key
+    from unlearning.privacy.erasure import id_key
 
     if not settings.deletion.hash_sample_ids or not settings.erasure.request_file_days():
         return []
@@ -123,7 +123,7 @@ def redact_erased_ids(settings: RequestFileSettings, files: list[Path] | None = 
     if not settings.deletion.hash_sample_ids:
         return []
     from tasks.stores.requests import kept_request_files, rewrite
-    from unlearning.erasure import id_key, read_tombstones
+    from unlearning.privacy.erasure import id_key, read_tombstones
     from unlearning.requests import redacted_request_bytes
 
     tombstones = read_tombstones(settings.paths.path("tombstones"))
@@ -143,7 +143,7 @@ def redact_erased_ids(settings: RequestFileSettings, files: list[Path] | None = 
 
 
 def _keyed_request_bytes(path: Path, settings: RequestFileSettings) -> bytes | None:
-    from unlearning.erasure import id_key
+    from unlearning.privacy.erasure import id_key
     from unlearning.requests import redacted_request_bytes
 
     return redacted_request_bytes(path, id_key(True, settings.salt()))

@@ -31,8 +31,8 @@ def read_audits(paths: ProjectPaths) -> list[dict]:
 
 def tombstoned_rows(paths: ProjectPaths, deletion: Deletion, salt: str, prepared, tombstones: set[str] | None = None):
     """[n] bool: the prepared store's rows whose id is tombstoned (read from data/tombstones.txt unless given).
-    `salt`: unlearning/salt.py's id_salt."""
-    from unlearning.erasure import is_erased, read_tombstones
+    `salt`: unlearning/privacy/salt.py's id_salt."""
+    from unlearning.privacy.erasure import is_erased, read_tombstones
 
     if tombstones is None:
         tombstones = read_tombstones(paths.path("tombstones"))
@@ -44,15 +44,15 @@ def pending_erasures(paths: ProjectPaths, deletion: Deletion, salt: Callable[[],
     """What `unlearn erase` would finish, one line each ([] when nothing is pending): reports marked pending (a
     batch inside `dvc repro`), ledger ids not yet tombstoned (a batch killed between its commit and its erasure),
     tombstoned rows still in the prepared store; first, every erase its journal records as unfinished (a kill
-    between two stores, or a `dvc repro` pass: unlearning/erasure_journal.py). Reads no model: `unlearn status`
+    between two stores, or a `dvc repro` pass: unlearning/privacy/erasure_journal.py). Reads no model: `unlearn status`
     calls it. `salt`: the project's id_salt, asked for only once a prepared store exists (id_salt makes the key of
     a project that has none)."""
     from unlearning.data import load_prepared
-    from unlearning.erasure import read_tombstones
+    from unlearning.privacy.erasure import read_tombstones
     from unlearning.io import read_json_file
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
-    from unlearning.erasure_journal import unfinished
+    from unlearning.privacy.erasure_journal import unfinished
 
     journals = unfinished(paths.path("state_dir"))
     out = [f"unfinished erase: {j.describe()}" for j in journals]

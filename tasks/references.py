@@ -1,4 +1,4 @@
-"""The batch's reference models, trained only as far as the plan's looks need them (unlearning/plan.py).
+"""The batch's reference models, trained only as far as the plan's looks need them (unlearning/planning/plan.py).
 
 `ReferencePool.ensure(n_shadows, n_oracles)` trains the members still missing, in chunks sized by the plan
 (memory budget, workers) and submitted as Prefect tasks to the flow's task runner (threads or Dask), each
@@ -18,11 +18,11 @@ from adapters import clock
 from adapters.clock import elsewhere
 from tasks.reporting import run_logger
 from tasks.training import model_spec, recipe, train_ensemble_chunk
-from unlearning.batch import BatchRows
+from unlearning.batch.rows import BatchRows
 from unlearning.config import Params
 from unlearning.models import Ensemble
-from unlearning.plan import balanced_chunks
-from unlearning.salt import id_salt
+from unlearning.planning.plan import balanced_chunks
+from unlearning.privacy.salt import id_salt
 from unlearning.seeds import reference_seeds
 
 

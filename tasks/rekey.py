@@ -1,7 +1,7 @@
 """The id key's migration and rotation across every store (docs/erasure.md, "Migrating from the salt", "Rotating
 the key"), and where the key can be read from (`unlearn verify-erasure`).
 
-unlearning/rekey.py re-keys the files; this module adds the stores the core cannot reach: a local MLflow store
+unlearning/privacy/rekey.py re-keys the files; this module adds the stores the core cannot reach: a local MLflow store
 (SQLite: its params, tags and descriptions), and the DVC cache and remote, which are content-addressed. There the
 old salt's copies (state/salt, which every older state carried to `dvc push`) are deleted wherever they are, and,
 with `erasure.dvc_gc`, the outputs are re-committed and garbage-collected (`dvc gc -w`, and `-c` on the remote), so
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from unlearning.config import Erasure, Operations, Params, ProjectPaths, load_params
 from unlearning.io import StateCorrupt
-from unlearning.salt import KeyMigrationNeeded, key_exposure, migration_pending, project_salt, small_files
+from unlearning.privacy.salt import KeyMigrationNeeded, key_exposure, migration_pending, project_salt, small_files
 
 # Every flow and `unlearn` command imports this module (`ensure_current_key`): the stores, DVC and MLflow are
 # imported inside the functions that use them, when a re-keying is due (importing tasks.stores imports torch).
@@ -37,13 +37,13 @@ def tracking_db(tracking_uri: str) -> Path | None:
 
 
 def mlflow_preparer(tracking_uri: str):
-    """unlearning/rekey.py's `extra` for the local MLflow store: its re-keyed copy, renamed at the commit."""
+    """unlearning/privacy/rekey.py's `extra` for the local MLflow store: its re-keyed copy, renamed at the commit."""
     def prepare(rekeying) -> list[tuple[str, str]]:
         db = tracking_db(tracking_uri)
         if db is None:
             return []
         from adapters.tracking import rekey_sqlite_store
-        from unlearning import rekey as core
+        from unlearning.privacy import rekey as core
 
         tmp = core.temp_of(db)
         return [(str(tmp), str(db))] if rekey_sqlite_store(db, tmp, rekeying.text) else []
@@ -115,7 +115,7 @@ def migrate(paths: ProjectPaths, operations: Operations, erasure: Erasure, track
     (no batch writes the ledger meanwhile); None when the key is current. Prints one line of what it did.
     `tracking_uri`: Params.mlflow_tracking_uri() (the local MLflow store is re-keyed too)."""
     from tasks.state import batch_lock
-    from unlearning import rekey as core
+    from unlearning.privacy import rekey as core
 
     if not migration_pending(paths.path):
         return None
@@ -136,7 +136,7 @@ def migrate(paths: ProjectPaths, operations: Operations, erasure: Erasure, track
 def rotate(paths: ProjectPaths, operations: Operations, erasure: Erasure, tracking_uri: str) -> dict:
     """A new key layer for every stored id (docs/erasure.md, "Rotating the key"); the arguments as `migrate`'s."""
     from tasks.state import batch_lock
-    from unlearning import rekey as core
+    from unlearning.privacy import rekey as core
 
     migrate(paths, operations, erasure, tracking_uri)
     with batch_lock(paths, LOCK_TIMEOUT):
@@ -146,7 +146,7 @@ def rotate(paths: ProjectPaths, operations: Operations, erasure: Erasure, tracki
 
 
 # The whole params: every flow and `unlearn` command calls it first with them, and the key it checks is
-# project_salt's (unlearning/salt.py, whole params by design).
+# project_salt's (unlearning/privacy/salt.py, whole params by design).
 def ensure_current_key(params: Params) -> None:
     """Before any id is compared: migrate an older project's salted ids (once). Inside `dvc repro` the outputs
     are DVC's: raises KeyMigrationNeeded (one line: what to run) instead."""
@@ -165,8 +165,8 @@ def ensure_current_key(params: Params) -> None:
 def key_findings(paths: ProjectPaths, operations: Operations) -> list:
     """Where the id key can be read from, as `unlearn verify-erasure` checks (docs/erasure.md, "Threat model"):
     the variable or the key file (fine when only this user reads it), and any copy in a shared place (a
-    problem). unlearning.erasure Findings."""
-    from unlearning.erasure import Finding
+    problem). unlearning.privacy.erasure Findings."""
+    from unlearning.privacy.erasure import Finding
 
     return [Finding("id key", place.where, {"readable_by": place.readers},
                     (f"id key: {place.problem}",) if place.problem else ())

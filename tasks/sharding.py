@@ -22,7 +22,7 @@ from unlearning.config import ConfigError, Params
 from unlearning.data.store import Prepared
 from unlearning.io import atomic_save, atomic_write_json, load_checkpoint, read_json_file
 from unlearning.models import Ensemble, TrainRecipe, load_model, save_model, seeds_for
-from unlearning.salt import id_salt
+from unlearning.privacy.salt import id_salt
 from unlearning.sharding import (ShardPlan, ShardState, id_hash, legacy_plan, make_plan, skew_warning,
                                  train_from_scratch)
 

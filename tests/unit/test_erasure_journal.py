@@ -1,4 +1,4 @@
-"""The erasure journal (unlearning/erasure_journal.py): what an erase has finished, store by store, so a kill
+"""The erasure journal (unlearning/privacy/erasure_journal.py): what an erase has finished, store by store, so a kill
 between two stores is resumed, named by `unlearn status` and finished before `make run`'s `dvc repro`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.helpers import make_project
-from unlearning.erasure_journal import Journal, has_unfinished, journal_dir, unfinished
+from unlearning.privacy.erasure_journal import Journal, has_unfinished, journal_dir, unfinished
 from unlearning.io import StateCorrupt
 
 ORDER = ["erasure reports", "tombstones", "prepared store", "state manifest", "DVC cache"]
@@ -94,7 +94,7 @@ def test_status_names_the_unfinished_erase(tmp_path):
 
     from tasks.pending import pending_erasures
     from unlearning.config import load_params
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     params = load_params(make_project(tmp_path, inbox_files=False))
     slices = (params.project_paths, params.deletion, partial(id_salt, params))
