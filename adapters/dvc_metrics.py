@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from unlearning.config import Params
+from unlearning.config import ProjectPaths
 from unlearning.io import atomic_write_json
 
 HISTORY_FIELDS = ("step", "forgotten_fraction", "champion_validation_accuracy", "champion_output_gap",
@@ -23,20 +23,20 @@ def _numbers(d: dict) -> dict:
             and math.isfinite(float(v))}
 
 
-def write_train_metrics(params: Params, metrics: dict) -> None:
-    folder = params.path("metrics_dir")
+def write_train_metrics(paths: ProjectPaths, metrics: dict) -> None:
+    folder = paths.path("metrics_dir")
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(folder / "train.json", _numbers(metrics))
 
 
-def write_deletion_metrics(params: Params) -> None:
+def write_deletion_metrics(paths: ProjectPaths) -> None:
     """From the state folder (champion.json with its history, the ledger): always written, also when the
     inbox was empty, so the stage's declared outputs exist after every run."""
     from unlearning.data import read_state_manifest
     from unlearning.policy.history import n_original_train, retraining_debt
     from unlearning.privacy.ledger import read_ledger
 
-    state_dir = params.path("state_dir")
+    state_dir = paths.path("state_dir")
     champion_file = state_dir / "champion.json"
     champion = json.loads(champion_file.read_text()) if champion_file.exists() else {}
     ledger = read_ledger(state_dir / "ledger.jsonl")
@@ -53,7 +53,7 @@ def write_deletion_metrics(params: Params) -> None:
                "champion_output_gap": last.get("champion_output_gap"),
                "debt_batches_since_retrain": debt["batches_since_retrain"],
                "debt_forgotten_fraction_since_retrain": debt["forgotten_fraction_since_retrain"]}
-    folder = params.path("metrics_dir")
+    folder = paths.path("metrics_dir")
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(folder / "deletion.json", _numbers(summary))
     atomic_write_json(folder / "history.json", [{k: _finite_or_null(p[k]) for k in HISTORY_FIELDS if k in p}
@@ -66,15 +66,15 @@ def _finite_or_null(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def ensure_metrics(params: Params) -> None:
+def ensure_metrics(paths: ProjectPaths) -> None:
     """Before a `dvc commit` of the train and deletion stages: every declared metrics output exists. The
     deletion files are (re)written from the state; a missing train.json (an original trained before metrics
     were declared) is written from the metrics its checkpoint recorded."""
-    train_file = params.path("metrics_dir") / "train.json"
-    original = params.path("models_dir") / "original.pt"
+    train_file = paths.path("metrics_dir") / "train.json"
+    original = paths.path("models_dir") / "original.pt"
     if not train_file.exists() and original.exists():
         import torch
 
         extra = torch.load(original, map_location="cpu", weights_only=False).get("extra", {})
-        write_train_metrics(params, extra.get("metrics", {}))
-    write_deletion_metrics(params)
+        write_train_metrics(paths, extra.get("metrics", {}))
+    write_deletion_metrics(paths)

@@ -389,7 +389,7 @@ def cmd_erase(args) -> int:
     preflight(params.mlflow_tracking_uri())
     _refuse_a_lost_store(params)
     state_dir = params.path("state_dir")
-    with batch_lock(params, 10):
+    with batch_lock(params.project_paths, 10):
         notes = reconcile(params, tracker_for(params)) if (state_dir / "champion.json").exists() else []
     for n in notes or ["nothing pending"]:
         print(n)
@@ -401,10 +401,10 @@ def _held_file(name: str, params) -> Path:
     not held."""
     from tasks.held import held_batches, held_dir, report_path
 
-    folder = held_dir(params)
+    folder = held_dir(params.project_paths)
     path = Path(name) if Path(name).parent != Path(".") else folder / name
     if path.resolve().parent != folder.resolve() or not path.is_file() or path.name.endswith(".held.json"):
-        held = [h["file"] for h in held_batches(params)]
+        held = [h["file"] for h in held_batches(params.project_paths)]
         raise FileNotFoundError(f"{name}: not a held request file in {folder} (held: {held or 'none'}; "
                                 f"`unlearn status` lists them)")
     if not report_path(path).exists():
@@ -422,15 +422,15 @@ def cmd_approve(args) -> int:
     from flows.common import prefect_api, tracker_for
     from flows.deletion_batch import report_results, run
     from tasks.held import approval_overrides, record_approval
-    from tasks.inbox_ops import processed
+    from tasks.inbox_ops import RequestFileSettings, processed
 
     with prefect_api():
         results = run(str(path), args.params, approval_overrides(bool(params.train.sharding.shards)))
     code = report_results(results)
     if code or results[0]["status"] not in ("applied", "already_processed"):
         return code or EXIT_FAILURE
-    record_approval(tracker_for(params), params, path, results[0])
-    dest = processed(path, params)
+    record_approval(tracker_for(params), params.project_paths, params.tracking, path, results[0])
+    dest = processed(path, RequestFileSettings.of(params))
     for r in results:
         print(json.dumps({**{k: v for k, v in r.items() if k != "metrics"}, "approved": True, "moved_to": str(dest)}))
     return 0
@@ -527,7 +527,7 @@ def _state_against_params(params, champion: dict) -> tuple[list[str], str | None
 
     if stale_unbatched_state(params, prepared, current):
         return [], (f"{params.path('state_dir')} holds no batch and was built from other params or data: the next "
-                    f"batch starts from the retrained {original_path(params)}, and @{params.tracking.alias} "
+                    f"batch starts from the retrained {original_path(params.project_paths)}, and @{params.tracking.alias} "
                     f"follows it then")
     return [f"the next batch will stop: {params.path('state_dir')} was built from other params or data than the "
             f"current ones: {'; '.join(describe_mismatch(recorded, current))}; restore them, or start over with "
@@ -537,9 +537,12 @@ def _state_against_params(params, champion: dict) -> tuple[list[str], str | None
 def _erasure_pending(params) -> list[str]:
     if not params.erasure.enabled:
         return []
-    from tasks.pending import pending_erasures  # without the stores' imports (MLflow, DVC, torch)
+    from functools import partial
 
-    return pending_erasures(params)
+    from tasks.pending import pending_erasures  # without the stores' imports (MLflow, DVC, torch)
+    from unlearning.privacy.salt import id_salt
+
+    return pending_erasures(params.project_paths, params.deletion, partial(id_salt, params))
 
 
 def _feature_columns(params) -> dict | None:
@@ -691,7 +694,7 @@ def cmd_status(args) -> int:
 def _held(params) -> list[dict]:
     from tasks.held import held_batches  # stdlib: without torch
 
-    return held_batches(params)
+    return held_batches(params.project_paths)
 
 
 def _resident(params) -> dict | None:
@@ -707,7 +710,7 @@ def _qualified_status(params) -> dict:
     from tasks.pending import read_audits  # without the certificate's imports (torch, Prefect)
     from unlearning.certificate.qualification import audit_status
 
-    return audit_status(read_audits(params))
+    return audit_status(read_audits(params.project_paths))
 
 
 def cmd_serve(args) -> int:
@@ -759,7 +762,7 @@ def _finish_pending_erasures(params) -> int:
         from flows.common import tracker_for
 
         tracker = tracker_for(params)
-    with batch_lock(params, 10):
+    with batch_lock(params.project_paths, 10):
         return len(erase_pending(params, tracker, read_json_file(champion_file).get("model_version")))
 
 
@@ -802,14 +805,14 @@ def cmd_reset(args) -> int:
             # state starts from an original that holds tombstoned rows (tasks/state.py refuses it, with the fix)
             finished = 0
             print(f"erasure: could not finish the pending erasure first ({type(e).__name__}: {e}); if "
-                  f"{original_path(params)} was trained on the erased rows, the next batch refuses to start from "
+                  f"{original_path(params.project_paths)} was trained on the erased rows, the next batch refuses to start from "
                   f"it and says how to retrain it without them")
-        result = archive_state(params)
+        result = archive_state(params.project_paths)
     except LockTimeout as e:
         print(f"error: a deletion batch is running ({e}); nothing changed, try again when it ends", file=sys.stderr)
         return 2
     if finished:
-        print(f"erasure: finished {finished} pending erasure(s) first (`unlearn erase`): {original_path(params)} is "
+        print(f"erasure: finished {finished} pending erasure(s) first (`unlearn erase`): {original_path(params.project_paths)} is "
               f"now the champion, clean of the erased rows, so the fresh state starts from a model without them")
     for src, dest in result["moved"].values():
         print(f"archived {src} -> {dest}")
@@ -849,16 +852,16 @@ def cmd_reset(args) -> int:
                       + (f"removed {name}@{alias} ({was})" if before else f"{name} has no @{alias}")
                       + "; the next promoted batch or `unlearn train` sets it")
             elif after:
-                print(f"MLflow: {name}@{alias} now points to v{after}, the version of {original_path(params)} ({was})")
+                print(f"MLflow: {name}@{alias} now points to v{after}, the version of {original_path(params.project_paths)} ({was})")
             elif before:
                 print(f"MLflow: removed {name}@{alias} ({was}); the next promoted batch or `unlearn train` sets it")
             else:
                 print(f"MLflow: {name} has no @{alias}; nothing to change")
     if original_version is None:
-        print(f"next: `dvc repro` (or `unlearn prepare`, `unlearn train`, `unlearn run`): {original_path(params)} is "
+        print(f"next: `dvc repro` (or `unlearn prepare`, `unlearn train`, `unlearn run`): {original_path(params.project_paths)} is "
               f"missing or was trained from other params")
     else:
-        print(f"next: `unlearn run` (or `dvc repro`) builds a new state from {original_path(params)} and the "
+        print(f"next: `unlearn run` (or `dvc repro`) builds a new state from {original_path(params.project_paths)} and the "
               f"current params")
     return rc
 

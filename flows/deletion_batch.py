@@ -31,8 +31,8 @@ from tasks.batch_path import (  # noqa: F401  (tests, benches and `unlearn` impo
     wants_diagnostics,
 )
 from tasks.inbox_ops import (  # noqa: F401  (process_inbox_file looks `processed` up here: tests replace it)
-    _expire_request_files, preflight, processed, reconcile, reconcile_if_started, redact_erased_ids,
-    resume_erasure,
+    RequestFileSettings, _expire_request_files, preflight, processed, reconcile, reconcile_if_started,
+    redact_erased_ids, resume_erasure,
 )
 from tasks.licensed_batch import licensed_path
 from tasks.lineage import commit_lineage
@@ -86,7 +86,7 @@ def process_request_file(path: Path, params: Params, device: str) -> BatchResult
         diagnosed = diagnose_and_partition(batch, params, state, forget_ids, objective, counts)
         outcome, licensing = run_candidates(batch, params, state, diagnosed, objective, counts)
         rows = diagnosed.rows
-        quality = announce_quality(batch, outcome, state, rows, params)  # said out loud; refused if declared
+        quality = announce_quality(batch, outcome, state, rows, params.quality)  # said out loud; refused if declared
         promoted = S.promote(batch, params, state, requests, objective, outcome, rows, counts.n_train, warnings=quality)
         if licensing is not None:
             mark_qualified(batch, params, promoted.version, outcome.method, licensing)
@@ -143,14 +143,14 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     preflight(params)
     log = run_logger()
     state_dir, inbox = params.path("state_dir"), params.path("inbox")
-    with batch_lock(params, params.operations.lock_timeout_seconds):
+    with batch_lock(params.project_paths, params.operations.lock_timeout_seconds):
         for note in resume_erasure(params):  # an erase a kill stopped: finished before anything reads the state
             log.info(note)
         # A state that holds no batch and was built from other params or data follows the retrained original
         # (ensure_state rewrites only such a state), before the registry alias is reconciled with it.
         if (state_dir / "model.pt").exists() and ensure_state(params, device):
             log.info(f"{state_dir} held no batch and was built from other params or data: it now starts from "
-                     f"the retrained {original_path(params)}")
+                     f"the retrained {original_path(params.project_paths)}")
         for note in reconcile_if_started(params, resume=False):
             log.info(note)
         in_scope = request_path is None or in_inbox(Path(request_path), inbox)
@@ -162,7 +162,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
         if all(r.get("reason") == "not a request file" for r in results):  # no request file was among them
             log.info(f"no request files in {inbox}; nothing to do"
                      + ("; state initialised from the trained original" if created else ""))
-        write_deletion_metrics(params)
+        write_deletion_metrics(params.project_paths)
         if dvc_commit and params.operations.dvc_commit and any(r["status"] == "applied" for r in results):
             commit_applied(params, results)
     log.info(ui_hint(params, tracker_for(params).batches_url_hint() if results else ""))
@@ -225,7 +225,8 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> Bat
         if isinstance(e, BatchRejected):
             return held(f, params, e)
         dest = reject(f, params, e)
-        redact_erased_ids(params, [dest])  # an id erased already (by an earlier batch) never stays plain there
+        # an id erased already (by an earlier batch) never stays plain there
+        redact_erased_ids(RequestFileSettings.of(params), [dest])
         run_logger().info(f"{e}\n{f.name}: rejected, moved to {dest} (report {dest.name}.error.json); "
                           f"later files proceed")
         return BatchResult(f.name, "rejected", error=str(e), moved_to=str(dest), reason="validation",
@@ -235,7 +236,7 @@ def process_inbox_file(f: Path, params: Params, device: str, inbox: Path) -> Bat
             return still_changing(f, r.but(status="changed", applied_status=r.status, exit_code=EXIT_BAD_INPUT),
                                   "processed")
         try:
-            r = r.but(moved_to=str(processed(f, params)))
+            r = r.but(moved_to=str(processed(f, RequestFileSettings.of(params))))
         except OSError as e:  # the batch is in state/ already: not "bad input, nothing changed" (exit 2)
             if r.get("status") != "applied":
                 raise
@@ -257,9 +258,9 @@ def held(f: Path, params: Params, error: BatchRejected) -> BatchResult:
     # the state's champion; on a first run (no state yet) the trained original the alias names
     version = (read_json_file(champion_file).get("model_version") if champion_file.exists()
                else tracker.alias_version(params.tracking.registered_model, params.tracking.alias))
-    dest = hold(f, params, error, version)
+    dest = hold(f, params.project_paths, error, version)
     if version is not None:
-        tag_serving_champion(tracker, params, version)
+        tag_serving_champion(tracker, params.project_paths, params.tracking, version)
     run_logger().warning(f"{error}\n{f.name}: HELD for review, moved to {dest} (report {dest.name}.held.json): an "
                          f"erasure is never refused for the model's quality; {serving_line(version)}. "
                          f"`unlearn approve {dest.name}` promotes the exact retrain and finishes the erase")
@@ -297,7 +298,7 @@ def still_changing(path: Path, result: BatchResult, what: str) -> BatchResult:
 def commit_applied(params: Params, results: list[BatchResult]) -> None:
     """A deployment's run records the new state in DVC; a failure says what was applied and what was not."""
     try:
-        run_logger().info(f"lineage: {commit_lineage(params)}")
+        run_logger().info(f"lineage: {commit_lineage(params.project_paths, params.operations)}")
     except Exception as e:
         applied = [r["file"] for r in results if r["status"] == "applied"]
         raise AfterCommitError(f"batch(es) {applied} WERE applied (state/ holds them); NOT done: the DVC "

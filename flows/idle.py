@@ -117,7 +117,7 @@ def deletion_idle(params_path: str) -> bool:
         return False
     from adapters.dvc_metrics import write_deletion_metrics
 
-    write_deletion_metrics(params)
+    write_deletion_metrics(params.project_paths)
     print(f"no request files in {inbox}; nothing to do (no Prefect server started)", flush=True)
     return True
 

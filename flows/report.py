@@ -58,7 +58,7 @@ def report(params_path: str = "params.yaml") -> dict:
     use_project_path(params)
     device = device_of(params)
     torch.set_num_threads(params.report.threads)
-    meta = provenance(params, device)  # the commit and date the studies START from (edits during a run don't count)
+    meta = provenance(params.project_paths, params.gate, device)  # the commit and date the studies START from (edits during a run don't count)
     t0 = time.perf_counter()
     results = {}
     for name in params.report.studies:
@@ -67,7 +67,7 @@ def report(params_path: str = "params.yaml") -> dict:
             continue
         run_logger().info(f"{STUDY_TITLES[name]} ...")
         results[name] = {**run_study(params, name, device), "provenance": meta}
-        run_logger().info(f"{name}: {results[name]['wall_seconds']:.0f} s; wrote {write_report(params, name, results[name])}")
+        run_logger().info(f"{name}: {results[name]['wall_seconds']:.0f} s; wrote {write_report(params.project_paths, name, results[name])}")
     reports = dict(results)
     for name in STUDY_TITLES:  # studies not re-run keep their tables (from the last run's JSON)
         path = params.path("reports_dir") / f"{name}.json"
@@ -91,7 +91,7 @@ def report(params_path: str = "params.yaml") -> dict:
     tracker.set_description(run_id, section, "report.md")
     tracker.end_run(run_id)
     markdown_artifact(section, "report", "the evidence studies (the results section of docs/evidence.md)")
-    path = regenerate_readme(params, section)
+    path = regenerate_readme(params.report, params.project_paths, section)
     run_logger().info(f"report: {len(results)} studies in {time.perf_counter() - t0:.0f} s; MLflow run {run_id}"
           + (f"; regenerated the results section of {path}" if path else ""))
     return {"run_id": run_id, "studies": list(results), "readme": str(path) if path else None}

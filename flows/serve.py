@@ -288,7 +288,7 @@ def crash_orphaned_runs(url: str, params: Params) -> list[str]:
     from unlearning.io import LockTimeout
 
     try:
-        with batch_lock(params, 0, say_waiting=False):
+        with batch_lock(params.project_paths, 0, say_waiting=False):
             runs = _deployment_runs(url, ("RUNNING", "PENDING", "CANCELLING"))
             for run in runs:
                 httpx.post(f"{url}/flow_runs/{run['id']}/set_state", **_login(), timeout=10, json={

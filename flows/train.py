@@ -43,8 +43,8 @@ def train(params_path: str = "params.yaml") -> dict:
     tracker.end_run(run_id)
     from adapters.dvc_metrics import write_train_metrics
 
-    write_train_metrics(params, metrics)
-    save_checkpoint(model.cpu(), original_path(params),
+    write_train_metrics(params.project_paths, metrics)
+    save_checkpoint(model.cpu(), original_path(params.project_paths),
                     {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics,
                      "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),
                      "fingerprint": fingerprint, **erased})

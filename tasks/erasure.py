@@ -34,7 +34,7 @@ from tasks.stores.data import (  # noqa: F401
 )
 from tasks.stores.requests import kept_request_files, redact_request_files  # noqa: F401
 from tasks.stores.tracking import versions_to_keep  # noqa: F401  (tasks/inbox_ops.py)
-from unlearning.config import Params
+from unlearning.config import Deletion, Params, ProjectPaths
 from unlearning.data import load_prepared
 from unlearning.privacy.erasure import (  # noqa: F401  (read_tombstones: tasks/inbox_ops.py)
     Finding, UnknownBatch, add_tombstones, id_key, is_erased, keyed_forms, read_tombstones, salted_digests,
@@ -68,11 +68,11 @@ def _fingerprints(prepared, erased, key, hash_ids: bool, old: dict) -> dict[str,
     return dict(sorted(digest_ids.items()))
 
 
-def migrate_reports(params: Params, key) -> int:
+def migrate_reports(paths: ProjectPaths, deletion: Deletion, key) -> int:
     """Rewrite the older versions' erasure reports (`legacy_report`): row digests salted, the id map and the
     unsalted id hashes dropped; one line says how many. Returns that count."""
-    hash_ids, n = params.deletion.hash_sample_ids, 0
-    for path in sorted(reports_dir(params).glob("*.json")):
+    hash_ids, n = deletion.hash_sample_ids, 0
+    for path in sorted(reports_dir(paths).glob("*.json")):
         report = read_json_file(path)
         if legacy_report(report, hash_ids):
             kept = {k: v for k, v in report.items() if k not in LEGACY_KEYS}
@@ -82,7 +82,7 @@ def migrate_reports(params: Params, key) -> int:
     if n:
         from tasks.reporting import run_logger
 
-        run_logger().warning(f"{reports_dir(params)}: {n} erasure report(s) of an older version rewritten: row digests "
+        run_logger().warning(f"{reports_dir(paths)}: {n} erasure report(s) of an older version rewritten: row digests "
                              f"salted, the map from rows to ids and the unsalted id hashes removed")
     return n
 
@@ -97,20 +97,20 @@ def _slug(store: str) -> str:
     return store.replace(" ", "_")
 
 
-def _open_journal(params: Params, batch_id: str, new_keys: list[str], n_ids: int, key, salt: str,
-                  champion_version, run_id: str | None, prepared) -> tuple[Journal, dict]:
+def _open_journal(paths: ProjectPaths, deletion: Deletion, batch_id: str, new_keys: list[str], n_ids: int, key,
+                  salt: str, champion_version, run_id: str | None, prepared) -> tuple[Journal, dict]:
     """(the batch's journal, its erasure report so far): the journal of an erase a kill stopped (taken up again),
     or a new one, written before anything is purged, with the salted digests of the rows taken while the prepared
     store still holds them (unlearning/privacy/erasure_journal.py)."""
-    path = journal_dir(params.path("state_dir"))
-    report_path = reports_dir(params) / f"{batch_id}.json"
+    path = journal_dir(paths.path("state_dir"))
+    report_path = reports_dir(paths) / f"{batch_id}.json"
     old = read_json_file(report_path) if report_path.exists() else {}
-    found = [j for j in unfinished(params.path("state_dir")) if j.batch_id == batch_id]
+    found = [j for j in unfinished(paths.path("state_dir")) if j.batch_id == batch_id]
     if found:
         found[0].resumed()
         return found[0], old
-    hash_ids = params.deletion.hash_sample_ids
-    erased = is_erased(read_tombstones(params.path("tombstones")) | set(new_keys), hash_ids, salt)
+    hash_ids = deletion.hash_sample_ids
+    erased = is_erased(read_tombstones(paths.path("tombstones")) | set(new_keys), hash_ids, salt)
     digests = sorted(_fingerprints(prepared, erased, key, hash_ids, old))
     journal = Journal.start(path, batch_id, run_id=run_id or old.get("run_id"), champion_version=champion_version,
                             keys=new_keys, n_ids=n_ids or old.get("n_ids", 0), row_digests=digests,
@@ -132,6 +132,7 @@ def _purge_stores(scope: Scope, journal: Journal) -> None:
         journal.record(store.name, [p.as_dict() for p in purged], ", ".join(p.pending for p in purged if p.pending))
 
 
+# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
 @computes
 def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str, champion_version: str | None,
           tracker=None, run_id: str | None = None, keys: list[str] | None = None) -> dict:
@@ -142,10 +143,11 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
     for `unlearn erase` (inside `dvc repro`)."""
     hash_ids = params.deletion.hash_sample_ids
     key = id_key(hash_ids, salt)
-    migrate_reports(params, key)
+    migrate_reports(params.project_paths, params.deletion, key)
     prepared = load_prepared(params.path("prepared_dir"))
-    journal, old = _open_journal(params, batch_id, [key(s) for s in forget_ids or []] + list(keys or []),
-                                 len(forget_ids or []), key, salt, champion_version, run_id, prepared)
+    new_keys = [key(s) for s in forget_ids or []] + list(keys or [])
+    journal, old = _open_journal(params.project_paths, params.deletion, batch_id, new_keys, len(forget_ids or []), key,
+                                 salt, champion_version, run_id, prepared)
     add_tombstones(params.path("tombstones"), journal.keys)
     tombstones = read_tombstones(params.path("tombstones"))
     # a resumed erase finds the rows its first pass purged gone: their digests come from the journal
@@ -155,8 +157,8 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
                   digest_ids=digest_ids, cache_hashes=keyed_forms(tombstones, salt), tracker=tracker,
                   champion_version=champion_version or journal.champion_version, dvc_locked=in_dvc_stage())
     _purge_stores(scope, journal)
-    report = _report(params, journal, old, tombstones, digest_ids)
-    atomic_write_json(reports_dir(params) / f"{batch_id}.json", report)
+    report = _report(params.deletion, journal, old, tombstones, digest_ids)
+    atomic_write_json(reports_dir(params.project_paths) / f"{batch_id}.json", report)
     fault("erase:report_written")
     if any(r.get("store") == "DVC cache" and r.get("committed") for r in report["stores"]):
         dvc_ops.commit(params.root, ["deletion"])  # the report just written is in state/: `dvc status` stays clean
@@ -166,14 +168,14 @@ def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str
                          "erasure_report.json")
         from tasks.stores.tracking import batch_page_after_erasure
 
-        batch_page_after_erasure(tracker, params, report)
+        batch_page_after_erasure(tracker, report)
     fault("erase:before_close")
     if not journal.pending:
         journal.close()
     return report
 
 
-def _report(params: Params, journal: Journal, old: dict, tombstones: set[str], digest_ids: dict) -> dict:
+def _report(deletion: Deletion, journal: Journal, old: dict, tombstones: set[str], digest_ids: dict) -> dict:
     """The erasure report of this pass, from the journal's records (every store, in ORDER). Each pass's stores are
     kept: the pass inside `dvc repro` purges the ensemble cache and the registry, the `unlearn erase` after it the
     rest; the report says what each one removed, not only the last. A report of this same erase that a kill cut
@@ -186,11 +188,12 @@ def _report(params: Params, journal: Journal, old: dict, tombstones: set[str], d
     return {"batch_id": journal.batch_id, "run_id": journal.run_id, "erased_at": datetime.now(timezone.utc).isoformat(),
             "erase_started_at": journal.started_at, "passes": journal.passes,
             "n_ids": journal.n_ids or old.get("n_ids", 0), "n_tombstones": len(tombstones),
-            "hashed_ids": params.deletion.hash_sample_ids, "stores": stores,
+            "hashed_ids": deletion.hash_sample_ids, "stores": stores,
             "pending": [pending_line(waiting)] if waiting else [], "earlier_passes": earlier,
             "row_digests": sorted(digest_ids)}
 
 
+# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
 def resume_unfinished(params: Params, tracker=None, champion_version: str | None = None) -> list[dict]:
     """Take up every erase a kill stopped (its journal exists), oldest first: the first thing every entry point
     does (`unlearn run`, `unlearn erase`, the deletion stage and the deployments through the flow, `make run` and
@@ -205,6 +208,7 @@ def resume_unfinished(params: Params, tracker=None, champion_version: str | None
     return [erase(params, j.batch_id, None, salt, champion_version, tracker, j.run_id) for j in journals]
 
 
+# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
 @computes
 def erase_pending(params: Params, tracker=None, champion_version: str | None = None, resume: bool = True) -> list[dict]:
     """Finish erasures left unfinished: a journaled erase a kill stopped (`resume_unfinished`; `resume` False:
@@ -232,7 +236,7 @@ def erase_pending(params: Params, tracker=None, champion_version: str | None = N
         batches = sorted({e["batch_id"] for e in ledger if str(e["sample_id"]) in set(missing)})
         out.append(erase(params, batches[-1], None, salt, champion_version, tracker, keys=missing))
     waiting = bool(journaled)
-    for path in sorted(reports_dir(params).glob("*.json")):
+    for path in sorted(reports_dir(params.project_paths).glob("*.json")):
         rep = read_json_file(path)
         if not rep.get("pending") or rep.get("batch_id") in journaled:
             continue
@@ -240,20 +244,20 @@ def erase_pending(params: Params, tracker=None, champion_version: str | None = N
             waiting = True
         else:
             out.append(erase(params, rep["batch_id"], None, salt, champion_version, tracker))
-    if not out and not waiting and _prepared_holds_tombstoned(params):
+    if not out and not waiting and _prepared_holds_tombstoned(params.project_paths, params.deletion, salt):
         out.append(erase(params, "recovered", None, salt, champion_version, tracker))
     return out
 
 
-def _prepared_holds_tombstoned(params: Params) -> bool:
+def _prepared_holds_tombstoned(paths: ProjectPaths, deletion: Deletion, salt: str) -> bool:
     try:
-        prepared = load_prepared(params.path("prepared_dir"))
+        prepared = load_prepared(paths.path("prepared_dir"))
     except FileNotFoundError:
         return False
-    return tombstoned_rows(params, prepared).any()
+    return tombstoned_rows(paths, deletion, salt, prepared).any()
 
 
-def id_references(params: Params, forgotten: set[str], max_bytes: int = 50_000_000) -> list[dict]:
+def id_references(paths: ProjectPaths, forgotten: set[str], max_bytes: int = 50_000_000) -> list[dict]:
     """Files that still NAME a forgotten id (not its row): the batches' MLflow artifacts (per-sample KLoM,
     leverage and partition tables) and the applied request files in requests/processed/. With
     deletion.hash_sample_ids off they are kept on purpose: the review's and the audit's references to what was
@@ -261,14 +265,15 @@ def id_references(params: Params, forgotten: set[str], max_bytes: int = 50_000_0
     if not forgotten:
         return []
     out = []
-    for store, root in (("MLflow artifacts", params.path("mlflow_artifacts")),
-                        ("processed request files", params.path("processed"))):
+    for store, root in (("MLflow artifacts", paths.path("mlflow_artifacts")),
+                        ("processed request files", paths.path("processed"))):
         n = files_naming(root, forgotten, max_bytes)
         if n is not None:
             out.append({"store": store, "path": str(root), "files_naming_forgotten_ids": n})
     return out
 
 
+# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
 def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tuple[list[str], list[dict]]:
     """Ask every registered store to look again; returns (problems, checks). `batch`: only that batch's rows and
     ids. Each store's findings are checks (the lines `unlearn verify-erasure` prints); their problems fail it.
@@ -292,7 +297,8 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
             bar.stage(store.name)
             findings += _verified(store, scope)
             bar.update()
-    findings += key_findings(params)  # where the id key can be read from (a copy in a shared place undoes every hashed id)
+    # where the id key can be read from (a copy in a shared place undoes every hashed id)
+    findings += key_findings(params.project_paths, params.operations)
     return [p for f in findings for p in f.problems], [f.as_dict() for f in findings]
 
 
@@ -309,26 +315,27 @@ def _verified(store, scope: Scope) -> list[Finding]:
                          f"then run `unlearn verify-erasure` again",))]
 
 
+# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
 def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
     from unlearning.privacy.ledger import read_ledger
 
     every = read_ledger(params.path("state_dir") / "ledger.jsonl")
     ledger = [e for e in every if batch is None or e["batch_id"] == batch]
     if batch is not None and not ledger:
-        raise UnknownBatch(_unknown_batch(params, batch, every))
+        raise UnknownBatch(_unknown_batch(params.project_paths, batch, every))
     tombstones = read_tombstones(params.path("tombstones"))
     forgotten = {str(e["sample_id"]) for e in ledger}
     if batch is None:  # every erased id, also those of a ledger `unlearn reset` archived (the tombstones stay)
         forgotten |= tombstones
     every_report, unread = [], []
-    for path in sorted(reports_dir(params).glob("*.json")):
+    for path in sorted(reports_dir(params.project_paths).glob("*.json")):
         try:
             every_report.append(read_json_file(path))
         except (OSError, StateCorrupt) as e:  # named by the reports' store, and the other reports still count
             unread.append(f"{path.name} ({getattr(e, 'strerror', None) or type(e).__name__})")
     # a batch whose rows a later pass erased under another name ("recovered") has no report of its own
     reports = [r for r in every_report if batch is None or r.get("batch_id") == batch] or every_report
-    prepared = _prepared_or_none(params)
+    prepared = _prepared_or_none(params.project_paths)
     from unlearning.privacy.salt import id_salt
 
     salt = id_salt(params)
@@ -343,15 +350,15 @@ def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
     return scope
 
 
-def _unknown_batch(params: Params, batch: str, every: list[dict]) -> str:
+def _unknown_batch(paths: ProjectPaths, batch: str, every: list[dict]) -> str:
     known = list(dict.fromkeys(e["batch_id"] for e in every))
-    return (f"batch {batch!r} is not in the ledger {params.path('state_dir') / 'ledger.jsonl'}; "
+    return (f"batch {batch!r} is not in the ledger {paths.path('state_dir') / 'ledger.jsonl'}; "
             + (f"its batches: {known[-10:]}{' (the 10 newest)' if len(known) > 10 else ''}" if known
                else "it holds no batch yet") + " (`unlearn status` lists them)")
 
 
-def _prepared_or_none(params: Params):
+def _prepared_or_none(paths: ProjectPaths):
     try:
-        return load_prepared(params.path("prepared_dir"))
+        return load_prepared(paths.path("prepared_dir"))
     except FileNotFoundError:
         return None

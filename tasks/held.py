@@ -27,24 +27,28 @@ import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # stdlib only at import (the module's docstring says why)
+    from unlearning.config import ProjectPaths, Tracking
 
 HELD_REPORT = ".held.json"  # <name>.held.json beside each held file
 
 
-def held_dir(params) -> Path:
-    return params.path("held")
+def held_dir(paths: ProjectPaths) -> Path:
+    return paths.path("held")
 
 
 def report_path(path: Path) -> Path:
     return path.with_name(path.name + HELD_REPORT)
 
 
-def hold(path: Path, params, error: BaseException, champion_version) -> Path:
+def hold(path: Path, paths: ProjectPaths, error: BaseException, champion_version) -> Path:
     """Move an inbox file whose batch no candidate passed to requests/held/, beside its report (temp + rename:
     a kill leaves the file in the inbox, or in held/ with or without its report; `held_batches` reads either)."""
     from unlearning.io import atomic_write_json, move_unique
 
-    dest = move_unique(path, held_dir(params))
+    dest = move_unique(path, held_dir(paths))
     atomic_write_json(report_path(dest), {
         "file": path.name, "held_at": datetime.now(timezone.utc).isoformat(),
         "batch_id": getattr(error, "batch_id", None), "run_id": getattr(error, "run_id", None),
@@ -63,11 +67,11 @@ def serving_line(champion_version) -> str:
             f"in every store until the batch is approved)")
 
 
-def held_batches(params, now: float | None = None) -> list[dict]:
+def held_batches(paths: ProjectPaths, now: float | None = None) -> list[dict]:
     """The held files, oldest first: {"file", "path", "held_at", "age_seconds", "batch_id", "run_id",
     "failing_checks", "approve"}. A held file whose report is missing or unreadable still counts (its age is
     the file's)."""
-    folder = held_dir(params)
+    folder = held_dir(paths)
     if not folder.is_dir():
         return []
     now = time.time() if now is None else now
@@ -117,12 +121,12 @@ def mark_run_held(batch, error: BaseException) -> None:
                               "approve": f"unlearn approve {batch.path.name}"}, "held_for_review.json")
 
 
-def tag_serving_champion(tracker, params, version) -> list[str]:
+def tag_serving_champion(tracker, paths: ProjectPaths, tracking: Tracking, version) -> list[str]:
     """The champion's registered version says whether it serves rows of held batches (`serves_held_rows`: the
     held files, or "no"); returns the held files."""
-    held = [h["file"] for h in held_batches(params)]
-    if version is not None and tracker.has_version(params.tracking.registered_model, str(version)):
-        tracker.set_version_tags(params.tracking.registered_model, str(version), {
+    held = [h["file"] for h in held_batches(paths)]
+    if version is not None and tracker.has_version(tracking.registered_model, str(version)):
+        tracker.set_version_tags(tracking.registered_model, str(version), {
             "serves_held_rows": (f"yes: {', '.join(held)} held for review (`unlearn approve`); their rows are not "
                                  f"erased yet") if held else "no"})
     return held
@@ -142,7 +146,7 @@ def approval_overrides(sharded: bool) -> dict:
             "quality": {"refuse": []}}
 
 
-def record_approval(tracker, params, path: Path, result) -> dict:
+def record_approval(tracker, paths: ProjectPaths, tracking: Tracking, path: Path, result) -> dict:
     """After `unlearn approve` applied a held batch (`result`: its BatchResult): the new batch run says it was a
     person's approval of the held one (tags `review: approved`, `approved_hold_of`; the held report as
     `held_report.json`; a line in its description), the held run says where it went (`approved_in`), the champion's
@@ -165,7 +169,7 @@ def record_approval(tracker, params, path: Path, result) -> dict:
     if held_run:
         tracker.set_tags(held_run, {"review": "approved", "approved_in": result.get("batch_id") or ""})
     report_file.unlink(missing_ok=True)
-    champion = params.path("state_dir") / "champion.json"
+    champion = paths.path("state_dir") / "champion.json"
     if champion.exists():
-        tag_serving_champion(tracker, params, json.loads(champion.read_text()).get("model_version"))
+        tag_serving_champion(tracker, paths, tracking, json.loads(champion.read_text()).get("model_version"))
     return report

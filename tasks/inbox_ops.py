@@ -7,17 +7,39 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from adapters.tracker import tracker_for
 from tasks.reporting import run_logger
 from tasks.state import stale_unbatched_state
-from unlearning.config import Params
+from unlearning.config import Deletion, Erasure, Params, ProjectPaths
 from unlearning.io import atomic_write_bytes, move_unique, read_json_file
 from unlearning.requests import file_sha256
 from unlearning.privacy.salt import id_salt
 
 
+@dataclass(frozen=True)
+class RequestFileSettings:
+    """What the kept request files' handling reads of the params (`processed`, `redact_erased_ids`, the expiry):
+    where they are (base.paths processed, rejected, tombstones), how long an applied file keeps its plain ids
+    (erasure.keep_request_files), whether ids are hashed (deletion.hash_sample_ids), and the id key, read only
+    when an id is keyed (unlearning/privacy/salt.py id_salt makes the key of a project that has none)."""
+
+    paths: ProjectPaths
+    erasure: Erasure
+    deletion: Deletion
+    salt: Callable[[], str]  # id_salt of the project, read (or made) on each call
+
+    # Builds the slice record from the whole params, its one job: id_salt takes the whole params by design.
+    @classmethod
+    def of(cls, params: Params) -> "RequestFileSettings":
+        return cls(params.project_paths, params.erasure, params.deletion, partial(id_salt, params))
+
+
+# The whole params: every run's first step, it reconciles (below) when anything exists to reconcile.
 def reconcile_if_started(params: Params, resume: bool = True) -> list[str]:
     """Reconcile the registry with state/ once anything exists to reconcile (a first run has nothing)."""
     if ((params.path("state_dir") / "champion.json").exists() or params.path("mlflow_db").exists()
@@ -26,6 +48,8 @@ def reconcile_if_started(params: Params, resume: bool = True) -> list[str]:
     return []
 
 
+# The whole params: the deletion flow's first step, it finishes an erase (tasks/erasure.py resume_unfinished, whose
+# stores' scope holds the params).
 def resume_erasure(params: Params) -> list[str]:
     """Every entry point's first step, under the batch lock (the deletion flow: `unlearn run`, the DVC stage, the
     deployments; `unlearn erase`): an erase a kill stopped between two stores is finished where its journal says
@@ -39,6 +63,7 @@ def resume_erasure(params: Params) -> list[str]:
     return _resume(params, tracker_for(params), version)
 
 
+# The whole params: tasks/erasure.py resume_unfinished takes them (its stores' scope holds the params).
 def _resume(params: Params, tracker, version) -> list[str]:
     from tasks.erasure import resume_unfinished
     from unlearning.privacy.erasure_journal import unfinished
@@ -58,14 +83,14 @@ def _resume(params: Params, tracker, version) -> list[str]:
           f"`unlearn erase`"] if waiting else [])
 
 
-def processed(path: Path, params: Params) -> Path:
+def processed(path: Path, settings: RequestFileSettings) -> Path:
     """Move an applied (or already applied) inbox file to requests/processed/. With deletion.hash_sample_ids
     its sample ids are written in their keyed form (the ledger's), so no forgotten id stays there in plain text;
     under erasure.keep_request_files = N days it keeps them N days from now (its mtime), then a run rewrites it
     (tasks/stores/requests.py expire_request_files)."""
-    dest_dir = params.path("processed")
-    keep_days = params.erasure.request_file_days()
-    keyed = _keyed_request_bytes(path, params) if params.deletion.hash_sample_ids and not keep_days else None
+    dest_dir = settings.paths.path("processed")
+    keep_days = settings.erasure.request_file_days()
+    keyed = _keyed_request_bytes(path, settings) if settings.deletion.hash_sample_ids and not keep_days else None
     same = dest_dir / path.name
     if same.is_file() and not path.is_symlink() and file_sha256(same) == (
             hashlib.sha256(keyed).hexdigest() if keyed is not None else file_sha256(path)):
@@ -79,33 +104,34 @@ def processed(path: Path, params: Params) -> Path:
     return dest
 
 
-def _expire_request_files(params: Params) -> list[str]:
+def _expire_request_files(settings: RequestFileSettings) -> list[str]:
     from tasks.stores.requests import expire_request_files
     from unlearning.privacy.erasure import id_key
 
-    if not params.deletion.hash_sample_ids or not params.erasure.request_file_days():
+    if not settings.deletion.hash_sample_ids or not settings.erasure.request_file_days():
         return []
-    return expire_request_files(params, id_key(True, id_salt(params)))
+    return expire_request_files(settings.paths, settings.deletion, settings.erasure,
+                                id_key(True, settings.salt()))
 
 
-def redact_erased_ids(params: Params, files: list[Path] | None = None) -> list[str]:
+def redact_erased_ids(settings: RequestFileSettings, files: list[Path] | None = None) -> list[str]:
     """The rejected request files (or `files`: one just rejected) that name an erased id in plain text, rewritten
     with its hashed form (deletion.hash_sample_ids). Run at every rejection, every run and `unlearn erase`: a
     rejected file naming ids that an earlier or a later batch erased never waits for a batch's erasure to be
     rewritten (`unlearn verify-erasure` fails on it meanwhile). The applied files are hashed when they move, or
     when their keep_request_files days end (`_expire_request_files`). Returns the files' names."""
-    if not params.deletion.hash_sample_ids:
+    if not settings.deletion.hash_sample_ids:
         return []
     from tasks.stores.requests import kept_request_files, rewrite
     from unlearning.privacy.erasure import id_key, read_tombstones
     from unlearning.requests import redacted_request_bytes
 
-    tombstones = read_tombstones(params.path("tombstones"))
+    tombstones = read_tombstones(settings.paths.path("tombstones"))
     if not tombstones:
         return []
-    key = id_key(True, id_salt(params))
+    key = id_key(True, settings.salt())
     if files is None:
-        files = [f for store, _, found in kept_request_files(params) if store == "rejected request files"
+        files = [f for store, _, found in kept_request_files(settings.paths) if store == "rejected request files"
                  for f in found]
     out = []
     for f in files:
@@ -116,13 +142,15 @@ def redact_erased_ids(params: Params, files: list[Path] | None = None) -> list[s
     return out
 
 
-def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
+def _keyed_request_bytes(path: Path, settings: RequestFileSettings) -> bytes | None:
     from unlearning.privacy.erasure import id_key
     from unlearning.requests import redacted_request_bytes
 
-    return redacted_request_bytes(path, id_key(True, id_salt(params)))
+    return redacted_request_bytes(path, id_key(True, settings.salt()))
 
 
+# The whole params: `unlearn erase`, `unlearn reset` and every run call it with them, and it runs the whole-params
+# steps (an unfinished erase, the state's fingerprint: tasks/state.py stale_unbatched_state, erase_pending).
 def reconcile(params: Params, tracker, resume: bool = True) -> list[str]:
     """state/ decides: first finish an erase a kill stopped (its journal; `resume` False: the caller did), then
     point the registry alias at state/champion.json's version, say on the champion's version whether it serves
@@ -143,8 +171,8 @@ def reconcile(params: Params, tracker, resume: bool = True) -> list[str]:
             notes.append(f"reconciled {name}@{alias}: v{before} -> v{version} (state/champion.json decides)")
     from tasks.held import held_batches, tag_serving_champion
 
-    if version is not None and held_batches(params):  # the champion still serves the rows of a held batch
-        tag_serving_champion(tracker, params, version)
+    if version is not None and held_batches(params.project_paths):  # the champion still serves a held batch's rows
+        tag_serving_champion(tracker, params.project_paths, params.tracking, version)
     failed = tracker.fail_stale_runs()
     if failed:
         notes.append(f"marked {len(failed)} run(s) of killed batches FAILED")
@@ -157,18 +185,19 @@ def reconcile(params: Params, tracker, resume: bool = True) -> list[str]:
         done = erase_pending(params, tracker, version, resume=False)
         if done:
             notes.append(f"finished {len(done)} pending erasure(s)")
-        expired = _expire_request_files(params)
+        requests = RequestFileSettings.of(params)
+        expired = _expire_request_files(requests)
         if expired:
             notes.append(f"rewrote {len(expired)} kept request file(s) with hashed ids: their "
                          f"erasure.keep_request_files = {params.erasure.keep_request_files} day(s) are over: {expired}")
-        redacted = redact_erased_ids(params)
+        redacted = redact_erased_ids(requests)
         if redacted:
             notes.append(f"rewrote {len(redacted)} kept request file(s) naming erased ids with their hashed form: "
                          f"{redacted}")
         if version is not None and read_tombstones(params.path("tombstones")):
             # a batch that failed after registering its model left a version no erasure ran for: the registry
             # keeps what an erasure keeps (verify-erasure failed on such an orphan until a later batch's erasure)
-            keep = versions_to_keep(params, tracker, version)
+            keep = versions_to_keep(params.tracking, params.erasure, tracker, version)
             orphans = [v for v in tracker.unpromoted_versions(name) if v not in keep]
             if orphans:
                 tracker.purge_versions(name, set(tracker.versions(name)) - set(orphans))
@@ -177,6 +206,8 @@ def reconcile(params: Params, tracker, resume: bool = True) -> list[str]:
     return notes
 
 
+# The whole params: the deletion flow's check of every store its params name, before any state changes (the
+# tracking store and the champion's, adapters/store_check.py, the DVC cache and remote, Prefect's API).
 def preflight(params: Params) -> None:
     """Before any state changes: the tracking store, the DVC cache (and a remote folder) must be usable."""
     from adapters.store_check import state_champion_store_problem
@@ -204,9 +235,9 @@ def preflight(params: Params) -> None:
             raise ConnectionError(problem)
     from tasks.stores.base import dvc_cache_dir, is_dvc_repo, remote_path  # the erasure's own rule for the remote
 
-    if is_dvc_repo(params):
-        cache = dvc_cache_dir(params)
+    if is_dvc_repo(params.project_paths):
+        cache = dvc_cache_dir(params.project_paths)
         for what, folder in (("DVC cache", cache if cache.exists() else cache.parent),
-                             ("DVC remote folder", remote_path(params))):
+                             ("DVC remote folder", remote_path(params.project_paths, params.operations))):
             if folder is not None and folder.exists() and not os.access(folder, os.W_OK):
                 raise PermissionError(f"{what} {folder} is not writable: fix its permissions (nothing was changed)")

@@ -13,21 +13,21 @@ from adapters import dvc_ops
 from adapters.clock import computes
 from tasks.retry import transient_io_or_dvc_lock
 
-from unlearning.config import Params
+from unlearning.config import Operations, ProjectPaths
 
 
 @task(name="dvc-commit", retries=2, retry_delay_seconds=[2, 5], retry_condition_fn=transient_io_or_dvc_lock)
 @computes
-def commit_lineage(params: Params) -> dict:
-    root = params.root
+def commit_lineage(paths: ProjectPaths, operations: Operations) -> dict:
+    root = paths.root
     if not (root / ".dvc").is_dir():
         return {"committed": False, "reason": f"{root} is not a DVC project"}
     from adapters.dvc_metrics import ensure_metrics
 
-    ensure_metrics(params)  # the stage's declared metrics outputs must exist for `dvc commit`
+    ensure_metrics(paths)  # the stage's declared metrics outputs must exist for `dvc commit`
     dvc_ops.commit(root, ["deletion"])
     pushed = None
-    remote = params.operations.dvc_remote
+    remote = operations.dvc_remote
     if remote:
         configured = dvc_ops.remotes(root)
         if remote not in configured:  # not a remote name: a folder, relative to the project

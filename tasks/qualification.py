@@ -71,11 +71,12 @@ def original_state(params: Params, device: str) -> State:
 
     prepared = load_prepared(params.path("prepared_dir"))
     current = current_fingerprint(params, prepared)
-    path = original_path(params)
+    path = original_path(params.project_paths)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the train stage first (`dvc repro train`)")
     ckpt = _checkpoint(path)
-    check_original(params, prepared, current, {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
+    check_original(params.project_paths, params.train.model, prepared, current,
+                   {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
     model, extra = load_model(path, device)
     return State(prepared=prepared, model=model, manifest=initial_state_manifest(prepared.manifest), ledger=[],
                  champion={"model_version": extra.get("model_version"), "method": "original"}, fingerprint=current)
@@ -224,7 +225,7 @@ def license_for_batch(params: Params, state, rows, report, n_train: int):
     from unlearning.policy.history import debt_reasons, retraining_debt
     from unlearning.certificate.qualification import EXACT, License, license_method, licenses_any
 
-    q = with_audits(require_qualification(params, state), read_audits(params))
+    q = with_audits(require_qualification(params, state), read_audits(params.project_paths))
     v = params.validation
     gap = gap_in_noise_units(report.predicted_gap_forget, q.noise) if report is not None else float("nan")
     if report is None and not licenses_any(q.table, q.methods, v.qualified_min_pass, v.qualified_bound):
@@ -247,7 +248,7 @@ def diagnostics_decide(params: Params, state) -> bool:
     its audits) licenses some method at some predicted gap (unlearning/certificate/qualification.py licenses_any)."""
     from unlearning.certificate.qualification import licenses_any
 
-    q = with_audits(require_qualification(params, state), read_audits(params))
+    q = with_audits(require_qualification(params, state), read_audits(params.project_paths))
     v = params.validation
     return licenses_any(q.table, q.methods, v.qualified_min_pass, v.qualified_bound)
 
@@ -260,7 +261,7 @@ from tasks.pending import AUDITS, read_audits  # noqa: E402,F401  (unlearn statu
 def append_audit(params: Params, record: dict) -> None:
     """One record more (write temp, then rename: a reader never sees half a line)."""
     path = params.path("state_dir") / AUDITS
-    lines = [json.dumps(r, default=float) for r in [*read_audits(params), record]]
+    lines = [json.dumps(r, default=float) for r in [*read_audits(params.project_paths), record]]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, path)

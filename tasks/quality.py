@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from tasks.reporting import markdown_artifact, run_logger
-from unlearning.config import Params
+from unlearning.config import Quality
 from unlearning.batch.quality import (
     QualityFacts, QualityWarning, accuracy_change_lines, accuracy_changes, class_counts, quality_warnings, refused,
 )
@@ -58,7 +58,7 @@ def quality_facts(outcome, state, rows, oracle_val_accs: Sequence[float] | None 
                         oracle_validation_accuracies=oracles)
 
 
-def announce_quality(batch, outcome, state, rows, params: Params,
+def announce_quality(batch, outcome, state, rows, quality: Quality,
                      oracle_val_accs: Sequence[float] | None = None) -> list[str]:
     """Warn about what the chosen candidate costs; returns the warnings (one sentence each, [] when none).
 
@@ -70,7 +70,7 @@ def announce_quality(batch, outcome, state, rows, params: Params,
     (else the range from the metrics; a batch without oracles skips the unstable-recipe check). Writes to the
     console, the batch's MLflow run, a Prefect artifact and batch.summary["warnings"]. Raises QualityRefused when
     a warning's kind is in `quality.refuse` (after announcing every warning)."""
-    q = params.quality
+    q = quality
     report_accuracy_changes(batch, outcome.metrics)
     warnings = quality_warnings(quality_facts(outcome, state, rows, oracle_val_accs), q.max_validation_drop,
                                 q.max_oracle_spread)

@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from unlearning.config import Params, load_params
+from unlearning.config import Erasure, Operations, Params, ProjectPaths, load_params
 from unlearning.io import StateCorrupt
 from unlearning.privacy.salt import KeyMigrationNeeded, key_exposure, migration_pending, project_salt, small_files
 
@@ -27,18 +27,19 @@ from unlearning.privacy.salt import KeyMigrationNeeded, key_exposure, migration_
 # imported inside the functions that use them, when a re-keying is due (importing tasks.stores imports torch).
 
 
-def tracking_db(params: Params) -> Path | None:
-    """The local MLflow store's SQLite file (None for a tracking server: its store is the server's own)."""
+def tracking_db(tracking_uri: str) -> Path | None:
+    """The local MLflow store's SQLite file (None for a tracking server: its store is the server's own).
+    `tracking_uri`: Params.mlflow_tracking_uri()."""
     from adapters.store_check import sqlite_file
 
-    db = sqlite_file(params.mlflow_tracking_uri())
+    db = sqlite_file(tracking_uri)
     return db if db is not None and db.is_file() else None
 
 
-def mlflow_preparer(params: Params):
+def mlflow_preparer(tracking_uri: str):
     """unlearning/privacy/rekey.py's `extra` for the local MLflow store: its re-keyed copy, renamed at the commit."""
     def prepare(rekeying) -> list[tuple[str, str]]:
-        db = tracking_db(params)
+        db = tracking_db(tracking_uri)
         if db is None:
             return []
         from adapters.tracking import rekey_sqlite_store
@@ -50,20 +51,20 @@ def mlflow_preparer(params: Params):
     return prepare
 
 
-def shared_roots(params: Params) -> list[Path]:
+def shared_roots(paths: ProjectPaths, operations: Operations) -> list[Path]:
     """The places the team shares (the threat model's readers: docs/erasure.md): the project's written stores,
     the DVC cache and remote, MLflow's local store and artifacts, the archive."""
     from tasks.stores.traces import written_roots
 
-    return written_roots(params)
+    return written_roots(paths, operations)
 
 
-def salt_copies(params: Params, salt: str) -> list[Path]:
+def salt_copies(paths: ProjectPaths, operations: Operations, salt: str) -> list[Path]:
     """Every small file of the DVC cache and remote that holds the older version's salt (DVC objects of the
     state/salt every older state carried): the migration deletes them at its commit."""
     from tasks.stores.base import dvc_cache_dir, remote_folder
 
-    roots = [r for r in (dvc_cache_dir(params), remote_folder(params)) if r is not None and r.is_dir()]
+    roots = [r for r in (dvc_cache_dir(paths), remote_folder(paths, operations)) if r is not None and r.is_dir()]
     found = []
     for f in small_files(roots):
         try:
@@ -74,23 +75,23 @@ def salt_copies(params: Params, salt: str) -> list[Path]:
     return found
 
 
-def recommit(params: Params) -> dict:
+def recommit(paths: ProjectPaths, erasure: Erasure, operations: Operations) -> dict:
     """The re-keyed outputs committed (`dvc status` stays clean), and with erasure.dvc_gc the cache and the
     remote garbage-collected: no object keeps an older form of the ledger."""
     from adapters import dvc_ops
     from tasks.stores.base import is_dvc_repo
 
-    if not is_dvc_repo(params):
+    if not is_dvc_repo(paths):
         return {}
-    if params.erasure.dvc_gc:
+    if erasure.dvc_gc:
         from tasks.stores.dvc import dvc_gc
 
-        return dvc_gc(params)
+        return dvc_gc(paths, operations)
     from adapters.dvc_metrics import ensure_metrics
 
-    ensure_metrics(params)
-    stages = recorded_stages(params.root, ["prepare", "train", "deletion"])
-    return {"committed": dvc_ops.commit(params.root, stages) if stages else []}
+    ensure_metrics(paths)
+    stages = recorded_stages(paths.root, ["prepare", "train", "deletion"])
+    return {"committed": dvc_ops.commit(paths.root, stages) if stages else []}
 
 
 def recorded_stages(root: Path, names: list[str]) -> list[str]:
@@ -109,20 +110,21 @@ def recorded_stages(root: Path, names: list[str]) -> list[str]:
 LOCK_TIMEOUT = 3600.0  # seconds a re-keying waits for a running batch (it holds the state's lock) to end
 
 
-def migrate(params: Params) -> dict | None:
+def migrate(paths: ProjectPaths, operations: Operations, erasure: Erasure, tracking_uri: str) -> dict | None:
     """The one-time migration of an older project (or the end of an interrupted re-keying), under the batch lock
-    (no batch writes the ledger meanwhile); None when the key is current. Prints one line of what it did."""
+    (no batch writes the ledger meanwhile); None when the key is current. Prints one line of what it did.
+    `tracking_uri`: Params.mlflow_tracking_uri() (the local MLflow store is re-keyed too)."""
     from tasks.state import batch_lock
     from unlearning.privacy import rekey as core
 
-    if not migration_pending(params.path):
+    if not migration_pending(paths.path):
         return None
-    with batch_lock(params, LOCK_TIMEOUT):
-        done = core.migrate(params.path, extra=[mlflow_preparer(params)],
-                            extra_deletes=lambda salt: salt_copies(params, salt))
+    with batch_lock(paths, LOCK_TIMEOUT):
+        done = core.migrate(paths.path, extra=[mlflow_preparer(tracking_uri)],
+                            extra_deletes=lambda salt: salt_copies(paths, operations, salt))
         if done is None:
             return None
-        done["dvc"] = recommit(params)
+        done["dvc"] = recommit(paths, erasure, operations)
     print(f"re-keyed the project's hashed ids with a new secret key in {done['key']} (HMAC-SHA256; an older "
           f"version's salt was backed up with the state): {len(done['rewritten'])} file(s) rewritten, "
           f"{len(done['deleted'])} removed (the ensemble cache, trained again when needed, and every copy of the "
@@ -131,18 +133,20 @@ def migrate(params: Params) -> dict | None:
     return done
 
 
-def rotate(params: Params) -> dict:
-    """A new key layer for every stored id (docs/erasure.md, "Rotating the key")."""
+def rotate(paths: ProjectPaths, operations: Operations, erasure: Erasure, tracking_uri: str) -> dict:
+    """A new key layer for every stored id (docs/erasure.md, "Rotating the key"); the arguments as `migrate`'s."""
     from tasks.state import batch_lock
     from unlearning.privacy import rekey as core
 
-    migrate(params)
-    with batch_lock(params, LOCK_TIMEOUT):
-        done = core.rotate(params.path, extra=[mlflow_preparer(params)])
-        done["dvc"] = recommit(params)
+    migrate(paths, operations, erasure, tracking_uri)
+    with batch_lock(paths, LOCK_TIMEOUT):
+        done = core.rotate(paths.path, extra=[mlflow_preparer(tracking_uri)])
+        done["dvc"] = recommit(paths, erasure, operations)
     return done
 
 
+# The whole params: every flow and `unlearn` command calls it first with them, and the key it checks is
+# project_salt's (unlearning/privacy/salt.py, whole params by design).
 def ensure_current_key(params: Params) -> None:
     """Before any id is compared: migrate an older project's salted ids (once). Inside `dvc repro` the outputs
     are DVC's: raises KeyMigrationNeeded (one line: what to run) instead."""
@@ -155,10 +159,10 @@ def ensure_current_key(params: Params) -> None:
     if in_dvc_stage():
         project_salt(params)  # raises KeyMigrationNeeded with the line
         raise KeyMigrationNeeded("the project's id key must be migrated outside `dvc repro`")
-    migrate(params)
+    migrate(params.project_paths, params.operations, params.erasure, params.mlflow_tracking_uri())
 
 
-def key_findings(params: Params) -> list:
+def key_findings(paths: ProjectPaths, operations: Operations) -> list:
     """Where the id key can be read from, as `unlearn verify-erasure` checks (docs/erasure.md, "Threat model"):
     the variable or the key file (fine when only this user reads it), and any copy in a shared place (a
     problem). unlearning.privacy.erasure Findings."""
@@ -166,7 +170,7 @@ def key_findings(params: Params) -> list:
 
     return [Finding("id key", place.where, {"readable_by": place.readers},
                     (f"id key: {place.problem}",) if place.problem else ())
-            for place in key_exposure(params.path, shared_roots(params))]
+            for place in key_exposure(paths.path, shared_roots(paths, operations))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,16 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     args = a.parse_args(argv)
     try:
         params = load_params(args.params)
+        rekeying = (params.project_paths, params.operations, params.erasure, params.mlflow_tracking_uri())
         if args.command == "rotate":
-            done = rotate(params)
+            done = rotate(*rekeying)
             print(f"rotated the id key ({done['key']}): {len(done['rewritten'])} file(s) re-keyed; back up the new "
                   f"key now (docs/erasure.md, \"Rotating the key\")")
         elif args.command == "exposure":
-            for f in key_findings(params):
+            for f in key_findings(params.project_paths, params.operations):
                 print(f"{f.where}: readable by {f.counts['readable_by']}" + "".join(f"\n  {p}" for p in f.problems))
         else:
             existed = params.path("salt").exists()
-            migrate(params)
+            migrate(*rekeying)
             project_salt(params)  # made with hashing off too: switching it on later finds it
             if not existed and params.path("salt").exists():
                 print(f"created the project's secret id key {params.path('salt')} (mode 0600, git-ignored, never "

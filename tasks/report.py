@@ -12,11 +12,12 @@ import torch
 from prefect import task
 
 from adapters.clock import computes
-from unlearning.config import Params
+from unlearning.config import Gate, Params, ProjectPaths, Report
 from unlearning.io import atomic_write_json, atomic_write_text
 from unlearning.studies import readme
 
 
+# The whole params: the report flow's task, and a study is a whole configuration (unlearning/studies/ take it).
 @task(name="study")
 @computes
 def run_study(params: Params, name: str, device: str) -> dict:
@@ -36,8 +37,8 @@ def run_study(params: Params, name: str, device: str) -> dict:
     raise ValueError(f"report.studies: unknown study {name!r}; allowed: s3, s4, s5")
 
 
-def write_report(params: Params, name: str, result: dict) -> Path:
-    path = params.path("reports_dir") / f"{name}.json"
+def write_report(paths: ProjectPaths, name: str, result: dict) -> Path:
+    path = paths.path("reports_dir") / f"{name}.json"
     atomic_write_json(path, result)
     return path
 
@@ -66,17 +67,17 @@ def commit_of(root: Path) -> str:
         return "unknown"
 
 
-def provenance(params: Params, device: str) -> dict:
-    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit_of(params.root),
+def provenance(paths: ProjectPaths, gate: Gate, device: str) -> dict:
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit_of(paths.root),
             "cores": os.cpu_count(), "threads": torch.get_num_threads(), "device": device,
-            "suppression_gate": params.gate.suppression.model_dump()}
+            "suppression_gate": gate.suppression.model_dump()}
 
 
-def regenerate_readme(params: Params, section: str) -> Path | None:
+def regenerate_readme(report: Report, paths: ProjectPaths, section: str) -> Path | None:
     """Swap the generated `section` into report.readme (atomic); None when report.readme is null."""
-    if params.report.readme is None:
+    if report.readme is None:
         return None
-    path = Path(params.report.readme)
-    path = path if path.is_absolute() else params.root / path
+    path = Path(report.readme)
+    path = path if path.is_absolute() else paths.root / path
     atomic_write_text(path, readme.replace_section(path.read_text(), section, str(path)))
     return path

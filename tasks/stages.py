@@ -596,7 +596,8 @@ def names_after_erasure(params: Params, prepared, forget_ids: list[str]) -> list
     and every tombstoned row are erased (a class only they had reads `<erased k>`, as dataset.json will)."""
     from tasks.erasure import tombstoned_rows
 
-    gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | tombstoned_rows(params, prepared)
+    gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | \
+        tombstoned_rows(params.project_paths, params.deletion, id_salt(params), prepared)
     return class_names_after(prepared.info, prepared.manifest, ~gone)
 
 
@@ -610,7 +611,8 @@ def preparation_after_erasure(params: Params, prepared, forget_ids: list[str]) -
     recipe = recipe_of(prepared.info)
     if recipe is None or recipe["kind"] != "table":  # an image's preparation holds no value of a row
         return recipe
-    gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | tombstoned_rows(params, prepared)
+    gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | \
+        tombstoned_rows(params.project_paths, params.deletion, id_salt(params), prepared)
     return recipe_after(recipe, prepared.X, ~gone)
 
 

@@ -20,7 +20,7 @@ from prefect import task
 from adapters.clock import computes
 from tasks.retry import transient_io_only
 
-from unlearning.config import Params
+from unlearning.config import ModelCfg, Params, ProjectPaths
 from unlearning.data import initial_state_manifest, load_prepared, read_state_manifest
 from unlearning.data.store import Prepared, manifest_csv_bytes
 from unlearning.privacy.erasure import clean_of_tombstones, read_tombstones, tombstones_digest
@@ -51,10 +51,11 @@ class State:
     fingerprint: dict  # of the current params + prepared folder (equal to the recorded one, once checked)
 
 
-def original_path(params: Params) -> Path:
-    return params.path("models_dir") / ORIGINAL
+def original_path(paths: ProjectPaths) -> Path:
+    return paths.path("models_dir") / ORIGINAL
 
 
+# The whole params: a fingerprint is OF the params (unlearning/privacy/fingerprint.py prepared_fingerprint).
 def current_fingerprint(params: Params, prepared: Prepared) -> dict:
     """The fingerprint of the current params and the prepared dataset (see unlearning/privacy/fingerprint.py)."""
     return prepared_fingerprint(params, prepared.info, prepared.manifest)
@@ -64,15 +65,16 @@ def _checkpoint(path: Path) -> dict:
     return load_checkpoint(path)
 
 
-def _spec_differences(saved: dict | None, params: Params, prepared: Prepared) -> list[str]:
+def _spec_differences(saved: dict | None, model: ModelCfg, prepared: Prepared) -> list[str]:
     """For checkpoints written before fingerprints: differences between the saved architecture spec and the
-    one the current params build, on the keys both have. Empty when nothing can be told."""
+    one the current params build (train.model `model` for this data), on the keys both have. Empty when nothing
+    can be told."""
     if not isinstance(saved, dict):
         return []
     try:
-        from tasks.training import model_spec
+        from unlearning.models.zoo import spec_from
 
-        now = model_spec(params, prepared)
+        now = spec_from(model, prepared.in_shape, prepared.n_classes)  # tasks/training.py model_spec
         try:  # compare canonical forms (legacy flat specs included) where the models package offers them
             from unlearning.models import normalize_spec
 
@@ -89,10 +91,12 @@ def _spec_differences(saved: dict | None, params: Params, prepared: Prepared) ->
             if saved[k] != now[k]]
 
 
-def check_original(params: Params, prepared: Prepared, current: dict, extra: dict | None = None) -> None:
+def check_original(paths: ProjectPaths, model: ModelCfg, prepared: Prepared, current: dict,
+                   extra: dict | None = None) -> None:
     """Raise StateMismatch when models/original.pt was trained from other params or data than the current
-    ones (params changed but the train stage not re-run)."""
-    path = original_path(params)
+    ones (params changed but the train stage not re-run). `current`: their fingerprint (current_fingerprint);
+    `model`: train.model."""
+    path = original_path(paths)
     if extra is None:
         extra = _checkpoint(path).get("extra", {})
     recorded = extra.get("fingerprint")
@@ -101,33 +105,34 @@ def check_original(params: Params, prepared: Prepared, current: dict, extra: dic
             raise mismatch_error(str(path), recorded, current, RETRAIN_HINT)
         return
     # A checkpoint from before fingerprints: only its architecture spec can be compared.
-    lines = _spec_differences(extra.get("spec"), params, prepared)
+    lines = _spec_differences(extra.get("spec"), model, prepared)
     if lines:
         raise mismatch_error(str(path), None, current, RETRAIN_HINT, lines)
 
 
-def _original_hint(params: Params, prepared: Prepared, current: dict) -> str:
+def _original_hint(paths: ProjectPaths, model: ModelCfg, prepared: Prepared, current: dict) -> str:
     """An addition to the reset hint when models/original.pt does not match the current params either."""
-    path = original_path(params)
+    path = original_path(paths)
     if not path.exists():
         return f"; then run the train stage (`dvc repro` or `unlearn train`): {path} is missing"
     try:
-        check_original(params, prepared, current)
+        check_original(paths, model, prepared, current)
     except StateMismatch:
         return (f"; {path} does not match the current params either: after the reset, re-run the train stage "
                 f"(`dvc repro` or `unlearn train`)")
     return ""
 
 
-def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_saved: dict | None,
-                manifest: pd.DataFrame, current: dict) -> None:
-    """Raise StateMismatch when the state folder was built from other params or data than the current ones."""
-    state_dir = params.path("state_dir")
+def check_state(paths: ProjectPaths, model: ModelCfg, prepared: Prepared, champion: dict,
+                model_spec_saved: dict | None, manifest: pd.DataFrame, current: dict) -> None:
+    """Raise StateMismatch when the state folder was built from other params or data than the current ones
+    (`current`: their fingerprint; `model`: train.model)."""
+    state_dir = paths.path("state_dir")
     recorded = champion.get("fingerprint")
     if recorded is not None:
         if not matches(recorded, current):
             raise mismatch_error(str(state_dir), recorded, current,
-                                 RESET_HINT + _original_hint(params, prepared, current))
+                                 RESET_HINT + _original_hint(paths, model, prepared, current))
         return
     # A state written before fingerprints. It is a mismatch only where that can be told: its manifest holds
     # other samples than the prepared dataset, or its model has another architecture than the params
@@ -137,13 +142,14 @@ def check_state(params: Params, prepared: Prepared, champion: dict, model_spec_s
     state_ids, prepared_ids = set(manifest["sample_id"]), set(prepared.manifest["sample_id"])
     if state_ids != prepared_ids:
         lines.append(f"dataset: the state's manifest has {len(state_ids - prepared_ids)} sample(s) not in "
-                     f"{params.path('prepared_dir')} and lacks {len(prepared_ids - state_ids)} of its samples")
-    lines += _spec_differences(model_spec_saved, params, prepared)
+                     f"{paths.path('prepared_dir')} and lacks {len(prepared_ids - state_ids)} of its samples")
+    lines += _spec_differences(model_spec_saved, model, prepared)
     if lines:
-        raise mismatch_error(str(state_dir), None, current, RESET_HINT + _original_hint(params, prepared, current),
-                             lines)
+        raise mismatch_error(str(state_dir), None, current,
+                             RESET_HINT + _original_hint(paths, model, prepared, current), lines)
 
 
+# The whole params: it checks the state or the original against their fingerprint (current_fingerprint).
 def stale_unbatched_state(params: Params, prepared: Prepared | None = None, current: dict | None = None) -> bool:
     """Whether state/ holds no batch (an empty ledger, the champion still the original a first run copied in),
     was built from other params or data than the current ones, and models/original.pt matches the current
@@ -163,22 +169,22 @@ def stale_unbatched_state(params: Params, prepared: Prepared | None = None, curr
     if matches(champion.get("fingerprint") or {}, current):
         return False
     try:
-        check_original(params, prepared, current)
+        check_original(params.project_paths, params.train.model, prepared, current)
     except (FileNotFoundError, StateMismatch):
         return False
     return True
 
 
-def check_original_is_erased(params: Params, extra: dict) -> str:
+def check_original_is_erased(paths: ProjectPaths, extra: dict) -> str:
     """Refuse to start a state from a models/original.pt that was trained on rows erased since (after `unlearn
     reset` with an erasure still pending, models/original.pt is the model the erased rows were forgotten FROM):
     the fresh state would hold them again and the tombstones would keep them from ever being requested.
     Returns the digest of the tombstones the original is clean of (champion.json's `started_clean_of`)."""
-    tombstones = read_tombstones(params.path("tombstones"))
+    tombstones = read_tombstones(paths.path("tombstones"))
     if not clean_of_tombstones(extra, tombstones):
         raise StateMismatch(
-            f"{original_path(params)} was trained before rows that are erased now ({len(tombstones)} tombstoned "
-            f"id(s) in {params.path('tombstones')}): a state started from it would hold them again. To go on: "
+            f"{original_path(paths)} was trained before rows that are erased now ({len(tombstones)} tombstoned "
+            f"id(s) in {paths.path('tombstones')}): a state started from it would hold them again. To go on: "
             f"`unlearn erase` when state/ still holds the champion (it replaces the original with it); otherwise "
             f"(after `unlearn reset`) retrain the original without them: `dvc repro -f prepare` (prepare leaves "
             f"tombstoned rows out, train follows), or `unlearn prepare && unlearn train`")
@@ -198,7 +204,8 @@ def check_state_complete(state_dir: Path) -> None:
                            f"{RESTORE_HINT.replace('restore it', 'restore the state')}")
 
 
-# Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once.
+# Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once. The whole
+# params: the flows' task that reads the state, checked against their fingerprint (current_fingerprint).
 @task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
 @computes
 def load_state(params: Params, device: str) -> State:
@@ -216,17 +223,18 @@ def load_state(params: Params, device: str) -> State:
         manifest = read_state_manifest(state_dir / "manifest.csv")
         champion = read_json_file(state_dir / "champion.json")
         saved_spec = None if "fingerprint" in champion else _checkpoint(state_dir / "model.pt").get("spec")
-        check_state(params, prepared, champion, saved_spec, manifest, current)
+        check_state(params.project_paths, params.train.model, prepared, champion, saved_spec, manifest, current)
         model, _ = load_model(state_dir / "model.pt", device)
         from_original = False
     else:
-        if not original_path(params).exists():
-            raise FileNotFoundError(f"{original_path(params)} not found: run the train stage first "
+        if not original_path(params.project_paths).exists():
+            raise FileNotFoundError(f"{original_path(params.project_paths)} not found: run the train stage first "
                                     f"(`dvc repro train` or `python -m flows.train`)")
-        ckpt = _checkpoint(original_path(params))
-        check_original(params, prepared, current, {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
-        clean_of = check_original_is_erased(params, ckpt.get("extra", {}))
-        model, extra = load_model(original_path(params), device)
+        ckpt = _checkpoint(original_path(params.project_paths))
+        check_original(params.project_paths, params.train.model, prepared, current,
+                       {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
+        clean_of = check_original_is_erased(params.project_paths, ckpt.get("extra", {}))
+        model, extra = load_model(original_path(params.project_paths), device)
         from_original = True  # state/shards/, if any, is a former state's: the original's are in models/shards/
         manifest = initial_state_manifest(prepared.manifest)
         champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None,
@@ -266,6 +274,7 @@ def write_state(folder: Path, model: Ensemble, manifest: pd.DataFrame, ledger: l
     atomic_write_json(folder / "champion.json", champion)
 
 
+# The whole params: load_state's (it builds the state from the original when there is none).
 def ensure_state(params: Params, device: str) -> bool:
     """Create the state folder from the trained original when it does not exist yet (an empty inbox on the
     first run), or when it holds no batch and the original was retrained since (`stale_unbatched_state`): the
@@ -290,14 +299,16 @@ def ensure_state(params: Params, device: str) -> bool:
     return True
 
 
+# The whole params: it checks the state or the original against their fingerprint (current_fingerprint).
 def original_version_if_current(params: Params) -> str | None:
     """The registry version of models/original.pt when it matches the current params and prepared data
     (the model a fresh state starts from), else None."""
-    path = original_path(params)
+    path = original_path(params.project_paths)
     try:
         prepared = load_prepared(params.path("prepared_dir"))
         extra = _checkpoint(path).get("extra", {})
-        check_original(params, prepared, current_fingerprint(params, prepared), extra)
+        check_original(params.project_paths, params.train.model, prepared, current_fingerprint(params, prepared),
+                       extra)
     except (FileNotFoundError, StateMismatch):
         return None
     version = extra.get("model_version")
@@ -312,16 +323,16 @@ def _unique_dir(parent: Path, name: str) -> Path:
     return out
 
 
-def batch_lock(params: Params, timeout: float, say_waiting: bool = True):
+def batch_lock(paths: ProjectPaths, timeout: float, say_waiting: bool = True):
     """The one lock of a project's state (state/ and what a batch writes beside it): a batch, `unlearn erase`
     and `unlearn reset` hold it, so none of them runs under another."""
     from unlearning.io import exclusive_lock
 
-    state_dir = params.path("state_dir")
+    state_dir = paths.path("state_dir")
     return exclusive_lock(state_dir.with_name(f".{state_dir.name}.lock"), timeout, say_waiting=say_waiting)
 
 
-def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
+def archive_state(paths: ProjectPaths, now=None, lock_timeout: float = 10.0) -> dict:
     """`unlearn reset`: move the state folder and the ensemble cache to archive/<UTC time>/ (under the batch
     lock, so never under a running batch). Nothing is deleted: the ledger of applied erasures stays in the
     archive. Returns what was moved and the archived ledger's size."""
@@ -329,8 +340,8 @@ def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
     from datetime import datetime, timezone
 
     now = now or datetime.now(timezone.utc)
-    state_dir, cache_dir = params.path("state_dir"), params.path("cache_dir")
-    with batch_lock(params, lock_timeout):
+    state_dir, cache_dir = paths.path("state_dir"), paths.path("cache_dir")
+    with batch_lock(paths, lock_timeout):
         recover_dir(state_dir)
         sources = [(n, p) for n, p in (("state", state_dir), ("cache", cache_dir)) if p.exists()]
         ledger = read_ledger(state_dir / "ledger.jsonl")
@@ -338,7 +349,7 @@ def archive_state(params: Params, now=None, lock_timeout: float = 10.0) -> dict:
         champion = read_json_file(champion_file) if champion_file.exists() else None
         if not sources:
             return {"archive": None, "moved": {}, "ledger": ledger, "ledger_path": None, "champion": None}
-        dest = _unique_dir(params.path("archive_dir"), now.strftime("%Y%m%dT%H%M%SZ"))
+        dest = _unique_dir(paths.path("archive_dir"), now.strftime("%Y%m%dT%H%M%SZ"))
         dest.mkdir(parents=True)
         moved = {}
         for name, src in sources:

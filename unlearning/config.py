@@ -965,8 +965,12 @@ class Params(Strict):
         return self
 
     def path(self, name: str) -> Path:
-        p = Path(getattr(self.base.paths, name))
-        return p if p.is_absolute() else self.root / p
+        return self.project_paths.path(name)
+
+    @property
+    def project_paths(self) -> "ProjectPaths":
+        """base.paths resolved against the project folder: the slice of a function that only finds files."""
+        return ProjectPaths(self.root, self.base.paths)
 
     def ggn_damping(self, n_train: int) -> float:
         """The GGN damping lam of the leverage diagnostics (Diagnostics.damping with the recipe's weight decay)."""
@@ -975,6 +979,20 @@ class Params(Strict):
     def mlflow_tracking_uri(self) -> str:
         """MLFLOW_TRACKING_URI wins; else the project's SQLite store."""
         return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.path('mlflow_db').resolve()}"
+
+
+@dataclass(frozen=True)
+class ProjectPaths:
+    """base.paths and the folder params.yaml was read from (`Params.project_paths`): what a stage that only reads
+    and writes the project's files takes instead of the whole params. `path(name)`: base.paths.<name>, relative
+    ones against `root`."""
+
+    root: Path
+    paths: Paths
+
+    def path(self, name: str) -> Path:
+        p = Path(getattr(self.paths, name))
+        return p if p.is_absolute() else self.root / p
 
 
 def is_tracking_server(uri: str) -> bool:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from unlearning.config import Params
+from unlearning.config import Operations, Params, ProjectPaths
 from unlearning.privacy.erasure import Finding, Purged, npy_rows_found, row_digest, shown
 
 
@@ -37,6 +37,8 @@ class Scope:
     runs only (the erasure reports keep the digests alone: [] from a report). `cache_hashes`: the forgotten ids
     as the ensemble cache's `<key>.ids.json` and the shard plan key them (unlearning/privacy/erasure.py keyed_forms)."""
 
+    # the whole params, for now: the map's, the shards' and the source's stores read them through functions that take
+    # them (tasks/memorization_map.py load_map, tasks/sharding.py, tasks/training.py load_source)
     params: Params
     forgotten: set[str]
     tombstones: set[str]
@@ -149,25 +151,25 @@ def in_dvc_stage() -> bool:
     return bool(os.environ.get("DVC_STAGE"))
 
 
-def is_dvc_repo(params: Params) -> bool:
-    return (params.root / ".dvc").is_dir()
+def is_dvc_repo(paths: ProjectPaths) -> bool:
+    return (paths.root / ".dvc").is_dir()
 
 
-def dvc_cache_dir(params: Params) -> Path:
-    return params.root / ".dvc" / "cache"
+def dvc_cache_dir(paths: ProjectPaths) -> Path:
+    return paths.root / ".dvc" / "cache"
 
 
-def remote_path(params: Params) -> Path | None:
+def remote_path(paths: ProjectPaths, operations: Operations) -> Path | None:
     """operations.dvc_remote as a path: absolute, or relative to the project root; None when unset."""
-    remote = params.operations.dvc_remote
+    remote = operations.dvc_remote
     if not remote:
         return None
-    return Path(remote) if Path(remote).is_absolute() else params.root / remote
+    return Path(remote) if Path(remote).is_absolute() else paths.root / remote
 
 
-def remote_folder(params: Params) -> Path | None:
+def remote_folder(paths: ProjectPaths, operations: Operations) -> Path | None:
     """The DVC remote folder when it exists (None: unset, or not created yet)."""
-    folder = remote_path(params)
+    folder = remote_path(paths, operations)
     return folder if folder is not None and folder.is_dir() else None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.stores.base import CountedOnly, Scope, StoreBase, prepared_rows, register_store, unreadable_finding
-from unlearning.config import Params
+from unlearning.config import ProjectPaths
 from unlearning.data import read_state_manifest
 from unlearning.data.store import manifest_csv_bytes, rewrite_without
 from unlearning.privacy.erasure import Finding, Purged, shown
@@ -49,11 +49,11 @@ class ErasureReports(StoreBase):
                    if r.get("batch_id") not in {j.batch_id for j in journals}]
         older = [f"batch {r.get('batch_id')}: its erasure report maps rows to ids or holds unsalted hashes (an older "
                  f"version); `unlearn erase` rewrites it" for r in scope.reports if legacy_report(r, scope.hash_ids)]
-        return [Finding(self.name, str(reports_dir(scope.params)), {"reports": len(scope.reports),
+        return [Finding(self.name, str(reports_dir(scope.params.project_paths)), {"reports": len(scope.reports),
                                                                      "unfinished": len(started),
                                                                      "pending": len(pending), "older": len(older)},
                         tuple(started + problems + pending + older))] + \
-            unreadable_finding(self.name, reports_dir(scope.params), scope.unreadable_reports)
+            unreadable_finding(self.name, reports_dir(scope.params.project_paths), scope.unreadable_reports)
 
 
 @register_store
@@ -121,11 +121,11 @@ class StateManifest(StoreBase):
 
     name = "state manifest"
 
-    def _path(self, params: Params) -> Path:
-        return params.path("state_dir") / "manifest.csv"
+    def _path(self, paths: ProjectPaths) -> Path:
+        return paths.path("state_dir") / "manifest.csv"
 
     def purge(self, scope: Scope) -> list[Purged]:
-        path = self._path(scope.params)
+        path = self._path(scope.params.project_paths)
         if scope.dvc_locked:
             return [Purged(self.name, str(path), {"purged_rows": 0}, pending=self.name)]
         n = 0
@@ -138,14 +138,14 @@ class StateManifest(StoreBase):
         return [Purged(self.name, str(path), {"purged_rows": n})]
 
     def verify(self, scope: Scope) -> list[Finding]:
-        path = self._path(scope.params)
+        path = self._path(scope.params.project_paths)
         if not path.exists():
             return []
         keys = read_state_manifest(path)["sample_id"].map(scope.key)
         return [Finding.left(self.name, path, [repr(k) for k in keys if k in scope.forgotten])]
 
 
-def source_table_checks(params: Params, prepared, key, forgotten: set[str]) -> list[dict]:
+def source_table_checks(prepared, key, forgotten: set[str]) -> list[dict]:
     """The team's own table (prepare.table.path): the pipeline never rewrites a team's source data, and the
     tombstones keep its forgotten rows out of every prepared store; the check says how many are still there,
     so that they can be deleted at the source too (`unlearn verify-erasure` prints it as a note)."""
@@ -164,7 +164,7 @@ def source_table_checks(params: Params, prepared, key, forgotten: set[str]) -> l
     return [{"store": "source table", "path": str(path), "forgotten_rows_at_the_source": n}]
 
 
-def source_folder_checks(params: Params, prepared, key, forgotten: set[str]) -> list[dict]:
+def source_folder_checks(prepared, key, forgotten: set[str]) -> list[dict]:
     """The team's own image folder (prepare.image_folder.path), like `source_table_checks`: the pipeline never
     deletes a team's source images; the check counts the forgotten ones still there and names the first files."""
     from unlearning.data.registry import DataError
@@ -195,7 +195,7 @@ class SourceTable(CountedOnly):
     name = "source table"
 
     def verify(self, scope: Scope) -> list[Finding]:
-        return as_findings(source_table_checks(scope.params, scope.prepared, scope.key, scope.forgotten))
+        return as_findings(source_table_checks(scope.prepared, scope.key, scope.forgotten))
 
 
 @register_store
@@ -205,4 +205,4 @@ class SourceImageFolder(CountedOnly):
     name = "source image folder"
 
     def verify(self, scope: Scope) -> list[Finding]:
-        return as_findings(source_folder_checks(scope.params, scope.prepared, scope.key, scope.forgotten))
+        return as_findings(source_folder_checks(scope.prepared, scope.key, scope.forgotten))

@@ -8,11 +8,11 @@ from adapters import dvc_ops
 from tasks.stores.base import (
     Scope, StoreBase, dvc_cache_dir, is_dvc_repo, raw_rows_finding, register_store, remote_folder,
 )
-from unlearning.config import Params
+from unlearning.config import Operations, ProjectPaths
 from unlearning.privacy.erasure import Finding, Purged
 
 
-def committed_stages(params: Params) -> list[str]:
+def committed_stages(paths: ProjectPaths) -> list[str]:
     """The stages whose outputs or dependencies the erasure rewrote: prepare (the prepared store), train
     (models/original.pt, models/shards), deletion (state/), and qualify when it ran (dvc.lock has it) and its
     record holds no qualification (validation.mode per_batch: "skipped", a record of no model, which the new
@@ -23,7 +23,7 @@ def committed_stages(params: Params) -> list[str]:
     import yaml
 
     stages = ["prepare", "train", "deletion"]
-    lock, record = params.root / "dvc.lock", params.path("models_dir") / "qualification.json"
+    lock, record = paths.root / "dvc.lock", paths.path("models_dir") / "qualification.json"
     try:
         ran = "qualify" in (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
         skipped = bool(json.loads(record.read_text()).get("skipped"))
@@ -32,22 +32,22 @@ def committed_stages(params: Params) -> list[str]:
     return stages + (["qualify"] if ran and skipped else [])
 
 
-def dvc_gc(params: Params) -> dict:
+def dvc_gc(paths: ProjectPaths, operations: Operations) -> dict:
     """`dvc commit -f prepare train deletion [qualify]` (`committed_stages`), `dvc gc -w`; with a remote: push,
     then gc it too."""
-    root = params.root
+    root = paths.root
     from adapters.dvc_metrics import ensure_metrics
 
-    ensure_metrics(params)  # the stages' declared metrics outputs must exist for `dvc commit`
-    out = {"committed": dvc_ops.commit(root, committed_stages(params)), "gc": "workspace"}
+    ensure_metrics(paths)  # the stages' declared metrics outputs must exist for `dvc commit`
+    out = {"committed": dvc_ops.commit(root, committed_stages(paths)), "gc": "workspace"}
     dvc_ops.gc_workspace(root)
     configured = dvc_ops.remotes(root)
     if configured:
         from tasks.lineage import ensure_remote
 
-        name = params.operations.dvc_remote
+        name = operations.dvc_remote
         if name not in configured:
-            folder = remote_folder(params)
+            folder = remote_folder(paths, operations)
             name = ensure_remote(root, folder) if folder is not None else None
         if name:
             dvc_ops.push(root, name)
@@ -65,13 +65,13 @@ class DvcCache(StoreBase):
     name = "DVC cache"
 
     def purge(self, scope: Scope) -> list[Purged]:
-        params = scope.params
-        if not (is_dvc_repo(params) and params.erasure.dvc_gc):
+        paths = scope.params.project_paths
+        if not (is_dvc_repo(paths) and scope.params.erasure.dvc_gc):
             return []
         if scope.dvc_locked:
-            return [Purged(self.name, str(dvc_cache_dir(params)), pending="the DVC cache")]
-        return [Purged(self.name, str(dvc_cache_dir(params)), dvc_gc(params))]
+            return [Purged(self.name, str(dvc_cache_dir(paths)), pending="the DVC cache")]
+        return [Purged(self.name, str(dvc_cache_dir(paths)), dvc_gc(paths, scope.params.operations))]
 
     def verify(self, scope: Scope) -> list[Finding]:
-        return raw_rows_finding(self.name, dvc_cache_dir(scope.params), scope) + \
-            raw_rows_finding("DVC remote", remote_folder(scope.params), scope)
+        return raw_rows_finding(self.name, dvc_cache_dir(scope.params.project_paths), scope) + \
+            raw_rows_finding("DVC remote", remote_folder(scope.params.project_paths, scope.params.operations), scope)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.stores.base import Scope, StoreBase, register_store
-from unlearning.config import Params
+from unlearning.config import ProjectPaths
 from unlearning.ensembles import trained_on
 from unlearning.privacy.erasure import Finding, Purged, clean_of_tombstones, state_is_clean, tombstones_digest
 from unlearning.io import atomic_save, load_checkpoint, read_json_file
@@ -19,11 +19,11 @@ class EnsembleCache(StoreBase):
 
     name = "ensemble cache"
 
-    def _folder(self, params: Params) -> Path:
-        return params.path("cache_dir") / "ensembles"
+    def _folder(self, paths: ProjectPaths) -> Path:
+        return paths.path("cache_dir") / "ensembles"
 
     def _trained_on_forgotten(self, scope: Scope) -> list[Path]:
-        folder = self._folder(scope.params)
+        folder = self._folder(scope.params.project_paths)
         out = []
         for f in sorted(folder.glob("*.pt")) if folder.is_dir() else []:
             ids = trained_on(f)
@@ -37,10 +37,10 @@ class EnsembleCache(StoreBase):
             f.unlink(missing_ok=True)
             f.with_suffix(".ids.json").unlink(missing_ok=True)
             removed.append(f.name)
-        return [Purged(self.name, str(self._folder(scope.params)), {"purged_files": removed})]
+        return [Purged(self.name, str(self._folder(scope.params.project_paths)), {"purged_files": removed})]
 
     def verify(self, scope: Scope) -> list[Finding]:
-        folder, bad = self._folder(scope.params), [f.name for f in self._trained_on_forgotten(scope)]
+        folder, bad = self._folder(scope.params.project_paths), [f.name for f in self._trained_on_forgotten(scope)]
         problems = (f"ensemble cache ({folder}): {len(bad)} file(s) trained on forgotten rows (or on unknown rows): "
                     f"{bad[:5]}",) if bad else ()
         return [Finding(self.name, str(folder), {"trained_on_forgotten": len(bad)}, problems)]
@@ -51,24 +51,24 @@ STATE_HOLDS_ERASED = ("the state's champion holds erased rows (a state started, 
                       "`dvc repro -f prepare` retrains the original without them")
 
 
-def state_clean(params: Params, tombstones: set[str]) -> bool:
+def state_clean(paths: ProjectPaths, tombstones: set[str]) -> bool:
     """Whether state/'s champion holds none of the tombstoned rows (unlearning/privacy/erasure.py, state_is_clean)."""
     from unlearning.privacy.ledger import read_ledger
 
-    state_dir = params.path("state_dir")
+    state_dir = paths.path("state_dir")
     if not (state_dir / "champion.json").exists():
         return True
     ledger_keys = {str(e["sample_id"]) for e in read_ledger(state_dir / "ledger.jsonl")}
     return state_is_clean(read_json_file(state_dir / "champion.json"), ledger_keys, tombstones)
 
 
-def replace_original(params: Params, digest: str) -> str | None:
+def replace_original(paths: ProjectPaths, digest: str) -> str | None:
     """models/original.pt := the champion (state/model.pt), marked with the tombstones it is clean of."""
     import torch
 
     from tasks.state import original_path
 
-    path, champion = original_path(params), params.path("state_dir") / "model.pt"
+    path, champion = original_path(paths), paths.path("state_dir") / "model.pt"
     if not champion.exists():
         return None
     if path.exists():
@@ -93,10 +93,10 @@ class Checkpoints(StoreBase):
         folder = str(scope.params.path("models_dir"))
         if scope.dvc_locked:
             return [Purged(self.name, folder, {"replaced": None}, pending="models/original.pt")]
-        if not state_clean(scope.params, scope.tombstones):
+        if not state_clean(scope.params.project_paths, scope.tombstones):
             return [Purged(self.name, folder, {"replaced": None, "refused": STATE_HOLDS_ERASED})]
-        return [Purged(self.name, folder, {"replaced": replace_original(scope.params,
-                                                                        tombstones_digest(scope.tombstones))})]
+        replaced = replace_original(scope.params.project_paths, tombstones_digest(scope.tombstones))
+        return [Purged(self.name, folder, {"replaced": replaced})]
 
     def verify(self, scope: Scope) -> list[Finding]:
         """models/*.pt and the state's champion: none trained on a tombstoned row (whole-list digests)."""
@@ -108,7 +108,7 @@ class Checkpoints(StoreBase):
                 out.append(Finding(self.name, str(f), {"trained_on_forgotten": not clean}, () if clean else (
                     f"models ({f}): a checkpoint trained before the last erasure remains",)))
         if tomb and (state_dir / "champion.json").exists():
-            clean = state_clean(scope.params, tomb)
+            clean = state_clean(scope.params.project_paths, tomb)
             out.append(Finding("state model", str(state_dir / "model.pt"), {"trained_on_forgotten": not clean},
                                () if clean else (f"state model ({state_dir / 'model.pt'}): {STATE_HOLDS_ERASED}",)))
         return out

@@ -12,7 +12,7 @@ from tasks.stores.base import (
     CountedOnly, Scope, StoreBase, files_naming, read_head, register_store,
     unreadable_finding,
 )
-from unlearning.config import Params
+from unlearning.config import Deletion, Erasure, ProjectPaths
 from unlearning.privacy.erasure import Finding, Purged
 from unlearning.io import atomic_write_bytes
 from unlearning.requests import REQUEST_SUFFIXES, kept_request_suffix, plain_forgotten_ids, redacted_request_bytes
@@ -21,11 +21,11 @@ from unlearning.requests import REQUEST_SUFFIXES, kept_request_suffix, plain_for
 REQUEST_FOLDERS = (("processed request files", "processed"), ("rejected request files", "rejected"))
 
 
-def kept_request_files(params: Params, unreadable: list[str] | None = None):
+def kept_request_files(paths: ProjectPaths, unreadable: list[str] | None = None):
     """(store, folder, request files) of requests/processed/ and requests/rejected/; a folder that cannot be
     listed yields no files and is named in `unreadable` (when given)."""
     for store, name in REQUEST_FOLDERS:
-        folder = params.path(name)
+        folder = paths.path(name)
         try:
             files = sorted(f for f in folder.iterdir() if f.is_file() and kept_request_suffix(f) in REQUEST_SUFFIXES) \
                 if folder.is_dir() else []
@@ -48,27 +48,27 @@ def kept_since(store: str, f) -> float:
     return f.stat().st_mtime
 
 
-def kept_until(params: Params, folder: str, f) -> str | None:
+def kept_until(erasure: Erasure, folder: str, f) -> str | None:
     """When a kept request file stops keeping its plain ids under erasure.keep_request_files = N days (ISO time:
     N days after it was applied, or rejected), or None: it keeps none now (until_applied, or N elapsed). A
     rejected file never keeps an ERASED id in plain text, whatever this says (`redact_request_files`); under
     until_applied it keeps its other ids (the ones a fixed file would name again)."""
-    days = params.erasure.request_file_days()
+    days = erasure.request_file_days()
     if not days:
         return None
     until = kept_since(folder, f) + days * 86400
     return datetime.fromtimestamp(until, timezone.utc).isoformat() if until > time.time() else None
 
 
-def expire_request_files(params: Params, key) -> list[str]:
+def expire_request_files(paths: ProjectPaths, deletion: Deletion, erasure: Erasure, key) -> list[str]:
     """The kept request files (applied or rejected) whose erasure.keep_request_files days are over, rewritten with
     every id keyed (run at the start of every run and `unlearn erase`: they expire without a new batch)."""
-    if not params.deletion.hash_sample_ids or not params.erasure.request_file_days():
+    if not deletion.hash_sample_ids or not erasure.request_file_days():
         return []
     out = []
-    for store, _folder, files in kept_request_files(params):
+    for store, _folder, files in kept_request_files(paths):
         for f in files:
-            if kept_until(params, store, f) is None:
+            if kept_until(erasure, store, f) is None:
                 data = redacted_request_bytes(f, key)
                 if data is not None:
                     rewrite(f, data)
@@ -83,7 +83,7 @@ def rewrite(f, data: bytes) -> None:
     os.utime(f, (st.st_atime, st.st_mtime))
 
 
-def redact_request_files(params: Params, key, tombstones: set[str]) -> list[dict]:
+def redact_request_files(paths: ProjectPaths, erasure: Erasure, key, tombstones: set[str]) -> list[dict]:
     """With deletion.hash_sample_ids: the kept request files name no forgotten id in plain text. An applied
     file is written with keyed ids when it is moved (tasks.inbox_ops.processed); this pass covers a
     rejected file naming an id a later batch erased (or erased before: a file naming erased ids is rejected for
@@ -91,10 +91,10 @@ def redact_request_files(params: Params, key, tombstones: set[str]) -> list[dict
     keeps its plain ids until they are over (`kept_until`); a rejected one keeps no erased id. Run by the erase's
     purge and by every run's and `unlearn erase`'s reconcile (tasks/inbox_ops.py)."""
     out = []
-    for store, folder, files in kept_request_files(params):
+    for store, folder, files in kept_request_files(paths):
         redacted = []
         for f in files:
-            if store == "processed request files" and kept_until(params, store, f):
+            if store == "processed request files" and kept_until(erasure, store, f):
                 continue
             data = redacted_request_bytes(f, key, tombstones)
             if data is not None:
@@ -116,7 +116,8 @@ class RequestFiles(StoreBase):
         if not scope.hash_ids:
             return []
         return [Purged(r["store"], r["path"], {"redacted_files": r["redacted_files"]})
-                for r in redact_request_files(scope.params, scope.key, scope.tombstones)]
+                for r in redact_request_files(scope.params.project_paths, scope.params.erasure, scope.key,
+                                              scope.tombstones)]
 
     def verify(self, scope: Scope) -> list[Finding]:
         if not scope.hash_ids:  # plain ids are references (the audit trail)
@@ -126,8 +127,8 @@ class RequestFiles(StoreBase):
                                                   {"files_naming_forgotten_ids": n})]) + \
                 unreadable_finding("processed request files", folder, unreadable)
         out, folders_unread = [], []
-        for store, folder, files in kept_request_files(scope.params, folders_unread):
-            kept = {f.name: kept_until(scope.params, store, f) for f in files}
+        for store, folder, files in kept_request_files(scope.params.project_paths, folders_unread):
+            kept = {f.name: kept_until(scope.params.erasure, store, f) for f in files}
             n, unreadable = 0, []
             for f in files:
                 # an applied file within its erasure.keep_request_files days keeps its plain ids on purpose; a

@@ -13,26 +13,27 @@ from pathlib import Path
 from tasks.stores.base import (
     CountedOnly, Scope, dvc_cache_dir, read_head, register_store, remote_folder, unreadable_finding, walk_files,
 )
-from unlearning.config import Params
+from unlearning.config import Operations, ProjectPaths
 from unlearning.privacy.erasure import Finding, plain_pattern, shown, unsalted_hashes_in, unsalted_prefixes
 
 MAX_BYTES = 64 * 2**20  # a larger file is searched in its first 64 MiB
 
 
-def written_roots(params: Params) -> list[Path]:
+def written_roots(paths: ProjectPaths, operations: Operations) -> list[Path]:
     """Every file or folder the project writes (the team's own source and the inbox are its input, the salt file
     its secret): the state, the prepared store, the tombstones, the request files it moved, the caches, the
     models, the metrics and reports, MLflow's store and artifacts, the archive, GX's results, the DVC cache and
     remote."""
     names = ("state_dir", "prepared_dir", "tombstones", "processed", "rejected", "cache_dir", "models_dir",
              "metrics_dir", "reports_dir", "mlflow_db", "mlflow_artifacts", "archive_dir", "gx_dir")
-    return [params.path(n) for n in names] + [dvc_cache_dir(params)] + [r for r in [remote_folder(params)] if r]
+    remote = remote_folder(paths, operations)
+    return [paths.path(n) for n in names] + [dvc_cache_dir(paths)] + ([remote] if remote else [])
 
 
-def written_files(params: Params, unreadable: list[str] | None = None):
+def written_files(paths: ProjectPaths, operations: Operations, unreadable: list[str] | None = None):
     """Every file under `written_roots` (links not followed); an entry that cannot be read goes to `unreadable`."""
     unreadable = [] if unreadable is None else unreadable
-    for root in written_roots(params):
+    for root in written_roots(paths, operations):
         if not root.is_symlink():
             yield from walk_files(root, unreadable, follow_links=False)
 
@@ -64,7 +65,7 @@ class IdTraces(CountedOnly):
         prefixes, pattern = unsalted_prefixes(ids), plain_pattern(ids)
         requests = [scope.params.path("processed"), scope.params.path("rejected")]
         plain, hashed, unreadable, n = [], [], [], 0
-        for f in written_files(scope.params, unreadable) if ids else []:
+        for f in written_files(scope.params.project_paths, scope.params.operations, unreadable) if ids else []:
             data = read_head(f, MAX_BYTES, unreadable, scope.params.root)
             if data is None:
                 continue

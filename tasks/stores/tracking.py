@@ -6,15 +6,15 @@ from __future__ import annotations
 from tasks.stores.base import (
     Scope, StoreBase, files_naming, raw_rows_finding, register_store, unreadable_finding,
 )
-from unlearning.config import Params
+from unlearning.config import Erasure, Tracking
 from unlearning.privacy.erasure import Finding, Purged
 from unlearning.io import read_json_file
 
 
-def versions_to_keep(params: Params, tracker, champion_version) -> set[str]:
+def versions_to_keep(tracking: Tracking, erasure: Erasure, tracker, champion_version) -> set[str]:
     """The registered versions an erasure keeps: the champion and the `erasure.keep_versions` newest others."""
-    others = [v for v in tracker.versions(params.tracking.registered_model) if v != str(champion_version)]
-    kept = others[len(others) - params.erasure.keep_versions:] if params.erasure.keep_versions else []
+    others = [v for v in tracker.versions(tracking.registered_model) if v != str(champion_version)]
+    kept = others[len(others) - erasure.keep_versions:] if erasure.keep_versions else []
     return {str(champion_version), *kept}
 
 
@@ -29,7 +29,7 @@ class RegistryVersions(StoreBase):
         if scope.tracker is None:
             return []
         name = scope.params.tracking.registered_model
-        keep = versions_to_keep(scope.params, scope.tracker, scope.champion_version)
+        keep = versions_to_keep(scope.params.tracking, scope.params.erasure, scope.tracker, scope.champion_version)
         sources = scope.tracker.version_sources(name, [v for v in scope.tracker.versions(name) if v not in keep])
         purged = scope.tracker.purge_versions(name, keep)
         # the batch runs' pages linked these versions (404 now): they drop the link and say it was erased
@@ -74,7 +74,7 @@ class MLflowArtifacts(StoreBase):
                       unreadable_finding(self.name, root, unreadable))
 
 
-def batch_page_after_erasure(tracker, params: Params, report: dict) -> None:
+def batch_page_after_erasure(tracker, report: dict) -> None:
     """The batch run's page says what the erasure did, once it did: its description's erasure line (written by
     the batch, "pending" inside `dvc repro`) is replaced by the report's (done, with the stores), and the run is
     tagged `erasure` = done or pending. A run without a description (an older batch's) gets the tag only."""

@@ -134,7 +134,7 @@ def licensed_and_exact_batches(project):
     # batch 0 of audit every: 2 is audited after its promotion (its full certificate passes do_nothing here)
     from tasks.qualification import read_audits
 
-    records = read_audits(params)
+    records = read_audits(params.project_paths)
     assert [a["kind"] for a in records] == ["promoted", "audit"] and records[0]["audit"] == "due"
     assert records[1]["passed"] and records[1]["version"] == r["model_version"] and "then" not in records[1]
     assert (tags["qualified"], tags["audit"]) == ("qualified, audited", "passed")
@@ -208,7 +208,7 @@ def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_ret
     request_file(project, req, state.manifest["sample_id"].to_numpy()[D[loss.argsort()[::-1][:30]]].tolist())
     (r,) = run(str(req), str(path))
     assert r["status"] == "applied" and r["method"] == "do_nothing", r
-    audits = [a for a in read_audits(params) if a["kind"] == "audit" and a["batch_id"] == r["batch_id"]]
+    audits = [a for a in read_audits(params.project_paths) if a["kind"] == "audit" and a["batch_id"] == r["batch_id"]]
     assert len(audits) == 1 and audits[0]["method"] == "do_nothing" and audits[0]["references"] >= 8
     qualified, retrain = audits[0]["version"], audits[0]["then"]["exact_retrain_version"]
     assert not audits[0]["passed"] and retrain != qualified
@@ -223,8 +223,8 @@ def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_ret
     assert str(state.champion["model_version"]) == retrain and state.champion["method"] == "retrain"
     assert tracker.alias_version(name, params.tracking.alias) == retrain
     before = require_qualification(params, state)
-    every = [a for a in read_audits(params) if a["kind"] == "audit"]  # this one and any other test's
-    after = with_audits(before, read_audits(params))
+    every = [a for a in read_audits(params.project_paths) if a["kind"] == "audit"]  # this one and any other test's
+    after = with_audits(before, read_audits(params.project_paths))
     assert after.table[0].n == before.table[0].n + len(every)
     assert after.table[0].passes == before.table[0].passes + sum(a["passed"] for a in every)
     import subprocess

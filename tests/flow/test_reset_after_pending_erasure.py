@@ -82,7 +82,7 @@ def test_no_state_starts_from_an_original_trained_on_erased_rows(pending, tmp_pa
     from unlearning.privacy.fingerprint import StateMismatch
 
     params, ids = copy_of(pending, tmp_path)
-    archive_state(params)
+    archive_state(params.project_paths)
     with pytest.raises(StateMismatch, match=r"original.pt was trained before rows that are erased now \(12 "
                                             r"tombstoned id\(s\).*dvc repro -f prepare"):
         load_state.fn(params, "cpu")
@@ -99,7 +99,7 @@ def test_train_refuses_a_prepared_store_that_holds_erased_rows_and_retrains_clea
     from unlearning.privacy.fingerprint import StateMismatch
 
     params, ids = copy_of(pending, tmp_path)
-    archive_state(params)
+    archive_state(params.project_paths)
     path = str(params.root / "params.yaml")
     with pytest.raises(StateMismatch, match=r"still holds 12 erased row\(s\).*unlearn erase"):
         train.fn(path)

@@ -49,7 +49,7 @@ def test_runs_left_running_are_crashed_at_start_unless_a_batch_holds_the_lock(pr
     url = PREFECT_API_URL.value()
     run_id = asyncio.run(_running_run("on-request-file"))
     other_id = asyncio.run(_running_run("someone-elses-deployment"))
-    with batch_lock(params, 5):  # a batch is running (another serve, `unlearn run`): its runs are alive
+    with batch_lock(params.project_paths, 5):  # a batch is running (another serve, `unlearn run`): its runs are alive
         assert crash_orphaned_runs(url, params) == []
     assert asyncio.run(_state_of(run_id)).type.value == "RUNNING"
     names = crash_orphaned_runs(url, params)

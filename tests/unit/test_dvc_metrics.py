@@ -13,7 +13,7 @@ def test_ensure_metrics_writes_what_dvc_commit_needs(tmp_path):
 
     params = load_params(make_project(tmp_path, inbox_files=False))
     metrics = params.path("metrics_dir")
-    ensure_metrics(params)  # no state, no original yet: the deletion files exist, empty
+    ensure_metrics(params.project_paths)  # no state, no original yet: the deletion files exist, empty
     assert json.loads((metrics / "deletion.json").read_text())["n_batches"] == 0
     assert json.loads((metrics / "history.json").read_text()) == []
     assert not (metrics / "train.json").exists()
@@ -21,7 +21,7 @@ def test_ensure_metrics_writes_what_dvc_commit_needs(tmp_path):
     params.path("models_dir").mkdir(parents=True, exist_ok=True)
     torch.save({"extra": {"metrics": {"val_accuracy": 0.93, "n_train": 100, "note": "text is left out"}}},
                params.path("models_dir") / "original.pt")
-    ensure_metrics(params)
+    ensure_metrics(params.project_paths)
     assert json.loads((metrics / "train.json").read_text()) == {"val_accuracy": 0.93, "n_train": 100}
 
 
@@ -44,7 +44,7 @@ def test_history_json_is_strict_json_with_null_for_no_output_gap(tmp_path):
     state = params.path("state_dir")
     state.mkdir(parents=True)
     (state / "champion.json").write_text(json.dumps({"model_version": "2", "history": [point]}))
-    write_deletion_metrics(params)
+    write_deletion_metrics(params.project_paths)
     [back] = strict((params.path("metrics_dir") / "history.json").read_text())
     assert back["champion_output_gap"] is None and back["champion_validation_accuracy"] == 0.9
     strict((params.path("metrics_dir") / "deletion.json").read_text())

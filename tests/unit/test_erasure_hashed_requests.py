@@ -10,7 +10,7 @@ import json
 import pandas as pd
 import pytest
 
-from flows.deletion_batch import processed
+from flows.deletion_batch import RequestFileSettings, processed
 from tasks import erasure as E
 from adapters.request_check import check_request_file
 from unlearning.config import parse_params
@@ -66,12 +66,12 @@ def test_parquet_and_kept_copies_are_request_files_too(tmp_path):
 def test_an_applied_file_is_kept_with_keyed_ids_and_once(tmp_path):
     params = project(tmp_path)
     inbox = params.path("inbox")
-    dest = processed(write(inbox / "r.csv", "ZZSECRET-1"), params)
+    dest = processed(write(inbox / "r.csv", "ZZSECRET-1"), RequestFileSettings.of(params))
     assert "ZZSECRET-1" not in dest.read_text() and KEY("ZZSECRET-1") in dest.read_text()
-    again = processed(write(inbox / "r.csv", "ZZSECRET-1"), params)  # the same file dropped again
+    again = processed(write(inbox / "r.csv", "ZZSECRET-1"), RequestFileSettings.of(params))  # the same file again
     assert again == dest and sorted(p.name for p in dest.parent.iterdir()) == ["r.csv"]
     plain = project(tmp_path / "plain", hashed=False)
-    kept = processed(write(plain.path("inbox") / "r.csv", "ZZSECRET-1"), plain)
+    kept = processed(write(plain.path("inbox") / "r.csv", "ZZSECRET-1"), RequestFileSettings.of(plain))
     assert "ZZSECRET-1" in kept.read_text()  # without hashing the applied file is the reference, as it was
 
 
@@ -79,13 +79,13 @@ def test_erasure_rewrites_kept_files_that_name_an_erased_id_and_verify_reads_the
     params = project(tmp_path)
     rejected = write(params.path("rejected") / "late.csv", "ZZSECRET-1", "ZZSECRET-7")  # 7 is not erased
     forgotten = {KEY("ZZSECRET-1")}
-    stores = E._redact_request_files(params, KEY, forgotten)
+    stores = E._redact_request_files(params.project_paths, params.erasure, KEY, forgotten)
     assert {s["store"]: s["redacted_files"] for s in stores}["rejected request files"] == ["late.csv"]
     ids = read_request_file(rejected)["sample_id"].tolist()
     assert ids == [KEY("ZZSECRET-1"), "ZZSECRET-7"]  # only the erased id: the rest is the team's to correct
     write(params.path("processed") / "old.csv", "ZZSECRET-1")  # left plain (e.g. moved before this release)
     found = {store: sum(plain_forgotten_ids(f, KEY, forgotten) for f in files)
-             for store, _, files in E.kept_request_files(params)}
+             for store, _, files in E.kept_request_files(params.project_paths)}
     assert found == {"processed request files": 1, "rejected request files": 0}
 
 
@@ -107,13 +107,12 @@ def test_the_source_table_is_checked_and_only_reported(tmp_path, fmt):
     frame = pd.DataFrame({"id": ["007", "ZZSECRET-1", "x"], "y": [0, 1, 0]})
     frame.to_csv(source, index=False) if fmt == "csv" else frame.to_parquet(source)
     prepared = type("P", (), {"info": {"source": {"type": "table", "path": str(source), "id_column": "id"}}})()
-    params = parse_params({}, root=tmp_path)
     plain = id_key(False, SALT)
-    assert E.source_table_checks(params, prepared, plain, {"ZZSECRET-1", "7"}) == [
+    assert E.source_table_checks(prepared, plain, {"ZZSECRET-1", "7"}) == [
         {"store": "source table", "path": str(source), "forgotten_rows_at_the_source": 1}]  # '007' is not '7'
-    assert E.source_table_checks(params, prepared, KEY, {KEY("007")})[0]["forgotten_rows_at_the_source"] == 1
+    assert E.source_table_checks(prepared, KEY, {KEY("007")})[0]["forgotten_rows_at_the_source"] == 1
     digits = type("P", (), {"info": {"source": {"type": "digits"}}})()
-    assert E.source_table_checks(params, digits, plain, {"x"}) == []
+    assert E.source_table_checks(digits, plain, {"x"}) == []
 
 
 def test_the_source_image_folder_is_checked_and_only_reported(tmp_path):
@@ -128,12 +127,11 @@ def test_the_source_image_folder_is_checked_and_only_reported(tmp_path):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.zeros((2, 2), dtype=np.uint8)).save(root / name)
     prepared = type("P", (), {"info": {"source": {"type": "image_folder", "path": str(root)}}})()
-    params = parse_params({}, root=tmp_path)
-    [check] = E.source_folder_checks(params, prepared, KEY, {KEY("cats/ZZSECRET b"), KEY("dogs/gone")})
+    [check] = E.source_folder_checks(prepared, KEY, {KEY("cats/ZZSECRET b"), KEY("dogs/gone")})
     assert check == {"store": "source image folder", "path": str(root), "forgotten_rows_at_the_source": 1,
                      "first_files": ["cats/ZZSECRET b.png"]}
     assert "1 forgotten image(s) (cats/ZZSECRET b.png)" in _source_note(check)
     assert "prepare.image_folder.path" in _source_note(check)
-    assert E.source_folder_checks(params, prepared, KEY, {KEY("dogs/gone")})[0]["forgotten_rows_at_the_source"] == 0
+    assert E.source_folder_checks(prepared, KEY, {KEY("dogs/gone")})[0]["forgotten_rows_at_the_source"] == 0
     table = type("P", (), {"info": {"source": {"type": "table", "path": str(root)}}})()
-    assert E.source_folder_checks(params, table, KEY, {KEY("cats/a")}) == []
+    assert E.source_folder_checks(table, KEY, {KEY("cats/a")}) == []

@@ -90,12 +90,16 @@ def test_make_run_finishes_an_unfinished_erase_before_dvc_repro(tmp_path, monkey
 
 
 def test_status_names_the_unfinished_erase(tmp_path):
+    from functools import partial
+
     from tasks.pending import pending_erasures
     from unlearning.config import load_params
+    from unlearning.privacy.salt import id_salt
 
     params = load_params(make_project(tmp_path, inbox_files=False))
-    assert pending_erasures(params) == []
+    slices = (params.project_paths, params.deletion, partial(id_salt, params))
+    assert pending_erasures(*slices) == []
     _start(params.path("state_dir")).record("erasure reports", [])
-    lines = pending_erasures(params)
+    lines = pending_erasures(*slices)
     assert len(lines) == 1 and lines[0].startswith("unfinished erase: batch batch-1: erase started")
     assert "1 of 5 store(s) done (next: tombstones" in lines[0]

@@ -53,7 +53,7 @@ def train_original(params) -> None:
     prepare_dataset.fn(params)
     prepared = load_prepared(params.path("prepared_dir"))
     model, metrics = train_original.fn(params, prepared, "cpu")
-    save_checkpoint.fn(model.cpu(), original_path(params), {
+    save_checkpoint.fn(model.cpu(), original_path(params.project_paths), {
         "model_version": "1", "spec": model_spec(params, prepared), "metrics": metrics,
         "fingerprint": current_fingerprint(params, prepared)})
 

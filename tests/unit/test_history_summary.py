@@ -107,8 +107,6 @@ def test_original_training_size_counts_erased_rows_from_the_ledger():
 
 
 def test_the_erasure_line_says_pending_then_done_with_the_stores():
-    from types import SimpleNamespace
-
     from tasks.stores.tracking import batch_page_after_erasure
     from unlearning.batch.summary import erasure_line
 
@@ -137,9 +135,9 @@ def test_the_erasure_line_says_pending_then_done_with_the_stores():
             self.tags.update(tags)
 
     page = Tracker("### Deletion batch `r.csv`: applied\n\n" + erasure_line(locked) + "\n\n**Approved** x\n")
-    batch_page_after_erasure(page, SimpleNamespace(), done)
+    batch_page_after_erasure(page, done)
     assert page.text == "### Deletion batch `r.csv`: applied\n\n" + erasure_line(done) + "\n\n**Approved** x\n"
     assert page.tags == {"erasure": "done"}
     bare = Tracker("")  # a run without a description (the batch writes its summary after its erase)
-    batch_page_after_erasure(bare, SimpleNamespace(), locked)
+    batch_page_after_erasure(bare, locked)
     assert bare.text == "" and bare.tags == {"erasure": "pending"}

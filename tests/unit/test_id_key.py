@@ -33,6 +33,11 @@ B0, B1, B2 = IDS[12:15], IDS[:8], IDS[8:12]  # erased before a reset (archived l
 ERASED = B0 + B1 + B2
 
 
+def rekeying(params) -> tuple:
+    """What tasks.rekey's migrate and rotate read of the params (its `main` passes the same)."""
+    return params.project_paths, params.operations, params.erasure, params.mlflow_tracking_uri()
+
+
 def legacy(sample_id: str) -> str:
     """The older version's salted form, written out here (not through the code under test)."""
     return "sha256:" + hashlib.sha256(f"{SALT}:{sample_id}".encode()).hexdigest()
@@ -126,21 +131,21 @@ def test_the_dvc_cache_and_remote_alone_recover_every_erased_id_before_the_migra
     shared = [tmp_path / ".dvc" / "cache", tmp_path / "dvc-remote"]
     assert dictionary_attack(shared, IDS) == set(B1 + B2)  # the hole: the salt lies beside the ledger
     committed = []
-    monkeypatch.setattr(tasks_rekey, "recommit", lambda p: committed.append(p.root) or {"committed": True})
-    done = tasks_rekey.migrate(params)
+    monkeypatch.setattr(tasks_rekey, "recommit", lambda paths, erasure, operations: committed.append(paths.root) or {"committed": True})
+    done = tasks_rekey.migrate(*rekeying(params))
     dvc_copies = [d for d in done["deleted"] if ".dvc" in d or "dvc-remote" in d]
     assert committed == [params.root] and len(dvc_copies) == 2  # the salt's object in the cache and the remote
     assert dictionary_attack(shared, IDS) == set()  # no salt there any more, and none of the key
-    places = {Path(p.where).name: p for p in key_exposure(params.path, tasks_rekey.shared_roots(params))}
+    places = {Path(p.where).name: p for p in key_exposure(params.path, tasks_rekey.shared_roots(params.project_paths, params.operations))}
     assert set(places) == {"salt"} and places["salt"].problem is None  # the key file alone, owner-only
 
 
 def test_the_migration_rewrites_every_store_in_place_and_the_key_still_matches(tmp_path, monkeypatch):
     params, before = legacy_project(tmp_path)
-    monkeypatch.setattr(tasks_rekey, "recommit", lambda p: {})
+    monkeypatch.setattr(tasks_rekey, "recommit", lambda *slices: {})
     with pytest.raises(KeyMigrationNeeded, match="older version's salt"):
         id_salt(params)  # no id is compared against half-migrated stores
-    tasks_rekey.migrate(params)
+    tasks_rekey.migrate(*rekeying(params))
     key = id_salt(params)
     assert key.splitlines()[0] == f"legacy-salt:{SALT}" and key.splitlines()[1].startswith("hmac-sha256:")
     path = params.path("salt")
@@ -167,12 +172,12 @@ def test_the_migration_rewrites_every_store_in_place_and_the_key_still_matches(t
         if f.is_file() and ".dvc" not in f.parts and "dvc-remote" not in f.parts:
             assert not re.search(rb"(?<![-\w])sha256:[0-9a-f]{64}(?!\w)", f.read_bytes().replace(
                 b"--hash=sha256:", b"")), f  # no older form left anywhere the project writes
-    assert not migration_pending(params.path) and tasks_rekey.migrate(params) is None  # once
+    assert not migration_pending(params.path) and tasks_rekey.migrate(*rekeying(params)) is None  # once
 
 
 def test_a_migration_killed_half_way_finishes_with_the_same_key(tmp_path, monkeypatch):
     params, _ = legacy_project(tmp_path)
-    monkeypatch.setattr(tasks_rekey, "recommit", lambda p: {})
+    monkeypatch.setattr(tasks_rekey, "recommit", lambda *slices: {})
     real, calls = os.replace, []
 
     def dies_at_the_third_rename(src, dst):
@@ -184,7 +189,7 @@ def test_a_migration_killed_half_way_finishes_with_the_same_key(tmp_path, monkey
 
     monkeypatch.setattr(rekey.os, "replace", dies_at_the_third_rename)
     with pytest.raises(KeyboardInterrupt):
-        tasks_rekey.migrate(params)
+        tasks_rekey.migrate(*rekeying(params))
     monkeypatch.setattr(rekey.os, "replace", real)
     journal = json.loads(rekey.journal_path(params.path).read_text())
     assert len(calls) == 3 and len(journal["renames"]) > 3  # two files re-keyed, the others not yet
@@ -192,7 +197,7 @@ def test_a_migration_killed_half_way_finishes_with_the_same_key(tmp_path, monkey
     assert read_salt(params.path("salt")) == SALT  # the old key stays until every file is re-keyed
     with pytest.raises(KeyMigrationNeeded):
         project_salt(params)
-    tasks_rekey.migrate(params)
+    tasks_rekey.migrate(*rekeying(params))
     key = id_salt(params)
     assert key == journal["key"] and not rekey.journal_path(params.path).exists()
     assert read_tombstones(params.path("tombstones")) == {hash_sample_id(s, key) for s in ERASED}
@@ -202,10 +207,10 @@ def test_a_migration_killed_half_way_finishes_with_the_same_key(tmp_path, monkey
 
 def test_a_rotation_rekeys_every_store_and_an_old_key_recovers_nothing(tmp_path, monkeypatch):
     params, _ = legacy_project(tmp_path)
-    monkeypatch.setattr(tasks_rekey, "recommit", lambda p: {})
-    tasks_rekey.migrate(params)
+    monkeypatch.setattr(tasks_rekey, "recommit", lambda *slices: {})
+    tasks_rekey.migrate(*rekeying(params))
     old = id_salt(params)
-    tasks_rekey.rotate(params)
+    tasks_rekey.rotate(*rekeying(params))
     key = id_salt(params)
     assert key.startswith(old + "\n") and len(key.splitlines()) == 3
     assert read_tombstones(params.path("tombstones")) == {hash_sample_id(s, key) for s in ERASED}
@@ -241,7 +246,7 @@ def test_the_environment_key_is_named_never_shown(tmp_path, monkeypatch):
 
 def test_a_migration_killed_while_preparing_starts_again_with_the_same_key(tmp_path, monkeypatch):
     params, _ = legacy_project(tmp_path)
-    monkeypatch.setattr(tasks_rekey, "recommit", lambda p: {})
+    monkeypatch.setattr(tasks_rekey, "recommit", lambda *slices: {})
     real = rekey.prepare_digests
 
     def killed(*a, **k):
@@ -249,12 +254,12 @@ def test_a_migration_killed_while_preparing_starts_again_with_the_same_key(tmp_p
 
     monkeypatch.setattr(rekey, "prepare_digests", killed)
     with pytest.raises(KeyboardInterrupt):
-        tasks_rekey.migrate(params)
+        tasks_rekey.migrate(*rekeying(params))
     journal = json.loads(rekey.journal_path(params.path).read_text())
     assert journal["phase"] == "prepare" and list(tmp_path.rglob(f"*{rekey.TEMP_SUFFIX}"))  # temps, no rename
     assert read_tombstones(params.path("tombstones")) == set(map(legacy, ERASED))  # nothing replaced yet
     monkeypatch.setattr(rekey, "prepare_digests", real)
-    tasks_rekey.migrate(params)
+    tasks_rekey.migrate(*rekeying(params))
     key = id_salt(params)
     assert key == journal["key"] and not list(tmp_path.rglob(f"*{rekey.TEMP_SUFFIX}"))
     assert read_tombstones(params.path("tombstones")) == {hash_sample_id(s, key) for s in ERASED}

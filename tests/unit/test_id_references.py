@@ -15,9 +15,10 @@ def test_files_naming_a_forgotten_id_are_counted_per_store(tmp_path):
     processed = tmp_path / "requests" / "processed"
     processed.mkdir(parents=True)
     (processed / "a.csv").write_text("request_id,sample_id\nr1,digits-0145\n")
-    refs = {r["store"]: r["files_naming_forgotten_ids"] for r in id_references(params, {"digits-0145", "C 0003"})}
+    found = id_references(params.project_paths, {"digits-0145", "C 0003"})
+    refs = {r["store"]: r["files_naming_forgotten_ids"] for r in found}
     assert refs == {"MLflow artifacts": 1, "processed request files": 1}
-    assert id_references(params, set()) == []
+    assert id_references(params.project_paths, set()) == []
 
 
 def test_an_id_with_regex_characters_is_matched_literally(tmp_path):
@@ -25,5 +26,5 @@ def test_an_id_with_regex_characters_is_matched_literally(tmp_path):
     (tmp_path / "requests" / "processed").mkdir(parents=True)
     (tmp_path / "requests" / "processed" / "a.csv").write_text("r1,a.b+c\n")
     (tmp_path / "requests" / "processed" / "b.csv").write_text("r1,axb+c\n")
-    (ref,) = id_references(params, {"a.b+c"})
+    (ref,) = id_references(params.project_paths, {"a.b+c"})
     assert ref["files_naming_forgotten_ids"] == 1

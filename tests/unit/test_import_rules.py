@@ -230,6 +230,25 @@ def test_the_cores_root_holds_at_most_twelve_modules_and_every_folder_says_what_
         assert len(doc.split()) >= 8, f"{init.relative_to(ROOT)}: say in its docstring what the folder decides"
 
 
+TASKS_ALLOWED = Path(__file__).with_name("whole_params_tasks.txt")  # the allow-list of tasks/: it only shrinks
+
+
+def allowed_whole_params_tasks() -> set[tuple[str, str]]:
+    lines = [ln.split() for ln in TASKS_ALLOWED.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return {(path, name) for path, name in lines}
+
+
+def test_tasks_take_slices_of_the_params_save_an_allow_list_that_only_shrinks():
+    """A stage's signature says what it reads: a tasks/ function takes its slice of the params (params.erasure,
+    params.project_paths, ...). The functions that still take the whole are listed in whole_params_tasks.txt; a new
+    one fails, and one that no longer does must leave the list (so it only shrinks, as KNOWN_CYCLES does)."""
+    found = {(str(p.relative_to(ROOT)), name) for p in (ROOT / "tasks").rglob("*.py")
+             for name in whole_params_functions(p)}
+    allowed = allowed_whole_params_tasks()
+    assert found - allowed == set(), f"take the slice the function reads instead of the whole Params: {sorted(found - allowed)}"
+    assert allowed - found == set(), f"they take a slice now: remove them from {TASKS_ALLOWED.name}: {sorted(allowed - found)}"
+
+
 def test_the_whole_params_finder_finds_one(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("def a(params): ...\ndef b(gate: Gate, params: dict): ...\ndef c(p: 'Params'): ...\n"

@@ -31,8 +31,8 @@ def project(tmp_path, monkeypatch):
 
 
 def _pending_report(params):
-    er.reports_dir(params).mkdir(parents=True, exist_ok=True)
-    (er.reports_dir(params) / "batch-old.json").write_text(json.dumps({"batch_id": "batch-old",
+    er.reports_dir(params.project_paths).mkdir(parents=True, exist_ok=True)
+    (er.reports_dir(params.project_paths) / "batch-old.json").write_text(json.dumps({"batch_id": "batch-old",
                                                                         "pending": ["prepared store"]}))
 
 

@@ -109,7 +109,7 @@ def test_announce_quality_logs_tags_summarises_and_returns_the_lines(tmp_path, m
     monkeypatch.setattr(Q, "run_logger", lambda: SimpleNamespace(warning=console.append, info=info.append))
     batch, outcome, state, rows = batch_and_state(tmp_path)
     params = parse_params({})
-    lines = announce_quality(batch, outcome, state, rows, params)
+    lines = announce_quality(batch, outcome, state, rows, params.quality)
     # the accuracy changes are reported (metrics, summary, console) whatever the warnings
     assert batch.tracker.metrics == {"drop/validation": 0.15}
     assert batch.summary["accuracy_changes"] == ["all validation rows: 0.700 -> 0.550 (-0.150), gated by the "
@@ -130,7 +130,7 @@ def test_announce_quality_logs_tags_summarises_and_returns_the_lines(tmp_path, m
     assert "- **Quality warning:** the champion can no longer predict '>50K'" in md
     # every oracle's accuracy, when the caller has them, replaces the metrics' range
     batch2, outcome2, *_ = batch_and_state(tmp_path)
-    stable = announce_quality(batch2, outcome2, state, rows, params, oracle_val_accs=[0.7, 0.72])
+    stable = announce_quality(batch2, outcome2, state, rows, params.quality, oracle_val_accs=[0.7, 0.72])
     assert not any("unstable" in ln for ln in stable)
 
 
@@ -142,7 +142,7 @@ def test_a_warning_in_refuse_raises_a_rejection_with_exit_3(tmp_path):
     params = parse_params({"quality": {"refuse": ["class_lost"]}})
     with pytest.raises(QualityRefused, match=r"refused by quality.refuse = \['class_lost'\]: the champion can no "
                                              r"longer predict '>50K'") as e:
-        announce_quality(batch, outcome, state, rows, params)
+        announce_quality(batch, outcome, state, rows, params.quality)
     assert isinstance(e.value, BatchRejected) and exit_code(e.value) == EXIT_GATE_REJECTED
     assert len(batch.summary["warnings"]) == 3  # announced before refusing
     assert json.dumps(batch.tracker.json["quality_warnings.json"]["refuse"]) == '["class_lost"]'

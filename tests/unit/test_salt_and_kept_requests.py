@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.helpers import ROOT
-from flows.deletion_batch import _expire_request_files, processed
+from flows.deletion_batch import RequestFileSettings, _expire_request_files, processed
 from tasks.stores.requests import RequestFiles, redact_request_files
 from unlearning.config import ConfigError, load_params, parse_params
 from unlearning.privacy.erasure import add_tombstones, id_key
@@ -84,7 +84,7 @@ def test_keep_request_files_is_validated():
 
 def test_by_default_an_applied_file_keeps_hashed_ids_only(tmp_path):
     params = project(tmp_path)
-    dest = processed(drop(params, "a.csv", "ZZSECRET-1"), params)
+    dest = processed(drop(params, "a.csv", "ZZSECRET-1"), RequestFileSettings.of(params))
     text = dest.read_text()
     assert "ZZSECRET-1" not in text and id_key(True, id_salt(params))("ZZSECRET-1") in text
 
@@ -92,19 +92,19 @@ def test_by_default_an_applied_file_keeps_hashed_ids_only(tmp_path):
 def test_kept_days_then_hashed(tmp_path):
     params = project(tmp_path, erasure={"keep_request_files": 3})
     key = id_key(True, id_salt(params))
-    dest = processed(drop(params, "a.csv", "ZZSECRET-1", "ZZSECRET-2"), params)
+    dest = processed(drop(params, "a.csv", "ZZSECRET-1", "ZZSECRET-2"), RequestFileSettings.of(params))
     assert "ZZSECRET-1" in dest.read_text()  # kept as it came, for 3 days
     add_tombstones(params.path("tombstones"), [key("ZZSECRET-1"), key("ZZSECRET-2")])
     tomb = {key("ZZSECRET-1"), key("ZZSECRET-2")}
-    redact_request_files(params, key, tomb)  # an erasure pass within the days: left alone
+    redact_request_files(params.project_paths, params.erasure, key, tomb)  # an erasure pass within the days: left alone
     assert "ZZSECRET-1" in dest.read_text()
     scope = type("S", (), {"params": params, "hash_ids": True, "key": key, "forgotten": tomb, "tombstones": tomb})()
     (processed_finding, _) = RequestFiles().verify(scope)
     assert processed_finding.problems == () and "a.csv" in processed_finding.counts["plain_ids_kept_until"]
-    assert _expire_request_files(params) == []
+    assert _expire_request_files(RequestFileSettings.of(params)) == []
     old = time.time() - 4 * 86400
     os.utime(dest, (old, old))  # the days are over
-    assert _expire_request_files(params) == ["a.csv"]
+    assert _expire_request_files(RequestFileSettings.of(params)) == ["a.csv"]
     text = dest.read_text()
     assert "ZZSECRET" not in text and key("ZZSECRET-2") in text
     (processed_finding, _) = RequestFiles().verify(scope)
@@ -132,10 +132,10 @@ def test_a_rejected_file_never_keeps_an_erased_id_and_expires_after_its_days(tmp
 
     params = project(tmp_path, erasure={"keep_request_files": 3})
     key = id_key(True, id_salt(params))
-    assert redact_erased_ids(params) == []  # nothing erased yet
+    assert redact_erased_ids(RequestFileSettings.of(params)) == []  # nothing erased yet
     add_tombstones(params.path("tombstones"), [key("ZZSECRET-1")])  # an earlier batch erased it
     dest = reject(drop(params, "a.csv", "ZZSECRET-1", "ZZSECRET-2"), params, "not deleted already: row 1")
-    assert redact_erased_ids(params, [dest]) == ["a.csv"]  # the rejection's own pass
+    assert redact_erased_ids(RequestFileSettings.of(params), [dest]) == ["a.csv"]  # the rejection's own pass
     text = dest.read_text()
     assert "ZZSECRET-1" not in text and key("ZZSECRET-1") in text and "ZZSECRET-2" in text  # not erased: kept
     # an older version's rejected file, plain erased ids and all: the next run or `unlearn erase` rewrites it
@@ -145,12 +145,13 @@ def test_a_rejected_file_never_keeps_an_erased_id_and_expires_after_its_days(tmp
     scope = SimpleNamespace(params=params, hash_ids=True, key=key, forgotten=tomb, tombstones=tomb)
     rejected_finding = RequestFiles().verify(scope)[1]
     assert rejected_finding.problems and "`unlearn erase` rewrites them" in rejected_finding.problems[0]
-    assert redact_erased_ids(params) == ["b.csv"] and "ZZSECRET-1" not in older.read_text()
+    requests = RequestFileSettings.of(params)
+    assert redact_erased_ids(requests) == ["b.csv"] and "ZZSECRET-1" not in older.read_text()
     assert RequestFiles().verify(scope)[1].problems == ()
     # within its 3 days the rejected file keeps its other ids; then every id is hashed
-    assert _expire_request_files(params) == []
+    assert _expire_request_files(RequestFileSettings.of(params)) == []
     report = dest.with_name(dest.name + ".error.json")
     data = json.loads(report.read_text())
     report.write_text(json.dumps({**data, "rejected_at": "2020-01-01T00:00:00+00:00"}))
-    assert _expire_request_files(params) == ["a.csv"]
+    assert _expire_request_files(RequestFileSettings.of(params)) == ["a.csv"]
     assert "ZZSECRET" not in dest.read_text() and key("ZZSECRET-2") in dest.read_text()

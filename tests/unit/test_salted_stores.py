@@ -107,19 +107,19 @@ def test_the_erasure_report_keeps_salted_row_digests_and_no_way_back_to_an_id(tm
     plain = hashlib.sha256(np.ascontiguousarray(np.asarray(x.X)[x.rows(["r1"])][0], dtype=np.float32)
                            .tobytes()).hexdigest()
     report = E.erase(params, "b", ["r1"], id_salt(params), None)
-    text = (E.reports_dir(params) / "b.json").read_text()
+    text = (E.reports_dir(params.project_paths) / "b.json").read_text()
     assert report["row_digests"] == [hash_sample_id(plain, id_salt(params))] and plain not in text
     assert "row_ids_by_digest" not in text and "cache_id_hashes" not in text
     assert hash_sample_id("r1", id_salt(params)) not in text  # the ledger and the tombstones name it, not the report
     # an older version's report of another batch: unsalted digest, id map, unsalted id hashes; rewritten by erase
     old = {"batch_id": "a", "pending": [], "row_digests": [plain], "row_ids_by_digest": {plain: ["sha256:x"]},
            "cache_id_hashes": [hashlib.sha256(b"r1").hexdigest()[:16]]}
-    (E.reports_dir(params) / "a.json").write_text(json.dumps(old))
+    (E.reports_dir(params.project_paths) / "a.json").write_text(json.dumps(old))
     assert any("an older version" in p for p in E.verify_erasure(params)[0])
     log = Lines()
     monkeypatch.setattr("tasks.reporting.run_logger", lambda: log)
     E.erase(params, "b", None, id_salt(params), None)
     assert [line for line in log.lines if "1 erasure report(s) of an older version rewritten" in line]
-    again = json.loads((E.reports_dir(params) / "a.json").read_text())
+    again = json.loads((E.reports_dir(params.project_paths) / "a.json").read_text())
     assert again == {"batch_id": "a", "pending": [], "row_digests": report["row_digests"]}
     assert not any("an older version" in p for p in E.verify_erasure(params)[0])
