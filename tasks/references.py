@@ -16,8 +16,8 @@ import torch
 
 from adapters import clock
 from adapters.clock import elsewhere
-from tasks.reporting import run_logger
 from tasks.id_key import IdKey
+from tasks.reporting import run_logger
 from tasks.training import model_spec, train_ensemble_chunk
 from unlearning.batch import BatchRows
 from unlearning.config import ModelCfg, Params, ProjectPaths, Validation
