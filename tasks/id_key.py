@@ -1,29 +1,32 @@
 """How a stage keys sample ids without taking the whole params (docs/erasure.md, "The key"): whether ids are
-hashed (deletion.hash_sample_ids) and the project's id key, asked for only when an id is keyed:
-unlearning/salt.py id_salt makes the key when the project has none yet, so building this record has no effect
-of its own, and a stage that keys no id never makes one."""
+hashed (deletion.hash_sample_ids) and where the project's key and keyed records are (base.paths: the key file,
+the ledger, the tombstones). The key is read when an id is keyed, not when the record is built: reading it
+makes one when the project has none yet (unlearning/salt.py project_salt), so a stage that keys no id never
+makes one, as before."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
-from typing import Callable
 
-from unlearning.config import Params
+from unlearning.config import Params, ProjectPaths
 from unlearning.ledger import hash_sample_id
-from unlearning.salt import id_salt
+from unlearning.salt import project_salt
 
 
 @dataclass(frozen=True)
 class IdKey:
     hashed: bool  # deletion.hash_sample_ids
-    salt: Callable[[], str]  # the key text ('' when ids are not hashed), read (or made) on each call
+    paths: ProjectPaths  # base.paths: project_salt reads the key file and the keyed records there, nothing else
 
-    # Builds the slice record from the whole params, its one job: the key lives beside params.yaml (base.paths
-    # salt, state_dir, tombstones) and id_salt takes the whole params by design (tests/unit/test_import_rules.py).
+    # Builds the slice record from the whole params, its one job.
     @classmethod
     def of(cls, params: Params) -> "IdKey":
-        return cls(params.deletion.hash_sample_ids, partial(id_salt, params))
+        return cls(params.deletion.hash_sample_ids, params.project_paths)
+
+    def salt(self) -> str:
+        """The key text ids are keyed with, '' when they are not hashed (no key is read or made): what
+        unlearning/salt.py id_salt returns for the same params."""
+        return project_salt(self.paths) if self.hashed else ""
 
     def ledger_keys(self, sample_ids) -> list[str]:
         """Sample ids as the ledger keys them (the project's one id hash, unlearning/salt.py)."""
