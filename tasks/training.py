@@ -10,11 +10,11 @@ import torch
 from prefect import task
 
 from adapters.clock import computes
+from tasks.id_key import IdKey
 from tasks.reporting import run_logger
 from tasks.retry import transient_io_only
 
 from unlearning.batch import validation_rows
-from tasks.id_key import IdKey
 from unlearning.config import ModelCfg, Params, Prepare, ProjectPaths
 from unlearning.data import load_dataset, write_prepared
 from unlearning.data.store import Prepared
@@ -49,8 +49,8 @@ def load_source(p: Prepare, root: Path, seed: int):
                         targets=p.targets, **source)
 
 
-# The prepare flow's one task, called with the whole params: it reads the source (prepare, base.seed) and the
-# tombstones keyed with the project's id key, which unlearning/salt.py id_salt derives from the whole params.
+# The prepare flow's one task, called with the whole params (an entry): it reads the source (prepare, base.seed,
+# the project folder) and the tombstones under base.paths, keyed with the project's id key.
 @task(name="prepare-dataset", retries=0)  # deterministic: a missing or malformed dataset fails the same way again
 @computes
 def prepare_dataset(params: Params) -> dict:
