@@ -220,8 +220,8 @@ def full_data_plan(threads: int) -> dict:
                      validation=val)
     state = type("S", (), {"prepared": prepared})()
     timing, footprint = probe(ProbeInputs.of(p), state, rows, "cpu")
-    plan = batch_plan(p.validation, p.gate, p.deletion.weigh_cost, {"candidates": ["do_nothing", "retrain"]}, "retrain_equivalence", timing, footprint,
-                      p.diagnostics.max_retrains * timing.retrain_seconds)
+    plan = batch_plan(p.validation, p.gate, p.deletion.weigh_cost, {"candidates": ["do_nothing", "retrain"]},
+                      "retrain_equivalence", timing, footprint, p.diagnostics.max_retrains * timing.retrain_seconds)
     return {"point": "cnn:60000 (plan only)", "rows": int(len(train_rows)), "refusal": plan.refusal,
             "peak_mb": round(plan.peak_bytes / 2**20), "memory_mb": plan.memory_mb, "chunk_size": plan.chunk_size,
             "eval_members": plan.eval_members, "eval_block_rows": plan.eval_block_rows,

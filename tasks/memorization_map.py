@@ -372,9 +372,9 @@ def stored_map(cfg: MapSettings, state, save: bool = True) -> tuple[MapRecord | 
     floor = null_row_failure(cfg)
     if floor >= cfg.licensing.target:
         return None, (f"memorization map: none: with {audit_references(cfg.validation)} references per role an audit "
-                      f"fails a row the model never memorized with probability {floor:.2f}, not below licensing.target = "
-                      f"{cfg.licensing.target:g}: no cut could license a request (raise validation.n_oracles "
-                      f"and n_shadows)"), False
+                      f"fails a row the model never memorized with probability {floor:.2f}, not below "
+                      f"licensing.target = {cfg.licensing.target:g}: no cut could license a request (raise "
+                      f"validation.n_oracles and n_shadows)"), False
     if record is not None and not map_paid(record.licensed, record.decided, record.cost_retrains):
         return None, (f"memorization map: none: the last one licensed {record.licensed} of the {record.decided} "
                       f"request(s) it decided, less than its cost of {record.cost_retrains:.2g} retrains: licensing does "

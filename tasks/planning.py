@@ -271,9 +271,9 @@ def workers_of(v: Validation, device: str = "cpu") -> int:
 def batch_plan(validation: Validation, gate: Gate, weigh_cost: bool, selection, objective: str,
                timing: Timing | None, footprint: Footprint | None, diagnostics_seconds: float = 0.0,
                sisa_cost: float | None = None, device: str = "cpu") -> Plan:
-    """The plan for a batch's selection (`weigh_cost`: deletion.weigh_cost) (unlearning/records.py Selection: its candidates, and whether
-    deletion.method named one, which the cost rule honours); `sisa_cost`: the share
-    of a retrain `sisa` costs for this batch (tasks/sharding.py sisa_share; None: not sharded); `device`: where
+    """The plan for a batch's selection (unlearning/records.py Selection: its candidates, and whether
+    deletion.method named one, which the cost rule honours); `weigh_cost`: deletion.weigh_cost; `sisa_cost`: the
+    share of a retrain `sisa` costs for this batch (tasks/sharding.py sisa_share; None: not sharded); `device`: where
     the references train (on CUDA the chunks are sized by its memory)."""
     member_bytes = footprint.device_member_bytes if footprint is not None else None
     selection = Selection.of(selection)

@@ -200,8 +200,9 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     from tasks.sharding import sisa_share
 
     # the diagnostics ran before the plan: it counts their measured seconds (`unlearn plan` predicts them)
-    the_plan = batch_plan(params.validation, params.gate, params.deletion.weigh_cost, selection, objective, timing, footprint, batch.seconds.get("diagnostics", 0.0),
-                          sisa_cost=sisa_share(state, rows), device=batch.device)
+    the_plan = batch_plan(params.validation, params.gate, params.deletion.weigh_cost, selection, objective, timing,
+                          footprint, batch.seconds.get("diagnostics", 0.0), sisa_cost=sisa_share(state, rows),
+                          device=batch.device)
     batch.seconds["retrain_probe"] = timing.retrain_seconds
     from tasks.planning import model_phases, phase_history, predicted_phases
 

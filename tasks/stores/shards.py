@@ -19,7 +19,8 @@ class ShardCheckpoints(StoreBase):
 
     def purge(self, scope: Scope) -> list[Purged]:
         folder = original_shards(scope.params.project_paths)
-        if read_plan(state_shards(scope.params.project_paths)) is None:  # not sharded, or no sisa batch yet: nothing to replace
+        # not sharded, or no sisa batch yet: nothing to replace
+        if read_plan(state_shards(scope.params.project_paths)) is None:
             return [Purged(self.name, str(folder), {"replaced": None})]
         if scope.dvc_locked:  # train's output, held by the running `dvc repro`
             return [Purged(self.name, str(folder), {"replaced": None}, pending="models/shards")]
