@@ -55,7 +55,7 @@ $(MLFLOW_DB): $(STAMP)
 	  echo "creating the MLflow store $(MLFLOW_DB) (once)"; \
 	  out=$$($(BIN)/python -m flows.stores 2>&1) || { echo "$$out"; exit 1; }; fi
 
-# The project's secret id key of hashed sample ids (unlearning/salt.py): made once, mode 0600 in a 0700 folder,
+# The project's secret id key of hashed sample ids (unlearning/privacy/salt.py): made once, mode 0600 in a 0700 folder,
 # git-ignored, never in the state, DVC or MLflow (back it up in your secret store); `make clean` keeps it, as it keeps
 # the tombstones hashed with it. An older version's salt there is re-keyed once (tasks/rekey.py; docs/erasure.md).
 SALT := .unlearning/salt

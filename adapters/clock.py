@@ -22,7 +22,7 @@ import threading
 import time
 import types
 
-from unlearning.intervals import clip, length, minus, union
+from unlearning.planning.intervals import clip, length, minus, union
 
 ENV_FILE = "UNLEARN_TIMINGS"
 _lock = threading.Lock()
@@ -31,7 +31,7 @@ _depth = threading.local()  # per thread and kind: how many sections are open (o
 _by_name: dict[str, float] = {}  # "kind:name" -> seconds of its outermost sections (UNLEARN_TIMING_DETAIL)
 
 
-# the interval algebra lives in the core (the batch's phase accounting, unlearning/overhead.py, uses it too)
+# the interval algebra lives in the core (the batch's phase accounting, unlearning/planning/overhead.py, uses it too)
 _union, _length, _minus = union, length, minus
 
 
@@ -96,7 +96,7 @@ def tracks(obj):
     return _timed("tracking", obj)
 
 
-# --- a batch's phases (unlearning/overhead.py PHASES): when each ran, for the plan-vs-actual line -------------
+# --- a batch's phases (unlearning/planning/overhead.py PHASES): when each ran, for the plan-vs-actual line -------------
 _phases: dict[str, list[tuple[float, float]]] = {}
 
 

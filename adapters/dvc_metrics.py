@@ -33,8 +33,8 @@ def write_deletion_metrics(params: Params) -> None:
     """From the state folder (champion.json with its history, the ledger): always written, also when the
     inbox was empty, so the stage's declared outputs exist after every run."""
     from unlearning.data import read_state_manifest
-    from unlearning.history import n_original_train, retraining_debt
-    from unlearning.ledger import read_ledger
+    from unlearning.policy.history import n_original_train, retraining_debt
+    from unlearning.privacy.ledger import read_ledger
 
     state_dir = params.path("state_dir")
     champion_file = state_dir / "champion.json"

@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from adapters.clock import tracks  # noqa: E402
-from unlearning import metric_keys as K
-from unlearning.batch import SPLITS  # noqa: E402
+from unlearning.certificate import metric_keys as K
+from unlearning.batch.rows import SPLITS  # noqa: E402
 from unlearning.config import method_traits  # noqa: E402
 
 
@@ -105,7 +105,7 @@ def klom_against_null(klom: np.ndarray, null_example: np.ndarray, splits: np.nda
 
 @tracks
 def history(points: list[dict], title: str = "champion across batches"):
-    """The champion's history (unlearning/history.py): cumulative forgotten fraction, validation accuracy and
+    """The champion's history (unlearning/policy/history.py): cumulative forgotten fraction, validation accuracy and
     output gap to the oracles per batch; exact retrains are marked (they clear the retraining debt)."""
     steps = [p["step"] for p in points]
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
@@ -279,7 +279,7 @@ def predicted_against_realised(s5: dict, title: str = "S5: predicted gap against
 
 @tracks
 def qualification_rates(table: list, title: str):
-    """The qualification table (unlearning/qualification.py Row): per method, the certificate's pass rate per
+    """The qualification table (unlearning/certificate/qualification.py Row): per method, the certificate's pass rate per
     bin of the predicted gap (noise units), with its interval as error bars and each bin's count of sets."""
     methods = list(dict.fromkeys(r.method for r in table))
     fig, ax = plt.subplots(figsize=(6.4, 3.4))

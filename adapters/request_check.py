@@ -39,8 +39,8 @@ import numpy as np
 import pandas as pd
 
 from unlearning.io import read_json_file
-from unlearning.ledger import hash_sample_id
-from unlearning.salt import is_keyed
+from unlearning.privacy.ledger import hash_sample_id
+from unlearning.privacy.salt import is_keyed
 from unlearning.requests import (
     REQUIRED_COLUMNS, RequestValidationError, arrow_text, entry_problem, future_problems, ledger_matches, look_alike_forms,
     objective_problems, read_request_file, rows_text, structural_problems,
@@ -707,9 +707,9 @@ def live_state(params) -> LiveState | None:
     only (its three columns) and let go before the live manifest is read: a 10^6-row project holds one
     manifest at a time."""
     from unlearning.data import read_state_manifest
-    from unlearning.fingerprint import matches, prepared_fingerprint
+    from unlearning.privacy.fingerprint import matches, prepared_fingerprint
     from unlearning.io import settle_interrupted_swaps
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
     state_dir = params.path("state_dir")
     # as load_state does (under the project's lock here: a batch running now keeps its staging folder)
@@ -733,8 +733,8 @@ def check_file_for(path: str | Path, params, live: LiveState, gx: bool = True,
                    gx_when_invalid: bool = True, gx_suite: bool = True) -> FileCheck:
     """`check_request_file` with the arguments the deletion flow passes (tasks.batch_path.check_file);
     the CLI passes `gx_when_invalid=False` (a bad file answers before Great Expectations is imported)."""
-    from unlearning.erasure import read_tombstones
-    from unlearning.salt import id_salt
+    from unlearning.privacy.erasure import read_tombstones
+    from unlearning.privacy.salt import id_salt
 
     return check_request_file(path, live.manifest, live.ledger, hash_ids=params.deletion.hash_sample_ids,
                               salt=id_salt(params), max_clock_skew_seconds=params.deletion.max_clock_skew_seconds,

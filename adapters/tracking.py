@@ -22,7 +22,7 @@ from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 
 from adapters.clock import tracks
-from unlearning.salt import HASH_PREFIX  # a keyed id's form (unlearning/salt.py hash_sample_id)
+from unlearning.privacy.salt import HASH_PREFIX  # a keyed id's form (unlearning/privacy/salt.py hash_sample_id)
 
 PIP_REQUIREMENTS = ["torch==2.13.0"]  # given explicitly: inferring them costs ~10 s per model
 # A model that prepares raw rows imports unlearning.data (pandera) and, for images, Pillow.
@@ -786,7 +786,7 @@ def frame_digest(df) -> str:
 def rekey_sqlite_store(db: Path, tmp: Path, rewrite) -> bool:
     """A copy of MLflow's SQLite store `db` at `tmp` with every text value rewritten by `rewrite` (text -> the
     new text, or None when unchanged): the params, tags and descriptions that name keyed ids, re-keyed
-    (unlearning/rekey.py). Returns whether anything changed (`tmp` then holds the copy; else it is removed).
+    (unlearning/privacy/rekey.py). Returns whether anything changed (`tmp` then holds the copy; else it is removed).
     Only SQLite: a tracking server's store is its own (docs/erasure.md, "Migrating from the salt")."""
     import sqlite3
 

@@ -1,4 +1,4 @@
-"""What a deletion batch costs, in units of one plain retrain of the same model (unlearning/plan.py).
+"""What a deletion batch costs, in units of one plain retrain of the same model (unlearning/planning/plan.py).
 
 Per point (dataset rows x model), in ONE child process with the same torch threads: prepare Fashion-MNIST
 (Debian package dataset-fashion-mnist), train the original through the flows, time one plain retrain of the
@@ -102,7 +102,7 @@ def easiest_rows(params_path: Path, ids: list[str], k: int) -> list[str]:
     import torch
 
     from tasks.state import load_state
-    from unlearning.batch import eval_logits
+    from unlearning.batch.rows import eval_logits
     from unlearning.config import load_params
 
     state = load_state.fn(load_params(params_path), "cpu")
@@ -198,7 +198,7 @@ def full_data_plan(threads: int) -> dict:
     import yaml
 
     from tasks.planning import ProbeInputs, batch_plan, probe
-    from unlearning.batch import BatchRows
+    from unlearning.batch.rows import BatchRows
     from unlearning.config import deep_merge, load_params
     from unlearning.data import load_prepared
     from flows.prepare import prepare

@@ -4,8 +4,8 @@ default model and recipe (train.* of params.yaml) and the gate of params.yaml.
 Per forget set (random sets of sizes 10, 50 and 200, one whole class, the highest-self-leverage rows):
 - oracle set A (role `oracles`, the gate's oracles) and an INDEPENDENT oracle set B (role `oracles_b`), N each,
   trained on R = D minus F; the shadow originals (role `shadows`) and the original (base.seed) on D, once;
-- candidates, each judged exactly as the flow judges them (unlearning.certificate, the sequential looks of
-  unlearning.sequential, unlearning.gate; the `retrain` row is the audit of an exact retrain, one look at N):
+- candidates, each judged exactly as the flow judges them (unlearning.certificate.equivalence, the sequential looks of
+  unlearning.sequential, unlearning.certificate.gate; the `retrain` row is the audit of an exact retrain, one look at N):
   `retrain_indep` (member 0 of B promoted, B's N models as the "shadow-unlearned" side vs A: the gate's
   false-reject rate on a true retrain), `retrain` (the flow's path: member 0 of A vs halves of A's others),
   `do_nothing`, `gradient_ascent`, `descent_ascent` (`finetune` on the first --finetune-sets sets, `newton_ggn` on
@@ -13,7 +13,7 @@ Per forget set (random sets of sizes 10, 50 and 200, one whole class, the highes
   each run through unlearning.methods.run_method on the original and on the N shadows;
 - `true_gap_ratio` of do_nothing: max over splits of KLoM P95(shadows vs B) / KLoM P95(A vs B), an independent
   N-vs-N measure of how far the original is from a retrain ("exceeds the floor" when > 1.5);
-- the policy (unlearning.selection.candidate_methods over the leverage diagnostics): whether its first candidate
+- the policy (unlearning.policy.selection.candidate_methods over the leverage diagnostics): whether its first candidate
   passed, and the seconds spent on candidates that failed before the first passing one (regret).
 - both gate criteria (`gate.criterion`): `difference` (the verdicts above) and `epsilon` with each aggregate
   (`gate.epsilon.aggregate`: quantile, mean), every candidate judged by the core's loop (unlearning/sequential.py
@@ -42,11 +42,11 @@ import numpy as np
 import torch
 
 from digits_problem import digits_problem, train_members  # (bench/ is on sys.path when run as a script)
-from unlearning.batch import BatchRows
-from unlearning import metric_keys as K
-from unlearning.certificate import certificate_measures
+from unlearning.batch.rows import BatchRows
+from unlearning.certificate import metric_keys as K
+from unlearning.certificate.equivalence import certificate_measures
 from unlearning.config import load_params
-from unlearning.plan import sequential_step
+from unlearning.planning.plan import sequential_step
 from unlearning.sequential import Criterion, LookMeasures, run_looks
 from unlearning.leverage import compute_diagnostics
 from unlearning.methods import run_method
@@ -57,13 +57,13 @@ from unlearning.metrics.epsilon import AGGREGATES, row_epsilon
 from unlearning.models.training import recipe_from
 from unlearning.models.zoo import spec_from
 from unlearning.studies.digits import DigitsProblem
-from unlearning.batch import sampled_for_certificate
+from unlearning.batch.rows import sampled_for_certificate
 from unlearning.models import predict_logits
 from unlearning.seeds import method_seed, original_seed, role_seeds
-from unlearning.selection import batch_facts, candidate_methods
+from unlearning.policy.selection import batch_facts, candidate_methods
 
 ROOT = Path(__file__).resolve().parents[1]
-from unlearning.batch import SPLITS  # noqa: E402
+from unlearning.batch.rows import SPLITS  # noqa: E402
 METHODS = ("do_nothing", "gradient_ascent", "descent_ascent")
 
 
@@ -375,7 +375,7 @@ def main() -> None:
     gate.retrain_equivalence.n_permutations = a.n_permutations
     eps_gate = gate.model_copy(update={"criterion": "epsilon"})
     eps_cfg = eps_gate.epsilon
-    # the sequential certificate's looks at this N (unlearning/plan.py, unlearning/sequential.py)
+    # the sequential certificate's looks at this N (unlearning/planning/plan.py, unlearning/sequential.py)
     validation = params.validation.model_copy(update={"n_oracles": a.n, "n_shadows": a.n})
     seq = sequential_step("bench", validation, gate, 1.0)
     looks = (seq.looks, seq.alphas, seq.permutations)

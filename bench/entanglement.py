@@ -19,7 +19,7 @@ Setting
   points show what the model can reach at all, so an unlearner's row can be read against them.
 - Partition recovery: ROC AUC of "retain sample is adjacent (tops)" for the `leverage` score
   (cross-leverage row norm, `unlearning.leverage.compute_diagnostics`, projected solver, on a seeded
-  subsample of forget and retain rows) and the `embedding` score (`unlearning.partition.knn_scores` on the
+  subsample of forget and retain rows) and the `embedding` score (`unlearning.batch.partition.knn_scores` on the
   penultimate features: minus the distance to the nearest forget sample), plus the precision of each mode's
   top-q cut with q = the true adjacent fraction.
 
@@ -52,7 +52,7 @@ from unlearning.leverage import compute_diagnostics  # noqa: E402
 from unlearning.methods import TrainRecipe, UnlearnContext, run_method  # noqa: E402
 from unlearning.metrics.mia import loss_threshold_auc  # noqa: E402
 from unlearning.models import build_model, param_count, seeds_for, train_ensemble  # noqa: E402
-from unlearning.partition import knn_scores  # noqa: E402
+from unlearning.batch.partition import knn_scores  # noqa: E402
 # The shared pieces (data and partition, evaluation, the frontier reference, the unlearner presets) live in
 # the S4 study module (`report.s4`); this benchmark adds the single-MLP CLI, the acceptance and the partition
 # recovery.

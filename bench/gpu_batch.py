@@ -4,7 +4,7 @@ acceptance (docs/gpu.md, docs/design.md §4.6).
 Nothing here imports Prefect, MLflow or DVC (the device machine has none of them): it calls the pure core as the
 stages do. Per point (Fashion-MNIST at --rows training rows x one model, the default recipe of params.yaml):
 - train the original on D;
-- probe the cost curve (unlearning/probe.py) and plan each path (unlearning/plan.py), which predicts its seconds;
+- probe the cost curve (unlearning/planning/probe.py) and plan each path (unlearning/planning/plan.py), which predicts its seconds;
 - `exact`: one retrain on R (seed: oracle member 0), judged against the original's accuracy;
 - `do_nothing`: do_nothing certified sequentially against N shadows and N oracles (looks of params.yaml),
   accepted or rejected;
@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from unlearning.acceptance import measure_logits, outcome_from_logits, reference_free_outcome  # noqa: E402
-from unlearning.batch import BatchRows, batch_rows, sampled_for_certificate, unlearn_context  # noqa: E402
+from unlearning.certificate.acceptance import measure_logits, outcome_from_logits, reference_free_outcome  # noqa: E402
+from unlearning.batch.rows import BatchRows, batch_rows, sampled_for_certificate, unlearn_context  # noqa: E402
 from unlearning.config import load_params  # noqa: E402
-from unlearning.costs import DeviceMemory, method_retrains, sig  # noqa: E402
+from unlearning.planning.costs import DeviceMemory, method_retrains, sig  # noqa: E402
 from unlearning.data import load_dataset  # noqa: E402
 from unlearning.data.store import initial_state_manifest, load_prepared, write_prepared  # noqa: E402
 from unlearning.devices import resolve_device  # noqa: E402
@@ -49,9 +49,9 @@ from unlearning.methods import run_method  # noqa: E402
 from unlearning.models import Ensemble, build_model, fit, predict_logits  # noqa: E402
 from unlearning.models.training import recipe_from  # noqa: E402
 from unlearning.models.zoo import spec_from  # noqa: E402
-from unlearning.partition import partition_by_group  # noqa: E402
-from unlearning.plan import Footprint, Step, Timing, balanced_chunks, plan_batch, predicted_seconds  # noqa: E402
-from unlearning.probe import StepTimer, activation_floats_per_row, curve_within_memory  # noqa: E402
+from unlearning.batch.partition import partition_by_group  # noqa: E402
+from unlearning.planning.plan import Footprint, Step, Timing, balanced_chunks, plan_batch, predicted_seconds  # noqa: E402
+from unlearning.planning.probe import StepTimer, activation_floats_per_row, curve_within_memory  # noqa: E402
 from unlearning.seeds import method_seed, reference_seeds, role_seeds  # noqa: E402
 from unlearning.sequential import Criterion, run_looks  # noqa: E402
 
@@ -217,7 +217,7 @@ def exact_path(pt: Point, original: Ensemble) -> dict:
 def do_nothing_path(pt: Point, original: Ensemble, plan) -> dict:
     """do_nothing certified sequentially through the core's loop (unlearning/sequential.py run_looks): each look
     trains the new shadows (on D) and oracles (on R) in the plan's chunks, runs the method on the new shadows and
-    measures (unlearning/acceptance.py measure_logits); the loop stops at the first decisive look."""
+    measures (unlearning/certificate/acceptance.py measure_logits); the loop stops at the first decisive look."""
     params, device, step = pt.params, pt.device, plan.steps[0]
     t0 = time.perf_counter()
     seed = params.base.seed

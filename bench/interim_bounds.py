@@ -33,13 +33,13 @@ import torch
 from calibration import load_problem  # (bench/ is on sys.path when run as a script)
 from digits_problem import train_members
 from results_io import write_between, write_json
-from unlearning.batch import BatchRows, sampled_for_certificate
+from unlearning.batch.rows import BatchRows, sampled_for_certificate
 from unlearning.config import load_params
-from unlearning.gate import SplitMeasures
+from unlearning.certificate.gate import SplitMeasures
 from unlearning.metrics import margins
 from unlearning.metrics.epsilon import RowEpsilon, batch_epsilon, epsilon_of_mu, gdp_epsilon, row_epsilon
 from unlearning.models import predict_logits
-from unlearning.plan import sequential_step
+from unlearning.planning.plan import sequential_step
 from unlearning.seeds import role_seeds
 from unlearning.sequential import Criterion
 

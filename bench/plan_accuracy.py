@@ -5,7 +5,7 @@ For each dataset (digits as a user's CSV; sklearn's breast cancer table with a s
 `--arch custom`), a project is made by `unlearn init`, trained by a first `unlearn repro`, and given a resident
 Prefect server and warm worker (`unlearn up`; `--no-up` leaves it out). Then `--batches` batches of mixed sizes
 (the ids from `unlearn ids --split train`), each:
-1. `unlearn plan FILE --json`: the predicted wall time of the batch in its phases (unlearning/overhead.py:
+1. `unlearn plan FILE --json`: the predicted wall time of the batch in its phases (unlearning/planning/overhead.py:
    validation, diagnostics, references, candidates, tracking, erase, orchestration) and its range;
 2. the file dropped in the inbox, `unlearn repro`: the batch's measured phases (the project's phase history,
    cache/costs/phases.jsonl, which the batch appends), and the session's split of the whole command
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-from unlearning.overhead import PHASES  # noqa: E402
+from unlearning.planning.overhead import PHASES  # noqa: E402
 
 SIZES = (1, 5, 20, 50, 2, 100, 10, 30, 3, 60)  # rows per batch, mixed, cycled
 TARGET = (0.67, 1.5)

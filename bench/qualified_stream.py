@@ -3,10 +3,10 @@ qualify once, then 20 consecutive deletion batches, each licensed by the qualifi
 and then AUDITED by the full certificate, so that the qualified path's error rate is measured, not assumed.
 
 Per dataset (digits, and Fashion-MNIST at 8,000 training rows; the MLP and recipe of params.yaml):
-1. qualification (unlearning/qualification.py): the qualify.suite of params.yaml (counts scaled by --suite-scale),
+1. qualification (unlearning/certificate/qualification.py): the qualify.suite of params.yaml (counts scaled by --suite-scale),
    each set's predicted gap from the leverage diagnostics of the original, in the noise unit of the shadow
    originals on the validation rows; `do_nothing` judged by the sequential certificate (unlearning/sequential.py
-   looks, unlearning/certificate.py metrics, unlearning/gate.py) against N oracles retrained without the set;
+   looks, unlearning/certificate/equivalence.py metrics, unlearning/certificate/gate.py) against N oracles retrained without the set;
    the pass-rate table and its intervals as params.yaml declares them;
 2. the stream: 20 forget sets held here (random sets of 5-50 rows and structured ones: part of a class, the
    nearest neighbours of a row, the highest-loss rows), drawn from the rows still retained; per batch:
@@ -44,8 +44,8 @@ from types import SimpleNamespace as NS
 import numpy as np
 import torch
 
-from unlearning.batch import BatchRows, sampled_for_certificate
-from unlearning import metric_keys as K
+from unlearning.batch.rows import BatchRows, sampled_for_certificate
+from unlearning.certificate import metric_keys as K
 from unlearning.config import load_params
 from unlearning.data import load_dataset
 from unlearning.leverage import compute_diagnostics
@@ -53,11 +53,11 @@ from unlearning.metrics import accuracy_by_split
 from unlearning.models import build_model, fit, predict_logits
 from unlearning.models.training import recipe_from
 from unlearning.models.zoo import spec_from
-from unlearning.plan import sequential_step
-from unlearning.qualification import (EXACT, License, Qualification, Trial, cheap_checks, draw_suite,
+from unlearning.planning.plan import sequential_step
+from unlearning.certificate.qualification import (EXACT, License, Qualification, Trial, cheap_checks, draw_suite,
                                       gap_in_noise_units, largest_class_share, license_method, licenses_any,
                                       membership_test)
-from unlearning.selection import noise_floor
+from unlearning.policy.selection import noise_floor
 from unlearning.seeds import batch_role_seeds, original_seed, role_seeds
 from unlearning.sequential import Criterion, References, certify_logits, permutations_for
 

@@ -71,7 +71,7 @@ def setup(folder: Path, n: int, hash_ids: bool) -> Path:
     from project_copy import make_project  # bench/ is on sys.path when run as a script
     from unlearning.config import load_params
     from unlearning.data.store import initial_state_manifest, manifest_csv_bytes
-    from unlearning.fingerprint import prepared_fingerprint
+    from unlearning.privacy.fingerprint import prepared_fingerprint
     from unlearning.io import atomic_write_json
 
     params_path = make_project(folder, {"deletion": {"hash_sample_ids": hash_ids}}, inbox_files=False)

@@ -30,7 +30,7 @@ A project of one's own (`--only init`, and by default after the modes above): di
 (prepare, train, a first batch), one more 20-row batch through `unlearn repro` (the session's split per stage:
 overhead = wall minus compute; the batch's fixed costs = its deletion stage minus the training the flow
 reports, plus `unlearn erase`, written to the project's .unlearning/fixed_costs.json for `unlearn plan`:
-unlearning/overhead.py), a `dvc repro` with nothing to do, the read-only commands (status, ids, lookup,
+unlearning/planning/overhead.py), a `dvc repro` with nothing to do, the read-only commands (status, ids, lookup,
 validate, verify-erasure, plan), and `--stream N` batches of one request file each (`unlearn repro`).
 The table goes to docs/evidence.md between the bench:session:begin/end markers.
 Usage: python bench/session_overhead.py [--repeats 1] [--only make-run|init] [--stream 20]
@@ -271,7 +271,7 @@ def init_project(tmp: Path, stream: int) -> dict:
     from sklearn.datasets import load_digits
     import pandas as pd
 
-    from unlearning.overhead import write_fixed_costs
+    from unlearning.planning.overhead import write_fixed_costs
 
     d = load_digits()
     table = pd.DataFrame(d.data, columns=[f"p{i}" for i in range(64)])

@@ -9,7 +9,7 @@ Per dataset (digits; Fashion-MNIST at --rows training rows; the MLP and recipe o
   on complementary halves) and its cuts for every (budget, target) of the frontier (cuts_for);
 - --requests random requests (--singles of them single rows, the rest uniform in --sizes), one whole class
   and one set of the 40 rows the map scores highest, at seeded places, each drawn from the rows still retained;
-- per request the production path (unlearning/licensing.py decide with params' licensing guards): licensed,
+- per request the production path (unlearning/licensing/decision.py decide with params' licensing guards): licensed,
   the model stays, the rows leave the data, the licensing debt grows; or an exact retrain, a new model version,
   the debt cleared. A licensed request drawn for a sampled audit (licensing.audit.probability, seeded as the
   flow draws it) is audited as the production path audits it; a failed one is retrained at once and lowers the
@@ -56,12 +56,12 @@ from bench.qualified_stream import problem  # noqa: E402  (the dataset, its spli
 from bench.results_io import write_between, write_json  # noqa: E402
 from tasks.licensing import audit, audit_due, failing_scores  # noqa: E402
 from tasks.memorization_map import MapSettings, cuts_for, map_from_tensors  # noqa: E402
-from unlearning.batch import BatchRows, sampled_for_certificate  # noqa: E402
+from unlearning.batch.rows import BatchRows, sampled_for_certificate  # noqa: E402
 from unlearning.config import load_params  # noqa: E402
-from unlearning.licensing import Guards, adjacent_share, decide, lowered, map_paid, nearest_rows  # noqa: E402
+from unlearning.licensing.decision import Guards, adjacent_share, decide, lowered, map_paid, nearest_rows  # noqa: E402
 from unlearning.metrics.epsilon import clopper_pearson_bounds  # noqa: E402
 from unlearning.models import build_model, fit, predict_logits  # noqa: E402
-from unlearning.plan import CPU_CHUNK  # noqa: E402
+from unlearning.planning.plan import CPU_CHUNK  # noqa: E402
 from unlearning.seeds import batch_role_seeds, original_seed  # noqa: E402
 
 HIGH_MAP_ROWS = 40

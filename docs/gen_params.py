@@ -46,7 +46,7 @@ def type_text(annotation) -> str:
     text = getattr(annotation, "__name__", None) if typing.get_origin(annotation) is None else None
     text = text or str(annotation).replace("typing.", "")
     text = re.sub(r"<class '(\w+)'>", r"\1", text).replace("NoneType", "None")
-    text = re.sub(r"\b(?:[a-z_]\w*\.)+([A-Z]\w*)", r"\1", text)   # unlearning.policy.Rule -> Rule
+    text = re.sub(r"\b(?:[a-z_]\w*\.)+([A-Z]\w*)", r"\1", text)   # unlearning.policy.selection_policy.Rule -> Rule
     text = re.sub(r"Literal\[([^\]]*)\]", lambda m: " | ".join(m.group(1).replace("'", "").split(", ")), text)
     return f"`{text}`".replace("|", "\\|")
 

@@ -21,9 +21,9 @@ from tasks.state import load_state
 from adapters.request_check import validation_mask
 from tasks.validation import RequestCheck, check_request_frame, raise_if_invalid
 from unlearning.config import Params, load_params
-from unlearning.erasure import id_key
+from unlearning.privacy.erasure import id_key
 from unlearning.requests import coerce_requests, read_request_file
-from unlearning.salt import is_keyed
+from unlearning.privacy.salt import is_keyed
 from tasks.reporting import run_logger
 
 
@@ -63,7 +63,7 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
     state = load_state(params, device)
     path = Path(request_path)
     df = read_request_file(path)
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     key = id_key(params.deletion.hash_sample_ids, id_salt(params))
     check = validate_request(str(path), df, state.manifest, params.path("gx_dir"), key)

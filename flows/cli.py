@@ -119,7 +119,7 @@ def cmd_run(args) -> int:
     from flows.deletion_batch import report_results, run
     from flows.common import prefect_api
     from unlearning.config import load_params
-    from unlearning.selection import check_method_config
+    from unlearning.policy.selection import check_method_config
 
     check_method_config(load_params(args.params).deletion)  # ConfigError: exit 2, before the server starts
 
@@ -318,7 +318,7 @@ def trainable_ids(params, split: str) -> list[str]:
     manifest) nor erased (the tombstones), in manifest order."""
     import pandas as pd
 
-    from unlearning.erasure import id_key, read_tombstones
+    from unlearning.privacy.erasure import id_key, read_tombstones
 
     folder = params.path("prepared_dir")
     if not (folder / "manifest.csv").exists():
@@ -330,7 +330,7 @@ def trainable_ids(params, split: str) -> list[str]:
     if state.exists():
         s = pd.read_csv(state, dtype=str, keep_default_na=False)
         deleted = set(s.loc[s["status"] == "deleted", "sample_id"])
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     key = id_key(params.deletion.hash_sample_ids, id_salt(params))
     erased = read_tombstones(params.path("tombstones"))
@@ -514,7 +514,7 @@ def _state_against_params(params, champion: dict) -> tuple[list[str], str | None
     no batch yet: that follows the retrained original at the next batch (the note says so), and the registry
     alias must not be moved back to it meanwhile."""
     from unlearning.data import load_prepared
-    from unlearning.fingerprint import describe_mismatch, matches, prepared_fingerprint
+    from unlearning.privacy.fingerprint import describe_mismatch, matches, prepared_fingerprint
 
     recorded = champion.get("fingerprint")
     if recorded is None or not (params.path("prepared_dir") / "dataset.json").exists():
@@ -585,8 +585,8 @@ def _short_list(names: list[str], n: int = 12) -> str:
 def cmd_status(args) -> int:
     from flows.resident import status_line  # stdlib only
     from unlearning.data import read_state_manifest
-    from unlearning.erasure import read_tombstones
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.erasure import read_tombstones
+    from unlearning.privacy.ledger import read_ledger
 
     params = _params(args)
     state_dir = params.path("state_dir")
@@ -630,7 +630,7 @@ def cmd_status(args) -> int:
             notes.append(f"reconciled @{params.tracking.alias}: v{before} -> v{champion.get('model_version')}")
     manifest = read_state_manifest(state_dir / "manifest.csv")
     ledger = read_ledger(state_dir / "ledger.jsonl")
-    from unlearning.history import n_original_train, retraining_debt
+    from unlearning.policy.history import n_original_train, retraining_debt
 
     debt = retraining_debt(ledger, n_original_train(manifest, ledger))
     status = {"champion": champion, "state_dir": str(state_dir), "retraining_debt": debt,
@@ -664,7 +664,7 @@ def cmd_status(args) -> int:
           f"max_forgotten_fraction {bounds.max_forgotten_fraction} (deletion.debt); licensed with the model unchanged: "
           f"{debt.get('licensed_since_retrain', 0)} row(s) (licensing.max_debt_rows {params.licensing.max_debt_rows})")
     _print_quality_pending_features(status)
-    from unlearning.qualification import audit_lines
+    from unlearning.certificate.qualification import audit_lines
 
     for line in audit_lines(status["qualified"]):
         print(line)
@@ -705,7 +705,7 @@ def _resident(params) -> dict | None:
 def _qualified_status(params) -> dict:
     """validation.mode qualified: the versions not audited yet and the audit history (state/audits.jsonl)."""
     from tasks.pending import read_audits  # without the certificate's imports (torch, Prefect)
-    from unlearning.qualification import audit_status
+    from unlearning.certificate.qualification import audit_status
 
     return audit_status(read_audits(params))
 
@@ -769,7 +769,7 @@ def _has_tracking_store(params) -> bool:
 
 
 def cmd_reset(args) -> int:
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
     params = _params(args)
     state_dir, cache_dir, archive_dir = params.path("state_dir"), params.path("cache_dir"), params.path("archive_dir")

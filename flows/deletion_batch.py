@@ -41,11 +41,11 @@ from tasks.reporting import run_logger
 from tasks.state import batch_lock, ensure_state, load_state, original_path
 from unlearning.config import Params, load_params
 from unlearning.io import open_for_writing
-from unlearning.records import BatchResult
+from unlearning.batch.records import BatchResult
 from unlearning.requests import (
     RequestValidationError, file_sha256, in_inbox, leftover_dot_files, read_request_file, scan_inbox,
 )
-from unlearning.selection import check_method_config
+from unlearning.policy.selection import check_method_config
 
 
 class AfterCommitError(RuntimeError):

@@ -25,8 +25,8 @@ BY_NAME = {"TrackingUnavailable": EXIT_BAD_INPUT, "LockTimeout": EXIT_BAD_INPUT,
 # The project's bad-input errors, by module and class name (a subclass counts): checking them by import would
 # load pandas and pandera (0.7 s) on the error path of a config typo.
 BAD_INPUT = {("unlearning.config", "ConfigError"), ("unlearning.requests", "RequestValidationError"),
-             ("unlearning.fingerprint", "StateMismatch"), ("flows.scaffold", "ScaffoldError"),
-             ("unlearning.data.dataset", "DataError"), ("unlearning.erasure", "UnknownBatch")}
+             ("unlearning.privacy.fingerprint", "StateMismatch"), ("flows.scaffold", "ScaffoldError"),
+             ("unlearning.data.dataset", "DataError"), ("unlearning.privacy.erasure", "UnknownBatch")}
 
 
 def exit_code(e: BaseException) -> int | None:

@@ -55,7 +55,7 @@ def qualify_skipped(params_path: str) -> bool:
     import json
     import os
 
-    from unlearning.qualification import Qualification
+    from unlearning.certificate.qualification import Qualification
 
     q = params.qualify
     record = Qualification(list(q.methods), list(q.bins), q.confidence, q.interval, float("nan"),
@@ -74,7 +74,7 @@ def _settled_state_with_batches(state_dir: Path) -> bool:
     """state/ is complete, holds at least one batch (so it never follows a retrained original), and no swap
     is left to settle (no `.state.previous` or staging folder beside it)."""
     from unlearning.io import StateCorrupt
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
     if not ((state_dir / "model.pt").is_file() and (state_dir / "champion.json").is_file()):
         return False
@@ -88,9 +88,9 @@ def _settled_state_with_batches(state_dir: Path) -> bool:
 
 def _unsettled(entry: Path, state_dir: Path) -> bool:
     """Whether `entry` beside the state folder is work left: a swap to settle (`.state.previous`, a staging
-    folder) or an erase a kill stopped (its journal, unlearning/erasure_journal.py). The lock file (it stays
+    folder) or an erase a kill stopped (its journal, unlearning/privacy/erasure_journal.py). The lock file (it stays
     after every batch) and an empty journal folder (every erase finished) are not."""
-    from unlearning.erasure_journal import journal_dir
+    from unlearning.privacy.erasure_journal import journal_dir
 
     if not entry.name.startswith(f".{state_dir.name}.") or entry.name == f".{state_dir.name}.lock":
         return False

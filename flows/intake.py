@@ -100,14 +100,14 @@ def is_dvc_repro(cmd: list[str]) -> bool:
 
 def erase_first(commands: list[list[str]], params_path: str = "params.yaml", out=None) -> list[list[str]]:
     """`make run` and `unlearn repro` (flows/session.py): an erase a kill stopped between two stores (its journal,
-    unlearning/erasure_journal.py) is finished by `unlearn erase` BEFORE `dvc repro`. Inside `dvc repro` the
+    unlearning/privacy/erasure_journal.py) is finished by `unlearn erase` BEFORE `dvc repro`. Inside `dvc repro` the
     stores DVC holds cannot be rewritten, and DVC, seeing the prepared store the erase had already rewritten,
     would re-run prepare and retrain the original. The `unlearn erase` of the commands is reused (it carries their
     `--params`); the commands are returned unchanged when nothing is unfinished."""
     if not commands or not is_dvc_repro(commands[0]) or not os.path.exists(params_path):
         return commands
     from unlearning.config import ConfigError, load_params
-    from unlearning.erasure_journal import has_unfinished
+    from unlearning.privacy.erasure_journal import has_unfinished
 
     try:
         params = load_params(params_path)

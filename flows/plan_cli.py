@@ -1,10 +1,10 @@
-"""`unlearn plan FILE`: the plan a batch of FILE would follow, before anything runs (unlearning/plan.py).
+"""`unlearn plan FILE`: the plan a batch of FILE would follow, before anything runs (unlearning/planning/plan.py).
 
 It checks the file as `unlearn validate` does, selects the candidates as the batch would (without the leverage
 diagnostics: their rules are listed as skipped; the batch's own rule says whether it computes them at all,
 tasks/batch_path.py, and when it does their cost is bounded by diagnostics.max_retrains), times a probe of the
 model on this machine or device (tasks/planning.py), and prints the steps, the models they train, the batch's
-predicted wall time in the phases its "plan vs actual" line measures (unlearning/overhead.py) with its range, and
+predicted wall time in the phases its "plan vs actual" line measures (unlearning/planning/overhead.py) with its range, and
 the predicted peak memory. Changes nothing; exit 2 when the file is bad or the plan cannot fit
 validation.memory_mb.
 """
@@ -33,12 +33,12 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     from tasks.planning import ProbeInputs, batch_plan, probe
     from tasks.state import load_state
     from tasks.batch import partition_retain
-    from unlearning.batch import batch_rows
+    from unlearning.batch.rows import batch_rows
     from unlearning.config import Partition
-    from unlearning.history import n_original_train
+    from unlearning.policy.history import n_original_train
     from unlearning.progress import Progress
     from unlearning.requests import batch_objective, coerce_requests
-    from unlearning.selection import batch_facts, selection_with_debt
+    from unlearning.policy.selection import batch_facts, selection_with_debt
     from tasks.stages import split_by_kind
 
     bar = bar or Progress(len(STEPS), "unlearn plan", enabled=False)
@@ -111,10 +111,10 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
 
 
 def batch_wall_time(plan, timing, params) -> tuple[dict, list[str]]:
-    """The batch's predicted phases (unlearning/overhead.py, the same the batch's plan-vs-actual line measures), and
+    """The batch's predicted phases (unlearning/planning/overhead.py, the same the batch's plan-vs-actual line measures), and
     what `unlearn repro` of it takes beside (its stage's start and `unlearn erase`): (JSON, lines)."""
     from tasks.planning import predicted_phases
-    from unlearning.overhead import command_line, outside_costs, total
+    from unlearning.planning.overhead import command_line, outside_costs, total
 
     point, ranges, line = predicted_phases(params.project_paths, plan, timing)
     outside, source = outside_costs(params.root)
@@ -128,7 +128,7 @@ def cmd_plan(args) -> int:
     """Print the plan of a batch of args.file (see the module docstring)."""
     from flows.common import device_of, use_project_path
     from unlearning.config import load_params
-    from unlearning.plan import plan_lines
+    from unlearning.planning.plan import plan_lines
 
     params = load_params(args.params)
     use_project_path(params)  # a custom model factory beside params.yaml (as every other command loads it)
@@ -145,8 +145,8 @@ def cmd_plan(args) -> int:
         print(json.dumps({"nothing_to_unlearn": str(e)}) if args.json else str(e))
         return 0
     from unlearning.config import CertificateKind
-    from unlearning.plan import cost_functions, sequential_step
-    from unlearning.qualification import advise_mode
+    from unlearning.planning.plan import cost_functions, sequential_step
+    from unlearning.certificate.qualification import advise_mode
 
     # the references from the probe's cost curve at the plan's chunk, as the plan prices them
     certificate = sequential_step("any", params.validation, params.gate, cost_functions(timing, plan.chunk_size)[0])
@@ -154,7 +154,7 @@ def cmd_plan(args) -> int:
         else ()
     advice, advice_line = advise_mode(certificate.cost_retrains_accept, timing.retrain_seconds,
                                       params.validation.mode, exact_only=exact)
-    from unlearning.gate import criterion_line
+    from unlearning.certificate.gate import criterion_line
 
     notes = [advice_line, criterion_line(params.gate), *notes]
     wall, wall_lines = batch_wall_time(plan, timing, params)

@@ -19,8 +19,8 @@ from tasks.qualification import (original_state, qualification_path, qualify_mod
                                  write_qualification)
 from tasks.reporting import run_logger
 from unlearning.config import EXACT_RETRAIN, CertificateKind, ConfigError, Params, load_params
-from unlearning.qualification import Qualification
-from unlearning.records import Promotion
+from unlearning.certificate.qualification import Qualification
+from unlearning.batch.records import Promotion
 
 
 def check_methods(params: Params) -> None:
@@ -104,9 +104,9 @@ def audit_qualified_batch(batch_id: str) -> Promotion:
     from tasks.certify import StepInputs
     from tasks.qualification import append_audit, audit_certificate
     from tasks.state import load_state
-    from unlearning.batch import BatchRows, retained_train_rows, validation_rows
-    from unlearning.history import n_original_train
-    from unlearning.plan import Step
+    from unlearning.batch.rows import BatchRows, retained_train_rows, validation_rows
+    from unlearning.policy.history import n_original_train
+    from unlearning.planning.plan import Step
 
     c = _PENDING[batch_id]
     batch, params, lic, promoted = c["batch"], c["params"], c["licensing"], c["promoted"]

@@ -1,6 +1,6 @@
 """The work inside two stages of a deletion batch (tasks/stages.py runs them as Prefect tasks): partition of
 the retain set, and the audit of an exact retrain against the oracles (unlearn_and_validate). Each takes its
-config slice. The certifier itself is in the core (unlearning/acceptance.py)."""
+config slice. The certifier itself is in the core (unlearning/certificate/acceptance.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import numpy as np
 import pandas as pd
 import torch
 from unlearning.seeds import method_seed
-from unlearning.batch import BatchRows, retain_rows, unlearn_context
+from unlearning.batch.rows import BatchRows, retain_rows, unlearn_context
 from unlearning.config import Gate, Partition, method_traits
 from unlearning.data.store import Prepared
 from unlearning.methods import run_method
 from unlearning.methods.base import TrainRecipe
 from unlearning.models import Ensemble, predict_logits
-from unlearning.partition import partition_by_embedding, partition_by_group, partition_by_score
-from unlearning.acceptance import CandidateOutcome, outcome_from_logits  # the certifier lives in the core
+from unlearning.batch.partition import partition_by_embedding, partition_by_group, partition_by_score
+from unlearning.certificate.acceptance import CandidateOutcome, outcome_from_logits  # the certifier lives in the core
 
 
 def partition_retain(cfg: Partition, prepared: Prepared, state_manifest: pd.DataFrame, forget_ids: list[str],

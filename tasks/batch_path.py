@@ -18,16 +18,16 @@ from tasks import stages as S
 from tasks.quality import BatchRejected
 from tasks.reporting import run_logger
 from unlearning.config import Params
-from unlearning.history import n_original_train
-from unlearning.ledger import hash_sample_id
-from unlearning.records import BatchResult
-from unlearning.salt import id_salt
+from unlearning.policy.history import n_original_train
+from unlearning.privacy.ledger import hash_sample_id
+from unlearning.batch.records import BatchResult
+from unlearning.privacy.salt import id_salt
 
 
 @dataclass(frozen=True)
 class BatchCounts:
     """What a batch reads of the state it computes on, counted once: `n_train`, the original training set's size
-    (unlearning/history.py n_original_train: the retraining debt's denominator, in the selection, the licence
+    (unlearning/policy/history.py n_original_train: the retraining debt's denominator, in the selection, the licence
     and the promotion), and `batch_index`, this batch's place in the champion's history (the references' and the
     audit's seed stream, unlearning/seeds.py)."""
     n_train: int
@@ -174,7 +174,7 @@ def diagnostics_read(params: Params, state, objective: str) -> bool:
 
 def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective: str, selection) -> str | None:
     """Why no candidate this batch could try would use the leverage diagnostics (None: one could). The candidates
-    are the batch's `selection` (unlearning/records.py Selection: the rules walked over the facts the batch has
+    are the batch's `selection` (unlearning/batch/records.py Selection: the rules walked over the facts the batch has
     without the diagnostics, the fallbacks, the debt's override), plus, while it walks the rules, the method of
     each rule that waits for a fact it lacks (it might fire once they are computed); planned as the batch plans
     (deletion.weigh_cost drops an approximate candidate whose certificate costs more than the retrain, with the
@@ -183,8 +183,8 @@ def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective
         return None
     from tasks.sharding import sisa_share
     from unlearning.config import CertificateKind
-    from unlearning.plan import PlanRefused, plan_steps
-    from unlearning.policy import FALLBACK, parse_key
+    from unlearning.planning.plan import PlanRefused, plan_steps
+    from unlearning.policy.selection_policy import FALLBACK, parse_key
 
     d = params.deletion
     waiting = [] if selection.debt_reasons or not d.walks_rules else [
@@ -209,7 +209,7 @@ def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective
 def plan_and_run(batch: S.BatchRun, params: Params, state, diagnosed: Diagnosed, objective: str,
                  counts: BatchCounts):
     """Select (the walk `diagnose_and_partition` made, when it skipped the diagnostics), plan, then train only what
-    the plan needs: each step in order until one is accepted (unlearning/plan.py). Raises BatchRejected when none
+    the plan needs: each step in order until one is accepted (unlearning/planning/plan.py). Raises BatchRejected when none
     is."""
     from tasks.references import ReferencePool, ReferenceTraining
     from unlearning.config import CertificateKind
@@ -255,9 +255,9 @@ def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str
     even the retrain misses a floor."""
     from tasks.qualification import license_for_batch
     from unlearning.config import CertificateKind
-    from unlearning.plan import Step
-    from unlearning.qualification import EXACT, audit_due
-    from unlearning.records import Licensing, Selection
+    from unlearning.planning.plan import Step
+    from unlearning.certificate.qualification import EXACT, audit_due
+    from unlearning.batch.records import Licensing, Selection
 
     warn_method_ignored(batch, params)
     batch_index = counts.batch_index
@@ -299,7 +299,7 @@ def warn_method_ignored(batch: S.BatchRun, params: Params) -> None:
 
 
 def mark_qualified(batch: S.BatchRun, params: Params, version: str, method: str, licensing) -> None:
-    """Tag the promoted version with what promised it (`licensing`: unlearning/records.py Licensing): "qualified,
+    """Tag the promoted version with what promised it (`licensing`: unlearning/batch/records.py Licensing): "qualified,
     not audited" (the licensed method passed the cheap checks), or exact retrain (exact by construction, nothing
     to audit)."""
     row = licensing.license.row.row_id if licensing.license.row else None

@@ -1,4 +1,4 @@
-"""One candidate of the plan, run and certified the way its step says (unlearning/plan.py):
+"""One candidate of the plan, run and certified the way its step says (unlearning/planning/plan.py):
 
 - `exact`: one retrain on the retain rows, checked against the original's accuracy (no references);
 - `absolute`: the method on the production model, judged by absolute bounds and the original (suppression);
@@ -17,12 +17,12 @@ import torch
 from tasks.batch import unlearn_and_validate
 from tasks.references import ReferencePool, ReferenceTraining
 from tasks.reporting import run_logger
-from unlearning.acceptance import CandidateOutcome, Measurement, measure_logits, outcome_of, reference_free_outcome
-from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
+from unlearning.certificate.acceptance import CandidateOutcome, Measurement, measure_logits, outcome_of, reference_free_outcome
+from unlearning.batch.rows import BatchRows, sampled_for_certificate, unlearn_context
 from unlearning.config import EXACT_RETRAIN, CertificateKind, Gate, Params, method_traits
 from unlearning.methods import run_method
 from unlearning.models import Ensemble, predict_logits
-from unlearning.plan import Plan, Step
+from unlearning.planning.plan import Plan, Step
 from unlearning.progress import Progress
 from unlearning.seeds import method_seed, reference_seeds
 from unlearning.sequential import Criterion, Look, LookSpec, run_looks

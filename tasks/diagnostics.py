@@ -9,7 +9,7 @@ from prefect import task
 
 from adapters import plots
 from adapters.clock import computes
-from unlearning.batch import retain_rows, validation_rows
+from unlearning.batch.rows import retain_rows, validation_rows
 from unlearning.config import Diagnostics
 from unlearning.data.store import Prepared
 from unlearning.leverage import LeverageReport, compute_diagnostics

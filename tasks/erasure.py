@@ -36,10 +36,10 @@ from tasks.stores.requests import kept_request_files, redact_request_files  # no
 from tasks.stores.tracking import versions_to_keep  # noqa: F401  (tasks/inbox_ops.py)
 from unlearning.config import Params
 from unlearning.data import load_prepared
-from unlearning.erasure import (  # noqa: F401  (read_tombstones: tasks/inbox_ops.py)
+from unlearning.privacy.erasure import (  # noqa: F401  (read_tombstones: tasks/inbox_ops.py)
     Finding, UnknownBatch, add_tombstones, id_key, is_erased, keyed_forms, read_tombstones, salted_digests,
 )
-from unlearning.erasure_journal import Journal, journal_dir, unfinished
+from unlearning.privacy.erasure_journal import Journal, journal_dir, unfinished
 from unlearning.io import StateCorrupt, atomic_write_json, fault, read_json_file
 
 _redact_request_files = redact_request_files  # the name tests and older callers use
@@ -101,7 +101,7 @@ def _open_journal(params: Params, batch_id: str, new_keys: list[str], n_ids: int
                   champion_version, run_id: str | None, prepared) -> tuple[Journal, dict]:
     """(the batch's journal, its erasure report so far): the journal of an erase a kill stopped (taken up again),
     or a new one, written before anything is purged, with the salted digests of the rows taken while the prepared
-    store still holds them (unlearning/erasure_journal.py)."""
+    store still holds them (unlearning/privacy/erasure_journal.py)."""
     path = journal_dir(params.path("state_dir"))
     report_path = reports_dir(params) / f"{batch_id}.json"
     old = read_json_file(report_path) if report_path.exists() else {}
@@ -199,7 +199,7 @@ def resume_unfinished(params: Params, tracker=None, champion_version: str | None
     journals = unfinished(params.path("state_dir"))
     if not journals:
         return []
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     salt = id_salt(params)
     return [erase(params, j.batch_id, None, salt, champion_version, tracker, j.run_id) for j in journals]
@@ -211,7 +211,7 @@ def erase_pending(params: Params, tracker=None, champion_version: str | None = N
     the caller took them up already), ledger ids not
     yet tombstoned (a kill between the batch's commit and its erasure), reports marked pending (a `dvc repro`
     pass of an older version, without a journal), tombstoned rows still in the prepared store."""
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
     try:
         load_prepared(params.path("prepared_dir"))  # nothing prepared yet: nothing to erase
@@ -225,7 +225,7 @@ def erase_pending(params: Params, tracker=None, champion_version: str | None = N
     journaled = {j.batch_id for j in unfinished(params.path("state_dir"))}
     ledger = read_ledger(params.path("state_dir") / "ledger.jsonl")
     missing = sorted({str(e["sample_id"]) for e in ledger} - read_tombstones(params.path("tombstones")))
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     salt = id_salt(params)
     if missing:  # killed after the commit, before the erasure
@@ -310,7 +310,7 @@ def _verified(store, scope: Scope) -> list[Finding]:
 
 
 def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
     every = read_ledger(params.path("state_dir") / "ledger.jsonl")
     ledger = [e for e in every if batch is None or e["batch_id"] == batch]
@@ -329,7 +329,7 @@ def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
     # a batch whose rows a later pass erased under another name ("recovered") has no report of its own
     reports = [r for r in every_report if batch is None or r.get("batch_id") == batch] or every_report
     prepared = _prepared_or_none(params)
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     salt = id_salt(params)
     key = id_key(params.deletion.hash_sample_ids, salt)

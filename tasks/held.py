@@ -96,7 +96,7 @@ def mark_run_held(batch, error: BaseException) -> None:
     """The held batch's MLflow run: tagged for review, with the drops (`drop/<split>`, of the last candidate: the
     exact retrain), its accuracy per split as a figure and what failed (`held_for_review.json`). The error carries
     the batch and its run, and the accuracy changes, for the held report."""
-    from unlearning.quality import accuracy_change_lines, accuracy_changes
+    from unlearning.batch.quality import accuracy_change_lines, accuracy_changes
 
     error.batch_id, error.run_id = batch.batch_id, batch.parent
     outcome = getattr(batch, "last_outcome", None)
@@ -148,7 +148,7 @@ def record_approval(tracker, params, path: Path, result) -> dict:
     `held_report.json`; a line in its description), the held run says where it went (`approved_in`), the champion's
     version says whether it still serves held rows, and the held report goes (the file itself moves to
     requests/processed/ after this). Returns the held report."""
-    from unlearning.batch_summary import approval_line
+    from unlearning.batch.summary import approval_line
 
     report_file = report_path(path)
     try:

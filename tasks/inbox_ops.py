@@ -15,7 +15,7 @@ from tasks.state import stale_unbatched_state
 from unlearning.config import Params
 from unlearning.io import atomic_write_bytes, move_unique, read_json_file
 from unlearning.requests import file_sha256
-from unlearning.salt import id_salt
+from unlearning.privacy.salt import id_salt
 
 
 def reconcile_if_started(params: Params, resume: bool = True) -> list[str]:
@@ -29,8 +29,8 @@ def reconcile_if_started(params: Params, resume: bool = True) -> list[str]:
 def resume_erasure(params: Params) -> list[str]:
     """Every entry point's first step, under the batch lock (the deletion flow: `unlearn run`, the DVC stage, the
     deployments; `unlearn erase`): an erase a kill stopped between two stores is finished where its journal says
-    (unlearning/erasure_journal.py), before the state is read. Returns what it did, one line each."""
-    from unlearning.erasure_journal import has_unfinished
+    (unlearning/privacy/erasure_journal.py), before the state is read. Returns what it did, one line each."""
+    from unlearning.privacy.erasure_journal import has_unfinished
 
     if not has_unfinished(params.path("state_dir")):
         return []
@@ -41,7 +41,7 @@ def resume_erasure(params: Params) -> list[str]:
 
 def _resume(params: Params, tracker, version) -> list[str]:
     from tasks.erasure import resume_unfinished
-    from unlearning.erasure_journal import unfinished
+    from unlearning.privacy.erasure_journal import unfinished
 
     # a journal with stores left pending is an erase `dvc repro` deferred on purpose (DVC held them), not a kill
     deferred = {j.batch_id for j in unfinished(params.path("state_dir")) if j.pending}
@@ -81,7 +81,7 @@ def processed(path: Path, params: Params) -> Path:
 
 def _expire_request_files(params: Params) -> list[str]:
     from tasks.stores.requests import expire_request_files
-    from unlearning.erasure import id_key
+    from unlearning.privacy.erasure import id_key
 
     if not params.deletion.hash_sample_ids or not params.erasure.request_file_days():
         return []
@@ -97,7 +97,7 @@ def redact_erased_ids(params: Params, files: list[Path] | None = None) -> list[s
     if not params.deletion.hash_sample_ids:
         return []
     from tasks.stores.requests import kept_request_files, rewrite
-    from unlearning.erasure import id_key, read_tombstones
+    from unlearning.privacy.erasure import id_key, read_tombstones
     from unlearning.requests import redacted_request_bytes
 
     tombstones = read_tombstones(params.path("tombstones"))
@@ -117,7 +117,7 @@ def redact_erased_ids(params: Params, files: list[Path] | None = None) -> list[s
 
 
 def _keyed_request_bytes(path: Path, params: Params) -> bytes | None:
-    from unlearning.erasure import id_key
+    from unlearning.privacy.erasure import id_key
     from unlearning.requests import redacted_request_bytes
 
     return redacted_request_bytes(path, id_key(True, id_salt(params)))

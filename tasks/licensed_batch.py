@@ -27,9 +27,9 @@ from tasks.licensing import (
 from tasks.id_key import IdKey
 from tasks.memorization_map import save_map
 from tasks.reporting import markdown_artifact, run_logger
-from unlearning.batch import retained_train_rows, sampled_for_certificate, validation_rows
+from unlearning.batch.rows import retained_train_rows, sampled_for_certificate, validation_rows
 from unlearning.config import LICENSED_INACTION, Gate, Params
-from unlearning.licensing import lowered
+from unlearning.licensing.decision import lowered
 
 if TYPE_CHECKING:
     from tasks.references import ReferenceTraining
@@ -63,9 +63,9 @@ def audit_licence(batch, training: ReferenceTraining, gate: Gate, state, forget_
     from tasks.certify import Evaluator
     from tasks.planning import workers_of
     from tasks.references import ReferencePool
-    from unlearning.batch import batch_rows
+    from unlearning.batch.rows import batch_rows
     from unlearning.config import Partition
-    from unlearning.plan import CPU_CHUNK
+    from unlearning.planning.plan import CPU_CHUNK
 
     table = partition_retain(Partition(mode="group"), state.prepared, state.manifest, forget_ids, state.model)
     rows = batch_rows(state.prepared, state.manifest, forget_ids, table)
@@ -85,7 +85,7 @@ def apply_licensed(batch, params: Params, state, requests, objective: str, licen
     lowered and saved; the flow goes on to the exact retrain)."""
     from tasks.batch_path import erase_batch
     from tasks.references import ReferenceTraining
-    from unlearning.records import BatchResult
+    from unlearning.batch.records import BatchResult
 
     forget_ids = forget_of(requests)
     log = run_logger()
@@ -128,9 +128,9 @@ def record_licensed(batch, params: Params, state, requests, objective: str, lice
     marked deleted, a ledger entry per request with its row's map epsilon, the cut, the budget and "model
     unchanged (licensed)", a history point (the debt counts it)."""
     from tasks.stages import commit_state, ledger_entries, marked_deleted
-    from unlearning.history import history_point
-    from unlearning.ledger import appended
-    from unlearning.salt import id_salt
+    from unlearning.policy.history import history_point
+    from unlearning.privacy.ledger import appended
+    from unlearning.privacy.salt import id_salt
 
     version = state.champion.get("model_version")
     stamp = now()
@@ -183,8 +183,8 @@ def finish_licensed(batch, ids: IdKey, audit_probability: float, licence: Licenc
     `audit_probability`: licensing.audit.probability (said when no audit was drawn)."""
     from adapters import plots
     from tasks.stages import publish_summary, wall_seconds
-    from unlearning.history import HISTORY_METRICS
-    from unlearning.records import Selection
+    from unlearning.policy.history import HISTORY_METRICS
+    from unlearning.batch.records import Selection
 
     t, d = batch.tracker, licence.decision
     wall = wall_seconds(batch)

@@ -3,7 +3,7 @@ request leaves the model unchanged, and the audit that checks a sample of licenc
 
 - `licence_batch` (the flow's first step after the request is split, flows/deletion_batch.py): the model
   version's memorization map (tasks/memorization_map.py: reused, or built where the planner finds it affordable),
-  then the request's decision (`request_decision`: unlearning/licensing.py decide, with the retraining debt and
+  then the request's decision (`request_decision`: unlearning/licensing/decision.py decide, with the retraining debt and
   the registry's reasons): every row under the cut for its size, not a class, not a cluster, within the debt.
   Logged on the batch run either way (`licence.json`, tag `licensing`). tasks/licensed_batch.py applies a licence.
 - `audit` is the one call of the certificate on this path (and in bench/stream.py): the core's sequential loop
@@ -25,11 +25,11 @@ from tasks.memorization_map import (
     MapRecord, MapSettings, epsilon_gate, map_for_state, map_plan, save_map, stored_map,
 )
 from tasks.reporting import run_logger
-from unlearning import metric_keys as K
-from unlearning.batch import BatchRows, retained_train_rows, validation_rows
+from unlearning.certificate import metric_keys as K
+from unlearning.batch.rows import BatchRows, retained_train_rows, validation_rows
 from unlearning.config import LICENSED_INACTION, Debt, Licensing, Params
-from unlearning.history import LICENSED
-from unlearning.licensing import Guards, LicenceDecision, adjacent_share, decide, nearest_rows
+from unlearning.policy.history import LICENSED
+from unlearning.licensing.decision import Guards, LicenceDecision, adjacent_share, decide, nearest_rows
 from unlearning.sequential import Criterion, References, certify_logits
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def audit(candidate_logits, shadow_logits, oracle_logits, labels, splits, gate, 
     retrains without the request's rows; splits [n]: forget/adjacent/remote/validation."""
     t0 = time.perf_counter()
     g = epsilon_gate(gate)
-    from unlearning.plan import sequential_step
+    from unlearning.planning.plan import sequential_step
 
     step = sequential_step(LICENSED_INACTION, validation, g, 1.0)
     splits = np.asarray(splits)
@@ -133,8 +133,8 @@ def applies(lic: Licensing, state, objective: str) -> str | None:
 
 
 def licensing_debt_rows(ledger: list[dict]) -> int:
-    """Rows licensed since the last exact retrain (unlearning/history.py retraining_debt)."""
-    from unlearning.history import retraining_debt
+    """Rows licensed since the last exact retrain (unlearning/policy/history.py retraining_debt)."""
+    from unlearning.policy.history import retraining_debt
 
     return int(retraining_debt(ledger, 1)["licensed_since_retrain"])
 
@@ -177,7 +177,7 @@ def registry_reasons(params: Params, state, forget_ids: list[str]) -> list[str]:
 # The whole params, for `registry_reasons` alone (its comment).
 def request_decision(params: Params, state, record: MapRecord | None, forget_ids: list[str], device: str = "cpu"
                      ) -> LicenceDecision:
-    """The licence of `forget_ids` on this state (unlearning/licensing.py decide), with the registry's reasons."""
+    """The licence of `forget_ids` on this state (unlearning/licensing/decision.py decide), with the registry's reasons."""
     prepared, lic = state.prepared, params.licensing
     train = retained_train_rows(state.manifest)
     pos = prepared.rows(forget_ids)
@@ -193,9 +193,9 @@ def request_decision(params: Params, state, record: MapRecord | None, forget_ids
 
 
 def debt_due(d: Debt, state, n_rows: int) -> list[str]:
-    """deletion.debt's reasons (unlearning/history.py): past either bound a batch is exact retrain alone, a
+    """deletion.debt's reasons (unlearning/policy/history.py): past either bound a batch is exact retrain alone, a
     licensed one too."""
-    from unlearning.history import debt_reasons, n_original_train, retraining_debt
+    from unlearning.policy.history import debt_reasons, n_original_train, retraining_debt
 
     debt = retraining_debt(state.ledger, n_original_train(state.manifest, state.ledger))
     return debt_reasons(debt, n_rows, d.max_forgotten_fraction, d.max_batches_since_retrain)

@@ -1,7 +1,7 @@
 """`unlearn lookup ID`: was this sample id erased, when and by which batch? (docs/erasure.md, "Looking an id up").
 
 With deletion.hash_sample_ids (the default) no store names an erased id in plain text: the answer is found by
-hashing ID with the project's secret salt (unlearning/salt.py) and searching the ledger (the live one and those
+hashing ID with the project's secret salt (unlearning/privacy/salt.py) and searching the ledger (the live one and those
 `unlearn reset` archived), the tombstones, the live manifest and the inbox. Without the salt nothing can be
 matched: the lookup says so (SaltLost) instead of answering "never seen". Reads only; no torch, no Prefect."""
 
@@ -19,7 +19,7 @@ NEVER_SEEN = "never seen"  # in no ledger, tombstone, inbox file or the dataset
 
 def _ledgers(params) -> list[tuple[Path, list[dict]]]:
     """(file, entries) of the live ledger, then of every ledger `unlearn reset` archived (oldest first)."""
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
     state_dir = params.path("state_dir")
     files = [state_dir / "ledger.jsonl"]
@@ -71,10 +71,10 @@ def lookup(params, sample_id: str) -> dict:
     """What the project knows of `sample_id`: {"status": one of the answers above, "sample_id", "hashed", "key",
     "entries": the ledger records (batch_id, request_id, request_file, processed_at, kind, method, verdict,
     model_version_after, ledger file), "tombstoned", "erasure_pending", "inbox_files", "split", "message"}.
-    Raises unlearning.salt.SaltLost when ids are hashed and the salt is gone."""
-    from unlearning.erasure import read_tombstones
-    from unlearning.ledger import ERASED_NOT_TRAINED_ON, hash_sample_id
-    from unlearning.salt import project_salt
+    Raises unlearning.privacy.salt.SaltLost when ids are hashed and the salt is gone."""
+    from unlearning.privacy.erasure import read_tombstones
+    from unlearning.privacy.ledger import ERASED_NOT_TRAINED_ON, hash_sample_id
+    from unlearning.privacy.salt import project_salt
 
     hashed = params.deletion.hash_sample_ids
     tombstones = read_tombstones(params.path("tombstones"))

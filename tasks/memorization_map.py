@@ -3,7 +3,7 @@ kept beside the model's state under hashed ids, reused while nothing it depends 
 
 - **Built** by `build_map`: N members of the model's architecture on complementary random halves of the retained
   training rows, trained with the recipe as one vectorized ensemble (in chunks), their margins read per row
-  (unlearning/memorization.py). The members are dropped once read: no model trained on any row is kept, only
+  (unlearning/licensing/memorization.py). The members are dropped once read: no model trained on any row is kept, only
   each row's epsilon, its bounds, its Gaussian separation and the model's training loss.
 - **Sized** by `map_plan`: `licensing.map.members`, or the most members (min_members..max_members) whose
   training costs at most `licensing.map.max_retrains` retrains of the model by the planner's probe
@@ -17,7 +17,7 @@ kept beside the model's state under hashed ids, reused while nothing it depends 
   past that debt the next batch builds a new one, unless the last one did not pay for itself: it licensed fewer
   requests than it cost retrains (`map_paid`), and licensing does not pay on this data.
 - **Its cuts** (`fit_map_cuts`): fitted on the map's rows when it is built, before any request, for the gate's
-  budget and the audit's references and confidence (unlearning/licensing.py); refitted (no training) when those
+  budget and the audit's references and confidence (unlearning/licensing/decision.py); refitted (no training) when those
   settings change; lowered and saved again by a failed audit.
 - **Stored** at <cache_dir>/memorization/map.json: ids as the ledger keys them (salted hashes), written to a
   temporary file and renamed. The erasure's "memorization map" store drops erased ids from it.
@@ -40,16 +40,16 @@ import torch
 from tasks.id_key import IdKey
 from tasks.reporting import run_logger
 from tasks.training import build, model_spec
-from unlearning.batch import retained_train_rows
+from unlearning.batch.rows import retained_train_rows
 from unlearning.config import Gate, Licensing, Params, ProjectPaths, Train, Validation
 from unlearning.io import atomic_write_json
-from unlearning.licensing import (
+from unlearning.licensing.decision import (
     Cuts, audit_operating_characteristic, debiased_mu, fail_probability, fit_cuts, map_paid, operating_grid,
 )
-from unlearning.memorization import MemorizationMap, affordable_members, half_splits, member_rows, memorization_map
+from unlearning.licensing.memorization import MemorizationMap, affordable_members, half_splits, member_rows, memorization_map
 from unlearning.models import fit, predict_logits
 from unlearning.models.training import recipe_from
-from unlearning.plan import CPU_CHUNK, sequential_step
+from unlearning.planning.plan import CPU_CHUNK, sequential_step
 from unlearning.seeds import role_seeds
 
 FORMAT = "memorization-map/1"
@@ -104,7 +104,7 @@ class MapPlan:
 
 
 def map_plan(cfg: MapSettings, timing, n_rows: int) -> MapPlan:
-    """The map's size and cost (module docstring) from the probe's `timing` (unlearning/plan.py Timing): a chunk
+    """The map's size and cost (module docstring) from the probe's `timing` (unlearning/planning/plan.py Timing): a chunk
     of k members on half the rows costs the curve's k-member step times half the retrain's steps."""
     m = cfg.licensing.map
     half_steps = cfg.train.epochs * math.ceil((n_rows // 2) / cfg.train.batch_size)
@@ -154,7 +154,7 @@ def audit_confidence(v: Validation, gate: Gate) -> float:
 
 
 def audit_step(v: Validation, gate: Gate):
-    """The sequential step an audit of the licensed model runs (unlearning/plan.py), under gate.criterion epsilon."""
+    """The sequential step an audit of the licensed model runs (unlearning/planning/plan.py), under gate.criterion epsilon."""
     from unlearning.config import LICENSED_INACTION
 
     return sequential_step(LICENSED_INACTION, v, epsilon_gate(gate), 1.0)
@@ -302,7 +302,7 @@ def map_from_tensors(make, model, X: torch.Tensor, y: torch.Tensor, train_recipe
 
 
 def operating_characteristic(cfg: MapSettings) -> tuple[np.ndarray, np.ndarray, float]:
-    """(mu grid, f(mu), seconds) of the audit's gate (unlearning/licensing.py), cached on disk per gate setting:
+    """(mu grid, f(mu), seconds) of the audit's gate (unlearning/licensing/decision.py), cached on disk per gate setting:
     it depends on the gate and the audit's size only, not on the data."""
     k = cut_key(cfg)
     key = {x: k[x] for x in ("budget", "delta", "estimator", "n_bootstrap", "references", "confidence")}
@@ -331,14 +331,14 @@ def null_row_failure(cfg: MapSettings, sims: int = 200) -> float:
 
 
 def calibration_fail_probability(cfg: MapSettings, m: MemorizationMap) -> tuple[np.ndarray, float]:
-    """Each map row's chance of failing an audit: f at its debiased separation (unlearning/licensing.py)."""
+    """Each map row's chance of failing an audit: f at its debiased separation (unlearning/licensing/decision.py)."""
     grid, f, seconds = operating_characteristic(cfg)
     half = m.n_members // 2
     return fail_probability(debiased_mu(m.mu, half, half), grid, f), seconds
 
 
 def cuts_for(cfg: MapSettings, m: MemorizationMap) -> Cuts:
-    """The cuts of map `m` for the current settings, fitted on its rows (unlearning/licensing.py fit_cuts)."""
+    """The cuts of map `m` for the current settings, fitted on its rows (unlearning/licensing/decision.py fit_cuts)."""
     p, _ = calibration_fail_probability(cfg, m)
     lic = cfg.licensing
     cap = cfg.gate.epsilon.max if lic.score != "loss" else None  # an epsilon score: a row's bound within the budget

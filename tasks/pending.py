@@ -30,8 +30,8 @@ def read_audits(params: Params) -> list[dict]:
 
 def tombstoned_rows(params: Params, prepared, tombstones: set[str] | None = None):
     """[n] bool: the prepared store's rows whose id is tombstoned (read from data/tombstones.txt unless given)."""
-    from unlearning.erasure import is_erased, read_tombstones
-    from unlearning.salt import id_salt
+    from unlearning.privacy.erasure import is_erased, read_tombstones
+    from unlearning.privacy.salt import id_salt
 
     if tombstones is None:
         tombstones = read_tombstones(params.path("tombstones"))
@@ -43,14 +43,14 @@ def pending_erasures(params: Params) -> list[str]:
     """What `unlearn erase` would finish, one line each ([] when nothing is pending): reports marked pending (a
     batch inside `dvc repro`), ledger ids not yet tombstoned (a batch killed between its commit and its erasure),
     tombstoned rows still in the prepared store; first, every erase its journal records as unfinished (a kill
-    between two stores, or a `dvc repro` pass: unlearning/erasure_journal.py). Reads no model: `unlearn status`
+    between two stores, or a `dvc repro` pass: unlearning/privacy/erasure_journal.py). Reads no model: `unlearn status`
     calls it."""
     from unlearning.data import load_prepared
-    from unlearning.erasure import read_tombstones
+    from unlearning.privacy.erasure import read_tombstones
     from unlearning.io import read_json_file
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
-    from unlearning.erasure_journal import unfinished
+    from unlearning.privacy.erasure_journal import unfinished
 
     journals = unfinished(params.path("state_dir"))
     out = [f"unfinished erase: {j.describe()}" for j in journals]

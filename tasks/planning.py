@@ -1,8 +1,8 @@
-"""The measurements the planner needs (unlearning/plan.py), taken on this model on this device, and the plan
+"""The measurements the planner needs (unlearning/planning/plan.py), taken on this model on this device, and the plan
 itself for a batch: a short timing probe and the memory footprint (parameters, activations per row, data, the
 process; on CUDA the peak device memory of the probe's chunks).
 
-The probe (docs/design.md §4.6, docs/gpu.md; unlearning/costs.py) times training steps of chunks of 1, an
+The probe (docs/design.md §4.6, docs/gpu.md; unlearning/planning/costs.py) times training steps of chunks of 1, an
 intermediate number and the planned number of members on a sample of the retain rows: each size's first step
 is a warm-up, the median of the others counts, and their spread is reported. It times each approximate
 candidate method once, on the original and a sample of the batch's rows, and carries the seconds to the batch's
@@ -27,16 +27,16 @@ import numpy as np
 import torch
 
 from tasks.training import build, model_spec
-from unlearning.batch import BatchRows, sampled_for_certificate, unlearn_context
+from unlearning.batch.rows import BatchRows, sampled_for_certificate, unlearn_context
 from unlearning.config import Gate, Params, ProjectPaths, Train, Validation, method_traits
-from unlearning.costs import (PROBE_MIN_STEPS, CostCurve, DeviceMemory, ProbeConditions, method_retrains, probe_sizes,
+from unlearning.planning.costs import (PROBE_MIN_STEPS, CostCurve, DeviceMemory, ProbeConditions, method_retrains, probe_sizes,
                               steady_curve)
 from unlearning.io import atomic_write_json
 from unlearning.models import predict_logits
 from unlearning.models.training import recipe_from
-from unlearning.records import Selection
-from unlearning.plan import CPU_CHUNK, Footprint, Plan, Timing, plan_batch
-from unlearning.probe import (ConditionsMeter, StepTimer, activation_floats_per_row, curve_within_memory,  # noqa: F401
+from unlearning.batch.records import Selection
+from unlearning.planning.plan import CPU_CHUNK, Footprint, Plan, Timing, plan_batch
+from unlearning.planning.probe import (ConditionsMeter, StepTimer, activation_floats_per_row, curve_within_memory,  # noqa: F401
                                load_per_cpu)
 from unlearning.seeds import method_seed, role_seeds
 
@@ -271,7 +271,7 @@ def workers_of(v: Validation, device: str = "cpu") -> int:
 def batch_plan(validation: Validation, gate: Gate, weigh_cost: bool, selection, objective: str,
                timing: Timing | None, footprint: Footprint | None, diagnostics_seconds: float = 0.0,
                sisa_cost: float | None = None, device: str = "cpu") -> Plan:
-    """The plan for a batch's selection (unlearning/records.py Selection: its candidates, and whether
+    """The plan for a batch's selection (unlearning/batch/records.py Selection: its candidates, and whether
     deletion.method named one, which the cost rule honours); `weigh_cost`: deletion.weigh_cost; `sisa_cost`: the
     share of a retrain `sisa` costs for this batch (tasks/sharding.py sisa_share; None: not sharded); `device`: where
     the references train (on CUDA the chunks are sized by its memory)."""
@@ -302,16 +302,16 @@ def reference_chunk(training: ReferenceTraining, prepared, device: str) -> int:
     return planned_probe_chunk(v, device, fp, mem)
 
 
-# --- the batch's phases, predicted (unlearning/overhead.py: the same phases its plan-vs-actual line measures) ------
+# --- the batch's phases, predicted (unlearning/planning/overhead.py: the same phases its plan-vs-actual line measures) ------
 def phase_history(paths: ProjectPaths):
     """The project's history of measured batch phases: cache/costs/phases.jsonl (seconds only)."""
-    from unlearning.overhead import History
+    from unlearning.planning.overhead import History
 
     return History(paths.path("cache_dir") / "costs" / "phases.jsonl")
 
 
 def model_phases(plan: Plan) -> dict[str, float]:
-    """The plan's seconds of the phases that grow with the model (unlearning/overhead.py MODEL_PHASES): its
+    """The plan's seconds of the phases that grow with the model (unlearning/planning/overhead.py MODEL_PHASES): its
     diagnostics, its references, and its first candidate's run and certificate."""
     ps = plan.predicted_seconds
     return {"diagnostics": ps.get("diagnostics", 0.0), "references": ps.get("references", 0.0),
@@ -322,7 +322,7 @@ def predicted_phases(paths: ProjectPaths, plan: Plan, timing: Timing | None) -> 
     """(seconds per phase, (low, high) per phase, one line) of a batch following `plan`: the model phases from the
     plan's probe (diagnostics, references, the candidates' training and certificate), the others from this
     project's past batches; the range from the probe's rounds and the history's spread."""
-    from unlearning.overhead import predict, predicted_line
+    from unlearning.planning.overhead import predict, predicted_line
 
     fixed, ranges, source = phase_history(paths).fixed()
     point, spans = predict(model_phases(plan), fixed, ranges, timing.range if timing is not None else (1.0, 1.0))

@@ -1,5 +1,5 @@
 """The qualify stage's work: the oracle certificate of every method of `qualify.methods` on every forget set of
-the suite (unlearning/qualification.py), for the trained original (docs/certificate.md, "Two modes").
+the suite (unlearning/certificate/qualification.py), for the trained original (docs/certificate.md, "Two modes").
 
 Each set runs exactly as a per-batch certificate does (tasks/certify.py `sequential`, its looks and gate), with
 the leverage diagnostics computed for the set. The reference pool is the first batch's (batch index 0): its
@@ -25,14 +25,14 @@ from tasks.planning import ProbeInputs, reference_chunk, workers_of
 from tasks.references import ReferencePool
 from tasks.reporting import run_logger
 from tasks.state import State, current_fingerprint, initial_state_manifest, original_path
-from unlearning.batch import batch_rows, eval_logits, retained_train_rows, sampled_for_certificate, validation_rows
+from unlearning.batch.rows import batch_rows, eval_logits, retained_train_rows, sampled_for_certificate, validation_rows
 from unlearning.config import Debt, Params, ProjectPaths, Validation
 from unlearning.data import load_prepared
 from unlearning.models import load_model
-from unlearning.plan import sequential_step
-from unlearning.qualification import (SUITE_STREAM, Qualification, Trial, bin_deficits, draw_suite,
+from unlearning.planning.plan import sequential_step
+from unlearning.certificate.qualification import (SUITE_STREAM, Qualification, Trial, bin_deficits, draw_suite,
                                      draw_window_set, gap_in_noise_units, rank_position, window_for)
-from unlearning.selection import noise_floor
+from unlearning.policy.selection import noise_floor
 
 FILE = "qualification.json"
 
@@ -40,7 +40,7 @@ FILE = "qualification.json"
 def fill_bins(q, observed: list[tuple[float, float]], D: np.ndarray, score: np.ndarray, seed: int,
               certify_set) -> list[str]:
     """Draw sets (qualify.extra_set_size rows from a window of the self-leverage ranking, aimed at the lowest bin
-    still short: unlearning/qualification.py window_for) until every bin of predicted gap holds
+    still short: unlearning/certificate/qualification.py window_for) until every bin of predicted gap holds
     qualify.min_sets_per_bin sets, or qualify.max_extra_sets are spent; a bin aimed at three times without
     gaining a set is given up. `observed`: (ranking position, gap) per set so far, extended in place.
     -> the bins left short, in words."""
@@ -66,7 +66,7 @@ def qualification_path(paths: ProjectPaths) -> Path:
 
 
 # The qualify flow's state, from the whole params: the original's fingerprint is of the params (the recipe, the
-# seed, the model: unlearning/fingerprint.py, whole by design), checked as tasks/state.py checks it.
+# seed, the model: unlearning/privacy/fingerprint.py, whole by design), checked as tasks/state.py checks it.
 def original_state(params: Params, device: str) -> State:
     """The trained original and the prepared data, as the first batch sees them."""
     from tasks.state import check_original, _checkpoint
@@ -165,7 +165,7 @@ def method_costs(inputs: ProbeInputs, state: State, rows, device: str, methods: 
     first run, which pays torch's and the method's first-call costs, is left out: it is logged as the cold
     figure). Logged; the license reads the methods cheapest first by it."""
     from tasks.planning import _probe_positions, method_work, probe, rows_sizes, time_method, timed_methods
-    from unlearning.costs import method_retrains, sig
+    from unlearning.planning.costs import method_retrains, sig
     from unlearning.models.training import intra_op_threads
 
     timing, _ = probe(inputs, state, rows, device)
@@ -226,8 +226,8 @@ def license_for_batch(v: Validation, debt_cfg: Debt, paths: ProjectPaths, state,
     """-> (License, the batch's predicted gap in noise units, the qualification, the retraining debt): the
     licensing rule (validation `v`: qualified_min_pass, qualified_bound) over the stored table, overridden by the
     retraining debt (deletion.debt `debt_cfg`) as per_batch's selection is."""
-    from unlearning.history import debt_reasons, retraining_debt
-    from unlearning.qualification import EXACT, License, license_method, licenses_any
+    from unlearning.policy.history import debt_reasons, retraining_debt
+    from unlearning.certificate.qualification import EXACT, License, license_method, licenses_any
 
     q = with_audits(require_qualification(paths, state), read_audits(paths))
     gap = gap_in_noise_units(report.predicted_gap_forget, q.noise) if report is not None else float("nan")
@@ -248,8 +248,8 @@ def license_for_batch(v: Validation, debt_cfg: Debt, paths: ProjectPaths, state,
 
 def diagnostics_decide(v: Validation, paths: ProjectPaths, state) -> bool:
     """Whether a qualified batch's diagnostics can change its method: only when the stored qualification (with
-    its audits) licenses some method at some predicted gap (unlearning/qualification.py licenses_any)."""
-    from unlearning.qualification import licenses_any
+    its audits) licenses some method at some predicted gap (unlearning/certificate/qualification.py licenses_any)."""
+    from unlearning.certificate.qualification import licenses_any
 
     q = with_audits(require_qualification(paths, state), read_audits(paths))
     return licenses_any(q.table, q.methods, v.qualified_min_pass, v.qualified_bound)

@@ -10,8 +10,8 @@ from dataclasses import replace
 import torch
 
 from tasks.references import ReferenceTraining
-from unlearning.acceptance import CandidateOutcome, reference_free_outcome, split_records_of
-from unlearning.batch import BatchRows, unlearn_context
+from unlearning.certificate.acceptance import CandidateOutcome, reference_free_outcome, split_records_of
+from unlearning.batch.rows import BatchRows, unlearn_context
 from unlearning.config import Gate
 from unlearning.methods import run_method
 from unlearning.seeds import method_seed
@@ -20,9 +20,9 @@ from unlearning.seeds import method_seed
 def qualified_outcome(method: str, args: dict, training: ReferenceTraining, gate: Gate, state, rows: BatchRows,
                       device: str, objective: str, ev) -> CandidateOutcome:
     """A method the model's qualification licensed (validation.mode qualified), on the production model alone,
-    with the cheap checks (unlearning/qualification.py cheap_checks): accuracy per split against the original's,
+    with the cheap checks (unlearning/certificate/qualification.py cheap_checks): accuracy per split against the original's,
     and the membership test of the forget rows against the validation rows. No reference model."""
-    from unlearning.qualification import cheap_checks, largest_class_share, membership_test
+    from unlearning.certificate.qualification import cheap_checks, largest_class_share, membership_test
     from unlearning.sequential import permutations_for
 
     t0 = time.perf_counter()

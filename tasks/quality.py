@@ -1,4 +1,4 @@
-"""Say out loud what a promoted batch cost the model (unlearning/quality.py computes it; docs/design.md §4.5).
+"""Say out loud what a promoted batch cost the model (unlearning/batch/quality.py computes it; docs/design.md §4.5).
 
 `announce_quality` runs between choosing the batch's outcome and promoting it: each warning goes to the console
 (the run logger), to the batch's MLflow run (tag `quality_warnings` and `quality_warnings.json`), to a Prefect
@@ -16,7 +16,7 @@ import numpy as np
 
 from tasks.reporting import markdown_artifact, run_logger
 from unlearning.config import Params
-from unlearning.quality import (
+from unlearning.batch.quality import (
     QualityFacts, QualityWarning, accuracy_change_lines, accuracy_changes, class_counts, quality_warnings, refused,
 )
 
@@ -45,7 +45,7 @@ def oracle_spread_from_metrics(metrics: dict) -> list[float] | None:
 
 
 def quality_facts(outcome, state, rows, oracle_val_accs: Sequence[float] | None = None) -> QualityFacts:
-    """The numbers of unlearning/quality.py from a batch: the candidate's metrics (tasks/batch.py's
+    """The numbers of unlearning/batch/quality.py from a batch: the candidate's metrics (tasks/batch.py's
     CandidateOutcome), the training rows before the batch and after it (rows.before, rows.retain: positions in
     the prepared store) and the class names of the prepared store."""
     names = state.prepared.info["class_names"]
@@ -86,7 +86,7 @@ def announce_quality(batch, outcome, state, rows, params: Params,
 def report_accuracy_changes(batch, metrics: dict) -> list[str]:
     """The candidate's accuracy against the original's on the rows the batch entangles (the forgotten rows, the
     adjacent ones, the entangled validation rows) and on the validation rows it does not: reported, in the batch
-    run's metrics (`drop/<split>`), its summary and the console; only the last is gated (unlearning/gate.py)."""
+    run's metrics (`drop/<split>`), its summary and the console; only the last is gated (unlearning/certificate/gate.py)."""
     lines = accuracy_change_lines(metrics)
     if lines:
         batch.tracker.log_metrics(batch.parent, accuracy_changes(metrics))

@@ -1,4 +1,4 @@
-"""The batch's reference models, trained only as far as the plan's looks need them (unlearning/plan.py).
+"""The batch's reference models, trained only as far as the plan's looks need them (unlearning/planning/plan.py).
 
 `ReferencePool.ensure(n_shadows, n_oracles)` trains the members still missing, in chunks sized by the plan
 (memory budget, workers) and submitted as Prefect tasks to the flow's task runner (threads or Dask), each
@@ -19,11 +19,11 @@ from adapters.clock import elsewhere
 from tasks.id_key import IdKey
 from tasks.reporting import run_logger
 from tasks.training import model_spec, train_ensemble_chunk
-from unlearning.batch import BatchRows
+from unlearning.batch.rows import BatchRows
 from unlearning.config import ModelCfg, Params, ProjectPaths, Validation
 from unlearning.models import Ensemble, TrainRecipe
 from unlearning.models.training import recipe_from
-from unlearning.plan import balanced_chunks
+from unlearning.planning.plan import balanced_chunks
 from unlearning.seeds import reference_seeds
 
 

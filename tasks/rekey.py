@@ -1,7 +1,7 @@
 """The id key's migration and rotation across every store (docs/erasure.md, "Migrating from the salt", "Rotating
 the key"), and where the key can be read from (`unlearn verify-erasure`).
 
-unlearning/rekey.py re-keys the files; this module adds the stores the core cannot reach: a local MLflow store
+unlearning/privacy/rekey.py re-keys the files; this module adds the stores the core cannot reach: a local MLflow store
 (SQLite: its params, tags and descriptions), and the DVC cache and remote, which are content-addressed. There the
 old salt's copies (state/salt, which every older state carried to `dvc push`) are deleted wherever they are, and,
 with `erasure.dvc_gc`, the outputs are re-committed and garbage-collected (`dvc gc -w`, and `-c` on the remote), so
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from unlearning.config import Params, load_params
 from unlearning.io import StateCorrupt
-from unlearning.salt import KeyMigrationNeeded, key_exposure, migration_pending, project_salt, small_files
+from unlearning.privacy.salt import KeyMigrationNeeded, key_exposure, migration_pending, project_salt, small_files
 
 # Every flow and `unlearn` command imports this module (`ensure_current_key`): the stores, DVC and MLflow are
 # imported inside the functions that use them, when a re-keying is due (importing tasks.stores imports torch).
@@ -36,13 +36,13 @@ def tracking_db(params: Params) -> Path | None:
 
 
 def mlflow_preparer(params: Params):
-    """unlearning/rekey.py's `extra` for the local MLflow store: its re-keyed copy, renamed at the commit."""
+    """unlearning/privacy/rekey.py's `extra` for the local MLflow store: its re-keyed copy, renamed at the commit."""
     def prepare(rekeying) -> list[tuple[str, str]]:
         db = tracking_db(params)
         if db is None:
             return []
         from adapters.tracking import rekey_sqlite_store
-        from unlearning import rekey as core
+        from unlearning.privacy import rekey as core
 
         tmp = core.temp_of(db)
         return [(str(tmp), str(db))] if rekey_sqlite_store(db, tmp, rekeying.text) else []
@@ -113,7 +113,7 @@ def migrate(params: Params) -> dict | None:
     """The one-time migration of an older project (or the end of an interrupted re-keying), under the batch lock
     (no batch writes the ledger meanwhile); None when the key is current. Prints one line of what it did."""
     from tasks.state import batch_lock
-    from unlearning import rekey as core
+    from unlearning.privacy import rekey as core
 
     if not migration_pending(params.path):
         return None
@@ -134,7 +134,7 @@ def migrate(params: Params) -> dict | None:
 def rotate(params: Params) -> dict:
     """A new key layer for every stored id (docs/erasure.md, "Rotating the key")."""
     from tasks.state import batch_lock
-    from unlearning import rekey as core
+    from unlearning.privacy import rekey as core
 
     migrate(params)
     with batch_lock(params, LOCK_TIMEOUT):
@@ -161,8 +161,8 @@ def ensure_current_key(params: Params) -> None:
 def key_findings(params: Params) -> list:
     """Where the id key can be read from, as `unlearn verify-erasure` checks (docs/erasure.md, "Threat model"):
     the variable or the key file (fine when only this user reads it), and any copy in a shared place (a
-    problem). unlearning.erasure Findings."""
-    from unlearning.erasure import Finding
+    problem). unlearning.privacy.erasure Findings."""
+    from unlearning.privacy.erasure import Finding
 
     return [Finding("id key", place.where, {"readable_by": place.readers},
                     (f"id key: {place.problem}",) if place.problem else ())

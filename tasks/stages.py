@@ -6,7 +6,7 @@ only the reference models its certificate needs) -> promote -> erase -> report.
 Each stage takes its config slice, logs to MLflow through the one tracking module (`BatchRun.tracker`, a
 child run per stage under the batch run) and publishes a Prefect artifact that a reviewer reads on the flow
 run's page. Reference models are trained by tasks/references.py, whose chunks are Prefect tasks submitted to
-the flow's task runner (threads or Dask); the plan (unlearning/plan.py) says how many, if any.
+the flow's task runner (threads or Dask); the plan (unlearning/planning/plan.py) says how many, if any.
 """
 
 from __future__ import annotations
@@ -24,29 +24,29 @@ from prefect.cache_policies import NO_CACHE
 
 from adapters import clock, plots
 from tasks.batch import partition_retain
-from unlearning.acceptance import CandidateOutcome, accept, split_records
+from unlearning.certificate.acceptance import CandidateOutcome, accept, split_records
 from adapters.clock import computes
 from tasks.reporting import markdown_artifact, run_logger, table_artifact
 from tasks.state import State, write_state
 from adapters.store_check import store_identity
-from unlearning.batch import BatchRows, batch_rows, eval_logits
-from unlearning.batch_summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
+from unlearning.batch.rows import BatchRows, batch_rows, eval_logits
+from unlearning.batch.summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
 from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition, Train
 from unlearning.data.store import class_names_after
-from unlearning.gate import format_beside, verdict_summary
-from unlearning.resolution import can_reject, smallest_klom_pvalue
-from unlearning.history import HISTORY_METRICS, history_point
+from unlearning.certificate.gate import format_beside, verdict_summary
+from unlearning.certificate.resolution import can_reject, smallest_klom_pvalue
+from unlearning.policy.history import HISTORY_METRICS, history_point
 from unlearning.io import commit_dir, discard_dir, fault, staging_dir
-from unlearning.ledger import ERASED_NOT_TRAINED_ON, UNLEARNED, appended, hash_sample_id
+from unlearning.privacy.ledger import ERASED_NOT_TRAINED_ON, UNLEARNED, appended, hash_sample_id
 from unlearning.metrics.exchangeability import exchangeability_test
 from unlearning.metrics.margins import margins
 from unlearning.models import Ensemble
-from unlearning.partition import subset_sizes
+from unlearning.batch.partition import subset_sizes
 from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
-from unlearning.salt import id_salt
+from unlearning.privacy.salt import id_salt
 from unlearning.serving import input_example
-from unlearning.records import Promotion, Selection
-from unlearning.selection import batch_facts, selection_with_debt
+from unlearning.batch.records import Promotion, Selection
+from unlearning.policy.selection import batch_facts, selection_with_debt
 
 # A stage's inputs are models, stores and an MLflow client: its result is never cached by its inputs.
 STAGE = {"cache_policy": NO_CACHE}
@@ -60,7 +60,7 @@ class BatchRun:
     path: Path  # the request file
     batch_id: str
     device: str
-    summary: dict  # unlearning.batch_summary.summary_markdown's arguments, filled in as the batch goes
+    summary: dict  # unlearning.batch.summary.summary_markdown's arguments, filled in as the batch goes
     child: str | None = None  # the MLflow run of the stage in progress (ended FAILED if the batch fails)
     committed: bool = False  # state/ holds this batch (set by `promote`)
     seconds: dict = field(default_factory=dict)  # measured seconds per stage, beside the plan's predictions
@@ -69,7 +69,7 @@ class BatchRun:
     wall: float | None = None  # the batch's one duration, fixed when it closes (`wall_seconds`)
     last_outcome: Any = None  # the last candidate judged (`accepted`): what a held batch's review shows
     predicted: tuple | None = None  # the plan's (seconds per phase, (low, high) per phase, its model phases)
-    history: Path | None = None  # the project's phase history (unlearning/overhead.py History), set by `plan`
+    history: Path | None = None  # the project's phase history (unlearning/planning/overhead.py History), set by `plan`
 
     def open(self, name: str, tags: dict | None = None) -> str:
         self.child = self.tracker.start_run(name, self.parent, tags)
@@ -187,11 +187,11 @@ def partition(batch: BatchRun, cfg: Partition, state: State, forget_ids: list[st
 @computes
 @clock.phase("candidates")
 def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selection: Selection, objective: str):
-    """The batch's plan (unlearning/plan.py) from the selection, a short timing probe and the memory footprint:
+    """The batch's plan (unlearning/planning/plan.py) from the selection, a short timing probe and the memory footprint:
     logged (MLflow `plan.json`, a Prefect artifact, the console) before any model is trained. A plan that
     cannot fit validation.memory_mb raises PlanRefused, naming the key."""
     from tasks.planning import ProbeInputs, batch_plan, probe
-    from unlearning.plan import PlanRefused, plan_lines
+    from unlearning.planning.plan import PlanRefused, plan_lines
 
     # a batch that plans again (after the first look's noise floor) reads the first probe back from the cache
     # (tasks/planning.py), timing only the candidates it had not timed
@@ -228,10 +228,10 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
 
 
 def plan_vs_actual(batch: BatchRun, n_forget: int | None = None) -> dict[str, float]:
-    """The batch's measured seconds per phase (unlearning/overhead.py: they sum to its wall time so far) beside
+    """The batch's measured seconds per phase (unlearning/planning/overhead.py: they sum to its wall time so far) beside
     the plan's, in one line and as MLflow metrics `actual_seconds/*`; `n_forget`: an applied batch's rows, which
     adds it to the project's phase history (the next plans' fixed phases). Called when the batch closes."""
-    from unlearning.overhead import PRECEDENCE, History, account, plan_vs_actual_line
+    from unlearning.planning.overhead import PRECEDENCE, History, account, plan_vs_actual_line
 
     end = time.perf_counter()
     actual = account(batch.started, end, {k: clock.intervals(k, batch.started, end) for k in PRECEDENCE})
@@ -316,12 +316,12 @@ def warn_if_the_test_cannot_fail(gate: Gate, n_shadows: int, n_oracles: int) -> 
 
 
 # 5. select -----------------------------------------------------------------------------------------------
-FLOOR_SAMPLE_SEED = 11  # the same-size validation sample of the noise floor (unlearning/selection.py noise_floor)
+FLOOR_SAMPLE_SEED = 11  # the same-size validation sample of the noise floor (unlearning/policy/selection.py noise_floor)
 
 
 def selection_of(device: str, deletion: Deletion, epochs: int, state: State, rows: BatchRows, objective: str,
                  report, oracles: Ensemble | None, n_train: int) -> tuple[Selection, dict, list[str]]:
-    """The walk of the rules over the batch's facts (unlearning/selection.py selection_with_debt): (selection,
+    """The walk of the rules over the batch's facts (unlearning/policy/selection.py selection_with_debt): (selection,
     debt, the reasons the debt forced a retrain). `report`: the leverage diagnostics (None: not computed, the
     rules that read them are skipped); `oracles`: the references trained so far, for the noise floor."""
     logits = floor = None
@@ -429,7 +429,7 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
 
 
 def split_table(outcome: CandidateOutcome) -> list[dict]:
-    """One row per split (unlearning/acceptance.py split_records): the candidate's accuracy and the original's,
+    """One row per split (unlearning/certificate/acceptance.py split_records): the candidate's accuracy and the original's,
     the oracles' interval, KLoM P95, its floor and the p-value (with the digits that keep it on its side of the
     look's alpha: 2/201 is 0.00995, not 0.01), and whether the split passed."""
     alpha = outcome.alpha
@@ -470,7 +470,7 @@ def log_candidate_figures(tracker, run_id: str, out: CandidateOutcome, alpha: fl
 
 
 def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bool) -> bool:
-    """Whether the batch takes this candidate (the core's acceptance rule, unlearning/acceptance.py accept);
+    """Whether the batch takes this candidate (the core's acceptance rule, unlearning/certificate/acceptance.py accept);
     records the candidate's line, and tags an exact retrain promoted as a false reject of the gate."""
     line = CandidateLine(out.method, out.verdict.passed, float(out.cost.get("wall_seconds", 0.0)), out.verdict.checks)
     batch.summary["candidates"].append(line)
@@ -526,7 +526,7 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
                       description=f"promotion for {batch.path.name}")
     run_logger().info(f"{batch.path.name}: forgot {n_unlearned(requests)} sample(s) with {outcome.method}; promoted "
                       f"{registered} v{version} as @{alias} (was v{before}); ledger +{len(entries)}")
-    from unlearning.history import retraining_debt
+    from unlearning.policy.history import retraining_debt
 
     return Promotion(version, before, history, len(entries), retraining_debt(ledger_after, n_train))
 
@@ -563,7 +563,7 @@ def champion_record(batch: BatchRun, params: Params, state: State, requests: pd.
                     outcome: CandidateOutcome, rows: BatchRows, n_train: int, version: str, now: str,
                     warnings: list[str] | None) -> dict:
     """state/champion.json after this batch: the promoted version, its history point appended, the quality
-    warnings `unlearn status` shows, and what the state's first model was clean of (unlearning/erasure.py,
+    warnings `unlearn status` shows, and what the state's first model was clean of (unlearning/privacy/erasure.py,
     state_is_clean)."""
     previous = state.champion.get("history", [])
     history = [*previous, history_point(
@@ -617,7 +617,7 @@ def preparation_after_erasure(params: Params, prepared, forget_ids: list[str]) -
 
 
 def ledger_entries(requests: pd.DataFrame, batch: BatchRun, hash_ids: bool, salt: str, **fields) -> list[dict]:
-    """One ledger entry per request (unlearning/ledger.py's fields); sample ids hashed when `hash_ids`. `kind`:
+    """One ledger entry per request (unlearning/privacy/ledger.py's fields); sample ids hashed when `hash_ids`. `kind`:
     the request's (`split_by_kind`); a validation row's entry says it was erased, not trained on (no method
     unlearned it: method `none`, verdict `not_trained_on`)."""
     sha = file_sha256(batch.path)
@@ -648,7 +648,7 @@ def unlearned_mask(requests: pd.DataFrame) -> np.ndarray:
 def split_by_kind(state: State, requests: pd.DataFrame, batch_id: str) -> tuple[State, pd.DataFrame]:
     """The requests with their `kind` (a training row: unlearned; a validation row: erased, not trained on), and
     the state the batch computes on: its manifest marks the named validation rows deleted, so the batch's
-    validation metrics, its certificate and the gate use the remaining validation rows (unlearning/batch.py
+    validation metrics, its certificate and the gate use the remaining validation rows (unlearning/batch/rows.py
     validation_rows). Nothing is refused for naming a validation row (docs/requests.md)."""
     from dataclasses import replace
 

@@ -3,7 +3,7 @@
 state/model.pt, state/manifest.csv, state/ledger.jsonl, state/champion.json. A batch writes a complete
 new state into a staging folder and swaps it in at the end (all or nothing).
 
-The state is bound to what it was built from (unlearning/fingerprint.py): champion.json records the
+The state is bound to what it was built from (unlearning/privacy/fingerprint.py): champion.json records the
 fingerprint of (dataset, model spec, recipe), and `load_state` refuses (`StateMismatch`) to continue a
 state, or to start one from `models/original.pt`, that was built from other params or data."""
 
@@ -23,17 +23,17 @@ from tasks.retry import transient_io_only
 from unlearning.config import Params
 from unlearning.data import initial_state_manifest, load_prepared, read_state_manifest
 from unlearning.data.store import Prepared, manifest_csv_bytes
-from unlearning.erasure import clean_of_tombstones, read_tombstones, tombstones_digest
-from unlearning.fingerprint import (
+from unlearning.privacy.erasure import clean_of_tombstones, read_tombstones, tombstones_digest
+from unlearning.privacy.fingerprint import (
     RESET_HINT, RETRAIN_HINT, StateMismatch, matches, mismatch_error, prepared_fingerprint,
 )
 from unlearning.io import (
     RESTORE_HINT, StateCorrupt, atomic_save, atomic_write_bytes, atomic_write_json, atomic_write_text, load_checkpoint,
     read_json_file, recover_dir,
 )
-from unlearning.ledger import ledger_text, read_ledger
+from unlearning.privacy.ledger import ledger_text, read_ledger
 from unlearning.models import load_model, save_model
-from unlearning.salt import remove_state_copy
+from unlearning.privacy.salt import remove_state_copy
 
 if TYPE_CHECKING:
     from unlearning.models import Ensemble
@@ -56,7 +56,7 @@ def original_path(params: Params) -> Path:
 
 
 def current_fingerprint(params: Params, prepared: Prepared) -> dict:
-    """The fingerprint of the current params and the prepared dataset (see unlearning/fingerprint.py)."""
+    """The fingerprint of the current params and the prepared dataset (see unlearning/privacy/fingerprint.py)."""
     return prepared_fingerprint(params, prepared.info, prepared.manifest)
 
 
@@ -284,7 +284,7 @@ def ensure_state(params: Params, device: str) -> bool:
     stage = staging_dir(state_dir)
     try:
         write_state(stage, state.model, state.manifest, state.ledger, state.champion, state.fingerprint)
-        remove_state_copy(stage)  # the state is backed up by DVC: never with the id key (unlearning/salt.py)
+        remove_state_copy(stage)  # the state is backed up by DVC: never with the id key (unlearning/privacy/salt.py)
         commit_dir(stage, state_dir)
     except BaseException:
         discard_dir(stage)

@@ -14,12 +14,12 @@ from tasks.id_key import IdKey
 from tasks.reporting import run_logger
 from tasks.retry import transient_io_only
 
-from unlearning.batch import validation_rows
+from unlearning.batch.rows import validation_rows
 from unlearning.config import ModelCfg, Params, Prepare, ProjectPaths
 from unlearning.data import load_dataset, write_prepared
 from unlearning.data.store import Prepared
 from unlearning.ensembles import cached_ensemble
-from unlearning.fingerprint import StateMismatch
+from unlearning.privacy.fingerprint import StateMismatch
 from unlearning.io import atomic_save
 from unlearning.models import Ensemble, TrainRecipe, accuracy, build_model, fit, load_module_state, save_model
 from unlearning.models.training import TrainingDiverged, nonfinite_members
@@ -63,10 +63,10 @@ def prepare_dataset(params: Params) -> dict:
                              f"column: {ds.meta.get('missing_by_column', {})}; markers read as missing: "
                              f"{ds.meta.get('missing_markers_found', {})}) as prepare.table.missing: drop says")
     # Erased rows stay out: the tombstone list lies outside every DVC out (docs/design.md §3, "Erasure vs the DVC DAG").
-    from unlearning.erasure import is_erased, read_tombstones
+    from unlearning.privacy.erasure import is_erased, read_tombstones
 
     tombstones = read_tombstones(params.path("tombstones"))
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     erased = is_erased(tombstones, params.deletion.hash_sample_ids, id_salt(params)) if tombstones else None
     return write_prepared(ds, params.path("prepared_dir"), erased=erased)
@@ -80,7 +80,7 @@ def clean_of_erased(paths: ProjectPaths, ids: IdKey, init_checkpoint: str | None
     train.init_checkpoint (warned about: the pipeline cannot tell what it was trained on)."""
     # the core's is_erased, not tasks.erasure's tombstoned_rows: tasks/erasure imports the state, which imports
     # this module, so importing it back would close a cycle
-    from unlearning.erasure import is_erased, read_tombstones, tombstones_digest
+    from unlearning.privacy.erasure import is_erased, read_tombstones, tombstones_digest
 
     tombstones = read_tombstones(paths.path("tombstones"))
     if not tombstones:
@@ -173,7 +173,7 @@ def train_ensemble_chunk(spec: dict, X: torch.Tensor, y: torch.Tensor, sample_id
     """One chunk of an oracle/shadow ensemble; content-hash cached so re-runs and later batches reuse it.
     `search_paths`: the project folder, so a custom model factory imports in a Dask worker process too;
     `label`: the chunk's progress label (tasks.stages.chunk_labels); `progress`: base.progress (its lines, or
-    nothing); `salt`: the project's (unlearning/salt.py id_salt), which keys the cache's ids."""
+    nothing); `salt`: the project's (unlearning/privacy/salt.py id_salt), which keys the cache's ids."""
     start = time.perf_counter()
     model, cached = cached_ensemble(cache_dir, spec, X, y, sample_ids, recipe, seeds, device,
                                     progress=label if progress else False,

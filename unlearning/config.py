@@ -16,8 +16,8 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from unlearning.resolution import can_reject, permutations_needed
-from unlearning.rules import Rule
+from unlearning.certificate.resolution import can_reject, permutations_needed
+from unlearning.policy.rules import Rule
 
 PARAMS_FILE = "params.yaml"
 
@@ -54,7 +54,7 @@ LICENSED_INACTION = "do_nothing"
 
 
 class CertificateKind(StrEnum):
-    """How a candidate is certified (unlearning/plan.py Step; docs/design.md §4.6)."""
+    """How a candidate is certified (unlearning/planning/plan.py Step; docs/design.md §4.6)."""
 
     EXACT = "exact"  # exact by construction: checked against the original's accuracy, no references
     AUDIT = "audit"  # the exact retrain judged against oracles too (validation.audit_retrain)
@@ -117,7 +117,7 @@ class Paths(Strict):
     held: str = "requests/held"  # batches no candidate passed: held for `unlearn approve`, with <name>.held.json
     tombstones: str = "data/tombstones.txt"  # erased ids (hashed with deletion.hash_sample_ids), outside every DVC out
     gx_dir: str = "gx"  # the Great Expectations project (suite committed; uncommitted/ holds results, Data Docs)
-    # the secret id key of hashed ids (unlearning/salt.py): mode 0600, git-ignored, never in the state, DVC or MLflow
+    # the secret id key of hashed ids (unlearning/privacy/salt.py): mode 0600, git-ignored, never in the state, DVC or MLflow
     # (UNLEARNING_ID_KEY instead of the file: docs/erasure.md, "The key")
     salt: str = ".unlearning/salt"
 
@@ -337,13 +337,13 @@ class Deletion(Strict):
     objective: Literal["retrain_equivalence", "suppression"] = "retrain_equivalence"
     method: str = Field(AUTO, description="a registered method, or 'auto' to walk `rules`")
     rules: list[Rule] = Field(default_factory=lambda: [Rule(**r) for r in DEFAULT_RULES],
-                              description="ordered selection rules (unlearning/policy.py)")
+                              description="ordered selection rules (unlearning/policy/selection_policy.py)")
     fallback: list[str] = Field([], description="tried after the rule candidates (retrain is always last)")
     method_args: dict[str, dict[str, Any]] = {}
     budget_gradient_evals: int = Field(20_000, gt=0)
     weigh_cost: bool = Field(True, description="skip an approximate candidate whose certificate costs more than an "
                                                "exact retrain (it trains oracle retrains), for retrain; false = "
-                                               "certify it anyway (unlearning/plan.py)")
+                                               "certify it anyway (unlearning/planning/plan.py)")
     hash_sample_ids: bool = Field(True, description="the ledger, the tombstones, kept request files and MLflow "
                                                     "artifacts name ids only by their HMAC-SHA256 under the project's "
                                                     "secret id key (base.paths.salt); false = plain ids everywhere")
@@ -397,7 +397,7 @@ class Diagnostics(Strict):
 
 
 class AuditSchedule(Strict):
-    """Which qualified batches the full certificate audits (unlearning/qualification.py audit_due): every k-th
+    """Which qualified batches the full certificate audits (unlearning/certificate/qualification.py audit_due): every k-th
     batch, or each with a probability drawn from the batch's seed."""
 
     every: int | None = Field(None, ge=1, description="audit batch 0, k, 2k, ... (1 = every batch)")
@@ -413,7 +413,7 @@ class AuditSchedule(Strict):
 
 
 class ProbeSettings(Strict):
-    """validation.probe: how the planner's timing probe measures (unlearning/costs.py ProbeConditions,
+    """validation.probe: how the planner's timing probe measures (unlearning/planning/costs.py ProbeConditions,
     tasks/planning.py probe; docs/design.md §4.6): rounds until they agree, and when a cached probe is stale."""
 
     max_spread: float = Field(0.25, gt=0, description="time the cost curve again until the slowest and fastest round "
@@ -427,7 +427,7 @@ class ProbeSettings(Strict):
 
 
 class Validation(Strict):
-    """How candidates are certified against reference models (docs/design.md §4.2, §4.5; unlearning/plan.py)."""
+    """How candidates are certified against reference models (docs/design.md §4.2, §4.5; unlearning/planning/plan.py)."""
 
     mode: Literal["per_batch", "qualified"] = Field(
         "per_batch", description="per_batch: every batch's candidate is certified against reference models; "
@@ -505,7 +505,7 @@ class RetrainEquivalenceGate(Strict):
     @model_validator(mode="after")
     def _test_can_fail(self):
         # The smallest p-value the permutation test can give is 1 / (1 + n_permutations): above alpha, no
-        # candidate could ever fail the test, whatever it did (unlearning/resolution.py).
+        # candidate could ever fail the test, whatever it did (unlearning/certificate/resolution.py).
         if not can_reject(self.alpha, self.n_permutations):
             need = permutations_needed(self.alpha)
             raise ValueError(f"n_permutations = {self.n_permutations} cannot give a p-value below alpha = "
@@ -715,7 +715,7 @@ class Erasure(Strict):
 
 
 class Quality(Strict):
-    """What a promoted batch cost the model, said out loud (unlearning/quality.py; tasks/quality.py announces it):
+    """What a promoted batch cost the model, said out loud (unlearning/batch/quality.py; tasks/quality.py announces it):
     warnings in the console, the batch's MLflow run, a Prefect artifact and `unlearn status`."""
 
     max_validation_drop: float | None = Field(
@@ -730,7 +730,7 @@ class Quality(Strict):
 
 
 class LicensingMap(Strict):
-    """The per-row memorization map of a model version (unlearning/memorization.py; docs/certificate.md, "The map"):
+    """The per-row memorization map of a model version (unlearning/licensing/memorization.py; docs/certificate.md, "The map"):
     N members on random halves of the training rows, trained once and reused while the recipe and the data are
     unchanged (tasks/licensing.py says what that means)."""
 
@@ -887,7 +887,7 @@ class Report(Strict):
 
 
 class QualifySet(Strict):
-    """One entry of the qualification suite (unlearning/qualification.py draw_suite)."""
+    """One entry of the qualification suite (unlearning/certificate/qualification.py draw_suite)."""
 
     kind: Literal["random", "group", "class", "high_self_leverage", "low_self_leverage"]
     size: int | None = Field(None, ge=1, description="rows per set (class/group: null = every row of it; required "

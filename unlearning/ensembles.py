@@ -19,13 +19,13 @@ from typing import Sequence
 import torch
 
 from unlearning.io import StateCorrupt, atomic_save
-from unlearning.ledger import HASH_PREFIX, hash_sample_id
+from unlearning.privacy.ledger import HASH_PREFIX, hash_sample_id
 from unlearning.models import Ensemble, TrainRecipe, build_model, fit, load_model, save_model
 
 
 def ids_digest(sample_ids: Sequence[str], salt: str = "") -> str:
     """Order-independent digest of a set of sample ids (the dataset version of a training set), keyed with the
-    project's salt (unlearning/salt.py): unsalted, the digests of the training set less each one id would tell,
+    project's salt (unlearning/privacy/salt.py): unsalted, the digests of the training set less each one id would tell,
     by hashing every candidate, which id an oracle ensemble left out."""
     h = hashlib.sha256()
     if salt:
@@ -72,7 +72,7 @@ def cached_ensemble(cache_dir: str | Path | None, spec: dict, X: torch.Tensor, y
                     progress: bool | str = False, search_paths: Sequence[str] = (),
                     salt: str = "") -> tuple[Ensemble, bool]:
     """Load the ensemble for (ids, spec, recipe, seeds) from the cache or train and store it; `salt`: the
-    project's (unlearning/salt.py id_salt) that keys the ids. Returns (model, came_from_cache)."""
+    project's (unlearning/privacy/salt.py id_salt) that keys the ids. Returns (model, came_from_cache)."""
     key = ensemble_key(ids_digest(sample_ids, salt), spec, recipe, seeds)
     path = Path(cache_dir) / "ensembles" / f"{key}.pt" if cache_dir else None
     if path is not None and not path.exists() and salt:

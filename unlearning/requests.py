@@ -24,9 +24,9 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.errors import SchemaErrors
 
-from unlearning.ids import CONTROL_CHARACTERS
+from unlearning.privacy.ids import CONTROL_CHARACTERS
 from unlearning.io import dangling_symlink_problem
-from unlearning.salt import is_keyed
+from unlearning.privacy.salt import is_keyed
 
 OBJECTIVES = ("retrain_equivalence", "suppression")
 REQUIRED_COLUMNS = ("request_id", "sample_id", "requested_at", "reason")
@@ -391,13 +391,13 @@ def _spaced_ids(texts: _Texts) -> list[str]:
 # A date alone ("2026-11-30") is a day and stays allowed (its midnight, UTC).
 _TIME_OF_DAY = r"\d[T ]\d{1,2}:\d{2}"
 _ZONE_SUFFIX = r"(Z|[+-]\d{2}(:?\d{2})?)$"
-_CONTROL = CONTROL_CHARACTERS.pattern  # unlearning.ids' class, valid RE2 (Arrow's regex engine) as it is
+_CONTROL = CONTROL_CHARACTERS.pattern  # unlearning.privacy.ids' class, valid RE2 (Arrow's regex engine) as it is
 # A spreadsheet reads a cell starting with one of these as a formula (CSV injection: `=cmd|' /C calc'!A0`);
 # a leading tab or carriage return is a control character (refused by `_control_characters`).
 FORMULA_LEAD = r"^[=+\-@]"
 # Refused where the request's own text enters the ledger (request_id, reason; objective is one of a fixed
 # set). Not sample_id: a sample id is compared exactly with the manifest, so one that passes is the team's own
-# id, already in the prepared data; refusing it would leave that row impossible to erase (unlearning/ids.py).
+# id, already in the prepared data; refusing it would leave that row impossible to erase (unlearning/privacy/ids.py).
 FORMULA_COLUMNS = ("request_id", "reason", "objective")
 
 
@@ -772,7 +772,7 @@ def redacted_request_bytes(path: str | Path, key, forgotten: set[str] | None = N
     """The request file with its sample ids in their keyed form (`key`: the ledger's salted hash, with
     deletion.hash_sample_ids): every id, or with `forgotten` (keyed ids) only those whose key is in it. None
     when there is nothing to replace, or the file cannot be read as a request file (nothing to parse ids from).
-    Ids already in the keyed form (`hmac-sha256:...`, unlearning/salt.py `is_keyed`) stay as they are."""
+    Ids already in the keyed form (`hmac-sha256:...`, unlearning/privacy/salt.py `is_keyed`) stay as they are."""
     suffix = kept_request_suffix(path)
     try:
         df = read_request_file(path, suffix)

@@ -6,7 +6,7 @@ between looks).
 `Criterion.of(gate, step)` is built once per candidate from params.gate and the plan's step (its looks, alpha per
 look, relabelings per look); `run_looks(criterion, measure)` is the loop. It is pure: the work that needs the
 shell (grow the reference pool to (n_shadows, n_oracles), run the method on the new shadows, evaluate logits) is
-the `measure` callable, so tasks/certify.py, unlearning/acceptance.py and the benches all judge alike.
+the `measure` callable, so tasks/certify.py, unlearning/certificate/acceptance.py and the benches all judge alike.
 `certify_logits` is the loop over logits already in hand (the benches'). Nothing else holds a rule of the looks.
 
 At look k the KLoM permutation test (unlearning/metrics/permutation.py) gives a p-value per split that is
@@ -27,10 +27,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 
-from unlearning import metric_keys as K
+from unlearning.certificate import metric_keys as K
 from unlearning.config import Gate
-from unlearning.gate import STATISTICAL, Check, SplitMeasures, Verdict, by_split, evaluate_gate, format_beside
-from unlearning.resolution import permutations_for  # noqa: F401  (re-exported: the looks' relabelings)
+from unlearning.certificate.gate import STATISTICAL, Check, SplitMeasures, Verdict, by_split, evaluate_gate, format_beside
+from unlearning.certificate.resolution import permutations_for  # noqa: F401  (re-exported: the looks' relabelings)
 
 REJECT, CONTINUE, FINAL = "reject", "continue", "final"  # what a look decides
 
@@ -105,7 +105,7 @@ class Criterion:
     def of(cls, gate: Gate, looks: Sequence[tuple[int, int]], alphas: Sequence[float] | None = None,
            permutations: Sequence[int] | None = None, *, objective: str = "retrain_equivalence",
            exact: bool = False) -> "Criterion":
-        """The criterion over `looks` ((n_shadows, n_oracles) each; unlearning/plan.py Step.looks) with their
+        """The criterion over `looks` ((n_shadows, n_oracles) each; unlearning/planning/plan.py Step.looks) with their
         alphas and relabelings (Step.alphas, Step.permutations). Without them: one look at gate.retrain_equivalence's
         alpha and n_permutations (an audit at full N)."""
         g = gate.retrain_equivalence
@@ -121,7 +121,7 @@ class Criterion:
     @classmethod
     def of_step(cls, gate: Gate, step, *, objective: str = "retrain_equivalence",
                 exact: bool = False) -> "Criterion":
-        """The criterion of a plan's sequential step (unlearning/plan.py Step)."""
+        """The criterion of a plan's sequential step (unlearning/planning/plan.py Step)."""
         return cls.of(gate, step.looks, step.alphas, step.permutations, objective=objective, exact=exact)
 
     @property
@@ -135,7 +135,7 @@ class Criterion:
         return self.gate.model_copy(update={"retrain_equivalence": re})
 
     def measure_args(self, spec: LookSpec) -> dict[str, Any]:
-        """How a look measures (unlearning/certificate.py certificate_measures): the look's relabelings, epsilon
+        """How a look measures (unlearning/certificate/equivalence.py certificate_measures): the look's relabelings, epsilon
         under the epsilon criterion, one-sided bounds at the look's 1 - alpha."""
         return {"n_permutations": spec.n_permutations, "epsilon": self.gate.epsilon if self.by_epsilon else None,
                 "confidence": 1 - spec.alpha}
@@ -212,7 +212,7 @@ def run_looks(criterion: Criterion, measure: Callable[[LookSpec], T], *,
               measures_of: Callable[[T], Iterable[SplitMeasures]] = lambda r: r.measures,
               on_look: Callable[[Look, LookSpec], None] | None = None) -> Certified[T]:
     """The sequential certificate: for each planned look, `measure(spec)` (the caller's work: references grown to
-    (spec.n_shadows, spec.n_oracles), the method on the new shadows, logits, unlearning/certificate.py with
+    (spec.n_shadows, spec.n_oracles), the method on the new shadows, logits, unlearning/certificate/equivalence.py with
     `criterion.measure_args(spec)`), then the criterion's verdict; stop at the first look that does not continue.
     `measures_of`: the per-split records in what `measure` returns; `on_look`: told each look as it ends (the
     batch's log line)."""
@@ -247,7 +247,7 @@ class References:
 @dataclass(frozen=True)
 class LookMeasures:
     """What `certify_logits` measured at a look: the per-split records and the certificate's other outputs
-    (unlearning/certificate.py CertificateData)."""
+    (unlearning/certificate/equivalence.py CertificateData)."""
 
     measures: tuple[SplitMeasures, ...]
     data: Any
@@ -260,7 +260,7 @@ def certify_logits(criterion: Criterion, candidate: Any, references: Callable[[L
     names [n]): `references(spec)` gives each look's logits (e.g. prefixes of models already evaluated). The
     benches' entry point (bench/calibration.py, bench/gpu_batch.py, bench/stream.py): the same loop and rules as
     the deletion flow's."""
-    from unlearning.certificate import certificate_measures  # numerical: imports torch, which the gate does not
+    from unlearning.certificate.equivalence import certificate_measures  # numerical: imports torch, which the gate does not
 
     def measure(spec: LookSpec) -> LookMeasures:
         refs = references(spec)

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from unlearning.ledger import HASH_PREFIX, hash_sample_id
+from unlearning.privacy.ledger import HASH_PREFIX, hash_sample_id
 from unlearning.models import Ensemble, TrainRecipe, build_model, fit
 from unlearning.models.aggregate import AGGREGATES, Aggregate  # noqa: F401  (the deployed model; re-exported)
 from unlearning.progress import Progress

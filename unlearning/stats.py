@@ -3,7 +3,7 @@
 Pearson 1934, one function for the one- and the two-sided uses; Wilson 1927).
 
 numpy and the standard library only: importing it costs milliseconds, and whatever imports only it, the config
-and the records (unlearning/gate.py, unlearning/qualification.py) answers without loading torch.
+and the records (unlearning/certificate/gate.py, unlearning/certificate/qualification.py) answers without loading torch.
 """
 
 from __future__ import annotations

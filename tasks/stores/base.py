@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 import numpy as np
 
 from unlearning.config import Params
-from unlearning.erasure import Finding, Purged, npy_rows_found, row_digest, shown
+from unlearning.privacy.erasure import Finding, Purged, npy_rows_found, row_digest, shown
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Scope:
     deletion.hash_sample_ids): for an erasure every tombstone, for a verification one batch's ids or every
     erased one. `digest_ids`: the salted row digest of each forgotten row -> its id keys, known while `erase`
     runs only (the erasure reports keep the digests alone: [] from a report). `cache_hashes`: the forgotten ids
-    as the ensemble cache's `<key>.ids.json` and the shard plan key them (unlearning/erasure.py keyed_forms)."""
+    as the ensemble cache's `<key>.ids.json` and the shard plan key them (unlearning/privacy/erasure.py keyed_forms)."""
 
     params: Params
     forgotten: set[str]
@@ -172,7 +172,7 @@ def remote_folder(params: Params) -> Path | None:
 
 
 def digest_list(X: np.ndarray, key: Callable[[str], str] = str) -> list[str]:
-    """[n] row digests of X [n, ...] in row order (unlearning/erasure.py's row_digest: sha256 of float32 bytes,
+    """[n] row digests of X [n, ...] in row order (unlearning/privacy/erasure.py's row_digest: sha256 of float32 bytes,
     keyed with `key`: a scope's `key`, salted)."""
     X = np.ascontiguousarray(np.asarray(X), dtype=np.float32)
     return [row_digest(r, key) for r in X.reshape(len(X), -1)] if len(X) else []  # no rows: no -1 to infer

@@ -9,9 +9,9 @@ from tasks.stores.base import CountedOnly, Scope, StoreBase, prepared_rows, regi
 from unlearning.config import Params
 from unlearning.data import read_state_manifest
 from unlearning.data.store import manifest_csv_bytes, rewrite_without
-from unlearning.erasure import Finding, Purged, shown
+from unlearning.privacy.erasure import Finding, Purged, shown
 from unlearning.io import atomic_write_bytes, commit_dir, discard_dir, staging_dir
-from unlearning.ledger import HASH_PREFIX
+from unlearning.privacy.ledger import HASH_PREFIX
 
 
 from tasks.pending import reports_dir  # noqa: E402,F401  (one definition: unlearn status reads it too)
@@ -38,7 +38,7 @@ class ErasureReports(StoreBase):
         return []  # the report is the erasure's record: `erase` writes it after the stores' purges
 
     def verify(self, scope: Scope) -> list[Finding]:
-        from unlearning.erasure_journal import unfinished
+        from unlearning.privacy.erasure_journal import unfinished
 
         journals = unfinished(scope.params.path("state_dir"))
         started = [f"unfinished erase: {j.describe()}: `unlearn erase` finishes it (so do `unlearn run`, `unlearn "

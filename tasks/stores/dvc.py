@@ -9,7 +9,7 @@ from tasks.stores.base import (
     Scope, StoreBase, dvc_cache_dir, is_dvc_repo, raw_rows_finding, register_store, remote_folder,
 )
 from unlearning.config import Params
-from unlearning.erasure import Finding, Purged
+from unlearning.privacy.erasure import Finding, Purged
 
 
 def committed_stages(params: Params) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tasks.memorization_map import load_map, map_path, save_map
 from tasks.stores.base import Scope, StoreBase, register_store
-from unlearning.erasure import Finding, Purged
+from unlearning.privacy.erasure import Finding, Purged
 
 
 @register_store

@@ -8,7 +8,7 @@ from pathlib import Path
 from tasks.stores.base import Scope, StoreBase, register_store
 from unlearning.config import Params
 from unlearning.ensembles import trained_on
-from unlearning.erasure import Finding, Purged, clean_of_tombstones, state_is_clean, tombstones_digest
+from unlearning.privacy.erasure import Finding, Purged, clean_of_tombstones, state_is_clean, tombstones_digest
 from unlearning.io import atomic_save, load_checkpoint, read_json_file
 
 
@@ -52,8 +52,8 @@ STATE_HOLDS_ERASED = ("the state's champion holds erased rows (a state started, 
 
 
 def state_clean(params: Params, tombstones: set[str]) -> bool:
-    """Whether state/'s champion holds none of the tombstoned rows (unlearning/erasure.py, state_is_clean)."""
-    from unlearning.ledger import read_ledger
+    """Whether state/'s champion holds none of the tombstoned rows (unlearning/privacy/erasure.py, state_is_clean)."""
+    from unlearning.privacy.ledger import read_ledger
 
     state_dir = params.path("state_dir")
     if not (state_dir / "champion.json").exists():

@@ -13,7 +13,7 @@ from tasks.stores.base import (
     unreadable_finding,
 )
 from unlearning.config import Params
-from unlearning.erasure import Finding, Purged
+from unlearning.privacy.erasure import Finding, Purged
 from unlearning.io import atomic_write_bytes
 from unlearning.requests import REQUEST_SUFFIXES, kept_request_suffix, plain_forgotten_ids, redacted_request_bytes
 

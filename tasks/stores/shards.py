@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tasks.sharding import check_folder, original_shards, read_plan, replace_original_shards, state_shards
 from tasks.stores.base import Scope, StoreBase, register_store
-from unlearning.erasure import Finding, Purged
+from unlearning.privacy.erasure import Finding, Purged
 
 
 @register_store

@@ -14,7 +14,7 @@ from tasks.stores.base import (
     CountedOnly, Scope, dvc_cache_dir, read_head, register_store, remote_folder, unreadable_finding, walk_files,
 )
 from unlearning.config import Params
-from unlearning.erasure import Finding, plain_pattern, shown, unsalted_hashes_in, unsalted_prefixes
+from unlearning.privacy.erasure import Finding, plain_pattern, shown, unsalted_hashes_in, unsalted_prefixes
 
 MAX_BYTES = 64 * 2**20  # a larger file is searched in its first 64 MiB
 

@@ -7,7 +7,7 @@ from tasks.stores.base import (
     Scope, StoreBase, files_naming, raw_rows_finding, register_store, unreadable_finding,
 )
 from unlearning.config import Params
-from unlearning.erasure import Finding, Purged
+from unlearning.privacy.erasure import Finding, Purged
 from unlearning.io import read_json_file
 
 
@@ -78,7 +78,7 @@ def batch_page_after_erasure(tracker, params: Params, report: dict) -> None:
     """The batch run's page says what the erasure did, once it did: its description's erasure line (written by
     the batch, "pending" inside `dvc repro`) is replaced by the report's (done, with the stores), and the run is
     tagged `erasure` = done or pending. A run without a description (an older batch's) gets the tag only."""
-    from unlearning.batch_summary import ERASURE_LINE, erasure_line
+    from unlearning.batch.summary import ERASURE_LINE, erasure_line
 
     run_id = report["run_id"]
     text = tracker.description(run_id)

@@ -128,8 +128,8 @@ def test_the_applied_file_leaves_the_inbox_and_enters_the_ledger(applied_project
 def test_the_forgotten_rows_leave_the_prepared_store_and_the_manifest(applied_project, applied):
     """Erased: the forgotten rows left the prepared store and the live manifest; the ledger and the tombstones
     keep the record."""
-    from unlearning.erasure import id_key, read_tombstones
-    from unlearning.salt import id_salt
+    from unlearning.privacy.erasure import id_key, read_tombstones
+    from unlearning.privacy.salt import id_salt
 
     forgotten = set(applied["requests"]["sample_id"])
     manifest = pd.read_csv(applied_project / "state" / "manifest.csv", dtype=str)
@@ -357,8 +357,8 @@ def test_inbox_rejects_bad_files_and_later_files_proceed(project, sample_applied
     for name in ("a_bad.csv", "b_notes.txt", "c_dir.csv"):
         assert (rejected / name).exists() and (rejected / f"{name}.error.json").exists()
     # the report names the unknown id by its salted hash (deletion.hash_sample_ids is on by default)
-    from unlearning.erasure import id_key
-    from unlearning.salt import id_salt
+    from unlearning.privacy.erasure import id_key
+    from unlearning.privacy.salt import id_salt
 
     report = (rejected / "a_bad.csv.error.json").read_text()
     key = id_key(True, id_salt(load_params(project / "params.yaml")))

@@ -91,7 +91,7 @@ def test_a_second_pass_keeps_what_the_first_removed(erased):
     from flows.common import tracker_for
     from tasks.erasure import erase
     from unlearning.config import load_params
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     root, params_path, *_ = erased
     (path,) = (root / "state" / "erasure").glob("*.json")

@@ -128,7 +128,7 @@ def test_erase_killed_at_a_store_boundary_converges(applied_not_erased, tmp_path
     from flows.deletion_batch import run
     from tasks.erasure import verify_erasure
     from unlearning.config import load_params
-    from unlearning.erasure_journal import unfinished
+    from unlearning.privacy.erasure_journal import unfinished
 
     root = tmp_path / "p"
     shutil.copytree(applied_not_erased, root)

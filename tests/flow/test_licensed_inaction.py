@@ -54,7 +54,7 @@ def test_a_row_the_model_did_not_memorize_is_licensed_with_the_model_unchanged(p
     from flows.deletion_batch import run
     from tasks.erasure import verify_erasure
     from unlearning.config import load_params
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
     root, params_path, row, record, _ = project
     champion_before = json.loads((root / "state" / "champion.json").read_text()) \
@@ -85,7 +85,7 @@ def test_a_row_the_model_did_not_memorize_is_licensed_with_the_model_unchanged(p
     problems, _ = verify_erasure(params)
     assert problems == []
 
-    from unlearning.history import retraining_debt
+    from unlearning.policy.history import retraining_debt
 
     debt = retraining_debt(read_ledger(root / "state" / "ledger.jsonl"), 1000)
     assert debt["licensed_since_retrain"] == 1 and debt["batches_since_retrain"] >= 1
@@ -95,7 +95,7 @@ def test_a_whole_class_is_never_licensed(project):
     from flows.deletion_batch import run
     from tasks.state import load_state
     from unlearning.config import load_params
-    from unlearning.batch import retained_train_rows
+    from unlearning.batch.rows import retained_train_rows
 
     root, params_path, _, _, _ = project
     params = load_params(params_path)

@@ -101,8 +101,8 @@ def assert_applied(root, results: list[dict], n: int = 6) -> None:
     # erased after promotion: gone from the live manifest (and the prepared store), recorded in the ledger by their
     # salted hashes (deletion.hash_sample_ids is on by default)
     from unlearning.config import load_params
-    from unlearning.erasure import id_key
-    from unlearning.salt import HASH_PREFIX, id_salt
+    from unlearning.privacy.erasure import id_key
+    from unlearning.privacy.salt import HASH_PREFIX, id_salt
 
     key = id_key(True, id_salt(load_params(root / "params.yaml")))
     assert all(e["sample_id"].startswith(HASH_PREFIX) for e in ledger)

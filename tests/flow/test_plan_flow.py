@@ -1,4 +1,4 @@
-"""The batch plans, then trains only what its decision needs (unlearning/plan.py, tasks/certify.py): an
+"""The batch plans, then trains only what its decision needs (unlearning/planning/plan.py, tasks/certify.py): an
 approximate candidate is rejected at the first decisive look of its sequential certificate, batch t+1's shadows
 are batch t's oracles (found in the cache), and `unlearn plan` says all of it before anything runs."""
 
@@ -75,7 +75,7 @@ def test_unlearn_plan_says_what_the_batch_will_train_before_anything_runs(projec
     assert plan["steps"][0]["looks"] == [[8, 8], [16, 16], [24, 24]]
     assert plan["models_to_train"] == {"retrain": 1, "oracles": 24, "shadows": 24}
     assert plan["predicted_seconds"]["total"] > 0 and plan["peak_mb"] > 0 and plan["refusal"] is None
-    from unlearning.overhead import PHASES
+    from unlearning.planning.overhead import PHASES
 
     wall = plan["wall_seconds"]  # the phases the batch's plan-vs-actual line measures, with their range
     assert list(wall["phases"]) == list(PHASES) and wall["batch"] == pytest.approx(sum(wall["phases"].values()), abs=1e-2)
@@ -130,7 +130,7 @@ def test_do_nothing_is_rejected_at_the_first_look_then_its_oracles_are_the_next_
     first = ensembles_metrics(tracker, r["run_id"])
     assert (first["n_oracles"], first["n_shadows"]) == (8, 8)
     # one accounting: the batch's phases sum to its wall time, beside the plan's same phases
-    from unlearning.overhead import PHASES
+    from unlearning.planning.overhead import PHASES
 
     metrics = tracker.client.get_run(r["run_id"]).data.metrics
     actual = {k: metrics[f"actual_seconds/{k}"] for k in PHASES}
@@ -161,7 +161,7 @@ def test_under_the_epsilon_criterion_the_batch_logs_its_epsilon_and_rejects_on_t
     req = project / "eps.csv"
     class_request(project, req, "6", 60)
     params = load_params(project / "params.yaml", eps)
-    from unlearning.gate import criterion_line
+    from unlearning.certificate.gate import criterion_line
 
     assert "epsilon" in criterion_line(params.gate) and "<= 2" in criterion_line(params.gate)
     tracker = Tracker(params.mlflow_tracking_uri(), params.tracking.experiment)

@@ -101,8 +101,8 @@ def test_salted_hashes_of_the_erased_ids_are_only_where_the_docs_say(batch):
     """docs/erasure.md, "Where an erased id's keyed hash stays", lists the files that keep the keyed hash of an
     erased id (the ledger and the tombstones, the audit records): no other file the project wrote holds one."""
     from unlearning.config import load_params
-    from unlearning.ledger import HASH_PREFIX, hash_sample_id
-    from unlearning.salt import id_salt
+    from unlearning.privacy.ledger import HASH_PREFIX, hash_sample_id
+    from unlearning.privacy.salt import id_salt
 
     root, params_path, ids, _ = batch
     key = id_salt(load_params(params_path))
@@ -131,9 +131,9 @@ def test_the_key_is_secret_and_no_shared_place_holds_it(batch):
     planted in the remote recovers them all (the attack works)."""
     from tests.unit.test_id_key import dictionary_attack
     from unlearning.config import load_params
-    from unlearning.erasure import read_tombstones
-    from unlearning.ledger import HASH_PREFIX, hash_sample_id, read_ledger
-    from unlearning.salt import id_salt
+    from unlearning.privacy.erasure import read_tombstones
+    from unlearning.privacy.ledger import HASH_PREFIX, hash_sample_id, read_ledger
+    from unlearning.privacy.salt import id_salt
 
     root, params_path, ids, _ = batch
     params = load_params(params_path)

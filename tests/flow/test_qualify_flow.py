@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.helpers import trained_project
-from unlearning.qualification import Qualification
+from unlearning.certificate.qualification import Qualification
 
 pytestmark = pytest.mark.flow
 
@@ -198,7 +198,7 @@ def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_ret
     params = load_params(path)
     import torch
 
-    from unlearning.batch import eval_logits, retained_train_rows
+    from unlearning.batch.rows import eval_logits, retained_train_rows
 
     state = load_state(params, "cpu")  # the highest-loss retained rows: members whose loss still looks held out
     D = retained_train_rows(state.manifest)

@@ -79,7 +79,7 @@ def test_no_state_starts_from_an_original_trained_on_erased_rows(pending, tmp_pa
     # What reset did before: archive the state with the erasure still pending.
     from tasks.erasure import verify_erasure
     from tasks.state import archive_state, load_state
-    from unlearning.fingerprint import StateMismatch
+    from unlearning.privacy.fingerprint import StateMismatch
 
     params, ids = copy_of(pending, tmp_path)
     archive_state(params)
@@ -95,8 +95,8 @@ def test_train_refuses_a_prepared_store_that_holds_erased_rows_and_retrains_clea
     from flows.prepare import prepare
     from flows.train import train
     from tasks.state import archive_state, load_state
-    from unlearning.erasure import read_tombstones, tombstones_digest
-    from unlearning.fingerprint import StateMismatch
+    from unlearning.privacy.erasure import read_tombstones, tombstones_digest
+    from unlearning.privacy.fingerprint import StateMismatch
 
     params, ids = copy_of(pending, tmp_path)
     archive_state(params)

@@ -44,7 +44,7 @@ def applied(tmp_path_factory, prefect_harness):
 
 def test_a_mixed_file_is_applied_whole(applied):
     from unlearning.data import load_prepared, read_state_manifest
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
     root, _, before, train_ids, val_ids, first, _ = applied
     (r,) = first
@@ -79,7 +79,7 @@ def test_the_batch_validated_on_the_remaining_validation_rows(applied):
 
 
 def test_a_file_of_validation_rows_only_keeps_the_champion(applied):
-    from unlearning.ledger import read_ledger
+    from unlearning.privacy.ledger import read_ledger
 
     root, params_path, _, _, val_ids, first, second = applied
     (r,) = second

@@ -1,13 +1,13 @@
-"""The certifier and the acceptance rule in the core (unlearning/acceptance.py): typed records per split, and
+"""The certifier and the acceptance rule in the core (unlearning/certificate/acceptance.py): typed records per split, and
 which candidate a batch takes."""
 
 import numpy as np
 import pandas as pd
 import torch
 
-from unlearning.acceptance import CandidateOutcome, accept, reference_free_outcome, split_records
+from unlearning.certificate.acceptance import CandidateOutcome, accept, reference_free_outcome, split_records
 from unlearning.config import Gate
-from unlearning.gate import BUSINESS, STATISTICAL, Check, Verdict
+from unlearning.certificate.gate import BUSINESS, STATISTICAL, Check, Verdict
 from unlearning.models import build_model
 
 SPLITS = np.array(["forget"] * 4 + ["adjacent"] * 3 + ["remote"] * 3 + ["validation"] * 10)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.stats as st
 
-from unlearning.gate import accuracy_interval
+from unlearning.certificate.gate import accuracy_interval
 from unlearning.stats import student_t_quantile
 
 
@@ -39,7 +39,7 @@ def test_a_further_retrain_is_rejected_rarely_at_any_n(n_oracles):
 def test_only_statistical_failures_let_an_exact_retrain_through():
     """The kind each check carries decides, not its name: a statistical check (a comparison with retrains) and
     a business rule (a floor) may share a name's prefix."""
-    from unlearning.gate import BUSINESS, STATISTICAL, Check, Verdict
+    from unlearning.certificate.gate import BUSINESS, STATISTICAL, Check, Verdict
 
     kinds = {"klom_pvalue/forget": STATISTICAL, "klom_pvalue/remote": STATISTICAL, "acc/remote": STATISTICAL,
              "acc/adjacent": STATISTICAL, "acc/validation_min": BUSINESS}
@@ -61,7 +61,7 @@ def test_a_suppression_retrain_that_misses_the_bound_is_rejected():
     retrain_equivalence gate's statistical check: an exact retrain that keeps predicting the forget set (as
     retrains do) must not be promoted as a false reject."""
     from unlearning.config import Gate
-    from unlearning.gate import SplitMeasures, evaluate_gate
+    from unlearning.certificate.gate import SplitMeasures, evaluate_gate
 
     measures = [SplitMeasures("forget", 0.6667), SplitMeasures("adjacent", 0.9, original_acc=0.92),
                 SplitMeasures("validation", 0.9)]
@@ -72,6 +72,6 @@ def test_a_suppression_retrain_that_misses_the_bound_is_rejected():
 
 def test_a_huge_z_asks_for_the_whole_range_not_an_error():
     # z = 50: the normal CDF is 1.0 in float64; the interval is then everything, not a ValueError.
-    from unlearning.gate import accuracy_interval
+    from unlearning.certificate.gate import accuracy_interval
 
     assert accuracy_interval(0.9, 0.95, 0.92, 50, 50.0, oracle_std=0.02, n_oracles=4) == (0.0, 1.0)

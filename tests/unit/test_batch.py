@@ -1,6 +1,6 @@
 import numpy as np
 
-from unlearning.batch import BatchRows, cross_entropy_losses, membership_metrics
+from unlearning.batch.rows import BatchRows, cross_entropy_losses, membership_metrics
 
 
 def test_cross_entropy_losses_float64_reference():
@@ -34,7 +34,7 @@ def test_eval_rows_order_and_labels():
 def test_row_sets_of_the_live_manifest():
     import pandas as pd
 
-    from unlearning.batch import retain_rows, retained_train_rows, validation_rows
+    from unlearning.batch.rows import retain_rows, retained_train_rows, validation_rows
 
     m = pd.DataFrame({"sample_id": ["a", "b", "c", "d", "e"], "split": ["train", "train", "val", "train", "train"],
                       "status": ["retained", "deleted", "retained", "retained", "retained"]})
@@ -46,7 +46,7 @@ def test_row_sets_of_the_live_manifest():
 def test_the_certificate_evaluates_every_forget_row_and_a_stated_sample_of_the_rest():
     import numpy as np
 
-    from unlearning.batch import BatchRows, sampled_for_certificate
+    from unlearning.batch.rows import BatchRows, sampled_for_certificate
 
     rows = BatchRows(before=np.arange(10_000), forget=np.arange(50), retain=np.arange(50, 10_000),
                      adjacent_mask=np.arange(50, 10_000) % 5 == 0, validation=np.arange(10_000, 13_000))

@@ -15,7 +15,7 @@ import yaml
 from flows.cli import main
 from tests.helpers import ROOT, make_project
 from unlearning.config import Prepare, load_params
-from unlearning.fingerprint import StateMismatch
+from unlearning.privacy.fingerprint import StateMismatch
 
 HAS_TABLE = "table" in Prepare.model_fields
 HAS_IMAGE_FOLDER = "image_folder" in Prepare.model_fields
@@ -226,7 +226,7 @@ def change_params(params_path, **train):
 
 
 def sha16(value) -> str:
-    """sha256 of canonical JSON (sorted keys, no spaces), 16 hex characters: the digest unlearning/fingerprint.py
+    """sha256 of canonical JSON (sorted keys, no spaces), 16 hex characters: the digest unlearning/privacy/fingerprint.py
     documents, written out here from the standard library."""
     import hashlib
 
@@ -234,7 +234,7 @@ def sha16(value) -> str:
 
 
 def expected_fingerprint_digest(params_path) -> str:
-    """The fingerprint's digest of the `project` fixture's files, from its documented parts (unlearning/fingerprint.py,
+    """The fingerprint's digest of the `project` fixture's files, from its documented parts (unlearning/privacy/fingerprint.py,
     docs/design.md): the dataset (dataset.json, class names as counts since the data is the team's own (`source`),
     plus the digest of the sorted "sample_id<TAB>split<TAB>label" manifest rows), the model (train.model) and the
     recipe (the rest of train, plus base.seed); the whole digest is that of the three parts' digests."""
@@ -459,7 +459,7 @@ def test_reset_then_load_state_starts_over(project, monkeypatch):
     from tasks.state import current_fingerprint, load_state
     from unlearning.data import load_prepared
 
-    from unlearning.erasure import read_tombstones, tombstones_digest
+    from unlearning.privacy.erasure import read_tombstones, tombstones_digest
 
     change_params(project, epochs=5)
     assert main(["--params", str(project), "reset", "--yes"]) == 0

@@ -1,13 +1,13 @@
-"""The device-aware cost model (unlearning/costs.py, unlearning/plan.py): synthetic timing curves (a CPU's
+"""The device-aware cost model (unlearning/planning/costs.py, unlearning/planning/plan.py): synthetic timing curves (a CPU's
 linear one, a GPU's flat one, a stepped one where the device fills) driven through an injected step timer, and
 the plans they give (chunk, predicted seconds, cost in retrains); chunks sized by injected device memory."""
 
 import pytest
 
 from unlearning.config import Gate, Validation
-from unlearning.costs import (CostCurve, DeviceMemory, choose_chunk, cuda_chunk_cap, measure_curve, method_retrains,
+from unlearning.planning.costs import (CostCurve, DeviceMemory, choose_chunk, cuda_chunk_cap, measure_curve, method_retrains,
                               probe_sizes, sig, steady)
-from unlearning.plan import Footprint, Timing, balanced_chunks, fit_memory, plan_batch, plan_lines
+from unlearning.planning.plan import Footprint, Timing, balanced_chunks, fit_memory, plan_batch, plan_lines
 
 G = Gate()
 MB = 2**20
@@ -176,6 +176,6 @@ def test_small_costs_print_with_significant_figures_in_the_plan():
                       timing=t, sisa_cost=0.00042)
     text = "\n".join(plan_lines(plan))
     assert "cost 0.00042 retrains to accept" in text and "0.0 retrains" not in text
-    from unlearning.qualification import advise_mode
+    from unlearning.certificate.qualification import advise_mode
 
     assert "about 0.3 retrains' worth" in advise_mode(0.3, 40.0, "per_batch")[1]

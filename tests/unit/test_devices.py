@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from unlearning.batch import BatchRows
+from unlearning.batch.rows import BatchRows
 from unlearning.devices import DeviceUnavailable, resolve_device
 from unlearning.models import build_model
 

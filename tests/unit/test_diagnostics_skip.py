@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from unlearning.batch import BatchRows
+from unlearning.batch.rows import BatchRows
 from unlearning.config import load_params
-from unlearning.plan import Timing
+from unlearning.planning.plan import Timing
 
 ROWS = BatchRows(before=np.arange(13), forget=np.arange(3), retain=np.arange(3, 13), adjacent_mask=np.zeros(10, bool),
                  validation=np.arange(2))
@@ -20,7 +20,7 @@ DEAR = Timing(retrain_seconds=10.0, member_seconds=5.0, eval_seconds_per_member=
 
 def selection(params):
     """The batch's walk of the rules without the diagnostics (the facts a batch has before them)."""
-    from unlearning.selection import batch_facts, candidate_methods
+    from unlearning.policy.selection import batch_facts, candidate_methods
 
     return candidate_methods(params.deletion, batch_facts(params.deletion, params.train.epochs,
                                                           "retrain_equivalence", ROWS, None))

@@ -23,18 +23,18 @@ PAGES = ["index.md", "getting-started.md", "own-data.md", "sharding.md", "reques
          "erasure.md", "operations.md", "review.md", "troubleshooting.md", "configuration.md", "evidence.md",
          "methods-equivalence.md", "design.md", "gpu.md"]
 # The API reference of the core (mkdocstrings): one page per area, each rendering the modules it names.
-API_PAGES = {"api/index.md": [], "api/plan.md": ["unlearning.plan", "unlearning.costs"],
-             "api/acceptance.md": ["unlearning.acceptance", "unlearning.certificate"],
+API_PAGES = {"api/index.md": [], "api/plan.md": ["unlearning.planning.plan", "unlearning.planning.costs"],
+             "api/acceptance.md": ["unlearning.certificate.acceptance", "unlearning.certificate.equivalence"],
              "api/sequential.md": ["unlearning.sequential"],
-             "api/gate.md": ["unlearning.gate", "unlearning.policy", "unlearning.selection"],
-             "api/leverage.md": ["unlearning.leverage.diagnostics"], "api/partition.md": ["unlearning.partition"],
+             "api/gate.md": ["unlearning.certificate.gate", "unlearning.policy.selection_policy", "unlearning.policy.selection"],
+             "api/leverage.md": ["unlearning.leverage.diagnostics"], "api/partition.md": ["unlearning.batch.partition"],
              "api/methods.md": ["unlearning.methods.registry"], "api/metrics.md": ["unlearning.metrics.klom", "unlearning.metrics.epsilon"],
              "api/models.md": ["unlearning.models.ensemble"], "api/data.md": ["unlearning.data.store"],
-             "api/erasure.md": ["unlearning.ledger", "unlearning.erasure"], "api/requests.md": ["unlearning.requests"],
+             "api/erasure.md": ["unlearning.privacy.ledger", "unlearning.privacy.erasure"], "api/requests.md": ["unlearning.requests"],
              "api/ensembles.md": ["unlearning.ensembles"], "api/config.md": ["unlearning.config"],
-             "api/qualification.md": ["unlearning.qualification"], "api/sharding.md": ["unlearning.sharding"],
-             "api/licensing.md": ["unlearning.memorization", "unlearning.licensing"],
-             "api/batch.md": ["unlearning.batch", "unlearning.history"], "api/serving.md": ["unlearning.serving"],
+             "api/qualification.md": ["unlearning.certificate.qualification"], "api/sharding.md": ["unlearning.sharding"],
+             "api/licensing.md": ["unlearning.licensing.memorization", "unlearning.licensing.decision"],
+             "api/batch.md": ["unlearning.batch.rows", "unlearning.policy.history"], "api/serving.md": ["unlearning.serving"],
              "api/studies.md": ["unlearning.studies.digits"], "api/support.md": ["unlearning.io"],
              "api/stores.md": ["tasks.stores", "tasks.stores.base", "tasks.stores.dvc"]}
 PAGES += list(API_PAGES)

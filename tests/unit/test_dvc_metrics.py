@@ -35,7 +35,7 @@ def strict(text: str):
 
 def test_history_json_is_strict_json_with_null_for_no_output_gap(tmp_path):
     from adapters.dvc_metrics import write_deletion_metrics
-    from unlearning.history import history_point
+    from unlearning.policy.history import history_point
 
     params = load_params(make_project(tmp_path, inbox_files=False))
     # an exact batch (retrain) trains no oracles: its output gap is NaN in the state

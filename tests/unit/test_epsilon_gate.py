@@ -1,4 +1,4 @@
-"""The gate's two criteria (unlearning/gate.py, unlearning/sequential.py): `difference` (the KLoM permutation test,
+"""The gate's two criteria (unlearning/certificate/gate.py, unlearning/sequential.py): `difference` (the KLoM permutation test,
 unchanged) and `epsilon` (the per-row epsilon's bounds against gate.epsilon.max): the final verdict, the interim
 looks, the sequential certificate end to end, and the config keys."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from unlearning.config import ConfigError, Gate, parse_params
-from unlearning.gate import OracleAccuracy, SplitMeasures, evaluate_gate
+from unlearning.certificate.gate import OracleAccuracy, SplitMeasures, evaluate_gate
 from unlearning.metrics.epsilon import BatchEpsilon
 from unlearning.sequential import Criterion, Look, References, alpha_schedule, certify_logits, permutations_for
 

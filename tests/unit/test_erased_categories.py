@@ -12,10 +12,10 @@ from tasks.training import prepare_dataset
 from unlearning.config import parse_params
 from unlearning.data import DataError, apply_preprocessing, load_dataset, load_prepared
 from unlearning.data.store import rewrite_without
-from unlearning.erasure import add_tombstones, id_key, is_erased, read_tombstones
-from unlearning.fingerprint import describe_mismatch, fingerprint, matches, prepared_fingerprint
+from unlearning.privacy.erasure import add_tombstones, id_key, is_erased, read_tombstones
+from unlearning.privacy.fingerprint import describe_mismatch, fingerprint, matches, prepared_fingerprint
 from unlearning.io import commit_dir, staging_dir
-from unlearning.salt import id_salt  # the project's secret salt (with hash_sample_ids), as prepare keys ids
+from unlearning.privacy.salt import id_salt  # the project's secret salt (with hash_sample_ids), as prepare keys ids
 
 pytestmark = pytest.mark.filterwarnings("error")
 

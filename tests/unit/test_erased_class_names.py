@@ -11,8 +11,8 @@ from tasks.stages import names_after_erasure
 from tasks.training import prepare_dataset
 from unlearning.data import load_prepared
 from unlearning.data.store import erased_class_names
-from unlearning.erasure import add_tombstones
-from unlearning.fingerprint import describe_mismatch, fingerprint, matches, prepared_fingerprint
+from unlearning.privacy.erasure import add_tombstones
+from unlearning.privacy.fingerprint import describe_mismatch, fingerprint, matches, prepared_fingerprint
 
 from tests.unit.test_erased_categories import assert_no_raw_value, erase
 from tests.unit.test_erased_categories import project as table_project

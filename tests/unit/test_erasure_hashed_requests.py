@@ -14,12 +14,12 @@ from flows.deletion_batch import processed
 from tasks import erasure as E
 from adapters.request_check import check_request_file
 from unlearning.config import parse_params
-from unlearning.erasure import id_key
-from unlearning.salt import write_salt
+from unlearning.privacy.erasure import id_key
+from unlearning.privacy.salt import write_salt
 from unlearning.requests import kept_request_suffix, plain_forgotten_ids, read_request_file, redacted_request_bytes
 
 H = "request_id,sample_id,requested_at,reason"
-SALT = "hmac-sha256:" + "7a" * 32  # the project's id key (a layer of unlearning/salt.py)
+SALT = "hmac-sha256:" + "7a" * 32  # the project's id key (a layer of unlearning/privacy/salt.py)
 KEY = id_key(True, SALT)
 
 

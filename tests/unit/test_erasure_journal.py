@@ -1,4 +1,4 @@
-"""The erasure journal (unlearning/erasure_journal.py): what an erase has finished, store by store, so a kill
+"""The erasure journal (unlearning/privacy/erasure_journal.py): what an erase has finished, store by store, so a kill
 between two stores is resumed, named by `unlearn status` and finished before `make run`'s `dvc repro`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.helpers import make_project
-from unlearning.erasure_journal import Journal, has_unfinished, journal_dir, unfinished
+from unlearning.privacy.erasure_journal import Journal, has_unfinished, journal_dir, unfinished
 from unlearning.io import StateCorrupt
 
 ORDER = ["erasure reports", "tombstones", "prepared store", "state manifest", "DVC cache"]

@@ -20,7 +20,7 @@ from unlearning.data import load_prepared
 from unlearning.data.registry import load_dataset
 from unlearning.data.store import manifest_csv_bytes, write_prepared
 from unlearning.ensembles import id_hashes
-from unlearning.erasure import (
+from unlearning.privacy.erasure import (
     Finding, Purged, add_tombstones, id_key, keyed_forms, read_tombstones, tombstones_digest,
 )
 
@@ -196,7 +196,7 @@ def test_erasure_reports(tmp_path):
     scope.reports = [{"batch_id": "b", "pending": []}]
     assert problems(store.verify(scope)) == []
     # an erase a kill stopped (its journal): a problem naming the command that finishes it
-    from unlearning.erasure_journal import Journal, journal_dir
+    from unlearning.privacy.erasure_journal import Journal, journal_dir
 
     journal = Journal.start(journal_dir(params.path("state_dir")), "b", run_id=None, champion_version=None, keys=[],
                             n_ids=1, row_digests=[], order=["erasure reports", "tombstones"])
@@ -405,7 +405,7 @@ def test_shard_checkpoints(tmp_path):
 def test_id_traces(tmp_path):
     import hashlib
 
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     params = table_project(tmp_path, deletion={"hash_sample_ids": True})
     rows = pd.read_csv(tmp_path / "t.csv")
@@ -433,7 +433,7 @@ def test_id_traces(tmp_path):
 
 def test_memorization_map(tmp_path):
     from tasks.memorization_map import MapRecord, load_map, save_map
-    from unlearning.memorization import MemorizationMap
+    from unlearning.licensing.memorization import MemorizationMap
 
     params = table_project(tmp_path)
     store, scope = get_store("memorization map"), scope_of(params)

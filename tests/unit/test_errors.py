@@ -66,7 +66,7 @@ def test_an_unknown_batch_is_bad_input(tmp_path):
     from tasks.erasure import verify_erasure
     from tests.helpers import make_project
     from unlearning.config import load_params
-    from unlearning.erasure import UnknownBatch
+    from unlearning.privacy.erasure import UnknownBatch
 
     params = load_params(make_project(tmp_path, inbox_files=False))
     with pytest.raises(UnknownBatch, match="batch 'batch-000000000000' is not in the ledger .* holds no batch yet"):
@@ -114,7 +114,7 @@ def test_unreadable_pipeline_files_are_one_line_failures(tmp_path):
 
     from unlearning.data.store import read_state_manifest
     from unlearning.io import StateCorrupt, load_checkpoint, read_json_file
-    from unlearning.ledger import LedgerError, read_ledger
+    from unlearning.privacy.ledger import LedgerError, read_ledger
 
     (tmp_path / "champion.json").write_text('{"model_version": "3", "fing')
     (tmp_path / "ledger.jsonl").write_text('{"request_id": "r1"}\n{"request_id": "r')

@@ -1,11 +1,11 @@
-"""The fingerprint of (dataset, model spec, recipe) and its mismatch report (unlearning/fingerprint.py)."""
+"""The fingerprint of (dataset, model spec, recipe) and its mismatch report (unlearning/privacy/fingerprint.py)."""
 
 import json
 
 import pytest
 
 from unlearning.config import parse_params
-from unlearning.fingerprint import (
+from unlearning.privacy.fingerprint import (
     StateMismatch, dataset_identity, describe_mismatch, digest, fingerprint, matches, mismatch_error,
     params_fingerprint, read_dataset_identity,
 )

@@ -9,9 +9,9 @@ import random
 from pathlib import Path
 
 
-from unlearning.batch_summary import CandidateLine, check_in_words
+from unlearning.batch.summary import CandidateLine, check_in_words
 from unlearning.config import Gate
-from unlearning.gate import SplitMeasures, _check, format_beside, verdict_summary, Verdict
+from unlearning.certificate.gate import SplitMeasures, _check, format_beside, verdict_summary, Verdict
 from unlearning.sequential import Criterion
 
 P = 2 / 201  # the smallest p-value of 200 permutations with one more extreme: just below alpha = 0.01

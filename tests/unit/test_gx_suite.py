@@ -16,7 +16,7 @@ import pytest
 
 import adapters.request_check as rc
 from tests.helpers import ROOT
-from unlearning.ledger import hash_sample_id
+from unlearning.privacy.ledger import hash_sample_id
 
 H = "request_id,sample_id,requested_at,reason"
 

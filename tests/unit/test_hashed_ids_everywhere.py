@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import make_project
 from unlearning.config import load_params
-from unlearning.ledger import HASH_PREFIX, hash_sample_id
+from unlearning.privacy.ledger import HASH_PREFIX, hash_sample_id
 from unlearning.requests import RequestValidationError
 
 UNKNOWN = "ZZSECRET-0077"  # named by a request, in no manifest (a typo, or an id erased earlier)
@@ -89,7 +89,7 @@ def audited(tmp_path_factory):
 
     import flows.audit as A
     from unlearning.data import load_prepared
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     root = tmp_path_factory.mktemp("audit-hashed")
     hashed, plain = params_file(root, "hashed.yaml", True, HASHED), params_file(root, "plain.yaml", False, PLAIN)
@@ -204,7 +204,7 @@ KEYED = {s: hash_sample_id(s, "digits") for s in [*NAMES, "ZZSECRET-0079"]}
 
 def candidate(names: list[str]):
     from tasks.batch import CandidateOutcome
-    from unlearning.gate import Verdict
+    from unlearning.certificate.gate import Verdict
 
     rng = np.random.default_rng(0)
     per_sample = pd.DataFrame({"sample_id": names, "split": ["forget"] * len(names), "klom": [0.1, 0.2],

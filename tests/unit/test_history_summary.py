@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from unlearning.batch_summary import CandidateLine, check_in_words, chosen_rule, summary_markdown
-from unlearning.history import batches_from_ledger, debt_reasons, force_retrain, history_point, retraining_debt
+from unlearning.batch.summary import CandidateLine, check_in_words, chosen_rule, summary_markdown
+from unlearning.policy.history import batches_from_ledger, debt_reasons, force_retrain, history_point, retraining_debt
 
 
 def ledger(*batches: tuple[str, str, int]) -> list[dict]:
@@ -98,7 +98,7 @@ def test_summary_holds_what_a_reviewer_needs():
 def test_original_training_size_counts_erased_rows_from_the_ledger():
     import pandas as pd
 
-    from unlearning.history import n_original_train
+    from unlearning.policy.history import n_original_train
 
     manifest = pd.DataFrame({"split": ["train", "train", "train", "val"],
                              "status": ["retained", "retained", "deleted", "retained"]})
@@ -110,7 +110,7 @@ def test_the_erasure_line_says_pending_then_done_with_the_stores():
     from types import SimpleNamespace
 
     from tasks.stores.tracking import batch_page_after_erasure
-    from unlearning.batch_summary import erasure_line
+    from unlearning.batch.summary import erasure_line
 
     locked = {"stores": [{"store": "ensemble cache", "purged_files": []}, {"store": "prepared", "purged_rows": 0,
                                                                           "pending": True}],

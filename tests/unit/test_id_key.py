@@ -1,4 +1,4 @@
-"""The id key (unlearning/salt.py) and its re-keying (unlearning/rekey.py, tasks/rekey.py): HMAC-SHA256 under a
+"""The id key (unlearning/privacy/salt.py) and its re-keying (unlearning/privacy/rekey.py, tasks/rekey.py): HMAC-SHA256 under a
 key nobody but the pipeline reads; an older project, whose salt was backed up with the state into the DVC cache
 and remote, re-keyed once, in place, idempotently and crash-safely; and the attack of docs/erasure.md's threat
 model: someone who reads only the DVC cache and remote hashes every possible id with everything found there.
@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from tasks import rekey as tasks_rekey
-from unlearning import rekey
+from unlearning.privacy import rekey
 from unlearning.config import parse_params
-from unlearning.erasure import add_tombstones, read_tombstones, tombstones_digest
+from unlearning.privacy.erasure import add_tombstones, read_tombstones, tombstones_digest
 from unlearning.io import StateCorrupt
-from unlearning.salt import (
+from unlearning.privacy.salt import (
     HASH_PREFIX, KeyMigrationNeeded, hash_sample_id, id_salt, key_exposure, migration_pending, project_salt,
     read_salt, write_salt,
 )

@@ -1,12 +1,12 @@
-"""tasks/id_key.py IdKey: the slice a stage keys ids with keys them as the whole params do (unlearning/salt.py
+"""tasks/id_key.py IdKey: the slice a stage keys ids with keys them as the whole params do (unlearning/privacy/salt.py
 id_salt), and building it reads and makes no key."""
 
 from __future__ import annotations
 
 from tasks.id_key import IdKey
 from unlearning.config import parse_params
-from unlearning.ledger import hash_sample_id
-from unlearning.salt import id_salt
+from unlearning.privacy.ledger import hash_sample_id
+from unlearning.privacy.salt import id_salt
 
 
 def test_the_slice_keys_ids_as_the_whole_params_do(tmp_path, monkeypatch):

@@ -187,9 +187,9 @@ def test_no_import_cycles_counting_imports_inside_functions():
 WHOLE_PARAMS_BY_DESIGN = {
     # the project's salt lives beside params.yaml: base.paths (salt, state_dir, tombstones) against the project
     # root, and deletion.hash_sample_ids
-    ("unlearning/salt.py", "project_salt"), ("unlearning/salt.py", "id_salt"), ("unlearning/salt.py", "keep_copy"),
+    ("unlearning/privacy/salt.py", "project_salt"), ("unlearning/privacy/salt.py", "id_salt"), ("unlearning/privacy/salt.py", "keep_copy"),
     # a fingerprint is OF the params: the recipe, the seed, the model (a custom model's source under the root)
-    ("unlearning/fingerprint.py", "params_fingerprint"), ("unlearning/fingerprint.py", "prepared_fingerprint"),
+    ("unlearning/privacy/fingerprint.py", "params_fingerprint"), ("unlearning/privacy/fingerprint.py", "prepared_fingerprint"),
 }
 
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from unlearning.erasure import add_tombstones, is_erased, npy_rows_found, read_tombstones, row_digests
+from unlearning.privacy.erasure import add_tombstones, is_erased, npy_rows_found, read_tombstones, row_digests
 from unlearning.requests import scan_inbox
 
 
@@ -37,7 +37,7 @@ def test_tombstones_are_idempotent_and_hashed(tmp_path):
     path = tmp_path / "t.txt"
     assert add_tombstones(path, ["a", "b"]) == 2 and add_tombstones(path, ["b"]) == 0
     assert read_tombstones(path) == {"a", "b"}
-    from unlearning.ledger import hash_sample_id
+    from unlearning.privacy.ledger import hash_sample_id
 
     hashed = {hash_sample_id("a", "ds")}
     assert is_erased(hashed, True, "ds")("a") and not is_erased(hashed, True, "ds")("b")
@@ -84,7 +84,7 @@ def test_atomic_writes_get_the_usual_file_modes(tmp_path):
 def test_rewrite_without_keeps_the_dataset_identity(tmp_path):
     from unlearning.data import load_dataset, load_prepared, write_prepared
     from unlearning.data.store import rewrite_without
-    from unlearning.fingerprint import read_dataset_identity
+    from unlearning.privacy.fingerprint import read_dataset_identity
 
     ds = load_dataset("digits", max_train=40, max_val=10)
     write_prepared(ds, tmp_path / "p")

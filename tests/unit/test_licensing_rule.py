@@ -1,4 +1,4 @@
-"""The licensing rule (unlearning/licensing.py): the cut fitted against brute force on tiny cases, its lowering
+"""The licensing rule (unlearning/licensing/decision.py): the cut fitted against brute force on tiny cases, its lowering
 after a failed audit, the gate's operating characteristic, the guards and the decision."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from unlearning.licensing import (
+from unlearning.licensing.decision import (
     Cuts, Guards, adjacent_share, audit_operating_characteristic, debiased_mu, decide, fail_probability, fit_cuts,
     lowered, map_paid, nearest_rows, operating_grid, request_false_accept,
 )

@@ -1,4 +1,4 @@
-"""The memorization map (unlearning/memorization.py): the halves' design, the IN/OUT gathering, and the map's
+"""The memorization map (unlearning/licensing/memorization.py): the halves' design, the IN/OUT gathering, and the map's
 epsilon on rows whose IN and OUT statistics are known Gaussians (float64 references on tiny sizes)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unlearning.memorization import (
+from unlearning.licensing.memorization import (
     MemorizationMap, affordable_members, half_splits, in_out_samples, member_rows, memorization_map, row_losses,
 )
 from unlearning.metrics.epsilon import gdp_epsilon

@@ -16,10 +16,10 @@ from tasks.memorization_map import (
     MapRecord, MapSettings, cut_key, fit_map_cuts, load_map, map_key, map_plan, save_map, stale_reason,
 )
 from unlearning.config import parse_params
-from unlearning.costs import CostCurve
-from unlearning.licensing import Cuts
-from unlearning.memorization import MemorizationMap
-from unlearning.plan import Timing
+from unlearning.planning.costs import CostCurve
+from unlearning.licensing.decision import Cuts
+from unlearning.licensing.memorization import MemorizationMap
+from unlearning.planning.plan import Timing
 
 
 def settings_at(tmp_path, **over) -> MapSettings:

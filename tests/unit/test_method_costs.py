@@ -8,9 +8,9 @@ from types import SimpleNamespace as NS
 import numpy as np
 import torch
 
-from unlearning.batch import BatchRows
+from unlearning.batch.rows import BatchRows
 from unlearning.config import parse_params
-from unlearning.plan import Timing
+from unlearning.planning.plan import Timing
 
 
 def test_method_costs_time_the_method_warm_at_the_probes_thread(monkeypatch):

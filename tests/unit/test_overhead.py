@@ -1,4 +1,4 @@
-"""unlearning/overhead.py: one accounting of a batch's wall time (the same phases in its plan and its plan-vs-actual
+"""unlearning/planning/overhead.py: one accounting of a batch's wall time (the same phases in its plan and its plan-vs-actual
 line, summing to the total), the project's history the plan learns the fixed phases from, and the parts outside
 the batch."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from unlearning.overhead import (
+from unlearning.planning.overhead import (
     DEFAULT_FIXED_S, DEFAULT_OUTSIDE_S, FILE, FIXED_PHASES, PARTS, PHASES, History, account, outside_costs,
     plan_vs_actual_line, predict, predicted_line, total, write_fixed_costs,
 )

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from unlearning.config import Gate
-from unlearning.gate import OracleAccuracy, SplitMeasures, evaluate_gate, verdict_summary
-from unlearning.partition import knn_scores, partition_by_group, partition_by_score, subset_sizes
+from unlearning.certificate.gate import OracleAccuracy, SplitMeasures, evaluate_gate, verdict_summary
+from unlearning.batch.partition import knn_scores, partition_by_group, partition_by_score, subset_sizes
 
 
 def test_group_partition():
@@ -166,7 +166,7 @@ def test_klom_relative_to_noise_floor():
 
 
 def test_accuracy_on_its_printed_bound_passes():
-    from unlearning.gate import accuracy_interval
+    from unlearning.certificate.gate import accuracy_interval
 
     lo, hi = accuracy_interval(1.0, 1.0, 1.0, 3, 2.0, 0.0, 8)
     assert lo > 2 / 3  # by one rounding step: the check must not fail on it

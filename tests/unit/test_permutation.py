@@ -71,7 +71,7 @@ def test_smallest_pvalue_with_few_models_bounds_the_test():
     # 2 unlearned vs 2 oracle models: only C(4, 2) = 6 relabelings, so a draw repeats the observed one about
     # 1 time in 6, and even the most extreme observed labeling gets p >= ~(1 + P/6) / (1 + P), far above
     # alpha = 0.01 (here the mirror labeling is as extreme too: p ~ 2/6). The floor is a lower bound.
-    from unlearning.gate import smallest_klom_pvalue
+    from unlearning.certificate.gate import smallest_klom_pvalue
 
     rng = np.random.default_rng(3)
     n = 30

@@ -1,9 +1,9 @@
-"""The batch planner (unlearning/plan.py): a batch trains only what its decision needs."""
+"""The batch planner (unlearning/planning/plan.py): a batch trains only what its decision needs."""
 
 import pytest
 
 from unlearning.config import ConfigError, Gate, Validation
-from unlearning.plan import Footprint, Timing, balanced_chunks, certificate_looks, fit_memory, plan_batch, plan_lines
+from unlearning.planning.plan import Footprint, Timing, balanced_chunks, certificate_looks, fit_memory, plan_batch, plan_lines
 
 V, G = Validation(), Gate()
 
@@ -79,7 +79,7 @@ def test_a_plan_that_cannot_fit_is_refused_before_anything_runs():
                       explicit=False, footprint=footprint())
     assert plan.refusal and "validation.memory_mb" in plan.refusal
     assert any(line.startswith("refused:") for line in plan_lines(plan))
-    from unlearning.plan import PlanRefused
+    from unlearning.planning.plan import PlanRefused
     assert issubclass(PlanRefused, ConfigError)  # bad input: exit 2, one line
 
 

@@ -5,7 +5,7 @@ sisa clear the retraining debt), and one without them has no marker entry."""
 from __future__ import annotations
 
 from adapters import plots
-from unlearning.batch import SPLITS
+from unlearning.batch.rows import SPLITS
 
 
 def legend_texts(ax) -> list[str]:

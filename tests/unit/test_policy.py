@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from unlearning.policy import (
+from unlearning.policy.selection_policy import (
     DEFAULT_RULES, FACTS, Rule, SelectionPolicy, allowed_keys, parse_key, select_methods,
 )
 

@@ -1,4 +1,4 @@
-"""The planner's probe on a real (tiny) model (unlearning/probe.py, tasks/planning.py): on a scripted clock (known
+"""The planner's probe on a real (tiny) model (unlearning/planning/probe.py, tasks/planning.py): on a scripted clock (known
 step times), the step timer reports each step and one warm-up, and the curve holds the median step per size;
 each approximate candidate timed, and one estimate shared through the cache by `unlearn plan` and the batch that
 follows it."""
@@ -11,19 +11,19 @@ import numpy as np
 import torch
 
 from tests.helpers import make_project
-from unlearning.batch import BatchRows
+from unlearning.batch.rows import BatchRows
 from unlearning.config import load_params
-from unlearning.costs import PROBE_MIN_STEPS, measure_curve
+from unlearning.planning.costs import PROBE_MIN_STEPS, measure_curve
 from unlearning.data import load_dataset
 from unlearning.data.store import load_prepared, write_prepared
 from unlearning.models import TrainRecipe, build_model
-from unlearning.probe import PROBE_MAX_STEPS, StepTimer
+from unlearning.planning.probe import PROBE_MAX_STEPS, StepTimer
 
 MLP = {"arch": "mlp", "in_shape": [8], "n_classes": 3, "kwargs": {"hidden": [8]}}
 
 
 class ScriptedClock:
-    """A fake `time.perf_counter` for unlearning/probe.py: each call returns the time, then moves it on by the
+    """A fake `time.perf_counter` for unlearning/planning/probe.py: each call returns the time, then moves it on by the
     next interval of the script (exact binary fractions, so sums and medians are exact)."""
 
     def __init__(self, intervals: list[float]):
@@ -38,7 +38,7 @@ class ScriptedClock:
 
 def timer_on(clock: ScriptedClock, monkeypatch, min_seconds: float) -> StepTimer:
     """A StepTimer of a tiny MLP on 96 rows in batches of 32 (3 steps an epoch) reading `clock`."""
-    import unlearning.probe as probe
+    import unlearning.planning.probe as probe
 
     monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     g = torch.Generator().manual_seed(0)
@@ -90,7 +90,7 @@ def test_the_cost_curve_is_the_median_step_per_size_on_a_known_clock(monkeypatch
 
 def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):
     from tasks.planning import ProbeInputs, batch_plan, probe
-    from unlearning.plan import plan_lines
+    from unlearning.planning.plan import plan_lines
 
     params = load_params(make_project(tmp_path, {"train": {"epochs": 2}, "validation": {
         "chunk_size": None, "n_oracles": 16, "n_shadows": 16}}, inbox_files=False))
@@ -129,7 +129,7 @@ def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):
 
 
 def test_a_planned_chunk_the_device_cannot_hold_is_halved_until_it_fits():
-    from unlearning.probe import curve_within_memory
+    from unlearning.planning.probe import curve_within_memory
 
     class Tight:  # a device that holds 20 members in training
         counted = []

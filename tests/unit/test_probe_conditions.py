@@ -1,4 +1,4 @@
-"""The planner's probe measures what the batch will get (unlearning/costs.py ProbeConditions, unlearning/probe.py
+"""The planner's probe measures what the batch will get (unlearning/planning/costs.py ProbeConditions, unlearning/planning/probe.py
 ConditionsMeter, tasks/planning.py probe): the process's CPU share over the probe, rounds until they agree, a
 cached figure taken again when it is old or was taken under another load, and the range the plan states. Known
 values with fake clocks: nothing here depends on how loaded the machine is."""
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from unlearning.costs import CostCurve, ProbeConditions, contention, round_factors, steady_curve
-from unlearning.probe import ConditionsMeter, load_per_cpu
+from unlearning.planning.costs import CostCurve, ProbeConditions, contention, round_factors, steady_curve
+from unlearning.planning.probe import ConditionsMeter, load_per_cpu
 
 
 class Clock:
@@ -40,10 +40,10 @@ def test_the_probe_times_with_the_batchs_training_threads(monkeypatch):
     """The probe's steps run with the thread count every training run uses (TRAIN_THREADS), not torch's default."""
     import torch
 
-    import unlearning.probe as probe_mod
+    import unlearning.planning.probe as probe_mod
     from unlearning.models import TrainRecipe, build_model
     from unlearning.models.training import TRAIN_THREADS
-    from unlearning.probe import StepTimer
+    from unlearning.planning.probe import StepTimer
 
     seen = []
     real_fit = probe_mod.fit
@@ -90,7 +90,7 @@ def probed(tmp_path_factory):
     from tasks.batch import partition_retain
     from tasks.training import build
     from tests.helpers import make_project
-    from unlearning.batch import batch_rows
+    from unlearning.batch.rows import batch_rows
     from unlearning.config import Partition, load_params
     from unlearning.data import load_dataset
     from unlearning.data.store import load_prepared, write_prepared

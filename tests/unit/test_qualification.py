@@ -1,4 +1,4 @@
-"""The qualification core (unlearning/qualification.py): binomial intervals against brute force, the table,
+"""The qualification core (unlearning/certificate/qualification.py): binomial intervals against brute force, the table,
 the licensing rule, the audit schedule, the suite draw."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 
-from unlearning.qualification import (EXACT, Qualification, Trial, audit_due, clopper_pearson, draw_suite,
+from unlearning.certificate.qualification import (EXACT, Qualification, Trial, audit_due, clopper_pearson, draw_suite,
                                       license_method, licenses_any, pass_rate_table, wilson)
 
 
@@ -172,7 +172,7 @@ def test_params_of_the_qualified_mode_answer_bad_values_in_one_line():
 
 
 def test_gap_in_noise_units_matches_the_selection_facts_float64():
-    from unlearning.qualification import gap_in_noise_units
+    from unlearning.certificate.qualification import gap_in_noise_units
 
     g = np.array([0.1, 0.3, 0.2])
     assert gap_in_noise_units(g, 0.01) == pytest.approx(np.mean(0.5 * g ** 2) / 0.01, rel=1e-15)
@@ -181,7 +181,7 @@ def test_gap_in_noise_units_matches_the_selection_facts_float64():
 
 def test_membership_test_auc_matches_the_mia_metric_and_exact_permutation_float64():
     from unlearning.metrics import loss_threshold_auc
-    from unlearning.qualification import membership_test
+    from unlearning.certificate.qualification import membership_test
 
     rng = np.random.default_rng(1)
     fl, vl = rng.random(4), rng.random(5)
@@ -201,7 +201,7 @@ def test_membership_test_auc_matches_the_mia_metric_and_exact_permutation_float6
 
 
 def test_membership_test_rejects_members_and_keeps_held_out_rows():
-    from unlearning.qualification import membership_test
+    from unlearning.certificate.qualification import membership_test
 
     rng = np.random.default_rng(2)
     y = rng.integers(0, 3, 200)
@@ -213,7 +213,7 @@ def test_membership_test_rejects_members_and_keeps_held_out_rows():
 
 
 def test_cheap_checks_name_each_failing_check():
-    from unlearning.qualification import cheap_checks
+    from unlearning.certificate.qualification import cheap_checks
 
     m = {"acc/remote": 0.90, "original_acc/remote": 0.99, "acc/validation": 0.96, "original_acc/validation": 0.97}
     checks, failures = cheap_checks(m, 0.05, 0.5, 0.01)
@@ -226,7 +226,7 @@ def test_cheap_checks_name_each_failing_check():
 def test_mode_advice_follows_the_certificate_seconds():
     """per_batch while certifying one approximate candidate takes at most 10 minutes (docs/certificate.md,
     "qualified past it"): pinned at 600 s from both sides, so the test fails when the threshold moves."""
-    from unlearning.qualification import advise_mode
+    from unlearning.certificate.qualification import advise_mode
 
     mode, line = advise_mode(40.0, 0.2, "per_batch")
     assert mode == "per_batch" and "as configured" in line and "(8 s at 0.2 s a retrain)" in line
@@ -240,7 +240,7 @@ def test_mode_advice_follows_the_certificate_seconds():
 
 
 def test_audit_status_lists_unaudited_versions_and_the_history():
-    from unlearning.qualification import audit_lines, audit_status
+    from unlearning.certificate.qualification import audit_lines, audit_status
 
     records = [{"kind": "promoted", "batch_id": "b1", "version": "2", "method": "do_nothing"},
                {"kind": "audit", "batch_id": "b1", "version": "2", "method": "do_nothing", "passed": True,
@@ -260,14 +260,14 @@ def test_audit_status_lists_unaudited_versions_and_the_history():
 # --- qualify.min_sets_per_bin: drawing sets until each bin of predicted gap holds enough -------------------------
 
 def test_bin_deficits_count_what_each_bin_lacks():
-    from unlearning.qualification import bin_deficits
+    from unlearning.certificate.qualification import bin_deficits
 
     assert bin_deficits([0.1, 0.2, 3.0, math.nan], [0.5, 1.0], 2) == [(0.5, 1.0, 2), (1.0, math.inf, 1)]
     assert bin_deficits([0.1, 0.7, 2.0], [0.5, 1.0], 1) == []
 
 
 def test_window_sets_land_where_the_ranking_says():
-    from unlearning.qualification import draw_window_set, rank_position, window_for
+    from unlearning.certificate.qualification import draw_window_set, rank_position, window_for
 
     D = np.arange(100, 300)
     score = np.arange(200.0)  # row D[i] has rank i
@@ -283,7 +283,7 @@ def _fill(gap_of_position, min_sets=2, budget=20):
     from types import SimpleNamespace
 
     from tasks.qualification import fill_bins
-    from unlearning.qualification import rank_position
+    from unlearning.certificate.qualification import rank_position
 
     D, score = np.arange(1000), np.random.default_rng(1).random(1000)
     q = SimpleNamespace(bins=[0.5, 1.0, 2.0, 4.0], min_sets_per_bin=min_sets, max_extra_sets=budget, extra_set_size=20)
@@ -300,7 +300,7 @@ def _fill(gap_of_position, min_sets=2, budget=20):
 def test_fill_bins_draws_until_every_bin_holds_enough():
     short, observed, drawn = _fill(lambda p: 8.0 * p ** 2)  # gaps 0.08, 2, 6.5 from the suite
     assert short == [] and 0 < len(drawn) <= 20
-    from unlearning.qualification import bin_deficits
+    from unlearning.certificate.qualification import bin_deficits
 
     assert bin_deficits([g for _, g in observed], [0.5, 1.0, 2.0, 4.0], 2) == []
 
@@ -321,7 +321,7 @@ def test_bins_left_short_survive_the_stored_round_trip():
 def test_a_class_level_request_fails_the_cheap_checks():
     """do_nothing on a whole class passes the accuracy checks (it is the original) and the membership test (the
     class's validation rows are as well fitted as its training rows): only the class share catches it."""
-    from unlearning.qualification import cheap_checks, largest_class_share
+    from unlearning.certificate.qualification import cheap_checks, largest_class_share
 
     before = np.array([0] * 10 + [1] * 20)
     assert largest_class_share(before[:10], before) == 1.0
@@ -351,7 +351,7 @@ def test_the_license_orders_methods_by_their_timed_cost_on_this_model():
 
 def test_mode_advice_with_exact_candidates_only_keeps_the_configured_mode():
     """sisa alone (a sharded original) certifies nothing: qualified would be advice for nothing."""
-    from unlearning.qualification import PER_BATCH_SECONDS, advise_mode
+    from unlearning.certificate.qualification import PER_BATCH_SECONDS, advise_mode
 
     mode, line = advise_mode(160.0, PER_BATCH_SECONDS, "per_batch", exact_only=("sisa",))
     assert mode == "per_batch" and "qualify" not in line and "sisa" in line and "exact" in line

@@ -34,7 +34,7 @@ def qualified_batch(method: str, monkeypatch) -> list[str]:
     import tasks.qualification
     import tasks.stages as S
     from tasks.batch_path import BatchCounts, qualified_run
-    from unlearning.qualification import EXACT, License
+    from unlearning.certificate.qualification import EXACT, License
 
     q = SimpleNamespace(noise=0.1, tag=lambda: "qualification")
     monkeypatch.setattr(tasks.qualification, "license_for_batch",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from unlearning.config import ConfigError, parse_params
-from unlearning.quality import QualityFacts, class_counts, quality_warnings, refused
+from unlearning.batch.quality import QualityFacts, class_counts, quality_warnings, refused
 
 ACC = {"validation": 0.80, "forget": 0.9}
 
@@ -103,7 +103,7 @@ def batch_and_state(tmp_path):
 def test_announce_quality_logs_tags_summarises_and_returns_the_lines(tmp_path, monkeypatch):
     import tasks.quality as Q
     from tasks.quality import announce_quality
-    from unlearning.batch_summary import summary_markdown
+    from unlearning.batch.summary import summary_markdown
 
     console, info = [], []
     monkeypatch.setattr(Q, "run_logger", lambda: SimpleNamespace(warning=console.append, info=info.append))

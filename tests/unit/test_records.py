@@ -11,16 +11,17 @@ import pandas as pd
 import pytest
 import torch
 
-from unlearning import acceptance, sequential
-from unlearning.acceptance import Outcome, outcome_from_logits, split_records
-from unlearning.batch import BatchRows
+from unlearning import sequential
+from unlearning.certificate import acceptance
+from unlearning.certificate.acceptance import Outcome, outcome_from_logits, split_records
+from unlearning.batch.rows import BatchRows
 from unlearning.config import METHOD_TRAITS, CertificateKind, Gate, method_traits
 from unlearning.data.store import Prepared
-from unlearning.gate import Check, SplitMeasures, Verdict
-from unlearning.metric_keys import ALPHA, LOOKS
+from unlearning.certificate.gate import Check, SplitMeasures, Verdict
+from unlearning.certificate.metric_keys import ALPHA, LOOKS
 from unlearning.models import build_model
-from unlearning.plan import Step
-from unlearning.records import Selection
+from unlearning.planning.plan import Step
+from unlearning.batch.records import Selection
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME_HOMES = {"unlearning/config.py"}  # the trait table and the defaults name methods; so do the methods' modules

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from unlearning.batch import BatchRows, sampled_for_certificate, validation_adjacent_mask
+from unlearning.batch.rows import BatchRows, sampled_for_certificate, validation_adjacent_mask
 from unlearning.config import Gate, parse_params
-from unlearning.gate import evaluate_gate
-from unlearning.quality import accuracy_change_lines, accuracy_changes, entangled_accuracies
+from unlearning.certificate.gate import evaluate_gate
+from unlearning.batch.quality import accuracy_change_lines, accuracy_changes, entangled_accuracies
 
 
 def manifest() -> pd.DataFrame:
@@ -71,7 +71,7 @@ def test_the_floors_read_the_remote_validation_rows_when_the_batch_has_any():
     diverged = {**whole_class, "acc/validation_remote": 0.60}
     verdict = evaluate_gate("retrain_equivalence", diverged, gate)
     assert not verdict.passed and verdict.checks["acc/validation_drop"]["value"] == 0.60
-    from unlearning.batch_summary import failing_checks_in_words
+    from unlearning.batch.summary import failing_checks_in_words
 
     assert failing_checks_in_words(verdict.checks) == [
         "validation accuracy on the rows the batch does not entangle 0.6 fell below the original's minus the tolerance "

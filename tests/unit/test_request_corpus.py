@@ -19,7 +19,7 @@ import pytest
 
 import adapters.request_check as validation
 from adapters.request_check import MANIFEST_NOT_CHECKED, check_request_file
-from unlearning.ledger import hash_sample_id
+from unlearning.privacy.ledger import hash_sample_id
 
 H = "request_id,sample_id,requested_at,reason"
 SALT = "digits"

@@ -113,7 +113,7 @@ def test_a_small_file_is_validated_whole_by_great_expectations(monkeypatch):
 
 def test_a_look_alike_is_named_only_in_plain_mode(tmp_path, monkeypatch):
     from tests.unit.test_request_corpus import fast_suite
-    from unlearning.ledger import hash_sample_id
+    from unlearning.privacy.ledger import hash_sample_id
 
     monkeypatch.setattr(rc, "run_suite", fast_suite)
     path = tmp_path / "a.csv"

@@ -5,7 +5,7 @@ import pytest
 
 from unlearning.data import initial_state_manifest, load_dataset, manifest_of
 from unlearning.io import commit_dir, recover_dir, staging_dir
-from unlearning.ledger import LEDGER_FIELDS, LedgerError, appended, hash_sample_id, ledger_text, read_ledger
+from unlearning.privacy.ledger import LEDGER_FIELDS, LedgerError, appended, hash_sample_id, ledger_text, read_ledger
 from unlearning.requests import (
     RequestValidationError, batch_objective, coerce_requests, list_request_files, read_request_file,
     structural_problems,

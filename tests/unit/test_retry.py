@@ -6,7 +6,7 @@ import pytest
 
 from tasks.retry import is_transient, transient_io_only, transient_io_or_dvc_lock
 from unlearning.config import ConfigError
-from unlearning.fingerprint import StateMismatch
+from unlearning.privacy.fingerprint import StateMismatch
 from unlearning.requests import RequestValidationError
 
 

@@ -1,4 +1,4 @@
-"""The project's secret id key (unlearning/salt.py) and how long an applied request file keeps its plain ids
+"""The project's secret id key (unlearning/privacy/salt.py) and how long an applied request file keeps its plain ids
 (erasure.keep_request_files; docs/erasure.md)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from tests.helpers import ROOT
 from flows.deletion_batch import _expire_request_files, processed
 from tasks.stores.requests import RequestFiles, redact_request_files
 from unlearning.config import ConfigError, load_params, parse_params
-from unlearning.erasure import add_tombstones, id_key
+from unlearning.privacy.erasure import add_tombstones, id_key
 from unlearning.io import StateCorrupt
-from unlearning.salt import SaltLost, create_salt, id_salt, project_salt, remove_state_copy, write_salt
+from unlearning.privacy.salt import SaltLost, create_salt, id_salt, project_salt, remove_state_copy, write_salt
 
 H = "request_id,sample_id,requested_at,reason"
 PARAMS = ROOT / "params.yaml"
@@ -114,7 +114,7 @@ def test_kept_days_then_hashed(tmp_path):
 def test_plain_tombstones_from_before_the_default_still_erase(tmp_path):
     """A project that erased with plain ids (hash_sample_ids was false by default) keeps those rows out after the
     switch to hashed ids: prepare and the erasure read a plain tombstone as erased."""
-    from unlearning.erasure import is_erased
+    from unlearning.privacy.erasure import is_erased
 
     params = project(tmp_path)
     key = id_key(True, id_salt(params))

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from unlearning.ensembles import cached_ensemble, ensemble_key, ids_digest, trained_on
-from unlearning.ledger import hash_sample_id
+from unlearning.privacy.ledger import hash_sample_id
 from unlearning.models import TrainRecipe
 from unlearning.sharding import ShardPlan, id_hash, legacy_plan
 
@@ -99,7 +99,7 @@ class Lines:
 def test_the_erasure_report_keeps_salted_row_digests_and_no_way_back_to_an_id(tmp_path, monkeypatch):
     from tasks import erasure as E
     from unlearning.data import load_prepared
-    from unlearning.salt import id_salt
+    from unlearning.privacy.salt import id_salt
 
     params = hashed_table_project(tmp_path)
     x = load_prepared(params.path("prepared_dir"))

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from unlearning.batch import BatchRows
+from unlearning.batch.rows import BatchRows
 from unlearning.config import ConfigError, parse_params
-from unlearning.selection import _mean_kl_to_mean, batch_facts, candidate_methods
+from unlearning.policy.selection import _mean_kl_to_mean, batch_facts, candidate_methods
 
 
 def rows(n_forget=3, n_retain=10, n_adjacent=4):
@@ -97,7 +97,7 @@ def test_gap_facts_relative_to_noise():
 ])
 def test_method_config_is_checked_before_any_training(deletion, match):
     """Every method name and argument set in params.deletion fails with the key and the allowed values."""
-    from unlearning.selection import check_method_config
+    from unlearning.policy.selection import check_method_config
 
     with pytest.raises(ConfigError, match=match):
         check_method_config(parse_params({"deletion": deletion}).deletion)
@@ -105,7 +105,7 @@ def test_method_config_is_checked_before_any_training(deletion, match):
 
 def test_default_method_config_passes():
     from unlearning.config import load_params
-    from unlearning.selection import check_method_config
+    from unlearning.policy.selection import check_method_config
     from tests.helpers import ROOT
 
     check_method_config(load_params(ROOT / "params.yaml").deletion)  # no error
@@ -138,7 +138,7 @@ def test_the_noise_of_well_learned_forget_rows_is_floored_by_as_many_validation_
     units looked large (6e-6 read as 5.4 times its noise). The validation rows' spread is the floor."""
     import torch
 
-    from unlearning.selection import noise_floor
+    from unlearning.policy.selection import noise_floor
 
     g = torch.Generator().manual_seed(0)
     agreeing = torch.zeros(8, 5, 3) + torch.tensor([9.0, 0.0, 0.0])  # [N, n, C]: every oracle the same

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from unlearning.config import Gate
-from unlearning.gate import SplitMeasures
+from unlearning.certificate.gate import SplitMeasures
 from unlearning.sequential import (Criterion, References, alpha_schedule, certify_logits, permutations_for,
                                    run_looks)
 from unlearning.metrics.permutation import klom_permutation_test  # noqa: F401  (the test the looks run)

@@ -271,7 +271,7 @@ def test_promote_registers_the_recipe_without_the_erased_rows_values(tmp_path):
     from tasks.stages import preparation_after_erasure
     from tasks.training import prepare_dataset
     from unlearning.config import parse_params
-    from unlearning.erasure import add_tombstones, id_key
+    from unlearning.privacy.erasure import add_tombstones, id_key
 
     raw_table().to_csv(tmp_path / "t.csv", index=False)
     params = parse_params({"prepare": {"dataset": "table", "table": {

@@ -265,7 +265,7 @@ def test_sisa_on_a_model_trained_as_one_is_refused_with_the_fix():
 
 def test_the_planner_knows_sisa_is_exact_and_its_cost_and_refuses_it_for_one_model():
     from unlearning.config import Gate, Validation
-    from unlearning.plan import PlanRefused, plan_batch
+    from unlearning.planning.plan import PlanRefused, plan_batch
 
     plan = plan_batch(["sisa", "retrain"], "retrain_equivalence", Validation(), Gate(), weigh_cost=True,
                       explicit=False, sisa_cost=0.08)
@@ -287,7 +287,7 @@ def test_the_planner_knows_sisa_is_exact_and_its_cost_and_refuses_it_for_one_mod
 
 
 def test_the_default_policy_picks_sisa_whenever_the_original_is_sharded():
-    from unlearning.policy import DEFAULT_RULES, SelectionPolicy, select_methods
+    from unlearning.policy.selection_policy import DEFAULT_RULES, SelectionPolicy, select_methods
 
     policy = SelectionPolicy(rules=DEFAULT_RULES)
     for objective in ("retrain_equivalence", "suppression"):

@@ -1,8 +1,8 @@
-"""Which models hold tombstoned rows (unlearning/erasure.py): the rules by hand."""
+"""Which models hold tombstoned rows (unlearning/privacy/erasure.py): the rules by hand."""
 
 from __future__ import annotations
 
-from unlearning.erasure import clean_of_tombstones, state_is_clean, tombstones_digest
+from unlearning.privacy.erasure import clean_of_tombstones, state_is_clean, tombstones_digest
 
 
 def test_a_checkpoint_is_clean_of_the_tombstones_it_records():

@@ -23,7 +23,7 @@ print("LOADED " + json.dumps(sorted(m for m in ("torch", "prefect", "mlflow", "g
 """
 
 
-@pytest.mark.parametrize("module", ["unlearning.stats", "unlearning.gate", "unlearning.qualification",
+@pytest.mark.parametrize("module", ["unlearning.stats", "unlearning.certificate.gate", "unlearning.certificate.qualification",
                                     "unlearning.sequential"])
 def test_the_gate_and_the_qualification_import_no_torch(module):
     res = subprocess.run([sys.executable, "-c", PROBE.format(root=str(ROOT), module=module)], capture_output=True,

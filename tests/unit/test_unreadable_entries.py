@@ -26,8 +26,8 @@ def _unprivileged() -> list[str]:
 
 def test_unreadable_entries_are_named_and_counted_and_the_rest_is_checked(tmp_path):
     from unlearning.config import load_params
-    from unlearning.erasure import add_tombstones, id_key
-    from unlearning.salt import id_salt
+    from unlearning.privacy.erasure import add_tombstones, id_key
+    from unlearning.privacy.salt import id_salt
 
     params = make_project(tmp_path, inbox_files=False)
     p = load_params(params)

@@ -11,9 +11,9 @@ import pandas as pd
 
 from adapters.request_check import check_request_file, validation_mask
 from tasks.stages import ledger_entries, split_by_kind, unlearned_mask
-from unlearning.batch import validation_rows
-from unlearning.history import n_original_train, retraining_debt
-from unlearning.ledger import ERASED_NOT_TRAINED_ON, UNLEARNED
+from unlearning.batch.rows import validation_rows
+from unlearning.policy.history import n_original_train, retraining_debt
+from unlearning.privacy.ledger import ERASED_NOT_TRAINED_ON, UNLEARNED
 
 H = "request_id,sample_id,requested_at,reason"
 

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from unlearning.data.dataset import DataError, Dataset, DatasetMissing, stratified_split, subsample_splits
-from unlearning.ids import CONTROL_CHARACTERS
+from unlearning.privacy.ids import CONTROL_CHARACTERS
 
 TABLE_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -188,7 +188,7 @@ def _standardize(x: np.ndarray, mean: float, std: float) -> np.ndarray:
 def feature_types(df: pd.DataFrame, columns: Sequence[str]) -> dict[str, str]:
     """Each feature column's type as a served model's signature names it (MLflow's names): `long` for an integer
     column, `double` for another number column, `boolean`, or `string` for a text (one-hot) column. Recorded in
-    dataset.json (`feature_types`, not part of the dataset's identity: unlearning/fingerprint.py) for the served
+    dataset.json (`feature_types`, not part of the dataset's identity: unlearning/privacy/fingerprint.py) for the served
     champion (unlearning/data/preparation.py), which checks raw rows against it."""
     types = {}
     for col in columns:

@@ -124,7 +124,7 @@ def erased_info(info: dict, manifest: pd.DataFrame, keep: np.ndarray, X: np.ndar
     the dataset identity of the store before
     any erasure (so the state fingerprint survives an erasure; it holds no category values, see fingerprint.py).
     The prepare stage (write_prepared) and an erasure (rewrite_without) both come here: they write the same."""
-    from unlearning.fingerprint import dataset_identity
+    from unlearning.privacy.fingerprint import dataset_identity
 
     identity = dataset_identity(info, manifest["sample_id"].tolist(), manifest["split"].tolist(),
                                 manifest["label"].tolist())

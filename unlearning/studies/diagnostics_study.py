@@ -2,7 +2,7 @@
 against what each method then does, over forget sets of different structure.
 
 Per structure: the diagnostics of the original (predicted output gap, self-leverage trace; the policy's facts,
-unlearning.selection.batch_facts), then every method of `report.s5.methods` on the original and the N shadows,
+unlearning.policy.selection.batch_facts), then every method of `report.s5.methods` on the original and the N shadows,
 its realised gap (mean |margin - oracle mean margin| on the forget set, oracle set A, averaged over the
 shadows; the retrain is oracle set B: `unlearning.studies.digits.margin_gap`) and the gate's verdict (oracle set A).
 
@@ -29,7 +29,7 @@ from unlearning.leverage import compute_diagnostics
 from unlearning.leverage.diagnostics import spearman
 from unlearning.models import predict_logits
 from unlearning.progress import Progress
-from unlearning.selection import batch_facts, candidate_methods
+from unlearning.policy.selection import batch_facts, candidate_methods
 from unlearning.studies.digits import DigitsProblem, make_forget_set, run_candidate, train_originals, digits_problem
 
 LEVERAGE_CHUNK = 240

@@ -1,5 +1,5 @@
 """The digits problem of the studies and benches: dataset, model spec and recipe from params.yaml, and one
-forget set judged exactly as the deletion flow judges a candidate (unlearning.certificate + unlearning.gate).
+forget set judged exactly as the deletion flow judges a candidate (unlearning.certificate.equivalence + unlearning.certificate.gate).
 
 Roles (unlearning.seeds, one SeedSequence stream each): the original (the study's seed), `shadows` (N shadow
 originals on D), `oracles` (set A: the gate's oracles on R = D minus F) and `oracles_b` (set B: independent
@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from unlearning.config import method_traits
-from unlearning.batch import SPLITS, BatchRows
-from unlearning import metric_keys as K
+from unlearning.batch.rows import SPLITS, BatchRows
+from unlearning.certificate import metric_keys as K
 from unlearning.config import Gate, Params
 from unlearning.data import load_dataset
 from unlearning.sequential import Criterion, References, certify_logits

@@ -39,7 +39,7 @@ from unlearning.methods import TrainRecipe, UnlearnContext, parse_args, run_meth
 from unlearning.metrics import accuracy_by_split
 from unlearning.models import build_model, fit, param_count, predict_logits, seeds_for
 from unlearning.models.training import batch_bounds, has_batchnorm, intra_op_threads
-from unlearning.partition import partition_by_group
+from unlearning.batch.partition import partition_by_group
 from unlearning.progress import Progress
 from unlearning.seeds import method_seed, original_seed
 

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from unlearning.batch import SPLITS
+from unlearning.batch.rows import SPLITS
 from unlearning.config import EXACT_RETRAIN, Params, S3Random, method_traits
 from unlearning.progress import Progress
 from unlearning.studies.digits import (digits_problem, make_forget_set, run_candidate, setting_label,

@@ -2,7 +2,7 @@
 what that costs in units of one retrain of the user's model, and its peak memory (docs/design.md §4.6).
 
 A batch plans before it trains anything. The planner is a pure function of cheap facts: the ordered candidate
-list of the selection rules (unlearning/policy.py), the objective, the config slices, and two measurements of
+list of the selection rules (unlearning/policy/selection_policy.py), the objective, the config slices, and two measurements of
 this model on this device (`Timing`, `Footprint`: a short probe in tasks/planning.py). It returns a `Plan`
 whose steps the shell executes in order and whose predictions the batch logs beside the actuals.
 
@@ -21,7 +21,7 @@ n_oracles + n_shadows reference models and runs the method on the original and o
 costs more than the exact retrain it would replace, the planner goes straight to retrain and says why. A
 candidate named explicitly (`deletion.method`) is honoured.
 
-Costs come from timings on this model on this device (unlearning/costs.py): the references from the probe's
+Costs come from timings on this model on this device (unlearning/planning/costs.py): the references from the probe's
 cost curve (one step's seconds against members per chunk: linear on a CPU, flat on a GPU until the device
 fills, docs/gpu.md), a method from a timed run of it on a sample of the batch's rows. Chunks are sized
 by the device's memory: `validation.memory_mb` on a CPU, `validation.gpu_memory_mb` (or the free device memory)
@@ -37,7 +37,7 @@ from typing import Callable
 from unlearning.config import (
     EXACT_RETRAIN, SHARDED_EXACT, CertificateKind, ConfigError, Gate, Validation, method_traits, sharded_original_problem,
 )
-from unlearning.costs import CostCurve, DeviceMemory, ProbeConditions, choose_chunk, cuda_chunk_cap, sig
+from unlearning.planning.costs import CostCurve, DeviceMemory, ProbeConditions, choose_chunk, cuda_chunk_cap, sig
 from unlearning.sequential import alpha_schedule, permutations_for
 
 MB = 1024 * 1024
@@ -52,7 +52,7 @@ class PlanRefused(ConfigError):
 class Timing:
     """Seconds of this model on this device (tasks/planning.py measures them with a short probe).
 
-    `curve`: one training step's seconds against members per chunk (unlearning/costs.py); `steps`: optimizer
+    `curve`: one training step's seconds against members per chunk (unlearning/planning/costs.py); `steps`: optimizer
     steps of one retrain (epochs x minibatches of the retain rows), so a chunk of k members trains in
     curve.seconds(k) x steps. `method_retrains`: a method's run on one model (the original), in retrains,
     timed on this model. Without a curve a member costs `member_seconds` whatever the chunk."""
@@ -403,7 +403,7 @@ def plan_batch(candidates: list[str], objective: str, validation: Validation, ga
     workers = 1 if cuda else max(1, workers)
     n_role = max(validation.n_oracles, validation.n_shadows)
     # the chunk: the largest the memory allows for the certificate's references, unless, on a GPU, the cost
-    # curve says a smaller one trains them faster (unlearning/costs.py choose_chunk: a curve that steps up where
+    # curve says a smaller one trains them faster (unlearning/planning/costs.py choose_chunk: a curve that steps up where
     # the device fills). On a CPU the largest stands: each chunk also costs a task and a cache entry, which the
     # curve does not see, and a noisy probe must not split the references into many small chunks.
     cap, *_ = fit_memory(footprint, validation.memory_mb, validation.chunk_size, n_role, device_memory)

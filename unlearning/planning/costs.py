@@ -245,7 +245,7 @@ def choose_chunk(curve: CostCurve | None, n: int, cap: int, workers: int,
 @dataclass(frozen=True)
 class DeviceMemory:
     """The memory a batch's training may use on its device. On CUDA: `validation.gpu_memory_mb`, or the free
-    device memory (torch.cuda.mem_get_info) at the plan; on a CPU: `validation.memory_mb` (unlearning/plan.py
+    device memory (torch.cuda.mem_get_info) at the plan; on a CPU: `validation.memory_mb` (unlearning/planning/plan.py
     fit_memory keeps the CPU's accounting)."""
 
     kind: str  # "cuda" | "cpu"

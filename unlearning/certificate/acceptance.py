@@ -24,15 +24,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from unlearning import metric_keys as K
+from unlearning.certificate import metric_keys as K
 from unlearning import metrics as M
-from unlearning.batch import SPLITS, BatchRows, membership_metrics
-from unlearning.certificate import certificate_measures
+from unlearning.batch.rows import SPLITS, BatchRows, membership_metrics
+from unlearning.certificate.equivalence import certificate_measures
 from unlearning.config import Gate, method_traits
 from unlearning.data.store import Prepared
-from unlearning.gate import SplitMeasures, Verdict, by_split, evaluate_gate
+from unlearning.certificate.gate import SplitMeasures, Verdict, by_split, evaluate_gate
 from unlearning.models import Ensemble
-from unlearning.quality import entangled_accuracies
+from unlearning.batch.quality import entangled_accuracies
 from unlearning.sequential import Certified, Criterion, run_looks
 
 
@@ -64,7 +64,7 @@ class Measurement:
     klom_null_p95: dict = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """The flat metrics (unlearning/metric_keys.py names) of the measures and the extra metrics."""
+        """The flat metrics (unlearning/certificate/metric_keys.py names) of the measures and the extra metrics."""
         return {**K.of_measures(self.measures), **self.extra}
 
 
@@ -91,7 +91,7 @@ class Outcome:
     measures: tuple[SplitMeasures, ...] = ()
 
     def tracked_metrics(self) -> dict[str, float]:
-        """Its metrics as MLflow logs them (unlearning/metric_keys.py for_tracking: with alpha and looks)."""
+        """Its metrics as MLflow logs them (unlearning/certificate/metric_keys.py for_tracking: with alpha and looks)."""
         return K.for_tracking(self.metrics, self.alpha, len(self.looks))
 
 
@@ -115,7 +115,7 @@ def entangled_measures(candidate_logits, original_logits, labels: np.ndarray, sp
                        remote_validation: np.ndarray | None) -> tuple[SplitMeasures, ...]:
     """The validation rows the batch does not entangle (`validation_remote`: what the gate's validation floors
     compare) and those it does (`validation_adjacent`: reported, not gated), as two more split records of the
-    candidate's and the original's accuracy (unlearning/quality.py entangled_accuracies; none when
+    candidate's and the original's accuracy (unlearning/batch/quality.py entangled_accuracies; none when
     `remote_validation` is None or a subset has no row)."""
     acc = entangled_accuracies(candidate_logits, original_logits, labels, splits, remote_validation)
     return tuple(SplitMeasures(s, acc[f"acc/{s}"], n=int(acc[f"n/{s}"]), original_acc=acc.get(f"original_acc/{s}"))

@@ -1,8 +1,8 @@
 """The append-only deletion ledger (docs/design.md §3), one JSON object per processed request.
 
 Keyed by `request_id`: a request id appears at most once, earlier lines are never rewritten (a re-keying of the
-stored ids, unlearning/rekey.py, rewrites the file whole), and re-processing a file whose requests are all in the
-ledger is a no-op. Sample ids are stored keyed with the project's secret id key (unlearning/salt.py
+stored ids, unlearning/privacy/rekey.py, rewrites the file whole), and re-processing a file whose requests are all in the
+ledger is a no-op. Sample ids are stored keyed with the project's secret id key (unlearning/privacy/salt.py
 `hash_sample_id`, re-exported here) when `deletion.hash_sample_ids` is set (the default).
 """
 
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from unlearning.io import StateCorrupt
-from unlearning.salt import HASH_PREFIX, hash_sample_id  # noqa: F401  (the ledger's id form; callers import it here)
+from unlearning.privacy.salt import HASH_PREFIX, hash_sample_id  # noqa: F401  (the ledger's id form; callers import it here)
 
 LEDGER_FIELDS = ("request_id", "sample_id", "batch_id", "request_file", "file_sha256", "reason", "objective",
                  "requested_at", "method", "verdict", "model_version_before", "model_version_after",

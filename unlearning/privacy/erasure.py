@@ -22,8 +22,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from unlearning.io import StateCorrupt, atomic_write_text
-from unlearning.ledger import HASH_PREFIX, hash_sample_id
-from unlearning.salt import is_keyed
+from unlearning.privacy.ledger import HASH_PREFIX, hash_sample_id
+from unlearning.privacy.salt import is_keyed
 
 NPY_MAGIC = b"\x93NUMPY"
 

@@ -13,10 +13,10 @@ phases that never overlap and sum to it:
 - orchestration: the rest: loading the state, the partition, Prefect's task runs, the summary.
 
 `account` computes them from the intervals adapters/clock.py records; the plan predicts the same phases
-(`predict`): diagnostics, references and candidates from the probe of this model on this device (unlearning/plan.py
+(`predict`): diagnostics, references and candidates from the probe of this model on this device (unlearning/planning/plan.py
 predicted_seconds), the others (which do not grow with the model) from this project's past batches (`History`: the
 median of the last ones, their range; defaults before the first). The plan's range: the model phases scaled by the
-probe's fastest and slowest round (unlearning/costs.py ProbeConditions), the others by their history's.
+probe's fastest and slowest round (unlearning/planning/costs.py ProbeConditions), the others by their history's.
 
 Outside the batch, a command also pays for its stage's start and end and, under `dvc repro`, the `unlearn erase`
 after it: `outside_costs` (measured by bench/session_overhead.py into .unlearning/fixed_costs.json, else defaults).
@@ -31,7 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
-from unlearning.intervals import Interval, clip, length, minus, union
+from unlearning.planning.intervals import Interval, clip, length, minus, union
 
 PHASES = ("validation", "diagnostics", "references", "candidates", "tracking", "erase", "orchestration")
 MODEL_PHASES = ("diagnostics", "references", "candidates")  # predicted from the probe (they grow with the model)
@@ -113,7 +113,7 @@ class History:
             extra = {"candidates_extra": DEFAULT_CANDIDATES_EXTRA_S}
             return ({**DEFAULT_FIXED_S, **extra},
                     {k: (v * lo, v * hi) for k, v in {**DEFAULT_FIXED_S, **extra}.items()},
-                    "defaults (no batch of this project yet; unlearning/overhead.py)")
+                    "defaults (no batch of this project yet; unlearning/planning/overhead.py)")
         out, ranges = {}, {}
         for k in FIXED_PHASES:
             out[k], ranges[k] = _median_and_range([r["actual"][k] for r in recs])
@@ -142,7 +142,7 @@ def _finite_phases(d) -> bool:
 def predict(model: dict[str, float], fixed: dict[str, float], fixed_range: dict[str, tuple[float, float]],
             model_range: tuple[float, float] = (1.0, 1.0)) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """(seconds per phase, (low, high) per phase) of a batch. `model`: diagnostics, references and candidates from
-    the probe (unlearning/plan.py predicted_seconds: candidates = unlearn + certify); `fixed`/`fixed_range`:
+    the probe (unlearning/planning/plan.py predicted_seconds: candidates = unlearn + certify); `fixed`/`fixed_range`:
     History.fixed; `model_range`: the probe's fastest and slowest round against its median."""
     lo, hi = model_range
     point, ranges = {}, {}
@@ -203,7 +203,7 @@ def outside_costs(root: str | Path | None = None) -> tuple[dict[str, float], str
                 return costs, str(path)
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    return dict(DEFAULT_OUTSIDE_S), "defaults (unlearning/overhead.py)"
+    return dict(DEFAULT_OUTSIDE_S), "defaults (unlearning/planning/overhead.py)"
 
 
 def write_fixed_costs(root: str | Path, costs: dict[str, float]) -> Path:

@@ -1,7 +1,7 @@
 """The language of the selection rules (docs/design.md §4.5): the facts a rule may test, the condition keys
 over them, and the `Rule` / `SelectionPolicy` models params.yaml declares. No method is named here: the default
 rule list lives with the other defaults (unlearning/config.py DEFAULT_RULES), and applying the rules to a
-batch's facts is unlearning/policy.py's.
+batch's facts is unlearning/policy/selection_policy.py's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ FACTS: dict[str, tuple[str, str]] = {
     "adjacent_fraction": ("num", "adjacent rows / retain rows"),
     "predicted_gap": ("num", "leverage-predicted output gap of the original vs the oracle"),
     "noise_floor": ("num", "oracles' output noise on the forget rows, at least their noise on as many validation "
-                           "rows (unlearning/selection.py noise_floor; needs oracles)"),
+                           "rows (unlearning/policy/selection.py noise_floor; needs oracles)"),
     "predicted_gap_lt_noise_floor": ("bool", "predicted_gap < noise_floor"),
     "predicted_gap_to_noise": ("num", "predicted_gap / noise_floor (the forget gap in units of its own noise)"),
     "retain_gap_to_noise": ("num", "predicted retain-set gap / noise_floor (leakage, regularized by the noise)"),

@@ -1,6 +1,6 @@
 """The planner's timing probe on a real model (docs/design.md §4.6, docs/gpu.md): each optimizer step of a fresh chunk
 of k members, timed on a sample of rows (synchronized on CUDA, where it also records the chunk's peak device
-memory per member). unlearning/costs.py measure_curve turns these into the cost curve; tasks/planning.py and
+memory per member). unlearning/planning/costs.py measure_curve turns these into the cost curve; tasks/planning.py and
 bench/gpu_batch.py both time with it, so the batch and the bench price alike."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from unlearning.costs import PROBE_MIN_STEPS, ProbeConditions
+from unlearning.planning.costs import PROBE_MIN_STEPS, ProbeConditions
 from unlearning.models import Ensemble, TrainRecipe, fit
 from unlearning.models.training import TRAIN_THREADS
 
@@ -134,7 +134,7 @@ def activation_floats_per_row(module: torch.nn.Module, in_shape: list[int]) -> i
 def curve_within_memory(timer: StepTimer, planned: int, source: str = "probe"):
     """measure_curve over probe_sizes(planned), halving the planned chunk while the device runs out of memory on
     it (the analytic footprint that planned it undercounts some modules' activations under vmap)."""
-    from unlearning.costs import measure_curve, probe_sizes
+    from unlearning.planning.costs import measure_curve, probe_sizes
 
     while True:
         try:

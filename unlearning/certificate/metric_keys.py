@@ -1,7 +1,7 @@
 """The names of the certificate's metrics, made in one place (docs/design.md §4.2, §4.5).
 
 A metric of one split is `<name>/<split>` (`acc/forget`, `klom_pvalue/validation`). The records are what code
-reads (unlearning/gate.py SplitMeasures, unlearning/acceptance.py Outcome, SplitRecord); they become metric names
+reads (unlearning/certificate/gate.py SplitMeasures, unlearning/certificate/acceptance.py Outcome, SplitRecord); they become metric names
 only here: a split's measures (`of_measures`), and the certificate's own numbers (the look that decided, its
 alpha) for MLflow (`for_tracking`).
 """
@@ -35,7 +35,7 @@ EPSILON_FIELDS = {"point": "epsilon", "mean": "epsilon_mean", "lower": "epsilon_
 
 
 def of_measures(measures) -> dict[str, float]:
-    """The flat metrics of per-split measures (unlearning/gate.py SplitMeasures): `<name>/<split>` for every
+    """The flat metrics of per-split measures (unlearning/certificate/gate.py SplitMeasures): `<name>/<split>` for every
     field measured (None: left out)."""
     out: dict[str, float] = {}
     for m in measures:

@@ -2,7 +2,7 @@
 lets an erasure request leave the model unchanged because the model never memorized its rows.
 
 A request of k training rows is licensed when
-- every row's map score (unlearning/memorization.py: its IN-versus-OUT epsilon upper bound) is at most the cut
+- every row's map score (unlearning/licensing/memorization.py: its IN-versus-OUT epsilon upper bound) is at most the cut
   fitted for requests of k rows, on calibration rows, before any request arrives (never on the request itself);
 - it is not a class: its rows take at most `max_class_share` of any class's training rows;
 - it is not a cluster: at most `max_adjacent_share` of its rows have another of its rows among their
@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from unlearning.memorization import quiet_cpu
+from unlearning.licensing.memorization import quiet_cpu
 from unlearning.metrics.epsilon import gdp_epsilon, row_epsilon
-from unlearning.qualification import largest_class_share
+from unlearning.certificate.qualification import largest_class_share
 
 def operating_grid(budget: float, delta: float, points: int = 31) -> np.ndarray:
     """The mu values the operating characteristic is simulated at: 0 to 1.5 mu_b + 0.5, mu_b the separation whose

@@ -149,7 +149,7 @@ def memorization_map(member_logits, labels, in_mask: np.ndarray, model_logits, d
 
 def map_cost_retrains(n_members: int, half_member_retrains) -> float:
     """The map's training cost in retrains of the model: `half_member_retrains(k)` is what a chunk of k members
-    on half the rows costs in retrains (the planner's cost curve, unlearning/costs.py)."""
+    on half the rows costs in retrains (the planner's cost curve, unlearning/planning/costs.py)."""
     return float(half_member_retrains(n_members))
 
 

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 WARNING_KINDS = ("class_lost", "validation_drop", "unstable_recipe")
-VALIDATION = "validation"  # the held-out split's name in the per-split accuracies (unlearning/batch.py SPLITS)
+VALIDATION = "validation"  # the held-out split's name in the per-split accuracies (unlearning/batch/rows.py SPLITS)
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,9 @@ def unstable_recipe(oracle_accuracies: Sequence[float] | None, tolerance: float 
 def entangled_accuracies(candidate_logits, original_logits, labels: np.ndarray, splits: np.ndarray,
                          remote_validation: np.ndarray | None) -> dict[str, float]:
     """The candidate's and the original's accuracy on the validation rows the batch does not entangle
-    (`acc/validation_remote`, what the gate's validation floors compare: unlearning/gate.py) and on those it does
+    (`acc/validation_remote`, what the gate's validation floors compare: unlearning/certificate/gate.py) and on those it does
     (`acc/validation_adjacent`, reported, not gated), with their sizes (`n/...`). Logits [N, n, C] (or [n, C])
-    over the evaluated rows; `splits` [n] their split names; `remote_validation` [n] bool (unlearning/batch.py
+    over the evaluated rows; `splits` [n] their split names; `remote_validation` [n] bool (unlearning/batch/rows.py
     BatchRows.remote_validation; None: not known, nothing measured). A subset with no row is left out: the
     floors then read the whole validation split."""
     if remote_validation is None:
@@ -105,7 +105,7 @@ def entangled_accuracies(candidate_logits, original_logits, labels: np.ndarray, 
 
 # What a batch's accuracy changes are reported on, in this order: the split's metric suffix, how a person reads
 # it. The rows a batch entangles change by construction; the gate's validation floors compare the validation rows
-# it does not entangle (or every validation row, when it entangles them all: unlearning/gate.py).
+# it does not entangle (or every validation row, when it entangles them all: unlearning/certificate/gate.py).
 ACCURACY_CHANGES = (("forget", "the forgotten rows"), ("adjacent", "retained rows entangled with them"),
                     ("validation_adjacent", "validation rows entangled with them"),
                     ("validation_remote", "validation rows not entangled"), ("validation", "all validation rows"))

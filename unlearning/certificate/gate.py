@@ -1,11 +1,11 @@
 """The promotion gate (docs/design.md §4.5): the certificate's per-split measurements against declared
 per-objective thresholds.
 
-Its input is typed (`SplitMeasures`, one per split, built by unlearning/certificate.py and
-unlearning/acceptance.py); whether the candidate is exact is an argument (the method's traits); each check says
+Its input is typed (`SplitMeasures`, one per split, built by unlearning/certificate/equivalence.py and
+unlearning/certificate/acceptance.py); whether the candidate is exact is an argument (the method's traits); each check says
 whether it is statistical (a comparison with retrains that an exact retrain fails only by chance) or a business
 rule (a floor, a cap: it binds an exact retrain too). Metric names are made only where these records become
-MLflow metrics (unlearning/metric_keys.py). Torch-free: `unlearn status`, the planner and the qualification read
+MLflow metrics (unlearning/certificate/metric_keys.py). Torch-free: `unlearn status`, the planner and the qualification read
 it without loading torch.
 """
 
@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable, Mapping
 
-from unlearning import metric_keys as K
+from unlearning.certificate import metric_keys as K
 from unlearning.config import Gate
-from unlearning.records import ItemAccess
-from unlearning.resolution import smallest_klom_pvalue  # noqa: F401  (re-exported)
+from unlearning.batch.records import ItemAccess
+from unlearning.certificate.resolution import smallest_klom_pvalue  # noqa: F401  (re-exported)
 from unlearning.stats import SPLITS, normal_cdf, student_t_quantile
 
 if TYPE_CHECKING:  # the epsilon record is made by the metrics, which import torch
@@ -226,7 +226,7 @@ def _validation_floors(checks: dict, failures: list, g, validation: SplitMeasure
     """The validation-accuracy floors of a gate section `g`: relative to the original (`max_validation_drop`:
     at least the original's accuracy minus it, check `acc/validation_drop`) and absolute
     (`min_validation_accuracy`, check `absolute_name`). Both are business rules: they bind an exact retrain too.
-    They compare the validation rows the batch does not entangle (`validation_remote`: unlearning/acceptance.py
+    They compare the validation rows the batch does not entangle (`validation_remote`: unlearning/certificate/acceptance.py
     entangled_measures) where it has any: a batch that erases a class loses that class's validation rows by
     construction, a drop reported with the run, never a reason to keep serving the rows (docs/erasure.md).
     `validation`: those rows' measures, or the whole validation split's."""

@@ -15,10 +15,10 @@ The key is a list of layers, one a line, applied in order:
 - `hmac-sha256:<64 hex>`: HMAC-SHA256 under that key, written `hmac-sha256:<64 hex>` (`HASH_PREFIX`);
 - `legacy-salt:<salt>` (first, in a project an older version salted): that version's sha256("<salt>:<id>"),
   written `sha256:<64 hex>` (`LEGACY_PREFIX`). That salt was copied into state/ and so into the DVC cache and
-  remote: unlearning/rekey.py re-keys every stored id with an HMAC layer on top, after which the salt alone
+  remote: unlearning/privacy/rekey.py re-keys every stored id with an HMAC layer on top, after which the salt alone
   matches nothing.
 
-A rotation appends a layer and re-keys every stored id with it (unlearning/rekey.py): stored ids then need the
+A rotation appends a layer and re-keys every stored id with it (unlearning/privacy/rekey.py): stored ids then need the
 newest key, so an older one that leaked recovers nothing. `hash_sample_id` is the one keyed hash of the project.
 
 Losing the key means the erasures made so far can no longer be matched: a new request naming an erased id is not
@@ -41,7 +41,7 @@ from unlearning.io import StateCorrupt
 
 KEY_ENV = "UNLEARNING_ID_KEY"  # the key's text (its layers, one a line or `;`-separated), instead of the file
 HASH_PREFIX = "hmac-sha256:"  # a keyed id's form: what tells it from a plain id
-LEGACY_PREFIX = "sha256:"  # an older version's salted id (sha256 of "<salt>:<id>"): re-keyed by unlearning/rekey.py
+LEGACY_PREFIX = "sha256:"  # an older version's salted id (sha256 of "<salt>:<id>"): re-keyed by unlearning/privacy/rekey.py
 HMAC_LAYER, LEGACY_LAYER = "hmac-sha256:", "legacy-salt:"
 KEY_FILE_MODE, KEY_DIR_MODE = 0o600, 0o700
 STATE_COPY = "salt"  # the copy an older version kept in the state folder (and so in the DVC cache): removed
@@ -57,7 +57,7 @@ class SaltLost(StateCorrupt):
 
 class KeyMigrationNeeded(StateCorrupt):
     """The project's ids are keyed with an older version's salt (or a re-keying was interrupted): re-key them
-    (unlearning/rekey.py) before any id is compared."""
+    (unlearning/privacy/rekey.py) before any id is compared."""
 
 
 # --- the keyed hash -------------------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ def env_key() -> str | None:
 # `path`: a project's `Params.path` (base.paths' name -> the path under the project root): what the key and the
 # re-keying touch, a slice of the params.
 def journal_path(path) -> Path:
-    """Where unlearning/rekey.py records a re-keying in progress (beside the key file)."""
+    """Where unlearning/privacy/rekey.py records a re-keying in progress (beside the key file)."""
     key = path("salt")
     return key.with_name(key.name + ".rekeying")
 

@@ -1,7 +1,7 @@
-"""The retrain-equivalence certificate's measurements, from logits (pure core; unlearning/acceptance.py and the
+"""The retrain-equivalence certificate's measurements, from logits (pure core; unlearning/certificate/acceptance.py and the
 sequential looks of unlearning/sequential.py call it, so the benches measure exactly what the gate sees).
 
-Per split, one frozen record (unlearning/gate.py SplitMeasures), which the gate reads:
+Per split, one frozen record (unlearning/certificate/gate.py SplitMeasures), which the gate reads:
 * the candidate's accuracy, the shadow-unlearned models' and the spread of the reference oracles' per-member
   accuracies (`OracleAccuracy`): the gate checks the candidate lies in that spread, widened by a binomial term;
 * KLoM of the shadow-unlearned vs the oracle margins (docs/design.md §4.2): P95 and mean, and the permutation test
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from unlearning import metrics as M
-from unlearning.gate import OracleAccuracy, SplitMeasures
+from unlearning.certificate.gate import OracleAccuracy, SplitMeasures
 from unlearning.metrics.epsilon import RowEpsilon, epsilon_metrics
 from unlearning.metrics.permutation import klom_permutation_test
 from unlearning.metrics.summary import splits_present

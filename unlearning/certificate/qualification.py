@@ -25,9 +25,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from unlearning import metric_keys as K
+from unlearning.certificate import metric_keys as K
 from unlearning.config import EXACT_RETRAIN
-from unlearning.gate import BUSINESS, STATISTICAL, Check
+from unlearning.certificate.gate import BUSINESS, STATISTICAL, Check
 from unlearning.stats import INTERVALS, clopper_pearson, wilson  # noqa: F401  (the intervals `interval` names)
 
 EXACT = EXACT_RETRAIN  # always licensed: exact unlearning by construction
@@ -151,7 +151,7 @@ def draw_window_set(name: str, rng: np.random.Generator, train_rows: np.ndarray,
 
 def gap_in_noise_units(predicted_gap_forget: np.ndarray, noise: float) -> float:
     """The forget set's predicted gap (mean of 0.5 x the squared Fisher norm per row, the KL it predicts:
-    unlearning/selection.py batch_facts) over the qualification's noise unit: the qualify stage and a qualified
+    unlearning/policy/selection.py batch_facts) over the qualification's noise unit: the qualify stage and a qualified
     batch read every gap in the same unit, so a batch's gap falls in the bins its suite filled."""
     g = np.asarray(predicted_gap_forget, dtype=np.float64)
     return float(np.mean(0.5 * np.square(g))) / max(float(noise), 1e-12) if g.size else math.nan
@@ -382,7 +382,7 @@ def advise_mode(certificate_retrains: float, retrain_seconds: float, mode: str,
                       f"({', '.join(exact_only)}) are exact, so no batch certifies an approximate candidate")
     seconds = certificate_retrains * retrain_seconds
     advice = "per_batch" if seconds <= PER_BATCH_SECONDS else "qualified"
-    from unlearning.costs import sig
+    from unlearning.planning.costs import sig
 
     why = (f"certifying an approximate candidate trains about {sig(certificate_retrains)} retrains' worth of "
            f"references ({sig(seconds)} s at {sig(retrain_seconds, 3)} s a retrain): "
@@ -442,7 +442,7 @@ class Qualification:
     bins: list[float]
     confidence: float
     interval: str
-    noise: float  # the noise unit the gaps are read in (unlearning/selection.py noise_floor of validation rows)
+    noise: float  # the noise unit the gaps are read in (unlearning/policy/selection.py noise_floor of validation rows)
     trials: list[Trial] = field(default_factory=list)
     fingerprint: dict = field(default_factory=dict)
     skipped: str | None = None  # why nothing was qualified (validation.mode per_batch)

@@ -24,12 +24,12 @@ class CandidateLine:
 
 
 def check_in_words(name: str, check: dict) -> str:
-    """One gate check as a sentence: what was measured, what it needed (unlearning/gate.py's check names)."""
+    """One gate check as a sentence: what was measured, what it needed (unlearning/certificate/gate.py's check names)."""
     kind, _, split = name.partition("/")
     value, limit, op = check.get("value"), check.get("limit"), check.get("op")
     v = f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
     if isinstance(value, (int, float)) and isinstance(limit, (int, float)):
-        from unlearning.gate import format_beside
+        from unlearning.certificate.gate import format_beside
 
         v = format_beside(value, limit, v)  # below a bound never prints as equal to it
     if kind == "klom_pvalue":
@@ -61,7 +61,7 @@ def failing_checks_in_words(checks: dict[str, dict]) -> list[str]:
 
 
 def chosen_rule(selection: dict, method: str) -> str:
-    """The rule that put `method` on the candidate list, in words (selection: unlearning/selection.py Selection,
+    """The rule that put `method` on the candidate list, in words (selection: unlearning/policy/selection.py Selection,
     or its JSON form)."""
     rule_methods = selection.get("rule_methods", {})
     for name, why in selection.get("fired", []):
@@ -86,9 +86,9 @@ def summary_markdown(*, request_file: str, batch_id: str, n_forgotten: int, obje
                      plan: list[str] | None = None, accuracy_changes: list[str] | None = None,
                      debt_after: dict | None = None) -> str:
     """The batch summary (markdown). `chosen` None: no candidate passed (status "rejected" or "held") or an error.
-    `warnings`: what the promoted model costs (unlearning/quality.py), one sentence each; `plan`: the batch's
-    plan in words (unlearning/plan.py plan_lines); `accuracy_changes`: the candidate's accuracy against the
-    original's on the rows the batch entangles and on those it does not (unlearning/quality.py); `debt_after`: the
+    `warnings`: what the promoted model costs (unlearning/batch/quality.py), one sentence each; `plan`: the batch's
+    plan in words (unlearning/planning/plan.py plan_lines); `accuracy_changes`: the candidate's accuracy against the
+    original's on the rows the batch entangles and on those it does not (unlearning/batch/quality.py); `debt_after`: the
     retraining debt once the batch is applied (`debt`: before it)."""
     head = {"applied": "applied", "rejected": "REJECTED: no candidate passed the gate; the previous champion stays",
             "held": ("HELD for review: no candidate passed the gate, and an erasure is never refused for the "

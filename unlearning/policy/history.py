@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from unlearning.config import method_traits
-from unlearning.ledger import trained_on
-from unlearning.records import Selection
+from unlearning.privacy.ledger import trained_on
+from unlearning.batch.records import Selection
 
 LICENSED = "licensed"  # the ledger verdict of a row a licence forgot with the model unchanged (tasks/licensing.py)
 
@@ -92,7 +92,7 @@ def debt_reasons(debt: dict[str, Any], n_new: int, max_forgotten_fraction: float
 
 
 def force_retrain(selection, reasons: list[str]):
-    """The selection (unlearning/selection.py Selection, or its JSON form) with exact retrain as the only
+    """The selection (unlearning/policy/selection.py Selection, or its JSON form) with exact retrain as the only
     candidate, saying why (the rules' own result is kept)."""
     return Selection.of(selection).forced_retrain(reasons)
 

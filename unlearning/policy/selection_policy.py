@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from unlearning.config import DEFAULT_RULES, EXACT_RETRAIN  # noqa: F401  (DEFAULT_RULES: re-exported)
-from unlearning.records import Selection
-from unlearning.rules import (  # noqa: F401  (the rule language, re-exported for the policy's callers)
+from unlearning.batch.records import Selection
+from unlearning.policy.rules import (  # noqa: F401  (the rule language, re-exported for the policy's callers)
     _OPS, FACTS, Rule, SelectionPolicy, _check_value, _is_num, allowed_keys, parse_key,
 )
 

@@ -21,7 +21,7 @@ Crash safety (a journal beside the key file, mode 0600, holding the new key): ph
 as a temporary sibling (`.<name>.rekey`); phase `commit` (recorded first) renames them over the old files, deletes
 what goes, then writes the new key and removes the journal. A run killed during `prepare` starts again with the
 same key; one killed during `commit` finishes the renames (each is done or still to do). Until the journal is
-gone, `unlearning.salt.project_salt` refuses to hand out a key (KeyMigrationNeeded), so no id is compared
+gone, `unlearning.privacy.salt.project_salt` refuses to hand out a key (KeyMigrationNeeded), so no id is compared
 against half re-keyed files."""
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import stat
 from pathlib import Path
 from typing import Callable, Iterable
 
-from unlearning.erasure import read_tombstones, tombstones_digest
+from unlearning.privacy.erasure import read_tombstones, tombstones_digest
 from unlearning.io import StateCorrupt, load_checkpoint
-from unlearning.ledger import read_ledger
-from unlearning.salt import (
+from unlearning.privacy.ledger import read_ledger
+from unlearning.privacy.salt import (
     HMAC_LAYER, KEY_ENV, LEGACY_LAYER, STATE_COPY, hash_sample_id, is_legacy, journal_path, key_secrets, key_text,
     new_layer, read_salt, rewrap, write_salt,
 )

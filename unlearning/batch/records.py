@@ -1,7 +1,7 @@
 """The typed records of the batch path (docs/design.md §1, §4.5): what a stage hands the next, frozen.
 
-- `Selection`: which candidates a batch tries, in order, and why (unlearning/policy.py walks the rules into one,
-  unlearning/selection.py completes it with the fallbacks);
+- `Selection`: which candidates a batch tries, in order, and why (unlearning/policy/selection_policy.py walks the rules into one,
+  unlearning/policy/selection.py completes it with the fallbacks);
 - `Licensing`: what the qualification licensed for a batch in qualified mode (tasks/qualification.py);
 - `Promotion`: what the promotion (or the record of a file of validation rows only) wrote: the version after and
   before, the champion's history, the ledger entries;
@@ -41,7 +41,7 @@ class Selection(ItemAccess):
     """Which candidates a batch tries, in order, and why (docs/design.md §4.5): the record the planner, the
     batch summary and `selection.json` read. `explicit`: deletion.method named one method (the planner honours
     it over the cost rule); `rules_would_have_tried` and `debt_reasons`: set when the retraining debt forced an
-    exact retrain (unlearning/history.py force_retrain). Read-only item access (`sel["candidates"]`) serves
+    exact retrain (unlearning/policy/history.py force_retrain). Read-only item access (`sel["candidates"]`) serves
     readers of its JSON form."""
 
     candidates: list[str]
@@ -76,10 +76,10 @@ class Selection(ItemAccess):
 @dataclass(frozen=True)
 class Licensing:
     """What the qualification licensed for one batch in qualified mode (docs/certificate.md, "Two modes"):
-    the license (unlearning/qualification.py License: the method, the row, why), the batch's predicted gap in
+    the license (unlearning/certificate/qualification.py License: the method, the row, why), the batch's predicted gap in
     noise units and the unit, whether the batch is due an audit, its index, and the qualification it read."""
 
-    license: Any  # unlearning.qualification.License
+    license: Any  # unlearning.certificate.qualification.License
     gap_to_noise: float
     noise_unit: float
     audit_due: bool
@@ -110,7 +110,7 @@ class Promotion(ItemAccess):
     before: str | None
     history: list = field(default_factory=list)
     n_entries: int = 0
-    debt_after: dict | None = None  # the retraining debt once the batch is in (unlearning/history.py)
+    debt_after: dict | None = None  # the retraining debt once the batch is in (unlearning/policy/history.py)
 
 
 @dataclass(frozen=True)

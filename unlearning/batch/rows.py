@@ -40,7 +40,7 @@ class BatchRows:
 
     def remote_validation(self) -> np.ndarray | None:
         """[n_eval] bool over `eval_rows()`: the validation rows the batch does not entangle (None: not known).
-        The gate's validation floors compare these (unlearning/gate.py): a batch that erases a class loses that
+        The gate's validation floors compare these (unlearning/certificate/gate.py): a batch that erases a class loses that
         class's validation rows by construction, and that drop is reported, not gated."""
         if self.validation_adjacent is None:
             return None
@@ -92,7 +92,7 @@ def validation_adjacent_mask(state_manifest: pd.DataFrame, forget: np.ndarray, v
     declared group column; the class when none is declared: docs/design.md §4.4, mode `group`). In every
     partition mode the validation rows are split this way: the leverage and embedding scores rank training rows
     only. Whole-class erasure: the class's validation rows are adjacent, every other one remote."""
-    from unlearning.partition import partition_by_group
+    from unlearning.batch.partition import partition_by_group
 
     groups = state_manifest["group"].to_numpy()
     table = partition_by_group(np.arange(len(validation)).astype(str), groups[validation], groups[forget])
@@ -125,7 +125,7 @@ def unlearn_context(model: Ensemble, prepared: Prepared, rows: BatchRows, recipe
 
 def eval_logits(model: Ensemble, prepared: Prepared, rows: np.ndarray, rows_per_pass: int = 8192) -> torch.Tensor:
     """[N, n_rows, C] logits on the given rows, `rows_per_pass` rows at a time (the certificate streams member
-    chunks through it: tasks/certify.py Evaluator, sized by unlearning/plan.py to validation.memory_mb)."""
+    chunks through it: tasks/certify.py Evaluator, sized by unlearning/planning/plan.py to validation.memory_mb)."""
     return predict_logits(model, torch.as_tensor(prepared.X[rows], dtype=torch.float32), rows_per_pass)
 
 

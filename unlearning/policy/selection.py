@@ -1,7 +1,7 @@
 """Which unlearners a batch tries, in order (docs/design.md §4.5).
 
 `deletion.method` names one method, or `auto` to walk the ordered rule list `deletion.rules`
-(unlearning/policy.py) over the batch's facts: objective, partition, leverage diagnostics, oracle noise
+(unlearning/policy/selection_policy.py) over the batch's facts: objective, partition, leverage diagnostics, oracle noise
 floor and compute budget. `deletion.fallback` follows; exact `retrain` is always the last candidate.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from unlearning.batch import BatchRows
+from unlearning.batch.rows import BatchRows
 from unlearning.config import AUTO, ConfigError, Deletion
-from unlearning.records import Selection
+from unlearning.batch.records import Selection
 
 
 def _mean_kl_to_mean(logits: torch.Tensor) -> float:
@@ -39,7 +39,7 @@ def noise_floor(oracle_forget_logits: torch.Tensor, oracle_floor_logits: torch.T
 def batch_facts(deletion: Deletion, epochs: int, objective: str, rows: BatchRows, report=None,
                 oracle_forget_logits: torch.Tensor | None = None, device: str = "cpu",
                 oracle_floor_logits: torch.Tensor | None = None, sharded: bool = False) -> dict:
-    """The facts the selection rules test (names: unlearning.policy.FACTS). Facts that need the leverage
+    """The facts the selection rules test (names: unlearning.policy.selection_policy.FACTS). Facts that need the leverage
     report are absent without it, so the rules that use them are skipped with a reason; so are the facts that
     need oracles (the noise floor), when the batch trains none.
     `deletion`: params.deletion (the budget); `epochs`: train.epochs (a retrain's cost in passes);
@@ -109,10 +109,10 @@ def candidate_methods(deletion: Deletion, facts: dict) -> Selection:
     d = deletion
     check_method_config(d)  # also for callers that did not check first (the benches)
     fired, skipped = [], []
-    from unlearning.policy import nearest_miss, retrain_last
+    from unlearning.policy.selection_policy import nearest_miss, retrain_last
 
     if d.walks_rules:
-        from unlearning.policy import select_methods
+        from unlearning.policy.selection_policy import select_methods
 
         sel = select_methods(d.rules, facts, known_methods=REGISTRY)
         first, fired, skipped = list(sel.candidates), list(sel.fired), list(sel.skipped)
@@ -129,7 +129,7 @@ def selection_with_debt(deletion: Deletion, facts: dict, ledger, n_train: int,
                         n_forget: int) -> tuple[Selection, dict, list[str]]:
     """The batch's candidates (`candidate_methods`), overridden by the retraining debt (`deletion.debt`): exact
     retrain alone when it is due. Returns (selection, debt, the reasons the debt forced a retrain)."""
-    from unlearning.history import debt_reasons, force_retrain, retraining_debt
+    from unlearning.policy.history import debt_reasons, force_retrain, retraining_debt
 
     selection = candidate_methods(deletion, facts)
     debt = retraining_debt(ledger, n_train)

@@ -1,6 +1,6 @@
 """Wall-clock intervals as (start, end) pairs in seconds: their union, difference, length and clipping. Tasks that run
 in parallel threads overlap, so the time a kind of work took is the length of the union of its intervals, not the
-sum of their lengths (adapters/clock.py, unlearning/overhead.py `account`). Pure, stdlib only."""
+sum of their lengths (adapters/clock.py, unlearning/planning/overhead.py `account`). Pure, stdlib only."""
 
 from __future__ import annotations
 
