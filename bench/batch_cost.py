@@ -80,17 +80,18 @@ def one_retrain_seconds(params) -> float:
     import numpy as np
     import torch
 
-    from tasks.training import build, recipe
+    from tasks.training import build
     from unlearning.data import load_prepared
     from unlearning.models import fit
+    from unlearning.models.training import recipe_from
 
     prepared = load_prepared(params.path("prepared_dir"))
     rows = np.flatnonzero((prepared.manifest["split"] == "train").to_numpy())
     X = torch.as_tensor(np.asarray(prepared.X[rows]), dtype=torch.float32)
     y = torch.as_tensor(np.asarray(prepared.label[rows]), dtype=torch.long)
-    model = build(params, prepared, [params.base.seed + 1])
+    model = build(params.train.model, params.root, prepared, [params.base.seed + 1])
     t = time.perf_counter()
-    fit(model, X, y, recipe(params))
+    fit(model, X, y, recipe_from(params.train))
     return time.perf_counter() - t
 
 
@@ -196,7 +197,7 @@ def full_data_plan(threads: int) -> dict:
     import torch
     import yaml
 
-    from tasks.planning import batch_plan, probe
+    from tasks.planning import ProbeInputs, batch_plan, probe
     from unlearning.batch.rows import BatchRows
     from unlearning.config import deep_merge, load_params
     from unlearning.data import load_prepared
@@ -218,9 +219,9 @@ def full_data_plan(threads: int) -> dict:
     rows = BatchRows(before=train_rows, forget=forget, retain=retain, adjacent_mask=np.zeros(len(retain), bool),
                      validation=val)
     state = type("S", (), {"prepared": prepared})()
-    timing, footprint = probe(p, state, rows, "cpu")
-    plan = batch_plan(p, {"candidates": ["do_nothing", "retrain"]}, "retrain_equivalence", timing, footprint,
-                      p.diagnostics.max_retrains * timing.retrain_seconds)
+    timing, footprint = probe(ProbeInputs.of(p), state, rows, "cpu")
+    plan = batch_plan(p.validation, p.gate, p.deletion.weigh_cost, {"candidates": ["do_nothing", "retrain"]},
+                      "retrain_equivalence", timing, footprint, p.diagnostics.max_retrains * timing.retrain_seconds)
     return {"point": "cnn:60000 (plan only)", "rows": int(len(train_rows)), "refusal": plan.refusal,
             "peak_mb": round(plan.peak_bytes / 2**20), "memory_mb": plan.memory_mb, "chunk_size": plan.chunk_size,
             "eval_members": plan.eval_members, "eval_block_rows": plan.eval_block_rows,

@@ -276,7 +276,7 @@ def run_point(arch: str, args, device: torch.device, folder: Path) -> dict:
     pt = Point(params, prepared, rows, device)
     started = time.perf_counter()
     original, original_s = pt.train([params.base.seed], pt.D)
-    mem = device_memory(params, device)
+    mem = device_memory(params.validation, device)
     timing, footprint = probe_timing(pt, ["do_nothing"], original, mem)
     plans = {
         "do_nothing": plan_batch(["do_nothing", "retrain"], "retrain_equivalence", params.validation, params.gate,

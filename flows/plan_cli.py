@@ -30,7 +30,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
 
     from adapters.request_check import LiveState, check_file_for
     from tasks.batch_path import diagnostics_unused, wants_diagnostics
-    from tasks.planning import batch_plan, probe
+    from tasks.planning import ProbeInputs, batch_plan, probe
     from tasks.state import load_state
     from tasks.batch import partition_retain
     from unlearning.batch.rows import batch_rows
@@ -82,7 +82,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     skipped = None
     if not sharded and wants_diagnostics(params, state, objective):
         skipped = diagnostics_unused(stand_in, params, state, rows, objective, selection)
-    timing, footprint = probe(params, state, rows, device, selection.candidates)
+    timing, footprint = probe(ProbeInputs.of(params), state, rows, device, selection.candidates)
     bar.update()
     bar.stage(STEPS[4])
     d = params.diagnostics
@@ -100,8 +100,8 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
         notes.append(f"diagnostics: at most {bound:g} retrain(s) (diagnostics.max_retrains), counted in full")
     from tasks.sharding import sisa_share
 
-    plan = batch_plan(params, selection, objective, timing, footprint, diag, sisa_cost=sisa_share(state, rows),
-                      device=device)
+    plan = batch_plan(params.validation, params.gate, params.deletion.weigh_cost, selection, objective, timing,
+                      footprint, diag, sisa_cost=sisa_share(state, rows), device=device)
     from tasks.licensing import plan_note  # which path the request takes: licensed (model unchanged) or exact
 
     notes.insert(0, plan_note(params, state, forget, device, objective))
@@ -116,7 +116,7 @@ def batch_wall_time(plan, timing, params) -> tuple[dict, list[str]]:
     from tasks.planning import predicted_phases
     from unlearning.planning.overhead import command_line, outside_costs, total
 
-    point, ranges, line = predicted_phases(params, plan, timing)
+    point, ranges, line = predicted_phases(params.project_paths, plan, timing)
     outside, source = outside_costs(params.root)
     return ({"phases": point, "range": ranges, "batch": round(total(point), 3),
              "range_total": [round(sum(r[0] for r in ranges.values()), 3), round(sum(r[1] for r in ranges.values()), 3)],

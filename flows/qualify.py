@@ -37,7 +37,7 @@ def check_methods(params: Params) -> None:
 def qualify(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     use_project_path(params)
-    path = qualification_path(params)
+    path = qualification_path(params.project_paths)
     q = params.qualify
     if params.validation.mode != "qualified":
         record = Qualification(list(q.methods), list(q.bins), q.confidence, q.interval, float("nan"),
@@ -101,6 +101,7 @@ def audit_qualified_batch(batch_id: str) -> Promotion:
     import numpy as np
 
     from tasks import stages as S
+    from tasks.certify import StepInputs
     from tasks.qualification import append_audit, audit_certificate
     from tasks.state import load_state
     from unlearning.batch.rows import BatchRows, retained_train_rows, validation_rows
@@ -111,7 +112,8 @@ def audit_qualified_batch(batch_id: str) -> Promotion:
     batch, params, lic, promoted = c["batch"], c["params"], c["licensing"], c["promoted"]
     name, version = params.tracking.registered_model, str(promoted.version)
     log = run_logger()
-    result = audit_certificate(params, c["state"], c["rows"], c["device"], c["method"], lic.batch_index, c["objective"])
+    result = audit_certificate(StepInputs.of(params), c["state"], c["rows"], c["device"], c["method"], lic.batch_index,
+                               c["objective"])
     record = {"kind": "audit", "batch_id": batch_id, "version": version, "method": c["method"],
               "gap_to_noise": lic.gap_to_noise, "n_forget": int(len(c["rows"].forget)),
               "row": lic.license.row.row_id if lic.license.row else None, "audited_at":
@@ -141,7 +143,7 @@ def audit_qualified_batch(batch_id: str) -> Promotion:
                                                                    "audit_retrain_of": version})
         record["then"] = {"exact_retrain_version": str(out.version)}
         log.info(f"audit failed: exact retrain promoted as v{out.version} (was v{version})")
-    append_audit(params, record)
+    append_audit(params.project_paths, record)
     return out
 
 

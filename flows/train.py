@@ -11,6 +11,7 @@ from unlearning.config import load_params
 from tasks.reporting import run_logger
 from tasks.state import current_fingerprint, original_path
 from adapters.store_check import store_identity
+from tasks.id_key import IdKey
 from tasks.training import clean_of_erased, model_spec, save_checkpoint, train_original
 from unlearning.data import load_prepared
 from unlearning.data.preparation import recipe_of
@@ -25,7 +26,8 @@ def train(params_path: str = "params.yaml") -> dict:
     use_project_path(params)
     device = device_of(params)
     prepared = load_prepared(params.path("prepared_dir"))
-    erased = clean_of_erased(params, prepared)  # before training: a store with erased rows left in is refused
+    # before training: a store with erased rows left in is refused
+    erased = clean_of_erased(params.project_paths, IdKey.of(params), params.train.init_checkpoint, prepared)
     model, metrics = train_original(params, prepared, device)
     fingerprint = current_fingerprint(params, prepared)  # what the original is built from (load_state checks it)
     tracker = tracker_for(params)
@@ -45,7 +47,7 @@ def train(params_path: str = "params.yaml") -> dict:
 
     write_train_metrics(params.project_paths, metrics)
     save_checkpoint(model.cpu(), original_path(params.project_paths),
-                    {"model_version": version, "spec": model_spec(params, prepared), "metrics": metrics,
+                    {"model_version": version, "spec": model_spec(params.train.model, prepared), "metrics": metrics,
                      "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),
                      "fingerprint": fingerprint, **erased})
     how = "trained" if model.origin == "trained" else f"loaded ({model.origin}, not retrained)"

@@ -160,7 +160,7 @@ def wants_diagnostics(params: Params, state, objective: str) -> bool:
     if params.diagnostics.enabled and qualified_mode(params, objective):
         from tasks.qualification import diagnostics_decide
 
-        return diagnostics_decide(params, state)
+        return diagnostics_decide(params.validation, params.project_paths, state)
     return params.diagnostics.enabled
 
 
@@ -191,9 +191,9 @@ def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective
         r.method for r in d.rules if any(selection.facts.get(parse_key(k)[0]) is None for k in r.when)]
     possible = list(dict.fromkeys([m for m in [*selection.candidates, *waiting] if m != FALLBACK] + [FALLBACK]))
     if batch.probe is None:
-        from tasks.planning import probe
+        from tasks.planning import ProbeInputs, probe
 
-        batch.probe = probe(params, state, rows, batch.device)  # S.plan reuses it
+        batch.probe = probe(ProbeInputs.of(params), state, rows, batch.device)  # S.plan reuses it
     try:
         steps, _ = plan_steps(possible, objective, params.validation, params.gate, weigh_cost=d.weigh_cost,
                               explicit=selection.explicit, member_in_retrains=batch.probe[0].member_in_retrains,
@@ -211,7 +211,7 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, diagnosed: Diagnosed,
     """Select (the walk `diagnose_and_partition` made, when it skipped the diagnostics), plan, then train only what
     the plan needs: each step in order until one is accepted (unlearning/planning/plan.py). Raises BatchRejected when none
     is."""
-    from tasks.references import ReferencePool
+    from tasks.references import ReferencePool, ReferenceTraining
     from unlearning.config import CertificateKind
 
     rows, report = diagnosed.rows, diagnosed.report
@@ -219,7 +219,8 @@ def plan_and_run(batch: S.BatchRun, params: Params, state, diagnosed: Diagnosed,
     selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, None, n_train,
                          made=diagnosed.made)
     the_plan = S.plan(batch, params, state, rows, selection, objective)
-    pool = ReferencePool(params, state, rows, batch.device, batch_index, the_plan.chunk_size, the_plan.workers)
+    pool = ReferencePool(ReferenceTraining.of(params), state, rows, batch.device, batch_index, the_plan.chunk_size,
+                         the_plan.workers)
     if S.needs_noise_floor(selection, params.deletion.weigh_cost):
         # a rule waits for the oracles' noise floor: train the first look's references, then select again
         first = (params.validation.looks or [params.validation.n_oracles])[0]
@@ -260,7 +261,8 @@ def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str
 
     warn_method_ignored(batch, params)
     batch_index = counts.batch_index
-    lic, gap, q, debt = license_for_batch(params, state, rows, report, counts.n_train)
+    lic, gap, q, debt = license_for_batch(params.validation, params.deletion.debt, params.project_paths, state, rows,
+                                          report, counts.n_train)
     a = params.validation.audit
     due = audit_due(a.every, a.probability, params.base.seed, batch_index)
     steps = ([Step(lic.method, CertificateKind.QUALIFIED)] if lic.method != EXACT else []) + [
@@ -310,5 +312,6 @@ def mark_qualified(batch: S.BatchRun, params: Params, version: str, method: str,
     if qualified:  # `unlearn status` lists the qualified versions not audited yet
         from tasks.qualification import append_audit
 
-        append_audit(params, {"kind": "promoted", "batch_id": batch.batch_id, "version": str(version), "method": method,
-                              "row": row, "gap_to_noise": licensing.gap_to_noise, "audit": tags["audit"]})
+        append_audit(params.project_paths, {"kind": "promoted", "batch_id": batch.batch_id, "version": str(version),
+                                            "method": method, "row": row, "gap_to_noise": licensing.gap_to_noise,
+                                            "audit": tags["audit"]})

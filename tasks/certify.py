@@ -10,14 +10,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from tasks.batch import unlearn_and_validate
-from tasks.references import ReferencePool
+from tasks.references import ReferencePool, ReferenceTraining
 from tasks.reporting import run_logger
-from tasks.training import model_spec, recipe as recipe_of, train_ensemble_chunk
 from unlearning.certificate.acceptance import CandidateOutcome, Measurement, measure_logits, outcome_of, reference_free_outcome
 from unlearning.batch.rows import BatchRows, sampled_for_certificate, unlearn_context
 from unlearning.config import EXACT_RETRAIN, CertificateKind, Gate, Params, method_traits
@@ -25,7 +24,6 @@ from unlearning.methods import run_method
 from unlearning.models import Ensemble, predict_logits
 from unlearning.planning.plan import Plan, Step
 from unlearning.progress import Progress
-from unlearning.privacy.salt import id_salt
 from unlearning.seeds import method_seed, reference_seeds
 from unlearning.sequential import Criterion, Look, LookSpec, run_looks
 
@@ -64,30 +62,50 @@ class Evaluator:
         return torch.cat(parts, 0)
 
 
-def run_step(step: Step, params: Params, state, rows: BatchRows, pool: ReferencePool | None, plan: Plan | None,
+@dataclass(frozen=True)
+class StepInputs:
+    """What running and certifying a step reads of the params: how models train (the recipe, the model, the
+    seed, validation's sizes, base.progress, the cache and the id key: tasks/references.py ReferenceTraining),
+    the gate, and each method's arguments (deletion.method_args)."""
+
+    training: ReferenceTraining
+    gate: Gate
+    method_args: dict
+
+    # Builds the slice record from the whole params, its one job (once per step of a batch, or per stage).
+    @classmethod
+    def of(cls, params: Params) -> "StepInputs":
+        return cls(ReferenceTraining.of(params), params.gate, params.deletion.method_args)
+
+    def args_of(self, method: str) -> dict:
+        return self.method_args.get(method, {})
+
+
+def run_step(step: Step, inputs: StepInputs, state, rows: BatchRows, pool: ReferencePool | None, plan: Plan | None,
              device: str, objective: str, batch_index: int) -> tuple[CandidateOutcome, list[Look]]:
     """Run and certify one step; returns the outcome and, for a sequential certificate, its looks."""
-    args = params.deletion.method_args.get(step.method, {})
+    args = inputs.args_of(step.method)
+    t = inputs.training
     ev = Evaluator(state.prepared, rows, plan, device)
     if step.certificate == CertificateKind.EXACT and method_traits(step.method).needs_sharded_original:
-        return sharded_exact(step.method, params, state, rows, device, objective, ev), []
+        return sharded_exact(step.method, inputs, state, rows, device, objective, ev), []
     if step.certificate == CertificateKind.EXACT:
-        return exact_retrain(params, state, rows, device, objective, batch_index, ev), []
+        return exact_retrain(inputs, state, rows, device, objective, batch_index, ev), []
     if step.certificate == CertificateKind.ABSOLUTE:
-        return absolute(step.method, args, params, state, rows, device, objective, ev), []
+        return absolute(step.method, args, inputs, state, rows, device, objective, ev), []
     if step.certificate == CertificateKind.QUALIFIED:
-        sampled = sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed)
+        sampled = sampled_for_certificate(rows, t.validation.certificate_rows, t.seed)
         from tasks.qualified import qualified_outcome
 
-        return qualified_outcome(step.method, args, params, state, rows, device, objective,
+        return qualified_outcome(step.method, args, t, inputs.gate, state, rows, device, objective,
                                  Evaluator(state.prepared, sampled, plan, device)), []
     if step.certificate == CertificateKind.AUDIT:
         shadows, oracles = pool.ensure(*step.references)
-        return unlearn_and_validate(step.method, args, params.gate, params.base.seed, params.base.progress,
-                                    state.prepared, rows, state.model, shadows, oracles, recipe_of(params),
+        return unlearn_and_validate(step.method, args, inputs.gate, t.seed, t.progress,
+                                    state.prepared, rows, state.model, shadows, oracles, t.recipe,
                                     objective, device), []
-    sampled = sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed)
-    return sequential(step, args, params, state, rows, pool, device, objective,
+    sampled = sampled_for_certificate(rows, t.validation.certificate_rows, t.seed)
+    return sequential(step, args, inputs, state, rows, pool, device, objective,
                       Evaluator(state.prepared, sampled, plan, device))
 
 
@@ -100,36 +118,35 @@ def _reference_free_outcome(method: str, model: Ensemble, ev: Evaluator, product
                                   objective, cost, t0, remote_validation=ev.rows.remote_validation())
 
 
-def exact_retrain(params: Params, state, rows: BatchRows, device: str, objective: str, batch_index: int,
+def exact_retrain(inputs: StepInputs, state, rows: BatchRows, device: str, objective: str, batch_index: int,
                   ev: Evaluator) -> CandidateOutcome:
     """One model trained from scratch on the retain rows with the recipe: exact unlearning by construction.
     Its seed is this batch's oracle member 0 (unlearning/seeds.py), so an audit finds the same model."""
     t0 = time.perf_counter()
     prepared = state.prepared
-    seed = reference_seeds(params.base.seed, batch_index, 1, 1)[1][0]
+    t = inputs.training
+    seed = reference_seeds(t.seed, batch_index, 1, 1)[1][0]
     X = torch.as_tensor(prepared.X[rows.retain], dtype=torch.float32)
     y = torch.as_tensor(prepared.label[rows.retain], dtype=torch.long)
     ids = prepared.manifest["sample_id"].to_numpy()[rows.retain].tolist()
-    model, cached, seconds = train_ensemble_chunk.fn(model_spec(params, prepared), X, y, ids, recipe_of(params),
-                                                     [seed], str(params.path("cache_dir")), device, EXACT_RETRAIN,
-                                                     [str(params.root)], progress=params.base.progress,
-                                                     salt=id_salt(params))
-    cost = {"gradient_evals": 0 if cached else int(len(rows.retain)) * params.train.epochs, "steps": 0,
+    model, cached, seconds = t.train_chunk(prepared, X, y, ids, [seed], device, EXACT_RETRAIN)
+    cost = {"gradient_evals": 0 if cached else int(len(rows.retain)) * t.recipe.epochs, "steps": 0,
             "seconds": seconds, "from_cache": bool(cached), "models_trained": 0 if cached else 1}
-    return _reference_free_outcome(EXACT_RETRAIN, model, ev, state.model, params.gate, objective, cost, t0)
+    return _reference_free_outcome(EXACT_RETRAIN, model, ev, state.model, inputs.gate, objective, cost, t0)
 
 
-def sharded_exact(method: str, params: Params, state, rows: BatchRows, device: str, objective: str,
+def sharded_exact(method: str, inputs: StepInputs, state, rows: BatchRows, device: str, objective: str,
                   ev: Evaluator) -> CandidateOutcome:
     """Exact unlearning of a sharded original (`method`: unlearning/methods/sisa.py): the shards that held the forget rows
     retrain from the checkpoint before their first slice; the result, with its new shard state, is judged as an
     exact retrain is (accuracy against the original's, no references). A model trained as one is refused."""
     t0 = time.perf_counter()
     ids = state.prepared.manifest["sample_id"].astype(str).to_numpy()[rows.forget].tolist()
-    ctx = unlearn_context(state.model, state.prepared, rows, recipe_of(params), method_seed(params.base.seed),
-                          progress=method if params.base.progress else False)
+    t = inputs.training
+    ctx = unlearn_context(state.model, state.prepared, rows, t.recipe, method_seed(t.seed),
+                          progress=method if t.progress else False)
     ctx.forget_ids = ids
-    res = run_method(method, ctx, params.deletion.method_args.get(method, {}))
+    res = run_method(method, ctx, inputs.args_of(method))
     info = res.info
     run_logger().info(f"  {method}: retrained shard(s) {info['shards_retrained']} of {info['shards']} from slice(s) "
                       f"{info['first_slice']} ({len(info['slices_retrained'])} of {info['shards'] * info['slices']} "
@@ -137,37 +154,38 @@ def sharded_exact(method: str, params: Params, state, rows: BatchRows, device: s
     cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
             "models_trained": len(info["shards_retrained"]), "cost_in_retrains": info["cost_in_retrains"],
             "shards_retrained": len(info["shards_retrained"]), "slices_retrained": len(info["slices_retrained"])}
-    out = _reference_free_outcome(method, res.model, ev, state.model, params.gate, objective, cost, t0)
+    out = _reference_free_outcome(method, res.model, ev, state.model, inputs.gate, objective, cost, t0)
     return replace(out, info=info)  # the ledger records which shards and slices were retrained
 
 
-def absolute(method: str, args: dict, params: Params, state, rows: BatchRows, device: str, objective: str,
+def absolute(method: str, args: dict, inputs: StepInputs, state, rows: BatchRows, device: str, objective: str,
              ev: Evaluator) -> CandidateOutcome:
     """The method on the production model alone, judged by the gate's absolute and original-relative bounds."""
     t0 = time.perf_counter()
-    label = f"{method} (production)" if params.base.progress else False
-    res = run_method(method, unlearn_context(state.model.to(device), state.prepared, rows, recipe_of(params),
-                                             method_seed(params.base.seed), progress=label), args)
+    t = inputs.training
+    label = f"{method} (production)" if t.progress else False
+    res = run_method(method, unlearn_context(state.model.to(device), state.prepared, rows, t.recipe,
+                                             method_seed(t.seed), progress=label), args)
     cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds}
-    return _reference_free_outcome(method, res.model, ev, state.model, params.gate, objective, cost, t0)
+    return _reference_free_outcome(method, res.model, ev, state.model, inputs.gate, objective, cost, t0)
 
 
-def sequential(step: Step, args: dict, params: Params, state, rows: BatchRows, pool: ReferencePool, device: str,
+def sequential(step: Step, args: dict, inputs: StepInputs, state, rows: BatchRows, pool: ReferencePool, device: str,
                objective: str, ev: Evaluator) -> tuple[CandidateOutcome, list[Look]]:
     """The sequential certificate of an approximate candidate (unlearning/sequential.py run_looks, the loop every
     caller shares): the method runs once on the production model; each look grows the pool to its references,
     runs the method on the new shadows (on every row of `rows`) and evaluates each new member once, on the
     evaluator's rows (validation.certificate_rows)."""
     t0 = time.perf_counter()
-    seed, progress, log = params.base.seed, params.base.progress, run_logger()
-    m_seed, rec = method_seed(seed), recipe_of(params)
+    seed, progress, log = inputs.training.seed, inputs.training.progress, run_logger()
+    m_seed, rec = method_seed(seed), inputs.training.recipe
     res = run_method(step.method, unlearn_context(state.model.to(device), state.prepared, rows, rec, m_seed,
                                                   progress=f"{step.method} (production)" if progress else False), args)
     logits = {"candidate": ev(res.model), "original": ev(state.model)}
     grown = {"unlearned": [], "oracles": [], "shadows": 0}
     cost = {"gradient_evals": res.cost.gradient_evals, "steps": res.cost.steps, "seconds": res.cost.seconds,
             "shadow_gradient_evals": 0, "shadow_seconds": 0.0}
-    criterion = Criterion.of_step(params.gate, step, objective=objective, exact=method_traits(step.method).exact)
+    criterion = Criterion.of_step(inputs.gate, step, objective=objective, exact=method_traits(step.method).exact)
 
     def measure(spec: LookSpec) -> Measurement:
         done_s, done_o = grown["shadows"], sum(len(x) for x in grown["oracles"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,13 +24,18 @@ import torch
 from tasks.licensing import (
     LICENSED_VERDICT, MODEL_UNCHANGED, Licence, audit, audit_due, failing_scores, licence_batch,
 )
-from tasks.memorization_map import ledger_keys, save_map
+from tasks.id_key import IdKey
+from tasks.memorization_map import save_map
 from tasks.reporting import markdown_artifact, run_logger
 from unlearning.batch.rows import retained_train_rows, sampled_for_certificate, validation_rows
-from unlearning.config import LICENSED_INACTION, Params
+from unlearning.config import LICENSED_INACTION, Gate, Params
 from unlearning.licensing.decision import lowered
 
+if TYPE_CHECKING:
+    from tasks.references import ReferenceTraining
 
+
+# The deletion flow's one call on this path, with the whole params (the licence, then the licensed batch).
 def licensed_path(batch, params: Params, state, requests, forget_ids: list[str], objective: str, counts):
     """The batch's licensing (tasks/licensing.py licence_batch) and, when licensed, the licensed batch
     (`apply_licensed`). -> (its BatchResult, params), or (None, the params the batch goes on with: exact retrain
@@ -41,6 +47,7 @@ def licensed_path(batch, params: Params, state, requests, forget_ids: list[str],
     return (result, params) if result is not None else (None, exact_after_failed_audit(params))
 
 
+# Builds the params the batch goes on with: the whole params in, the whole params out.
 def exact_after_failed_audit(params: Params) -> Params:
     """The params the batch continues with after a failed audit: exact retrain, named (no diagnostics, no
     certificate of an approximate candidate)."""
@@ -49,9 +56,9 @@ def exact_after_failed_audit(params: Params) -> Params:
     return params.model_copy(update={"deletion": params.deletion.model_copy(update={"method": EXACT_RETRAIN})})
 
 
-def audit_licence(batch, params: Params, state, forget_ids: list[str], batch_index: int):
+def audit_licence(batch, training: ReferenceTraining, gate: Gate, state, forget_ids: list[str], batch_index: int):
     """Train the audit's references (tasks/references.py: shadows like the model, oracles without the request's
-    rows; validation's sizes) and run `audit` on the certificate's rows."""
+    rows; validation's sizes) and run `audit` on the certificate's rows, judged by `gate` under criterion epsilon."""
     from tasks.batch import partition_retain
     from tasks.certify import Evaluator
     from tasks.planning import workers_of
@@ -62,26 +69,28 @@ def audit_licence(batch, params: Params, state, forget_ids: list[str], batch_ind
 
     table = partition_retain(Partition(mode="group"), state.prepared, state.manifest, forget_ids, state.model)
     rows = batch_rows(state.prepared, state.manifest, forget_ids, table)
-    v = params.validation
-    pool = ReferencePool(params, state, rows, batch.device, batch_index, v.chunk_size or CPU_CHUNK,
-                         workers_of(params, batch.device))
+    v = training.validation
+    pool = ReferencePool(training, state, rows, batch.device, batch_index, v.chunk_size or CPU_CHUNK,
+                         workers_of(v, batch.device))
     shadows, oracles = pool.ensure(v.n_shadows, v.n_oracles)
-    ev = Evaluator(state.prepared, sampled_for_certificate(rows, v.certificate_rows, params.base.seed), None,
+    ev = Evaluator(state.prepared, sampled_for_certificate(rows, v.certificate_rows, training.seed), None,
                    batch.device)
-    return audit(ev(state.model), ev(shadows), ev(oracles), ev.labels, ev.splits, params.gate, v, params.base.seed)
+    return audit(ev(state.model), ev(shadows), ev(oracles), ev.labels, ev.splits, gate, v, training.seed)
 
 
+# The whole params: the erasure (tasks/batch_path.py erase_batch) and the state's commit take them.
 def apply_licensed(batch, params: Params, state, requests, objective: str, licence: Licence, batch_index: int,
                    n_train: int):
     """A licensed batch (module docstring, step 2): -> its BatchResult, or None when its audit failed (the cut is
     lowered and saved; the flow goes on to the exact retrain)."""
     from tasks.batch_path import erase_batch
+    from tasks.references import ReferenceTraining
     from unlearning.batch.records import BatchResult
 
     forget_ids = forget_of(requests)
     log = run_logger()
     if audit_due(params.licensing.audit.probability, params.base.seed, batch_index):
-        result = audit_licence(batch, params, state, forget_ids, batch_index)
+        result = audit_licence(batch, ReferenceTraining.of(params), params.gate, state, forget_ids, batch_index)
         log.info(f"{batch.path.name}: {result.line()}")
         batch.tracker.log_metrics(batch.parent, {"licensing/audit_passed": float(result.passed),
                                                  **{f"licensing/audit_{k}": v for k, v in result.epsilon.items()}})
@@ -91,17 +100,18 @@ def apply_licensed(batch, params: Params, state, requests, objective: str, licen
             cuts = lowered(record.cuts, failing_scores(licence.decision.scores, result.forget_upper,
                                                        params.gate.epsilon.max))
             audits = [*record.audits, {"batch_id": batch.batch_id, "passed": False, "at": now()}]
-            save_map(params, replace(record, cuts=cuts, audits=audits))
+            save_map(params.project_paths, replace(record, cuts=cuts, audits=audits))
             batch.tracker.set_tags(batch.parent, {"licensing": "audit failed: exact retrain"})
             log.warning(f"{batch.path.name}: the licence's audit failed: the cut comes down to "
                         f"{cuts.for_rows(licence.decision.rows)} for {licence.decision.rows} row(s), and the batch "
                         f"takes the exact retrain")
             return None
-        save_map(params, replace(licence.record, audits=[*licence.record.audits, {"batch_id": batch.batch_id,
-                                                                                   "passed": True, "at": now()}]))
+        passed = {"batch_id": batch.batch_id, "passed": True, "at": now()}
+        save_map(params.project_paths, replace(licence.record, audits=[*licence.record.audits, passed]))
     promoted = record_licensed(batch, params, state, requests, objective, licence, n_train)
     erasure = erase_batch(batch, params, requests["sample_id"].tolist(), promoted["version"])
-    finish_licensed(batch, params, licence, promoted, erasure, forget_ids)
+    finish_licensed(batch, IdKey.of(params), params.licensing.audit.probability, licence, promoted, erasure,
+                    forget_ids)
     metrics = {"licensing/max_row_epsilon": max(licence.decision.scores), "licensing/cut": licence.decision.cut,
                "licensing/budget": params.gate.epsilon.max}
     return BatchResult(batch.path.name, "applied", batch.batch_id, LICENSED_INACTION, promoted["version"],
@@ -112,6 +122,7 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
+# The whole params: tasks/stages.py commit_state takes them (the state's commit, as a promoted batch's).
 def record_licensed(batch, params: Params, state, requests, objective: str, licence: Licence, n_train: int) -> dict:
     """The state after a licensed batch, all or nothing (tasks/stages.py commit_state): the same model, the rows
     marked deleted, a ledger entry per request with its row's map epsilon, the cut, the budget and "model
@@ -127,7 +138,7 @@ def record_licensed(batch, params: Params, state, requests, objective: str, lice
     entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params), objective=objective,
                              method=LICENSED_INACTION, before=version, after=version, now=stamp,
                              fingerprint=state.fingerprint["digest"], verdict=LICENSED_VERDICT)
-    score_of = dict(zip(ledger_keys(params, forget_of(requests)), d.scores))
+    score_of = dict(zip(IdKey.of(params).ledger_keys(forget_of(requests)), d.scores))
     for e in entries:
         if e["verdict"] == LICENSED_VERDICT:
             e["licence"] = {"map_epsilon": score_of.get(e["sample_id"]), "score": d.score_kind, "cut": d.cut,
@@ -165,10 +176,11 @@ def validation_accuracy(state) -> float:
     return float((logits.argmax(-1).numpy() == state.prepared.label[rows]).mean())
 
 
-def finish_licensed(batch, params: Params, licence: Licence, promoted: dict, erasure: dict | None,
-                    forget_ids: list[str]) -> None:
+def finish_licensed(batch, ids: IdKey, audit_probability: float, licence: Licence, promoted: dict,
+                    erasure: dict | None, forget_ids: list[str]) -> None:
     """The licensed batch run: each row's map epsilon (hashed ids), the cut, the budget, "model unchanged
-    (licensed)", the epsilon figure (the request's rows on the map), tags and the summary."""
+    (licensed)", the epsilon figure (the request's rows on the map), tags and the summary.
+    `audit_probability`: licensing.audit.probability (said when no audit was drawn)."""
     from adapters import plots
     from tasks.stages import publish_summary, wall_seconds
     from unlearning.policy.history import HISTORY_METRICS
@@ -181,7 +193,7 @@ def finish_licensed(batch, params: Params, licence: Licence, promoted: dict, era
                                  "licensing/class_share": d.class_share, "licensing/adjacent_share": d.adjacent_share})
     t.log_series(batch.parent, promoted["history"], HISTORY_METRICS)
     t.log_json(batch.parent, {key: {"map_epsilon": s, "cut": d.cut, "budget": d.budget, "model": MODEL_UNCHANGED}
-                              for key, s in zip(ledger_keys(params, forget_ids), d.scores)}, "licensed_rows.json")
+                              for key, s in zip(ids.ledger_keys(forget_ids), d.scores)}, "licensed_rows.json")
     record = licence.record
     fig = plots.memorization_map(record.map.upper, d.budget, d.cut,
                                  f"licensed: {d.rows} row(s) under the cut; model unchanged (v{promoted['version']})",
@@ -191,7 +203,7 @@ def finish_licensed(batch, params: Params, licence: Licence, promoted: dict, era
     t.set_tags(batch.parent, {"method": LICENSED_INACTION, "gate": MODEL_UNCHANGED,
                               "model_version": str(promoted["version"]), "licensing": "licensed"})
     audit_line = licence.audit.line() if licence.audit is not None else "audit: not drawn for this batch " \
-        f"(licensing.audit.probability = {params.licensing.audit.probability:g})"
+        f"(licensing.audit.probability = {audit_probability:g})"
     batch.summary.update(selection=Selection([LICENSED_INACTION], [("licensing", d.line())],
                                              rule_methods={"licensing": LICENSED_INACTION}),
                          plan=[d.line(), licence.map_line, audit_line])

@@ -15,20 +15,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from tasks.id_key import IdKey
 from tasks.memorization_map import (
-    MapRecord, epsilon_gate, ledger_keys, map_for_state, map_plan, save_map, stored_map,
+    MapRecord, MapSettings, epsilon_gate, map_for_state, map_plan, save_map, stored_map,
 )
 from tasks.reporting import run_logger
 from unlearning.certificate import metric_keys as K
 from unlearning.batch.rows import BatchRows, retained_train_rows, validation_rows
-from unlearning.config import LICENSED_INACTION, Params
+from unlearning.config import LICENSED_INACTION, Debt, Licensing, Params
 from unlearning.policy.history import LICENSED
 from unlearning.licensing.decision import Guards, LicenceDecision, adjacent_share, decide, nearest_rows
 from unlearning.sequential import Criterion, References, certify_logits
+
+if TYPE_CHECKING:
+    from tasks.planning import ProbeInputs
 
 LICENSED_VERDICT = LICENSED  # the ledger verdict of a licensed row: the model unchanged
 MODEL_UNCHANGED = "model unchanged (licensed)"
@@ -115,10 +120,10 @@ class Licence:
         return self.decision.licensed
 
 
-def applies(params: Params, state, objective: str) -> str | None:
+def applies(lic: Licensing, state, objective: str) -> str | None:
     """Why licensing does not apply to this batch (None: it does): licensing off, suppression (a licence answers
     retrain equivalence only), a sharded original (sisa is exact for a share of a retrain already)."""
-    if not params.licensing.enabled:
+    if not lic.enabled:
         return "licensing.enabled is false"
     if objective != "retrain_equivalence":
         return f"objective {objective}: a licence answers retrain_equivalence only"
@@ -134,12 +139,11 @@ def licensing_debt_rows(ledger: list[dict]) -> int:
     return int(retraining_debt(ledger, 1)["licensed_since_retrain"])
 
 
-def guards_of(params: Params) -> Guards:
-    lic = params.licensing
+def guards_of(lic: Licensing) -> Guards:
     return Guards(lic.max_class_share, lic.max_adjacent_share, lic.max_debt_rows)
 
 
-def cluster_share(params: Params, state, forget_positions: np.ndarray, train_positions: np.ndarray,
+def cluster_share(lic: Licensing, state, forget_positions: np.ndarray, train_positions: np.ndarray,
                   device: str = "cpu") -> float:
     """The request's adjacent share: how many of its rows have another of its rows among their
     licensing.k_neighbors nearest retained training rows, in the production model's penultimate features."""
@@ -151,9 +155,11 @@ def cluster_share(params: Params, state, forget_positions: np.ndarray, train_pos
         feats = torch.cat([model.features(X[i:i + 8192].to(device))[0].cpu() for i in range(0, len(X), 8192)])
     where = {int(p): i for i, p in enumerate(train_positions)}
     q = np.array([where[int(p)] for p in forget_positions])
-    return adjacent_share(q, nearest_rows(feats[q].numpy(), feats.numpy(), q, params.licensing.k_neighbors))
+    return adjacent_share(q, nearest_rows(feats[q].numpy(), feats.numpy(), q, lic.k_neighbors))
 
 
+# The whole params: tasks/stages.py names_after_erasure and preparation_after_erasure take them (the registry's
+# names after the erasure, read as the promotion reads them).
 def registry_reasons(params: Params, state, forget_ids: list[str]) -> list[str]:
     """What only a new model version could drop: a class name or a table category that only these rows (and
     erased ones) hold stays in the registered champion while the model is unchanged."""
@@ -168,59 +174,64 @@ def registry_reasons(params: Params, state, forget_ids: list[str]) -> list[str]:
     return out
 
 
+# The whole params, for `registry_reasons` alone (its comment).
 def request_decision(params: Params, state, record: MapRecord | None, forget_ids: list[str], device: str = "cpu"
                      ) -> LicenceDecision:
     """The licence of `forget_ids` on this state (unlearning/licensing/decision.py decide), with the registry's reasons."""
     prepared, lic = state.prepared, params.licensing
     train = retained_train_rows(state.manifest)
     pos = prepared.rows(forget_ids)
-    keys = ledger_keys(params, forget_ids)
+    keys = IdKey.of(params).ledger_keys(forget_ids)
     scores = record.scores(keys, lic.score) if record is not None else np.full(len(keys), np.nan)
     # without a map nothing is licensed: the neighbours' forward pass is not worth running
-    adjacent = cluster_share(params, state, pos, train, device) if record is not None else 0.0
+    adjacent = cluster_share(lic, state, pos, train, device) if record is not None else 0.0
     d = decide(scores, record.cuts if record is not None else None, params.gate.epsilon.max, prepared.label[pos],
-               prepared.label[train], adjacent, guards_of(params), licensing_debt_rows(state.ledger), lic.score)
+               prepared.label[train], adjacent, guards_of(lic), licensing_debt_rows(state.ledger), lic.score)
     extra = registry_reasons(params, state, forget_ids) if d.licensed else []
-    extra += debt_due(params, state, len(forget_ids)) if d.licensed else []
+    extra += debt_due(params.deletion.debt, state, len(forget_ids)) if d.licensed else []
     return replace(d, licensed=False, reasons=(*d.reasons, *extra)) if extra else d
 
 
-def debt_due(params: Params, state, n_rows: int) -> list[str]:
+def debt_due(d: Debt, state, n_rows: int) -> list[str]:
     """deletion.debt's reasons (unlearning/policy/history.py): past either bound a batch is exact retrain alone, a
     licensed one too."""
     from unlearning.policy.history import debt_reasons, n_original_train, retraining_debt
 
-    d = params.deletion.debt
     debt = retraining_debt(state.ledger, n_original_train(state.manifest, state.ledger))
     return debt_reasons(debt, n_rows, d.max_forgotten_fraction, d.max_batches_since_retrain)
 
 
+# The whole params, for `request_decision` (its comment); it builds the map's and the probe's slices once.
 def licence_batch(batch, params: Params, state, forget_ids: list[str], objective: str) -> Licence | None:
     """The batch's licensing (module docstring, step 1), logged on its run; None when licensing does not apply."""
-    why_not = applies(params, state, objective)
+    why_not = applies(params.licensing, state, objective)
     log = run_logger()
     if why_not is not None:
         return None
 
-    record, map_line = map_for_state(params, state, batch.device, lambda: map_timing(params, state, batch.device),
+    from tasks.planning import ProbeInputs
+
+    cfg = MapSettings.of(params)
+    record, map_line = map_for_state(cfg, state, batch.device,
+                                     lambda: map_timing(ProbeInputs.of(params), state, batch.device),
                                      batch.tracker, batch.parent)
     decision = request_decision(params, state, record, forget_ids, batch.device)
     log.info(f"{batch.path.name}: {map_line}")
     log.info(f"{batch.path.name}: licensing: {decision.line()}")
     batch.tracker.set_tags(batch.parent, {"licensing": decision.path})
-    batch.tracker.log_json(batch.parent, licence_json(params, forget_ids, decision, map_line), "licence.json")
+    batch.tracker.log_json(batch.parent, licence_json(cfg.ids, forget_ids, decision, map_line), "licence.json")
     if record is not None:  # what the map decided: whether it pays for itself (tasks/memorization_map.py map_paid)
         record = replace(record, decided=record.decided + 1, licensed=record.licensed + int(decision.licensed))
-        save_map(params, record)
+        save_map(cfg.paths, record)
     return Licence(decision, record, map_line)
 
 
-def map_timing(params: Params, state, device: str):
+def map_timing(inputs: ProbeInputs, state, device: str):
     """The planner's probe (tasks/planning.py, cached per model version) over every training row, with its cost
     curve past one member: the map's members train as vectorized chunks, which one member's time overprices."""
     from tasks.planning import probe
 
-    probing = params.model_copy(update={"validation": params.validation.model_copy(update={"audit_retrain": True})})
+    probing = replace(inputs, validation=inputs.validation.model_copy(update={"audit_retrain": True}))
     return probe(probing, state, full_rows(state), device)[0]
 
 
@@ -231,24 +242,29 @@ def full_rows(state) -> BatchRows:
                      validation=validation_rows(state.manifest))
 
 
-def licence_json(params: Params, forget_ids: list[str], decision: LicenceDecision, map_line: str) -> dict:
+def licence_json(ids: IdKey, forget_ids: list[str], decision: LicenceDecision, map_line: str) -> dict:
     """The licence as the batch run keeps it: each row's map score under its ledger key, the cut, the budget."""
     return {**decision.to_dict(), "map": map_line,
-            "rows_by_id": dict(zip(ledger_keys(params, forget_ids), decision.scores)),
+            "rows_by_id": dict(zip(ids.ledger_keys(forget_ids), decision.scores)),
             "model": MODEL_UNCHANGED if decision.licensed else "exact path"}
 
 
+# The whole params, for `request_decision` (its comment).
 def plan_note(params: Params, state, forget_ids: list[str], device: str, objective: str) -> str:
     """`unlearn plan`'s line on licensing: which path this request takes and why (nothing is built or changed:
     without a map it says what building one would cost)."""
-    why_not = applies(params, state, objective)
+    why_not = applies(params.licensing, state, objective)
     if why_not is not None:
         return f"licensing: does not apply ({why_not}): exact path"
-    record, map_line, worth_building = stored_map(params, state, save=False)
+    cfg = MapSettings.of(params)
+    record, map_line, worth_building = stored_map(cfg, state, save=False)
     if record is None:
         if not worth_building:
             return f"licensing: {map_line}"
-        plan = map_plan(params, map_timing(params, state, device), len(retained_train_rows(state.manifest)))
+        from tasks.planning import ProbeInputs
+
+        plan = map_plan(cfg, map_timing(ProbeInputs.of(params), state, device),
+                        len(retained_train_rows(state.manifest)))
         if not plan.affordable:
             return f"licensing: {plan.line(params.licensing.map.stream_length)}: exact path"
         return (f"licensing: no map yet; the batch builds one: {plan.line(params.licensing.map.stream_length)}, "

@@ -37,30 +37,53 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tasks.id_key import IdKey
 from tasks.reporting import run_logger
-from tasks.training import build, model_spec, recipe
+from tasks.training import build, model_spec
 from unlearning.batch.rows import retained_train_rows
-from unlearning.config import Params
+from unlearning.config import Gate, Licensing, Params, ProjectPaths, Train, Validation
 from unlearning.io import atomic_write_json
-from unlearning.privacy.ledger import hash_sample_id
 from unlearning.licensing.decision import (
     Cuts, audit_operating_characteristic, debiased_mu, fail_probability, fit_cuts, map_paid, operating_grid,
 )
 from unlearning.licensing.memorization import MemorizationMap, affordable_members, half_splits, member_rows, memorization_map
 from unlearning.models import fit, predict_logits
+from unlearning.models.training import recipe_from
 from unlearning.planning.plan import CPU_CHUNK, sequential_step
-from unlearning.privacy.salt import id_salt
 from unlearning.seeds import role_seeds
 
 FORMAT = "memorization-map/1"
 
 
-def map_path(params: Params) -> Path:
-    return params.path("cache_dir") / "memorization" / "map.json"
+@dataclass(frozen=True)
+class MapSettings:
+    """What the memorization map reads of the params: the licensing section, the gate (its epsilon budget and
+    estimator), validation (the audit's references and looks, chunk_size), the recipe and the model (train),
+    base.seed and base.progress, the project's folders (the cache, a custom model's factory) and how the ledger
+    keys ids (the map's rows are ledger keys)."""
+
+    licensing: Licensing
+    gate: Gate
+    validation: Validation
+    train: Train
+    seed: int
+    progress: bool
+    paths: ProjectPaths
+    ids: IdKey
+
+    # Builds the slice record from the whole params, its one job (once per batch, or per `unlearn plan`).
+    @classmethod
+    def of(cls, params: Params) -> "MapSettings":
+        return cls(params.licensing, params.gate, params.validation, params.train, params.base.seed,
+                   params.base.progress, params.project_paths, IdKey.of(params))
 
 
-def oc_dir(params: Params) -> Path:
-    return params.path("cache_dir") / "memorization" / "operating"
+def map_path(paths: ProjectPaths) -> Path:
+    return paths.path("cache_dir") / "memorization" / "map.json"
+
+
+def oc_dir(paths: ProjectPaths) -> Path:
+    return paths.path("cache_dir") / "memorization" / "operating"
 
 
 @dataclass(frozen=True)
@@ -80,12 +103,12 @@ class MapPlan:
                 f"{stream_length}); {self.reason}")
 
 
-def map_plan(params: Params, timing, n_rows: int) -> MapPlan:
+def map_plan(cfg: MapSettings, timing, n_rows: int) -> MapPlan:
     """The map's size and cost (module docstring) from the probe's `timing` (unlearning/planning/plan.py Timing): a chunk
     of k members on half the rows costs the curve's k-member step times half the retrain's steps."""
-    m = params.licensing.map
-    half_steps = params.train.epochs * math.ceil((n_rows // 2) / params.train.batch_size)
-    chunk = params.validation.chunk_size or CPU_CHUNK
+    m = cfg.licensing.map
+    half_steps = cfg.train.epochs * math.ceil((n_rows // 2) / cfg.train.batch_size)
+    chunk = cfg.validation.chunk_size or CPU_CHUNK
 
     def retrains(k: int) -> float:
         full = timing.references_seconds(k, chunk)  # k members, one worker, the retrain's steps
@@ -101,39 +124,40 @@ def map_plan(params: Params, timing, n_rows: int) -> MapPlan:
     return MapPlan(n, retrains(n), True, f"the most members within licensing.map.max_retrains = {m.max_retrains:g}")
 
 
-def map_key(params: Params, prepared, members: int) -> dict:
+def map_key(cfg: MapSettings, prepared, members: int) -> dict:
     """What a map's rows' scores depend on besides the rows themselves (module docstring, "Reused")."""
-    m = params.licensing.map
-    return {"format": FORMAT, "spec": model_spec(params, prepared), "recipe": dataclasses.asdict(recipe(params)),
+    m = cfg.licensing.map
+    return {"format": FORMAT, "spec": model_spec(cfg.train.model, prepared),
+            "recipe": dataclasses.asdict(recipe_from(cfg.train)),
             "dataset": prepared.info.get("name"), "members": int(members), "confidence": m.confidence,
-            "n_bootstrap": m.n_bootstrap, "delta": params.gate.epsilon.delta, "seed": params.base.seed}
+            "n_bootstrap": m.n_bootstrap, "delta": cfg.gate.epsilon.delta, "seed": cfg.seed}
 
 
-def cut_key(params: Params) -> dict:
+def cut_key(cfg: MapSettings) -> dict:
     """What the cuts depend on besides the map: the gate's budget and estimator, the audit's references and its
     final look's confidence, the licensing target and sizes."""
-    g, lic = params.gate, params.licensing
+    g, lic = cfg.gate, cfg.licensing
     return {"budget": g.epsilon.max, "delta": g.epsilon.delta, "estimator": g.epsilon.estimator,
-            "n_bootstrap": g.epsilon.n_bootstrap, "references": audit_references(params),
-            "confidence": audit_confidence(params), "target": lic.target, "max_rows": lic.max_rows,
+            "n_bootstrap": g.epsilon.n_bootstrap, "references": audit_references(cfg.validation),
+            "confidence": audit_confidence(cfg.validation, g), "target": lic.target, "max_rows": lic.max_rows,
             "min_calibration_rows": lic.min_calibration_rows, "score": lic.score}
 
 
-def audit_references(params: Params) -> int:
+def audit_references(v: Validation) -> int:
     """References per role at the audit's final look."""
-    return int(min(params.validation.n_oracles, params.validation.n_shadows))
+    return int(min(v.n_oracles, v.n_shadows))
 
 
-def audit_confidence(params: Params) -> float:
+def audit_confidence(v: Validation, gate: Gate) -> float:
     """The one-sided confidence of the audit's final look (1 - its share of the gate's alpha)."""
-    return 1.0 - float(audit_step(params).alphas[-1])
+    return 1.0 - float(audit_step(v, gate).alphas[-1])
 
 
-def audit_step(params: Params):
+def audit_step(v: Validation, gate: Gate):
     """The sequential step an audit of the licensed model runs (unlearning/planning/plan.py), under gate.criterion epsilon."""
     from unlearning.config import LICENSED_INACTION
 
-    return sequential_step(LICENSED_INACTION, params.validation, epsilon_gate(params.gate), 1.0)
+    return sequential_step(LICENSED_INACTION, v, epsilon_gate(gate), 1.0)
 
 
 def epsilon_gate(gate):
@@ -203,8 +227,8 @@ class MapRecord:
                                    removed=self.removed + int((~keep).sum()), _index=None)
 
 
-def load_map(params: Params) -> MapRecord | None:
-    path = map_path(params)
+def load_map(paths: ProjectPaths) -> MapRecord | None:
+    path = map_path(paths)
     if not path.exists():
         return None
     try:
@@ -214,27 +238,21 @@ def load_map(params: Params) -> MapRecord | None:
     return MapRecord.from_json(d) if d.get("format") == FORMAT else None
 
 
-def save_map(params: Params, record: MapRecord) -> None:
-    atomic_write_json(map_path(params), record.to_json())
+def save_map(paths: ProjectPaths, record: MapRecord) -> None:
+    atomic_write_json(map_path(paths), record.to_json())
 
 
-def ledger_keys(params: Params, sample_ids) -> list[str]:
-    """Sample ids as the ledger keys them (the project's one id hash, unlearning/privacy/salt.py)."""
-    salt = id_salt(params)
-    return [hash_sample_id(str(s), salt) if params.deletion.hash_sample_ids else str(s) for s in sample_ids]
-
-
-def stale_reason(params: Params, state, record: MapRecord | None, members: int | None) -> str | None:
+def stale_reason(cfg: MapSettings, state, record: MapRecord | None, members: int | None) -> str | None:
     """Why the stored map cannot serve this state (None: it can; module docstring, "Reused")."""
     if record is None:
         return "no map yet"
-    if members is None or record.key != map_key(params, state.prepared, members):
+    if members is None or record.key != map_key(cfg, state.prepared, members):
         return "built with another architecture, recipe or map setting"
-    keys = ledger_keys(params, state.manifest["sample_id"].to_numpy()[retained_train_rows(state.manifest)])
+    keys = cfg.ids.ledger_keys(state.manifest["sample_id"].to_numpy()[retained_train_rows(state.manifest)])
     missing = int((record.positions(keys) < 0).sum())
     if missing:
         return f"{missing} retained training row(s) have no entry"
-    share = params.licensing.map.max_erased_fraction
+    share = cfg.licensing.map.max_erased_fraction
     built_rows = int(record.built.get("rows", len(record.ids)))
     if record.removed > share * built_rows:
         return (f"{record.removed} of its {built_rows} rows were erased since it was built, more than its debt "
@@ -242,22 +260,22 @@ def stale_reason(params: Params, state, record: MapRecord | None, members: int |
     return None
 
 
-def build_map(params: Params, state, device: str, members: int) -> tuple[MapRecord, float]:
+def build_map(cfg: MapSettings, state, device: str, members: int) -> tuple[MapRecord, float]:
     """Train the map's members on the retained training rows and read the map (module docstring, "Built");
     -> (record without cuts, seconds)."""
     t0 = time.perf_counter()
-    prepared, lic = state.prepared, params.licensing
+    prepared, lic = state.prepared, cfg.licensing
     rows = retained_train_rows(state.manifest)
     X = torch.as_tensor(np.asarray(prepared.X[rows]), dtype=torch.float32)
     y = torch.as_tensor(np.asarray(prepared.label[rows]), dtype=torch.long)
-    m = map_from_tensors(lambda seeds: build(params, prepared, seeds), state.model, X, y, recipe(params), members,
-                         params.base.seed, params.gate.epsilon.delta, lic.map.confidence, lic.map.n_bootstrap,
-                         params.validation.chunk_size or CPU_CHUNK, device, params.base.progress)
+    m = map_from_tensors(lambda seeds: build(cfg.train.model, cfg.paths.root, prepared, seeds), state.model, X, y,
+                         recipe_from(cfg.train), members, cfg.seed, cfg.gate.epsilon.delta, lic.map.confidence,
+                         lic.map.n_bootstrap, cfg.validation.chunk_size or CPU_CHUNK, device, cfg.progress)
     seconds = time.perf_counter() - t0
     built = {"rows": int(len(rows)), "members": members, "seconds": round(seconds, 3),
              "model_version": str(state.champion.get("model_version")), "at": datetime.now(timezone.utc).isoformat()}
-    ids = ledger_keys(params, state.manifest["sample_id"].to_numpy()[rows])
-    return MapRecord(ids, m, map_key(params, prepared, members), built), seconds
+    ids = cfg.ids.ledger_keys(state.manifest["sample_id"].to_numpy()[rows])
+    return MapRecord(ids, m, map_key(cfg, prepared, members), built), seconds
 
 
 def map_from_tensors(make, model, X: torch.Tensor, y: torch.Tensor, train_recipe, members: int, seed: int,
@@ -283,12 +301,12 @@ def map_from_tensors(make, model, X: torch.Tensor, y: torch.Tensor, train_recipe
                             n_bootstrap=n_bootstrap, seed=seed)
 
 
-def operating_characteristic(params: Params) -> tuple[np.ndarray, np.ndarray, float]:
+def operating_characteristic(cfg: MapSettings) -> tuple[np.ndarray, np.ndarray, float]:
     """(mu grid, f(mu), seconds) of the audit's gate (unlearning/licensing/decision.py), cached on disk per gate setting:
     it depends on the gate and the audit's size only, not on the data."""
-    k = cut_key(params)
+    k = cut_key(cfg)
     key = {x: k[x] for x in ("budget", "delta", "estimator", "n_bootstrap", "references", "confidence")}
-    path = oc_dir(params) / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json")
+    path = oc_dir(cfg.paths) / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20] + ".json")
     if path.exists():
         try:
             d = json.loads(path.read_text())
@@ -298,65 +316,65 @@ def operating_characteristic(params: Params) -> tuple[np.ndarray, np.ndarray, fl
     t0 = time.perf_counter()
     grid = operating_grid(key["budget"], key["delta"])
     f = audit_operating_characteristic(grid, key["references"], key["budget"], key["delta"], key["confidence"],
-                                       key["estimator"], n_bootstrap=key["n_bootstrap"], seed=params.base.seed)
+                                       key["estimator"], n_bootstrap=key["n_bootstrap"], seed=cfg.seed)
     atomic_write_json(path, {"key": key, "grid": grid.tolist(), "f": f.tolist()})
     return grid, f, time.perf_counter() - t0
 
 
-def null_row_failure(params: Params, sims: int = 200) -> float:
+def null_row_failure(cfg: MapSettings, sims: int = 200) -> float:
     """f(0): how often the audit fails a row the model never memorized (the gate's own floor at the audit's size).
     At or above licensing.target no cut can license anything, and no map is worth building."""
-    k = cut_key(params)
+    k = cut_key(cfg)
     return float(audit_operating_characteristic([0.0], k["references"], k["budget"], k["delta"], k["confidence"],
                                                  k["estimator"], n_bootstrap=k["n_bootstrap"], sims=sims,
-                                                 seed=params.base.seed)[0])
+                                                 seed=cfg.seed)[0])
 
 
-def calibration_fail_probability(params: Params, m: MemorizationMap) -> tuple[np.ndarray, float]:
+def calibration_fail_probability(cfg: MapSettings, m: MemorizationMap) -> tuple[np.ndarray, float]:
     """Each map row's chance of failing an audit: f at its debiased separation (unlearning/licensing/decision.py)."""
-    grid, f, seconds = operating_characteristic(params)
+    grid, f, seconds = operating_characteristic(cfg)
     half = m.n_members // 2
     return fail_probability(debiased_mu(m.mu, half, half), grid, f), seconds
 
 
-def cuts_for(params: Params, m: MemorizationMap) -> Cuts:
+def cuts_for(cfg: MapSettings, m: MemorizationMap) -> Cuts:
     """The cuts of map `m` for the current settings, fitted on its rows (unlearning/licensing/decision.py fit_cuts)."""
-    p, _ = calibration_fail_probability(params, m)
-    lic = params.licensing
-    cap = params.gate.epsilon.max if lic.score != "loss" else None  # an epsilon score: a row's bound within the budget
+    p, _ = calibration_fail_probability(cfg, m)
+    lic = cfg.licensing
+    cap = cfg.gate.epsilon.max if lic.score != "loss" else None  # an epsilon score: a row's bound within the budget
     return fit_cuts(m.score(lic.score), p, lic.target, lic.max_rows, lic.min_calibration_rows, cap)
 
 
-def fit_map_cuts(params: Params, record: MapRecord) -> tuple[MapRecord, float]:
+def fit_map_cuts(cfg: MapSettings, record: MapRecord) -> tuple[MapRecord, float]:
     """The record with its cuts fitted on its rows for the current settings (unchanged when they were fitted for
     them already); -> (record, seconds spent fitting)."""
-    key = cut_key(params)
+    key = cut_key(cfg)
     if record.cuts is not None and record.cut_key == key:
         return record, 0.0
     t0 = time.perf_counter()
-    cuts = cuts_for(params, record.map)
+    cuts = cuts_for(cfg, record.map)
     return dataclasses.replace(record, cuts=cuts, cut_key=key, audits=[]), time.perf_counter() - t0
 
 
-def stored_map(params: Params, state, save: bool = True) -> tuple[MapRecord | None, str, bool]:
+def stored_map(cfg: MapSettings, state, save: bool = True) -> tuple[MapRecord | None, str, bool]:
     """The stored map while it serves this state (its cuts refitted if the settings moved; `save`: keep them), or
     None and why not: no map or a stale one (`stale_reason`: a new one is worth building), or an audit too small
     for any cut to license (none is). -> (record or None, the line, whether building one is worth it)."""
-    record = load_map(params)
-    members = params.licensing.map.members or (record.key.get("members") if record is not None else None)
-    reason = stale_reason(params, state, record, members)
+    record = load_map(cfg.paths)
+    members = cfg.licensing.map.members or (record.key.get("members") if record is not None else None)
+    reason = stale_reason(cfg, state, record, members)
     if reason is None:
-        record, fit_seconds = fit_map_cuts(params, record)
+        record, fit_seconds = fit_map_cuts(cfg, record)
         if fit_seconds and save:
-            save_map(params, record)
+            save_map(cfg.paths, record)
         return record, (f"memorization map: reused ({record.map.n_members} members, built for v"
                         f"{record.built.get('model_version')}, {record.removed} row(s) erased since)"), False
-    floor = null_row_failure(params)
-    if floor >= params.licensing.target:
-        return None, (f"memorization map: none: with {audit_references(params)} references per role an audit fails a "
-                      f"row the model never memorized with probability {floor:.2f}, not below licensing.target = "
-                      f"{params.licensing.target:g}: no cut could license a request (raise validation.n_oracles "
-                      f"and n_shadows)"), False
+    floor = null_row_failure(cfg)
+    if floor >= cfg.licensing.target:
+        return None, (f"memorization map: none: with {audit_references(cfg.validation)} references per role an audit "
+                      f"fails a row the model never memorized with probability {floor:.2f}, not below "
+                      f"licensing.target = {cfg.licensing.target:g}: no cut could license a request (raise "
+                      f"validation.n_oracles and n_shadows)"), False
     if record is not None and not map_paid(record.licensed, record.decided, record.cost_retrains):
         return None, (f"memorization map: none: the last one licensed {record.licensed} of the {record.decided} "
                       f"request(s) it decided, less than its cost of {record.cost_retrains:.2g} retrains: licensing does "
@@ -364,34 +382,33 @@ def stored_map(params: Params, state, save: bool = True) -> tuple[MapRecord | No
     return None, f"memorization map: {reason}", True
 
 
-def map_for_state(params: Params, state, device: str, timing_of, tracker=None, run_id: str | None = None
+def map_for_state(cfg: MapSettings, state, device: str, timing_of, tracker=None, run_id: str | None = None
                   ) -> tuple[MapRecord | None, str]:
     """The map this state licenses with: the stored one while it serves, else a new one where the planner finds it
     affordable (`timing_of()`: the probe's Timing, asked only then). -> (record or None, a line saying which and
     what it cost)."""
-    record, why, worth_building = stored_map(params, state)
+    record, why, worth_building = stored_map(cfg, state)
     if not worth_building:
         return record, why
     rows = len(retained_train_rows(state.manifest))
-    plan = map_plan(params, timing_of(), rows)
+    plan = map_plan(cfg, timing_of(), rows)
     if not plan.affordable:
-        return None, plan.line(params.licensing.map.stream_length)
-    run_logger().info(f"{plan.line(params.licensing.map.stream_length)}: building ({why.split(': ', 1)[1]})")
-    record, seconds = build_map(params, state, device, plan.members)
-    record, fit_seconds = fit_map_cuts(params, record)
+        return None, plan.line(cfg.licensing.map.stream_length)
+    run_logger().info(f"{plan.line(cfg.licensing.map.stream_length)}: building ({why.split(': ', 1)[1]})")
+    record, seconds = build_map(cfg, state, device, plan.members)
+    record, fit_seconds = fit_map_cuts(cfg, record)
     record.built.update(predicted_retrains=round(plan.retrains, 3), fit_seconds=round(fit_seconds, 3))
-    save_map(params, record)
+    save_map(cfg.paths, record)
     if tracker is not None and run_id is not None:
-        log_map(tracker, run_id, params, record)
+        log_map(tracker, run_id, cfg.gate.epsilon.max, record)
     return record, f"memorization map: built ({plan.members} members, {seconds:.1f} s; {why.split(': ', 1)[1]})"
 
 
-def log_map(tracker, run_id: str, params: Params, record: MapRecord) -> None:
-    """The map on the batch run that built it: its histogram against the budget and the cut, the share of rows
-    above the budget, its size and cost."""
+def log_map(tracker, run_id: str, budget: float, record: MapRecord) -> None:
+    """The map on the batch run that built it: its histogram against the budget (gate.epsilon.max) and the cut,
+    the share of rows above the budget, its size and cost."""
     from adapters import plots
 
-    budget = params.gate.epsilon.max
     m = record.map
     cut = record.cuts.for_rows(1) if record.cuts is not None else None
     tracker.log_metrics(run_id, {"licensing/map_members": m.n_members, "licensing/map_rows": len(m),

@@ -19,30 +19,59 @@ import math
 import os
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
-from tasks.training import build, model_spec, recipe
+from tasks.training import build, model_spec
 from unlearning.batch.rows import BatchRows, sampled_for_certificate, unlearn_context
-from unlearning.config import Params, method_traits
+from unlearning.config import Gate, Params, ProjectPaths, Train, Validation, method_traits
 from unlearning.planning.costs import (PROBE_MIN_STEPS, CostCurve, DeviceMemory, ProbeConditions, method_retrains, probe_sizes,
                               steady_curve)
 from unlearning.io import atomic_write_json
 from unlearning.models import predict_logits
+from unlearning.models.training import recipe_from
 from unlearning.batch.records import Selection
 from unlearning.planning.plan import CPU_CHUNK, Footprint, Plan, Timing, plan_batch
 from unlearning.planning.probe import (ConditionsMeter, StepTimer, activation_floats_per_row, curve_within_memory,  # noqa: F401
                                load_per_cpu)
 from unlearning.seeds import method_seed, role_seeds
 
+if TYPE_CHECKING:
+    from tasks.references import ReferenceTraining
+
 PROBE_MIN_ROWS = 512  # rows of the timing probe: at least this, PROBE_MIN_STEPS minibatches, at most the retain rows
 PROBE_MEMBERS = 8  # on a CPU, the largest chunk the probe times (the curve is affine there; larger ones extrapolate)
 PROBE_FORGET_ROWS = 256  # forget rows at most in a method's timed run
 PROBE_VERSION = 4  # bump when what the probe measures changes: older cache entries are ignored
 MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ProbeInputs:
+    """What the timing probe reads of the params: the recipe and the model (train), the references it sizes for
+    (validation: n_oracles, n_shadows, chunk_size, gpu_memory_mb, certificate_rows, audit_retrain, probe), each
+    method's arguments (deletion.method_args), base.seed, and the project's folders (the cache, a custom
+    model's factory)."""
+
+    train: Train
+    validation: Validation
+    method_args: dict
+    seed: int
+    paths: ProjectPaths
+
+    # Builds the slice record from the whole params, its one job (once per batch, `unlearn plan` or stage).
+    @classmethod
+    def of(cls, params: Params) -> "ProbeInputs":
+        return cls(params.train, params.validation, params.deletion.method_args, params.base.seed,
+                   params.project_paths)
+
+    def member(self, prepared, seeds: list[int]):
+        """A fresh ensemble of the model for `seeds` (the probe's timed members)."""
+        return build(self.train.model, self.paths.root, prepared, seeds)
 
 
 def rss_bytes() -> int:
@@ -60,13 +89,12 @@ def _probe_positions(n_retain: int, batch_size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n_retain, n, replace=False))
 
 
-def device_memory(params: Params, device: str, member_bytes: int | None = None,
+def device_memory(v: Validation, device: str, member_bytes: int | None = None,
                   mem_get_info: Callable[[], tuple[int, int]] | None = None) -> DeviceMemory | None:
     """The CUDA device's budget for the reference chunks: validation.gpu_memory_mb, else 90% of the free memory
     `mem_get_info()` (torch.cuda.mem_get_info: (free, total) bytes) reports now; None on a CPU."""
     if torch.device(device).type != "cuda":
         return None
-    v = params.validation
     if v.gpu_memory_mb is not None:
         return DeviceMemory("cuda", v.gpu_memory_mb * MB, "validation.gpu_memory_mb", member_bytes)
     free, _ = (mem_get_info or (lambda: torch.cuda.mem_get_info(torch.device(device))))()
@@ -74,10 +102,9 @@ def device_memory(params: Params, device: str, member_bytes: int | None = None,
                         member_bytes)
 
 
-def planned_probe_chunk(params: Params, device: str, footprint: Footprint, mem: DeviceMemory | None) -> int:
+def planned_probe_chunk(v: Validation, device: str, footprint: Footprint, mem: DeviceMemory | None) -> int:
     """The largest chunk the probe times: on a CPU PROBE_MEMBERS (the curve is affine); on CUDA the chunk the
     device memory holds for one role's references (the curve bends there: the probe must see it)."""
-    v = params.validation
     n_role = max(v.n_oracles, v.n_shadows)
     cap = v.chunk_size or (n_role if mem is not None else CPU_CHUNK)
     if mem is None:
@@ -86,17 +113,18 @@ def planned_probe_chunk(params: Params, device: str, footprint: Footprint, mem: 
     return int(max(1, min(cap, n_role, fits)))
 
 
-def cache_path(params: Params, state, device: str, sample_rows: int) -> Path:
+def cache_path(inputs: ProbeInputs, state, device: str, sample_rows: int) -> Path:
     """cache/costs/<key>.json: the probe's measurements of this model version, recipe and architecture on this
     device (what decides them; no row and no id)."""
     dev = torch.device(device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    key = json.dumps({"v": PROBE_VERSION, "spec": model_spec(params, state.prepared),
-                      "recipe": dataclasses.asdict(recipe(params)), "device": name, "torch": torch.__version__,
-                      "version": str(state.champion.get("model_version")), "rows": sample_rows,
-                      "chunk": params.validation.chunk_size, "gpu_mb": params.validation.gpu_memory_mb,
-                      "args": params.deletion.method_args}, sort_keys=True, default=str)
-    return params.path("cache_dir") / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    key = json.dumps({"v": PROBE_VERSION, "spec": model_spec(inputs.train.model, state.prepared),
+                      "recipe": dataclasses.asdict(recipe_from(inputs.train)), "device": name,
+                      "torch": torch.__version__, "version": str(state.champion.get("model_version")),
+                      "rows": sample_rows, "chunk": inputs.validation.chunk_size,
+                      "gpu_mb": inputs.validation.gpu_memory_mb, "args": inputs.method_args},
+                     sort_keys=True, default=str)
+    return inputs.paths.path("cache_dir") / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 def _read_cache(path: Path) -> dict:
@@ -106,11 +134,11 @@ def _read_cache(path: Path) -> dict:
         return {}
 
 
-def method_work(params: Params, method: str, sizes) -> int:
+def method_work(inputs: ProbeInputs, method: str, sizes) -> int:
     """The method's stop rule as a budget of gradient evaluations (unlearning/methods/args.py) at `sizes`."""
     from unlearning.methods.registry import parse_args
 
-    return int(parse_args(method, params.deletion.method_args.get(method, {})).budget(sizes, params.train.epochs))
+    return int(parse_args(method, inputs.method_args.get(method, {})).budget(sizes, inputs.train.epochs))
 
 
 def rows_sizes(rows: BatchRows, n_classes: int):
@@ -120,7 +148,7 @@ def rows_sizes(rows: BatchRows, n_classes: int):
     return DataSizes(len(rows.forget), len(rows.retain), n_adj, len(rows.retain) - n_adj, n_classes)
 
 
-def time_method(params: Params, state, rows: BatchRows, positions: np.ndarray, method: str, device: str
+def time_method(inputs: ProbeInputs, state, rows: BatchRows, positions: np.ndarray, method: str, device: str
                 ) -> tuple[float, int]:
     """(seconds, work) of one run of `method` on the original, on at most PROBE_FORGET_ROWS forget rows and the
     probe's sample of the retain rows; work: its budget of gradient evaluations there (`method_work`)."""
@@ -129,15 +157,15 @@ def time_method(params: Params, state, rows: BatchRows, positions: np.ndarray, m
     forget = rows.forget[:PROBE_FORGET_ROWS]
     sample = BatchRows(before=rows.before, forget=forget, retain=rows.retain[positions],
                        adjacent_mask=rows.adjacent_mask[positions], validation=rows.validation[:0])
-    ctx = unlearn_context(state.model.to(device), state.prepared, sample, recipe(params), method_seed(params.base.seed),
-                          progress=False)
+    ctx = unlearn_context(state.model.to(device), state.prepared, sample, recipe_from(inputs.train),
+                          method_seed(inputs.seed), progress=False)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     t = time.perf_counter()
-    run_method(method, ctx, params.deletion.method_args.get(method, {}))
+    run_method(method, ctx, inputs.method_args.get(method, {}))
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - t, method_work(params, method, rows_sizes(sample, state.prepared.n_classes))
+    return time.perf_counter() - t, method_work(inputs, method, rows_sizes(sample, state.prepared.n_classes))
 
 
 def timed_methods(methods) -> list[str]:
@@ -145,7 +173,7 @@ def timed_methods(methods) -> list[str]:
     return [m for m in dict.fromkeys(methods) if not method_traits(m).exact]
 
 
-def probe(params: Params, state, rows: BatchRows, device: str, methods=(), clock=time.time,
+def probe(inputs: ProbeInputs, state, rows: BatchRows, device: str, methods=(), clock=time.time,
           load=load_per_cpu) -> tuple[Timing, Footprint]:
     """The cost curve of training chunks (1, an intermediate size, the planned chunk; one member alone when no
     candidate of `methods` needs references), the evaluation's cost, each of `methods`' timed run (the
@@ -155,33 +183,33 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=(), clock
     until they agree within validation.probe.max_spread (at most max_rounds), with the batch's training threads,
     and what it ran under is kept with it (ProbeConditions: the plan's range). `clock`/`load`: the wall clock and
     the load per core (the tests pass fakes)."""
-    prepared = state.prepared
-    cfg = params.validation.probe
-    positions = _probe_positions(len(rows.retain), params.train.batch_size, params.base.seed)
+    prepared, v, train, seed = state.prepared, inputs.validation, inputs.train, inputs.seed
+    cfg = v.probe
+    positions = _probe_positions(len(rows.retain), train.batch_size, seed)
     sample = rows.retain[positions]
-    eval_rows = len(sampled_for_certificate(rows, params.validation.certificate_rows, params.base.seed).eval_rows()[0])
-    member = build(params, prepared, role_seeds(params.base.seed, "bench", 1)).module_of(0)
+    eval_rows = len(sampled_for_certificate(rows, v.certificate_rows, seed).eval_rows()[0])
+    member = inputs.member(prepared, role_seeds(seed, "bench", 1)).module_of(0)
     footprint = Footprint(n_params=sum(p.numel() for p in member.parameters()),
                           activation_floats_per_row=activation_floats_per_row(member, list(prepared.in_shape)),
                           data_bytes=int(np.asarray(prepared.X).nbytes), baseline_bytes=rss_bytes(),
-                          batch_size=params.train.batch_size, n_eval_rows=eval_rows, n_classes=prepared.n_classes)
-    path = cache_path(params, state, device, len(sample))
+                          batch_size=train.batch_size, n_eval_rows=eval_rows, n_classes=prepared.n_classes)
+    path = cache_path(inputs, state, device, len(sample))
     cached = _read_cache(path)
     stale = stale_probe(cached, clock(), load(), cfg)
     if stale:
         cached = {}
     wanted = timed_methods(methods)
     # only a plan with references needs the curve past one member (an exact retrain alone: its own cost)
-    needs_curve = bool(wanted) or params.validation.audit_retrain
-    planned = planned_probe_chunk(params, device, footprint, device_memory(params, device)) if needs_curve else 1
+    needs_curve = bool(wanted) or v.audit_retrain
+    planned = planned_probe_chunk(v, device, footprint, device_memory(v, device)) if needs_curve else 1
     sizes = probe_sizes(planned)
     measure = not set(sizes) <= set(cached.get("curve", {}).get("sizes", []))
     fresh = measure or any(m not in cached.get("methods", {}) for m in wanted)
     if measure:
         X = torch.as_tensor(prepared.X[sample], dtype=torch.float32).to(device)
         y = torch.as_tensor(prepared.label[sample], dtype=torch.long).to(device)
-        timer = StepTimer(lambda k: build(params, prepared, role_seeds(params.base.seed, "bench", k)), X, y,
-                          recipe(params), device)
+        timer = StepTimer(lambda k: inputs.member(prepared, role_seeds(seed, "bench", k)), X, y,
+                          recipe_from(train), device)
         with ConditionsMeter(now=clock, load=load) as meter:
             curve, rounds, low, high = steady_curve(lambda: curve_within_memory(timer, planned), cfg.max_spread,
                                                     cfg.max_rounds)
@@ -197,7 +225,7 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=(), clock
                   "conditions": meter.conditions(rounds, low, high, cfg.max_spread).to_dict()}
     for m in wanted:
         if m not in cached["methods"]:
-            seconds, work = time_method(params, state, rows, positions, m, device)
+            seconds, work = time_method(inputs, state, rows, positions, m, device)
             cached["methods"][m] = {"seconds": seconds, "work": work}
     if fresh:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +233,7 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=(), clock
     curve = CostCurve.from_dict(cached["curve"])
     if not fresh:
         curve = dataclasses.replace(curve, source=curve.source + "; cached for this model version")
-    steps = params.train.epochs * math.ceil(len(rows.retain) / params.train.batch_size)
+    steps = train.epochs * math.ceil(len(rows.retain) / train.batch_size)
     retrain = curve.seconds(1) * steps
     full = rows_sizes(rows, prepared.n_classes)
     conditions = ProbeConditions.from_dict(cached["conditions"]) if cached.get("conditions") else None
@@ -213,7 +241,7 @@ def probe(params: Params, state, rows: BatchRows, device: str, methods=(), clock
                     eval_seconds_per_member=cached["eval_seconds_per_row_member"] * eval_rows,
                     source=curve.source, curve=curve, steps=steps, conditions=conditions,
                     method_retrains={m: method_retrains(cached["methods"][m]["seconds"], cached["methods"][m]["work"],
-                                                        method_work(params, m, full), retrain) for m in wanted})
+                                                        method_work(inputs, m, full), retrain) for m in wanted})
     footprint = dataclasses.replace(footprint, device_member_bytes=cached.get("device_member_bytes"))
     return timing, footprint
 
@@ -232,54 +260,54 @@ def stale_probe(cached: dict, now: float, load_now: float, cfg) -> str | None:
 THREAD_WORKERS = 2  # the threads runner's pool (flows/common.py task_runner_for builds it with this many)
 
 
-def workers_of(params: Params, device: str = "cpu") -> int:
-    """Workers the reference chunks run on: the thread pool's, or the Dask cluster's; one on a local CUDA
-    device (its chunks share the device: two side by side only split it)."""
-    v = params.validation
+def workers_of(v: Validation, device: str = "cpu") -> int:
+    """Workers the reference chunks run on (validation `v`: its task runner): the thread pool's, or the Dask
+    cluster's; one on a local CUDA device (its chunks share the device: two side by side only split it)."""
     if v.task_runner == "dask":
         return v.dask_workers
     return 1 if torch.device(device).type == "cuda" else THREAD_WORKERS
 
 
-def batch_plan(params: Params, selection, objective: str, timing: Timing | None, footprint: Footprint | None,
-               diagnostics_seconds: float = 0.0, sisa_cost: float | None = None, device: str = "cpu") -> Plan:
+def batch_plan(validation: Validation, gate: Gate, weigh_cost: bool, selection, objective: str,
+               timing: Timing | None, footprint: Footprint | None, diagnostics_seconds: float = 0.0,
+               sisa_cost: float | None = None, device: str = "cpu") -> Plan:
     """The plan for a batch's selection (unlearning/batch/records.py Selection: its candidates, and whether
-    deletion.method named one, which the cost rule honours); `sisa_cost`: the share
-    of a retrain `sisa` costs for this batch (tasks/sharding.py sisa_share; None: not sharded); `device`: where
+    deletion.method named one, which the cost rule honours); `weigh_cost`: deletion.weigh_cost; `sisa_cost`: the
+    share of a retrain `sisa` costs for this batch (tasks/sharding.py sisa_share; None: not sharded); `device`: where
     the references train (on CUDA the chunks are sized by its memory)."""
     member_bytes = footprint.device_member_bytes if footprint is not None else None
     selection = Selection.of(selection)
-    return plan_batch(selection.candidates, objective, params.validation, params.gate,
-                      weigh_cost=params.deletion.weigh_cost, explicit=selection.explicit,
+    return plan_batch(selection.candidates, objective, validation, gate,
+                      weigh_cost=weigh_cost, explicit=selection.explicit,
                       timing=timing, footprint=footprint, diagnostics_seconds=diagnostics_seconds,
-                      workers=workers_of(params, device), sisa_cost=sisa_cost,
-                      device_memory=device_memory(params, device, member_bytes))
+                      workers=workers_of(validation, device), sisa_cost=sisa_cost,
+                      device_memory=device_memory(validation, device, member_bytes))
 
 
-def reference_chunk(params: Params, prepared, device: str) -> int:
+def reference_chunk(training: ReferenceTraining, prepared, device: str) -> int:
     """The chunk cap outside a batch's plan (the qualify stage): validation.chunk_size, else CPU_CHUNK on a CPU
     and what the device memory holds on CUDA (from the analytic footprint of one member)."""
-    v = params.validation
+    v = training.validation
     n_role = max(v.n_oracles, v.n_shadows)
     if v.chunk_size is not None:
         return max(1, min(v.chunk_size, n_role))
-    mem = device_memory(params, device)
+    mem = device_memory(v, device)
     if mem is None:
         return max(1, min(CPU_CHUNK, n_role))
-    member = build(params, prepared, role_seeds(params.base.seed, "bench", 1)).module_of(0)
+    member = build(training.model, training.paths.root, prepared, role_seeds(training.seed, "bench", 1)).module_of(0)
     fp = Footprint(n_params=sum(p.numel() for p in member.parameters()),
                    activation_floats_per_row=activation_floats_per_row(member, prepared.in_shape),
                    data_bytes=int(np.asarray(prepared.X).nbytes), baseline_bytes=0,
-                   batch_size=params.train.batch_size, n_eval_rows=0, n_classes=prepared.n_classes)
-    return planned_probe_chunk(params, device, fp, mem)
+                   batch_size=training.recipe.batch_size, n_eval_rows=0, n_classes=prepared.n_classes)
+    return planned_probe_chunk(v, device, fp, mem)
 
 
 # --- the batch's phases, predicted (unlearning/planning/overhead.py: the same phases its plan-vs-actual line measures) ------
-def phase_history(params: Params):
+def phase_history(paths: ProjectPaths):
     """The project's history of measured batch phases: cache/costs/phases.jsonl (seconds only)."""
     from unlearning.planning.overhead import History
 
-    return History(params.path("cache_dir") / "costs" / "phases.jsonl")
+    return History(paths.path("cache_dir") / "costs" / "phases.jsonl")
 
 
 def model_phases(plan: Plan) -> dict[str, float]:
@@ -290,12 +318,12 @@ def model_phases(plan: Plan) -> dict[str, float]:
             "candidates": ps.get("unlearn", 0.0) + ps.get("certify", 0.0)}
 
 
-def predicted_phases(params: Params, plan: Plan, timing: Timing | None) -> tuple[dict, dict, str]:
+def predicted_phases(paths: ProjectPaths, plan: Plan, timing: Timing | None) -> tuple[dict, dict, str]:
     """(seconds per phase, (low, high) per phase, one line) of a batch following `plan`: the model phases from the
     plan's probe (diagnostics, references, the candidates' training and certificate), the others from this
     project's past batches; the range from the probe's rounds and the history's spread."""
     from unlearning.planning.overhead import predict, predicted_line
 
-    fixed, ranges, source = phase_history(params).fixed()
+    fixed, ranges, source = phase_history(paths).fixed()
     point, spans = predict(model_phases(plan), fixed, ranges, timing.range if timing is not None else (1.0, 1.0))
     return point, spans, predicted_line(point, spans, source)

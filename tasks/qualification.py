@@ -19,14 +19,14 @@ import pandas as pd
 import torch
 
 from tasks.batch import partition_retain
-from tasks.certify import Evaluator, sequential
+from tasks.certify import Evaluator, StepInputs, sequential
 from tasks.diagnostics import leverage_diagnostics
-from tasks.planning import reference_chunk, workers_of
+from tasks.planning import ProbeInputs, reference_chunk, workers_of
 from tasks.references import ReferencePool
 from tasks.reporting import run_logger
 from tasks.state import State, current_fingerprint, initial_state_manifest, original_path
 from unlearning.batch.rows import batch_rows, eval_logits, retained_train_rows, sampled_for_certificate, validation_rows
-from unlearning.config import Params
+from unlearning.config import Debt, Params, ProjectPaths, Validation
 from unlearning.data import load_prepared
 from unlearning.models import load_model
 from unlearning.planning.plan import sequential_step
@@ -59,12 +59,14 @@ def fill_bins(q, observed: list[tuple[float, float]], D: np.ndarray, score: np.n
             for lo, hi, need in bin_deficits([g for _, g in observed], q.bins, q.min_sets_per_bin)]
 
 
-def qualification_path(params: Params) -> Path:
+def qualification_path(paths: ProjectPaths) -> Path:
     """Where the qualify stage writes (a DVC out beside the original it qualifies: state/ is the deletion
     stage's persistent out, and DVC lets one path belong to one stage only)."""
-    return params.path("models_dir") / FILE
+    return paths.path("models_dir") / FILE
 
 
+# The qualify flow's state, from the whole params: the original's fingerprint is of the params (the recipe, the
+# seed, the model: unlearning/privacy/fingerprint.py, whole by design), checked as tasks/state.py checks it.
 def original_state(params: Params, device: str) -> State:
     """The trained original and the prepared data, as the first batch sees them."""
     from tasks.state import check_original, _checkpoint
@@ -91,6 +93,8 @@ def self_leverage_score(state: State, rows: np.ndarray) -> np.ndarray:
     return torch.nn.functional.cross_entropy(logits.double(), y, reduction="none").numpy()
 
 
+# The qualify flow's top-level task, called with the whole params: it builds the slices its steps read once
+# (StepInputs, ProbeInputs) and passes the diagnostics, partition and qualify sections on.
 def qualify_model(params: Params, state: State, device: str, progress=None) -> Qualification:
     """The qualification of `state.model`: every method of params.qualify.methods certified on every set of the
     suite; gaps read in the noise unit of the shadow originals on the validation rows (`noise_floor`)."""
@@ -103,7 +107,8 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
     score = self_leverage_score(state, D)
     suite = draw_suite(q.suite, params.base.seed, D, prepared.label, groups, score)
     objective = "retrain_equivalence"
-    chunk = reference_chunk(params, prepared, device)
+    inputs, probing = StepInputs.of(params), ProbeInputs.of(params)
+    chunk = reference_chunk(inputs.training, prepared, device)
     out = Qualification(list(q.methods), list(q.bins), q.confidence, q.interval, float("nan"),
                         fingerprint=dict(state.fingerprint))
     trials: list[Trial] = []
@@ -122,19 +127,19 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
         cross = report.cross_leverage if params.deletion.partition.mode == "leverage" else None
         partition = partition_retain(params.deletion.partition, prepared, manifest, forget_ids, state.model, cross)
         rows = batch_rows(prepared, manifest, forget_ids, partition)
-        pool = ReferencePool(params, state, rows, device, 0, chunk, workers_of(params, device))
+        pool = ReferencePool(inputs.training, state, rows, device, 0, chunk, workers_of(v, device))
         if noise is None:  # the noise unit: the shadow originals (held out from V) on the validation rows
             shadows, _ = pool.ensure(v.n_shadows, 2)  # (2 oracles: the first look trains them anyway)
             noise = noise_floor(eval_logits(shadows, prepared, V))
             out.noise = noise
         gap = gap_in_noise_units(report.predicted_gap_forget, noise)
         if not trials:  # the first set: each method's run timed on this model (cached per version: the plan reads it)
-            out.method_retrains = method_costs(params, state, rows, device, list(q.methods))
+            out.method_retrains = method_costs(probing, state, rows, device, list(q.methods))
         sampled = sampled_for_certificate(rows, v.certificate_rows, params.base.seed)
         for m in q.methods:
             step = sequential_step(m, v, params.gate, 1.0)
             tm = time.perf_counter()
-            outcome, looks = sequential(step, params.deletion.method_args.get(m, {}), params, state, rows, pool,
+            outcome, looks = sequential(step, inputs.args_of(m), inputs, state, rows, pool,
                                         device, objective, Evaluator(prepared, sampled, None, device))
             trials.append(Trial(s.name, s.kind, int(len(s.rows)), m, gap, bool(outcome.verdict.passed),
                                 int(looks[-1].n_shadows + looks[-1].n_oracles), round(time.perf_counter() - tm, 2)))
@@ -154,7 +159,7 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
     return out
 
 
-def method_costs(params: Params, state: State, rows, device: str, methods: list[str]) -> dict[str, float]:
+def method_costs(inputs: ProbeInputs, state: State, rows, device: str, methods: list[str]) -> dict[str, float]:
     """Each method's run on one model in retrains, timed like with like (docs/design.md §4.6): the unit, one
     retrain, is the planner's probe (tasks/planning.py: training steps at one intra-op thread, the median after a
     warm-up step); each method runs on the original and a sample of the set's rows at the same one thread, warm (a
@@ -164,16 +169,16 @@ def method_costs(params: Params, state: State, rows, device: str, methods: list[
     from unlearning.planning.costs import method_retrains, sig
     from unlearning.models.training import intra_op_threads
 
-    timing, _ = probe(params, state, rows, device)
-    positions = _probe_positions(len(rows.retain), params.train.batch_size, params.base.seed)  # the probe's sample
+    timing, _ = probe(inputs, state, rows, device)
+    positions = _probe_positions(len(rows.retain), inputs.train.batch_size, inputs.seed)  # the probe's sample
     full = rows_sizes(rows, state.prepared.n_classes)
     costs, cold = {}, {}
     with intra_op_threads(1 if torch.device(device).type == "cpu" else None):  # the probe's threads
         for m in timed_methods(methods):
-            first, _ = time_method(params, state, rows, positions, m, device)
-            seconds, work = time_method(params, state, rows, positions, m, device)
-            costs[m] = method_retrains(seconds, work, method_work(params, m, full), timing.retrain_seconds)
-            cold[m] = method_retrains(first, work, method_work(params, m, full), timing.retrain_seconds)
+            first, _ = time_method(inputs, state, rows, positions, m, device)
+            seconds, work = time_method(inputs, state, rows, positions, m, device)
+            costs[m] = method_retrains(seconds, work, method_work(inputs, m, full), timing.retrain_seconds)
+            cold[m] = method_retrains(first, work, method_work(inputs, m, full), timing.retrain_seconds)
     if costs:
         run_logger().info("qualify: method costs timed on this model (one thread, warm; cold first run in brackets): "
                           + ", ".join(f"{m} {sig(r)} ({sig(cold[m])}) retrain(s)"
@@ -200,12 +205,12 @@ def read_qualification(path: Path) -> Qualification | None:
     return Qualification.from_dict(json.loads(path.read_text())) if path.exists() else None
 
 
-def require_qualification(params: Params, state) -> Qualification:
+def require_qualification(paths: ProjectPaths, state) -> Qualification:
     """The qualification a qualified batch reads; ConfigError (one line: what, why, the fix) when it is missing,
     was written under per_batch, or qualifies another original (dataset, model or recipe)."""
     from unlearning.config import ConfigError
 
-    path = qualification_path(params)
+    path = qualification_path(paths)
     fix = "run `dvc repro qualify` (or `python -m flows.qualify`), or set validation.mode: per_batch"
     q = read_qualification(path)
     if q is None:
@@ -218,15 +223,14 @@ def require_qualification(params: Params, state) -> Qualification:
     return q
 
 
-def license_for_batch(params: Params, state, rows, report, n_train: int):
+def license_for_batch(v: Validation, debt_cfg: Debt, paths: ProjectPaths, state, rows, report, n_train: int):
     """-> (License, the batch's predicted gap in noise units, the qualification, the retraining debt): the
-    licensing rule over the stored table, overridden by the retraining debt (deletion.debt) as per_batch's
-    selection is."""
+    licensing rule (validation `v`: qualified_min_pass, qualified_bound) over the stored table, overridden by the
+    retraining debt (deletion.debt `debt_cfg`) as per_batch's selection is."""
     from unlearning.policy.history import debt_reasons, retraining_debt
     from unlearning.certificate.qualification import EXACT, License, license_method, licenses_any
 
-    q = with_audits(require_qualification(params, state), read_audits(params.project_paths))
-    v = params.validation
+    q = with_audits(require_qualification(paths, state), read_audits(paths))
     gap = gap_in_noise_units(report.predicted_gap_forget, q.noise) if report is not None else float("nan")
     if report is None and not licenses_any(q.table, q.methods, v.qualified_min_pass, v.qualified_bound):
         lic = License(EXACT, None, f"the qualification licenses no method at any predicted gap "
@@ -235,21 +239,20 @@ def license_for_batch(params: Params, state, rows, report, n_train: int):
     else:
         lic = license_method(q.table, gap, q.by_cost(), v.qualified_min_pass, v.qualified_bound)
     debt = retraining_debt(state.ledger, n_train)
-    forced = debt_reasons(debt, len(rows.forget), params.deletion.debt.max_forgotten_fraction,
-                          params.deletion.debt.max_batches_since_retrain)
+    forced = debt_reasons(debt, len(rows.forget), debt_cfg.max_forgotten_fraction,
+                          debt_cfg.max_batches_since_retrain)
     if forced and lic.method != EXACT:
         lic = License(EXACT, None, f"retraining debt: {'; '.join(forced)} (the qualification licensed {lic.method}: "
                                    f"{lic.reason})")
     return lic, gap, q, debt
 
 
-def diagnostics_decide(params: Params, state) -> bool:
+def diagnostics_decide(v: Validation, paths: ProjectPaths, state) -> bool:
     """Whether a qualified batch's diagnostics can change its method: only when the stored qualification (with
     its audits) licenses some method at some predicted gap (unlearning/certificate/qualification.py licenses_any)."""
     from unlearning.certificate.qualification import licenses_any
 
-    q = with_audits(require_qualification(params, state), read_audits(params.project_paths))
-    v = params.validation
+    q = with_audits(require_qualification(paths, state), read_audits(paths))
     return licenses_any(q.table, q.methods, v.qualified_min_pass, v.qualified_bound)
 
 
@@ -258,10 +261,10 @@ def diagnostics_decide(params: Params, state) -> bool:
 from tasks.pending import AUDITS, read_audits  # noqa: E402,F401  (unlearn status: without the certificate)
 
 
-def append_audit(params: Params, record: dict) -> None:
+def append_audit(paths: ProjectPaths, record: dict) -> None:
     """One record more (write temp, then rename: a reader never sees half a line)."""
-    path = params.path("state_dir") / AUDITS
-    lines = [json.dumps(r, default=float) for r in [*read_audits(params.project_paths), record]]
+    path = paths.path("state_dir") / AUDITS
+    lines = [json.dumps(r, default=float) for r in [*read_audits(paths), record]]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, path)
@@ -278,17 +281,18 @@ def with_audits(q: Qualification, audits: list[dict]) -> Qualification:
     return q
 
 
-def audit_certificate(params: Params, state: State, rows, device: str, method: str, batch_index: int,
+def audit_certificate(inputs: StepInputs, state: State, rows, device: str, method: str, batch_index: int,
                       objective: str) -> dict:
     """The full certificate of a qualified batch (its per_batch sequential certificate, the batch's own reference
     seeds): what per_batch mode would have decided."""
-    v = params.validation
+    t = inputs.training
+    v = t.validation
     started = time.perf_counter()
-    pool = ReferencePool(params, state, rows, device, batch_index, reference_chunk(params, state.prepared, device),
-                         workers_of(params, device))
-    sampled = sampled_for_certificate(rows, v.certificate_rows, params.base.seed)
-    outcome, looks = sequential(sequential_step(method, v, params.gate, 1.0), params.deletion.method_args.get(method, {}),
-                                params, state, rows, pool, device, objective,
+    pool = ReferencePool(t, state, rows, device, batch_index, reference_chunk(t, state.prepared, device),
+                         workers_of(v, device))
+    sampled = sampled_for_certificate(rows, v.certificate_rows, t.seed)
+    outcome, looks = sequential(sequential_step(method, v, inputs.gate, 1.0), inputs.args_of(method),
+                                inputs, state, rows, pool, device, objective,
                                 Evaluator(state.prepared, sampled, None, device))
     return {"passed": bool(outcome.verdict.passed), "references": int(looks[-1].n_shadows + looks[-1].n_oracles),
             "looks": len(looks), "failures": list(outcome.verdict.failures)[:5],

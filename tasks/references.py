@@ -16,13 +16,14 @@ import torch
 
 from adapters import clock
 from adapters.clock import elsewhere
+from tasks.id_key import IdKey
 from tasks.reporting import run_logger
-from tasks.training import model_spec, recipe, train_ensemble_chunk
+from tasks.training import model_spec, train_ensemble_chunk
 from unlearning.batch.rows import BatchRows
-from unlearning.config import Params
-from unlearning.models import Ensemble
+from unlearning.config import ModelCfg, Params, ProjectPaths, Validation
+from unlearning.models import Ensemble, TrainRecipe
+from unlearning.models.training import recipe_from
 from unlearning.planning.plan import balanced_chunks
-from unlearning.privacy.salt import id_salt
 from unlearning.seeds import reference_seeds
 
 
@@ -43,6 +44,42 @@ def chunk_labels(label: str, sizes: list[int], start: int = 0, total: int | None
     if len(sizes) == 1 and start == 0 and sizes[0] == total:
         return [f"{label} x{sizes[0]}"]
     return [f"{label} {end - size + 1}-{end} of {total}" for size, end in zip(sizes, ends)]
+
+
+@dataclass(frozen=True)
+class ReferenceTraining:
+    """What training a batch's reference models (and its exact retrain) reads of the params: the model
+    (train.model) and the recipe, base.seed (the seed streams), the sizes and the runner (validation: n_shadows,
+    n_oracles, task_runner, certificate_rows, ...), base.progress, the project's folders (the ensemble cache, a
+    custom model's factory) and the id key the cache's ids are keyed with."""
+
+    model: ModelCfg
+    recipe: TrainRecipe
+    validation: Validation
+    seed: int
+    progress: bool
+    paths: ProjectPaths
+    ids: IdKey
+
+    # Builds the slice record from the whole params, its one job (once per batch or stage).
+    @classmethod
+    def of(cls, params: Params) -> "ReferenceTraining":
+        return cls(params.train.model, recipe_from(params.train), params.validation, params.base.seed,
+                   params.base.progress, params.project_paths, IdKey.of(params))
+
+    def submit_chunk(self, prepared, X, y, ids, seeds: list[int], device: str, label: str):
+        """One chunk of members as a Prefect task on the flow's runner (tasks/training.py train_ensemble_chunk)."""
+        return train_ensemble_chunk.submit(*self.chunk_args(prepared, X, y, ids, seeds, device, label),
+                                           progress=self.progress, salt=self.ids.salt())
+
+    def train_chunk(self, prepared, X, y, ids, seeds: list[int], device: str, label: str):
+        """One chunk of members trained here (an exact retrain): (model, cached, seconds)."""
+        return train_ensemble_chunk.fn(*self.chunk_args(prepared, X, y, ids, seeds, device, label),
+                                       progress=self.progress, salt=self.ids.salt())
+
+    def chunk_args(self, prepared, X, y, ids, seeds: list[int], device: str, label: str) -> tuple:
+        return (model_spec(self.model, prepared), X, y, ids, self.recipe, seeds, str(self.paths.path("cache_dir")),
+                device, label, [str(self.paths.root)])
 
 
 @dataclass
@@ -69,11 +106,11 @@ class RoleModels:
 class ReferencePool:
     """Oracles (retrains on R) and shadow originals (trained on D) for one batch, grown look by look."""
 
-    def __init__(self, params: Params, state, rows: BatchRows, device: str, batch_index: int, chunk_cap: int,
-                 workers: int):
-        v = params.validation
-        shadow_seeds, oracle_seeds = reference_seeds(params.base.seed, batch_index, v.n_shadows, v.n_oracles)
-        self.params, self.state, self.device = params, state, device
+    def __init__(self, training: ReferenceTraining, state, rows: BatchRows, device: str, batch_index: int,
+                 chunk_cap: int, workers: int):
+        v = training.validation
+        shadow_seeds, oracle_seeds = reference_seeds(training.seed, batch_index, v.n_shadows, v.n_oracles)
+        self.training, self.state, self.device = training, state, device
         self.chunk_cap, self.workers = max(1, chunk_cap), max(1, workers)
         self.roles = {"shadows": RoleModels(rows.before, shadow_seeds), "oracles": RoleModels(rows.retain, oracle_seeds)}
         self._inputs: dict[str, tuple] = {}
@@ -88,7 +125,7 @@ class ReferencePool:
             role = self.roles[name]
             for future, size in submitted:
                 model, cached, seconds = future.result()
-                if self.params.validation.task_runner == "dask":  # a worker's compute is compute (adapters/clock.py)
+                if self.training.validation.task_runner == "dask":  # a worker's compute is compute (adapters/clock.py)
                     elsewhere("compute", "train_ensemble_chunk (worker)", seconds)
                 role.models.append(model)
                 role.trained += size
@@ -106,16 +143,13 @@ class ReferencePool:
         missing = n - role.trained
         if missing <= 0:
             return []
-        p = self.params
         X, y, ids = self._data(name)
         sizes = balanced_chunks(missing, self.chunk_cap, self.workers)
         labels = chunk_labels(name, sizes, role.trained, len(role.seeds) if n == len(role.seeds) else n)
         out, start = [], role.trained
         for size, text in zip(sizes, labels):
             seeds = role.seeds[start:start + size]
-            out.append((train_ensemble_chunk.submit(model_spec(p, self.state.prepared), X, y, ids, recipe(p), seeds,
-                                                    str(p.path("cache_dir")), self.device, text, [str(p.root)],
-                                                    progress=p.base.progress, salt=id_salt(p)), size))
+            out.append((self.training.submit_chunk(self.state.prepared, X, y, ids, seeds, self.device, text), size))
             start += size
         return out
 

@@ -13,16 +13,17 @@ proves every checkpoint was trained on exactly the plan's rows and that no forgo
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from unlearning.config import ConfigError, Params
+from tasks.id_key import IdKey
+from unlearning.config import ConfigError, Prepare, ProjectPaths, Sharding
 from unlearning.data.store import Prepared
 from unlearning.io import atomic_save, atomic_write_json, load_checkpoint, read_json_file
 from unlearning.models import Ensemble, TrainRecipe, load_model, save_model, seeds_for
-from unlearning.privacy.salt import id_salt
 from unlearning.sharding import (ShardPlan, ShardState, id_hash, legacy_plan, make_plan, skew_warning,
                                  train_from_scratch)
 
@@ -30,36 +31,50 @@ PLAN = "plan.json"
 SHARD_SEED_OFFSET = 7_000  # the constituents' seeds: their own block of the base seed's stream
 
 
-def original_shards(params: Params) -> Path:
-    return params.path("models_dir") / "shards"
+@dataclass(frozen=True)
+class ShardTraining:
+    """What the train stage's SISA training reads of the params (built by tasks/training.py train_original):
+    train.sharding, the prepare section and the project folder (a `column` key is read from the table), the
+    seed, base.progress, where models/shards/ is, and the id key the plan's row hashes are keyed with."""
+
+    sharding: Sharding
+    prepare: Prepare
+    seed: int
+    progress: bool
+    paths: ProjectPaths
+    ids: IdKey
 
 
-def state_shards(params: Params) -> Path:
-    return params.path("state_dir") / "shards"
+def original_shards(paths: ProjectPaths) -> Path:
+    return paths.path("models_dir") / "shards"
+
+
+def state_shards(paths: ProjectPaths) -> Path:
+    return paths.path("state_dir") / "shards"
 
 
 def checkpoint_name(k: int, r: int) -> str:
     return f"shard{k:03d}-slice{r:03d}.pt"
 
 
-def shard_keys(params: Params, prepared: Prepared, rows: np.ndarray) -> np.ndarray:
-    """The key that picks each training row's shard: the id (`random`), the data's group (`group`), or a column
-    of the user's table (`column`: the manifest's group when it is the group column, else read from the table)."""
-    s = params.train.sharding
+def shard_keys(s: Sharding, prepare: Prepare, root: Path, prepared: Prepared, rows: np.ndarray) -> np.ndarray:
+    """The key that picks each training row's shard (`s`: train.sharding): the id (`random`), the data's group
+    (`group`), or a column of the user's table (`column`: the manifest's group when it is the group column, else
+    read from the table, `prepare`'s source under the project folder `root`)."""
     manifest = prepared.manifest.iloc[rows]
     if s.by == "random":
         return manifest["sample_id"].astype(str).to_numpy()
     if s.by == "group":
         return manifest["group"].astype(str).to_numpy()
-    table = params.prepare.table
-    if params.prepare.dataset != "table":
+    table = prepare.table
+    if prepare.dataset != "table":
         raise ConfigError(f"train.sharding.by = 'column' reads a column of your table, but prepare.dataset = "
-                          f"{params.prepare.dataset!r}; use by: group or by: random")
+                          f"{prepare.dataset!r}; use by: group or by: random")
     if s.column == table.group_column:
         return manifest["group"].astype(str).to_numpy()
     from unlearning.data.sources import read_table
 
-    df = read_table(params.prepare.source_path(params.root), (table.id_column, s.column))
+    df = read_table(prepare.source_path(root), (table.id_column, s.column))
     if s.column not in df.columns:
         raise ConfigError(f"train.sharding.column = {s.column!r} is not a column of {table.path}; its columns: "
                           f"{list(df.columns)[:20]}")
@@ -67,35 +82,34 @@ def shard_keys(params: Params, prepared: Prepared, rows: np.ndarray) -> np.ndarr
     return np.asarray([values[i] for i in manifest["sample_id"].astype(str)], dtype=object)
 
 
-def train_sharded(params: Params, prepared: Prepared, train_rows: np.ndarray, recipe: TrainRecipe, spec: dict,
+def train_sharded(cfg: ShardTraining, prepared: Prepared, train_rows: np.ndarray, recipe: TrainRecipe, spec: dict,
                   device: str) -> tuple[Ensemble, dict]:
     """Train the S constituents in slices, each (shard, slice) checkpointed into models/shards/ (written to a
     staging folder, then swapped in), and return the aggregate (with its shard state) and what it did."""
-    s = params.train.sharding
+    s = cfg.sharding
     ids = prepared.manifest["sample_id"].astype(str).to_numpy()[train_rows]
-    keys = shard_keys(params, prepared, train_rows)
-    salt = id_salt(params)
-    plan = make_plan([id_hash(i, salt) for i in ids], keys, s.shards, s.slices, params.base.seed, recipe.epochs,
-                     seeds_for(params.base.seed, s.shards, SHARD_SEED_OFFSET), s.by, s.column)
-    skewed = skew_warning(plan.sizes(), s.max_skew, keys if s.by != "random" else None, key_label(params))
+    keys = shard_keys(s, cfg.prepare, cfg.paths.root, prepared, train_rows)
+    salt = cfg.ids.salt()
+    plan = make_plan([id_hash(i, salt) for i in ids], keys, s.shards, s.slices, cfg.seed, recipe.epochs,
+                     seeds_for(cfg.seed, s.shards, SHARD_SEED_OFFSET), s.by, s.column)
+    skewed = skew_warning(plan.sizes(), s.max_skew, keys if s.by != "random" else None, key_label(s))
     X = torch.as_tensor(np.asarray(prepared.X[train_rows]), dtype=torch.float32)
     y = torch.as_tensor(np.asarray(prepared.label[train_rows]), dtype=torch.long)
     checkpoints: dict[tuple[int, int], Ensemble] = {}
     constituents, report = train_from_scratch(
-        spec, plan, X.to(device), y.to(device), recipe, device=device, search_paths=[str(params.root)],
+        spec, plan, X.to(device), y.to(device), recipe, device=device, search_paths=[str(cfg.paths.root)],
         checkpoint=lambda k, r, m: checkpoints.__setitem__((k, r), m.select(0).cpu()),
-        progress=f"train {s.shards} shards" if params.base.progress else False)
+        progress=f"train {s.shards} shards" if cfg.progress else False)
     state = ShardState(plan, X, y, checkpoints, s.aggregate, salt)
-    write_folder(original_shards(params), state)
+    write_folder(original_shards(cfg.paths), state)
     return state.model(constituents.cpu()).to(device), {
         "shards": s.shards, "slices": s.slices, "by": s.by, "shard_rows": plan.sizes(),
         "slice_epochs": plan.slice_epochs, "gradient_evals": report.gradient_evals, "skew_warning": skewed,
         "aggregate": s.aggregate}
 
 
-def key_label(params: Params) -> str:
-    """How the shard key is named in a warning: the column, the data's group, or the id."""
-    s = params.train.sharding
+def key_label(s: Sharding) -> str:
+    """How the shard key (train.sharding `s`) is named in a warning: the column, the data's group, or the id."""
     return {"column": f"column {s.column!r}", "group": "the group column"}.get(s.by, "the id")
 
 
@@ -144,18 +158,18 @@ def write_into(folder: Path, state: ShardState) -> None:
                                       **state.plan.to_dict()})
 
 
-def write_unsharded(params: Params) -> None:
+def write_unsharded(paths: ProjectPaths) -> None:
     """models/shards/ of an original trained as one model: a plan that says so (the folder is a DVC output)."""
-    folder = original_shards(params)
+    folder = original_shards(paths)
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     atomic_write_json(folder / PLAN, {"format": "unlearning-shards/1", "shards": None})
 
 
-def shards_folder(params: Params) -> Path:
+def shards_folder(paths: ProjectPaths) -> Path:
     """Where the champion's shards are: state/shards/ once a batch promoted, else the original's."""
-    return state_shards(params) if (state_shards(params) / PLAN).exists() else original_shards(params)
+    return state_shards(paths) if (state_shards(paths) / PLAN).exists() else original_shards(paths)
 
 
 def read_plan(folder: Path) -> tuple[ShardPlan, str] | None:
@@ -168,25 +182,26 @@ def read_plan(folder: Path) -> tuple[ShardPlan, str] | None:
     return ShardPlan.from_dict(d), d.get("aggregate", "mean_probs")
 
 
-def attach_state(params: Params, prepared: Prepared, model, device: str = "cpu", from_original: bool = False):
+def attach_state(paths: ProjectPaths, ids: IdKey, prepared: Prepared, model, device: str = "cpu",
+                 from_original: bool = False):
     """Hang the shard state on a loaded aggregate (no-op for a model trained as one): the plan, the rows it
     holds (features and labels from the prepared store, in plan order) and every checkpoint. `from_original`:
     the model is models/original.pt (a state starting from it), whose checkpoints are models/shards/."""
     if not hasattr(model, "constituents"):
         return model
-    folder = original_shards(params) if from_original else shards_folder(params)
+    folder = original_shards(paths) if from_original else shards_folder(paths)
     found = read_plan(folder)
     if found is None:
         raise FileNotFoundError(f"{folder / PLAN}: the champion is a sharded aggregate but its shard plan is missing; "
                                 f"run the train stage again (`dvc repro train`) or restore {folder}")
     plan, aggregate = found
-    salt = plan_salt(params, folder, plan)
+    salt = plan_salt(ids, folder, plan)
     hashes = np.asarray([id_hash(i, salt) for i in prepared.manifest["sample_id"].astype(str)], dtype=object)
     where = {h: i for i, h in enumerate(hashes)}
     missing = [h for h in plan.sample_ids if h not in where]
     if missing:
         raise FileNotFoundError(f"{folder / PLAN}: {len(missing)} row(s) of the shard plan are not in "
-                                f"{params.path('prepared_dir')} (erased from the data but not from the plan?): "
+                                f"{paths.path('prepared_dir')} (erased from the data but not from the plan?): "
                                 f"run `unlearn erase`")
     rows = np.asarray([where[h] for h in plan.sample_ids], dtype=np.int64)
     X = torch.as_tensor(np.asarray(prepared.X[rows]), dtype=torch.float32)
@@ -197,11 +212,11 @@ def attach_state(params: Params, prepared: Prepared, model, device: str = "cpu",
     return model
 
 
-def plan_salt(params: Params, folder: Path, plan: ShardPlan) -> str | None:
-    """The salt the plan's ids are keyed with: the project's (id_salt), or None for a plan an older version wrote
-    with unsalted id hashes: it keeps working, and one warning line says how to replace it."""
+def plan_salt(ids: IdKey, folder: Path, plan: ShardPlan) -> str | None:
+    """The salt the plan's ids are keyed with: the project's (`ids.salt()`), or None for a plan an older version
+    wrote with unsalted id hashes: it keeps working, and one warning line says how to replace it."""
     if not legacy_plan(plan):
-        return id_salt(params)
+        return ids.salt()
     from tasks.reporting import run_logger
 
     run_logger().warning(f"{folder / PLAN} names its rows by unsalted id hashes (an older version): hashing every id "
@@ -234,10 +249,10 @@ def check_folder(folder: Path, forgotten_hashes: set[str]) -> list[str]:
     return problems
 
 
-def replace_original_shards(params: Params) -> str | None:
+def replace_original_shards(paths: ProjectPaths) -> str | None:
     """models/shards/ := the champion's state/shards/ (after an erasure: no checkpoint trained on a forgotten row
     stays among the train stage's outputs). None when there is nothing to replace."""
-    src, dst = state_shards(params), original_shards(params)
+    src, dst = state_shards(paths), original_shards(paths)
     if not (src / PLAN).exists():
         return None
     from unlearning.io import commit_dir, staging_dir

@@ -190,23 +190,24 @@ def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selecti
     """The batch's plan (unlearning/planning/plan.py) from the selection, a short timing probe and the memory footprint:
     logged (MLflow `plan.json`, a Prefect artifact, the console) before any model is trained. A plan that
     cannot fit validation.memory_mb raises PlanRefused, naming the key."""
-    from tasks.planning import batch_plan, probe
+    from tasks.planning import ProbeInputs, batch_plan, probe
     from unlearning.planning.plan import PlanRefused, plan_lines
 
     # a batch that plans again (after the first look's noise floor) reads the first probe back from the cache
     # (tasks/planning.py), timing only the candidates it had not timed
-    batch.probe = probe(params, state, rows, batch.device, selection.candidates)
+    batch.probe = probe(ProbeInputs.of(params), state, rows, batch.device, selection.candidates)
     timing, footprint = batch.probe
     from tasks.sharding import sisa_share
 
     # the diagnostics ran before the plan: it counts their measured seconds (`unlearn plan` predicts them)
-    the_plan = batch_plan(params, selection, objective, timing, footprint, batch.seconds.get("diagnostics", 0.0),
-                          sisa_cost=sisa_share(state, rows), device=batch.device)
+    the_plan = batch_plan(params.validation, params.gate, params.deletion.weigh_cost, selection, objective, timing,
+                          footprint, batch.seconds.get("diagnostics", 0.0), sisa_cost=sisa_share(state, rows),
+                          device=batch.device)
     batch.seconds["retrain_probe"] = timing.retrain_seconds
     from tasks.planning import model_phases, phase_history, predicted_phases
 
-    point, ranges, line = predicted_phases(params, the_plan, timing)
-    batch.predicted, batch.history = (point, ranges, model_phases(the_plan)), phase_history(params).path
+    point, ranges, line = predicted_phases(params.project_paths, the_plan, timing)
+    batch.predicted, batch.history = (point, ranges, model_phases(the_plan)), phase_history(params.project_paths).path
     lines = plan_lines(the_plan) + [line]
     batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.to_dict(),
                                           "predicted_phases": point, "predicted_range": ranges}, "plan.json")
@@ -395,11 +396,12 @@ def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, row
                         objective: str, batch_index: int) -> CandidateOutcome:
     """Run the plan's `step` and certify it as the step says (tasks/certify.py); log metrics, the verdict, the
     looks, per-sample KLoM and figures titled with the verdict."""
-    from tasks.certify import run_step
+    from tasks.certify import StepInputs, run_step
 
     method = step.method
     run = batch.open(f"unlearn-{method}", tags={"method": method, "certificate": step.certificate})
-    out, looks = run_step(step, params, state, rows, pool, the_plan, batch.device, objective, batch_index)
+    out, looks = run_step(step, StepInputs.of(params), state, rows, pool, the_plan, batch.device, objective,
+                          batch_index)
     gate = params.gate
     t = batch.tracker
     t.log_metrics(run, out.tracked_metrics())

@@ -72,9 +72,9 @@ def _spec_differences(saved: dict | None, model: ModelCfg, prepared: Prepared) -
     if not isinstance(saved, dict):
         return []
     try:
-        from unlearning.models.zoo import spec_from
+        from tasks.training import model_spec
 
-        now = spec_from(model, prepared.in_shape, prepared.n_classes)  # tasks/training.py model_spec
+        now = model_spec(model, prepared)
         try:  # compare canonical forms (legacy flat specs included) where the models package offers them
             from unlearning.models import normalize_spec
 
@@ -240,10 +240,12 @@ def load_state(params: Params, device: str) -> State:
         champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None,
                     "started_clean_of": clean_of,
                     **({"tracking_store": extra["tracking_store"]} if extra.get("tracking_store") else {})}
+    from tasks.id_key import IdKey
     from tasks.sharding import attach_state
 
     # a sharded champion: its plan and slice checkpoints (the original's, when the state starts from it now)
-    model = attach_state(params, prepared, model, device, from_original=from_original)
+    model = attach_state(params.project_paths, IdKey.of(params), prepared, model, device,
+                         from_original=from_original)
     return State(prepared=prepared, model=model, manifest=manifest, ledger=read_ledger(state_dir / "ledger.jsonl"),
                  champion=champion, fingerprint=current)
 

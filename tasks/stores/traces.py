@@ -43,7 +43,7 @@ def erased_plain_ids(scope: Scope) -> list[str] | str:
     from tasks.training import load_source
 
     try:
-        ids = map(str, load_source(scope.params).sample_id)
+        ids = map(str, load_source(scope.params.prepare, scope.params.root, scope.params.base.seed).sample_id)
     except Exception as e:  # a source moved or deleted: nothing to recover from, and nothing to search for
         return f"the source cannot be read ({type(e).__name__}: {str(e)[:200]})"
     return sorted({s for s in ids if scope.key(s) in scope.forgotten or s in scope.forgotten})

@@ -28,8 +28,8 @@ def project(tmp_path_factory, prefect_harness):
     """A trained digits project whose map is built (as a first batch would), and the row it scores lowest."""
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     from tasks.licensing import full_rows
-    from tasks.memorization_map import map_for_state
-    from tasks.planning import probe
+    from tasks.memorization_map import MapSettings, map_for_state
+    from tasks.planning import ProbeInputs, probe
     from tasks.state import load_state
     from unlearning.config import load_params
 
@@ -37,13 +37,14 @@ def project(tmp_path_factory, prefect_harness):
     params_path = trained_project(root, LICENSING, inbox_files=False)
     params = load_params(params_path)
     state = load_state.fn(params, "cpu")
-    record, line = map_for_state(params, state, "cpu", lambda: probe(params, state, full_rows(state), "cpu")[0])
+    record, line = map_for_state(MapSettings.of(params), state, "cpu",
+                                 lambda: probe(ProbeInputs.of(params), state, full_rows(state), "cpu")[0])
     assert record is not None and record.cuts.for_rows(1) is not None, line
     ids = state.manifest["sample_id"].to_numpy()
     low, second = np.argsort(record.map.upper)[:2]
-    from tasks.memorization_map import ledger_keys
+    from tasks.id_key import IdKey
 
-    by_key = dict(zip(ledger_keys(params, ids), ids))
+    by_key = dict(zip(IdKey.of(params).ledger_keys(ids), ids))
     return root, params_path, by_key[record.ids[low]], record, by_key[record.ids[second]]
 
 

@@ -167,10 +167,10 @@ def test_a_qualified_batch_refuses_a_missing_or_stale_qualification(project, qua
     params = load_params(project / "params.yaml", {"base": {"paths": {"models_dir": str(tmp_path)}}})
     state = type("S", (), {"fingerprint": {"digest": "abc"}})()
     with pytest.raises(ConfigError, match=r"does not exist: run `dvc repro qualify`"):
-        require_qualification(params, state)
+        require_qualification(params.project_paths, state)
     (tmp_path / "qualification.json").write_text((project / "models" / "qualification.json").read_text())
     with pytest.raises(ConfigError, match=r"qualifies another original \(fingerprint \w+, this one abc\)"):
-        require_qualification(params, state)
+        require_qualification(params.project_paths, state)
 
 
 def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_retrains(project, licensed_batches):
@@ -222,7 +222,7 @@ def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_ret
     state = load_state(params, "cpu")
     assert str(state.champion["model_version"]) == retrain and state.champion["method"] == "retrain"
     assert tracker.alias_version(name, params.tracking.alias) == retrain
-    before = require_qualification(params, state)
+    before = require_qualification(params.project_paths, state)
     every = [a for a in read_audits(params.project_paths) if a["kind"] == "audit"]  # this one and any other test's
     after = with_audits(before, read_audits(params.project_paths))
     assert after.table[0].n == before.table[0].n + len(every)

@@ -69,10 +69,10 @@ def test_one_customers_deletion_retrains_one_shard_exactly(tmp_path, prefect_har
     assert len(retrained["shards"]) == 1  # one customer sits in one shard
     assert {k for k, _ in retrained["slices"]} == set(retrained["shards"])
     params = load_params(params_path)
-    assert check_folder(state_shards(params), set()) == []
+    assert check_folder(state_shards(params.project_paths), set()) == []
     # the erasure replaced the original's checkpoints by the champion's: none trained on the customer's rows
-    assert json.loads((original_shards(params) / "plan.json").read_text())["sample_ids"] == \
-        json.loads((state_shards(params) / "plan.json").read_text())["sample_ids"]
+    assert json.loads((original_shards(params.project_paths) / "plan.json").read_text())["sample_ids"] == \
+        json.loads((state_shards(params.project_paths) / "plan.json").read_text())["sample_ids"]
     problems, _ = verify_erasure(params)
     assert problems == [], problems
     champion = json.loads((root / "state" / "champion.json").read_text())

@@ -17,18 +17,18 @@ def params_with(**validation):
 
 def test_cuda_budget_is_the_key_or_the_free_memory_and_a_cpu_has_none():
     free = lambda: (10_000 * MB, 80_000 * MB)  # noqa: E731 (free, total) as torch.cuda.mem_get_info gives them
-    mem = device_memory(params_with(), "cuda", 5 * MB, mem_get_info=free)
+    mem = device_memory(params_with().validation, "cuda", 5 * MB, mem_get_info=free)
     assert mem.kind == "cuda" and mem.budget_bytes == 9_000 * MB and mem.member_bytes == 5 * MB
     assert "validation.gpu_memory_mb" in mem.key and "free device memory" in mem.key
-    mem = device_memory(params_with(gpu_memory_mb=2048), "cuda:0", mem_get_info=free)
+    mem = device_memory(params_with(gpu_memory_mb=2048).validation, "cuda:0", mem_get_info=free)
     assert mem.budget_bytes == 2048 * MB and mem.key == "validation.gpu_memory_mb"
-    assert device_memory(params_with(), "cpu", mem_get_info=free) is None
+    assert device_memory(params_with().validation, "cpu", mem_get_info=free) is None
 
 
 def test_chunks_share_one_cuda_device_and_spread_over_cpu_workers():
-    p = params_with()
+    p = params_with().validation
     assert workers_of(p, "cuda") == 1 and workers_of(p, "cpu") == 2
-    assert workers_of(params_with(task_runner="dask", dask_workers=3), "cuda") == 3
+    assert workers_of(params_with(task_runner="dask", dask_workers=3).validation, "cuda") == 3
 
 
 def test_gpu_memory_mb_is_validated_naming_the_key():

@@ -382,15 +382,15 @@ def test_shard_checkpoints(tmp_path):
     spec = {"arch": "mlp", "in_shape": [X.shape[1]], "n_classes": 2, "kwargs": {"hidden": [3]}}
     constituents, _ = train_from_scratch(spec, plan, X, y, recipe,
                                          checkpoint=lambda k, r, m: stored.__setitem__((k, r), m.select(0)))
-    write_folder(original_shards(params), ShardState(plan, X, y, stored))
+    write_folder(original_shards(params.project_paths), ShardState(plan, X, y, stored))
     store, scope = get_store("shard checkpoints"), scope_of(params)  # forgets r1, a training row
     assert store.purge(scope)[0].done == {"replaced": None}  # no sisa batch yet: nothing to replace it with
     assert "forgotten row(s) still in the shard plan" in problems(store.verify(scope))[0]
     after, _, _ = unlearn_state(ShardState(plan, X, y, stored).model(constituents), [id_hash("r1")], recipe)
-    write_folder(state_shards(params), after.shard_state)  # the champion's, as a promoted sisa batch writes it
+    write_folder(state_shards(params.project_paths), after.shard_state)  # the champion's, as a promoted sisa batch writes it
     assert [f.counts["problems"] > 0 for f in store.locate(scope)] == [True, False]
     assert store.purge(Scope(**{**scope.__dict__, "dvc_locked": True}))[0].pending == "models/shards"
-    assert store.purge(scope)[0].done == {"replaced": str(original_shards(params))}
+    assert store.purge(scope)[0].done == {"replaced": str(original_shards(params.project_paths))}
     assert problems(store.verify(scope)) == []
     # a checkpoint trained before the deletion, put back: caught by its rows digest
     k = int(plan.shard[plan.positions([id_hash("r1")])[0]])
@@ -398,7 +398,7 @@ def test_shard_checkpoints(tmp_path):
     from unlearning.models import save_model
 
     save_model(stored[(k, 1)], stale, {"rows_digest": ShardState(plan, X, y, stored).checkpoint_digest(k, 1)})
-    shutil.copy(stale, state_shards(params) / checkpoint_name(k, 1))
+    shutil.copy(stale, state_shards(params.project_paths) / checkpoint_name(k, 1))
     assert any("trained on other rows" in p for p in problems(store.verify(scope)))
 
 
@@ -439,12 +439,12 @@ def test_memorization_map(tmp_path):
     store, scope = get_store("memorization map"), scope_of(params)
     assert store.verify(scope) == []  # no map: nothing to look at
     arrays = {k: np.array([0.1, 0.2, 0.3]) for k in ("point", "lower", "upper", "mu", "loss")}
-    save_map(params, MapRecord(["r1", "r3", "r4"], MemorizationMap(**arrays, n_members=8, delta=1e-3, confidence=0.9),
+    save_map(params.project_paths, MapRecord(["r1", "r3", "r4"], MemorizationMap(**arrays, n_members=8, delta=1e-3, confidence=0.9),
                                {}, {"rows": 3}))
     assert store.locate(scope)[0].counts == {"forgotten_entries": 1} and problems(store.verify(scope))
     assert store.purge(scope)[0].done == {"purged_rows": 1}
     assert problems(store.verify(scope)) == []
-    kept = load_map(params)
+    kept = load_map(params.project_paths)
     assert kept.ids == ["r3", "r4"] and kept.removed == 1 and kept.map.upper.tolist() == [0.2, 0.3]
 
 

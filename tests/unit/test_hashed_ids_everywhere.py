@@ -54,7 +54,7 @@ def train_original(params) -> None:
     prepared = load_prepared(params.path("prepared_dir"))
     model, metrics = train_original.fn(params, prepared, "cpu")
     save_checkpoint.fn(model.cpu(), original_path(params.project_paths), {
-        "model_version": "1", "spec": model_spec(params, prepared), "metrics": metrics,
+        "model_version": "1", "spec": model_spec(params.train.model, prepared), "metrics": metrics,
         "fingerprint": current_fingerprint(params, prepared)})
 
 

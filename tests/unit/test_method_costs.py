@@ -19,20 +19,20 @@ def test_method_costs_time_the_method_warm_at_the_probes_thread(monkeypatch):
 
     calls = []
 
-    def fake_time_method(params, state, rows, positions, method, device):
+    def fake_time_method(inputs, state, rows, positions, method, device):
         calls.append(torch.get_num_threads())
         return (10.0 if len(calls) == 1 else 1.0), 1000  # a cold first run, then warm ones
 
     monkeypatch.setattr(planning, "time_method", fake_time_method)
     monkeypatch.setattr(planning, "probe", lambda *a, **k: (Timing(retrain_seconds=2.0, member_seconds=2.0,
                                                                   eval_seconds_per_member=0.0), None))
-    monkeypatch.setattr(planning, "method_work", lambda params, m, sizes: 1000)
+    monkeypatch.setattr(planning, "method_work", lambda inputs, m, sizes: 1000)
     torch.set_num_threads(2)
     params = parse_params({})
     rows = BatchRows(before=np.arange(100), forget=np.arange(5), retain=np.arange(5, 100),
                      adjacent_mask=np.zeros(95, bool), validation=np.arange(0))
     state = NS(prepared=NS(n_classes=10))
-    costs = method_costs(params, state, rows, "cpu", ["finetune"])
+    costs = method_costs(planning.ProbeInputs.of(params), state, rows, "cpu", ["finetune"])
     assert calls == [1, 1]  # both runs at the probe's one thread (torch's default here is 2)
     assert costs == {"finetune": 0.5}  # the warm 1.0 s against the 2.0 s retrain, not the cold 10 s
     assert torch.get_num_threads() == 2  # restored

@@ -89,7 +89,7 @@ def test_the_cost_curve_is_the_median_step_per_size_on_a_known_clock(monkeypatch
 
 
 def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):
-    from tasks.planning import batch_plan, probe
+    from tasks.planning import ProbeInputs, batch_plan, probe
     from unlearning.planning.plan import plan_lines
 
     params = load_params(make_project(tmp_path, {"train": {"epochs": 2}, "validation": {
@@ -102,10 +102,11 @@ def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):
                      validation=np.flatnonzero((m["split"] != "train").to_numpy()))
     from tasks.training import build
 
-    state = SimpleNamespace(prepared=prepared, model=build(params, prepared, [params.base.seed]),
-                            champion={"model_version": "3"})
-    first, _ = probe(params, state, rows, "cpu", ["do_nothing", "finetune", "retrain"])
-    again, footprint = probe(params, state, rows, "cpu", ["do_nothing", "finetune", "retrain"])
+    model = build(params.train.model, params.root, prepared, [params.base.seed])
+    state = SimpleNamespace(prepared=prepared, model=model, champion={"model_version": "3"})
+    inputs = ProbeInputs.of(params)
+    first, _ = probe(inputs, state, rows, "cpu", ["do_nothing", "finetune", "retrain"])
+    again, footprint = probe(inputs, state, rows, "cpu", ["do_nothing", "finetune", "retrain"])
     assert first.curve.step_seconds == again.curve.step_seconds and first.retrain_seconds == again.retrain_seconds
     assert "cached for this model version" in again.source and "cached" not in first.source
     assert set(first.method_retrains) == {"do_nothing", "finetune"}  # retrain's cost is a retrain: not timed
@@ -115,14 +116,15 @@ def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):
     text = cached[0].read_text()
     assert not any(str(s) in text for s in m["sample_id"].head(50))  # costs only: no id
     assert json.loads(text)["curve"]["sizes"] == [1, 3, 8]  # 1, an intermediate size, the CPU's largest probe
-    plan = batch_plan(params, {"candidates": ["do_nothing", "retrain"]}, "retrain_equivalence", again, footprint)
+    plan = batch_plan(params.validation, params.gate, params.deletion.weigh_cost,
+                      {"candidates": ["do_nothing", "retrain"]}, "retrain_equivalence", again, footprint)
     text = "\n".join(plan_lines(plan))
     assert "cost curve" in text and "planned chunk" in text and "method do_nothing" in text
     # another model version probes again; a plan with the exact retrain alone times one member
     state.champion = {"model_version": "4"}
-    later, _ = probe(params, state, rows, "cpu", ["retrain"])
+    later, _ = probe(inputs, state, rows, "cpu", ["retrain"])
     assert "cached" not in later.source and later.curve.sizes == (1,) and not later.method_retrains
-    wider, _ = probe(params, state, rows, "cpu", ["do_nothing", "retrain"])  # then references: the whole curve
+    wider, _ = probe(inputs, state, rows, "cpu", ["do_nothing", "retrain"])  # then references: the whole curve
     assert wider.curve.sizes == (1, 3, 8) and "cached" not in wider.source
 
 

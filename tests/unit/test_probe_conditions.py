@@ -100,34 +100,36 @@ def probed(tmp_path_factory):
     prepared = load_prepared(params.path("prepared_dir"))
     manifest = prepared.manifest.assign(status="retained")
     forget = manifest["sample_id"][manifest["split"] == "train"].head(10).tolist()
-    model = build(params, prepared, [params.base.seed])
+    model = build(params.train.model, params.root, prepared, [params.base.seed])
     rows = batch_rows(prepared, manifest, forget, partition_retain(Partition(mode="group"), prepared, manifest,
                                                                    forget, model))
     return params, SimpleNamespace(prepared=prepared, model=model, champion={"model_version": "3"}), rows
 
 
 def test_the_batch_probes_again_when_the_cached_figure_is_stale(probed):
-    from tasks.planning import probe
+    from tasks.planning import ProbeInputs, probe
 
     params, state, rows = probed
+    inputs = ProbeInputs.of(params)
     hour = 3600.0
-    first, _ = probe(params, state, rows, "cpu", ["retrain"], clock=lambda: 1e6, load=lambda: 4.0)
+    first, _ = probe(inputs, state, rows, "cpu", ["retrain"], clock=lambda: 1e6, load=lambda: 4.0)
     c = first.conditions
     assert c.probed_at == 1e6 and c.load_per_cpu == 4.0 and c.threads == 1 and 1 <= c.rounds <= 3
     assert 0 < c.cpu_share and c.low <= 1.0 <= c.high
     half = params.validation.probe.max_spread / 2  # the range: the rounds' own, at least half their allowed spread
     assert first.range == (min(c.low, 1 - half), max(c.high, 1 + half))
-    same, _ = probe(params, state, rows, "cpu", ["retrain"], clock=lambda: 1e6 + hour, load=lambda: 3.0)
+    same, _ = probe(inputs, state, rows, "cpu", ["retrain"], clock=lambda: 1e6 + hour, load=lambda: 3.0)
     assert "cached for this model version" in same.source and same.conditions == c
-    quiet, _ = probe(params, state, rows, "cpu", ["retrain"], clock=lambda: 1e6 + hour, load=lambda: 0.5)
+    quiet, _ = probe(inputs, state, rows, "cpu", ["retrain"], clock=lambda: 1e6 + hour, load=lambda: 0.5)
     assert "probed again: probed at load 4.0 per core, now 0.5" in quiet.source and quiet.conditions.load_per_cpu == 0.5
-    old, _ = probe(params, state, rows, "cpu", ["retrain"], clock=lambda: 1e6 + 30 * hour, load=lambda: 0.5)
+    old, _ = probe(inputs, state, rows, "cpu", ["retrain"], clock=lambda: 1e6 + 30 * hour, load=lambda: 0.5)
     assert "probed again: probed 29.0 h ago" in old.source
     # the plan states its range: the probe's rounds scale what it prices
     from tasks.planning import batch_plan, predicted_phases
 
-    plan = batch_plan(params, {"candidates": ["retrain"]}, "retrain_equivalence", old, None)
-    point, ranges, line = predicted_phases(params, plan, old)
+    plan = batch_plan(params.validation, params.gate, params.deletion.weigh_cost, {"candidates": ["retrain"]},
+                      "retrain_equivalence", old, None)
+    point, ranges, line = predicted_phases(params.project_paths, plan, old)
     lo, hi = old.range
     assert ranges["candidates"][0] <= point["candidates"] <= ranges["candidates"][1]
     assert "range" in line and ranges["references"] == (0.0, 0.0)  # an exact retrain trains no references

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.id_key import IdKey
 from tasks.sharding import attach_state, original_shards, state_shards, write_folder
 from tests.unit.test_erasure_stores import table_project
 from unlearning.data import load_prepared
@@ -33,12 +34,14 @@ def sharded(params):
 def test_a_state_starting_from_the_original_reads_the_originals_checkpoints(tmp_path):
     params = table_project(tmp_path)
     prepared, state, constituents = sharded(params)
-    write_folder(original_shards(params), state)
+    write_folder(original_shards(params.project_paths), state)
     smaller = ShardState(state.plan.without(np.array([0])), state.X[1:], state.y[1:], state.checkpoints)
-    write_folder(state_shards(params), smaller)  # a former state's, e.g. before the original was trained again
-    fresh = attach_state(params, prepared, state.model(constituents), from_original=True)
+    # a former state's, e.g. before the original was trained again
+    write_folder(state_shards(params.project_paths), smaller)
+    fresh = attach_state(params.project_paths, IdKey.of(params), prepared, state.model(constituents),
+                         from_original=True)
     assert len(fresh.shard_state.plan.sample_ids) == len(state.plan.sample_ids)
-    batched = attach_state(params, prepared, state.model(constituents))
+    batched = attach_state(params.project_paths, IdKey.of(params), prepared, state.model(constituents))
     assert len(batched.shard_state.plan.sample_ids) == len(state.plan.sample_ids) - 1
 
 
@@ -46,7 +49,7 @@ def test_a_sharded_champion_without_its_plan_is_refused_with_the_fix(tmp_path):
     params = table_project(tmp_path)
     prepared, state, constituents = sharded(params)
     with pytest.raises(FileNotFoundError, match="run the train stage again"):
-        attach_state(params, prepared, state.model(constituents))
+        attach_state(params.project_paths, IdKey.of(params), prepared, state.model(constituents))
 
 
 def test_a_champion_trained_as_one_leaves_no_shard_folder_in_the_state(tmp_path):
