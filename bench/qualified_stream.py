@@ -32,7 +32,6 @@ Usage: python bench/qualified_stream.py [--datasets digits,fashion_mnist] [--n 3
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -63,7 +62,7 @@ from unlearning.sequential import Criterion, References, certify_logits, permuta
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.results_io import write_between  # noqa: E402
+from bench.results_io import dataset_parser, read_runs, write_between  # noqa: E402
 
 METHOD = "do_nothing"
 
@@ -437,13 +436,11 @@ def main() -> None:
                       cheap_checks_table(json.loads(Path(sys.argv[2]).read_text())))
         return
     if len(sys.argv) > 2 and sys.argv[1] == "--tables":
-        runs = [json.loads(Path(f).read_text()) for f in sys.argv[2:]]
+        runs = read_runs(sys.argv[2:])
         write_between(ROOT / "README.md", BEGIN, END, compact_table(runs))
         write_between(ROOT / "docs" / "evidence.md", BEGIN, END, full_tables(runs))
         return
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--datasets", default="digits,fashion_mnist")
-    ap.add_argument("--rows", type=int, default=8000, help="Fashion-MNIST training rows")
+    ap = dataset_parser(__doc__)
     ap.add_argument("--n", type=int, default=32, help="oracles (and shadows) per certificate")
     ap.add_argument("--looks", type=int, nargs="*", default=[16])
     ap.add_argument("--suite-scale", type=float, default=1.0, help="multiplies every qualify.suite count")

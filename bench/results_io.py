@@ -28,3 +28,19 @@ def write_between(path: str | Path, begin: str, end: str, text: str) -> bool:
     _, tail = rest.split(end, 1)
     path.write_text(f"{head}{begin}\n{text.rstrip()}\n{end}{tail}")
     return True
+
+
+def read_runs(paths: list[str]) -> list[dict]:
+    """The JSON results a bench's `--tables FILE...` rewrites the docs tables from."""
+    return [json.loads(Path(f).read_text()) for f in paths]
+
+
+def dataset_parser(doc: str | None, rows: int = 8000):
+    """The argument parser of a bench over digits and Fashion-MNIST: `--datasets` and `--rows` (Fashion-MNIST's
+    training rows); the bench adds its own options."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--datasets", default="digits,fashion_mnist")
+    ap.add_argument("--rows", type=int, default=rows, help="Fashion-MNIST training rows")
+    return ap

@@ -37,7 +37,6 @@ Usage: python bench/stream.py [--datasets digits,fashion_mnist] [--rows 8000] [-
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -53,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.qualified_stream import problem  # noqa: E402  (the dataset, its splits, the model and recipe)
-from bench.results_io import write_between, write_json  # noqa: E402
+from bench.results_io import dataset_parser, read_runs, write_between, write_json  # noqa: E402
 from tasks.licensing import audit, audit_due, failing_scores  # noqa: E402
 from tasks.memorization_map import MapSettings, cuts_for, map_from_tensors  # noqa: E402
 from unlearning.batch.rows import BatchRows, sampled_for_certificate  # noqa: E402
@@ -513,13 +512,11 @@ def main() -> None:
         write_json(sys.argv[2], run)
         return
     if len(sys.argv) > 2 and sys.argv[1] == "--tables":
-        runs = [json.loads(Path(f).read_text()) for f in sys.argv[2:]]
+        runs = read_runs(sys.argv[2:])
         write_between(ROOT / "README.md", BEGIN, END, readme_table(runs))
         write_between(ROOT / "docs" / "certificate.md", DOC_BEGIN, DOC_END, doc_tables(runs))
         return
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--datasets", default="digits,fashion_mnist")
-    ap.add_argument("--rows", type=int, default=8000, help="Fashion-MNIST training rows")
+    ap = dataset_parser(__doc__)
     ap.add_argument("--members", type=int, default=64, help="the map's members (even)")
     ap.add_argument("--n", type=int, default=params.validation.n_oracles, help="oracles and shadows per audit")
     ap.add_argument("--requests", type=int, default=80, help="random requests (a class and a high-map set join)")
