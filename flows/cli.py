@@ -353,7 +353,7 @@ def cmd_lookup(args) -> int:
     from tasks.lookup import lookup
 
     params = _params(args)
-    found = lookup(params, args.id)
+    found = lookup(params.project_paths, params.deletion.hash_sample_ids, args.id)
     if args.json:
         print(json.dumps(found, indent=2, default=str))
         return 0
