@@ -55,7 +55,7 @@ class AfterCommitError(RuntimeError):
 def run_candidates(batch, params: Params, state, diagnosed, objective: str, counts):
     """The batch's candidates: the qualified licence (validation.mode qualified), or the plan's steps; (outcome,
     the qualified licence or None)."""
-    if qualified_mode(params, objective):
+    if qualified_mode(params.validation, objective):
         return qualified_run(batch, params, state, diagnosed.rows, objective, diagnosed.report, counts)
     return plan_and_run(batch, params, state, diagnosed, objective, counts), None
 

@@ -29,7 +29,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     from types import SimpleNamespace
 
     from adapters.request_check import LiveState, check_file_for
-    from tasks.batch_path import diagnostics_unused, wants_diagnostics
+    from tasks.batch_path import DiagnosticsSettings, diagnostics_unused, wants_diagnostics
     from tasks.planning import ProbeInputs, batch_plan, probe
     from tasks.state import load_state
     from tasks.batch import partition_retain
@@ -80,7 +80,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     # batch that carries the probe it takes (reused below)
     stand_in = SimpleNamespace(probe=None, device=device)
     skipped = None
-    if not sharded and wants_diagnostics(params, state, objective):
+    if not sharded and wants_diagnostics(DiagnosticsSettings.of(params), state, objective):
         skipped = diagnostics_unused(stand_in, params, state, rows, objective, selection)
     timing, footprint = probe(ProbeInputs.of(params), state, rows, device, selection.candidates)
     bar.update()
@@ -89,7 +89,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     diag = 0.0
     if sharded:
         notes.append("diagnostics: skipped (a sharded original: sisa unlearns it exactly)")
-    elif not wants_diagnostics(params, state, objective):
+    elif not wants_diagnostics(DiagnosticsSettings.of(params), state, objective):
         notes.append("diagnostics: not computed by this batch (diagnostics.enabled is off, or the qualification "
                      "licenses nothing)")
     elif skipped:

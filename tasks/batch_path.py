@@ -17,7 +17,7 @@ from adapters.tracker import tracker_for
 from tasks import stages as S
 from tasks.quality import BatchRejected
 from tasks.reporting import run_logger
-from unlearning.config import Params
+from unlearning.config import Deletion, Diagnostics, Params, ProjectPaths, Validation
 from unlearning.policy.history import n_original_train
 from unlearning.privacy.ledger import hash_sample_id
 from unlearning.batch.records import BatchResult
@@ -38,9 +38,24 @@ class BatchCounts:
         return cls(n_original_train(state.manifest, state.ledger), len(state.champion.get("history", [])))
 
 
-def qualified_mode(params: Params, objective: str) -> bool:
+@dataclass(frozen=True)
+class DiagnosticsSettings:
+    """What decides whether a batch computes the leverage diagnostics: diagnostics, validation (its mode),
+    deletion.partition.mode and the project's paths (the stored qualification). Built once per call site (`of`)."""
+
+    diagnostics: Diagnostics
+    validation: Validation
+    partition_mode: str
+    paths: ProjectPaths
+
+    @classmethod
+    def of(cls, params: Params) -> "DiagnosticsSettings":  # the builder: it reads the whole params by design
+        return cls(params.diagnostics, params.validation, params.deletion.partition.mode, params.project_paths)
+
+
+def qualified_mode(validation: Validation, objective: str) -> bool:
     """validation.mode qualified applies to retrain equivalence only (docs/certificate.md, "Two modes")."""
-    return params.validation.mode == "qualified" and objective == "retrain_equivalence"
+    return validation.mode == "qualified" and objective == "retrain_equivalence"
 
 
 @computes  # validating the batch is the pipeline's first step (adapters/clock.py: Great Expectations' validation)
@@ -142,9 +157,9 @@ def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids:
         report = diagnose()
         return Diagnosed(partition(report), report)
     rows = partition(None)
-    if not wants_diagnostics(params, state, objective):
+    if not wants_diagnostics(DiagnosticsSettings.of(params), state, objective):
         return Diagnosed(rows)
-    if diagnostics_read(params, state, objective):
+    if diagnostics_read(DiagnosticsSettings.of(params), state, objective):
         return Diagnosed(rows, diagnose())
     made = S.selection_of(batch.device, params.deletion, params.train.epochs, state, rows, objective, None, None,
                           counts.n_train)
@@ -152,23 +167,23 @@ def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids:
     return Diagnosed(rows, diagnose(why), made if why else None)
 
 
-def wants_diagnostics(params: Params, state, objective: str) -> bool:
+def wants_diagnostics(settings: DiagnosticsSettings, state, objective: str) -> bool:
     """The leverage partition needs them; otherwise diagnostics.enabled, except in qualified mode when the
     qualification licenses nothing at any gap: the batch is an exact retrain whatever they predict."""
-    if params.deletion.partition.mode == "leverage":
+    if settings.partition_mode == "leverage":
         return True
-    if params.diagnostics.enabled and qualified_mode(params, objective):
+    if settings.diagnostics.enabled and qualified_mode(settings.validation, objective):
         from tasks.qualification import diagnostics_decide
 
-        return diagnostics_decide(params.validation, params.project_paths, state)
-    return params.diagnostics.enabled
+        return diagnostics_decide(settings.validation, settings.paths, state)
+    return settings.diagnostics.enabled
 
 
-def diagnostics_read(params: Params, state, objective: str) -> bool:
+def diagnostics_read(settings: DiagnosticsSettings, state, objective: str) -> bool:
     """Whether the diagnostics are kept whatever the candidates: diagnostics.record keeps them for every batch's
     record, the qualified mode reads them for its licence (wants_diagnostics decides there); a sharded original
     skips them in S.diagnose, which says why."""
-    return (params.diagnostics.record or qualified_mode(params, objective)
+    return (settings.diagnostics.record or qualified_mode(settings.validation, objective)
             or getattr(state.model, "shard_state", None) is not None)
 
 
@@ -179,7 +194,7 @@ def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective
     each rule that waits for a fact it lacks (it might fire once they are computed); planned as the batch plans
     (deletion.weigh_cost drops an approximate candidate whose certificate costs more than the retrain, with the
     batch's own timing probe, kept for its plan). Only exact steps left: the diagnostics decide nothing."""
-    if diagnostics_read(params, state, objective):
+    if diagnostics_read(DiagnosticsSettings.of(params), state, objective):
         return None
     from tasks.sharding import sisa_share
     from unlearning.config import CertificateKind
@@ -259,7 +274,7 @@ def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str
     from unlearning.certificate.qualification import EXACT, audit_due
     from unlearning.batch.records import Licensing, Selection
 
-    warn_method_ignored(batch, params)
+    warn_method_ignored(batch, params.deletion)
     batch_index = counts.batch_index
     lic, gap, q, debt = license_for_batch(params.validation, params.deletion.debt, params.project_paths, state, rows,
                                           report, counts.n_train)
@@ -288,11 +303,11 @@ def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str
     raise BatchRejected(f"no candidate passed the cheap checks for {batch.path.name}; the previous champion stays")
 
 
-def warn_method_ignored(batch: S.BatchRun, params: Params) -> None:
+def warn_method_ignored(batch: S.BatchRun, deletion: Deletion) -> None:
     """Qualified mode runs the method the qualification licenses (else the exact retrain): a deletion.method
     other than `auto` is not run, and the batch says so rather than leaving it unread in silence."""
-    method = params.deletion.method
-    if not params.deletion.walks_rules:
+    method = deletion.method
+    if not deletion.walks_rules:
         run_logger().warning(f"{batch.path.name}: deletion.method = {method!r} is ignored in qualified mode "
                              f"(validation.mode qualified): the qualification's license decides the method (the "
                              f"exact retrain when it licenses none); set deletion.method: auto to silence this")
