@@ -4,7 +4,7 @@ compute?
 For each dataset (digits as a user's CSV; sklearn's breast cancer table with a small residual MLP of one's own,
 `--arch custom`), a project is made by `unlearn init`, trained by a first `unlearn repro`, and given a resident
 Prefect server and warm worker (`unlearn up`; `--no-up` leaves it out). Then `--batches` batches of mixed sizes
-(the ids from `unlearn ids --split train`), each:
+(the ids from `unlearn ids --split train`; licensing off: a licensed request skips the plan), each:
 1. `unlearn plan FILE --json`: the predicted wall time of the batch in its phases (unlearning/planning/overhead.py:
    validation, diagnostics, references, candidates, tracking, erase, orchestration) and its range;
 2. the file dropped in the inbox, `unlearn repro`: the batch's measured phases (the project's phase history,
@@ -117,6 +117,17 @@ def request(path: Path, name: str, ids: list[str]) -> Path:
     return path
 
 
+def without_licensing(params_file: Path) -> None:
+    """licensing.enabled: false in the project's params. A licensed request leaves the model unchanged and skips
+    the plan's steps, so the plan's phases (the exact path's) say nothing about it and it adds no phase history:
+    this bench measures the plan where the plan runs."""
+    import yaml
+
+    data = yaml.safe_load(params_file.read_text()) or {}
+    data.setdefault("licensing", {})["enabled"] = False
+    params_file.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
 def one_dataset(dataset: str, tmp: Path, n_batches: int, resident: bool, env: dict) -> dict:
     folder = tmp / dataset
     folder.mkdir()
@@ -126,6 +137,7 @@ def one_dataset(dataset: str, tmp: Path, n_batches: int, resident: bool, env: di
     run([*unlearn, "init", str(proj), "--dataset", "table", "--path", str(csv), *options], folder, env)
     if (folder / "residual_mlp.py").exists():
         (proj / "residual_mlp.py").write_text((folder / "residual_mlp.py").read_text())
+    without_licensing(proj / "params.yaml")
     out: dict = {"dataset": dataset, "resident": resident, "batches": []}
     out["first_repro_s"], _, _ = run([*unlearn, "repro"], proj, env)
     if resident:
