@@ -340,7 +340,8 @@ def init_rows(res: dict) -> list[tuple[str, float, float | None]]:
 def init_table(res: dict) -> str:
     lines = [f"`python bench/session_overhead.py --only init --stream {res['stream']['batches']}` (digits as a CSV, "
              f"`unlearn init`; load average {res['load_avg_1m_start']:.1f} at the start, {res['load_avg_1m_end']:.1f} "
-             f"at the end, on {os.cpu_count()} cores shared with other work: upper bounds)", "",
+             f"at the end, on {os.cpu_count()} cores; at a load above about 1 per core, other work shares them "
+             f"and every number is an upper bound)", "",
              "| what | seconds | target |", "|---|---:|---:|"]
     for what, sec, target in init_rows(res):
         verdict = "" if target is None else f"<= {target:g} s: {'met' if sec <= target else 'NOT met'}"
