@@ -198,14 +198,16 @@ def resume_unfinished(params: Params, tracker=None, champion_version: str | None
     """Take up every erase a kill stopped (its journal exists), oldest first: the first thing every entry point
     does (`unlearn run`, `unlearn erase`, the deletion stage and the deployments through the flow, `make run` and
     `unlearn repro` through `unlearn erase` before `dvc repro`). Inside `dvc repro` the stores DVC holds stay
-    pending (and the journal with them) until `unlearn erase`. Returns the reports."""
+    pending (and the journal with them) until `unlearn erase`. Returns the reports, each with `deferred`: its
+    journal had stores left pending on purpose (a `dvc repro` pass), rather than being stopped by a kill."""
     journals = unfinished(params.path("state_dir"))
     if not journals:
         return []
     from unlearning.privacy.salt import id_salt
 
     salt = id_salt(params)
-    return [erase(params, j.batch_id, None, salt, champion_version, tracker, j.run_id) for j in journals]
+    return [{**erase(params, j.batch_id, None, salt, champion_version, tracker, j.run_id), "deferred": bool(j.pending)}
+            for j in journals]
 
 
 # The whole params: the stores' Scope holds them (tasks/stores/base.py says why).

@@ -66,14 +66,12 @@ def resume_erasure(params: Params) -> list[str]:
 # The whole params: tasks/erasure.py resume_unfinished takes them (its stores' scope holds the params).
 def _resume(params: Params, tracker, version) -> list[str]:
     from tasks.erasure import resume_unfinished
-    from unlearning.privacy.erasure_journal import unfinished
 
-    # a journal with stores left pending is an erase `dvc repro` deferred on purpose (DVC held them), not a kill
-    deferred = {j.batch_id for j in unfinished(params.path("state_dir")) if j.pending}
     reports = resume_unfinished(params, tracker, version)
-    finished = [r["batch_id"] for r in reports if not r["pending"]]
-    done = [b for b in finished if b not in deferred]
-    caught_up = [b for b in finished if b in deferred]
+    finished = [r for r in reports if not r["pending"]]
+    # an erase `dvc repro` deferred on purpose (DVC held its stores) is not one a kill stopped
+    done = [r["batch_id"] for r in finished if not r["deferred"]]
+    caught_up = [r["batch_id"] for r in finished if r["deferred"]]
     waiting = [r["batch_id"] for r in reports if r["pending"]]
     return ([f"finished {len(caught_up)} pending erasure(s) that `dvc repro` left for `unlearn erase`"]
             if caught_up else []) + \
