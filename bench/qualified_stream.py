@@ -58,7 +58,7 @@ from unlearning.certificate.qualification import (EXACT, License, Qualification,
                                       membership_test)
 from unlearning.policy.selection import noise_floor
 from unlearning.seeds import batch_role_seeds, original_seed, role_seeds
-from unlearning.sequential import Criterion, References, certify_logits, permutations_for
+from unlearning.sequential import Criterion, certify_logits, permutations_for, reference_prefixes
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -110,8 +110,7 @@ def certify(p, params, candidate, shadows, oracles, rows: BatchRows, validation,
     labels, Xe = p.y_np[eval_rows], p.X[eval_rows]
     lc, ls, lo = predict_logits(candidate, Xe), predict_logits(shadows, Xe), predict_logits(oracles, Xe)
     criterion = Criterion.of_step(params.gate, step)  # the deletion flow's loop and rules (unlearning/sequential.py)
-    done = certify_logits(criterion, lc, lambda spec: References(ls[:spec.n_shadows], lo[:spec.n_oracles]), labels,
-                          splits, seed=seed)
+    done = certify_logits(criterion, lc, reference_prefixes(ls, lo), labels, splits, seed=seed)
     last = done.looks[-1]
     return {"passed": bool(done.accepted), "look": len(done.looks), "references": int(last.n_shadows + last.n_oracles),
             "failures": done.verdict.failures[:3],

@@ -30,7 +30,7 @@ from unlearning.batch.rows import BatchRows, retained_train_rows, validation_row
 from unlearning.config import LICENSED_INACTION, Debt, Licensing, Params
 from unlearning.policy.history import LICENSED
 from unlearning.licensing.decision import Guards, LicenceDecision, adjacent_share, decide, nearest_rows
-from unlearning.sequential import Criterion, References, certify_logits
+from unlearning.sequential import Criterion, certify_logits, reference_prefixes
 
 if TYPE_CHECKING:
     from tasks.planning import ProbeInputs
@@ -77,8 +77,7 @@ def audit(candidate_logits, shadow_logits, oracle_logits, labels, splits, gate, 
     step = sequential_step(LICENSED_INACTION, validation, g, 1.0)
     splits = np.asarray(splits)
     done = certify_logits(Criterion.of_step(g, step), candidate_logits,
-                          lambda spec: References(shadow_logits[:spec.n_shadows], oracle_logits[:spec.n_oracles]),
-                          labels, splits, seed=seed)
+                          reference_prefixes(shadow_logits, oracle_logits), labels, splits, seed=seed)
     rows = done.result.data.epsilon_rows
     forget_upper = tuple(float(x) for x in rows.upper[splits == "forget"]) if rows is not None else ()
     last = done.looks[-1]

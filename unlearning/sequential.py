@@ -244,6 +244,12 @@ class References:
     accuracy_ref: Any = None
 
 
+def reference_prefixes(shadow_unlearned: Any, oracles: Any) -> Callable[[LookSpec], References]:
+    """Each look's references as the first (n_shadows, n_oracles) of models already evaluated ([N, n, C] each):
+    the `references` of `certify_logits` when every reference model is trained before the first look."""
+    return lambda spec: References(shadow_unlearned[:spec.n_shadows], oracles[:spec.n_oracles])
+
+
 @dataclass(frozen=True)
 class LookMeasures:
     """What `certify_logits` measured at a look: the per-split records and the certificate's other outputs

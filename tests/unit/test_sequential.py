@@ -9,8 +9,8 @@ import pytest
 
 from unlearning.config import Gate
 from unlearning.certificate.gate import SplitMeasures
-from unlearning.sequential import (Criterion, References, alpha_schedule, certify_logits, permutations_for,
-                                   run_looks)
+from unlearning.sequential import (Criterion, alpha_schedule, certify_logits, permutations_for,
+                                   reference_prefixes, run_looks)
 from unlearning.metrics.permutation import klom_permutation_test  # noqa: F401  (the test the looks run)
 
 
@@ -55,8 +55,7 @@ def _sequential(rng, shift, alpha, looks=(8, 16, 24), n=30):
     labels, splits = np.zeros(n, dtype=int), np.array(["forget"] * n)
     unl, orc = _logits(rng, looks[-1], n, shift), _logits(rng, looks[-1], n)
     criterion = Criterion.of(gate, [(m, m) for m in looks], alphas, [permutations_for(a, 99) for a in alphas])
-    done = certify_logits(criterion, orc[:1], lambda spec: References(unl[:spec.n_shadows], orc[:spec.n_oracles]),
-                          labels, splits, seed=0)
+    done = certify_logits(criterion, orc[:1], reference_prefixes(unl, orc), labels, splits, seed=0)
     return None if done.verdict.passed else len(done.looks) - 1
 
 
