@@ -98,6 +98,27 @@ def _restore_interrupted_lock(root: Path) -> None:
     backup.replace(lock)
 
 
+def locked_stages(root: Path) -> dict:
+    """dvc.lock's `stages` (name -> its deps and outs as DVC recorded them); {} when there is no dvc.lock or it
+    does not parse (no stage recorded)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((Path(root) / "dvc.lock").read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return {}
+    stages = data.get("stages") if isinstance(data, dict) else None
+    return stages if isinstance(stages, dict) else {}
+
+
+def recorded_stages(root: Path, names: list[str]) -> list[str]:
+    """The stages of `names` that dvc.lock records and whose outputs all exist: what `commit` can record again (a
+    stage never run has nothing to re-commit, and `dvc commit` of a missing output fails)."""
+    stages = locked_stages(root)
+    return [name for name in names if name in stages
+            and all((Path(root) / out["path"]).exists() for out in stages[name].get("outs", []))]
+
+
 def _parses(lock: Path) -> bool:
     import yaml
 

@@ -83,6 +83,9 @@ def recommit(paths: ProjectPaths, erasure: Erasure, operations: Operations) -> d
 
     if not is_dvc_repo(paths):
         return {}
+    stages = dvc_ops.recorded_stages(paths.root, ["prepare", "train", "deletion"])
+    if not stages:  # a project that never ran its stages: DVC holds nothing the re-keying rewrote
+        return {}
     if erasure.dvc_gc:
         from tasks.stores.dvc import dvc_gc
 
@@ -90,21 +93,7 @@ def recommit(paths: ProjectPaths, erasure: Erasure, operations: Operations) -> d
     from adapters.dvc_metrics import ensure_metrics
 
     ensure_metrics(paths)
-    stages = recorded_stages(paths.root, ["prepare", "train", "deletion"])
-    return {"committed": dvc_ops.commit(paths.root, stages) if stages else []}
-
-
-def recorded_stages(root: Path, names: list[str]) -> list[str]:
-    """The stages of `names` that dvc.lock records and whose outputs exist: what a re-commit can record again (a
-    project that never ran a stage has nothing of it to re-commit; `dvc commit` of a missing output fails)."""
-    import yaml
-
-    lock = Path(root) / "dvc.lock"
-    if not lock.is_file():
-        return []
-    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
-    return [name for name in names if name in stages
-            and all((Path(root) / out["path"]).exists() for out in stages[name].get("outs", []))]
+    return {"committed": dvc_ops.commit(paths.root, stages)}
 
 
 LOCK_TIMEOUT = 3600.0  # seconds a re-keying waits for a running batch (it holds the state's lock) to end

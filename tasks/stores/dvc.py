@@ -20,14 +20,11 @@ def committed_stages(paths: ProjectPaths) -> list[str]:
     one, as a qualified batch requires (docs/certificate.md)."""
     import json
 
-    import yaml
-
     stages = ["prepare", "train", "deletion"]
-    lock, record = paths.root / "dvc.lock", paths.path("models_dir") / "qualification.json"
+    ran = "qualify" in dvc_ops.locked_stages(paths.root)
     try:
-        ran = "qualify" in (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
-        skipped = bool(json.loads(record.read_text()).get("skipped"))
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        skipped = bool(json.loads((paths.path("models_dir") / "qualification.json").read_text()).get("skipped"))
+    except (OSError, ValueError, AttributeError):
         return stages
     return stages + (["qualify"] if ran and skipped else [])
 

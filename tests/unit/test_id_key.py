@@ -268,7 +268,7 @@ def test_a_migration_killed_while_preparing_starts_again_with_the_same_key(tmp_p
 def test_recommit_records_again_only_the_stages_dvc_lock_has_with_their_outputs(tmp_path):
     """A project migrated before its first `dvc repro` has no output to re-commit (`dvc commit` of a missing one
     fails): only a stage dvc.lock records, whose outputs all exist, is committed again."""
-    from tasks.rekey import recorded_stages
+    from adapters.dvc_ops import recorded_stages
 
     names = ["prepare", "train", "deletion"]
     assert recorded_stages(tmp_path, names) == []  # no dvc.lock: never ran
@@ -280,3 +280,17 @@ def test_recommit_records_again_only_the_stages_dvc_lock_has_with_their_outputs(
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "original.pt").write_bytes(b"x")
     assert recorded_stages(tmp_path, names) == ["prepare", "train"]
+    (tmp_path / "dvc.lock").write_text("stages: [not, a, mapping]\n")  # cut or edited by hand: nothing recorded
+    assert recorded_stages(tmp_path, names) == []
+
+
+@pytest.mark.parametrize("dvc_gc", [False, True])
+def test_a_project_that_never_ran_its_stages_has_nothing_to_recommit(tmp_path, dvc_gc):
+    """`make setup` re-keys an older project before any `dvc repro`: neither `dvc commit` nor `dvc gc` runs (each
+    failed on the missing outputs), whatever erasure.dvc_gc says."""
+    from tasks.rekey import recommit
+    from unlearning.config import Erasure, Operations, parse_params
+
+    (tmp_path / ".dvc").mkdir()
+    paths = parse_params({}, root=tmp_path).project_paths
+    assert recommit(paths, Erasure(dvc_gc=dvc_gc), Operations()) == {}
