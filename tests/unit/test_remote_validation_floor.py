@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
+from datetime import datetime
 
 import numpy as np
 import pandas as pd
@@ -138,14 +139,19 @@ def test_held_batches_are_listed_oldest_first_with_their_age(tmp_path):
         (inbox / name).write_text("request_id,sample_id,requested_at,reason\n")
     error = RuntimeError("no candidate passed the gate for b.csv")
     error.batch_id, error.run_id, error.failing_checks = "batch-1", "run-1", ["retrain: validation accuracy 0.6 ..."]
+    before = time.time()
     dest = hold(inbox / "b.csv", params.project_paths, error, "3")
+    after = time.time()
     assert dest == params.path("held") / "b.csv" and not (inbox / "b.csv").exists()
     (inbox / "a.csv").rename(params.path("held") / "a.csv")  # held, its report lost (a kill between the two)
     os.utime(params.path("held") / "a.csv", (1, 1))  # its age is the file's: the oldest
     listed = held_batches(params.project_paths)
     assert [h["file"] for h in listed] == ["a.csv", "b.csv"]
     b = listed[1]
-    assert b["batch_id"] == "batch-1" and b["failing_checks"] == error.failing_checks and b["age_seconds"] < 60
-    assert held_batches(params.project_paths, now=time.time() + 86400)[1]["age_seconds"] >= 86400
+    assert b["batch_id"] == "batch-1" and b["failing_checks"] == error.failing_checks
+    held_at = datetime.fromisoformat(b["held_at"]).timestamp()  # the report's time: when hold() ran
+    assert before - 1e-3 <= held_at <= after + 1e-3
+    assert held_batches(params.project_paths, now=held_at)[1]["age_seconds"] == 0
+    assert held_batches(params.project_paths, now=held_at + 86400)[1]["age_seconds"] == 86400
     assert [age_text(s) for s in (59, 7 * 60, 2 * 3600 + 300, 3 * 86400 + 4 * 3600)] == \
         ["0 min", "7 min", "2 h 5 min", "3 d 4 h"]

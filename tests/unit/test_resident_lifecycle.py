@@ -33,9 +33,12 @@ def test_a_record_is_used_only_when_its_process_runs_its_code_and_its_settings_m
     info = record(tmp_path)
     monkeypatch.setattr(resident, "prefect_api_answers", lambda url: True)
     assert resident.usable(tmp_path) == (info, None)
+    used = os.path.join(info["folder"], resident.USED)
+    open(used, "w").close()
+    os.utime(used, (1.0, 1.0))  # last used long ago
     env = resident.use(info, {})
     assert env["PREFECT_API_URL"] == env["UNLEARN_TEMPORARY_SERVER"] == info["api_url"]
-    assert env[ENV_SOCKET] == info["folder"] and resident.idle_seconds(info["folder"]) < 5
+    assert env[ENV_SOCKET] == info["folder"] and os.stat(used).st_mtime > 1.0  # the use restarted the idle clock
     other = {**os.environ, "PREFECT_LOGGING_LEVEL": "DEBUG"}  # a worker serves only its own settings
     assert resident.usable(tmp_path, other)[1].startswith("this command's Prefect or MLflow settings")
     assert "DEBUG" not in resident.record_path(tmp_path).read_text()  # a digest, never the values
