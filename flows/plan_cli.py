@@ -80,7 +80,8 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     # batch that carries the probe it takes (reused below)
     stand_in = SimpleNamespace(probe=None, device=device)
     skipped = None
-    if not sharded and wants_diagnostics(DiagnosticsSettings.of(params), state, objective):
+    wanted = not sharded and wants_diagnostics(DiagnosticsSettings.of(params), state, objective)
+    if wanted:
         skipped = diagnostics_unused(stand_in, params, state, rows, objective, selection)
     timing, footprint = probe(ProbeInputs.of(params), state, rows, device, selection.candidates)
     bar.update()
@@ -89,7 +90,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     diag = 0.0
     if sharded:
         notes.append("diagnostics: skipped (a sharded original: sisa unlearns it exactly)")
-    elif not wants_diagnostics(DiagnosticsSettings.of(params), state, objective):
+    elif not wanted:
         notes.append("diagnostics: not computed by this batch (diagnostics.enabled is off, or the qualification "
                      "licenses nothing)")
     elif skipped:

@@ -157,9 +157,10 @@ def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids:
         report = diagnose()
         return Diagnosed(partition(report), report)
     rows = partition(None)
-    if not wants_diagnostics(DiagnosticsSettings.of(params), state, objective):
+    settings = DiagnosticsSettings.of(params)
+    if not wants_diagnostics(settings, state, objective):
         return Diagnosed(rows)
-    if diagnostics_read(DiagnosticsSettings.of(params), state, objective):
+    if diagnostics_read(settings, state, objective):
         return Diagnosed(rows, diagnose())
     made = S.selection_of(batch.device, params.deletion, params.train.epochs, state, rows, objective, None, None,
                           counts.n_train)
