@@ -722,7 +722,7 @@ def live_state(params) -> LiveState | None:
     if identity is None:
         return None
     info, prepared_manifest = identity
-    current = prepared_fingerprint(params, info, prepared_manifest)
+    current = prepared_fingerprint(params.train, params.base.seed, params.root, info, prepared_manifest)
     del prepared_manifest, identity
     if not matches(recorded, current):
         return None

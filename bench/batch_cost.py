@@ -101,11 +101,11 @@ def easiest_rows(params_path: Path, ids: list[str], k: int) -> list[str]:
     import numpy as np
     import torch
 
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
     from unlearning.batch.rows import eval_logits
     from unlearning.config import load_params
 
-    state = load_state.fn(load_params(params_path), "cpu")
+    state = load_state.fn(StateSettings.of(load_params(params_path)), "cpu")
     rows = state.prepared.rows(ids)
     logits = eval_logits(state.model, state.prepared, rows)[0]
     loss = torch.nn.functional.cross_entropy(logits, torch.as_tensor(state.prepared.label[rows]), reduction="none")

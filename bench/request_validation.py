@@ -94,7 +94,7 @@ def setup(folder: Path, n: int, hash_ids: bool) -> Path:
     (state_dir / "model.pt").write_bytes(b"")  # live_state only asks that it exists
     atomic_write_json(state_dir / "champion.json", {
         "model_version": "1", "method": "original", "batch_id": None,
-        "fingerprint": prepared_fingerprint(params, info, manifest)})
+        "fingerprint": prepared_fingerprint(params.train, params.base.seed, params.root, info, manifest)})
     write_request(folder / "requests.csv", n)
     return params_path
 

@@ -17,7 +17,7 @@ from flows.common import base_parser, device_of, params_or_exit, prefect_api, tr
 from flows.errors import one_line_errors
 from adapters.clock import computes
 from tasks.diagnostics import leverage_diagnostics, log_diagnostics
-from tasks.state import load_state
+from tasks.state import StateSettings, load_state
 from adapters.request_check import validation_mask
 from tasks.validation import RequestCheck, check_request_frame, raise_if_invalid
 from unlearning.config import Params, load_params
@@ -60,7 +60,7 @@ def audit(request_path: str, params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     use_project_path(params)
     device = device_of(params)
-    state = load_state(params, device)
+    state = load_state(StateSettings.of(params), device)
     path = Path(request_path)
     df = read_request_file(path)
     from unlearning.privacy.salt import id_salt

@@ -156,9 +156,9 @@ def _live_state(params):
 
     live = live_state(params)
     if live is None:
-        from tasks.state import load_state
+        from tasks.state import StateSettings, load_state
 
-        state = load_state.fn(params, "cpu")
+        state = load_state.fn(StateSettings.of(params), "cpu")
         live = LiveState(state.manifest, state.ledger, state.prepared.info)
     return live
 
@@ -520,12 +520,14 @@ def _state_against_params(params, champion: dict) -> tuple[list[str], str | None
     if recorded is None or not (params.path("prepared_dir") / "dataset.json").exists():
         return [], None
     prepared = load_prepared(params.path("prepared_dir"))
-    current = prepared_fingerprint(params, prepared.info, prepared.manifest)  # tasks.state.current_fingerprint
+    current = prepared_fingerprint(params.train, params.base.seed, params.root, prepared.info,
+                                   prepared.manifest)  # tasks.state.current_fingerprint
     if matches(recorded, current):
         return [], None
-    from tasks.state import original_path, stale_unbatched_state  # torch and Prefect (3-5 s): a mismatch only
+    # torch and Prefect (3-5 s): a mismatch only
+    from tasks.state import StateSettings, original_path, stale_unbatched_state
 
-    if stale_unbatched_state(params, prepared, current):
+    if stale_unbatched_state(StateSettings.of(params), prepared, current):
         return [], (f"{params.path('state_dir')} holds no batch and was built from other params or data: the next "
                     f"batch starts from the retrained {original_path(params.project_paths)}, and @{params.tracking.alias} "
                     f"follows it then")
@@ -793,7 +795,7 @@ def cmd_reset(args) -> int:
             print("reset cancelled; nothing changed")
             return 1
 
-    from tasks.state import archive_state, original_path, original_version_if_current
+    from tasks.state import StateSettings, archive_state, original_path, original_version_if_current
     from unlearning.io import LockTimeout
 
     try:
@@ -829,7 +831,7 @@ def cmd_reset(args) -> int:
         if covered < len(ledger):
             line += f"; re-submit the other {len(ledger) - covered} from {result['ledger_path']}"
         print(line)
-    original_version = original_version_if_current(params)
+    original_version = original_version_if_current(StateSettings.of(params))
     rc = 0
     name, alias = params.tracking.registered_model, params.tracking.alias
     if args.keep_alias:

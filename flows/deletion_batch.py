@@ -38,7 +38,7 @@ from tasks.licensed_batch import licensed_path
 from tasks.lineage import commit_lineage
 from tasks.quality import BatchRejected, announce_quality  # a quality refusal is a rejection too
 from tasks.reporting import run_logger
-from tasks.state import batch_lock, ensure_state, load_state, original_path
+from tasks.state import StateSettings, batch_lock, ensure_state, load_state, original_path
 from unlearning.config import Params, load_params
 from unlearning.io import open_for_writing
 from unlearning.batch.records import BatchResult
@@ -65,7 +65,7 @@ def process_request_file(path: Path, params: Params, device: str) -> BatchResult
     -> licensed inaction (tasks/licensed_batch.py) or diagnose and partition -> run (the plan's steps, or the
     qualified licence) -> quality -> promote -> audit (qualified mode, when due) -> erase -> finish."""
     started = time.perf_counter()
-    state = load_state(params, device)
+    state = load_state(StateSettings.of(params), device)
     check = check_file(path, params, state)
     if check.status == "already_processed":
         run_logger().info(check.summary())
@@ -148,7 +148,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
             log.info(note)
         # A state that holds no batch and was built from other params or data follows the retrained original
         # (ensure_state rewrites only such a state), before the registry alias is reconciled with it.
-        if (state_dir / "model.pt").exists() and ensure_state(params, device):
+        if (state_dir / "model.pt").exists() and ensure_state(StateSettings.of(params), device):
             log.info(f"{state_dir} held no batch and was built from other params or data: it now starts from "
                      f"the retrained {original_path(params.project_paths)}")
         for note in reconcile_if_started(params, resume=False):
@@ -158,7 +158,7 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
             report_leftover_dot_files(inbox)
         results = reject_unreadable_entries(inbox, params) if in_scope else []
         results += [process_inbox_file(f, params, device, inbox) for f in files_to_process(request_path, inbox)]
-        created = ensure_state(params, device)  # every file rejected on a first run: the state (a DVC output) exists
+        created = ensure_state(StateSettings.of(params), device)  # every file rejected on a first run: the state (a DVC output) exists
         if all(r.get("reason") == "not a request file" for r in results):  # no request file was among them
             log.info(f"no request files in {inbox}; nothing to do"
                      + ("; state initialised from the trained original" if created else ""))

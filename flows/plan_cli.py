@@ -31,7 +31,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     from adapters.request_check import LiveState, check_file_for
     from tasks.batch_path import DiagnosticsSettings, diagnostics_unused, wants_diagnostics
     from tasks.planning import ProbeInputs, batch_plan, probe
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
     from tasks.batch import partition_retain
     from unlearning.batch.rows import batch_rows
     from unlearning.config import Partition
@@ -43,7 +43,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
 
     bar = bar or Progress(len(STEPS), "unlearn plan", enabled=False)
     bar.stage(STEPS[0])
-    state = load_state.fn(params, device)
+    state = load_state.fn(StateSettings.of(params), device)
     bar.update()
     bar.stage(STEPS[1])
     check = check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info),

@@ -18,6 +18,7 @@ from adapters import plots
 from tasks.qualification import (original_state, qualification_path, qualify_model, table_frame,
                                  write_qualification)
 from tasks.reporting import run_logger
+from tasks.state import StateSettings
 from unlearning.config import EXACT_RETRAIN, CertificateKind, ConfigError, Params, load_params
 from unlearning.certificate.qualification import Qualification
 from unlearning.batch.records import Promotion
@@ -48,7 +49,7 @@ def qualify(params_path: str = "params.yaml") -> dict:
         return record.to_dict()
     check_methods(params)
     device = device_of(params)
-    state = original_state(params, device)
+    state = original_state(StateSettings.of(params), device)
     result = qualify_model(params, state, device)
     write_qualification(path, result)
     tracker = tracker_for(params)
@@ -127,7 +128,7 @@ def audit_qualified_batch(batch_id: str) -> Promotion:
              f"({result['references']} references, {result['seconds']:.1f} s)")
     out = promoted
     if not result["passed"]:
-        after = load_state(params, c["device"])
+        after = load_state(StateSettings.of(params), c["device"])
         D = retained_train_rows(after.manifest)
         rows = BatchRows(before=D, forget=np.zeros(0, dtype=np.int64), retain=D,
                          adjacent_mask=np.zeros(len(D), dtype=bool), validation=validation_rows(after.manifest))

@@ -9,7 +9,7 @@ from flows.common import base_parser, device_of, params_or_exit, prefect_api, tr
 from flows.errors import one_line_errors
 from unlearning.config import load_params
 from tasks.reporting import run_logger
-from tasks.state import current_fingerprint, original_path
+from tasks.state import StateSettings, current_fingerprint, original_path
 from adapters.store_check import store_identity
 from tasks.id_key import IdKey
 from tasks.training import clean_of_erased, model_spec, save_checkpoint, train_original
@@ -29,7 +29,8 @@ def train(params_path: str = "params.yaml") -> dict:
     # before training: a store with erased rows left in is refused
     erased = clean_of_erased(params.project_paths, IdKey.of(params), params.train.init_checkpoint, prepared)
     model, metrics = train_original(params, prepared, device)
-    fingerprint = current_fingerprint(params, prepared)  # what the original is built from (load_state checks it)
+    # what the original is built from (load_state checks it)
+    fingerprint = current_fingerprint(StateSettings.of(params), prepared)
     tracker = tracker_for(params)
     run_id = tracker.start_run("train-original", tags={"stage": "train", "dataset": prepared.info["name"]})
     n_params, n_trainable = param_count(model), trainable_param_count(model)  # frozen parameters count in n_params

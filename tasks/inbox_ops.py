@@ -14,7 +14,7 @@ from typing import Callable
 
 from adapters.tracker import tracker_for
 from tasks.reporting import run_logger
-from tasks.state import stale_unbatched_state
+from tasks.state import StateSettings, stale_unbatched_state
 from unlearning.config import Deletion, Erasure, Params, ProjectPaths
 from unlearning.io import atomic_write_bytes, move_unique, read_json_file
 from unlearning.requests import file_sha256
@@ -163,7 +163,7 @@ def reconcile(params: Params, tracker, resume: bool = True) -> list[str]:
     name, alias = params.tracking.registered_model, params.tracking.alias
     # a batch-less state built from other params follows the retrained original at the next batch (ensure_state):
     # until then the alias stays on that original (`unlearn erase` after `dvc repro train` moved it back)
-    if version is not None and not stale_unbatched_state(params):
+    if version is not None and not stale_unbatched_state(StateSettings.of(params)):
         before, changed = tracker.reconcile_alias(name, alias, str(version))
         if changed:
             notes.append(f"reconciled {name}@{alias}: v{before} -> v{version} (state/champion.json decides)")

@@ -24,7 +24,7 @@ from tasks.diagnostics import leverage_diagnostics
 from tasks.planning import ProbeInputs, reference_chunk, workers_of
 from tasks.references import ReferencePool
 from tasks.reporting import run_logger
-from tasks.state import State, current_fingerprint, initial_state_manifest, original_path
+from tasks.state import State, StateSettings, current_fingerprint, initial_state_manifest, original_path
 from unlearning.batch.rows import batch_rows, eval_logits, retained_train_rows, sampled_for_certificate, validation_rows
 from unlearning.config import Debt, Params, ProjectPaths, Validation
 from unlearning.data import load_prepared
@@ -65,19 +65,18 @@ def qualification_path(paths: ProjectPaths) -> Path:
     return paths.path("models_dir") / FILE
 
 
-# The qualify flow's state, from the whole params: the original's fingerprint is of the params (the recipe, the
-# seed, the model: unlearning/privacy/fingerprint.py, whole by design), checked as tasks/state.py checks it.
-def original_state(params: Params, device: str) -> State:
+# The qualify flow's state: the original, checked against the current fingerprint as tasks/state.py checks it.
+def original_state(settings: StateSettings, device: str) -> State:
     """The trained original and the prepared data, as the first batch sees them."""
     from tasks.state import check_original, _checkpoint
 
-    prepared = load_prepared(params.path("prepared_dir"))
-    current = current_fingerprint(params, prepared)
-    path = original_path(params.project_paths)
+    prepared = load_prepared(settings.paths.path("prepared_dir"))
+    current = current_fingerprint(settings, prepared)
+    path = original_path(settings.paths)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the train stage first (`dvc repro train`)")
     ckpt = _checkpoint(path)
-    check_original(params.project_paths, params.train.model, prepared, current,
+    check_original(settings.paths, settings.train.model, prepared, current,
                    {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
     model, extra = load_model(path, device)
     return State(prepared=prepared, model=model, manifest=initial_state_manifest(prepared.manifest), ledger=[],

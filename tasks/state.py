@@ -18,9 +18,10 @@ import pandas as pd
 from prefect import task
 
 from adapters.clock import computes
+from tasks.id_key import IdKey
 from tasks.retry import transient_io_only
 
-from unlearning.config import ModelCfg, Params, ProjectPaths
+from unlearning.config import ModelCfg, Params, ProjectPaths, Train
 from unlearning.data import initial_state_manifest, load_prepared, read_state_manifest
 from unlearning.data.store import Prepared, manifest_csv_bytes
 from unlearning.privacy.erasure import clean_of_tombstones, read_tombstones, tombstones_digest
@@ -51,14 +52,32 @@ class State:
     fingerprint: dict  # of the current params + prepared folder (equal to the recorded one, once checked)
 
 
+@dataclass(frozen=True)
+class StateSettings:
+    """What reading, checking and starting the state reads of the params (docs/design.md: a stage takes its
+    slice of the params or a small frozen settings record built once by the caller): the project's folders
+    (state/, the prepared dataset, models/original.pt), `train` and `base.seed` (the fingerprint's model and
+    recipe, unlearning/privacy/fingerprint.py; `train.model` for a checkpoint from before fingerprints) and how
+    ids are keyed (a sharded champion's plan, tasks/sharding.py attach_state)."""
+
+    paths: ProjectPaths  # base.paths; its root is where a custom model's factory is found (the fingerprint)
+    train: Train
+    seed: int  # base.seed
+    key: IdKey
+
+    # Builds the slice record from the whole params, its one job.
+    @classmethod
+    def of(cls, params: Params) -> "StateSettings":
+        return cls(params.project_paths, params.train, params.base.seed, IdKey.of(params))
+
+
 def original_path(paths: ProjectPaths) -> Path:
     return paths.path("models_dir") / ORIGINAL
 
 
-# The whole params: a fingerprint is OF the params (unlearning/privacy/fingerprint.py prepared_fingerprint).
-def current_fingerprint(params: Params, prepared: Prepared) -> dict:
+def current_fingerprint(settings: StateSettings, prepared: Prepared) -> dict:
     """The fingerprint of the current params and the prepared dataset (see unlearning/privacy/fingerprint.py)."""
-    return prepared_fingerprint(params, prepared.info, prepared.manifest)
+    return prepared_fingerprint(settings.train, settings.seed, settings.paths.root, prepared.info, prepared.manifest)
 
 
 def _checkpoint(path: Path) -> dict:
@@ -149,27 +168,28 @@ def check_state(paths: ProjectPaths, model: ModelCfg, prepared: Prepared, champi
                              RESET_HINT + _original_hint(paths, model, prepared, current), lines)
 
 
-# The whole params: it checks the state or the original against their fingerprint (current_fingerprint).
-def stale_unbatched_state(params: Params, prepared: Prepared | None = None, current: dict | None = None) -> bool:
+def stale_unbatched_state(settings: StateSettings, prepared: Prepared | None = None,
+                          current: dict | None = None) -> bool:
     """Whether state/ holds no batch (an empty ledger, the champion still the original a first run copied in),
     was built from other params or data than the current ones, and models/original.pt matches the current
     ones: the model or data changed before any deletion and the train stage re-ran. Such a state has nothing
     to keep (no erasure, no unlearned model), so it follows the retrained original instead of failing with a
     mismatch (and the registry alias with it)."""
-    state_dir = params.path("state_dir")
+    paths = settings.paths
+    state_dir = paths.path("state_dir")
     if not (state_dir / "model.pt").exists() or read_ledger(state_dir / "ledger.jsonl"):
         return False
     champion = read_json_file(state_dir / "champion.json")
     if champion.get("method") != "original" or champion.get("batch_id") is not None:
         return False
-    if prepared is None and not (params.path("prepared_dir") / "dataset.json").exists():
+    if prepared is None and not (paths.path("prepared_dir") / "dataset.json").exists():
         return False  # nothing prepared to compare with: the next prepare decides
-    prepared = prepared or load_prepared(params.path("prepared_dir"))
-    current = current or current_fingerprint(params, prepared)
+    prepared = prepared or load_prepared(paths.path("prepared_dir"))
+    current = current or current_fingerprint(settings, prepared)
     if matches(champion.get("fingerprint") or {}, current):
         return False
     try:
-        check_original(params.project_paths, params.train.model, prepared, current)
+        check_original(paths, settings.train.model, prepared, current)
     except (FileNotFoundError, StateMismatch):
         return False
     return True
@@ -204,48 +224,46 @@ def check_state_complete(state_dir: Path) -> None:
                            f"{RESTORE_HINT.replace('restore it', 'restore the state')}")
 
 
-# Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once. The whole
-# params: the flows' task that reads the state, checked against their fingerprint (current_fingerprint).
+# Retries: transient IO only (tasks/retry.py); a StateMismatch or a missing original fails at once.
 @task(name="load-state", retries=2, retry_delay_seconds=[1, 3], retry_condition_fn=transient_io_only)
 @computes
-def load_state(params: Params, device: str) -> State:
+def load_state(settings: StateSettings, device: str) -> State:
     """Read the state folder; on the first batch, start from the trained original and the prepared manifest.
 
     Raises StateMismatch when the state (or, on the first batch, the original) was built from other params
     or data than the current ones."""
-    state_dir = params.path("state_dir")
+    paths = settings.paths
+    state_dir = paths.path("state_dir")
     recover_dir(state_dir)
     check_state_complete(state_dir)
-    prepared = load_prepared(params.path("prepared_dir"))
-    current = current_fingerprint(params, prepared)
+    prepared = load_prepared(paths.path("prepared_dir"))
+    current = current_fingerprint(settings, prepared)
     # Checked before a model is built: a changed architecture fails with what changed, not a load error.
-    if (state_dir / "model.pt").exists() and not stale_unbatched_state(params, prepared, current):
+    if (state_dir / "model.pt").exists() and not stale_unbatched_state(settings, prepared, current):
         manifest = read_state_manifest(state_dir / "manifest.csv")
         champion = read_json_file(state_dir / "champion.json")
         saved_spec = None if "fingerprint" in champion else _checkpoint(state_dir / "model.pt").get("spec")
-        check_state(params.project_paths, params.train.model, prepared, champion, saved_spec, manifest, current)
+        check_state(paths, settings.train.model, prepared, champion, saved_spec, manifest, current)
         model, _ = load_model(state_dir / "model.pt", device)
         from_original = False
     else:
-        if not original_path(params.project_paths).exists():
-            raise FileNotFoundError(f"{original_path(params.project_paths)} not found: run the train stage first "
+        if not original_path(paths).exists():
+            raise FileNotFoundError(f"{original_path(paths)} not found: run the train stage first "
                                     f"(`dvc repro train` or `python -m flows.train`)")
-        ckpt = _checkpoint(original_path(params.project_paths))
-        check_original(params.project_paths, params.train.model, prepared, current,
+        ckpt = _checkpoint(original_path(paths))
+        check_original(paths, settings.train.model, prepared, current,
                        {"spec": ckpt.get("spec"), **ckpt.get("extra", {})})
-        clean_of = check_original_is_erased(params.project_paths, ckpt.get("extra", {}))
-        model, extra = load_model(original_path(params.project_paths), device)
+        clean_of = check_original_is_erased(paths, ckpt.get("extra", {}))
+        model, extra = load_model(original_path(paths), device)
         from_original = True  # state/shards/, if any, is a former state's: the original's are in models/shards/
         manifest = initial_state_manifest(prepared.manifest)
         champion = {"model_version": extra.get("model_version"), "method": "original", "batch_id": None,
                     "started_clean_of": clean_of,
                     **({"tracking_store": extra["tracking_store"]} if extra.get("tracking_store") else {})}
-    from tasks.id_key import IdKey
     from tasks.sharding import attach_state
 
     # a sharded champion: its plan and slice checkpoints (the original's, when the state starts from it now)
-    model = attach_state(params.project_paths, IdKey.of(params), prepared, model, device,
-                         from_original=from_original)
+    model = attach_state(paths, settings.key, prepared, model, device, from_original=from_original)
     return State(prepared=prepared, model=model, manifest=manifest, ledger=read_ledger(state_dir / "ledger.jsonl"),
                  champion=champion, fingerprint=current)
 
@@ -276,20 +294,19 @@ def write_state(folder: Path, model: Ensemble, manifest: pd.DataFrame, ledger: l
     atomic_write_json(folder / "champion.json", champion)
 
 
-# The whole params: load_state's (it builds the state from the original when there is none).
-def ensure_state(params: Params, device: str) -> bool:
+def ensure_state(settings: StateSettings, device: str) -> bool:
     """Create the state folder from the trained original when it does not exist yet (an empty inbox on the
     first run), or when it holds no batch and the original was retrained since (`stale_unbatched_state`): the
     state is the deletion stage's DVC output, and `unlearn status` reads it. Returns True when it wrote one.
     All or nothing, like a batch (staging folder, then swap)."""
     from unlearning.io import commit_dir, discard_dir, staging_dir
 
-    state_dir = params.path("state_dir")
+    state_dir = settings.paths.path("state_dir")
     recover_dir(state_dir)
     check_state_complete(state_dir)
-    if (state_dir / "model.pt").exists() and not stale_unbatched_state(params):
+    if (state_dir / "model.pt").exists() and not stale_unbatched_state(settings):
         return False
-    state = load_state.fn(params, device)  # the trained original (also for a stale state that holds no batch)
+    state = load_state.fn(settings, device)  # the trained original (also for a stale state that holds no batch)
     stage = staging_dir(state_dir)
     try:
         write_state(stage, state.model, state.manifest, state.ledger, state.champion, state.fingerprint)
@@ -301,15 +318,14 @@ def ensure_state(params: Params, device: str) -> bool:
     return True
 
 
-# The whole params: it checks the state or the original against their fingerprint (current_fingerprint).
-def original_version_if_current(params: Params) -> str | None:
+def original_version_if_current(settings: StateSettings) -> str | None:
     """The registry version of models/original.pt when it matches the current params and prepared data
     (the model a fresh state starts from), else None."""
-    path = original_path(params.project_paths)
+    path = original_path(settings.paths)
     try:
-        prepared = load_prepared(params.path("prepared_dir"))
+        prepared = load_prepared(settings.paths.path("prepared_dir"))
         extra = _checkpoint(path).get("extra", {})
-        check_original(params.project_paths, params.train.model, prepared, current_fingerprint(params, prepared),
+        check_original(settings.paths, settings.train.model, prepared, current_fingerprint(settings, prepared),
                        extra)
     except (FileNotFoundError, StateMismatch):
         return None

@@ -110,14 +110,14 @@ def test_a_second_pass_keeps_what_the_first_removed(erased):
 
 def test_re_prepare_keeps_erased_rows_out_and_state_loads(erased):
     from flows.prepare import prepare
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
     from unlearning.config import load_params
 
     root, params_path, ids, *_ = erased
     prepare(str(params_path))
     m = pd.read_csv(root / "data" / "prepared" / "manifest.csv", dtype=str)
     assert not set(m["sample_id"]) & set(ids)
-    state = load_state.fn(load_params(params_path), "cpu")  # the fingerprint survives the erasure
+    state = load_state.fn(StateSettings.of(load_params(params_path)), "cpu")  # the fingerprint survives the erasure
     assert len(state.manifest) == len(state.prepared.manifest)
 
 

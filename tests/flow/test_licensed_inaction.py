@@ -30,13 +30,13 @@ def project(tmp_path_factory, prefect_harness):
     from tasks.licensing import full_rows
     from tasks.memorization_map import MapSettings, map_for_state
     from tasks.planning import ProbeInputs, probe
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
     from unlearning.config import load_params
 
     root = tmp_path_factory.mktemp("licensed")
     params_path = trained_project(root, LICENSING, inbox_files=False)
     params = load_params(params_path)
-    state = load_state.fn(params, "cpu")
+    state = load_state.fn(StateSettings.of(params), "cpu")
     record, line = map_for_state(MapSettings.of(params), state, "cpu",
                                  lambda: probe(ProbeInputs.of(params), state, full_rows(state), "cpu")[0])
     assert record is not None and record.cuts.for_rows(1) is not None, line
@@ -91,13 +91,13 @@ def test_a_row_the_model_did_not_memorize_is_licensed_with_the_model_unchanged(p
 
 def test_a_whole_class_is_never_licensed(project):
     from flows.deletion_batch import run
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
     from unlearning.config import load_params
     from unlearning.batch.rows import retained_train_rows
 
     root, params_path, _, _, _ = project
     params = load_params(params_path)
-    state = load_state.fn(params, "cpu")
+    state = load_state.fn(StateSettings.of(params), "cpu")
     train = retained_train_rows(state.manifest)
     labels = state.prepared.label[train]
     ids = state.manifest["sample_id"].to_numpy()[train][labels == labels[0]].tolist()

@@ -184,7 +184,7 @@ def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_ret
     from flows.common import tracker_for
     from flows.deletion_batch import run
     from tasks.qualification import read_audits, require_qualification, with_audits
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
     from unlearning.config import load_params
 
     qpath = project / "models" / "qualification.json"
@@ -200,7 +200,7 @@ def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_ret
 
     from unlearning.batch.rows import eval_logits, retained_train_rows
 
-    state = load_state(params, "cpu")  # the highest-loss retained rows: members whose loss still looks held out
+    state = load_state(StateSettings.of(params), "cpu")  # the highest-loss retained rows: members whose loss still looks held out
     D = retained_train_rows(state.manifest)
     loss = torch.nn.functional.cross_entropy(eval_logits(state.model, state.prepared, D)[0],
                                              torch.as_tensor(state.prepared.label[D]), reduction="none").numpy()
@@ -219,7 +219,7 @@ def test_an_audit_runs_the_full_certificate_after_promotion_and_a_failed_one_ret
     # registry, since it holds the erased rows: erasure.keep_versions)
     assert qualified not in tracker.versions(name)
     assert tracker.client.get_model_version(name, retrain).tags["audit_retrain_of"] == qualified
-    state = load_state(params, "cpu")
+    state = load_state(StateSettings.of(params), "cpu")
     assert str(state.champion["model_version"]) == retrain and state.champion["method"] == "retrain"
     assert tracker.alias_version(name, params.tracking.alias) == retrain
     before = require_qualification(params.project_paths, state)

@@ -59,7 +59,7 @@ def prepared_ids(params) -> set[str]:
 
 def test_reset_finishes_the_pending_erasure_first(pending, tmp_path, capsys):
     from flows.cli import main
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
 
     params, ids = copy_of(pending, tmp_path)
     champion = torch.load(params.path("state_dir") / "model.pt", weights_only=False)
@@ -68,7 +68,7 @@ def test_reset_finishes_the_pending_erasure_first(pending, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "finished 1 pending erasure(s) first" in out
     assert not set(ids) & prepared_ids(params)
-    state = load_state.fn(params, "cpu")  # the fresh state starts from the champion, not the old original
+    state = load_state.fn(StateSettings.of(params), "cpu")  # the fresh state starts from the champion, not the old original
     for name, value in champion["state_dict"].items():
         assert torch.equal(state.model.state_dict()[name], value), name
     problems, _ = __import__("tasks.erasure", fromlist=["verify_erasure"]).verify_erasure(params)
@@ -78,14 +78,14 @@ def test_reset_finishes_the_pending_erasure_first(pending, tmp_path, capsys):
 def test_no_state_starts_from_an_original_trained_on_erased_rows(pending, tmp_path):
     # What reset did before: archive the state with the erasure still pending.
     from tasks.erasure import verify_erasure
-    from tasks.state import archive_state, load_state
+    from tasks.state import StateSettings, archive_state, load_state
     from unlearning.privacy.fingerprint import StateMismatch
 
     params, ids = copy_of(pending, tmp_path)
     archive_state(params.project_paths)
     with pytest.raises(StateMismatch, match=r"original.pt was trained before rows that are erased now \(12 "
                                             r"tombstoned id\(s\).*dvc repro -f prepare"):
-        load_state.fn(params, "cpu")
+        load_state.fn(StateSettings.of(params), "cpu")
     problems, _ = verify_erasure(params)  # the archived ledger is gone; the tombstones still name the rows
     assert any("prepared store" in p and "12 forgotten id(s)" in p for p in problems), problems
     assert any("models" in p and "original.pt" in p for p in problems), problems
@@ -94,7 +94,7 @@ def test_no_state_starts_from_an_original_trained_on_erased_rows(pending, tmp_pa
 def test_train_refuses_a_prepared_store_that_holds_erased_rows_and_retrains_clean_after_prepare(pending, tmp_path):
     from flows.prepare import prepare
     from flows.train import train
-    from tasks.state import archive_state, load_state
+    from tasks.state import StateSettings, archive_state, load_state
     from unlearning.privacy.erasure import read_tombstones, tombstones_digest
     from unlearning.privacy.fingerprint import StateMismatch
 
@@ -107,6 +107,6 @@ def test_train_refuses_a_prepared_store_that_holds_erased_rows_and_retrains_clea
     train(path)
     digest = tombstones_digest(read_tombstones(params.path("tombstones")))
     assert torch.load(params.path("models_dir") / "original.pt", weights_only=False)["extra"]["clean_of"] == digest
-    state = load_state.fn(params, "cpu")
+    state = load_state.fn(StateSettings.of(params), "cpu")
     assert state.champion["started_clean_of"] == digest
     assert not set(ids) & set(state.manifest["sample_id"])

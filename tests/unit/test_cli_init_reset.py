@@ -205,7 +205,7 @@ def project(tmp_path, monkeypatch):
     params_path = make_project(tmp_path)
     build_prepared(tmp_path)
     stub_models(monkeypatch)
-    from tasks.state import current_fingerprint, write_state
+    from tasks.state import StateSettings, current_fingerprint, write_state
     from unlearning.data import initial_state_manifest, load_prepared
 
     params = load_params(params_path)
@@ -213,7 +213,7 @@ def project(tmp_path, monkeypatch):
     ledger = [{"request_id": f"req-000{i}", "sample_id": f"s0{i}", "batch_id": "batch-a"} for i in (1, 2, 3)]
     write_state(params.path("state_dir"), object(), initial_state_manifest(prepared.manifest), ledger,
                 {"model_version": "3", "method": "finetune", "batch_id": "batch-a"},
-                current_fingerprint(params, prepared))
+                current_fingerprint(StateSettings.of(params), prepared))
     (params.path("cache_dir") / "chunk-1").mkdir(parents=True)
     (params.path("cache_dir") / "chunk-1" / "model.pt").write_bytes(b"x")
     return params_path
@@ -260,22 +260,22 @@ def test_write_state_records_the_fingerprint(project):
 
 
 def test_load_state_accepts_a_matching_state(project):
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
 
-    state = load_state.fn(load_params(project), "cpu")
+    state = load_state.fn(StateSettings.of(load_params(project)), "cpu")
     assert state.fingerprint["digest"] == expected_fingerprint_digest(project) and len(state.ledger) == 3
     change_params(project, lr=0.5)  # a recipe key: another digest, and the state is refused
     assert expected_fingerprint_digest(project) != state.fingerprint["digest"]
     with pytest.raises(StateMismatch, match="recipe: lr was"):
-        load_state.fn(load_params(project), "cpu")
+        load_state.fn(StateSettings.of(load_params(project)), "cpu")
 
 
 def test_load_state_raises_after_a_params_change(project, capsys):
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
 
     change_params(project, epochs=5)
     with pytest.raises(StateMismatch) as e:
-        load_state.fn(load_params(project), "cpu")
+        load_state.fn(StateSettings.of(load_params(project)), "cpu")
     msg = str(e.value)
     assert "recipe: epochs was 12, now 5" in msg and "unlearn reset" in msg and "restore the previous params" in msg
 
@@ -287,29 +287,29 @@ def test_load_state_raises_after_a_params_change(project, capsys):
 
 
 def test_load_state_raises_when_the_dataset_changed(project):
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
 
     info = project.parent / "data" / "prepared" / "dataset.json"
     info.write_text(json.dumps({**json.loads(info.read_text()), "source": "other"}))
     with pytest.raises(StateMismatch, match="dataset: source was \"test\", now \"other\""):
-        load_state.fn(load_params(project), "cpu")
+        load_state.fn(StateSettings.of(load_params(project)), "cpu")
 
 
 def test_old_state_without_fingerprint(project):
     """Accepted when nothing can be told; refused when its manifest holds other samples."""
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
 
     champion_file = project.parent / "state" / "champion.json"
     champion = json.loads(champion_file.read_text())
     champion.pop("fingerprint")
     champion_file.write_text(json.dumps(champion))
-    assert load_state.fn(load_params(project), "cpu").fingerprint["digest"]
+    assert load_state.fn(StateSettings.of(load_params(project)), "cpu").fingerprint["digest"]
     manifest = project.parent / "state" / "manifest.csv"
     m = pd.read_csv(manifest, dtype=str, keep_default_na=False)
     m.loc[0, "sample_id"] = "someone-else"
     m.to_csv(manifest, index=False)
     with pytest.raises(StateMismatch, match="1 sample\\(s\\) not in"):
-        load_state.fn(load_params(project), "cpu")
+        load_state.fn(StateSettings.of(load_params(project)), "cpu")
 
 
 def test_old_state_with_another_architecture(project, monkeypatch):
@@ -321,15 +321,15 @@ def test_old_state_with_another_architecture(project, monkeypatch):
     champion_file.write_text(json.dumps(champion))
     legacy = {"arch": "mlp", "in_dim": 4, "hidden": [16], "n_classes": 2, "image_shape": [2, 2]}  # as params build
     monkeypatch.setattr(st, "_checkpoint", lambda path: {"spec": legacy})
-    st.load_state.fn(load_params(project), "cpu")
+    st.load_state.fn(st.StateSettings.of(load_params(project)), "cpu")
     monkeypatch.setattr(st, "_checkpoint", lambda path: {"spec": {**legacy, "hidden": [99]}})
     with pytest.raises(StateMismatch, match="99"):
-        st.load_state.fn(load_params(project), "cpu")
+        st.load_state.fn(st.StateSettings.of(load_params(project)), "cpu")
 
 
 def trained_original(tmp_path, monkeypatch):
     """A project with prepared data and a (stub) models/original.pt v1 trained under the current params, no state."""
-    from tasks.state import current_fingerprint
+    from tasks.state import StateSettings, current_fingerprint
     from unlearning.data import load_prepared
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -337,7 +337,7 @@ def trained_original(tmp_path, monkeypatch):
     build_prepared(tmp_path)
     params = load_params(params_path)
     stub_models(monkeypatch, {"model_version": "1",
-                              "fingerprint": current_fingerprint(params, load_prepared(params.path("prepared_dir")))})
+                              "fingerprint": current_fingerprint(StateSettings.of(params), load_prepared(params.path("prepared_dir")))})
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "original.pt").write_bytes(b"stub")
     return params_path, params
@@ -345,13 +345,13 @@ def trained_original(tmp_path, monkeypatch):
 
 def test_first_batch_checks_the_original(tmp_path, monkeypatch):
     """params changed but train not re-run: the original does not match -> retrain hint."""
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
 
     params_path, params = trained_original(tmp_path, monkeypatch)
-    assert load_state.fn(params, "cpu").champion["model_version"] == "1"
+    assert load_state.fn(StateSettings.of(params), "cpu").champion["model_version"] == "1"
     change_params(params_path, model={"hidden": [8]})
     with pytest.raises(StateMismatch) as e:
-        load_state.fn(load_params(params_path), "cpu")
+        load_state.fn(StateSettings.of(load_params(params_path)), "cpu")
     assert "original.pt" in str(e.value) and "model: hidden was [16], now [8]" in str(e.value)
     assert "dvc repro" in str(e.value) and "unlearn train" in str(e.value)
 
@@ -359,20 +359,20 @@ def test_first_batch_checks_the_original(tmp_path, monkeypatch):
 def test_a_state_without_batches_follows_the_retrained_original(tmp_path, monkeypatch):
     """The model changed before any deletion and train re-ran: the state (a copy of the old original, no batch)
     has nothing to keep, so it is rebuilt from the new original; a state holding a batch still refuses."""
-    from tasks.state import current_fingerprint, ensure_state, load_state, stale_unbatched_state
+    from tasks.state import StateSettings, current_fingerprint, ensure_state, load_state, stale_unbatched_state
     from unlearning.data import load_prepared
 
     params_path, params = trained_original(tmp_path, monkeypatch)
-    assert ensure_state(params, "cpu")  # the first run's copy of the original
-    assert not stale_unbatched_state(params)
+    assert ensure_state(StateSettings.of(params), "cpu")  # the first run's copy of the original
+    assert not stale_unbatched_state(StateSettings.of(params))
     change_params(params_path, model={"hidden": [8]})
     params = load_params(params_path)
     with pytest.raises(StateMismatch):  # train not re-run yet: the original is stale too -> the retrain hint
-        load_state.fn(params, "cpu")
-    assert not stale_unbatched_state(params)
-    new = current_fingerprint(params, load_prepared(params.path("prepared_dir")))
+        load_state.fn(StateSettings.of(params), "cpu")
+    assert not stale_unbatched_state(StateSettings.of(params))
+    new = current_fingerprint(StateSettings.of(params), load_prepared(params.path("prepared_dir")))
     stub_models(monkeypatch, {"model_version": "2", "fingerprint": new})  # train re-ran: original v2
-    assert stale_unbatched_state(params)
+    assert stale_unbatched_state(StateSettings.of(params))
     from flows.deletion_batch import reconcile
 
     class Registry:  # what reconcile asks of the tracker (`unlearn erase`, `unlearn status` run it too)
@@ -392,24 +392,24 @@ def test_a_state_without_batches_follows_the_retrained_original(tmp_path, monkey
     registry = Registry()
     reconcile(load_params(params_path, {"erasure": {"enabled": False}}), registry)
     assert registry.alias_moves == []  # @champion stays on the retrained original, not back on state/'s v1
-    assert load_state.fn(params, "cpu").champion["model_version"] == "2"  # read-only: follows the original
-    assert ensure_state(params, "cpu")  # and the flow rewrites state/ from it
+    assert load_state.fn(StateSettings.of(params), "cpu").champion["model_version"] == "2"  # read-only: follows the original
+    assert ensure_state(StateSettings.of(params), "cpu")  # and the flow rewrites state/ from it
     champion = json.loads((tmp_path / "state" / "champion.json").read_text())
     assert champion["model_version"] == "2" and champion["fingerprint"]["digest"] == new["digest"]
-    assert not stale_unbatched_state(params) and not ensure_state(params, "cpu")
+    assert not stale_unbatched_state(StateSettings.of(params)) and not ensure_state(StateSettings.of(params), "cpu")
 
 
 def test_a_state_with_a_batch_never_follows_the_original(project, monkeypatch):
-    from tasks.state import current_fingerprint, load_state, stale_unbatched_state
+    from tasks.state import StateSettings, current_fingerprint, load_state, stale_unbatched_state
     from unlearning.data import load_prepared
 
     change_params(project, epochs=5)
     params = load_params(project)
     stub_models(monkeypatch, {"model_version": "9",
-                              "fingerprint": current_fingerprint(params, load_prepared(params.path("prepared_dir")))})
-    assert not stale_unbatched_state(params)  # its ledger holds 3 erasures: a reset is the user's decision
+                              "fingerprint": current_fingerprint(StateSettings.of(params), load_prepared(params.path("prepared_dir")))})
+    assert not stale_unbatched_state(StateSettings.of(params))  # its ledger holds 3 erasures: a reset is the user's decision
     with pytest.raises(StateMismatch):
-        load_state.fn(params, "cpu")
+        load_state.fn(StateSettings.of(params), "cpu")
 
 
 # --- unlearn reset -----------------------------------------------------------------------------------
@@ -456,7 +456,7 @@ def test_reset_prompt_no_keeps_everything(project, monkeypatch, capsys):
 
 def test_reset_then_load_state_starts_over(project, monkeypatch):
     """After a params change, reset clears the way: the first batch starts from a matching original."""
-    from tasks.state import current_fingerprint, load_state
+    from tasks.state import StateSettings, current_fingerprint, load_state
     from unlearning.data import load_prepared
 
     from unlearning.privacy.erasure import read_tombstones, tombstones_digest
@@ -467,10 +467,10 @@ def test_reset_then_load_state_starts_over(project, monkeypatch):
     # the original the train stage retrains for the new params, clean of what reset's erasure tombstoned
     clean_of = tombstones_digest(read_tombstones(params.path("tombstones")))
     stub_models(monkeypatch, {"model_version": "7", "clean_of": clean_of,
-                              "fingerprint": current_fingerprint(params, load_prepared(params.path("prepared_dir")))})
+                              "fingerprint": current_fingerprint(StateSettings.of(params), load_prepared(params.path("prepared_dir")))})
     (project.parent / "models").mkdir()
     (project.parent / "models" / "original.pt").write_bytes(b"stub")
-    state = load_state.fn(params, "cpu")
+    state = load_state.fn(StateSettings.of(params), "cpu")
     assert state.ledger == [] and state.champion["model_version"] == "7"
 
 

@@ -62,7 +62,8 @@ def store(params):
     """(dataset.json as text, its content, the fingerprint the state check computes, features [n, d])."""
     p = load_prepared(params.path("prepared_dir"))
     text = (params.path("prepared_dir") / "dataset.json").read_text(encoding="utf-8")
-    return text, p.info, prepared_fingerprint(params, p.info, p.manifest), np.asarray(p.X, dtype=np.float64)
+    current = prepared_fingerprint(params.train, params.base.seed, params.root, p.info, p.manifest)
+    return text, p.info, current, np.asarray(p.X, dtype=np.float64)
 
 
 def assert_no_raw_value(params, fp, *values):

@@ -38,7 +38,7 @@ def project(tmp_path, hash_ids=False):
 
 def store(params):
     p = load_prepared(params.path("prepared_dir"))
-    return p, prepared_fingerprint(params, p.info, p.manifest)
+    return p, prepared_fingerprint(params.train, params.base.seed, params.root, p.info, p.manifest)
 
 
 @pytest.mark.parametrize("hash_ids", [False, True])

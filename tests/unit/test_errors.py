@@ -230,7 +230,7 @@ def test_a_failed_move_to_processed_after_the_batch_applied_says_it_was_applied(
 def test_a_state_without_its_model_is_damage_not_a_fresh_start(tmp_path, left):
     # a missing state/model.pt rebuilt the state from the original silently (exit 0): the champion history lost
     # its batches, and verify-erasure failed afterwards
-    from tasks.state import ensure_state, load_state
+    from tasks.state import StateSettings, ensure_state, load_state
     from unlearning.config import parse_params
     from unlearning.io import StateCorrupt
 
@@ -240,7 +240,7 @@ def test_a_state_without_its_model_is_damage_not_a_fresh_start(tmp_path, left):
     params = parse_params({}, root=tmp_path)
     for read in (load_state.fn, ensure_state):
         with pytest.raises(StateCorrupt, match=r"model\.pt: missing, while .* holds .*restore the state"):
-            read(params, "cpu")
+            read(StateSettings.of(params), "cpu")
 
 
 def test_a_problem_line_names_at_most_twenty_rows():

@@ -17,7 +17,8 @@ SPLITS = ["train", "train", "train", "val"]
 
 
 def fp(params=None, info=INFO, ids=IDS, splits=SPLITS):
-    return params_fingerprint(params or parse_params({}), dataset_identity(info, ids, splits))
+    params = params or parse_params({})
+    return params_fingerprint(params.train, params.base.seed, params.root, dataset_identity(info, ids, splits))
 
 
 def test_shape_and_stability():

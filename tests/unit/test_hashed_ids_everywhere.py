@@ -46,7 +46,7 @@ def params_file(root, name: str, hashed: bool, paths: dict):
 
 def train_original(params) -> None:
     """prepare + the original, as `dvc repro train` leaves them (task bodies only: no Prefect server)."""
-    from tasks.state import current_fingerprint, original_path
+    from tasks.state import StateSettings, current_fingerprint, original_path
     from tasks.training import model_spec, prepare_dataset, save_checkpoint, train_original
     from unlearning.data import load_prepared
 
@@ -55,7 +55,7 @@ def train_original(params) -> None:
     model, metrics = train_original.fn(params, prepared, "cpu")
     save_checkpoint.fn(model.cpu(), original_path(params.project_paths), {
         "model_version": "1", "spec": model_spec(params.train.model, prepared), "metrics": metrics,
-        "fingerprint": current_fingerprint(params, prepared)})
+        "fingerprint": current_fingerprint(StateSettings.of(params), prepared)})
 
 
 def request_file(path, ids: list[str]):

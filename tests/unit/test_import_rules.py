@@ -188,9 +188,6 @@ WHOLE_PARAMS_BY_DESIGN = {
     # the project's salt lives beside params.yaml: base.paths (salt, state_dir, tombstones) against the project
     # root, and deletion.hash_sample_ids
     ("unlearning/privacy/salt.py", "project_salt"), ("unlearning/privacy/salt.py", "id_salt"),
-    # a fingerprint is OF the params: the recipe, the seed, the model (a custom model's source under the root)
-    ("unlearning/privacy/fingerprint.py", "params_fingerprint"),
-    ("unlearning/privacy/fingerprint.py", "prepared_fingerprint"),
 }
 
 

@@ -35,10 +35,10 @@ def bad_file(tmp_path):
 
 def test_live_state_is_what_load_state_reads(project):  # noqa: F811
     from adapters.request_check import live_state
-    from tasks.state import load_state
+    from tasks.state import StateSettings, load_state
 
     params = load_params(project)
-    live, state = live_state(params), load_state.fn(params, "cpu")
+    live, state = live_state(params), load_state.fn(StateSettings.of(params), "cpu")
     assert live is not None and live.manifest.equals(state.manifest) and live.ledger == state.ledger
     assert live.info == state.prepared.info
     change_params(project, epochs=5)  # a mismatch: left to load_state, which names what changed

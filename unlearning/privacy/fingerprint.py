@@ -16,6 +16,9 @@ Components (each `{"digest": ..., "value": ...}`):
 - `model`: `params.train.model.model_dump()`;
 - `recipe`: every other key of `params.train` (`model_dump(exclude={"model"})`, so keys added later count
   too) plus `seed` (`base.seed`: the original is trained with it).
+
+It takes those slices (`train`, `seed`, and the project `root` a custom model's factory is found under), not
+the whole params.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:  # annotations only: the core module stays standard library at run time
+    from unlearning.config import Train
 
 COMPONENTS = ("dataset", "model", "recipe")
 
@@ -153,22 +159,24 @@ def factory_source_digest(factory: str | None, search_paths: Iterable[str | Path
     return hashlib.sha256(Path(origin).read_bytes()).hexdigest()[:16]
 
 
-def params_fingerprint(params, dataset: dict) -> dict:
-    """The fingerprint of validated params (an `unlearning.config.Params`) and a `dataset_identity`.
-    A custom factory's module source counts as part of the model (`factory_source`)."""
-    recipe = {**params.train.model_dump(mode="json", exclude={"model"}), "seed": params.base.seed}
-    model = params.train.model.model_dump(mode="json")
+def params_fingerprint(train: Train, seed: int, root: str | Path, dataset: dict) -> dict:
+    """The fingerprint of the params' slices it is of and a `dataset_identity`: `train` (the validated
+    `params.train`: its model and every other key, the recipe), `seed` (`base.seed`) and `root` (the project
+    folder, where a custom model's factory module is looked up). A custom factory's module source counts as
+    part of the model (`factory_source`)."""
+    recipe = {**train.model_dump(mode="json", exclude={"model"}), "seed": seed}
+    model = train.model.model_dump(mode="json")
     if model.get("arch") == "custom":
-        model["factory_source"] = factory_source_digest(model.get("factory"), [params.root])
+        model["factory_source"] = factory_source_digest(model.get("factory"), [root])
     return fingerprint(dataset, model, recipe)
 
 
-def prepared_fingerprint(params, info: dict, manifest) -> dict:
-    """The fingerprint of the current params and a prepared dataset (its dataset.json content and its
-    manifest frame, with sample_id, split and label columns)."""
+def prepared_fingerprint(train: Train, seed: int, root: str | Path, info: dict, manifest) -> dict:
+    """The fingerprint of the current params' slices (`params_fingerprint`) and a prepared dataset (its
+    dataset.json content and its manifest frame, with sample_id, split and label columns)."""
     dataset = dataset_identity(info, manifest["sample_id"].tolist(), manifest["split"].tolist(),
                                manifest["label"].tolist())
-    return params_fingerprint(params, dataset)
+    return params_fingerprint(train, seed, root, dataset)
 
 
 def _current_form(recorded: dict | None) -> dict | None:
