@@ -278,6 +278,7 @@ def _twin_notes(checks: list[dict]) -> list[str]:
 def cmd_verify_erasure(args) -> int:
     from flows.common import tracker_for
     from tasks.erasure import verify_erasure
+    from tasks.stores.base import ErasureSettings
 
     params = _params(args)
     tracker = None
@@ -286,7 +287,7 @@ def cmd_verify_erasure(args) -> int:
 
         preflight(params.mlflow_tracking_uri())
         tracker = tracker_for(params)
-    problems, checks = verify_erasure(params, args.batch, tracker)
+    problems, checks = verify_erasure(ErasureSettings.of(params), args.batch, tracker)
     from adapters.store_check import state_champion_store_problem
 
     lost = state_champion_store_problem(params)[0]
@@ -383,14 +384,16 @@ def cmd_erase(args) -> int:
     from flows.common import tracker_for
     from flows.deletion_batch import reconcile
     from adapters.tracking import preflight
-    from tasks.state import batch_lock
+    from tasks.state import StateSettings, batch_lock
+    from tasks.stores.base import ErasureSettings
 
     params = _params(args)
     preflight(params.mlflow_tracking_uri())
     _refuse_a_lost_store(params)
     state_dir = params.path("state_dir")
     with batch_lock(params.project_paths, 10):
-        notes = reconcile(params, tracker_for(params)) if (state_dir / "champion.json").exists() else []
+        notes = reconcile(ErasureSettings.of(params), tracker_for(params), StateSettings.of(params)) \
+            if (state_dir / "champion.json").exists() else []
     for n in notes or ["nothing pending"]:
         print(n)
     return 0
@@ -757,6 +760,7 @@ def _finish_pending_erasures(params) -> int:
         return 0
     from tasks.erasure import erase_pending
     from tasks.state import batch_lock
+    from tasks.stores.base import ErasureSettings
     from unlearning.io import read_json_file
 
     tracker = None
@@ -765,7 +769,8 @@ def _finish_pending_erasures(params) -> int:
 
         tracker = tracker_for(params)
     with batch_lock(params.project_paths, 10):
-        return len(erase_pending(params, tracker, read_json_file(champion_file).get("model_version")))
+        return len(erase_pending(ErasureSettings.of(params), tracker,
+                                 read_json_file(champion_file).get("model_version")))
 
 
 def _has_tracking_store(params) -> bool:

@@ -39,6 +39,7 @@ from tasks.lineage import commit_lineage
 from tasks.quality import BatchRejected, announce_quality  # a quality refusal is a rejection too
 from tasks.reporting import run_logger
 from tasks.state import StateSettings, batch_lock, ensure_state, load_state, original_path
+from tasks.stores.base import ErasureSettings
 from unlearning.config import Params, load_params
 from unlearning.io import open_for_writing
 from unlearning.batch.records import BatchResult
@@ -144,14 +145,15 @@ def deletion_batch(request_path: str | None = None, params_path: str = "params.y
     log = run_logger()
     state_dir, inbox = params.path("state_dir"), params.path("inbox")
     with batch_lock(params.project_paths, params.operations.lock_timeout_seconds):
-        for note in resume_erasure(params):  # an erase a kill stopped: finished before anything reads the state
+        erasure = ErasureSettings.of(params)
+        for note in resume_erasure(erasure):  # an erase a kill stopped: finished before anything reads the state
             log.info(note)
         # A state that holds no batch and was built from other params or data follows the retrained original
         # (ensure_state rewrites only such a state), before the registry alias is reconciled with it.
         if (state_dir / "model.pt").exists() and ensure_state(StateSettings.of(params), device):
             log.info(f"{state_dir} held no batch and was built from other params or data: it now starts from "
                      f"the retrained {original_path(params.project_paths)}")
-        for note in reconcile_if_started(params, resume=False):
+        for note in reconcile_if_started(erasure, StateSettings.of(params), resume=False):
             log.info(note)
         in_scope = request_path is None or in_inbox(Path(request_path), inbox)
         if in_scope:

@@ -28,13 +28,15 @@ from adapters import dvc_ops
 from adapters.clock import computes
 from tasks.pending import pending_erasures, tombstoned_rows  # noqa: F401  (unlearn status: without the stores)
 from tasks.stores import STORES, Scope
-from tasks.stores.base import digest_list, files_naming, in_dvc_stage, is_dvc_repo, retained_twins  # noqa: F401
+from tasks.stores.base import (  # noqa: F401
+    ErasureSettings, digest_list, files_naming, in_dvc_stage, is_dvc_repo, retained_twins,
+)
 from tasks.stores.data import (  # noqa: F401
     LEGACY_KEYS, legacy_report, reports_dir, source_folder_checks, source_table_checks,
 )
 from tasks.stores.requests import kept_request_files, redact_request_files  # noqa: F401
 from tasks.stores.tracking import versions_to_keep  # noqa: F401  (tasks/inbox_ops.py)
-from unlearning.config import Deletion, Params, ProjectPaths
+from unlearning.config import Deletion, ProjectPaths
 from unlearning.data import load_prepared
 from unlearning.privacy.erasure import (  # noqa: F401  (read_tombstones: tasks/inbox_ops.py)
     Finding, UnknownBatch, add_tombstones, id_key, is_erased, keyed_forms, read_tombstones, salted_digests,
@@ -132,37 +134,36 @@ def _purge_stores(scope: Scope, journal: Journal) -> None:
         journal.record(store.name, [p.as_dict() for p in purged], ", ".join(p.pending for p in purged if p.pending))
 
 
-# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
 @computes
-def erase(params: Params, batch_id: str, forget_ids: list[str] | None, salt: str, champion_version: str | None,
-          tracker=None, run_id: str | None = None, keys: list[str] | None = None) -> dict:
+def erase(settings: ErasureSettings, batch_id: str, forget_ids: list[str] | None, salt: str,
+          champion_version: str | None, tracker=None, run_id: str | None = None, keys: list[str] | None = None) -> dict:
     """Erase every tombstoned row (plus `forget_ids`, added first) from every registered store; idempotent and
     journaled: an erase of `batch_id` that a kill stopped is taken up where its journal says, never restarted
     blind nor reported done. Returns the report, also written to state/erasure/<batch_id>.json and logged to the
     MLflow run `run_id`; the journal goes once the report is written, committed and logged, unless a store waits
     for `unlearn erase` (inside `dvc repro`)."""
-    hash_ids = params.deletion.hash_sample_ids
+    paths, hash_ids = settings.paths, settings.deletion.hash_sample_ids
     key = id_key(hash_ids, salt)
-    migrate_reports(params.project_paths, params.deletion, key)
-    prepared = load_prepared(params.path("prepared_dir"))
+    migrate_reports(paths, settings.deletion, key)
+    prepared = load_prepared(paths.path("prepared_dir"))
     new_keys = [key(s) for s in forget_ids or []] + list(keys or [])
-    journal, old = _open_journal(params.project_paths, params.deletion, batch_id, new_keys, len(forget_ids or []), key,
-                                 salt, champion_version, run_id, prepared)
-    add_tombstones(params.path("tombstones"), journal.keys)
-    tombstones = read_tombstones(params.path("tombstones"))
+    journal, old = _open_journal(paths, settings.deletion, batch_id, new_keys, len(forget_ids or []), key, salt,
+                                 champion_version, run_id, prepared)
+    add_tombstones(paths.path("tombstones"), journal.keys)
+    tombstones = read_tombstones(paths.path("tombstones"))
     # a resumed erase finds the rows its first pass purged gone: their digests come from the journal
     digest_ids = _fingerprints(prepared, is_erased(tombstones, hash_ids, salt), key, hash_ids,
                                {"row_digests": journal.row_digests})
-    scope = Scope(params, forgotten=tombstones, tombstones=tombstones, key=key, prepared=prepared,
+    scope = Scope(settings, forgotten=tombstones, tombstones=tombstones, key=key, prepared=prepared,
                   digest_ids=digest_ids, cache_hashes=keyed_forms(tombstones, salt), tracker=tracker,
                   champion_version=champion_version or journal.champion_version, dvc_locked=in_dvc_stage())
     _purge_stores(scope, journal)
-    report = _report(params.deletion, journal, old, tombstones, digest_ids)
-    atomic_write_json(reports_dir(params.project_paths) / f"{batch_id}.json", report)
+    report = _report(settings.deletion, journal, old, tombstones, digest_ids)
+    atomic_write_json(reports_dir(paths) / f"{batch_id}.json", report)
     fault("erase:report_written")
     if any(r.get("store") == "DVC cache" and r.get("committed") for r in report["stores"]):
-        dvc_ops.commit(params.root, ["deletion"])  # the report just written is in state/: `dvc status` stays clean
-        dvc_ops.gc_workspace(params.root)  # that commit left the deletion stage's previous objects unreferenced
+        dvc_ops.commit(paths.root, ["deletion"])  # the report just written is in state/: `dvc status` stays clean
+        dvc_ops.gc_workspace(paths.root)  # that commit left the deletion stage's previous objects unreferenced
     if tracker is not None and report["run_id"] is not None:
         tracker.log_json(report["run_id"], {k: v for k, v in report.items() if k not in FINGERPRINT_KEYS},
                          "erasure_report.json")
@@ -193,61 +194,57 @@ def _report(deletion: Deletion, journal: Journal, old: dict, tombstones: set[str
             "row_digests": sorted(digest_ids)}
 
 
-# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
-def resume_unfinished(params: Params, tracker=None, champion_version: str | None = None) -> list[dict]:
+def resume_unfinished(settings: ErasureSettings, tracker=None, champion_version: str | None = None) -> list[dict]:
     """Take up every erase a kill stopped (its journal exists), oldest first: the first thing every entry point
     does (`unlearn run`, `unlearn erase`, the deletion stage and the deployments through the flow, `make run` and
     `unlearn repro` through `unlearn erase` before `dvc repro`). Inside `dvc repro` the stores DVC holds stay
     pending (and the journal with them) until `unlearn erase`. Returns the reports, each with `deferred`: its
     journal had stores left pending on purpose (a `dvc repro` pass), rather than being stopped by a kill."""
-    journals = unfinished(params.path("state_dir"))
+    journals = unfinished(settings.paths.path("state_dir"))
     if not journals:
         return []
-    from unlearning.privacy.salt import id_salt
-
-    salt = id_salt(params)
-    return [{**erase(params, j.batch_id, None, salt, champion_version, tracker, j.run_id), "deferred": bool(j.pending)}
-            for j in journals]
+    salt = settings.key.salt()
+    return [{**erase(settings, j.batch_id, None, salt, champion_version, tracker, j.run_id),
+             "deferred": bool(j.pending)} for j in journals]
 
 
-# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
 @computes
-def erase_pending(params: Params, tracker=None, champion_version: str | None = None, resume: bool = True) -> list[dict]:
+def erase_pending(settings: ErasureSettings, tracker=None, champion_version: str | None = None,
+                  resume: bool = True) -> list[dict]:
     """Finish erasures left unfinished: a journaled erase a kill stopped (`resume_unfinished`; `resume` False:
     the caller took them up already), ledger ids not
     yet tombstoned (a kill between the batch's commit and its erasure), reports marked pending (a `dvc repro`
     pass of an older version, without a journal), tombstoned rows still in the prepared store."""
     from unlearning.privacy.ledger import read_ledger
 
+    paths = settings.paths
     try:
-        load_prepared(params.path("prepared_dir"))  # nothing prepared yet: nothing to erase
+        load_prepared(paths.path("prepared_dir"))  # nothing prepared yet: nothing to erase
     except FileNotFoundError:
         return []
-    out = resume_unfinished(params, tracker, champion_version) if resume else []
+    out = resume_unfinished(settings, tracker, champion_version) if resume else []
     # Inside `dvc repro` (a rerun after a kill) the erasure goes as far as the batch's own would there: the
     # ids are tombstoned, the ensemble cache and registry erased, the rest recorded as pending for `unlearn
     # erase` (DVC holds prepare's and train's outputs). A report already pending waits for it as it is.
     dvc_locked = in_dvc_stage()
-    journaled = {j.batch_id for j in unfinished(params.path("state_dir"))}
-    ledger = read_ledger(params.path("state_dir") / "ledger.jsonl")
-    missing = sorted({str(e["sample_id"]) for e in ledger} - read_tombstones(params.path("tombstones")))
-    from unlearning.privacy.salt import id_salt
-
-    salt = id_salt(params)
+    journaled = {j.batch_id for j in unfinished(paths.path("state_dir"))}
+    ledger = read_ledger(paths.path("state_dir") / "ledger.jsonl")
+    missing = sorted({str(e["sample_id"]) for e in ledger} - read_tombstones(paths.path("tombstones")))
+    salt = settings.key.salt()
     if missing:  # killed after the commit, before the erasure
         batches = sorted({e["batch_id"] for e in ledger if str(e["sample_id"]) in set(missing)})
-        out.append(erase(params, batches[-1], None, salt, champion_version, tracker, keys=missing))
+        out.append(erase(settings, batches[-1], None, salt, champion_version, tracker, keys=missing))
     waiting = bool(journaled)
-    for path in sorted(reports_dir(params.project_paths).glob("*.json")):
+    for path in sorted(reports_dir(paths).glob("*.json")):
         rep = read_json_file(path)
         if not rep.get("pending") or rep.get("batch_id") in journaled:
             continue
         if dvc_locked:
             waiting = True
         else:
-            out.append(erase(params, rep["batch_id"], None, salt, champion_version, tracker))
-    if not out and not waiting and _prepared_holds_tombstoned(params.project_paths, params.deletion, salt):
-        out.append(erase(params, "recovered", None, salt, champion_version, tracker))
+            out.append(erase(settings, rep["batch_id"], None, salt, champion_version, tracker))
+    if not out and not waiting and _prepared_holds_tombstoned(paths, settings.deletion, salt):
+        out.append(erase(settings, "recovered", None, salt, champion_version, tracker))
     return out
 
 
@@ -275,8 +272,7 @@ def id_references(paths: ProjectPaths, forgotten: set[str], max_bytes: int = 50_
     return out
 
 
-# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
-def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tuple[list[str], list[dict]]:
+def verify_erasure(settings: ErasureSettings, batch: str | None = None, tracker=None) -> tuple[list[str], list[dict]]:
     """Ask every registered store to look again; returns (problems, checks). `batch`: only that batch's rows and
     ids. Each store's findings are checks (the lines `unlearn verify-erasure` prints); their problems fail it.
 
@@ -291,7 +287,7 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
     from tasks.rekey import key_findings
     from unlearning.progress import Progress
 
-    scope = _scope(params, batch, tracker)
+    scope = _scope(settings, batch, tracker)
     findings = []
     # lines on stderr once it has run 2 s, naming the store it searches (a large DVC cache takes tens of seconds)
     with Progress(len(STORES), "verify-erasure", unit="stores", enabled=None, after_s=2.0, heartbeat_s=1.0) as bar:
@@ -300,7 +296,7 @@ def verify_erasure(params: Params, batch: str | None = None, tracker=None) -> tu
             findings += _verified(store, scope)
             bar.update()
     # where the id key can be read from (a copy in a shared place undoes every hashed id)
-    findings += key_findings(params.project_paths, params.operations)
+    findings += key_findings(settings.paths, settings.operations)
     return [p for f in findings for p in f.problems], [f.as_dict() for f in findings]
 
 
@@ -312,40 +308,37 @@ def _verified(store, scope: Scope) -> list[Finding]:
         return store.verify(scope)
     except (OSError, StateCorrupt) as e:
         what = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return [Finding(store.name, str(getattr(e, "filename", "") or scope.params.root), {"unreadable": 1},
+        return [Finding(store.name, str(getattr(e, "filename", "") or scope.settings.paths.root), {"unreadable": 1},
                         (f"{store.name}: could not be checked ({what}); make it readable by the pipeline's user, "
                          f"then run `unlearn verify-erasure` again",))]
 
 
-# The whole params: the stores' Scope holds them (tasks/stores/base.py says why).
-def _scope(params: Params, batch: str | None, tracker=None) -> Scope:
+def _scope(settings: ErasureSettings, batch: str | None, tracker=None) -> Scope:
     from unlearning.privacy.ledger import read_ledger
 
-    every = read_ledger(params.path("state_dir") / "ledger.jsonl")
+    paths, hash_ids = settings.paths, settings.deletion.hash_sample_ids
+    every = read_ledger(paths.path("state_dir") / "ledger.jsonl")
     ledger = [e for e in every if batch is None or e["batch_id"] == batch]
     if batch is not None and not ledger:
-        raise UnknownBatch(_unknown_batch(params.project_paths, batch, every))
-    tombstones = read_tombstones(params.path("tombstones"))
+        raise UnknownBatch(_unknown_batch(paths, batch, every))
+    tombstones = read_tombstones(paths.path("tombstones"))
     forgotten = {str(e["sample_id"]) for e in ledger}
     if batch is None:  # every erased id, also those of a ledger `unlearn reset` archived (the tombstones stay)
         forgotten |= tombstones
     every_report, unread = [], []
-    for path in sorted(reports_dir(params.project_paths).glob("*.json")):
+    for path in sorted(reports_dir(paths).glob("*.json")):
         try:
             every_report.append(read_json_file(path))
         except (OSError, StateCorrupt) as e:  # named by the reports' store, and the other reports still count
             unread.append(f"{path.name} ({getattr(e, 'strerror', None) or type(e).__name__})")
     # a batch whose rows a later pass erased under another name ("recovered") has no report of its own
     reports = [r for r in every_report if batch is None or r.get("batch_id") == batch] or every_report
-    prepared = _prepared_or_none(params.project_paths)
-    from unlearning.privacy.salt import id_salt
-
-    salt = id_salt(params)
-    key = id_key(params.deletion.hash_sample_ids, salt)
+    prepared = _prepared_or_none(paths)
+    salt = settings.key.salt()
+    key = id_key(hash_ids, salt)
     # an older report's unsalted digests are keyed here (verify changes nothing; `unlearn erase` rewrites them)
-    digests = salted_digests([d for r in reports for d in r.get("row_digests", [])], key,
-                             params.deletion.hash_sample_ids)
-    scope = Scope(params, forgotten, tombstones, key, prepared, {d: [] for d in digests},
+    digests = salted_digests([d for r in reports for d in r.get("row_digests", [])], key, hash_ids)
+    scope = Scope(settings, forgotten, tombstones, key, prepared, {d: [] for d in digests},
                   keyed_forms(forgotten, salt), ledger, reports, tracker=tracker if forgotten else None)
     scope.kept = retained_twins(scope)
     scope.unreadable_reports = unread

@@ -8,17 +8,16 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from adapters.tracker import tracker_for
+from tasks.id_key import IdKey
 from tasks.reporting import run_logger
 from tasks.state import StateSettings, stale_unbatched_state
+from tasks.stores.base import ErasureSettings
 from unlearning.config import Deletion, Erasure, Params, ProjectPaths
 from unlearning.io import atomic_write_bytes, move_unique, read_json_file
 from unlearning.requests import file_sha256
-from unlearning.privacy.salt import id_salt
 
 
 @dataclass(frozen=True)
@@ -26,48 +25,44 @@ class RequestFileSettings:
     """What the kept request files' handling reads of the params (`processed`, `redact_erased_ids`, the expiry):
     where they are (base.paths processed, rejected, tombstones), how long an applied file keeps its plain ids
     (erasure.keep_request_files), whether ids are hashed (deletion.hash_sample_ids), and the id key, read only
-    when an id is keyed (unlearning/privacy/salt.py id_salt makes the key of a project that has none)."""
+    when an id is keyed (tasks/id_key.py IdKey.salt makes the key of a project that has none)."""
 
     paths: ProjectPaths
     erasure: Erasure
     deletion: Deletion
-    salt: Callable[[], str]  # id_salt of the project, read (or made) on each call
+    salt: Callable[[], str]  # the project's id key (IdKey.salt), read (or made) on each call
 
-    # Builds the slice record from the whole params, its one job: id_salt takes the whole params by design.
+    # Builds the slice record from the whole params, its one job.
     @classmethod
     def of(cls, params: Params) -> "RequestFileSettings":
-        return cls(params.project_paths, params.erasure, params.deletion, partial(id_salt, params))
+        return cls(params.project_paths, params.erasure, params.deletion, IdKey.of(params).salt)
 
 
-# The whole params: every run's first step, it reconciles (below) when anything exists to reconcile.
-def reconcile_if_started(params: Params, resume: bool = True) -> list[str]:
+def reconcile_if_started(settings: ErasureSettings, state: StateSettings, resume: bool = True) -> list[str]:
     """Reconcile the registry with state/ once anything exists to reconcile (a first run has nothing)."""
-    if ((params.path("state_dir") / "champion.json").exists() or params.path("mlflow_db").exists()
+    if ((settings.paths.path("state_dir") / "champion.json").exists() or settings.paths.path("mlflow_db").exists()
             or os.environ.get("MLFLOW_TRACKING_URI")):
-        return reconcile(params, tracker_for(params), resume)
+        return reconcile(settings, settings.tracker(), state, resume)
     return []
 
 
-# The whole params: the deletion flow's first step, it finishes an erase (tasks/erasure.py resume_unfinished, whose
-# stores' scope holds the params).
-def resume_erasure(params: Params) -> list[str]:
+def resume_erasure(settings: ErasureSettings) -> list[str]:
     """Every entry point's first step, under the batch lock (the deletion flow: `unlearn run`, the DVC stage, the
     deployments; `unlearn erase`): an erase a kill stopped between two stores is finished where its journal says
     (unlearning/privacy/erasure_journal.py), before the state is read. Returns what it did, one line each."""
     from unlearning.privacy.erasure_journal import has_unfinished
 
-    if not has_unfinished(params.path("state_dir")):
+    if not has_unfinished(settings.paths.path("state_dir")):
         return []
-    champion_file = params.path("state_dir") / "champion.json"
+    champion_file = settings.paths.path("state_dir") / "champion.json"
     version = read_json_file(champion_file).get("model_version") if champion_file.exists() else None
-    return _resume(params, tracker_for(params), version)
+    return _resume(settings, settings.tracker(), version)
 
 
-# The whole params: tasks/erasure.py resume_unfinished takes them (its stores' scope holds the params).
-def _resume(params: Params, tracker, version) -> list[str]:
+def _resume(settings: ErasureSettings, tracker, version) -> list[str]:
     from tasks.erasure import resume_unfinished
 
-    reports = resume_unfinished(params, tracker, version)
+    reports = resume_unfinished(settings, tracker, version)
     finished = [r for r in reports if not r["pending"]]
     # an erase `dvc repro` deferred on purpose (DVC held its stores) is not one a kill stopped
     done = [r["batch_id"] for r in finished if not r["deferred"]]
@@ -147,60 +142,63 @@ def _keyed_request_bytes(path: Path, settings: RequestFileSettings) -> bytes | N
     return redacted_request_bytes(path, id_key(True, settings.salt()))
 
 
-# The whole params: `unlearn erase`, `unlearn reset` and every run call it with them, and it runs the whole-params
-# steps (an unfinished erase, the state's fingerprint: tasks/state.py stale_unbatched_state, erase_pending).
-def reconcile(params: Params, tracker, resume: bool = True) -> list[str]:
+def reconcile(settings: ErasureSettings, tracker, state: StateSettings, resume: bool = True) -> list[str]:
     """state/ decides: first finish an erase a kill stopped (its journal; `resume` False: the caller did), then
     point the registry alias at state/champion.json's version, say on the champion's version whether it serves
     held batches' rows, mark runs of killed batches FAILED, tag never-promoted versions, finish pending erasures,
     hash the erased ids of rejected request files, and (once rows were erased) purge the never-promoted versions
-    the erasure's keep rule does not keep. Idempotent; returns what it changed."""
-    champion_file = params.path("state_dir") / "champion.json"
+    the erasure's keep rule does not keep. Idempotent; returns what it changed.
+
+    `state`: what tasks/state.py stale_unbatched_state reads to tell whether state/ holds no batch and was built
+    from other params or data; asked after the erase a kill stopped is finished, and only when there is a
+    champion."""
+    paths, tracking, erasure = settings.paths, settings.tracking, settings.erasure
+    champion_file = paths.path("state_dir") / "champion.json"
     # StateCorrupt (one line, exit 1) for a truncated file, as everywhere else: json.loads raised a traceback
     version = read_json_file(champion_file).get("model_version") if champion_file.exists() else None
     # an erase a kill stopped, before anything else (`resume` False: the caller took it up already)
-    notes = _resume(params, tracker, version) if resume else []
-    name, alias = params.tracking.registered_model, params.tracking.alias
+    notes = _resume(settings, tracker, version) if resume else []
+    name, alias = tracking.registered_model, tracking.alias
     # a batch-less state built from other params follows the retrained original at the next batch (ensure_state):
     # until then the alias stays on that original (`unlearn erase` after `dvc repro train` moved it back)
-    if version is not None and not stale_unbatched_state(StateSettings.of(params)):
+    if version is not None and not stale_unbatched_state(state):
         before, changed = tracker.reconcile_alias(name, alias, str(version))
         if changed:
             notes.append(f"reconciled {name}@{alias}: v{before} -> v{version} (state/champion.json decides)")
     from tasks.held import held_batches, tag_serving_champion
 
-    if version is not None and held_batches(params.project_paths):  # the champion still serves a held batch's rows
-        tag_serving_champion(tracker, params.project_paths, params.tracking, version)
+    if version is not None and held_batches(paths):  # the champion still serves a held batch's rows
+        tag_serving_champion(tracker, paths, tracking, version)
     failed = tracker.fail_stale_runs()
     if failed:
         notes.append(f"marked {len(failed)} run(s) of killed batches FAILED")
     tagged = tracker.tag_unpromoted(name, version)
     if tagged:
         notes.append(f"tagged never-promoted version(s) {tagged} promoted=false")
-    if params.erasure.enabled:
+    if erasure.enabled:
         from tasks.erasure import erase_pending, read_tombstones, versions_to_keep
 
-        done = erase_pending(params, tracker, version, resume=False)
+        done = erase_pending(settings, tracker, version, resume=False)
         if done:
             notes.append(f"finished {len(done)} pending erasure(s)")
-        requests = RequestFileSettings.of(params)
+        requests = RequestFileSettings(paths, erasure, settings.deletion, settings.key.salt)
         expired = _expire_request_files(requests)
         if expired:
             notes.append(f"rewrote {len(expired)} kept request file(s) with hashed ids: their "
-                         f"erasure.keep_request_files = {params.erasure.keep_request_files} day(s) are over: {expired}")
+                         f"erasure.keep_request_files = {erasure.keep_request_files} day(s) are over: {expired}")
         redacted = redact_erased_ids(requests)
         if redacted:
             notes.append(f"rewrote {len(redacted)} kept request file(s) naming erased ids with their hashed form: "
                          f"{redacted}")
-        if version is not None and read_tombstones(params.path("tombstones")):
+        if version is not None and read_tombstones(paths.path("tombstones")):
             # a batch that failed after registering its model left a version no erasure ran for: the registry
             # keeps what an erasure keeps (verify-erasure failed on such an orphan until a later batch's erasure)
-            keep = versions_to_keep(params.tracking, params.erasure, tracker, version)
+            keep = versions_to_keep(tracking, erasure, tracker, version)
             orphans = [v for v in tracker.unpromoted_versions(name) if v not in keep]
             if orphans:
                 tracker.purge_versions(name, set(tracker.versions(name)) - set(orphans))
                 notes.append(f"purged never-promoted version(s) {orphans} (erasure.keep_versions = "
-                             f"{params.erasure.keep_versions})")
+                             f"{erasure.keep_versions})")
     return notes
 
 

@@ -704,8 +704,10 @@ def finish_not_trained_on(batch: BatchRun, promoted: Promotion, erasure: dict | 
 def erase(batch: BatchRun, params: Params, forget_ids: list[str], salt: str, version: str) -> dict:
     """Remove the forgotten rows from every store (tasks/erasure.py; params.erasure and base.paths)."""
     from tasks.erasure import erase as erase_rows
+    from tasks.stores.base import ErasureSettings
 
-    report = erase_rows(params, batch.batch_id, forget_ids, salt, version, batch.tracker, batch.parent)
+    report = erase_rows(ErasureSettings.of(params), batch.batch_id, forget_ids, salt, version, batch.tracker,
+                        batch.parent)
     fault("after_erasure")
     purged = purged_rows_text(report["stores"])
     table_artifact([{"store": s.get("store", "?"), "purged rows": s.get("purged_rows", 0)} for s in report["stores"]],

@@ -3,7 +3,7 @@ docs/design.md §3).
 
 A store is one place the project writes that can hold a forgotten row or name a forgotten id: the prepared store,
 the ensemble cache, the MLflow registry, the DVC cache... Each is one small class with three methods over a
-`Scope` (the forgotten ids in the ledger's form, the fingerprints of their rows, the project's params):
+`Scope` (the forgotten ids in the ledger's form, the fingerprints of their rows, the erasure's settings):
 
 - `locate(scope)`: where the forgotten ids and rows are in it now; changes nothing;
 - `purge(scope)`: remove them (idempotent); the records go into the erasure report;
@@ -25,8 +25,44 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from unlearning.config import Operations, Params, ProjectPaths
+from adapters.tracker import tracker_at
+from tasks.id_key import IdKey
+from unlearning.config import Deletion, Erasure, Operations, Params, Prepare, ProjectPaths, Tracking
 from unlearning.privacy.erasure import Finding, Purged, npy_rows_found, row_digest, shown
+
+
+@dataclass(frozen=True)
+class ErasureSettings:
+    """What the erasure, its verification, the reconcile around the batches and every store read of the params
+    (docs/erasure.md, "The stores" and "The journal"), as slices: none of them takes the whole params. Where the
+    project's files are (base.paths against the project folder: every store's files), how ids are keyed
+    (deletion.hash_sample_ids; with the paths, the id key: `key`), what an erasure purges and keeps (erasure), the
+    DVC remote (operations), the team's source the id traces read again (prepare, base.seed), the registry and its
+    alias (tracking) and the tracking store a reconcile opens (`tracker`)."""
+
+    paths: ProjectPaths
+    deletion: Deletion  # hash_sample_ids: ids keyed or plain, in every store and report
+    erasure: Erasure  # enabled, dvc_gc, keep_versions, keep_request_files
+    operations: Operations  # dvc_remote: the DVC store, the id traces, where the id key may be exposed
+    prepare: Prepare  # the source the id traces recover the erased ids from (tasks/training.py load_source)
+    seed: int  # base.seed: load_source's
+    tracking: Tracking  # registered_model, alias, experiment
+    tracking_uri: str  # params.mlflow_tracking_uri(): MLFLOW_TRACKING_URI, else the project's SQLite store
+
+    # Builds the slice record from the whole params, its one job.
+    @classmethod
+    def of(cls, params: Params) -> "ErasureSettings":
+        return cls(params.project_paths, params.deletion, params.erasure, params.operations, params.prepare,
+                   params.base.seed, params.tracking, params.mlflow_tracking_uri())
+
+    @property
+    def key(self) -> IdKey:
+        """The id key (`.salt()`: what unlearning/privacy/salt.py id_salt returns for the same params)."""
+        return IdKey(self.deletion.hash_sample_ids, self.paths)
+
+    def tracker(self):
+        """The project's tracker, as adapters/tracker.py tracker_for opens it from the params."""
+        return tracker_at(self.tracking_uri, self.tracking.experiment, self.paths.path("mlflow_artifacts"))
 
 
 @dataclass
@@ -37,9 +73,7 @@ class Scope:
     runs only (the erasure reports keep the digests alone: [] from a report). `cache_hashes`: the forgotten ids
     as the ensemble cache's `<key>.ids.json` and the shard plan key them (unlearning/privacy/erasure.py keyed_forms)."""
 
-    # the whole params, for now: the map's, the shards' and the source's stores read them through functions that take
-    # them (tasks/memorization_map.py load_map, tasks/sharding.py, tasks/training.py load_source)
-    params: Params
+    settings: ErasureSettings  # the slices of the params the stores read
     forgotten: set[str]
     tombstones: set[str]
     key: Callable[[str], str]  # a sample id -> its key (the ledger's and the tombstones' form)
@@ -57,7 +91,7 @@ class Scope:
 
     @property
     def hash_ids(self) -> bool:
-        return self.params.deletion.hash_sample_ids
+        return self.settings.deletion.hash_sample_ids
 
     @property
     def digests(self) -> set[str]:

@@ -40,7 +40,7 @@ class ErasureReports(StoreBase):
     def verify(self, scope: Scope) -> list[Finding]:
         from unlearning.privacy.erasure_journal import unfinished
 
-        journals = unfinished(scope.params.path("state_dir"))
+        journals = unfinished(scope.settings.paths.path("state_dir"))
         started = [f"unfinished erase: {j.describe()}: `unlearn erase` finishes it (so do `unlearn run`, `unlearn "
                    f"repro` and `make run`, before anything else)" for j in journals]
         problems = ["no erasure report in state/erasure/: the erasure never ran (run `unlearn erase`)"] \
@@ -49,11 +49,11 @@ class ErasureReports(StoreBase):
                    if r.get("batch_id") not in {j.batch_id for j in journals}]
         older = [f"batch {r.get('batch_id')}: its erasure report maps rows to ids or holds unsalted hashes (an older "
                  f"version); `unlearn erase` rewrites it" for r in scope.reports if legacy_report(r, scope.hash_ids)]
-        return [Finding(self.name, str(reports_dir(scope.params.project_paths)), {"reports": len(scope.reports),
-                                                                     "unfinished": len(started),
-                                                                     "pending": len(pending), "older": len(older)},
+        folder = reports_dir(scope.settings.paths)
+        return [Finding(self.name, str(folder), {"reports": len(scope.reports), "unfinished": len(started),
+                                                 "pending": len(pending), "older": len(older)},
                         tuple(started + problems + pending + older))] + \
-            unreadable_finding(self.name, reports_dir(scope.params.project_paths), scope.unreadable_reports)
+            unreadable_finding(self.name, folder, scope.unreadable_reports)
 
 
 @register_store
@@ -65,10 +65,10 @@ class Tombstones(StoreBase):
     name = "tombstones"
 
     def purge(self, scope: Scope) -> list[Purged]:
-        return [Purged(self.name, str(scope.params.path("tombstones")), {"entries": len(scope.tombstones)})]
+        return [Purged(self.name, str(scope.settings.paths.path("tombstones")), {"entries": len(scope.tombstones)})]
 
     def verify(self, scope: Scope) -> list[Finding]:
-        path = scope.params.path("tombstones")
+        path = scope.settings.paths.path("tombstones")
         missing = sorted(scope.forgotten - scope.tombstones)
         problems = (f"tombstones ({path}): {len(missing)} forgotten id(s) are not tombstoned: a re-prepare would "
                     f"bring them back: {shown(list(map(repr, missing)))}",) if missing else ()
@@ -84,7 +84,7 @@ class PreparedStore(StoreBase):
     name = "prepared store"
 
     def purge(self, scope: Scope) -> list[Purged]:
-        folder = scope.params.path("prepared_dir")
+        folder = scope.settings.paths.path("prepared_dir")
         if scope.dvc_locked:
             return [Purged("prepared", str(folder), {"purged_rows": 0}, pending=self.name)]
         stage = staging_dir(folder)
@@ -110,7 +110,7 @@ class PreparedStore(StoreBase):
         rows = [repr(k) for k, h, d in zip(keys, hit, digests) if h and d in scope.digest_ids]
         twins = [{"forgotten": scope.row_name(d), "retained": ids[:5], "n_retained": len(ids)}
                  for d, ids in sorted(scope.kept.items())]
-        return [Finding.left(self.name, scope.params.path("prepared_dir"), ids, rows,
+        return [Finding.left(self.name, scope.settings.paths.path("prepared_dir"), ids, rows,
                              **({"identical_to_retained": twins} if twins else {}))]
 
 
@@ -125,7 +125,7 @@ class StateManifest(StoreBase):
         return paths.path("state_dir") / "manifest.csv"
 
     def purge(self, scope: Scope) -> list[Purged]:
-        path = self._path(scope.params.project_paths)
+        path = self._path(scope.settings.paths)
         if scope.dvc_locked:
             return [Purged(self.name, str(path), {"purged_rows": 0}, pending=self.name)]
         n = 0
@@ -138,7 +138,7 @@ class StateManifest(StoreBase):
         return [Purged(self.name, str(path), {"purged_rows": n})]
 
     def verify(self, scope: Scope) -> list[Finding]:
-        path = self._path(scope.params.project_paths)
+        path = self._path(scope.settings.paths)
         if not path.exists():
             return []
         keys = read_state_manifest(path)["sample_id"].map(scope.key)

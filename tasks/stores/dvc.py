@@ -62,13 +62,13 @@ class DvcCache(StoreBase):
     name = "DVC cache"
 
     def purge(self, scope: Scope) -> list[Purged]:
-        paths = scope.params.project_paths
-        if not (is_dvc_repo(paths) and scope.params.erasure.dvc_gc):
+        paths = scope.settings.paths
+        if not (is_dvc_repo(paths) and scope.settings.erasure.dvc_gc):
             return []
         if scope.dvc_locked:
             return [Purged(self.name, str(dvc_cache_dir(paths)), pending="the DVC cache")]
-        return [Purged(self.name, str(dvc_cache_dir(paths)), dvc_gc(paths, scope.params.operations))]
+        return [Purged(self.name, str(dvc_cache_dir(paths)), dvc_gc(paths, scope.settings.operations))]
 
     def verify(self, scope: Scope) -> list[Finding]:
-        return raw_rows_finding(self.name, dvc_cache_dir(scope.params.project_paths), scope) + \
-            raw_rows_finding("DVC remote", remote_folder(scope.params.project_paths, scope.params.operations), scope)
+        return raw_rows_finding(self.name, dvc_cache_dir(scope.settings.paths), scope) + \
+            raw_rows_finding("DVC remote", remote_folder(scope.settings.paths, scope.settings.operations), scope)

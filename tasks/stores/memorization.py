@@ -16,7 +16,7 @@ class MemorizationMapStore(StoreBase):
     name = "memorization map"
 
     def _held(self, scope: Scope) -> tuple[object, int]:
-        record = load_map(scope.params.project_paths)
+        record = load_map(scope.settings.paths)
         if record is None:
             return None, 0
         return record, sum(1 for k in record.ids if k in scope.forgotten)
@@ -24,13 +24,13 @@ class MemorizationMapStore(StoreBase):
     def purge(self, scope: Scope) -> list[Purged]:
         record, held = self._held(scope)
         if held:
-            save_map(scope.params.project_paths, record.without(set(scope.forgotten)))
-        return [Purged(self.name, str(map_path(scope.params.project_paths)), {"purged_rows": held})]
+            save_map(scope.settings.paths, record.without(set(scope.forgotten)))
+        return [Purged(self.name, str(map_path(scope.settings.paths)), {"purged_rows": held})]
 
     def verify(self, scope: Scope) -> list[Finding]:
         record, held = self._held(scope)
         if record is None:
             return []
-        problems = (f"memorization map ({map_path(scope.params.project_paths)}): {held} entr(ies) of forgotten rows "
+        problems = (f"memorization map ({map_path(scope.settings.paths)}): {held} entr(ies) of forgotten rows "
                     f"remain",) if held else ()
-        return [Finding(self.name, str(map_path(scope.params.project_paths)), {"forgotten_entries": held}, problems)]
+        return [Finding(self.name, str(map_path(scope.settings.paths)), {"forgotten_entries": held}, problems)]

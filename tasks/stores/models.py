@@ -23,7 +23,7 @@ class EnsembleCache(StoreBase):
         return paths.path("cache_dir") / "ensembles"
 
     def _trained_on_forgotten(self, scope: Scope) -> list[Path]:
-        folder = self._folder(scope.params.project_paths)
+        folder = self._folder(scope.settings.paths)
         out = []
         for f in sorted(folder.glob("*.pt")) if folder.is_dir() else []:
             ids = trained_on(f)
@@ -37,10 +37,10 @@ class EnsembleCache(StoreBase):
             f.unlink(missing_ok=True)
             f.with_suffix(".ids.json").unlink(missing_ok=True)
             removed.append(f.name)
-        return [Purged(self.name, str(self._folder(scope.params.project_paths)), {"purged_files": removed})]
+        return [Purged(self.name, str(self._folder(scope.settings.paths)), {"purged_files": removed})]
 
     def verify(self, scope: Scope) -> list[Finding]:
-        folder, bad = self._folder(scope.params.project_paths), [f.name for f in self._trained_on_forgotten(scope)]
+        folder, bad = self._folder(scope.settings.paths), [f.name for f in self._trained_on_forgotten(scope)]
         problems = (f"ensemble cache ({folder}): {len(bad)} file(s) trained on forgotten rows (or on unknown rows): "
                     f"{bad[:5]}",) if bad else ()
         return [Finding(self.name, str(folder), {"trained_on_forgotten": len(bad)}, problems)]
@@ -90,17 +90,18 @@ class Checkpoints(StoreBase):
     name = "models"
 
     def purge(self, scope: Scope) -> list[Purged]:
-        folder = str(scope.params.path("models_dir"))
+        folder = str(scope.settings.paths.path("models_dir"))
         if scope.dvc_locked:
             return [Purged(self.name, folder, {"replaced": None}, pending="models/original.pt")]
-        if not state_clean(scope.params.project_paths, scope.tombstones):
+        if not state_clean(scope.settings.paths, scope.tombstones):
             return [Purged(self.name, folder, {"replaced": None, "refused": STATE_HOLDS_ERASED})]
-        replaced = replace_original(scope.params.project_paths, tombstones_digest(scope.tombstones))
+        replaced = replace_original(scope.settings.paths, tombstones_digest(scope.tombstones))
         return [Purged(self.name, folder, {"replaced": replaced})]
 
     def verify(self, scope: Scope) -> list[Finding]:
         """models/*.pt and the state's champion: none trained on a tombstoned row (whole-list digests)."""
-        models, state_dir, tomb = scope.params.path("models_dir"), scope.params.path("state_dir"), scope.tombstones
+        paths, tomb = scope.settings.paths, scope.tombstones
+        models, state_dir = paths.path("models_dir"), paths.path("state_dir")
         out = []
         if scope.forgotten:
             for f in sorted(models.glob("*.pt")) if models.is_dir() else []:
@@ -108,7 +109,7 @@ class Checkpoints(StoreBase):
                 out.append(Finding(self.name, str(f), {"trained_on_forgotten": not clean}, () if clean else (
                     f"models ({f}): a checkpoint trained before the last erasure remains",)))
         if tomb and (state_dir / "champion.json").exists():
-            clean = state_clean(scope.params.project_paths, tomb)
+            clean = state_clean(scope.settings.paths, tomb)
             out.append(Finding("state model", str(state_dir / "model.pt"), {"trained_on_forgotten": not clean},
                                () if clean else (f"state model ({state_dir / 'model.pt'}): {STATE_HOLDS_ERASED}",)))
         return out

@@ -116,19 +116,19 @@ class RequestFiles(StoreBase):
         if not scope.hash_ids:
             return []
         return [Purged(r["store"], r["path"], {"redacted_files": r["redacted_files"]})
-                for r in redact_request_files(scope.params.project_paths, scope.params.erasure, scope.key,
+                for r in redact_request_files(scope.settings.paths, scope.settings.erasure, scope.key,
                                               scope.tombstones)]
 
     def verify(self, scope: Scope) -> list[Finding]:
         if not scope.hash_ids:  # plain ids are references (the audit trail)
-            folder, unreadable = scope.params.path("processed"), []
+            folder, unreadable = scope.settings.paths.path("processed"), []
             n = files_naming(folder, scope.forgotten, unreadable=unreadable) if scope.forgotten else None
             return ([] if n is None else [Finding("processed request files", str(folder),
                                                   {"files_naming_forgotten_ids": n})]) + \
                 unreadable_finding("processed request files", folder, unreadable)
         out, folders_unread = [], []
-        for store, folder, files in kept_request_files(scope.params.project_paths, folders_unread):
-            kept = {f.name: kept_until(scope.params.erasure, store, f) for f in files}
+        for store, folder, files in kept_request_files(scope.settings.paths, folders_unread):
+            kept = {f.name: kept_until(scope.settings.erasure, store, f) for f in files}
             n, unreadable = 0, []
             for f in files:
                 # an applied file within its erasure.keep_request_files days keeps its plain ids on purpose; a
@@ -156,7 +156,7 @@ class GreatExpectationsResults(CountedOnly):
     name = "Great Expectations results"
 
     def verify(self, scope: Scope) -> list[Finding]:
-        root, unreadable = scope.params.path("gx_dir") / "uncommitted", []
+        root, unreadable = scope.settings.paths.path("gx_dir") / "uncommitted", []
         n = files_naming(root, scope.forgotten, unreadable=unreadable) if scope.forgotten else None
         if n is None:
             return []

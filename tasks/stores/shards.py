@@ -18,17 +18,17 @@ class ShardCheckpoints(StoreBase):
     name = "shard checkpoints"
 
     def purge(self, scope: Scope) -> list[Purged]:
-        folder = original_shards(scope.params.project_paths)
+        folder = original_shards(scope.settings.paths)
         # not sharded, or no sisa batch yet: nothing to replace
-        if read_plan(state_shards(scope.params.project_paths)) is None:
+        if read_plan(state_shards(scope.settings.paths)) is None:
             return [Purged(self.name, str(folder), {"replaced": None})]
         if scope.dvc_locked:  # train's output, held by the running `dvc repro`
             return [Purged(self.name, str(folder), {"replaced": None}, pending="models/shards")]
-        return [Purged(self.name, str(folder), {"replaced": replace_original_shards(scope.params.project_paths)})]
+        return [Purged(self.name, str(folder), {"replaced": replace_original_shards(scope.settings.paths)})]
 
     def verify(self, scope: Scope) -> list[Finding]:
         out = []
-        for folder in (original_shards(scope.params.project_paths), state_shards(scope.params.project_paths)):
+        for folder in (original_shards(scope.settings.paths), state_shards(scope.settings.paths)):
             found = read_plan(folder)
             if found is None:
                 continue

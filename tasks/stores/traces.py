@@ -43,7 +43,7 @@ def erased_plain_ids(scope: Scope) -> list[str] | str:
     from tasks.training import load_source
 
     try:
-        ids = map(str, load_source(scope.params.prepare, scope.params.root, scope.params.base.seed).sample_id)
+        ids = map(str, load_source(scope.settings.prepare, scope.settings.paths.root, scope.settings.seed).sample_id)
     except Exception as e:  # a source moved or deleted: nothing to recover from, and nothing to search for
         return f"the source cannot be read ({type(e).__name__}: {str(e)[:200]})"
     return sorted({s for s in ids if scope.key(s) in scope.forgotten or s in scope.forgotten})
@@ -59,18 +59,20 @@ class IdTraces(CountedOnly):
     def verify(self, scope: Scope) -> list[Finding]:
         if not scope.hash_ids or not scope.forgotten:
             return []
+        paths = scope.settings.paths
+        root = paths.root
         ids = erased_plain_ids(scope)
         if isinstance(ids, str):
-            return [Finding(self.name, str(scope.params.root), {"not_searched": ids})]
+            return [Finding(self.name, str(root), {"not_searched": ids})]
         prefixes, pattern = unsalted_prefixes(ids), plain_pattern(ids)
-        requests = [scope.params.path("processed"), scope.params.path("rejected")]
+        requests = [paths.path("processed"), paths.path("rejected")]
         plain, hashed, unreadable, n = [], [], [], 0
-        for f in written_files(scope.params.project_paths, scope.params.operations, unreadable) if ids else []:
-            data = read_head(f, MAX_BYTES, unreadable, scope.params.root)
+        for f in written_files(paths, scope.settings.operations, unreadable) if ids else []:
+            data = read_head(f, MAX_BYTES, unreadable, root)
             if data is None:
                 continue
             n += 1
-            name = str(f.relative_to(scope.params.root)) if f.is_relative_to(scope.params.root) else str(f)
+            name = str(f.relative_to(root)) if f.is_relative_to(root) else str(f)
             if pattern is not None and not any(f.is_relative_to(r) for r in requests) and pattern.search(data):
                 plain.append(name)
             digests = unsalted_hashes_in(data, prefixes)
@@ -80,7 +82,7 @@ class IdTraces(CountedOnly):
                     if plain else []) + \
             ([f"id traces: {len(hashed)} file(s) hold an unsalted hash of a forgotten id, which hashing every id "
               f"undoes: {shown(hashed)}"] if hashed else [])
-        return [Finding(self.name, str(scope.params.root),
+        return [Finding(self.name, str(root),
                         {"files_searched": n, "erased_ids_recovered": len(ids), "plain_text": len(plain),
                          "unsalted_hashes": len(hashed)}, tuple(problems))] + \
-            unreadable_finding(self.name, scope.params.root, unreadable)
+            unreadable_finding(self.name, root, unreadable)

@@ -28,8 +28,8 @@ class RegistryVersions(StoreBase):
     def purge(self, scope: Scope) -> list[Purged]:
         if scope.tracker is None:
             return []
-        name = scope.params.tracking.registered_model
-        keep = versions_to_keep(scope.params.tracking, scope.params.erasure, scope.tracker, scope.champion_version)
+        name = scope.settings.tracking.registered_model
+        keep = versions_to_keep(scope.settings.tracking, scope.settings.erasure, scope.tracker, scope.champion_version)
         sources = scope.tracker.version_sources(name, [v for v in scope.tracker.versions(name) if v not in keep])
         purged = scope.tracker.purge_versions(name, keep)
         # the batch runs' pages linked these versions (404 now): they drop the link and say it was erased
@@ -41,13 +41,13 @@ class RegistryVersions(StoreBase):
     def verify(self, scope: Scope) -> list[Finding]:
         if scope.tracker is None or not scope.forgotten:
             return []
-        params, tracker = scope.params, scope.tracker
-        champion = read_json_file(params.path("state_dir") / "champion.json").get("model_version")
-        versions = tracker.versions(params.tracking.registered_model)
+        settings, tracker = scope.settings, scope.tracker
+        champion = read_json_file(settings.paths.path("state_dir") / "champion.json").get("model_version")
+        versions = tracker.versions(settings.tracking.registered_model)
         extra = [v for v in versions if v != str(champion)]
         problems = (f"MLflow registry: {len(extra)} version(s) besides the champion v{champion} remain "
-                    f"(erasure.keep_versions = {params.erasure.keep_versions}): {extra[:10]}",) \
-            if len(extra) > params.erasure.keep_versions else ()
+                    f"(erasure.keep_versions = {settings.erasure.keep_versions}): {extra[:10]}",) \
+            if len(extra) > settings.erasure.keep_versions else ()
         return [Finding(self.name, tracker.tracking_uri, {"versions": versions}, problems, where_key="uri")]
 
 
@@ -64,7 +64,7 @@ class MLflowArtifacts(StoreBase):
         return []  # nothing of its own: the versions' artifacts are deleted by the registry's purge
 
     def verify(self, scope: Scope) -> list[Finding]:
-        root = scope.params.path("mlflow_artifacts")
+        root = scope.settings.paths.path("mlflow_artifacts")
         out, unreadable = raw_rows_finding(self.name, root, scope), []
         n = files_naming(root, scope.forgotten, unreadable=unreadable) if not scope.hash_ids and scope.forgotten \
             else None

@@ -54,6 +54,7 @@ def test_every_training_row_of_a_class_is_erased_directly(trained, tmp_path):
     from flows.common import tracker_for
     from flows.deletion_batch import run
     from tasks.erasure import verify_erasure
+    from tasks.stores.base import ErasureSettings
     from unlearning.config import load_params
 
     root, params_path = _copy(trained, tmp_path)
@@ -71,7 +72,7 @@ def test_every_training_row_of_a_class_is_erased_directly(trained, tmp_path):
     summary = run_.data.tags["mlflow.note.content"]
     assert "validation rows entangled with them" in summary and "gated by the validation floors" in summary
     assert "**Erasure:** done" in summary
-    problems, _ = verify_erasure(params, None, tracker)
+    problems, _ = verify_erasure(ErasureSettings.of(params), None, tracker)
     assert problems == []
     state = pd.read_csv(root / "state" / "manifest.csv", dtype=str)
     assert not set(state["sample_id"]) & set(ids)
@@ -93,6 +94,7 @@ def test_a_floor_that_still_fails_holds_the_batch_until_it_is_approved(trained, 
     from flows.common import tracker_for
     from flows.deletion_batch import run
     from tasks.erasure import verify_erasure
+    from tasks.stores.base import ErasureSettings
     from unlearning.config import load_params
 
     root, params_path = _copy(trained, tmp_path)
@@ -143,7 +145,7 @@ def test_a_floor_that_still_fails_holds_the_batch_until_it_is_approved(trained, 
     assert approved_model["cost/from_cache"] == 1.0  # the same rows and seed: the held model, from the cache
     assert {k: v for k, v in approved_model.items() if k.startswith("acc/")} == \
         {k: v for k, v in held_model.items() if k.startswith("acc/")}
-    problems, _ = verify_erasure(params, None, tracker)
+    problems, _ = verify_erasure(ErasureSettings.of(params), None, tracker)
     assert problems == []
     assert main(["--params", str(params_path), "status"]) == 0
     assert main(["--params", str(params_path), "approve", name]) == 2  # nothing held any more: one line

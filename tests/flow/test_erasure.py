@@ -90,6 +90,7 @@ def test_a_second_pass_keeps_what_the_first_removed(erased):
 
     from flows.common import tracker_for
     from tasks.erasure import erase
+    from tasks.stores.base import ErasureSettings
     from unlearning.config import load_params
     from unlearning.privacy.salt import id_salt
 
@@ -99,7 +100,7 @@ def test_a_second_pass_keeps_what_the_first_removed(erased):
     params = load_params(params_path)
     champion = json.loads((root / "state" / "champion.json").read_text())["model_version"]
     tracker = tracker_for(params)
-    erase(params, first["batch_id"], None, id_salt(params), champion, tracker)
+    erase(ErasureSettings.of(params), first["batch_id"], None, id_salt(params), champion, tracker)
     second = json.loads(path.read_text())
     assert second["run_id"] == first["run_id"] is not None
     assert second["earlier_passes"][-1]["stores"] == first["stores"]

@@ -58,6 +58,7 @@ def test_kill_point_recovers(trained, tmp_path, point):
     from flows.common import tracker_for
     from flows.deletion_batch import run
     from tasks.erasure import verify_erasure
+    from tasks.stores.base import ErasureSettings
     from unlearning.config import load_params
 
     root = tmp_path / "p"
@@ -80,7 +81,7 @@ def test_kill_point_recovers(trained, tmp_path, point):
     assert {e["model_version_after"] for e in ledger} == {champion["model_version"]}
     manifest = pd.read_csv(root / "state" / "manifest.csv", dtype=str)
     assert not set(manifest["sample_id"]) & set(ids["sample_id"])
-    problems, _ = verify_erasure(params, None, tracker)
+    problems, _ = verify_erasure(ErasureSettings.of(params), None, tracker)
     assert problems == []
     running = tracker.client.search_runs([tracker.experiment_id], filter_string="attributes.status = 'RUNNING'")
     assert running == []
@@ -127,6 +128,7 @@ def test_erase_killed_at_a_store_boundary_converges(applied_not_erased, tmp_path
     from flows.common import tracker_for
     from flows.deletion_batch import run
     from tasks.erasure import verify_erasure
+    from tasks.stores.base import ErasureSettings
     from unlearning.config import load_params
     from unlearning.privacy.erasure_journal import unfinished
 
@@ -153,7 +155,7 @@ def test_erase_killed_at_a_store_boundary_converges(applied_not_erased, tmp_path
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     assert not unfinished(params.path("state_dir"))
-    problems, _ = verify_erasure(params, None, tracker_for(params))
+    problems, _ = verify_erasure(ErasureSettings.of(params), None, tracker_for(params))
     assert problems == []
     report = json.loads(next((root / "state" / "erasure").glob("*.json")).read_text())
     assert report["pending"] == [] and report["n_tombstones"] == 12

@@ -51,6 +51,7 @@ def project(tmp_path_factory, prefect_harness):
 def test_a_row_the_model_did_not_memorize_is_licensed_with_the_model_unchanged(project):
     from flows.deletion_batch import run
     from tasks.erasure import verify_erasure
+    from tasks.stores.base import ErasureSettings
     from unlearning.config import load_params
     from unlearning.privacy.ledger import read_ledger
 
@@ -80,7 +81,7 @@ def test_a_row_the_model_did_not_memorize_is_licensed_with_the_model_unchanged(p
     assert run_.data.metrics["licensing/budget"] == 3.0 and "licensing/cut" in run_.data.metrics
     files = {a.path for a in t.client.list_artifacts(result["run_id"])}
     assert {"licence_epsilon.png", "licensed_rows.json", "licence.json"} <= files
-    problems, _ = verify_erasure(params)
+    problems, _ = verify_erasure(ErasureSettings.of(params))
     assert problems == []
 
     from unlearning.policy.history import retraining_debt

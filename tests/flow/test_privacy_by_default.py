@@ -202,18 +202,19 @@ def test_verify_erasure_searches_every_store_for_the_traces_of_an_erased_id(batc
     file the project wrote for their plain text and unsalted hashes: none after the batch; a planted one fails
     it, named by file and digest, never by id."""
     from tasks.erasure import verify_erasure
+    from tasks.stores.base import ErasureSettings
     from unlearning.config import load_params
 
     root, params_path, ids, _ = batch
     params = load_params(params_path)
-    problems, checks = verify_erasure(params)
+    problems, checks = verify_erasure(ErasureSettings.of(params))
     [traces] = [c for c in checks if c["store"] == "id traces"]
     assert traces["erased_ids_recovered"] == len(ids) and traces["files_searched"] > 10
     assert traces["plain_text"] == traces["unsalted_hashes"] == 0 and not [p for p in problems if "id traces" in p]
     planted = root / "cache" / "planted.json"
     planted.write_text(json.dumps({"h": hashlib.sha1(ids[1].encode()).hexdigest()[:16]}))
     try:
-        problems, _ = verify_erasure(params)
+        problems, _ = verify_erasure(ErasureSettings.of(params))
         [line] = [p for p in problems if "id traces" in p]
         assert "cache/planted.json (sha1)" in line and ids[1] not in line
     finally:

@@ -60,6 +60,7 @@ def prepared_ids(params) -> set[str]:
 def test_reset_finishes_the_pending_erasure_first(pending, tmp_path, capsys):
     from flows.cli import main
     from tasks.state import StateSettings, load_state
+    from tasks.stores.base import ErasureSettings
 
     params, ids = copy_of(pending, tmp_path)
     champion = torch.load(params.path("state_dir") / "model.pt", weights_only=False)
@@ -71,7 +72,7 @@ def test_reset_finishes_the_pending_erasure_first(pending, tmp_path, capsys):
     state = load_state.fn(StateSettings.of(params), "cpu")  # the fresh state starts from the champion, not the old original
     for name, value in champion["state_dict"].items():
         assert torch.equal(state.model.state_dict()[name], value), name
-    problems, _ = __import__("tasks.erasure", fromlist=["verify_erasure"]).verify_erasure(params)
+    problems, _ = __import__("tasks.erasure", fromlist=["verify_erasure"]).verify_erasure(ErasureSettings.of(params))
     assert problems == []
 
 
@@ -79,6 +80,7 @@ def test_no_state_starts_from_an_original_trained_on_erased_rows(pending, tmp_pa
     # What reset did before: archive the state with the erasure still pending.
     from tasks.erasure import verify_erasure
     from tasks.state import StateSettings, archive_state, load_state
+    from tasks.stores.base import ErasureSettings
     from unlearning.privacy.fingerprint import StateMismatch
 
     params, ids = copy_of(pending, tmp_path)
@@ -86,7 +88,7 @@ def test_no_state_starts_from_an_original_trained_on_erased_rows(pending, tmp_pa
     with pytest.raises(StateMismatch, match=r"original.pt was trained before rows that are erased now \(12 "
                                             r"tombstoned id\(s\).*dvc repro -f prepare"):
         load_state.fn(StateSettings.of(params), "cpu")
-    problems, _ = verify_erasure(params)  # the archived ledger is gone; the tombstones still name the rows
+    problems, _ = verify_erasure(ErasureSettings.of(params))  # the archived ledger is gone; the tombstones still name the rows
     assert any("prepared store" in p and "12 forgotten id(s)" in p for p in problems), problems
     assert any("models" in p and "original.pt" in p for p in problems), problems
 

@@ -32,6 +32,7 @@ def test_one_customers_deletion_retrains_one_shard_exactly(tmp_path, prefect_har
     from flows.prepare import prepare
     from flows.train import train
     from tasks.erasure import verify_erasure
+    from tasks.stores.base import ErasureSettings
     from tasks.sharding import check_folder, original_shards, state_shards
     from unlearning.config import load_params
 
@@ -73,7 +74,7 @@ def test_one_customers_deletion_retrains_one_shard_exactly(tmp_path, prefect_har
     # the erasure replaced the original's checkpoints by the champion's: none trained on the customer's rows
     assert json.loads((original_shards(params.project_paths) / "plan.json").read_text())["sample_ids"] == \
         json.loads((state_shards(params.project_paths) / "plan.json").read_text())["sample_ids"]
-    problems, _ = verify_erasure(params)
+    problems, _ = verify_erasure(ErasureSettings.of(params))
     assert problems == [], problems
     champion = json.loads((root / "state" / "champion.json").read_text())
     assert champion["method"] == "sisa" and champion["history"][-1]["champion_validation_accuracy"] > 0.5

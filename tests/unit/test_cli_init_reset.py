@@ -374,6 +374,7 @@ def test_a_state_without_batches_follows_the_retrained_original(tmp_path, monkey
     stub_models(monkeypatch, {"model_version": "2", "fingerprint": new})  # train re-ran: original v2
     assert stale_unbatched_state(StateSettings.of(params))
     from flows.deletion_batch import reconcile
+    from tasks.stores.base import ErasureSettings
 
     class Registry:  # what reconcile asks of the tracker (`unlearn erase`, `unlearn status` run it too)
         def __init__(self):
@@ -390,7 +391,8 @@ def test_a_state_without_batches_follows_the_retrained_original(tmp_path, monkey
             return []
 
     registry = Registry()
-    reconcile(load_params(params_path, {"erasure": {"enabled": False}}), registry)
+    erasure_off = load_params(params_path, {"erasure": {"enabled": False}})
+    reconcile(ErasureSettings.of(erasure_off), registry, StateSettings.of(erasure_off))
     assert registry.alias_moves == []  # @champion stays on the retrained original, not back on state/'s v1
     assert load_state.fn(StateSettings.of(params), "cpu").champion["model_version"] == "2"  # read-only: follows the original
     assert ensure_state(StateSettings.of(params), "cpu")  # and the flow rewrites state/ from it

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from tasks.stores import ORDER, STORES, Scope, Store, get_store, register_store
-from tasks.stores.base import CountedOnly, StoreBase, digest_list, in_declared_order, retained_twins
+from tasks.stores.base import (
+    CountedOnly, ErasureSettings, StoreBase, digest_list, in_declared_order, retained_twins,
+)
 from unlearning.config import parse_params
 from unlearning.data import load_prepared
 from unlearning.data.registry import load_dataset
@@ -52,7 +54,7 @@ def scope_of(params, forgotten=("r1",), key=PLAIN, **kw) -> Scope:
     hit = prepared.manifest["sample_id"].map(lambda s: key(s) in keys).to_numpy(dtype=bool)
     digests = digest_list(np.asarray(prepared.X)[hit])
     ids = prepared.manifest["sample_id"][hit].tolist()
-    scope = Scope(params, set(keys), read_tombstones(params.path("tombstones")), key, prepared,
+    scope = Scope(ErasureSettings.of(params), set(keys), read_tombstones(params.path("tombstones")), key, prepared,
                   {d: [key(s)] for d, s in zip(digests, ids)}, keyed_forms(keys, ""), **kw)
     scope.kept = retained_twins(scope)
     return scope
@@ -229,7 +231,7 @@ def test_source_image_folder(tmp_path):
     params = parse_params({}, root=tmp_path)
     prepared = type("P", (), {"info": {"source": {"type": "image_folder", "path": str(root)}}})()
     store = get_store("source image folder")
-    scope = Scope(params, {"cats/b"}, {"cats/b"}, PLAIN, prepared)
+    scope = Scope(ErasureSettings.of(params), {"cats/b"}, {"cats/b"}, PLAIN, prepared)
     assert [f.as_dict() for f in store.verify(scope)] == [{"store": "source image folder", "path": str(root),
                                                            "forgotten_rows_at_the_source": 1,
                                                            "first_files": ["cats/b.png"]}]

@@ -64,13 +64,14 @@ def test_a_closed_pipe_is_not_bad_input(tmp_path, capfd):
 
 def test_an_unknown_batch_is_bad_input(tmp_path):
     from tasks.erasure import verify_erasure
+    from tasks.stores.base import ErasureSettings
     from tests.helpers import make_project
     from unlearning.config import load_params
     from unlearning.privacy.erasure import UnknownBatch
 
     params = load_params(make_project(tmp_path, inbox_files=False))
     with pytest.raises(UnknownBatch, match="batch 'batch-000000000000' is not in the ledger .* holds no batch yet"):
-        verify_erasure(params, "batch-000000000000", None)
+        verify_erasure(ErasureSettings.of(params), "batch-000000000000", None)
     assert exit_code(UnknownBatch("x")) == EXIT_BAD_INPUT
 
 
@@ -166,6 +167,7 @@ def test_a_second_batch_says_once_that_it_waits_for_the_lock(tmp_path, capsys):
 def test_reconcile_reports_a_truncated_champion_file_in_one_line(tmp_path):
     # json.loads raised a JSONDecodeError traceback from the deletion stage and `unlearn erase`
     from flows.deletion_batch import reconcile
+    from tasks.stores.base import ErasureSettings
     from unlearning.config import parse_params
     from unlearning.io import StateCorrupt
 
@@ -173,7 +175,7 @@ def test_reconcile_reports_a_truncated_champion_file_in_one_line(tmp_path):
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "champion.json").write_text('{"model_version": "3", "fingerpr')
     with pytest.raises(StateCorrupt, match=r"champion\.json: not valid JSON"):
-        reconcile(params, tracker=None)
+        reconcile(ErasureSettings.of(params), None, lambda: False)
 
 
 def test_an_inbox_file_still_open_for_writing_is_left_in_the_inbox(tmp_path):
@@ -280,6 +282,8 @@ def test_reconcile_purges_a_never_promoted_version_once_rows_were_erased(tmp_pat
     # a batch killed after registering its model left v4: `unlearn erase` only tagged it, and verify-erasure
     # failed ("1 version(s) besides the champion remain") until another batch's erasure ran
     from flows.deletion_batch import reconcile
+    from tasks.state import StateSettings
+    from tasks.stores.base import ErasureSettings
     from unlearning.config import parse_params
 
     (tmp_path / "state").mkdir()
@@ -313,6 +317,6 @@ def test_reconcile_purges_a_never_promoted_version_once_rows_were_erased(tmp_pat
 
     registry = Registry()
     params = parse_params({}, root=tmp_path)
-    notes = reconcile(params, registry)
+    notes = reconcile(ErasureSettings.of(params), registry, StateSettings.of(params))
     assert registry.purged == ["4"] and registry.all == ["1", "2"]  # v1 is left to the erasure's own rule
     assert any("purged never-promoted version(s) ['4']" in n for n in notes)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import tasks.erasure as er
+from tasks.stores.base import ErasureSettings
 from tests.helpers import make_project
 from unlearning.config import load_params
 
@@ -23,10 +24,10 @@ def project(tmp_path, monkeypatch):
     (state / "ledger.jsonl").write_text("".join(json.dumps({"request_id": f"r{i}", "sample_id": f"s{i}",
                                                             "batch_id": "batch-k"}) + "\n" for i in range(2)))
     calls = []
-    monkeypatch.setattr(er, "erase", lambda params, batch, ids, salt, version, tracker, keys=None:
+    monkeypatch.setattr(er, "erase", lambda settings, batch, ids, salt, version, tracker, keys=None:
                         calls.append((batch, keys)) or {"batch_id": batch})
     monkeypatch.setattr(er, "load_prepared", lambda folder: SimpleNamespace(info={"name": "digits"}))
-    monkeypatch.setattr(er, "_prepared_holds_tombstoned", lambda params: True)
+    monkeypatch.setattr(er, "_prepared_holds_tombstoned", lambda paths, deletion, salt: True)
     return params, calls
 
 
@@ -39,7 +40,7 @@ def _pending_report(params):
 def test_a_rerun_inside_dvc_repro_tombstones_what_a_killed_batch_left(project, monkeypatch):
     params, calls = project
     monkeypatch.setenv("DVC_STAGE", "deletion")
-    assert er.erase_pending(params) == [{"batch_id": "batch-k"}]
+    assert er.erase_pending(ErasureSettings.of(params)) == [{"batch_id": "batch-k"}]
     assert calls == [("batch-k", ["s0", "s1"])]
 
 
@@ -49,7 +50,7 @@ def test_inside_dvc_repro_a_pending_report_waits_for_unlearn_erase(project, monk
     params.path("tombstones").write_text("s0\ns1\n")  # nothing missing: only the DVC-held stores are pending
     _pending_report(params)
     monkeypatch.setenv("DVC_STAGE", "deletion")
-    assert er.erase_pending(params) == [] and calls == []  # not a new "recovered" pass per repro
+    assert er.erase_pending(ErasureSettings.of(params)) == [] and calls == []  # not a new "recovered" pass per repro
     monkeypatch.delenv("DVC_STAGE")
-    assert er.erase_pending(params) == [{"batch_id": "batch-old"}]  # `unlearn erase` finishes it
+    assert er.erase_pending(ErasureSettings.of(params)) == [{"batch_id": "batch-old"}]  # `unlearn erase` finishes it
     assert calls == [("batch-old", None)]

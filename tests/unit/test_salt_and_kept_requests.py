@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers import ROOT
 from flows.deletion_batch import RequestFileSettings, _expire_request_files, processed
+from tasks.stores.base import ErasureSettings
 from tasks.stores.requests import RequestFiles, redact_request_files
 from unlearning.config import ConfigError, load_params, parse_params
 from unlearning.privacy.erasure import add_tombstones, id_key
@@ -98,7 +99,8 @@ def test_kept_days_then_hashed(tmp_path):
     tomb = {key("ZZSECRET-1"), key("ZZSECRET-2")}
     redact_request_files(params.project_paths, params.erasure, key, tomb)  # an erasure pass within the days: left alone
     assert "ZZSECRET-1" in dest.read_text()
-    scope = type("S", (), {"params": params, "hash_ids": True, "key": key, "forgotten": tomb, "tombstones": tomb})()
+    scope = type("S", (), {"settings": ErasureSettings.of(params), "hash_ids": True, "key": key, "forgotten": tomb,
+                           "tombstones": tomb})()
     (processed_finding, _) = RequestFiles().verify(scope)
     assert processed_finding.problems == () and "a.csv" in processed_finding.counts["plain_ids_kept_until"]
     assert _expire_request_files(RequestFileSettings.of(params)) == []
@@ -142,7 +144,8 @@ def test_a_rejected_file_never_keeps_an_erased_id_and_expires_after_its_days(tmp
     older = params.path("rejected") / "b.csv"
     older.write_text(H + "\nq0,ZZSECRET-1,2026-11-30T09:00:00Z,gdpr\n")
     tomb = {key("ZZSECRET-1")}
-    scope = SimpleNamespace(params=params, hash_ids=True, key=key, forgotten=tomb, tombstones=tomb)
+    scope = SimpleNamespace(settings=ErasureSettings.of(params), hash_ids=True, key=key, forgotten=tomb,
+                            tombstones=tomb)
     rejected_finding = RequestFiles().verify(scope)[1]
     assert rejected_finding.problems and "`unlearn erase` rewrites them" in rejected_finding.problems[0]
     requests = RequestFileSettings.of(params)

@@ -98,6 +98,7 @@ class Lines:
 
 def test_the_erasure_report_keeps_salted_row_digests_and_no_way_back_to_an_id(tmp_path, monkeypatch):
     from tasks import erasure as E
+    from tasks.stores.base import ErasureSettings
     from unlearning.data import load_prepared
     from unlearning.privacy.salt import id_salt
 
@@ -106,7 +107,7 @@ def test_the_erasure_report_keeps_salted_row_digests_and_no_way_back_to_an_id(tm
     # what anyone holding the source features computes: the unsalted digest of the row
     plain = hashlib.sha256(np.ascontiguousarray(np.asarray(x.X)[x.rows(["r1"])][0], dtype=np.float32)
                            .tobytes()).hexdigest()
-    report = E.erase(params, "b", ["r1"], id_salt(params), None)
+    report = E.erase(ErasureSettings.of(params), "b", ["r1"], id_salt(params), None)
     text = (E.reports_dir(params.project_paths) / "b.json").read_text()
     assert report["row_digests"] == [hash_sample_id(plain, id_salt(params))] and plain not in text
     assert "row_ids_by_digest" not in text and "cache_id_hashes" not in text
@@ -115,11 +116,11 @@ def test_the_erasure_report_keeps_salted_row_digests_and_no_way_back_to_an_id(tm
     old = {"batch_id": "a", "pending": [], "row_digests": [plain], "row_ids_by_digest": {plain: ["sha256:x"]},
            "cache_id_hashes": [hashlib.sha256(b"r1").hexdigest()[:16]]}
     (E.reports_dir(params.project_paths) / "a.json").write_text(json.dumps(old))
-    assert any("an older version" in p for p in E.verify_erasure(params)[0])
+    assert any("an older version" in p for p in E.verify_erasure(ErasureSettings.of(params))[0])
     log = Lines()
     monkeypatch.setattr("tasks.reporting.run_logger", lambda: log)
-    E.erase(params, "b", None, id_salt(params), None)
+    E.erase(ErasureSettings.of(params), "b", None, id_salt(params), None)
     assert [line for line in log.lines if "1 erasure report(s) of an older version rewritten" in line]
     again = json.loads((E.reports_dir(params.project_paths) / "a.json").read_text())
     assert again == {"batch_id": "a", "pending": [], "row_digests": report["row_digests"]}
-    assert not any("an older version" in p for p in E.verify_erasure(params)[0])
+    assert not any("an older version" in p for p in E.verify_erasure(ErasureSettings.of(params))[0])

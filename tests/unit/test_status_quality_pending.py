@@ -11,6 +11,7 @@ import yaml
 
 from flows.cli import main
 from tasks import erasure as E
+from tasks.stores.base import ErasureSettings
 from tests.unit.test_verify_erasure_twins import table_project
 
 
@@ -35,7 +36,7 @@ def project_with_a_batch(tmp_path, monkeypatch, pending: bool):
                              "row(s) of that class"]}))
     if pending:
         monkeypatch.setenv("DVC_STAGE", "deletion")
-    E.erase(params, "batch-a", ["p1"], "table", None)
+    E.erase(ErasureSettings.of(params), "batch-a", ["p1"], "table", None)
     monkeypatch.delenv("DVC_STAGE", raising=False)
     return params_file
 

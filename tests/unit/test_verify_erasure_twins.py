@@ -11,6 +11,8 @@ import pandas as pd
 import pytest
 
 from tasks import erasure as E
+
+from tasks.stores.base import ErasureSettings
 from unlearning.config import parse_params
 from unlearning.data.registry import load_dataset
 from unlearning.data.store import write_prepared
@@ -45,7 +47,7 @@ def forget(params, batch_id, ids):
     with open(ledger, "a") as f:
         for s in ids:
             f.write(json.dumps({"batch_id": batch_id, "sample_id": s, "request_id": f"req-{s}"}) + "\n")
-    return E.erase(params, batch_id, ids, "table", None)
+    return E.erase(ErasureSettings.of(params), batch_id, ids, "table", None)
 
 
 def named(report) -> str:
@@ -66,7 +68,7 @@ def test_a_forgotten_row_with_a_retained_twin_is_reported_not_failed(tmp_path):
     before = features_of(params, ["p1", "p2", "q1"])
     report = forget(params, "batch-a", ["p1"])
     assert len(report["row_digests"]) == 1 and "row_ids_by_digest" not in report  # no way from a row to its id
-    problems, checks = E.verify_erasure(params)
+    problems, checks = E.verify_erasure(ErasureSettings.of(params))
     assert problems == [], problems
     (prepared,) = [c for c in checks if c["store"] == "prepared store"]
     assert prepared["identical_to_retained"] == [{"forgotten": named(report), "retained": ["p2"], "n_retained": 1}]
@@ -74,10 +76,10 @@ def test_a_forgotten_row_with_a_retained_twin_is_reported_not_failed(tmp_path):
     art = params.path("mlflow_artifacts")
     art.mkdir(parents=True)
     np.save(art / "kept.npy", before[1:2])
-    assert E.verify_erasure(params)[0] == []
+    assert E.verify_erasure(ErasureSettings.of(params))[0] == []
     # ... but a copy of the table from before the erasure holds those bytes twice: one is the forgotten row
     np.save(art / "old.npy", before)
-    problems, _ = E.verify_erasure(params)
+    problems, _ = E.verify_erasure(ErasureSettings.of(params))
     assert len(problems) == 1 and "MLflow artifacts" in problems[0] and "1 forgotten raw row(s) remain" in problems[0]
     assert f"{named(report)} in old.npy" in problems[0], problems
 
@@ -90,12 +92,12 @@ def test_a_failure_names_the_id_and_the_store_and_a_batch_checks_its_own_rows(tm
     art = params.path("mlflow_artifacts")
     art.mkdir(parents=True)
     np.save(art / "planted.npy", q1)  # batch-b's row is back; batch-a's twin is not concerned
-    assert E.verify_erasure(params, "batch-a")[0] == []
-    problems, _ = E.verify_erasure(params, "batch-b")
+    assert E.verify_erasure(ErasureSettings.of(params), "batch-a")[0] == []
+    problems, _ = E.verify_erasure(ErasureSettings.of(params), "batch-b")
     assert problems == [f"MLflow artifacts ({art}): 1 forgotten raw row(s) remain: {named(b)} in planted.npy"]
-    assert E.verify_erasure(params)[0] == problems
+    assert E.verify_erasure(ErasureSettings.of(params))[0] == problems
     with pytest.raises(E.UnknownBatch):
-        E.verify_erasure(params, "batch-zzz")
+        E.verify_erasure(ErasureSettings.of(params), "batch-zzz")
 
 
 def test_a_forgotten_id_left_in_the_prepared_store_is_named(tmp_path):
@@ -104,7 +106,7 @@ def test_a_forgotten_id_left_in_the_prepared_store_is_named(tmp_path):
     ds = load_dataset("table", path=tmp_path / "people.csv", id_column="id", label_column="y", seed=0,
                       val_fraction=0.25)
     write_prepared(ds, params.path("prepared_dir"))  # a re-prepare that ignored the tombstones
-    problems, _ = E.verify_erasure(params)
+    problems, _ = E.verify_erasure(ErasureSettings.of(params))
     prepared = params.path("prepared_dir")
     assert f"prepared store ({prepared}): 1 forgotten id(s) remain: 'p1'" in problems
     assert f"prepared store ({prepared}): 1 forgotten raw row(s) remain: 'p1'" in problems
@@ -128,5 +130,5 @@ def test_a_second_pass_with_nothing_left_keeps_the_fingerprints(tmp_path):
     """`unlearn erase` after the rows are gone: no row to fingerprint, the first pass's digests stay in the report."""
     params = table_project(tmp_path)
     first = forget(params, "batch-a", ["p1"])
-    again = E.erase(params, "batch-a", None, "table", None)
+    again = E.erase(ErasureSettings.of(params), "batch-a", None, "table", None)
     assert again["row_digests"] == first["row_digests"] != [] and E.digest_list(np.zeros((0, 3))) == []
