@@ -197,7 +197,8 @@ def full_data_plan(threads: int) -> dict:
     import torch
     import yaml
 
-    from tasks.planning import ProbeInputs, batch_plan, probe
+    from tasks.batch_settings import BatchSettings
+    from tasks.planning import batch_plan, probe
     from unlearning.batch.rows import BatchRows
     from unlearning.config import deep_merge, load_params
     from unlearning.data import load_prepared
@@ -219,7 +220,7 @@ def full_data_plan(threads: int) -> dict:
     rows = BatchRows(before=train_rows, forget=forget, retain=retain, adjacent_mask=np.zeros(len(retain), bool),
                      validation=val)
     state = type("S", (), {"prepared": prepared})()
-    timing, footprint = probe(ProbeInputs.of(p), state, rows, "cpu")
+    timing, footprint = probe(BatchSettings.of(p).probe_inputs, state, rows, "cpu")
     plan = batch_plan(p.validation, p.gate, p.deletion.weigh_cost, {"candidates": ["do_nothing", "retrain"]},
                       "retrain_equivalence", timing, footprint, p.diagnostics.max_retrains * timing.retrain_seconds)
     return {"point": "cnn:60000 (plan only)", "rows": int(len(train_rows)), "refusal": plan.refusal,

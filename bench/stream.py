@@ -54,7 +54,8 @@ sys.path.insert(0, str(ROOT))
 from bench.qualified_stream import problem  # noqa: E402  (the dataset, its splits, the model and recipe)
 from bench.results_io import dataset_parser, read_runs, write_between, write_json  # noqa: E402
 from tasks.licensing import audit, audit_due, failing_scores  # noqa: E402
-from tasks.memorization_map import MapSettings, cuts_for, map_from_tensors  # noqa: E402
+from tasks.batch_settings import BatchSettings  # noqa: E402
+from tasks.memorization_map import cuts_for, map_from_tensors  # noqa: E402
 from unlearning.batch.rows import BatchRows, sampled_for_certificate  # noqa: E402
 from unlearning.config import load_params  # noqa: E402
 from unlearning.licensing.decision import Guards, adjacent_share, decide, lowered, map_paid, nearest_rows  # noqa: E402
@@ -126,7 +127,8 @@ class Stream:
         self.map_pos = np.full(len(p.y_np), -1)
         self.map_pos[rows] = np.arange(len(rows))
         t1 = time.perf_counter()
-        self.cuts = {key: cuts_for(MapSettings.of(with_settings(self.params, *key)), m) for key in self.configs()}
+        self.cuts = {key: cuts_for(BatchSettings.of(with_settings(self.params, *key)).map_settings, m)
+                     for key in self.configs()}
         fit_s = time.perf_counter() - t1
         main_fit = fit_s / len(self.configs())  # what the production path fits: the main configuration's cuts
         self.cost["map_builds"].append({"seconds": round(built, 3), "retrains": round(built / unit, 3),

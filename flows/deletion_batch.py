@@ -34,6 +34,7 @@ from tasks.inbox_ops import (  # noqa: F401  (process_inbox_file looks `processe
     RequestFileSettings, _expire_request_files, preflight, processed, reconcile, reconcile_if_started,
     redact_erased_ids, resume_erasure,
 )
+from tasks.batch_settings import BatchSettings
 from tasks.licensed_batch import licensed_path
 from tasks.lineage import commit_lineage
 from tasks.quality import BatchRejected, announce_quality  # a quality refusal is a rejection too
@@ -53,12 +54,12 @@ class AfterCommitError(RuntimeError):
     """A failure after the batch was committed to state/: the batch IS applied; the message says what is not."""
 
 
-def run_candidates(batch, params: Params, state, diagnosed, objective: str, counts):
+def run_candidates(batch, settings: BatchSettings, state, diagnosed, objective: str, counts):
     """The batch's candidates: the qualified licence (validation.mode qualified), or the plan's steps; (outcome,
     the qualified licence or None)."""
-    if qualified_mode(params.validation, objective):
-        return qualified_run(batch, params, state, diagnosed.rows, objective, diagnosed.report, counts)
-    return plan_and_run(batch, params, state, diagnosed, objective, counts), None
+    if qualified_mode(settings.validation, objective):
+        return qualified_run(batch, settings, state, diagnosed.rows, objective, diagnosed.report, counts)
+    return plan_and_run(batch, settings, state, diagnosed, objective, counts), None
 
 
 def process_request_file(path: Path, params: Params, device: str) -> BatchResult:
@@ -72,31 +73,33 @@ def process_request_file(path: Path, params: Params, device: str) -> BatchResult
         run_logger().info(check.summary())
         return BatchResult(path.name, "already_processed")
     pending = check.pending if check.pending is not None else read_request_file(path)
-    batch = open_batch(path, params, state, pending, device, started)
+    settings = BatchSettings.of(params)  # what the batch's stages read, built once (tasks/batch_settings.py)
+    batch = open_batch(path, settings, tracker_for(params), state, pending, device, started)
     try:
-        requests, objective, invalid = S.validate(batch, check, pending, params.deletion.objective)
+        requests, objective, invalid = S.validate(batch, check, pending, settings.deletion.objective)
         if invalid is not None:
             raise invalid
-        state, requests, forget_ids = split_requests(batch, params, state, requests, objective)
+        state, requests, forget_ids = split_requests(batch, settings, state, requests, objective)
         if not forget_ids:  # validation rows only: erased, nothing to unlearn, no new model version
-            return apply_not_trained_on(batch, params, state, requests, objective)
+            return apply_not_trained_on(batch, settings, state, requests, objective)
         counts = BatchCounts.of(state)  # the state the batch computes on: counted once, read by every step
-        licensed, params = licensed_path(batch, params, state, requests, forget_ids, objective, counts)
+        licensed, settings = licensed_path(batch, settings, state, requests, forget_ids, objective, counts)
         if licensed is not None:  # licensed inaction (docs/design.md §4.9): the model unchanged, the rows erased
             return licensed
-        diagnosed = diagnose_and_partition(batch, params, state, forget_ids, objective, counts)
-        outcome, licensing = run_candidates(batch, params, state, diagnosed, objective, counts)
+        diagnosed = diagnose_and_partition(batch, settings, state, forget_ids, objective, counts)
+        outcome, licensing = run_candidates(batch, settings, state, diagnosed, objective, counts)
         rows = diagnosed.rows
         quality = announce_quality(batch, outcome, state, rows, params.quality)  # said out loud; refused if declared
-        promoted = S.promote(batch, params, state, requests, objective, outcome, rows, counts.n_train, warnings=quality)
+        promoted = S.promote(batch, settings, state, requests, objective, outcome, rows, counts.n_train,
+                             warnings=quality)
         if licensing is not None:
-            mark_qualified(batch, params, promoted.version, outcome.method, licensing)
+            mark_qualified(batch, settings.tracking, settings.paths, promoted.version, outcome.method, licensing)
             if licensing.audit_due and licensing.qualifies(outcome.method):
                 from flows.qualify import audit_after_promotion  # its own flow run; the alias has moved
 
-                promoted = audit_after_promotion(batch, params, state, rows, objective, outcome.method, licensing,
-                                                 promoted, requests, device)
-        erasure = erase_batch(batch, params, requests["sample_id"].tolist(), promoted.version)
+                promoted = audit_after_promotion(batch, params, settings, state, rows, objective, outcome.method,
+                                                 licensing, promoted, requests, device)
+        erasure = erase_batch(batch, settings, requests["sample_id"].tolist(), promoted.version)
         S.finish(batch, outcome, promoted, erasure)
     except BaseException as e:
         # no candidate passed: the batch is held for a person, never refused (tasks/held.py)

@@ -29,8 +29,9 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     from types import SimpleNamespace
 
     from adapters.request_check import LiveState, check_file_for
-    from tasks.batch_path import DiagnosticsSettings, diagnostics_unused, wants_diagnostics
-    from tasks.planning import ProbeInputs, batch_plan, probe
+    from tasks.batch_path import diagnostics_unused, wants_diagnostics
+    from tasks.batch_settings import BatchSettings
+    from tasks.planning import batch_plan, probe
     from tasks.state import StateSettings, load_state
     from tasks.batch import partition_retain
     from unlearning.batch.rows import batch_rows
@@ -79,11 +80,12 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
     # whether the batch will compute the diagnostics: its own rule (tasks/batch_path.py), on a stand-in for the
     # batch that carries the probe it takes (reused below)
     stand_in = SimpleNamespace(probe=None, device=device)
+    settings = BatchSettings.of(params)  # what the batch's stages read (tasks/batch_settings.py)
     skipped = None
-    wanted = not sharded and wants_diagnostics(DiagnosticsSettings.of(params), state, objective)
+    wanted = not sharded and wants_diagnostics(settings.diagnostics_settings, state, objective)
     if wanted:
-        skipped = diagnostics_unused(stand_in, params, state, rows, objective, selection)
-    timing, footprint = probe(ProbeInputs.of(params), state, rows, device, selection.candidates)
+        skipped = diagnostics_unused(stand_in, settings, state, rows, objective, selection)
+    timing, footprint = probe(settings.probe_inputs, state, rows, device, selection.candidates)
     bar.update()
     bar.stage(STEPS[4])
     d = params.diagnostics
@@ -105,7 +107,7 @@ def batch_plan_for(path: Path, params, device: str, bar=None):
                       footprint, diag, sisa_cost=sisa_share(state, rows), device=device)
     from tasks.licensing import plan_note  # which path the request takes: licensed (model unchanged) or exact
 
-    notes.insert(0, plan_note(params, state, forget, device, objective))
+    notes.insert(0, plan_note(settings, state, forget, device, objective))
     bar.update()
     return plan, timing, selection, notes + [f"forget rows: {len(rows.forget)}, retain rows: {len(rows.retain)}",
                                              f"timing: {timing.source}"]

@@ -76,12 +76,12 @@ def qualify(params_path: str = "params.yaml") -> dict:
 _PENDING: dict[str, dict] = {}  # the in-memory context of an audit about to run (models, rows: no flow parameters)
 
 
-def audit_after_promotion(batch, params: Params, state, rows, objective: str, method: str, licensing,
+def audit_after_promotion(batch, params: Params, settings, state, rows, objective: str, method: str, licensing,
                           promoted: Promotion, requests, device: str) -> Promotion:
     """Run the audit of a qualified batch as its own flow run, after its version was promoted (the alias has
     moved). Returns the promotion that stands afterwards: the batch's, or the exact retrain a failed audit
-    promoted."""
-    _PENDING[batch.batch_id] = {"batch": batch, "params": params, "state": state, "rows": rows, "objective": objective,
+    promoted. `settings`: the batch's tasks/batch_settings.py record, which its stages read."""
+    _PENDING[batch.batch_id] = {"batch": batch, "params": params, "settings": settings, "state": state, "rows": rows, "objective": objective,
                                 "method": method, "licensing": licensing, "promoted": promoted, "requests": requests,
                                 "device": device}
     try:
@@ -102,7 +102,6 @@ def audit_qualified_batch(batch_id: str) -> Promotion:
     import numpy as np
 
     from tasks import stages as S
-    from tasks.certify import StepInputs
     from tasks.qualification import append_audit, audit_certificate
     from tasks.state import load_state
     from unlearning.batch.rows import BatchRows, retained_train_rows, validation_rows
@@ -110,10 +109,10 @@ def audit_qualified_batch(batch_id: str) -> Promotion:
     from unlearning.planning.plan import Step
 
     c = _PENDING[batch_id]
-    batch, params, lic, promoted = c["batch"], c["params"], c["licensing"], c["promoted"]
-    name, version = params.tracking.registered_model, str(promoted.version)
+    batch, params, settings, lic, promoted = c["batch"], c["params"], c["settings"], c["licensing"], c["promoted"]
+    name, version = settings.tracking.registered_model, str(promoted.version)
     log = run_logger()
-    result = audit_certificate(StepInputs.of(params), c["state"], c["rows"], c["device"], c["method"], lic.batch_index,
+    result = audit_certificate(settings.step_inputs, c["state"], c["rows"], c["device"], c["method"], lic.batch_index,
                                c["objective"])
     record = {"kind": "audit", "batch_id": batch_id, "version": version, "method": c["method"],
               "gap_to_noise": lic.gap_to_noise, "n_forget": int(len(c["rows"].forget)),
@@ -132,19 +131,19 @@ def audit_qualified_batch(batch_id: str) -> Promotion:
         D = retained_train_rows(after.manifest)
         rows = BatchRows(before=D, forget=np.zeros(0, dtype=np.int64), retain=D,
                          adjacent_mask=np.zeros(len(D), dtype=bool), validation=validation_rows(after.manifest))
-        retrain = S.unlearn_and_certify(batch, Step(EXACT_RETRAIN, CertificateKind.EXACT), params, after, rows, None, None,
-                                        c["objective"], lic.batch_index)
-        if not S.accepted(batch, retrain, params.gate.exact_retrain_overrides):
+        retrain = S.unlearn_and_certify(batch, Step(EXACT_RETRAIN, CertificateKind.EXACT), settings.step_inputs, after,
+                                        rows, None, None, c["objective"], lic.batch_index)
+        if not S.accepted(batch, retrain, settings.gate.exact_retrain_overrides):
             raise RuntimeError(f"the audit of v{version} failed and the exact retrain missed a floor of the gate: "
                                f"{retrain.verdict.failures}; v{version} stays, tagged audit failed")
-        out = S.promote(batch, params, after, c["requests"].iloc[0:0], c["objective"], retrain, rows,
+        out = S.promote(batch, settings, after, c["requests"].iloc[0:0], c["objective"], retrain, rows,
                         n_original_train(after.manifest, after.ledger))
         batch.tracker.set_version_tags(name, str(out.version), {"validation_mode": "qualified",
                                                                    "qualified": "exact retrain",
                                                                    "audit_retrain_of": version})
         record["then"] = {"exact_retrain_version": str(out.version)}
         log.info(f"audit failed: exact retrain promoted as v{out.version} (was v{version})")
-    append_audit(params.project_paths, record)
+    append_audit(settings.paths, record)
     return out
 
 

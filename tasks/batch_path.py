@@ -10,18 +10,21 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adapters import clock
 from adapters.clock import computes
-from adapters.tracker import tracker_for
 from tasks import stages as S
 from tasks.quality import BatchRejected
 from tasks.reporting import run_logger
-from unlearning.config import Deletion, Diagnostics, Params, ProjectPaths, Validation
+from tasks.batch_settings import BatchSettings, DiagnosticsSettings
+from unlearning.config import Deletion, Params, ProjectPaths, Tracking, Validation
 from unlearning.policy.history import n_original_train
 from unlearning.privacy.ledger import hash_sample_id
 from unlearning.batch.records import BatchResult
-from unlearning.privacy.salt import id_salt
+
+if TYPE_CHECKING:
+    from adapters.request_check import FileCheck
 
 
 @dataclass(frozen=True)
@@ -36,21 +39,6 @@ class BatchCounts:
     @classmethod
     def of(cls, state) -> "BatchCounts":
         return cls(n_original_train(state.manifest, state.ledger), len(state.champion.get("history", [])))
-
-
-@dataclass(frozen=True)
-class DiagnosticsSettings:
-    """What decides whether a batch computes the leverage diagnostics: diagnostics, validation (its mode),
-    deletion.partition.mode and the project's paths (the stored qualification). Built once per call site (`of`)."""
-
-    diagnostics: Diagnostics
-    validation: Validation
-    partition_mode: str
-    paths: ProjectPaths
-
-    @classmethod
-    def of(cls, params: Params) -> "DiagnosticsSettings":  # the builder: it reads the whole params by design
-        return cls(params.diagnostics, params.validation, params.deletion.partition.mode, params.project_paths)
 
 
 def qualified_mode(validation: Validation, objective: str) -> bool:
@@ -69,17 +57,18 @@ def check_file(path: Path, params: Params, state) -> "FileCheck":
     return check_file_for(path, params, LiveState(state.manifest, state.ledger, state.prepared.info))
 
 
-def open_batch(path: Path, params: Params, state, pending, device: str, started: float) -> S.BatchRun:
-    """The batch's MLflow run (named after the request file and date; the hash is a tag) and its summary."""
+def open_batch(path: Path, settings: BatchSettings, tracker, state, pending, device: str,
+               started: float) -> S.BatchRun:
+    """The batch's MLflow run on `tracker` (adapters/tracker.py tracker_for: named after the request file and
+    date; the hash is a tag) and its summary."""
     batch_id = _batch_id([str(r) for r in pending.get("request_id", [])])
-    tracker = tracker_for(params)
-    if params.deletion.hash_sample_ids:  # MLflow artifacts, params and tags carry hashed ids only
-        salt = id_salt(params)
+    if settings.ids.hashed:  # MLflow artifacts, params and tags carry hashed ids only
+        salt = settings.ids.salt()
         tracker.redaction = {s: hash_sample_id(s, salt) for s in state.manifest["sample_id"].astype(str)}
     parent = tracker.start_run(run_name(path), tags={"stage": "deletion_batch", "request_file": path.name,
                                                      "batch_id": batch_id, "dataset": state.prepared.info["name"]})
     summary = {"request_file": path.name, "batch_id": batch_id, "n_forgotten": len(pending),
-               "objective": params.deletion.objective, "candidates": [], "selection": {}, "chosen": None,
+               "objective": settings.deletion.objective, "candidates": [], "selection": {}, "chosen": None,
                "version_before": state.champion.get("model_version"), "version_after": None, "debt": None}
     return S.BatchRun(tracker, parent, path, batch_id, device, summary, started=started)
 
@@ -94,7 +83,7 @@ def run_name(path: Path, when: datetime | None = None) -> str:
     return f"{path.stem} @ {when.strftime('%Y-%m-%d %H:%M')} UTC"
 
 
-def split_requests(batch: S.BatchRun, params: Params, state, requests, objective: str):
+def split_requests(batch: S.BatchRun, settings: BatchSettings, state, requests, objective: str):
     """(the state the batch computes on, the requests with their kind, the ids to unlearn); logs the batch's
     params. The validation rows a file names are erased, not unlearned (no model trained on them): the state's
     manifest marks them deleted, so the batch's metrics and gate use the other validation rows (tasks/stages.py
@@ -102,30 +91,32 @@ def split_requests(batch: S.BatchRun, params: Params, state, requests, objective
     state, requests = S.split_by_kind(state, requests, batch.batch_id)
     forget_ids = requests["sample_id"][S.unlearned_mask(requests)].tolist()
     batch.summary.update(n_forgotten=len(forget_ids))
-    log_batch_params(batch, params, objective, forget_ids)
+    log_batch_params(batch, settings, objective, forget_ids)
     return state, requests, forget_ids
 
 
-def log_batch_params(batch: S.BatchRun, params: Params, objective: str, forget_ids: list[str]) -> None:
+def log_batch_params(batch: S.BatchRun, settings: BatchSettings, objective: str, forget_ids: list[str]) -> None:
     batch.tracker.log_params(batch.parent, {
         "objective": objective, "n_forget": len(forget_ids), "batch_id": batch.batch_id,
-        "deletion": params.deletion.model_dump(), "validation": params.validation.model_dump(),
-        "train": params.train.model_dump(), "seed": params.base.seed, "device": batch.device})
+        "deletion": settings.deletion.model_dump(), "validation": settings.validation.model_dump(),
+        "train": settings.train.model_dump(), "seed": settings.seed, "device": batch.device})
 
 
-def apply_not_trained_on(batch: S.BatchRun, params: Params, state, requests, objective: str) -> BatchResult:
+def apply_not_trained_on(batch: S.BatchRun, settings: BatchSettings, state, requests, objective: str) -> BatchResult:
     """A file of validation rows only: recorded in the ledger and erased; nothing to unlearn, the champion stays."""
     erased_ids = requests["sample_id"].tolist()
-    promoted = S.record_not_trained_on(batch, params, state, requests, objective)
-    erasure = erase_batch(batch, params, erased_ids, promoted.version)
+    promoted = S.record_not_trained_on(batch, settings.ids, state, requests, objective)
+    erasure = erase_batch(batch, settings, erased_ids, promoted.version)
     S.finish_not_trained_on(batch, promoted, erasure, len(erased_ids))
     return BatchResult(batch.path.name, "applied", batch.batch_id, None, promoted.version, batch.parent, {},
                        erased_not_trained_on=len(erased_ids))
 
 
-def erase_batch(batch: S.BatchRun, params: Params, erased_ids: list[str], version) -> dict | None:
+def erase_batch(batch: S.BatchRun, settings: BatchSettings, erased_ids: list[str], version) -> dict | None:
     """The erasure of the batch's ids from every store (tasks/erasure.py), when erasure.enabled."""
-    return S.erase(batch, params, erased_ids, id_salt(params), version) if params.erasure.enabled else None
+    if not settings.erasure.enabled:
+        return None
+    return S.erase(batch, settings.erasing, erased_ids, settings.ids.salt(), version)
 
 
 @dataclass(frozen=True)
@@ -139,32 +130,31 @@ class Diagnosed:
     made: tuple | None = None
 
 
-def diagnose_and_partition(batch: S.BatchRun, params: Params, state, forget_ids: list[str], objective: str,
+def diagnose_and_partition(batch: S.BatchRun, settings: BatchSettings, state, forget_ids: list[str], objective: str,
                            counts: BatchCounts) -> Diagnosed:
     """The leverage partition ranks retain rows by the diagnostics, so they come first there; otherwise the
     partition comes first, and the diagnostics run only when a candidate the batch's selection could try needs
     them (`diagnostics_unused`), saying on the console when they are skipped."""
+    s, train = settings, settings.train
+
     def diagnose(skipped: str | None = None):
-        return S.diagnose(batch, params.diagnostics, params.train.weight_decay, params.base.seed, params.base.progress,
-                          state, forget_ids, params.train.label_smoothing, params.train.epochs,
-                          params.deletion.partition.mode == "leverage", skipped=skipped)
+        return S.diagnose(batch, s.diagnostics, train.weight_decay, s.seed, s.progress, state, forget_ids,
+                          train.label_smoothing, train.epochs, s.deletion.partition.mode == "leverage", skipped=skipped)
 
     def partition(report):
-        return S.partition(batch, params.deletion.partition, state, forget_ids,
-                           report.cross_leverage if report is not None else None, str(params.path("prepared_dir")))
+        return S.partition(batch, s.deletion.partition, state, forget_ids,
+                           report.cross_leverage if report is not None else None, str(s.paths.path("prepared_dir")))
 
-    if params.deletion.partition.mode == "leverage":
+    if s.deletion.partition.mode == "leverage":
         report = diagnose()
         return Diagnosed(partition(report), report)
     rows = partition(None)
-    settings = DiagnosticsSettings.of(params)
-    if not wants_diagnostics(settings, state, objective):
+    if not wants_diagnostics(s.diagnostics_settings, state, objective):
         return Diagnosed(rows)
-    if diagnostics_read(settings, state, objective):
+    if diagnostics_read(s.diagnostics_settings, state, objective):
         return Diagnosed(rows, diagnose())
-    made = S.selection_of(batch.device, params.deletion, params.train.epochs, state, rows, objective, None, None,
-                          counts.n_train)
-    why = diagnostics_unused(batch, params, state, rows, objective, made[0])
+    made = S.selection_of(batch.device, s.deletion, train.epochs, state, rows, objective, None, None, counts.n_train)
+    why = diagnostics_unused(batch, s, state, rows, objective, made[0])
     return Diagnosed(rows, diagnose(why), made if why else None)
 
 
@@ -188,30 +178,31 @@ def diagnostics_read(settings: DiagnosticsSettings, state, objective: str) -> bo
             or getattr(state.model, "shard_state", None) is not None)
 
 
-def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective: str, selection) -> str | None:
+def diagnostics_unused(batch: S.BatchRun, settings: BatchSettings, state, rows, objective: str,
+                       selection) -> str | None:
     """Why no candidate this batch could try would use the leverage diagnostics (None: one could). The candidates
     are the batch's `selection` (unlearning/batch/records.py Selection: the rules walked over the facts the batch has
     without the diagnostics, the fallbacks, the debt's override), plus, while it walks the rules, the method of
     each rule that waits for a fact it lacks (it might fire once they are computed); planned as the batch plans
     (deletion.weigh_cost drops an approximate candidate whose certificate costs more than the retrain, with the
     batch's own timing probe, kept for its plan). Only exact steps left: the diagnostics decide nothing."""
-    if diagnostics_read(DiagnosticsSettings.of(params), state, objective):
+    if diagnostics_read(settings.diagnostics_settings, state, objective):
         return None
     from tasks.sharding import sisa_share
     from unlearning.config import CertificateKind
     from unlearning.planning.plan import PlanRefused, plan_steps
     from unlearning.policy.selection_policy import FALLBACK, parse_key
 
-    d = params.deletion
+    d = settings.deletion
     waiting = [] if selection.debt_reasons or not d.walks_rules else [
         r.method for r in d.rules if any(selection.facts.get(parse_key(k)[0]) is None for k in r.when)]
     possible = list(dict.fromkeys([m for m in [*selection.candidates, *waiting] if m != FALLBACK] + [FALLBACK]))
     if batch.probe is None:
-        from tasks.planning import ProbeInputs, probe
+        from tasks.planning import probe
 
-        batch.probe = probe(ProbeInputs.of(params), state, rows, batch.device)  # S.plan reuses it
+        batch.probe = probe(settings.probe_inputs, state, rows, batch.device)  # S.plan reuses it
     try:
-        steps, _ = plan_steps(possible, objective, params.validation, params.gate, weigh_cost=d.weigh_cost,
+        steps, _ = plan_steps(possible, objective, settings.validation, settings.gate, weigh_cost=d.weigh_cost,
                               explicit=selection.explicit, member_in_retrains=batch.probe[0].member_in_retrains,
                               sisa_cost=sisa_share(state, rows))
     except PlanRefused:
@@ -222,48 +213,49 @@ def diagnostics_unused(batch: S.BatchRun, params: Params, state, rows, objective
             f"selection rule or certificate would read them (candidates considered: {', '.join(possible)})")
 
 
-def plan_and_run(batch: S.BatchRun, params: Params, state, diagnosed: Diagnosed, objective: str,
+def plan_and_run(batch: S.BatchRun, settings: BatchSettings, state, diagnosed: Diagnosed, objective: str,
                  counts: BatchCounts):
     """Select (the walk `diagnose_and_partition` made, when it skipped the diagnostics), plan, then train only what
     the plan needs: each step in order until one is accepted (unlearning/planning/plan.py). Raises BatchRejected when none
     is."""
-    from tasks.references import ReferencePool, ReferenceTraining
+    from tasks.references import ReferencePool
     from unlearning.config import CertificateKind
 
-    rows, report = diagnosed.rows, diagnosed.report
-    n_train, batch_index = counts.n_train, counts.batch_index
-    selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, None, n_train,
+    rows, report, gate, v = diagnosed.rows, diagnosed.report, settings.gate, settings.validation
+    n_train, batch_index, epochs = counts.n_train, counts.batch_index, settings.train.epochs
+    selection = S.select(batch, settings.deletion, epochs, state, rows, objective, report, None, n_train,
                          made=diagnosed.made)
-    the_plan = S.plan(batch, params, state, rows, selection, objective)
-    pool = ReferencePool(ReferenceTraining.of(params), state, rows, batch.device, batch_index, the_plan.chunk_size,
+    the_plan = S.plan(batch, settings, state, rows, selection, objective)
+    pool = ReferencePool(settings.reference_training, state, rows, batch.device, batch_index, the_plan.chunk_size,
                          the_plan.workers)
-    if S.needs_noise_floor(selection, params.deletion.weigh_cost):
+    if S.needs_noise_floor(selection, settings.deletion.weigh_cost):
         # a rule waits for the oracles' noise floor: train the first look's references, then select again
-        first = (params.validation.looks or [params.validation.n_oracles])[0]
-        _, oracles = pool.ensure(min(first, params.validation.n_shadows), min(first, params.validation.n_oracles))
-        selection = S.select(batch, params.deletion, params.train.epochs, state, rows, objective, report, oracles,
-                             n_train)
-        the_plan = S.plan(batch, params, state, rows, selection, objective)
+        first = (v.looks or [v.n_oracles])[0]
+        _, oracles = pool.ensure(min(first, v.n_shadows), min(first, v.n_oracles))
+        selection = S.select(batch, settings.deletion, epochs, state, rows, objective, report, oracles, n_train)
+        the_plan = S.plan(batch, settings, state, rows, selection, objective)
     outcome = None
     try:
         for step in the_plan.steps:
             if step.certificate == CertificateKind.AUDIT:  # oracle 0 is the retrain; the test splits the others
                 others = step.references[1] - 1
-                S.warn_if_the_test_cannot_fail(params.gate, others // 2, others - others // 2)
+                S.warn_if_the_test_cannot_fail(gate, others // 2, others - others // 2)
             elif step.looks:
-                S.warn_if_the_test_cannot_fail(params.gate, *step.references)
-            out = S.unlearn_and_certify(batch, step, params, state, rows, pool, the_plan, objective, batch_index)
-            if S.accepted(batch, out, params.gate.exact_retrain_overrides):
+                S.warn_if_the_test_cannot_fail(gate, *step.references)
+            out = S.unlearn_and_certify(batch, step, settings.step_inputs, state, rows, pool, the_plan, objective,
+                                        batch_index)
+            if S.accepted(batch, out, gate.exact_retrain_overrides):
                 outcome = out
                 break
     finally:
-        S.references_report(batch, params.base.seed, params.train, state, rows, pool)
+        S.references_report(batch, settings.seed, settings.train, state, rows, pool)
     if outcome is None:
         raise BatchRejected(f"no candidate passed the gate for {batch.path.name}; the previous champion stays")
     return outcome
 
 
-def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str, report, counts: BatchCounts):
+def qualified_run(batch: S.BatchRun, settings: BatchSettings, state, rows, objective: str, report,
+                  counts: BatchCounts):
     """validation.mode qualified (docs/certificate.md, "Two modes"): the method the model's qualification
     licenses at this batch's predicted gap, judged by the cheap checks alone (no reference model); exact retrain
     when nothing is licensed, the debt is due, or the licensed candidate fails a cheap check. Returns the accepted
@@ -275,12 +267,12 @@ def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str
     from unlearning.certificate.qualification import EXACT, audit_due
     from unlearning.batch.records import Licensing, Selection
 
-    warn_method_ignored(batch, params.deletion)
+    warn_method_ignored(batch, settings.deletion)
     batch_index = counts.batch_index
-    lic, gap, q, debt = license_for_batch(params.validation, params.deletion.debt, params.project_paths, state, rows,
+    lic, gap, q, debt = license_for_batch(settings.validation, settings.deletion.debt, settings.paths, state, rows,
                                           report, counts.n_train)
-    a = params.validation.audit
-    due = audit_due(a.every, a.probability, params.base.seed, batch_index)
+    a = settings.validation.audit
+    due = audit_due(a.every, a.probability, settings.seed, batch_index)
     steps = ([Step(lic.method, CertificateKind.QUALIFIED)] if lic.method != EXACT else []) + [
         Step(EXACT, CertificateKind.EXACT)]
     licensing = Licensing(lic, gap, q.noise, due, batch_index, q.tag())
@@ -298,8 +290,8 @@ def qualified_run(batch: S.BatchRun, params: Params, state, rows, objective: str
                                           "qualification_row": lic.row.row_id if lic.row else "none"})
     run_logger().info(f"{batch.path.name}: qualified mode: predicted gap {gap:.3g} noise units; {lic.reason}")
     for step in steps:
-        out = S.unlearn_and_certify(batch, step, params, state, rows, None, None, objective, batch_index)
-        if S.accepted(batch, out, params.gate.exact_retrain_overrides):
+        out = S.unlearn_and_certify(batch, step, settings.step_inputs, state, rows, None, None, objective, batch_index)
+        if S.accepted(batch, out, settings.gate.exact_retrain_overrides):
             return out, licensing
     raise BatchRejected(f"no candidate passed the cheap checks for {batch.path.name}; the previous champion stays")
 
@@ -314,7 +306,8 @@ def warn_method_ignored(batch: S.BatchRun, deletion: Deletion) -> None:
                              f"exact retrain when it licenses none); set deletion.method: auto to silence this")
 
 
-def mark_qualified(batch: S.BatchRun, params: Params, version: str, method: str, licensing) -> None:
+def mark_qualified(batch: S.BatchRun, tracking: Tracking, paths: ProjectPaths, version: str, method: str,
+                   licensing) -> None:
     """Tag the promoted version with what promised it (`licensing`: unlearning/batch/records.py Licensing): "qualified,
     not audited" (the licensed method passed the cheap checks), or exact retrain (exact by construction, nothing
     to audit)."""
@@ -324,10 +317,10 @@ def mark_qualified(batch: S.BatchRun, params: Params, version: str, method: str,
             "qualified": "qualified, not audited" if qualified else "exact retrain",
             "qualification_row": row if qualified and row else "none",
             "audit": ("due" if licensing.audit_due else "not drawn") if qualified else "not needed"}
-    batch.tracker.set_version_tags(params.tracking.registered_model, version, tags)
+    batch.tracker.set_version_tags(tracking.registered_model, version, tags)
     if qualified:  # `unlearn status` lists the qualified versions not audited yet
         from tasks.qualification import append_audit
 
-        append_audit(params.project_paths, {"kind": "promoted", "batch_id": batch.batch_id, "version": str(version),
+        append_audit(paths, {"kind": "promoted", "batch_id": batch.batch_id, "version": str(version),
                                             "method": method, "row": row, "gap_to_noise": licensing.gap_to_noise,
                                             "audit": tags["audit"]})

@@ -19,7 +19,7 @@ from tasks.references import ReferencePool, ReferenceTraining
 from tasks.reporting import run_logger
 from unlearning.certificate.acceptance import CandidateOutcome, Measurement, measure_logits, outcome_of, reference_free_outcome
 from unlearning.batch.rows import BatchRows, sampled_for_certificate, unlearn_context
-from unlearning.config import EXACT_RETRAIN, CertificateKind, Gate, Params, method_traits
+from unlearning.config import EXACT_RETRAIN, CertificateKind, Gate, method_traits
 from unlearning.methods import run_method
 from unlearning.models import Ensemble, predict_logits
 from unlearning.planning.plan import Plan, Step
@@ -71,11 +71,6 @@ class StepInputs:
     training: ReferenceTraining
     gate: Gate
     method_args: dict
-
-    # Builds the slice record from the whole params, its one job (once per step of a batch, or per stage).
-    @classmethod
-    def of(cls, params: Params) -> "StepInputs":
-        return cls(ReferenceTraining.of(params), params.gate, params.deletion.method_args)
 
     def args_of(self, method: str) -> dict:
         return self.method_args.get(method, {})

@@ -6,7 +6,7 @@ decides; flows/deletion_batch.py puts the steps in order).
 - `apply_licensed`: a licensed batch drawn for an audit (licensing.audit.probability, seeded by the batch) runs the
   audit first (`audit_licence`: references trained as a batch trains them, then tasks/licensing.py `audit`). A
   failed audit lowers the cut (saved with the map) and returns None: the flow goes on with the exact retrain
-  (`exact_after_failed_audit`). Otherwise `record_licensed` commits the state with the same model (no new model
+  (tasks/batch_settings.py `BatchSettings.exact`). Otherwise `record_licensed` commits the state with the same model (no new model
   version): the manifest marks the rows deleted, the ledger records each row's map epsilon, the cut, the budget and
   "model unchanged (licensed)", the champion's history and the retraining debt count the rows; the rows leave every
   store as in any erasure (erase_batch); `finish_licensed` logs the batch run.
@@ -24,36 +24,27 @@ import torch
 from tasks.licensing import (
     LICENSED_VERDICT, MODEL_UNCHANGED, Licence, audit, audit_due, failing_scores, licence_batch,
 )
+from tasks.batch_settings import BatchSettings
 from tasks.id_key import IdKey
 from tasks.memorization_map import save_map
 from tasks.reporting import markdown_artifact, run_logger
 from unlearning.batch.rows import retained_train_rows, sampled_for_certificate, validation_rows
-from unlearning.config import LICENSED_INACTION, Gate, Params
+from unlearning.config import LICENSED_INACTION, Gate
 from unlearning.licensing.decision import lowered
 
 if TYPE_CHECKING:
     from tasks.references import ReferenceTraining
 
 
-# The deletion flow's one call on this path, with the whole params (the licence, then the licensed batch).
-def licensed_path(batch, params: Params, state, requests, forget_ids: list[str], objective: str, counts):
+def licensed_path(batch, settings: BatchSettings, state, requests, forget_ids: list[str], objective: str, counts):
     """The batch's licensing (tasks/licensing.py licence_batch) and, when licensed, the licensed batch
-    (`apply_licensed`). -> (its BatchResult, params), or (None, the params the batch goes on with: exact retrain
-    after a failed audit, as they were otherwise)."""
-    licence = licence_batch(batch, params, state, forget_ids, objective)
+    (`apply_licensed`). -> (its BatchResult, settings), or (None, the settings the batch goes on with: the exact
+    retrain after a failed audit (tasks/batch_settings.py BatchSettings.exact), as they were otherwise)."""
+    licence = licence_batch(batch, settings, state, forget_ids, objective)
     if licence is None or not licence.licensed:
-        return None, params
-    result = apply_licensed(batch, params, state, requests, objective, licence, counts.batch_index, counts.n_train)
-    return (result, params) if result is not None else (None, exact_after_failed_audit(params))
-
-
-# Builds the params the batch goes on with: the whole params in, the whole params out.
-def exact_after_failed_audit(params: Params) -> Params:
-    """The params the batch continues with after a failed audit: exact retrain, named (no diagnostics, no
-    certificate of an approximate candidate)."""
-    from unlearning.config import EXACT_RETRAIN
-
-    return params.model_copy(update={"deletion": params.deletion.model_copy(update={"method": EXACT_RETRAIN})})
+        return None, settings
+    result = apply_licensed(batch, settings, state, requests, objective, licence, counts.batch_index, counts.n_train)
+    return (result, settings) if result is not None else (None, settings.exact())
 
 
 def audit_licence(batch, training: ReferenceTraining, gate: Gate, state, forget_ids: list[str], batch_index: int):
@@ -78,19 +69,18 @@ def audit_licence(batch, training: ReferenceTraining, gate: Gate, state, forget_
     return audit(ev(state.model), ev(shadows), ev(oracles), ev.labels, ev.splits, gate, v, training.seed)
 
 
-# The whole params: the erasure (tasks/batch_path.py erase_batch) and the state's commit take them.
-def apply_licensed(batch, params: Params, state, requests, objective: str, licence: Licence, batch_index: int,
-                   n_train: int):
+def apply_licensed(batch, settings: BatchSettings, state, requests, objective: str, licence: Licence,
+                   batch_index: int, n_train: int):
     """A licensed batch (module docstring, step 2): -> its BatchResult, or None when its audit failed (the cut is
     lowered and saved; the flow goes on to the exact retrain)."""
     from tasks.batch_path import erase_batch
-    from tasks.references import ReferenceTraining
     from unlearning.batch.records import BatchResult
 
     forget_ids = forget_of(requests)
     log = run_logger()
-    if audit_due(params.licensing.audit.probability, params.base.seed, batch_index):
-        result = audit_licence(batch, ReferenceTraining.of(params), params.gate, state, forget_ids, batch_index)
+    gate, paths = settings.gate, settings.paths
+    if audit_due(settings.licensing.audit.probability, settings.seed, batch_index):
+        result = audit_licence(batch, settings.reference_training, gate, state, forget_ids, batch_index)
         log.info(f"{batch.path.name}: {result.line()}")
         batch.tracker.log_metrics(batch.parent, {"licensing/audit_passed": float(result.passed),
                                                  **{f"licensing/audit_{k}": v for k, v in result.epsilon.items()}})
@@ -98,22 +88,21 @@ def apply_licensed(batch, params: Params, state, requests, objective: str, licen
         if not result.passed:
             record = licence.record
             cuts = lowered(record.cuts, failing_scores(licence.decision.scores, result.forget_upper,
-                                                       params.gate.epsilon.max))
+                                                       gate.epsilon.max))
             audits = [*record.audits, {"batch_id": batch.batch_id, "passed": False, "at": now()}]
-            save_map(params.project_paths, replace(record, cuts=cuts, audits=audits))
+            save_map(paths, replace(record, cuts=cuts, audits=audits))
             batch.tracker.set_tags(batch.parent, {"licensing": "audit failed: exact retrain"})
             log.warning(f"{batch.path.name}: the licence's audit failed: the cut comes down to "
                         f"{cuts.for_rows(licence.decision.rows)} for {licence.decision.rows} row(s), and the batch "
                         f"takes the exact retrain")
             return None
         passed = {"batch_id": batch.batch_id, "passed": True, "at": now()}
-        save_map(params.project_paths, replace(licence.record, audits=[*licence.record.audits, passed]))
-    promoted = record_licensed(batch, params, state, requests, objective, licence, n_train)
-    erasure = erase_batch(batch, params, requests["sample_id"].tolist(), promoted["version"])
-    finish_licensed(batch, IdKey.of(params), params.licensing.audit.probability, licence, promoted, erasure,
-                    forget_ids)
+        save_map(paths, replace(licence.record, audits=[*licence.record.audits, passed]))
+    promoted = record_licensed(batch, settings.ids, state, requests, objective, licence, n_train)
+    erasure = erase_batch(batch, settings, requests["sample_id"].tolist(), promoted["version"])
+    finish_licensed(batch, settings.ids, settings.licensing.audit.probability, licence, promoted, erasure, forget_ids)
     metrics = {"licensing/max_row_epsilon": max(licence.decision.scores), "licensing/cut": licence.decision.cut,
-               "licensing/budget": params.gate.epsilon.max}
+               "licensing/budget": gate.epsilon.max}
     return BatchResult(batch.path.name, "applied", batch.batch_id, LICENSED_INACTION, promoted["version"],
                        batch.parent, metrics)
 
@@ -122,23 +111,21 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
-# The whole params: tasks/stages.py commit_state takes them (the state's commit, as a promoted batch's).
-def record_licensed(batch, params: Params, state, requests, objective: str, licence: Licence, n_train: int) -> dict:
+def record_licensed(batch, ids: IdKey, state, requests, objective: str, licence: Licence, n_train: int) -> dict:
     """The state after a licensed batch, all or nothing (tasks/stages.py commit_state): the same model, the rows
     marked deleted, a ledger entry per request with its row's map epsilon, the cut, the budget and "model
     unchanged (licensed)", a history point (the debt counts it)."""
     from tasks.stages import commit_state, ledger_entries, marked_deleted
     from unlearning.policy.history import history_point
     from unlearning.privacy.ledger import appended
-    from unlearning.privacy.salt import id_salt
 
     version = state.champion.get("model_version")
     stamp = now()
     d = licence.decision
-    entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params), objective=objective,
+    entries = ledger_entries(requests, batch, ids.hashed, ids.salt(), objective=objective,
                              method=LICENSED_INACTION, before=version, after=version, now=stamp,
                              fingerprint=state.fingerprint["digest"], verdict=LICENSED_VERDICT)
-    score_of = dict(zip(IdKey.of(params).ledger_keys(forget_of(requests)), d.scores))
+    score_of = dict(zip(ids.ledger_keys(forget_of(requests)), d.scores))
     for e in entries:
         if e["verdict"] == LICENSED_VERDICT:
             e["licence"] = {"map_epsilon": score_of.get(e["sample_id"]), "score": d.score_kind, "cut": d.cut,
@@ -150,8 +137,8 @@ def record_licensed(batch, params: Params, state, requests, objective: str, lice
     # the champion is the same model: its version, method and batch stay; the history and the counts move on
     champion = {**state.champion, "n_retained_train": int(len(retained_train_rows(state.manifest))) - d.rows,
                 "history": [*previous, {**point, "licensed": True}]}
-    ids = [str(s) for s in requests["sample_id"]]
-    commit_state(batch, params, state.model, marked_deleted(state.manifest, ids, batch.batch_id),
+    erased = [str(s) for s in requests["sample_id"]]
+    commit_state(batch, ids.paths, state.model, marked_deleted(state.manifest, erased, batch.batch_id),
                  appended(state.ledger, entries), champion, state.fingerprint)
     batch.summary.update(chosen=LICENSED_INACTION, version_after=None)
     run_logger().info(f"{batch.path.name}: licensed: {d.rows} row(s) forgotten with the model unchanged (v{version} "

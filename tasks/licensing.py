@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from tasks.batch_settings import BatchSettings
 from tasks.id_key import IdKey
 from tasks.memorization_map import (
-    MapRecord, MapSettings, epsilon_gate, map_for_state, map_plan, save_map, stored_map,
+    MapRecord, epsilon_gate, map_for_state, map_plan, save_map, stored_map,
 )
 from tasks.reporting import run_logger
 from unlearning.certificate import metric_keys as K
 from unlearning.batch.rows import BatchRows, retained_train_rows, validation_rows
-from unlearning.config import LICENSED_INACTION, Debt, Licensing, Params
+from unlearning.config import LICENSED_INACTION, Debt, Deletion, Licensing
 from unlearning.policy.history import LICENSED
 from unlearning.licensing.decision import Guards, LicenceDecision, adjacent_share, decide, nearest_rows
 from unlearning.sequential import Criterion, certify_logits, reference_prefixes
@@ -157,37 +158,37 @@ def cluster_share(lic: Licensing, state, forget_positions: np.ndarray, train_pos
     return adjacent_share(q, nearest_rows(feats[q].numpy(), feats.numpy(), q, lic.k_neighbors))
 
 
-# The whole params: tasks/stages.py names_after_erasure and preparation_after_erasure take them (the registry's
-# names after the erasure, read as the promotion reads them).
-def registry_reasons(params: Params, state, forget_ids: list[str]) -> list[str]:
+def registry_reasons(ids: IdKey, deletion: Deletion, state, forget_ids: list[str]) -> list[str]:
     """What only a new model version could drop: a class name or a table category that only these rows (and
-    erased ones) hold stays in the registered champion while the model is unchanged."""
+    erased ones) hold stays in the registered champion while the model is unchanged (read as the promotion reads
+    them: tasks/stages.py names_after_erasure, preparation_after_erasure)."""
     from tasks.stages import names_after_erasure, preparation_after_erasure
 
     out = []
     prepared = state.prepared
-    if names_after_erasure(params, prepared, forget_ids) != names_after_erasure(params, prepared, []):
+    if names_after_erasure(ids, deletion, prepared, forget_ids) != names_after_erasure(ids, deletion, prepared, []):
         out.append("its rows hold the last rows of a class the registered model names: a new version drops the name")
-    if preparation_after_erasure(params, prepared, forget_ids) != preparation_after_erasure(params, prepared, []):
+    if (preparation_after_erasure(ids, deletion, prepared, forget_ids)
+            != preparation_after_erasure(ids, deletion, prepared, [])):
         out.append("its rows hold the only values of a table category the registered model's preparation names")
     return out
 
 
-# The whole params, for `registry_reasons` alone (its comment).
-def request_decision(params: Params, state, record: MapRecord | None, forget_ids: list[str], device: str = "cpu"
-                     ) -> LicenceDecision:
-    """The licence of `forget_ids` on this state (unlearning/licensing/decision.py decide), with the registry's reasons."""
-    prepared, lic = state.prepared, params.licensing
+def request_decision(settings: BatchSettings, state, record: MapRecord | None, forget_ids: list[str],
+                     device: str = "cpu") -> LicenceDecision:
+    """The licence of `forget_ids` on this state (unlearning/licensing/decision.py decide), with the registry's
+    reasons. `settings`: licensing, gate.epsilon.max, deletion.debt and the id key (tasks/batch_settings.py)."""
+    prepared, lic = state.prepared, settings.licensing
     train = retained_train_rows(state.manifest)
     pos = prepared.rows(forget_ids)
-    keys = IdKey.of(params).ledger_keys(forget_ids)
+    keys = settings.ids.ledger_keys(forget_ids)
     scores = record.scores(keys, lic.score) if record is not None else np.full(len(keys), np.nan)
     # without a map nothing is licensed: the neighbours' forward pass is not worth running
     adjacent = cluster_share(lic, state, pos, train, device) if record is not None else 0.0
-    d = decide(scores, record.cuts if record is not None else None, params.gate.epsilon.max, prepared.label[pos],
+    d = decide(scores, record.cuts if record is not None else None, settings.gate.epsilon.max, prepared.label[pos],
                prepared.label[train], adjacent, guards_of(lic), licensing_debt_rows(state.ledger), lic.score)
-    extra = registry_reasons(params, state, forget_ids) if d.licensed else []
-    extra += debt_due(params.deletion.debt, state, len(forget_ids)) if d.licensed else []
+    extra = registry_reasons(settings.ids, settings.deletion, state, forget_ids) if d.licensed else []
+    extra += debt_due(settings.deletion.debt, state, len(forget_ids)) if d.licensed else []
     return replace(d, licensed=False, reasons=(*d.reasons, *extra)) if extra else d
 
 
@@ -200,21 +201,17 @@ def debt_due(d: Debt, state, n_rows: int) -> list[str]:
     return debt_reasons(debt, n_rows, d.max_forgotten_fraction, d.max_batches_since_retrain)
 
 
-# The whole params, for `request_decision` (its comment); it builds the map's and the probe's slices once.
-def licence_batch(batch, params: Params, state, forget_ids: list[str], objective: str) -> Licence | None:
+def licence_batch(batch, settings: BatchSettings, state, forget_ids: list[str], objective: str) -> Licence | None:
     """The batch's licensing (module docstring, step 1), logged on its run; None when licensing does not apply."""
-    why_not = applies(params.licensing, state, objective)
+    why_not = applies(settings.licensing, state, objective)
     log = run_logger()
     if why_not is not None:
         return None
-
-    from tasks.planning import ProbeInputs
-
-    cfg = MapSettings.of(params)
+    cfg = settings.map_settings
     record, map_line = map_for_state(cfg, state, batch.device,
-                                     lambda: map_timing(ProbeInputs.of(params), state, batch.device),
+                                     lambda: map_timing(settings.probe_inputs, state, batch.device),
                                      batch.tracker, batch.parent)
-    decision = request_decision(params, state, record, forget_ids, batch.device)
+    decision = request_decision(settings, state, record, forget_ids, batch.device)
     log.info(f"{batch.path.name}: {map_line}")
     log.info(f"{batch.path.name}: licensing: {decision.line()}")
     batch.tracker.set_tags(batch.parent, {"licensing": decision.path})
@@ -248,24 +245,20 @@ def licence_json(ids: IdKey, forget_ids: list[str], decision: LicenceDecision, m
             "model": MODEL_UNCHANGED if decision.licensed else "exact path"}
 
 
-# The whole params, for `request_decision` (its comment).
-def plan_note(params: Params, state, forget_ids: list[str], device: str, objective: str) -> str:
+def plan_note(settings: BatchSettings, state, forget_ids: list[str], device: str, objective: str) -> str:
     """`unlearn plan`'s line on licensing: which path this request takes and why (nothing is built or changed:
     without a map it says what building one would cost)."""
-    why_not = applies(params.licensing, state, objective)
+    why_not = applies(settings.licensing, state, objective)
     if why_not is not None:
         return f"licensing: does not apply ({why_not}): exact path"
-    cfg = MapSettings.of(params)
+    cfg = settings.map_settings
     record, map_line, worth_building = stored_map(cfg, state, save=False)
     if record is None:
         if not worth_building:
             return f"licensing: {map_line}"
-        from tasks.planning import ProbeInputs
-
-        plan = map_plan(cfg, map_timing(ProbeInputs.of(params), state, device),
-                        len(retained_train_rows(state.manifest)))
+        plan = map_plan(cfg, map_timing(settings.probe_inputs, state, device), len(retained_train_rows(state.manifest)))
+        stream = settings.licensing.map.stream_length
         if not plan.affordable:
-            return f"licensing: {plan.line(params.licensing.map.stream_length)}: exact path"
-        return (f"licensing: no map yet; the batch builds one: {plan.line(params.licensing.map.stream_length)}, "
-                f"then decides")
-    return f"licensing: {request_decision(params, state, record, forget_ids, device).line()}"
+            return f"licensing: {plan.line(stream)}: exact path"
+        return f"licensing: no map yet; the batch builds one: {plan.line(stream)}, then decides"
+    return f"licensing: {request_decision(settings, state, record, forget_ids, device).line()}"

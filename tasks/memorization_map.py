@@ -41,7 +41,7 @@ from tasks.id_key import IdKey
 from tasks.reporting import run_logger
 from tasks.training import build, model_spec
 from unlearning.batch.rows import retained_train_rows
-from unlearning.config import Gate, Licensing, Params, ProjectPaths, Train, Validation
+from unlearning.config import Gate, Licensing, ProjectPaths, Train, Validation
 from unlearning.io import atomic_write_json
 from unlearning.licensing.decision import (
     Cuts, audit_operating_characteristic, debiased_mu, fail_probability, fit_cuts, map_paid, operating_grid,
@@ -71,11 +71,6 @@ class MapSettings:
     paths: ProjectPaths
     ids: IdKey
 
-    # Builds the slice record from the whole params, its one job (once per batch, or per `unlearn plan`).
-    @classmethod
-    def of(cls, params: Params) -> "MapSettings":
-        return cls(params.licensing, params.gate, params.validation, params.train, params.base.seed,
-                   params.base.progress, params.project_paths, IdKey.of(params))
 
 
 def map_path(paths: ProjectPaths) -> Path:

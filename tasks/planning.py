@@ -28,7 +28,7 @@ import torch
 
 from tasks.training import build, model_spec
 from unlearning.batch.rows import BatchRows, sampled_for_certificate, unlearn_context
-from unlearning.config import Gate, Params, ProjectPaths, Train, Validation, method_traits
+from unlearning.config import Gate, ProjectPaths, Train, Validation, method_traits
 from unlearning.planning.costs import (PROBE_MIN_STEPS, CostCurve, DeviceMemory, ProbeConditions, method_retrains, probe_sizes,
                               steady_curve)
 from unlearning.io import atomic_write_json
@@ -62,12 +62,6 @@ class ProbeInputs:
     method_args: dict
     seed: int
     paths: ProjectPaths
-
-    # Builds the slice record from the whole params, its one job (once per batch, `unlearn plan` or stage).
-    @classmethod
-    def of(cls, params: Params) -> "ProbeInputs":
-        return cls(params.train, params.validation, params.deletion.method_args, params.base.seed,
-                   params.project_paths)
 
     def member(self, prepared, seeds: list[int]):
         """A fresh ensemble of the model for `seeds` (the probe's timed members)."""

@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from tasks.batch import partition_retain
+from tasks.batch_settings import BatchSettings
 from tasks.certify import Evaluator, StepInputs, sequential
 from tasks.diagnostics import leverage_diagnostics
 from tasks.planning import ProbeInputs, reference_chunk, workers_of
@@ -92,8 +93,9 @@ def self_leverage_score(state: State, rows: np.ndarray) -> np.ndarray:
     return torch.nn.functional.cross_entropy(logits.double(), y, reduction="none").numpy()
 
 
-# The qualify flow's top-level task, called with the whole params: it builds the slices its steps read once
-# (StepInputs, ProbeInputs) and passes the diagnostics, partition and qualify sections on.
+# The qualify flow's top-level task, called with the whole params: it builds the records its steps read once
+# (tasks/batch_settings.py: the step's and the probe's, as a batch reads them) and passes the diagnostics,
+# partition and qualify sections on.
 def qualify_model(params: Params, state: State, device: str, progress=None) -> Qualification:
     """The qualification of `state.model`: every method of params.qualify.methods certified on every set of the
     suite; gaps read in the noise unit of the shadow originals on the validation rows (`noise_floor`)."""
@@ -106,7 +108,8 @@ def qualify_model(params: Params, state: State, device: str, progress=None) -> Q
     score = self_leverage_score(state, D)
     suite = draw_suite(q.suite, params.base.seed, D, prepared.label, groups, score)
     objective = "retrain_equivalence"
-    inputs, probing = StepInputs.of(params), ProbeInputs.of(params)
+    settings = BatchSettings.of(params)
+    inputs, probing = settings.step_inputs, settings.probe_inputs
     chunk = reference_chunk(inputs.training, prepared, device)
     out = Qualification(list(q.methods), list(q.bins), q.confidence, q.interval, float("nan"),
                         fingerprint=dict(state.fingerprint))

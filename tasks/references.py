@@ -20,9 +20,8 @@ from tasks.id_key import IdKey
 from tasks.reporting import run_logger
 from tasks.training import model_spec, train_ensemble_chunk
 from unlearning.batch.rows import BatchRows
-from unlearning.config import ModelCfg, Params, ProjectPaths, Validation
+from unlearning.config import ModelCfg, ProjectPaths, Validation
 from unlearning.models import Ensemble, TrainRecipe
-from unlearning.models.training import recipe_from
 from unlearning.planning.plan import balanced_chunks
 from unlearning.seeds import reference_seeds
 
@@ -60,12 +59,6 @@ class ReferenceTraining:
     progress: bool
     paths: ProjectPaths
     ids: IdKey
-
-    # Builds the slice record from the whole params, its one job (once per batch or stage).
-    @classmethod
-    def of(cls, params: Params) -> "ReferenceTraining":
-        return cls(params.train.model, recipe_from(params.train), params.validation, params.base.seed,
-                   params.base.progress, params.project_paths, IdKey.of(params))
 
     def submit_chunk(self, prepared, X, y, ids, seeds: list[int], device: str, label: str):
         """One chunk of members as a Prefect task on the flow's runner (tasks/training.py train_ensemble_chunk)."""

@@ -24,14 +24,17 @@ from prefect.cache_policies import NO_CACHE
 
 from adapters import clock, plots
 from tasks.batch import partition_retain
+from tasks.batch_settings import BatchSettings
+from tasks.certify import StepInputs
+from tasks.id_key import IdKey
+from tasks.stores.base import ErasureSettings
 from unlearning.certificate.acceptance import CandidateOutcome, accept, split_records
 from adapters.clock import computes
 from tasks.reporting import markdown_artifact, run_logger, table_artifact
 from tasks.state import State, write_state
-from adapters.store_check import store_identity
 from unlearning.batch.rows import BatchRows, batch_rows, eval_logits
 from unlearning.batch.summary import CandidateLine, failing_checks_in_words, purged_rows_text, summary_markdown
-from unlearning.config import Deletion, Diagnostics, Gate, Params, Partition, Train
+from unlearning.config import Deletion, Diagnostics, Gate, Partition, ProjectPaths, Train
 from unlearning.data.store import class_names_after
 from unlearning.certificate.gate import format_beside, verdict_summary
 from unlearning.certificate.resolution import can_reject, smallest_klom_pvalue
@@ -43,7 +46,6 @@ from unlearning.metrics.margins import margins
 from unlearning.models import Ensemble
 from unlearning.batch.partition import subset_sizes
 from unlearning.requests import RequestValidationError, batch_objective, coerce_requests, file_sha256
-from unlearning.privacy.salt import id_salt
 from unlearning.serving import input_example
 from unlearning.batch.records import Promotion, Selection
 from unlearning.policy.selection import batch_facts, selection_with_debt
@@ -186,28 +188,29 @@ def partition(batch: BatchRun, cfg: Partition, state: State, forget_ids: list[st
 @task(name="plan", **STAGE)
 @computes
 @clock.phase("candidates")
-def plan(batch: BatchRun, params: Params, state: State, rows: BatchRows, selection: Selection, objective: str):
+def plan(batch: BatchRun, settings: BatchSettings, state: State, rows: BatchRows, selection: Selection,
+         objective: str):
     """The batch's plan (unlearning/planning/plan.py) from the selection, a short timing probe and the memory footprint:
     logged (MLflow `plan.json`, a Prefect artifact, the console) before any model is trained. A plan that
     cannot fit validation.memory_mb raises PlanRefused, naming the key."""
-    from tasks.planning import ProbeInputs, batch_plan, probe
+    from tasks.planning import batch_plan, probe
     from unlearning.planning.plan import PlanRefused, plan_lines
 
     # a batch that plans again (after the first look's noise floor) reads the first probe back from the cache
     # (tasks/planning.py), timing only the candidates it had not timed
-    batch.probe = probe(ProbeInputs.of(params), state, rows, batch.device, selection.candidates)
+    batch.probe = probe(settings.probe_inputs, state, rows, batch.device, selection.candidates)
     timing, footprint = batch.probe
     from tasks.sharding import sisa_share
 
     # the diagnostics ran before the plan: it counts their measured seconds (`unlearn plan` predicts them)
-    the_plan = batch_plan(params.validation, params.gate, params.deletion.weigh_cost, selection, objective, timing,
+    the_plan = batch_plan(settings.validation, settings.gate, settings.deletion.weigh_cost, selection, objective, timing,
                           footprint, batch.seconds.get("diagnostics", 0.0), sisa_cost=sisa_share(state, rows),
                           device=batch.device)
     batch.seconds["retrain_probe"] = timing.retrain_seconds
     from tasks.planning import model_phases, phase_history, predicted_phases
 
-    point, ranges, line = predicted_phases(params.project_paths, the_plan, timing)
-    batch.predicted, batch.history = (point, ranges, model_phases(the_plan)), phase_history(params.project_paths).path
+    point, ranges, line = predicted_phases(settings.paths, the_plan, timing)
+    batch.predicted, batch.history = (point, ranges, model_phases(the_plan)), phase_history(settings.paths).path
     lines = plan_lines(the_plan) + [line]
     batch.tracker.log_json(batch.parent, {**the_plan.to_dict(), "timing": timing.to_dict(),
                                           "predicted_phases": point, "predicted_range": ranges}, "plan.json")
@@ -392,17 +395,17 @@ def needs_noise_floor(selection: Selection, weigh_cost: bool) -> bool:
 @task(name="unlearn-and-certify", task_run_name="unlearn-and-certify-{step.method}", **STAGE)
 @computes
 @clock.phase("candidates")
-def unlearn_and_certify(batch: BatchRun, step, params: Params, state: State, rows: BatchRows, pool, the_plan,
+def unlearn_and_certify(batch: BatchRun, step, inputs: StepInputs, state: State, rows: BatchRows, pool, the_plan,
                         objective: str, batch_index: int) -> CandidateOutcome:
-    """Run the plan's `step` and certify it as the step says (tasks/certify.py); log metrics, the verdict, the
-    looks, per-sample KLoM and figures titled with the verdict."""
-    from tasks.certify import StepInputs, run_step
+    """Run the plan's `step` and certify it as the step says (tasks/certify.py, with `inputs`: the batch's
+    tasks/batch_settings.py step_inputs); log metrics, the verdict, the looks, per-sample KLoM and figures titled
+    with the verdict."""
+    from tasks.certify import run_step
 
     method = step.method
     run = batch.open(f"unlearn-{method}", tags={"method": method, "certificate": step.certificate})
-    out, looks = run_step(step, StepInputs.of(params), state, rows, pool, the_plan, batch.device, objective,
-                          batch_index)
-    gate = params.gate
+    out, looks = run_step(step, inputs, state, rows, pool, the_plan, batch.device, objective, batch_index)
+    gate = inputs.gate
     t = batch.tracker
     t.log_metrics(run, out.tracked_metrics())
     t.log_metrics(run, {f"cost/{k}": float(v) for k, v in out.cost.items()})
@@ -488,13 +491,13 @@ def accepted(batch: BatchRun, out: CandidateOutcome, exact_retrain_overrides: bo
 @task(name="promote", **STAGE)
 @computes
 @clock.phase("candidates")
-def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame, objective: str,
+def promote(batch: BatchRun, settings: BatchSettings, state: State, requests: pd.DataFrame, objective: str,
             outcome: CandidateOutcome, rows: BatchRows, n_train: int, warnings: list[str] | None = None) -> Promotion:
     """Register the model, then write model, manifest, ledger and champion history to a staging folder and
     swap it in (all or nothing); the registry alias follows state/. Reads base.paths, tracking and
     deletion.hash_sample_ids. `warnings`: tasks/quality.py's announce_quality lines, kept in the champion record
     (`quality_warnings`) for `unlearn status`. Fault points (tests only) kill the process between the steps."""
-    t, registered, alias = batch.tracker, params.tracking.registered_model, params.tracking.alias
+    t, registered, alias = batch.tracker, settings.tracking.registered_model, settings.tracking.alias
     forget_ids = requests["sample_id"].tolist()  # with the validation rows it names (split_by_kind): all erased
     before = t.alias_version(registered, alias) or state.champion.get("model_version")
     now = datetime.now(timezone.utc).isoformat()
@@ -502,8 +505,9 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     fault("before_register")
     version = t.log_model(batch.parent, outcome.model, registered,
                           input_example=input_example(state.prepared.X, state.prepared.manifest),
-                          class_names=names_after_erasure(params, state.prepared, forget_ids),
-                          preparation=preparation_after_erasure(params, state.prepared, forget_ids))
+                          class_names=names_after_erasure(settings.ids, settings.deletion, state.prepared, forget_ids),
+                          preparation=preparation_after_erasure(settings.ids, settings.deletion, state.prepared,
+                                                                forget_ids))
     # Registry lineage: which batch, method and verdict produced this version, and from which run.
     verdict = promoted_verdict(outcome)
     t.set_version_tags(registered, version, {
@@ -511,11 +515,13 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
         "verdict": verdict,
         "parent_run_id": batch.parent, "n_forgotten": n_unlearned(requests), "promoted": "false"})
     fault("after_register")
-    entries = promoted_entries(requests, batch, params, state, objective, outcome, before, version, now, verdict)
-    champion = champion_record(batch, params, state, requests, outcome, rows, n_train, version, now, warnings)
+    entries = promoted_entries(requests, batch, settings.ids, state, objective, outcome, before, version, now,
+                               verdict)
+    champion = champion_record(batch, settings.tracking_store, state, requests, outcome, rows, n_train, version, now,
+                               warnings)
     history = champion["history"]
     ledger_after = appended(state.ledger, entries)
-    commit_state(batch, params, outcome.model, manifest, ledger_after, champion, state.fingerprint)
+    commit_state(batch, settings.paths, outcome.model, manifest, ledger_after, champion, state.fingerprint)
     fault("after_commit")
     # state/ decides from here on: the alias follows it (and is reconciled again on every run).
     t.reconcile_alias(registered, alias, version)
@@ -531,40 +537,40 @@ def promote(batch: BatchRun, params: Params, state: State, requests: pd.DataFram
     return Promotion(version, before, history, len(entries), retraining_debt(ledger_after, n_train))
 
 
-def commit_state(batch: BatchRun, params: Params, model, manifest: pd.DataFrame, ledger: list[dict],
+def commit_state(batch: BatchRun, paths: ProjectPaths, model, manifest: pd.DataFrame, ledger: list[dict],
                  champion: dict, fingerprint: dict) -> None:
     """Write model, manifest, ledger and champion record to a staging folder and swap it in for state/, all or
     nothing (a kill before the swap leaves the old state; tasks/state.py settles an interrupted swap)."""
-    stage_dir = staging_dir(params.path("state_dir"))
+    stage_dir = staging_dir(paths.path("state_dir"))
     try:
         write_state(stage_dir, model, manifest, ledger, champion, fingerprint)
         fault("before_commit")
-        commit_dir(stage_dir, params.path("state_dir"))
+        commit_dir(stage_dir, paths.path("state_dir"))
         batch.committed = True
     except BaseException:
         discard_dir(stage_dir)
         raise
 
 
-def promoted_entries(requests: pd.DataFrame, batch: BatchRun, params: Params, state: State, objective: str,
+def promoted_entries(requests: pd.DataFrame, batch: BatchRun, ids: IdKey, state: State, objective: str,
                      outcome: CandidateOutcome, before, version: str, now: str, verdict: str) -> list[dict]:
     """The batch's ledger entries (ids hashed with the project's salt when deletion.hash_sample_ids); a sisa
     outcome adds which shards, and which (shard, slice) checkpoints, it retrained."""
-    entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params),
-                             objective=objective, method=outcome.method, before=before, after=version, now=now,
-                             fingerprint=state.fingerprint["digest"], verdict=verdict)
+    entries = ledger_entries(requests, batch, ids.hashed, ids.salt(), objective=objective, method=outcome.method,
+                             before=before, after=version, now=now, fingerprint=state.fingerprint["digest"],
+                             verdict=verdict)
     retrained = getattr(outcome, "info", {}).get("slices_retrained")
     if retrained is None:
         return entries
     return [{**e, "retrained": {"shards": outcome.info["shards_retrained"], "slices": retrained}} for e in entries]
 
 
-def champion_record(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame,
+def champion_record(batch: BatchRun, tracking_store: str, state: State, requests: pd.DataFrame,
                     outcome: CandidateOutcome, rows: BatchRows, n_train: int, version: str, now: str,
                     warnings: list[str] | None) -> dict:
     """state/champion.json after this batch: the promoted version, its history point appended, the quality
     warnings `unlearn status` shows, and what the state's first model was clean of (unlearning/privacy/erasure.py,
-    state_is_clean)."""
+    state_is_clean). `tracking_store`: where the registry lives (adapters/store_check.py store_identity)."""
     previous = state.champion.get("history", [])
     history = [*previous, history_point(
         previous, batch_id=batch.batch_id, request_file=batch.path.name, method=outcome.method,
@@ -573,7 +579,7 @@ def champion_record(batch: BatchRun, params: Params, state: State, requests: pd.
         output_gap=float(outcome.per_sample["output_gap"].mean()))]
     return {"model_version": version, "method": outcome.method, "batch_id": batch.batch_id,
             "promoted_at": now, "n_retained_train": int(len(rows.retain)), "history": history,
-            "tracking_store": store_identity(params.mlflow_tracking_uri(), params.root),  # lost? store_check
+            "tracking_store": tracking_store,  # lost? adapters/store_check.py
             "quality_warnings": list(warnings or []),
             **{k: state.champion[k] for k in ("started_clean_of",) if k in state.champion}}
 
@@ -593,17 +599,17 @@ def promoted_verdict(outcome: CandidateOutcome) -> str:
     return "passed" if outcome.verdict.passed else "promoted_as_gate_false_reject"
 
 
-def names_after_erasure(params: Params, prepared, forget_ids: list[str]) -> list[str]:
+def names_after_erasure(ids: IdKey, deletion: Deletion, prepared, forget_ids: list[str]) -> list[str]:
     """The class names the champion is registered with: those the prepared store keeps once this batch's rows
     and every tombstoned row are erased (a class only they had reads `<erased k>`, as dataset.json will)."""
     from tasks.erasure import tombstoned_rows
 
     gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | \
-        tombstoned_rows(params.project_paths, params.deletion, id_salt(params), prepared)
+        tombstoned_rows(ids.paths, deletion, ids.salt(), prepared)
     return class_names_after(prepared.info, prepared.manifest, ~gone)
 
 
-def preparation_after_erasure(params: Params, prepared, forget_ids: list[str]) -> dict | None:
+def preparation_after_erasure(ids: IdKey, deletion: Deletion, prepared, forget_ids: list[str]) -> dict | None:
     """The raw-input preparation the champion is registered with (unlearning/data/preparation.py): the prepared
     store's, with the one-hot categories that only this batch's and tombstoned rows had as `<erased k>`
     placeholders, as dataset.json will name them, so the registry holds no raw value the erasure removes."""
@@ -614,7 +620,7 @@ def preparation_after_erasure(params: Params, prepared, forget_ids: list[str]) -
     if recipe is None or recipe["kind"] != "table":  # an image's preparation holds no value of a row
         return recipe
     gone = prepared.manifest["sample_id"].isin(forget_ids).to_numpy() | \
-        tombstoned_rows(params.project_paths, params.deletion, id_salt(params), prepared)
+        tombstoned_rows(ids.paths, deletion, ids.salt(), prepared)
     return recipe_after(recipe, prepared.X, ~gone)
 
 
@@ -665,21 +671,21 @@ def split_by_kind(state: State, requests: pd.DataFrame, batch_id: str) -> tuple[
 
 @task(name="record", **STAGE)
 @computes
-def record_not_trained_on(batch: BatchRun, params: Params, state: State, requests: pd.DataFrame,
+def record_not_trained_on(batch: BatchRun, ids: IdKey, state: State, requests: pd.DataFrame,
                           objective: str) -> Promotion:
     """A file naming only validation rows: no model trained on them, so nothing is unlearned, certified or
     registered: the champion stays (no new model version). The state keeps its model; its manifest marks the
     rows deleted and the ledger records them as erased, not trained on. All or nothing, as `promote`."""
     version = state.champion.get("model_version")
     now = datetime.now(timezone.utc).isoformat()
-    ids = requests["sample_id"].tolist()
-    entries = ledger_entries(requests, batch, params.deletion.hash_sample_ids, id_salt(params),
-                             objective=objective, method="none", before=version, after=version, now=now,
-                             fingerprint=state.fingerprint["digest"], verdict="not_trained_on")
-    commit_state(batch, params, state.model, marked_deleted(state.manifest, ids, batch.batch_id),
+    erased = requests["sample_id"].tolist()
+    entries = ledger_entries(requests, batch, ids.hashed, ids.salt(), objective=objective, method="none",
+                             before=version, after=version, now=now, fingerprint=state.fingerprint["digest"],
+                             verdict="not_trained_on")
+    commit_state(batch, ids.paths, state.model, marked_deleted(state.manifest, erased, batch.batch_id),
                  appended(state.ledger, entries), dict(state.champion), state.fingerprint)
     batch.summary.update(chosen=None, version_after=None, n_forgotten=0)
-    run_logger().info(f"{batch.path.name}: {len(ids)} validation row(s), never trained on: erased from the stores "
+    run_logger().info(f"{batch.path.name}: {len(erased)} validation row(s), never trained on: erased from the stores "
                       f"and recorded in the ledger (erased, not trained on); nothing to unlearn, the champion "
                       f"v{version} stays; ledger +{len(entries)}")
     return Promotion(version, version, state.champion.get("history", []), len(entries))
@@ -701,13 +707,12 @@ def finish_not_trained_on(batch: BatchRun, promoted: Promotion, erasure: dict | 
 @task(name="erase", **STAGE)
 @computes
 @clock.phase("erase")
-def erase(batch: BatchRun, params: Params, forget_ids: list[str], salt: str, version: str) -> dict:
-    """Remove the forgotten rows from every store (tasks/erasure.py; params.erasure and base.paths)."""
+def erase(batch: BatchRun, settings: ErasureSettings, forget_ids: list[str], salt: str, version: str) -> dict:
+    """Remove the forgotten rows from every store (tasks/erasure.py, with what it reads: tasks/stores/base.py
+    ErasureSettings)."""
     from tasks.erasure import erase as erase_rows
-    from tasks.stores.base import ErasureSettings
 
-    report = erase_rows(ErasureSettings.of(params), batch.batch_id, forget_ids, salt, version, batch.tracker,
-                        batch.parent)
+    report = erase_rows(settings, batch.batch_id, forget_ids, salt, version, batch.tracker, batch.parent)
     fault("after_erasure")
     purged = purged_rows_text(report["stores"])
     table_artifact([{"store": s.get("store", "?"), "purged rows": s.get("purged_rows", 0)} for s in report["stores"]],

@@ -28,8 +28,9 @@ def project(tmp_path_factory, prefect_harness):
     """A trained digits project whose map is built (as a first batch would), and the row it scores lowest."""
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     from tasks.licensing import full_rows
-    from tasks.memorization_map import MapSettings, map_for_state
-    from tasks.planning import ProbeInputs, probe
+    from tasks.batch_settings import BatchSettings
+    from tasks.memorization_map import map_for_state
+    from tasks.planning import probe
     from tasks.state import StateSettings, load_state
     from unlearning.config import load_params
 
@@ -37,8 +38,9 @@ def project(tmp_path_factory, prefect_harness):
     params_path = trained_project(root, LICENSING, inbox_files=False)
     params = load_params(params_path)
     state = load_state.fn(StateSettings.of(params), "cpu")
-    record, line = map_for_state(MapSettings.of(params), state, "cpu",
-                                 lambda: probe(ProbeInputs.of(params), state, full_rows(state), "cpu")[0])
+    settings = BatchSettings.of(params)
+    record, line = map_for_state(settings.map_settings, state, "cpu",
+                                 lambda: probe(settings.probe_inputs, state, full_rows(state), "cpu")[0])
     assert record is not None and record.cuts.for_rows(1) is not None, line
     ids = state.manifest["sample_id"].to_numpy()
     low, second = np.argsort(record.map.upper)[:2]

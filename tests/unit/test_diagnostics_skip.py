@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tasks.batch_settings import BatchSettings
 from unlearning.batch.rows import BatchRows
 from unlearning.config import load_params
 from unlearning.planning.plan import Timing
@@ -31,7 +32,7 @@ def unused(deletion: dict, timing: Timing):
 
     params = load_params(overrides={"deletion": deletion})
     batch = SimpleNamespace(probe=(timing, None), device="cpu")
-    return diagnostics_unused(batch, params, SimpleNamespace(model=object()), ROWS, "retrain_equivalence",
+    return diagnostics_unused(batch, BatchSettings.of(params), SimpleNamespace(model=object()), ROWS, "retrain_equivalence",
                               selection(params))
 
 
@@ -63,7 +64,7 @@ def test_a_retrain_forced_by_the_debt_skips_them():
     params = load_params(overrides={"deletion": {"method": "auto"}})
     forced = selection(params).forced_retrain(["too many batches since the last exact retrain"])
     batch = SimpleNamespace(probe=(CHEAP, None), device="cpu")
-    why = diagnostics_unused(batch, params, SimpleNamespace(model=object()), ROWS, "retrain_equivalence", forced)
+    why = diagnostics_unused(batch, BatchSettings.of(params), SimpleNamespace(model=object()), ROWS, "retrain_equivalence", forced)
     assert why and "(retrain) are exact" in why and "do_nothing" not in why
 
 
@@ -72,7 +73,7 @@ def test_the_record_keeps_them_when_asked():
 
     params = load_params(overrides={"deletion": {"method": "retrain"}, "diagnostics": {"record": True}})
     batch = SimpleNamespace(probe=(CHEAP, None), device="cpu")
-    assert diagnostics_unused(batch, params, SimpleNamespace(model=object()), ROWS, "retrain_equivalence",
+    assert diagnostics_unused(batch, BatchSettings.of(params), SimpleNamespace(model=object()), ROWS, "retrain_equivalence",
                               selection(params)) is None
 
 

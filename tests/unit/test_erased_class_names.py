@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from tasks.id_key import IdKey
 from tasks.stages import names_after_erasure
 from tasks.training import prepare_dataset
 from unlearning.data import load_prepared
@@ -49,7 +50,7 @@ def test_a_class_only_erased_rows_had_is_renamed_in_place(tmp_path, hash_ids):
     names = before.info["class_names"]
     assert NAME in names and KEPT in names and NAME not in json.dumps(fp0)  # the identity holds counts
     # what the batch registers its champion with, before the erasure runs
-    registered = names_after_erasure(params, before, ["r2", "r3"])
+    registered = names_after_erasure(IdKey.of(params), params.deletion, before, ["r2", "r3"])
     assert erase(params, ["r2", "r3"]) == 2
     after, fp = store(params)
     assert after.info["class_names"] == [n if n != NAME else "<erased 1>" for n in names] == registered
@@ -86,10 +87,10 @@ def test_registered_names_leave_out_classes_of_earlier_tombstoned_rows(tmp_path)
     prepare_dataset.fn(params)
     prepared, _ = store(params)
     add_tombstones(params.path("tombstones"), ["r4"])
-    names = names_after_erasure(params, prepared, ["r2"])
+    names = names_after_erasure(IdKey.of(params), params.deletion, prepared, ["r2"])
     assert NAME not in names and SECOND not in names and KEPT in names
-    assert names_after_erasure(params, prepared, []) == [n if n != SECOND else "<erased 1>"
-                                                         for n in prepared.info["class_names"]]
+    assert names_after_erasure(IdKey.of(params), params.deletion, prepared, []) == [
+        n if n != SECOND else "<erased 1>" for n in prepared.info["class_names"]]
 
 
 def test_built_in_vocabularies_are_not_renamed():

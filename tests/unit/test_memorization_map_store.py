@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tasks.batch_settings import BatchSettings
 from tasks.licensing import audit_due, failing_scores
 from tasks.memorization_map import (
     MapRecord, MapSettings, cut_key, fit_map_cuts, load_map, map_key, map_plan, save_map, stale_reason,
@@ -23,7 +24,7 @@ from unlearning.planning.plan import Timing
 
 
 def settings_at(tmp_path, **over) -> MapSettings:
-    return MapSettings.of(parse_params({"deletion": {"hash_sample_ids": False}, **over}, root=tmp_path))
+    return BatchSettings.of(parse_params({"deletion": {"hash_sample_ids": False}, **over}, root=tmp_path)).map_settings
 
 
 def timing(step_seconds: float, slope: float) -> Timing:

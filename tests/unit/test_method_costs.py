@@ -15,6 +15,7 @@ from unlearning.planning.plan import Timing
 
 def test_method_costs_time_the_method_warm_at_the_probes_thread(monkeypatch):
     import tasks.planning as planning
+    from tasks.batch_settings import BatchSettings
     from tasks.qualification import method_costs
 
     calls = []
@@ -32,7 +33,7 @@ def test_method_costs_time_the_method_warm_at_the_probes_thread(monkeypatch):
     rows = BatchRows(before=np.arange(100), forget=np.arange(5), retain=np.arange(5, 100),
                      adjacent_mask=np.zeros(95, bool), validation=np.arange(0))
     state = NS(prepared=NS(n_classes=10))
-    costs = method_costs(planning.ProbeInputs.of(params), state, rows, "cpu", ["finetune"])
+    costs = method_costs(BatchSettings.of(params).probe_inputs, state, rows, "cpu", ["finetune"])
     assert calls == [1, 1]  # both runs at the probe's one thread (torch's default here is 2)
     assert costs == {"finetune": 0.5}  # the warm 1.0 s against the 2.0 s retrain, not the cold 10 s
     assert torch.get_num_threads() == 2  # restored

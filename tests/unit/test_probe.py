@@ -89,7 +89,8 @@ def test_the_cost_curve_is_the_median_step_per_size_on_a_known_clock(monkeypatch
 
 
 def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):
-    from tasks.planning import ProbeInputs, batch_plan, probe
+    from tasks.batch_settings import BatchSettings
+    from tasks.planning import batch_plan, probe
     from unlearning.planning.plan import plan_lines
 
     params = load_params(make_project(tmp_path, {"train": {"epochs": 2}, "validation": {
@@ -104,7 +105,7 @@ def test_unlearn_plan_and_its_batch_price_with_one_estimate(tmp_path):
 
     model = build(params.train.model, params.root, prepared, [params.base.seed])
     state = SimpleNamespace(prepared=prepared, model=model, champion={"model_version": "3"})
-    inputs = ProbeInputs.of(params)
+    inputs = BatchSettings.of(params).probe_inputs
     first, _ = probe(inputs, state, rows, "cpu", ["do_nothing", "finetune", "retrain"])
     again, footprint = probe(inputs, state, rows, "cpu", ["do_nothing", "finetune", "retrain"])
     assert first.curve.step_seconds == again.curve.step_seconds and first.retrain_seconds == again.retrain_seconds

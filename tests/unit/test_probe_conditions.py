@@ -107,10 +107,11 @@ def probed(tmp_path_factory):
 
 
 def test_the_batch_probes_again_when_the_cached_figure_is_stale(probed):
-    from tasks.planning import ProbeInputs, probe
+    from tasks.batch_settings import BatchSettings
+    from tasks.planning import probe
 
     params, state, rows = probed
-    inputs = ProbeInputs.of(params)
+    inputs = BatchSettings.of(params).probe_inputs
     hour = 3600.0
     first, _ = probe(inputs, state, rows, "cpu", ["retrain"], clock=lambda: 1e6, load=lambda: 4.0)
     c = first.conditions

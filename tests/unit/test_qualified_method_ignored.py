@@ -34,6 +34,7 @@ def qualified_batch(method: str, monkeypatch) -> list[str]:
     import tasks.qualification
     import tasks.stages as S
     from tasks.batch_path import BatchCounts, qualified_run
+    from tasks.batch_settings import BatchSettings
     from unlearning.certificate.qualification import EXACT, License
 
     q = SimpleNamespace(noise=0.1, tag=lambda: "qualification")
@@ -46,7 +47,7 @@ def qualified_batch(method: str, monkeypatch) -> list[str]:
     warned, logger = _Lines(), logging.getLogger("unlearning")  # run_logger outside a run (Prefect's config: no root)
     logger.addHandler(warned)
     try:
-        out, licensing = qualified_run(batch, params, None, None, "retrain_equivalence", None, BatchCounts(100, 0))
+        out, licensing = qualified_run(batch, BatchSettings.of(params), None, None, "retrain_equivalence", None, BatchCounts(100, 0))
     finally:
         logger.removeHandler(warned)
     assert out.method == EXACT and licensing.method == EXACT

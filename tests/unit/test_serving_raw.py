@@ -268,6 +268,7 @@ def test_promote_registers_the_recipe_without_the_erased_rows_values(tmp_path):
     """tasks/stages.py `preparation_after_erasure`: the recipe a batch's champion is registered with already names a
     category that only this batch's (or a tombstoned) row had `<erased k>`, as the store rewritten by the erasure
     will; the recipe of that store is the same."""
+    from tasks.id_key import IdKey
     from tasks.stages import preparation_after_erasure
     from tasks.training import prepare_dataset
     from unlearning.config import parse_params
@@ -280,11 +281,11 @@ def test_promote_registers_the_recipe_without_the_erased_rows_values(tmp_path):
     prepare_dataset.fn(params)
     before = load_prepared(params.path("prepared_dir"))
     assert "ISLAND-ONLY-C5" in json.dumps(recipe_of(before.info))
-    recipe = preparation_after_erasure(params, before, ["c5"])
+    recipe = preparation_after_erasure(IdKey.of(params), params.deletion, before, ["c5"])
     assert "ISLAND-ONLY-C5" not in json.dumps(recipe)
-    assert preparation_after_erasure(params, before, ["c6"]) == recipe_of(before.info)  # c6's zone stays
+    assert preparation_after_erasure(IdKey.of(params), params.deletion, before, ["c6"]) == recipe_of(before.info)  # c6's zone stays
     add_tombstones(params.path("tombstones"), map(id_key(False, "table"), ["c5"]))  # a tombstoned row counts too
-    assert preparation_after_erasure(params, before, []) == recipe
+    assert preparation_after_erasure(IdKey.of(params), params.deletion, before, []) == recipe
     prepare_dataset.fn(params)  # prepare again: the tombstoned row is left out
     assert recipe_of(load_prepared(params.path("prepared_dir")).info) == recipe
 
