@@ -389,7 +389,7 @@ def frontier(records: list[dict], a) -> list[dict]:
     for b in a.budgets:
         for t in a.targets:
             key = f"{b:g}/{t:g}"
-            out.append({"budget": b, "target": t, "aggregate": "quantile",
+            out.append({"budget": b, "target": t, "aggregate": a.aggregate,
                         **rates(records, lambda r, key=key: r["licensed_by"][key], b)})
     return out
 
@@ -407,6 +407,11 @@ def _pct(x) -> str:
 
 def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
+
+
+def aggregate_of(run: dict) -> str:
+    """The gate's aggregate the run's audits judged by (gate.epsilon.aggregate; runs from before it: quantile)."""
+    return run.get("epsilon", {}).get("aggregate", "quantile")
 
 
 def expected(s: dict) -> float:
@@ -429,13 +434,14 @@ def readme_table(runs: list[dict]) -> str:
             s = d["summary"]
             lines.append(
                 f"| {d['dataset']} ({d['n_train']}) | {run['argv']['requests']} of {run['argv']['sizes']} rows + class "
-                f"+ high-map | {s['licensed_random']}/{s['random']} ({_pct(s['licensed_share'])}) | "
+                f"+ high-map, {aggregate_of(run)} aggregate | {s['licensed_random']}/{s['random']} ({_pct(s['licensed_share'])}) | "
                 f"{s['false_accepts']}/{s['licensed']} ({_pct(s['false_accept_rate'])}; {_pct(s['false_accept_upper95'])}) | "
                 f"{'yes' if s['class_licensed'] else 'no'} / {'yes' if s['high_map_licensed'] else 'no'} | "
                 f"{expected(s):.2f} | {s['map_retrains_first']:.1f} x {s['map_builds']} |")
     dates = sorted({r["date"][:10] for r in runs})
     return (f"Measured {', '.join(dates)} on this 2-core machine (shared; load in the JSON) by `python bench/stream.py` "
-            f"(gate budget {runs[0]['budget']:g}, quantile aggregate, N = {runs[0]['argv']['n']} oracles per audit). "
+            f"(gate budget {runs[0]['budget']:g}, N = {runs[0]['argv']['n']} oracles per audit; each row names the "
+            f"aggregate its audits judged by, gate.epsilon.aggregate). "
             f"Targets: licensed >= 60 % of random requests, audited false accepts <= 5 %, class and high-map never "
             f"licensed, mean cost <= 0.6 retrain (digits) and <= 0.5 (Fashion-MNIST).\n\n" + "\n".join(lines))
 
@@ -461,8 +467,8 @@ def doc_tables(runs: list[dict]) -> str:
                 f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
                 for k, v in run["argv"].items() if k not in ("out", "tables", "map_only") and v is not None
                 and v is not False and not (k == "rows" and d["dataset"] != "fashion_mnist"))
-            out += [f"#### {d['dataset']}, {d['n_train']} training rows, requests of {run['argv']['sizes']} rows "
-                    f"({run['date'][:10]})", "", f"`{cmd}`; load at the start {run.get('load', '?')}; one retrain "
+            out += [f"#### {d['dataset']}, {d['n_train']} training rows, requests of {run['argv']['sizes']} rows, "
+                    f"{aggregate_of(run)} aggregate ({run['date'][:10]})", "", f"`{cmd}`; load at the start {run.get('load', '?')}; one retrain "
                     f"{d['retrain_seconds']} s at the start (each cost below is divided by a retrain timed next to it); "
                     f"map {d['members']} members; {d['wall_seconds']:.0f} s in all.", "",
                     "| target | measured | |", "|---|---|---|",
@@ -485,7 +491,7 @@ def doc_tables(runs: list[dict]) -> str:
                     f"{d.get('audit_cost', {}).get('retrains', float('nan')):.1f} retrains an audit; over "
                     f"{s['requests']} requests. As drawn in this stream ({s['sampled_audits']} audit(s)): "
                     f"{s['mean_cost_retrains']:.2f}) | {_met(expected(s) <= t_cost)} |", "",
-                    "Frontier (the same stream, other cuts replayed; quantile aggregate):", "",
+                    f"Frontier (the same stream, other cuts replayed; {aggregate_of(run)} aggregate):", "",
                     "| budget | target | licensed (random) | audited false accepts | 95 % upper |",
                     "|---|---|---|---|---|"]
             for f in d["frontier"]:
@@ -527,9 +533,13 @@ def main() -> None:
     ap.add_argument("--budgets", type=float, nargs="+", default=[params.gate.epsilon.max])
     ap.add_argument("--targets", type=float, nargs="+", default=[0.02, 0.05, 0.1, 0.2])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--aggregate", choices=["quantile", "mean"], default=params.gate.epsilon.aggregate,
+                    help="gate.epsilon.aggregate the audits judge by (default: params.yaml's)")
     ap.add_argument("--map-only", action="store_true", help="build the map and fit its cuts, run no stream")
     ap.add_argument("--out", default=str(ROOT / "bench/results/stream.json"))
     a = ap.parse_args()
+    params = params.model_copy(update={"gate": params.gate.model_copy(update={
+        "epsilon": params.gate.epsilon.model_copy(update={"aggregate": a.aggregate})})})
     lo, hi = (int(x) for x in a.sizes.split("-"))
     a.sizes = (lo, hi)
     if params.gate.epsilon.max not in a.budgets:
