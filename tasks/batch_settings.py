@@ -79,8 +79,8 @@ class BatchSettings:
 
     @cached_property
     def ids(self) -> IdKey:
-        """How the batch keys sample ids (deletion.hash_sample_ids and the project's key)."""
-        return IdKey(self.deletion.hash_sample_ids, self.paths)
+        """How the batch keys sample ids (deletion.hash_sample_ids and the project's key), as its erasure does."""
+        return self.erasing.key
 
     @cached_property
     def probe_inputs(self):
