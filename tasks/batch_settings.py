@@ -45,20 +45,23 @@ class BatchSettings:
     licensing: Licensing  # licensed inaction: the map, the cuts, the audits
     seed: int  # base.seed: every seed stream (unlearning/seeds.py)
     progress: bool  # base.progress
-    paths: ProjectPaths  # base.paths and the project's root
-    erasing: ErasureSettings  # what the batch's erasure reads (erasure, the registry, the tracking URI)
+    erasing: ErasureSettings  # what the batch's erasure reads (the paths, erasure, the registry, the tracking URI)
 
     # Builds the batch's record from the whole params, its one job (flows/deletion_batch.py, `unlearn plan`).
     @classmethod
     def of(cls, params: Params) -> "BatchSettings":
         return cls(params.deletion, params.validation, params.gate, params.train, params.diagnostics,
-                   params.licensing, params.base.seed, params.base.progress, params.project_paths,
-                   ErasureSettings.of(params))
+                   params.licensing, params.base.seed, params.base.progress, ErasureSettings.of(params))
 
     def exact(self) -> "BatchSettings":
         """The record a batch goes on with after a failed licence audit: the exact retrain, named (no diagnostics,
         no certificate of an approximate candidate)."""
         return replace(self, deletion=self.deletion.model_copy(update={"method": EXACT_RETRAIN}))
+
+    @property
+    def paths(self) -> ProjectPaths:
+        """base.paths and the project's root (the erasure's record holds them)."""
+        return self.erasing.paths
 
     @property
     def tracking(self) -> Tracking:
