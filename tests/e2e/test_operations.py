@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.cdp import Browser
 from tests.e2e.test_dvc_repro import copy_project, sh
 from tests.helpers import FAST, ROOT
 
@@ -138,16 +139,25 @@ def test_watcher_refuses_without_server(tmp_path):
     assert res.returncode != 0 and "PREFECT_API_URL is not set" in res.stderr + res.stdout
 
 
-def test_dropped_file_is_processed(ops):
+@pytest.fixture(scope="module")
+def first_batch(ops) -> list[dict]:
+    """The first request file of the deployment, dropped into the inbox once for the tests that read its batch
+    (its ledger entries, its MLflow run, its Prefect flow run), so they pass in any order or alone."""
     proj = ops["proj"]
+    n0 = len(ledger(proj))
     t0 = time.monotonic()
     drop(proj, "2026-11-30T1000_a.csv", [("ops-1", "digits-0003"), ("ops-2", "digits-0008")])
-    entries = wait_for(lambda: ledger(proj), 300, "the first batch in the ledger", interval=2)
+    wait_for(lambda: len(ledger(proj)) >= n0 + 2, 300, "the first batch in the ledger", interval=2)
     latency = time.monotonic() - t0
     print(f"file drop -> finished batch: {latency:.1f} s")
-    (ARTIFACTS).mkdir(exist_ok=True)
+    ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "drop_latency.json").write_text(json.dumps({"seconds": latency}))
-    assert [e["request_id"] for e in entries] == ["ops-1", "ops-2"]
+    return ledger(proj)[n0:]
+
+
+def test_dropped_file_is_processed(ops, first_batch):
+    proj = ops["proj"]
+    assert [e["request_id"] for e in first_batch] == ["ops-1", "ops-2"]
     # Lineage: the deployment run committed the new state to the DVC cache.
     # The pipeline's stages (the report stage is separate: never run here, so it shows as changed)
     wait_for(lambda: "Data and pipelines are up to date" in dvc_status(proj, ops["env"]), 60, "a clean `dvc status`",
@@ -181,7 +191,7 @@ def test_two_files_at_once_in_order_exactly_once(ops):
     assert ids[n0:] == ["ops-3", "ops-4"] and len(ids) == len(set(ids))
 
 
-def test_mlflow_ui_shows_the_batch(ops):
+def test_mlflow_ui_shows_the_batch(ops, first_batch):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("Debian chromium is not installed (.ci/run installs it)")
@@ -202,58 +212,67 @@ def test_mlflow_ui_shows_the_batch(ops):
     ops["procs"].append(ui)
     wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 120, "the MLflow UI")
     base = f"http://127.0.0.1:{port}/"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={ops['base'] / 'chrome'}", "--window-size=1400,1400", "--virtual-time-budget=20000"]
     ARTIFACTS.mkdir(exist_ok=True)
+    # One browser for the pages below; each page is waited for until what it must show is rendered (a loaded
+    # machine renders MLflow's artifact viewer late, so one fixed virtual-time budget was not enough).
+    browser = Browser(chromium, ops["base"] / "chrome", width=1400, height=1400)
 
-    def page(route: str, shot_name: str) -> str:
-        """Screenshot (kept under tests/artifacts/) and the rendered DOM of one UI route."""
+    def page(route: str, shot_name: str, *shows: str) -> None:
+        """Wait until the rendered body of one UI route contains every string of `shows` (the body: the page's
+        seed script in its head holds the batches view's column names too), and screenshot it (kept under
+        tests/artifacts/). The page starts from about:blank, so nothing of the route before is read."""
+        browser.goto("about:blank")
+        browser.wait("location.href === 'about:blank'", "a blank page")
+        browser.goto(base + route)
+        rendered = " && ".join(f"document.body.innerHTML.includes({json.dumps(s)})" for s in shows)
+        browser.wait(f"location.href.startsWith({json.dumps(base)}) && document.body && {rendered}",
+                     f"{shows} on {route}")
         shot = ARTIFACTS / shot_name
-        subprocess.run([chromium, *flags, f"--screenshot={shot}", base + route], capture_output=True, timeout=120)
-        assert shot.exists() and shot.stat().st_size > 10_000, shot
+        browser.screenshot(shot)
+        assert shot.stat().st_size > 10_000, shot
         docs_copy(shot)
-        return subprocess.run([chromium, *flags, "--dump-dom", base + route], capture_output=True, text=True,
-                              timeout=120).stdout
 
-    # The batch run page: a readable name and the batch summary as its description.
-    dom = page(tracker.run_url_hint(run.info.run_id), "mlflow_run_page.png")
-    assert run.info.run_name in dom and " @ " in run.info.run_name
-    assert "Deletion batch" in dom and run.data.tags["request_file"] in dom and "Forgotten:" in dom
-    # A figure of the batch, rendered as an image in the artifact viewer.
-    dom = page(tracker.run_url_hint(run.info.run_id, "artifacts/champion_history.png"), "mlflow_history_figure.png")
-    assert '<img alt="champion_history.png"' in dom
-    # The chosen candidate's child run: its accuracy per split against the oracles' spread (every candidate has
-    # it; an exact retrain trains no references, so it has no KLoM figure).
-    [child] = tracker.client.search_runs([tracker.experiment_id], filter_string=(
-        f"tags.mlflow.parentRunId = '{run.info.run_id}' and tags.method = '{run.data.tags['method']}'"))
-    dom = page(tracker.run_url_hint(child.info.run_id, "artifacts/accuracy_per_split.png"),
-               "mlflow_candidate_accuracy.png")
-    assert '<img alt="accuracy_per_split.png"' in dom and child.info.run_name.startswith("unlearn-")
-    # The shared view of the runs table: batch runs with the reviewer's columns.
-    dom = page(tracker.batches_url_hint(), "mlflow_batches_view.png")
-    for column in ("wall_seconds", "n_forgotten", "method"):
-        assert column in dom, column
+    try:
+        # The batch run page: a readable name and the batch summary as its description.
+        assert " @ " in run.info.run_name
+        page(tracker.run_url_hint(run.info.run_id), "mlflow_run_page.png",
+             run.info.run_name, "Deletion batch", run.data.tags["request_file"], "Forgotten:")
+        # A figure of the batch, rendered as an image in the artifact viewer.
+        page(tracker.run_url_hint(run.info.run_id, "artifacts/champion_history.png"), "mlflow_history_figure.png",
+             '<img alt="champion_history.png"')
+        # The chosen candidate's child run: its accuracy per split against the oracles' spread (every candidate
+        # has it; an exact retrain trains no references, so it has no KLoM figure).
+        [child] = tracker.client.search_runs([tracker.experiment_id], filter_string=(
+            f"tags.mlflow.parentRunId = '{run.info.run_id}' and tags.method = '{run.data.tags['method']}'"))
+        assert child.info.run_name.startswith("unlearn-")
+        page(tracker.run_url_hint(child.info.run_id, "artifacts/accuracy_per_split.png"),
+             "mlflow_candidate_accuracy.png", '<img alt="accuracy_per_split.png"')
+        # The shared view of the runs table: batch runs with the reviewer's columns.
+        page(tracker.batches_url_hint(), "mlflow_batches_view.png",
+             *(f'col-id="{column}"' for column in (*REVIEW_COLUMNS, "metrics.`n_forgotten`")))
+        # The registered model's description, on its registry page.
+        name = p.tracking.registered_model
+        description = tracker.client.get_registered_model(name).description
+        assert description and "champion" in description
+        page(f"#/models/{name}", "mlflow_model_page.png", "The pipeline's classifier")
+    finally:
+        browser.close()
     # One duration per batch: the run's Duration (end - start), its wall_seconds metric (to 0.1 s) and the
     # summary's wall time are one number.
     run = tracker.client.get_run(run.info.run_id)
     wall = run.data.metrics["wall_seconds"]
     assert wall == round(wall, 1) and run.info.end_time - run.info.start_time == round(wall * 1000)
     assert f"**Wall time:** {wall:.1f} s" in run.data.tags["mlflow.note.content"]
-    # The registered model's description, on its registry page.
-    name = p.tracking.registered_model
-    description = tracker.client.get_registered_model(name).description
-    assert description and "champion" in description
-    assert "The pipeline's classifier" in page(f"#/models/{name}", "mlflow_model_page.png")
     from_the_experiment_list(chromium, base, ops["base"] / "chrome-fresh", p.tracking.experiment, run, wall)
+
+
+REVIEW_COLUMNS = ("tags.`method`", "tags.`gate`", "tags.`model_version`", "metrics.`wall_seconds`")
 
 
 def from_the_experiment_list(chromium: str, base: str, profile: Path, experiment: str, run, wall: float) -> None:
     """A reviewer's first visit (a fresh browser profile, a 1,400 px window): MLflow's experiment list, a click on
     the experiment, and the batches table with the method, gate, version and wall time columns in view (not
     the GenAI overview, not the default Source/Models/Dataset columns, no assistant panel over the table)."""
-    from tests.e2e.cdp import Browser
-
     browser = Browser(chromium, profile, width=1400, height=900)
     try:
         browser.goto(base + "#/experiments")
@@ -261,11 +280,13 @@ def from_the_experiment_list(chromium: str, base: str, profile: Path, experiment
         browser.wait(f"Boolean({link})", "the experiment in MLflow's experiment list")
         browser.screenshot(ARTIFACTS / "mlflow_experiment_list.png")
         browser.eval(f"{link}.click()")
+        # The table may first draw MLflow's default columns and then the saved state: wait for the reviewer's
+        # columns (a table that never shows them times out here).
+        header = ("Object.fromEntries([...document.querySelectorAll('.ag-header-cell[col-id]')].map(h => "
+                  "[h.getAttribute('col-id'), [h.getBoundingClientRect().left, h.getBoundingClientRect().right]]))")
         columns = browser.wait(
-            "location.hash.includes('/runs') && document.querySelectorAll('.ag-header-cell[col-id]').length > 4 && "
-            "Object.fromEntries([...document.querySelectorAll('.ag-header-cell[col-id]')].map(h => "
-            "[h.getAttribute('col-id'), [h.getBoundingClientRect().left, h.getBoundingClientRect().right]]))",
-            "the runs table after a click on the experiment")
+            f"location.hash.includes('/runs') && (c => {json.dumps(list(REVIEW_COLUMNS))}.every(k => k in c) && c)"
+            f"({header})", f"the runs table with the columns {REVIEW_COLUMNS} after a click on the experiment")
         browser.wait(f"document.body.innerText.includes({run.info.run_name!r})", "the batch run in the table")
         shot = ARTIFACTS / "mlflow_experiment_from_list.png"
         browser.screenshot(shot)
@@ -276,8 +297,7 @@ def from_the_experiment_list(chromium: str, base: str, profile: Path, experiment
     finally:
         browser.close()
     assert "/runs" in hash_ and "deletion_batch" in hash_, hash_  # the runs table, filtered to the batch runs
-    for column in ("tags.`method`", "tags.`gate`", "tags.`model_version`", "metrics.`wall_seconds`"):
-        assert column in columns, (column, sorted(columns))
+    for column in REVIEW_COLUMNS:
         left, right = columns[column]
         assert 0 <= left and right <= width, (column, left, right, width)  # in view, not scrolled off
     assert "Ask questions about your" not in text  # the assistant panel stayed closed (its button stays)
@@ -285,7 +305,7 @@ def from_the_experiment_list(chromium: str, base: str, profile: Path, experiment
     assert f"{wall:g}" in text  # the wall time, rounded as logged
 
 
-def test_flow_runs_are_named_after_the_request_file(ops):
+def test_flow_runs_are_named_after_the_request_file(ops, first_batch):
     """The Prefect UI lists a deletion run as `deletion <request file>` (the first file dropped above)."""
     import httpx
 
@@ -296,13 +316,11 @@ def test_flow_runs_are_named_after_the_request_file(ops):
     assert "deletion 2026-11-30T1000_a" in names, names
 
 
-def test_prefect_ui_lists_the_flow_run_by_its_request_file(ops):
+def test_prefect_ui_lists_the_flow_run_by_its_request_file(ops, first_batch):
     """The Prefect UI's runs page (a fresh browser, 1,400 px) lists the deletion's flow run by its request file."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("Debian chromium is not installed (.ci/run installs it)")
-    from tests.e2e.cdp import Browser
-
     ARTIFACTS.mkdir(exist_ok=True)
     ui = ops["env"]["PREFECT_API_URL"].removesuffix("/api")
     browser = Browser(chromium, ops["base"] / "chrome-prefect", width=1400, height=900)
