@@ -61,6 +61,7 @@ from unlearning.batch.rows import sampled_for_certificate
 from unlearning.models import predict_logits
 from unlearning.seeds import method_seed, original_seed, role_seeds
 from unlearning.policy.selection import batch_facts, candidate_methods
+from unlearning.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 from unlearning.batch.rows import SPLITS  # noqa: E402
@@ -387,8 +388,11 @@ def main() -> None:
     train_rows, val_rows = prob.train_rows, prob.val_rows
     XD, yD = X_all[train_rows], y_all[train_rows]
     t0 = time.perf_counter()
-    original = _train(spec, [original_seed(a.seed)], XD, yD, recipe)
-    shadows = _train(spec, role_seeds(a.seed, "shadows", a.n), XD, yD, recipe)
+    # one step: a line every 10 s with the time so far (no ETA: nothing is done yet to estimate one from)
+    with Progress(1, f"calibration {a.dataset}: the original and {a.n} shadows", unit="step", heartbeat_s=1.0) as bar:
+        original = _train(spec, [original_seed(a.seed)], XD, yD, recipe)
+        shadows = _train(spec, role_seeds(a.seed, "shadows", a.n), XD, yD, recipe)
+        bar.update()
     seconds_shadows = time.perf_counter() - t0
 
     # "high self-leverage" rows: ranked by the original's training loss (self-influence grows with the residual;
@@ -405,140 +409,147 @@ def main() -> None:
     methods = [s for s in a.methods.split(",") if s]
 
     rows_out = []
-    for k, (name, F) in enumerate(sets):
-        ts = time.perf_counter()
-        R = np.setdiff1d(train_rows, F)
-        forget_classes = np.unique(y_np[F])
-        adjacent_mask = np.isin(y_np[R], forget_classes)
-        rows = BatchRows(before=train_rows, forget=F, retain=R, adjacent_mask=adjacent_mask, validation=val_rows)
-        eval_rows, splits = sampled_for_certificate(rows, a.certificate_rows, a.seed).eval_rows()
-        labels = y_np[eval_rows]
-        XR, yR = X_all[R], y_all[R]
-        oracles_a = _train(spec, role_seeds(a.seed, "oracles", a.n), XR, yR, recipe)
-        oracles_b = _train(spec, role_seeds(a.seed, "oracles_b", a.n), XR, yR, recipe)
-        seconds_oracles = (time.perf_counter() - ts) / 2
-        Xe = X_all[eval_rows]
-        la, lb = predict_logits(oracles_a, Xe), predict_logits(oracles_b, Xe)
-        l_sh, l_orig = predict_logits(shadows, Xe), predict_logits(original, Xe)
+    # one line every 10 s (stderr) with the set and its phase; the ETA from the sets done so far
+    with Progress(len(sets), f"calibration {a.dataset} N={a.n}", unit="forget sets", heartbeat_s=1.0) as bar:
+        for k, (name, F) in enumerate(sets):
+            bar.stage(f"{name}: oracles")
+            ts = time.perf_counter()
+            R = np.setdiff1d(train_rows, F)
+            forget_classes = np.unique(y_np[F])
+            adjacent_mask = np.isin(y_np[R], forget_classes)
+            rows = BatchRows(before=train_rows, forget=F, retain=R, adjacent_mask=adjacent_mask, validation=val_rows)
+            eval_rows, splits = sampled_for_certificate(rows, a.certificate_rows, a.seed).eval_rows()
+            labels = y_np[eval_rows]
+            XR, yR = X_all[R], y_all[R]
+            oracles_a = _train(spec, role_seeds(a.seed, "oracles", a.n), XR, yR, recipe)
+            oracles_b = _train(spec, role_seeds(a.seed, "oracles_b", a.n), XR, yR, recipe)
+            seconds_oracles = (time.perf_counter() - ts) / 2
+            Xe = X_all[eval_rows]
+            la, lb = predict_logits(oracles_a, Xe), predict_logits(oracles_b, Xe)
+            l_sh, l_orig = predict_logits(shadows, Xe), predict_logits(original, Xe)
 
-        # do_nothing's true gap vs an independent N-vs-N floor (both sides of size N, disjoint seeds)
-        floor_ab = klom_summary(klom(margins(lb.numpy(), labels), margins(la.numpy(), labels)), splits)
-        gap_sb = klom_summary(klom(margins(l_sh.numpy(), labels), margins(lb.numpy(), labels)), splits)
-        true_gap_ratio = max(gap_sb[s]["p95"] / max(floor_ab[s]["p95"], 1e-12) for s in gap_sb)
+            # do_nothing's true gap vs an independent N-vs-N floor (both sides of size N, disjoint seeds)
+            floor_ab = klom_summary(klom(margins(lb.numpy(), labels), margins(la.numpy(), labels)), splits)
+            gap_sb = klom_summary(klom(margins(l_sh.numpy(), labels), margins(lb.numpy(), labels)), splits)
+            true_gap_ratio = max(gap_sb[s]["p95"] / max(floor_ab[s]["p95"], 1e-12) for s in gap_sb)
 
-        results: dict[str, dict] = {}
+            bar.stage(f"{name}: certificates")
+            results: dict[str, dict] = {}
 
-        def judge(method, cand, shadow_unl, orc, acc_ref, seconds, is_retrain=False, sequential=True):
-            """The flow's certificate, through the core's loop (unlearning/sequential.py run_looks): the sequential
-            looks over prefixes of the reference sets (`acc_ref` is `orc` or an independent set of the same size);
-            sequential=False: one look at full N, alpha whole (the audit of an exact retrain). Under `difference`
-            (the gate of params.yaml) and under `epsilon` at every budget of the grid and both aggregates: each
-            look is measured once per aggregate (`measure`), then judged by the core's criterion at each budget."""
-            plan = looks if sequential else (((shadow_unl.shape[0], orc.shape[0]),), (gate.retrain_equivalence.alpha,),
-                                             (a.n_permutations,))
+            def judge(method, cand, shadow_unl, orc, acc_ref, seconds, is_retrain=False, sequential=True):
+                """The flow's certificate, through the core's loop (unlearning/sequential.py run_looks): the sequential
+                looks over prefixes of the reference sets (`acc_ref` is `orc` or an independent set of the same size);
+                sequential=False: one look at full N, alpha whole (the audit of an exact retrain). Under `difference`
+                (the gate of params.yaml) and under `epsilon` at every budget of the grid and both aggregates: each
+                look is measured once per aggregate (`measure`), then judged by the core's criterion at each budget."""
+                plan = looks if sequential else (((shadow_unl.shape[0], orc.shape[0]),), (gate.retrain_equivalence.alpha,),
+                                                 (a.n_permutations,))
 
-            def measure_with(how: str):
-                memo: dict = {}
-                cfg = eps_cfg.model_copy(update={"aggregate": how})
+                def measure_with(how: str):
+                    memo: dict = {}
+                    cfg = eps_cfg.model_copy(update={"aggregate": how})
 
-                def measure(spec):
-                    if spec not in memo:
-                        n_a = acc_ref.shape[0] if not sequential else spec.n_oracles
-                        ms, _ = certificate_measures(cand, shadow_unl[:spec.n_shadows], orc[:spec.n_oracles],
-                                                     acc_ref[:n_a], labels, splits, n_permutations=spec.n_permutations,
-                                                     seed=a.seed, epsilon=cfg, confidence=1 - spec.alpha)
-                        memo[spec] = LookMeasures(ms, None)
-                    return memo[spec]
-                return measure
+                    def measure(spec):
+                        if spec not in memo:
+                            n_a = acc_ref.shape[0] if not sequential else spec.n_oracles
+                            ms, _ = certificate_measures(cand, shadow_unl[:spec.n_shadows], orc[:spec.n_oracles],
+                                                         acc_ref[:n_a], labels, splits, n_permutations=spec.n_permutations,
+                                                         seed=a.seed, epsilon=cfg, confidence=1 - spec.alpha)
+                            memo[spec] = LookMeasures(ms, None)
+                        return memo[spec]
+                    return measure
 
-            def criterion(g):
-                return Criterion.of(g, *plan, exact=is_retrain)
+                def criterion(g):
+                    return Criterion.of(g, *plan, exact=is_retrain)
 
-            measures = {how: measure_with(how) for how in AGGREGATES}
-            done = run_looks(criterion(gate), measures["quantile"])  # the gate of params.yaml (difference)
-            eps = {}
-            for how in AGGREGATES:
-                by_budget = {}
-                for b in budgets:
-                    g = eps_gate.model_copy(update={"epsilon": eps_gate.epsilon.model_copy(
-                        update={"max": b, "aggregate": how})})
-                    c = run_looks(criterion(g), measures[how])
-                    by_budget[budget_key(b)] = {"passed": c.accepted, "look": len(c.looks), "decision": c.decision}
-                specs = criterion(eps_gate).looks
-                bounds = [{"refs": sp.n_shadows + sp.n_oracles, "alpha": sp.alpha,
-                           **{k: {m.split: round(getattr(m.epsilon, k), 4) for m in measures[how](sp).measures
-                                  if m.epsilon is not None} for k in ("lower", "upper", "point")}} for sp in specs]
-                eps[how] = {"by_budget": by_budget, "looks": bounds}
-            mets = K.of_measures(done.result.measures)
-            m_s, m_o = margins(shadow_unl, labels), margins(orc, labels)
-            results[method] = {
-                "epsilon": eps,
-                "epsilon_rows": epsilon_distribution(m_s, m_o, splits, eps_cfg.delta, eps_cfg.quantile, a.seed),
-                "passed": done.verdict.passed, "failures": done.verdict.failures, "seconds": round(seconds, 3),
-                "look": len(done.looks), "looks_planned": len(plan[0]),
-                "references": int(done.looks[-1].n_shadows + done.looks[-1].n_oracles),
-                **{f"klom_p95/{s}": mets.get(f"klom_p95/{s}") for s in SPLITS},
-                **{f"klom_pvalue/{s}": mets.get(f"klom_pvalue/{s}") for s in SPLITS},
-                **{f"noise_floor_p95/{s}": mets.get(f"noise_floor_p95/{s}") for s in SPLITS},
-                "metrics": mets}
+                measures = {how: measure_with(how) for how in AGGREGATES}
+                done = run_looks(criterion(gate), measures["quantile"])  # the gate of params.yaml (difference)
+                eps = {}
+                for how in AGGREGATES:
+                    by_budget = {}
+                    for b in budgets:
+                        g = eps_gate.model_copy(update={"epsilon": eps_gate.epsilon.model_copy(
+                            update={"max": b, "aggregate": how})})
+                        c = run_looks(criterion(g), measures[how])
+                        by_budget[budget_key(b)] = {"passed": c.accepted, "look": len(c.looks), "decision": c.decision}
+                    specs = criterion(eps_gate).looks
+                    bounds = [{"refs": sp.n_shadows + sp.n_oracles, "alpha": sp.alpha,
+                               **{k: {m.split: round(getattr(m.epsilon, k), 4) for m in measures[how](sp).measures
+                                      if m.epsilon is not None} for k in ("lower", "upper", "point")}} for sp in specs]
+                    eps[how] = {"by_budget": by_budget, "looks": bounds}
+                mets = K.of_measures(done.result.measures)
+                m_s, m_o = margins(shadow_unl, labels), margins(orc, labels)
+                results[method] = {
+                    "epsilon": eps,
+                    "epsilon_rows": epsilon_distribution(m_s, m_o, splits, eps_cfg.delta, eps_cfg.quantile, a.seed),
+                    "passed": done.verdict.passed, "failures": done.verdict.failures, "seconds": round(seconds, 3),
+                    "look": len(done.looks), "looks_planned": len(plan[0]),
+                    "references": int(done.looks[-1].n_shadows + done.looks[-1].n_oracles),
+                    **{f"klom_p95/{s}": mets.get(f"klom_p95/{s}") for s in SPLITS},
+                    **{f"klom_pvalue/{s}": mets.get(f"klom_pvalue/{s}") for s in SPLITS},
+                    **{f"noise_floor_p95/{s}": mets.get(f"noise_floor_p95/{s}") for s in SPLITS},
+                    "metrics": mets}
 
-        judge("retrain_indep", lb[:1], lb, la, la, seconds_oracles, True)
-        perm = np.random.default_rng(a.seed).permutation(np.arange(1, a.n))
-        h = len(perm) // 2
-        judge("retrain", la[:1], la[perm[:h]], la[perm[h:]], la[perm], seconds_oracles, True, sequential=False)
+            judge("retrain_indep", lb[:1], lb, la, la, seconds_oracles, True)
+            perm = np.random.default_rng(a.seed).permutation(np.arange(1, a.n))
+            h = len(perm) // 2
+            judge("retrain", la[:1], la[perm[:h]], la[perm[h:]], la[perm], seconds_oracles, True, sequential=False)
 
-        ctx_of = lambda model: UnlearnContext(model=model, X_forget=X_all[F], y_forget=y_all[F], X_retain=XR,
-                                              y_retain=yR, adjacent_mask=torch.as_tensor(adjacent_mask),
-                                              recipe=recipe, seed=method_seed(a.seed))
+            ctx_of = lambda model: UnlearnContext(model=model, X_forget=X_all[F], y_forget=y_all[F], X_retain=XR,
+                                                  y_retain=yR, adjacent_mask=torch.as_tensor(adjacent_mask),
+                                                  recipe=recipe, seed=method_seed(a.seed))
 
-        def run(method):
-            tm = time.perf_counter()
-            cand = run_method(method, ctx_of(original), params.deletion.method_args.get(method, {})).model
-            sh = run_method(method, ctx_of(shadows), params.deletion.method_args.get(method, {})).model
-            sec = time.perf_counter() - tm
-            judge(method, predict_logits(cand, Xe), predict_logits(sh, Xe), la, la, sec)
+            def run(method):
+                bar.stage(f"{name}: {method}")
+                tm = time.perf_counter()
+                cand = run_method(method, ctx_of(original), params.deletion.method_args.get(method, {})).model
+                sh = run_method(method, ctx_of(shadows), params.deletion.method_args.get(method, {})).model
+                sec = time.perf_counter() - tm
+                judge(method, predict_logits(cand, Xe), predict_logits(sh, Xe), la, la, sec)
 
-        for method in (methods + (["finetune"] if k < a.finetune_sets and "finetune" not in methods else [])
-                       + (["newton_ggn"] if k < a.newton_sets else [])):
-            run(method)
+            for method in (methods + (["finetune"] if k < a.finetune_sets and "finetune" not in methods else [])
+                           + (["newton_ggn"] if k < a.newton_sets else [])):
+                run(method)
 
-        # the policy on this set's facts (leverage diagnostics of the original, as the flow computes them)
-        td = time.perf_counter()
-        facts, sel = {}, {"candidates": [], "fired": []}
-        if not a.no_policy:
-            report = compute_diagnostics(original, X_all[F], y_all[F], XR, yR, X_all[val_rows], y_all[val_rows],
-                                         lam=params.ggn_damping(len(train_rows)), solver=params.diagnostics.solver,
-                                         device="cpu", proj_dim=params.diagnostics.proj_dim,
-                                         check_subset=params.diagnostics.check_subset, seed=a.seed)
-            facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", rows, report,
-                                oracle_forget_logits=predict_logits(oracles_a, X_all[F]))
-            sel = candidate_methods(params.deletion, facts)
-        seconds_diag = time.perf_counter() - td
-        regret, first_passed, chosen = 0.0, None, None
-        for c in sel["candidates"]:
-            if c not in results:
-                run(c)
-            if first_passed is None:
-                first_passed = results[c]["passed"]
-            if results[c]["passed"]:
-                chosen = c
-                break
-            regret += results[c]["seconds"]
-        rows_out.append({"set": name, "kind": kind_of(name), "n_forget": int(len(F)), "true_gap_ratio": round(true_gap_ratio, 3),
-                         "do_nothing_exceeds_floor": bool(true_gap_ratio > 1.5),
-                         "facts": {k2: v for k2, v in facts.items() if isinstance(v, (int, float, bool, str))},
-                         "policy": {"candidates": sel["candidates"], "fired": [f[0] for f in sel["fired"]],
-                                    "first_passed": first_passed, "passed_with": chosen,
-                                    "seconds_on_failed": round(regret, 2), "retrain_seconds": round(seconds_oracles, 2)},
-                         "diagnostics_seconds": round(seconds_diag, 2), "methods": results,
-                         "seconds": round(time.perf_counter() - ts, 2)})
-        r = rows_out[-1]
-        print(f"[{k + 1}/{len(sets)}] {name:22s} nF={len(F):4d} gap/floor={true_gap_ratio:6.2f} "
-              f"pred_gap/noise={facts.get('predicted_gap_to_noise', float('nan')):8.3g} "
-              + " ".join(f"{mm}={'P' if res['passed'] else 'F'}/{'P' if eps_passed(res, eps_cfg.max) else 'F'}"
-                         f"(eps {res['epsilon_rows']['gaussian'].get('forget', {}).get('mean', float('nan')):.2f})"
-                         for mm, res in results.items())
-              + f" policy={sel['candidates']} first={'P' if first_passed else 'F'} ({r['seconds']:.0f}s)", flush=True)
+            # the policy on this set's facts (leverage diagnostics of the original, as the flow computes them)
+            bar.stage(f"{name}: policy")
+            td = time.perf_counter()
+            facts, sel = {}, {"candidates": [], "fired": []}
+            if not a.no_policy:
+                report = compute_diagnostics(original, X_all[F], y_all[F], XR, yR, X_all[val_rows], y_all[val_rows],
+                                             lam=params.ggn_damping(len(train_rows)), solver=params.diagnostics.solver,
+                                             device="cpu", proj_dim=params.diagnostics.proj_dim,
+                                             check_subset=params.diagnostics.check_subset, seed=a.seed)
+                facts = batch_facts(params.deletion, params.train.epochs, "retrain_equivalence", rows, report,
+                                    oracle_forget_logits=predict_logits(oracles_a, X_all[F]))
+                sel = candidate_methods(params.deletion, facts)
+            seconds_diag = time.perf_counter() - td
+            regret, first_passed, chosen = 0.0, None, None
+            for c in sel["candidates"]:
+                if c not in results:
+                    run(c)
+                if first_passed is None:
+                    first_passed = results[c]["passed"]
+                if results[c]["passed"]:
+                    chosen = c
+                    break
+                regret += results[c]["seconds"]
+            rows_out.append({"set": name, "kind": kind_of(name), "n_forget": int(len(F)), "true_gap_ratio": round(true_gap_ratio, 3),
+                             "do_nothing_exceeds_floor": bool(true_gap_ratio > 1.5),
+                             "facts": {k2: v for k2, v in facts.items() if isinstance(v, (int, float, bool, str))},
+                             "policy": {"candidates": sel["candidates"], "fired": [f[0] for f in sel["fired"]],
+                                        "first_passed": first_passed, "passed_with": chosen,
+                                        "seconds_on_failed": round(regret, 2), "retrain_seconds": round(seconds_oracles, 2)},
+                             "diagnostics_seconds": round(seconds_diag, 2), "methods": results,
+                             "seconds": round(time.perf_counter() - ts, 2)})
+            r = rows_out[-1]
+            print(f"[{k + 1}/{len(sets)}] {name:22s} nF={len(F):4d} gap/floor={true_gap_ratio:6.2f} "
+                  f"pred_gap/noise={facts.get('predicted_gap_to_noise', float('nan')):8.3g} "
+                  + " ".join(f"{mm}={'P' if res['passed'] else 'F'}/{'P' if eps_passed(res, eps_cfg.max) else 'F'}"
+                             f"(eps {res['epsilon_rows']['gaussian'].get('forget', {}).get('mean', float('nan')):.2f})"
+                             for mm, res in results.items())
+                  + f" policy={sel['candidates']} first={'P' if first_passed else 'F'} ({r['seconds']:.0f}s)", flush=True)
+            bar.update()
 
     # summary per method
     summary = {}
