@@ -393,7 +393,8 @@ def timing_table(split: dict) -> list[str]:
 # find it there (`join_session`), so the run starts one server and one warm worker, not one per stage.
 SESSIONS_DIR = os.path.join(".unlearning", "sessions")
 ENV_NO_SESSION = "UNLEARN_NO_SESSION"  # "1": each stage on its own (its own temporary server), as before
-SESSION_WAIT_S = 15.0
+SESSION_WAIT_S = 15.0  # the longest a session waits for its warm worker's socket before writing its record
+SESSION_START_S = 60.0  # beyond that, what a loaded machine may take to start the session's own process
 
 
 def _proc_parent(pid: int) -> int | None:
@@ -445,6 +446,35 @@ def session_env(info: dict) -> dict:
             ENV_SOCKET: info["folder"]}
 
 
+def start_session(owner: int, env) -> subprocess.Popen:
+    """`python -m flows.session --for OWNER`, detached (its own session, no parent-death signal): it outlives the
+    stage that starts it and ends with `dvc`."""
+    os.makedirs(SESSIONS_DIR, exist_ok=True)
+    with open(os.path.join(SESSIONS_DIR, f"{owner}.log"), "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "flows.session", "--for", str(owner)], env=dict(env),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
+def wait_for_session(owner: int, proc: subprocess.Popen) -> dict | None:
+    """The record of the session `proc` (just started for `owner`) once it wrote it; None when `proc` ended
+    without one, or after SESSION_WAIT_S + SESSION_START_S (then it is stopped). The session writes it when its warm worker's socket
+    is up, or after SESSION_WAIT_S without it. Waiting while the session lives, rather than a fixed 15 s, keeps
+    a loaded machine (a slow interpreter start, a worker importing torch for 20 s) from starting a second
+    Prefect server beside a session that was only slow."""
+    deadline = time.monotonic() + SESSION_WAIT_S + SESSION_START_S
+    info = read_session(owner)
+    while info is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        info = read_session(owner)
+    info = info if info is not None else read_session(owner)
+    if info is None and proc.poll() is None:  # given up: the stage starts its own server, so this one must not
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return info
+
+
 def join_session(env=None) -> str | None:
     """For a stage of a plain `dvc repro` (`python -m flows.warm run ...`): use the session of this `dvc repro`,
     starting it when none runs yet; updates `env` (default os.environ) and returns the API URL, or None (a
@@ -460,15 +490,7 @@ def join_session(env=None) -> str | None:
         return None
     info = read_session(owner)
     if info is None:
-        os.makedirs(SESSIONS_DIR, exist_ok=True)
-        # detached (its own session, no parent-death signal): it outlives this stage and ends with `dvc`
-        with open(os.path.join(SESSIONS_DIR, f"{owner}.log"), "ab") as log:
-            subprocess.Popen([sys.executable, "-m", "flows.session", "--for", str(owner)], env=dict(env),
-                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + SESSION_WAIT_S
-        while info is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            info = read_session(owner)
+        info = wait_for_session(owner, start_session(owner, env))
         if info is None:
             print("no session started for this dvc repro: this stage starts its own Prefect server", file=sys.stderr)
             return None

@@ -56,3 +56,50 @@ def test_a_stage_joins_its_runs_session_and_never_a_stale_one(tmp_path, monkeypa
         owner.kill()
         owner.wait()
     assert session.read_session(owner.pid) is None  # its dvc is gone
+
+
+FAKE_SESSION = """
+import json, os, sys, time
+time.sleep(float(sys.argv[2]))
+if sys.argv[3] == "write":
+    path = os.path.join(".unlearning", "sessions", sys.argv[1] + ".json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"pid": os.getpid(), "owner": int(sys.argv[1]), "api_url": "http://127.0.0.1:1/api", "folder": "/x"}, f)
+    os.replace(path + ".tmp", path)
+    time.sleep(60)
+"""
+
+
+def test_a_stage_waits_for_a_slow_session_instead_of_starting_a_second_server(tmp_path, monkeypatch):
+    """A session that writes its record after SESSION_WAIT_S (a loaded machine) is still joined; one that ends
+    without a record is not waited for."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(session, "SESSION_WAIT_S", 0.1)  # the session writes after 1 s: later than this
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands in for `dvc`
+    (tmp_path / session.SESSIONS_DIR).mkdir(parents=True)
+    started = []
+    try:
+        monkeypatch.setattr(session, "dvc_ancestor", lambda: owner.pid)
+
+        def fake_session(behaviour):
+            def start(pid, env):
+                proc = subprocess.Popen([sys.executable, "-c", FAKE_SESSION, str(pid), *behaviour],
+                                        start_new_session=True)
+                started.append(proc)
+                return proc
+            return start
+
+        monkeypatch.setattr(session, "start_session", fake_session(["1.0", "write"]))
+        env: dict = {}
+        assert session.join_session(env) == "http://127.0.0.1:1/api" and env["UNLEARN_WARM_WORKER"] == "/x"
+        assert started[-1].poll() is None  # the session it joined runs on
+        started[-1].kill()
+        started[-1].wait()
+        monkeypatch.setattr(session, "start_session", fake_session(["0", "exit"]))
+        env = {}
+        assert session.join_session(env) is None and env == {}  # no session: the stage runs with its own server
+        assert started[-1].poll() == 0
+    finally:
+        for proc in (owner, *started):
+            proc.kill()
+            proc.wait()
