@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tasks.id_key import IdKey
 from tasks.reporting import run_logger
 from tasks.state import StateSettings, stale_unbatched_state
 from tasks.stores.base import ErasureSettings
@@ -35,7 +34,12 @@ class RequestFileSettings:
     # Builds the slice record from the whole params, its one job.
     @classmethod
     def of(cls, params: Params) -> "RequestFileSettings":
-        return cls(params.project_paths, params.erasure, params.deletion, IdKey.of(params).salt)
+        return cls.of_erasure(ErasureSettings.of(params))
+
+    @classmethod
+    def of_erasure(cls, settings: ErasureSettings) -> "RequestFileSettings":
+        """The part of the erasure's record the request files' handling reads (the one construction)."""
+        return cls(settings.paths, settings.erasure, settings.deletion, settings.key.salt)
 
 
 def reconcile_if_started(settings: ErasureSettings, state: StateSettings, resume: bool = True) -> list[str]:
@@ -181,7 +185,7 @@ def reconcile(settings: ErasureSettings, tracker, state: StateSettings, resume: 
         done = erase_pending(settings, tracker, version, resume=False)
         if done:
             notes.append(f"finished {len(done)} pending erasure(s)")
-        requests = RequestFileSettings(paths, erasure, settings.deletion, settings.key.salt)
+        requests = RequestFileSettings.of_erasure(settings)
         expired = _expire_request_files(requests)
         if expired:
             notes.append(f"rewrote {len(expired)} kept request file(s) with hashed ids: their "
