@@ -457,21 +457,18 @@ def start_session(owner: int, env) -> subprocess.Popen:
 
 def wait_for_session(owner: int, proc: subprocess.Popen) -> dict | None:
     """The record of the session `proc` (just started for `owner`) once it wrote it; None when `proc` ended
-    without one, or after SESSION_WAIT_S + SESSION_START_S (then it is stopped). The session writes it when its warm worker's socket
-    is up, or after SESSION_WAIT_S without it. Waiting while the session lives, rather than a fixed 15 s, keeps
-    a loaded machine (a slow interpreter start, a worker importing torch for 20 s) from starting a second
-    Prefect server beside a session that was only slow."""
+    without one, or after SESSION_WAIT_S + SESSION_START_S (then `proc` is stopped: the stage starts its own
+    server, so this one must not). The session writes it when its warm worker's socket is up, or after
+    SESSION_WAIT_S without it. Waiting while the session lives, rather than a fixed 15 s, keeps a loaded machine
+    (a slow interpreter start, a worker importing torch for 20 s) from starting a second Prefect server beside a
+    session that was only slow."""
     deadline = time.monotonic() + SESSION_WAIT_S + SESSION_START_S
     info = read_session(owner)
     while info is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
         info = read_session(owner)
-    info = info if info is not None else read_session(owner)
-    if info is None and proc.poll() is None:  # given up: the stage starts its own server, so this one must not
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    if info is None:
+        _terminate(proc)  # its SIGTERM handler stops its worker and server (they also die with it)
     return info
 
 
